@@ -1,0 +1,333 @@
+//! The completion engine: it knows nothing of networking.
+//!
+//! A rank's whole protocol state (transports, protocol cores, in-flight operations) sits behind one
+//! lock as a [`Progress`] implementation. Two kinds of callers drive it through the same routine,
+//! [`Progress::progress`]:
+//!
+//! * futures awaiting an operation, inline, according to the [`ProgressMode`]: busy-poll spins on
+//!   the completion sources (lowest latency, burns a core), adaptive spins for a bounded time and
+//!   then sleeps, blocking sleeps at once;
+//! * a background task on the reactor's own thread, so that ACKs, rendezvous replies and other ranks'
+//!   steps advance while the application computes. It sleeps on every source's readiness (sockets,
+//!   io_uring eventfd, doorbells) and on the next timer, and stays out of the way while a caller is
+//!   spinning inline, so the two never fight over one core.
+//!
+//! In-flight operations live in an [`Ops`] slab: a completion carries the slab key, so dispatch is
+//! a lookup, never a search.
+
+mod ops;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::task::AtomicWaker;
+use parking_lot::{Mutex, MutexGuard};
+
+pub use ops::{OpKey, Ops};
+
+/// How an awaiting caller makes progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// Spin on the completion sources until done (yielding the CPU now and then, so more ranks
+    /// than cores still progress).
+    BusyPoll,
+    /// Spin for at most this long per operation, then sleep until woken.
+    Adaptive(Duration),
+    /// Sleep at once; the background task wakes the caller.
+    Blocking,
+}
+
+impl std::str::FromStr for ProgressMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "busy" | "busy-poll" | "busypoll" => Ok(ProgressMode::BusyPoll),
+            "blocking" | "block" => Ok(ProgressMode::Blocking),
+            "adaptive" => Ok(ProgressMode::Adaptive(Duration::from_micros(50))),
+            _ => match s.strip_prefix("adaptive:").and_then(|us| us.parse().ok()) {
+                Some(us) => Ok(ProgressMode::Adaptive(Duration::from_micros(us))),
+                None => Err(format!("unknown progress mode {s:?} (busy, adaptive[:US], blocking)")),
+            },
+        }
+    }
+}
+
+/// A rank's protocol state, as the reactor sees it.
+pub trait Progress: Send + 'static {
+    /// Does whatever can be done without blocking; returns how much happened (0 = idle).
+    fn progress(&mut self) -> usize;
+    /// `Ready` if [`Progress::progress`] has work, else registers `cx` with every completion source.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+    /// When a protocol timer next needs [`Progress::progress`] (retransmission, heartbeat, ...).
+    fn next_timeout(&self) -> Option<Instant> {
+        None
+    }
+}
+
+/// How long after the last inline spin the background task keeps off the completion sources.
+const INLINE_QUIET: Duration = Duration::from_micros(500);
+/// Spin rounds per poll of a busy future before yielding to the executor.
+const SPIN_ROUNDS: u32 = 256;
+
+struct Shared<P> {
+    state: Mutex<P>,
+    mode: ProgressMode,
+    /// Number of callers spinning inline right now.
+    spinning: AtomicUsize,
+    /// Nanoseconds since `epoch` of the last inline spin.
+    last_spin: AtomicU64,
+    epoch: Instant,
+    background: AtomicWaker,
+    stop: AtomicBool,
+}
+
+/// Handle to a rank's progress state and its background task. Cloning is cheap.
+pub struct Reactor<P> {
+    shared: Arc<Shared<P>>,
+}
+
+impl<P> Clone for Reactor<P> {
+    fn clone(&self) -> Self {
+        Reactor { shared: self.shared.clone() }
+    }
+}
+
+/// A thread running a single-threaded tokio runtime: the home of a rank's background progress task,
+/// of its sockets' readiness, and of small service tasks (accepting connections).
+pub struct ReactorThread {
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ReactorThread {
+    /// Starts the thread.
+    pub fn spawn(name: &str) -> std::io::Result<ReactorThread> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = rt.handle().clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new().name(name.to_string()).spawn(move || {
+            rt.block_on(async {
+                let _ = rx.await;
+            });
+            rt.shutdown_timeout(Duration::from_millis(100));
+        })?;
+        Ok(ReactorThread { handle, stop: Some(tx), thread: Some(thread) })
+    }
+
+    /// The runtime handle: sockets created under `handle().enter()` are watched by this thread.
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+
+    /// Starts the background progress task for `state` on this thread.
+    pub fn run<P: Progress>(&self, state: P, mode: ProgressMode) -> Reactor<P> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            mode,
+            spinning: AtomicUsize::new(0),
+            last_spin: AtomicU64::new(0),
+            epoch: Instant::now(),
+            background: AtomicWaker::new(),
+            stop: AtomicBool::new(false),
+        });
+        self.handle.spawn(background(shared.clone()));
+        Reactor { shared }
+    }
+}
+
+impl Drop for ReactorThread {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The background progress task.
+async fn background<P: Progress>(shared: Arc<Shared<P>>) {
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if shared.inline_active() {
+            // A caller is spinning: it sees completions first. Check back shortly, or when kicked.
+            let quiet = tokio::time::sleep(Duration::from_millis(1));
+            tokio::pin!(quiet);
+            std::future::poll_fn(|cx| {
+                shared.background.register(cx.waker());
+                if shared.stop.load(Ordering::Acquire) || !shared.inline_active() {
+                    return Poll::Ready(());
+                }
+                quiet.as_mut().poll(cx)
+            })
+            .await;
+            continue;
+        }
+        let (work, timeout) = {
+            let mut st = shared.state.lock();
+            (st.progress(), st.next_timeout())
+        };
+        if work > 0 {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        let timer = timeout.map(|t| Box::pin(tokio::time::sleep_until(t.into())));
+        let mut timer = timer;
+        std::future::poll_fn(|cx| {
+            shared.background.register(cx.waker());
+            if shared.stop.load(Ordering::Acquire) || shared.inline_active() {
+                return Poll::Ready(());
+            }
+            if let Some(t) = timer.as_mut()
+                && t.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(());
+            }
+            shared.state.lock().poll_ready(cx)
+        })
+        .await;
+    }
+}
+
+impl<P> Shared<P> {
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn inline_active(&self) -> bool {
+        self.spinning.load(Ordering::Acquire) > 0
+            || self.now_ns().saturating_sub(self.last_spin.load(Ordering::Relaxed))
+                < INLINE_QUIET.as_nanos() as u64
+    }
+}
+
+/// Marks a caller as spinning inline for as long as it lives.
+struct SpinGuard<'a, P>(&'a Shared<P>);
+
+impl<P> Drop for SpinGuard<'_, P> {
+    fn drop(&mut self) {
+        self.0.last_spin.store(self.0.now_ns(), Ordering::Relaxed);
+        self.0.spinning.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl<P: Progress> Reactor<P> {
+    /// Runs `f` on the locked state.
+    pub fn with<R>(&self, f: impl FnOnce(&mut P) -> R) -> R {
+        f(&mut self.shared.state.lock())
+    }
+
+    /// Locks the state.
+    pub fn lock(&self) -> MutexGuard<'_, P> {
+        self.shared.state.lock()
+    }
+
+    /// The progress mode awaiting callers use.
+    pub fn mode(&self) -> ProgressMode {
+        self.shared.mode
+    }
+
+    /// Wakes the background task (new output it must watch, a new timer, shutdown).
+    pub fn kick(&self) {
+        self.shared.background.wake();
+    }
+
+    /// Stops the background task.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.kick();
+    }
+
+    /// Drives progress for an awaiting caller until `check` is ready, following the progress mode.
+    /// `check(state, cx)` looks for the caller's completion; with `Some(cx)` it must also register
+    /// the waker, since the caller is about to sleep. `spin_start` remembers when this caller
+    /// started spinning (adaptive mode spins for a bounded time per operation).
+    pub fn poll_until<T>(
+        &self,
+        cx: &mut Context<'_>,
+        spin_start: &mut Option<Instant>,
+        mut check: impl FnMut(&mut P, Option<&mut Context<'_>>) -> Poll<T>,
+    ) -> Poll<T> {
+        let shared = &*self.shared;
+        let spin_for = match shared.mode {
+            ProgressMode::BusyPoll => None,
+            ProgressMode::Adaptive(d) => Some(d),
+            ProgressMode::Blocking => Some(Duration::ZERO),
+        };
+        let start = *spin_start.get_or_insert_with(Instant::now);
+        let spinning = spin_for.is_none_or(|d| start.elapsed() < d);
+        if spinning {
+            shared.spinning.fetch_add(1, Ordering::AcqRel);
+            let _guard = SpinGuard(shared);
+            for round in 0..SPIN_ROUNDS {
+                if let Some(mut st) = shared.state.try_lock() {
+                    st.progress();
+                    if let Poll::Ready(v) = check(&mut st, None) {
+                        return Poll::Ready(v);
+                    }
+                }
+                if round % 16 == 15 {
+                    if spin_for.is_some_and(|d| start.elapsed() >= d) {
+                        break;
+                    }
+                    // Let another rank on this core run (more ranks than cores must not livelock).
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            if spin_for.is_none_or(|d| start.elapsed() < d) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
+        // Going to sleep: register, and make sure the background task is watching the sources.
+        let r = {
+            let mut st = shared.state.lock();
+            st.progress();
+            check(&mut st, Some(cx))
+        };
+        if r.is_pending() {
+            // If the background task stood aside for inline spinning, call it back now.
+            let last = shared.last_spin.swap(0, Ordering::Relaxed);
+            if last != 0 && shared.now_ns().saturating_sub(last) < INLINE_QUIET.as_nanos() as u64 {
+                self.kick();
+            }
+        }
+        r
+    }
+}
+
+/// A future that completes when the reactor's state says so; see [`Reactor::poll_until`].
+pub struct Until<P, F> {
+    reactor: Reactor<P>,
+    spin_start: Option<Instant>,
+    check: F,
+}
+
+impl<P, F> Until<P, F> {
+    pub fn new(reactor: Reactor<P>, check: F) -> Self {
+        Until { reactor, spin_start: None, check }
+    }
+}
+
+impl<P: Progress, T, F> Future for Until<P, F>
+where
+    F: FnMut(&mut P, Option<&mut Context<'_>>) -> Poll<T> + Unpin,
+{
+    type Output = T;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        this.reactor.poll_until(cx, &mut this.spin_start, &mut this.check)
+    }
+}

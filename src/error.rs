@@ -1,0 +1,44 @@
+//! The one error type of the public API.
+
+use ferrocomm_transports::{Rank, TransportError};
+
+/// Everything a ferrocomm operation can fail with.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The peer this operation involves is gone (crashed, killed, left, or broke the protocol).
+    #[error("rank {rank} is lost: {reason}")]
+    PeerLost { rank: Rank, reason: TransportError },
+    /// The matching message is longer than the posted receive buffer. The message is consumed.
+    #[error("message of {len} bytes does not fit the receive buffer of {capacity} bytes")]
+    Truncated { len: usize, capacity: usize },
+    /// The receiver's buffer was too small for this (rendezvous) message; nothing was delivered.
+    #[error("the receiver's buffer of rank {rank} was too small; the message was not delivered")]
+    RemoteTruncated { rank: Rank },
+    /// The operation's deadline passed; it was cancelled.
+    #[error("deadline expired")]
+    Timeout,
+    /// A rank outside the communicator.
+    #[error("rank {rank} is not in this communicator of {size} ranks")]
+    UnknownRank { rank: Rank, size: u32 },
+    /// A message larger than the configured maximum.
+    #[error("message of {len} bytes exceeds the maximum of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    /// This rank has been shut down.
+    #[error("the world has been shut down")]
+    Shutdown,
+    /// Setting up the job failed (environment, key-value store, connections).
+    #[error("bootstrap failed: {0}")]
+    Bootstrap(String),
+    /// A setting has a value that cannot be used.
+    #[error("invalid setting {name}: {reason}")]
+    Config { name: &'static str, reason: String },
+}
+
+/// Shorthand for results of ferrocomm operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn bootstrap(what: impl std::fmt::Display) -> Error {
+        Error::Bootstrap(what.to_string())
+    }
+}

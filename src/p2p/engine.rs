@@ -1,0 +1,620 @@
+//! The point-to-point protocol core: matching, eager and rendezvous, credits. Sans-IO.
+//!
+//! It consumes events (an operation was posted or cancelled, a frame arrived, a peer was lost)
+//! and emits actions: frames to transmit ([`Engine::poll_transmit`]) and completed operations
+//! ([`Engine::poll_event`]). It never does I/O and never reads the clock, so it is tested
+//! deterministically, by property tests against a reference model among others.
+//!
+//! Rules it keeps:
+//! * Matching is MPI's: source and tag match exactly or by wildcard; messages from one sender on one
+//!   context match in the order they were sent; receives match in the order they were posted,
+//!   wildcard or not (one posted queue per context, searched front to back).
+//! * Messages up to the eager limit travel whole; larger ones send an RTS, the receiver answers with
+//!   a CTS once a matching receive is posted, and the data lands straight in the posted buffer.
+//! * Credits: every eager message and RTS uses one of `max_credit` credits toward its receiver; the
+//!   receiver hands credits back (piggybacked on every frame, or in a `Credit` frame when the sender
+//!   runs low) only when the message has been matched. A sender out of credits queues locally, so the
+//!   memory a receiver spends on unexpected messages is bounded by `max_credit * eager_limit` per
+//!   peer; a peer that sends beyond its credits breaks the protocol and is disconnected.
+//!   Counters are monotonic and wrapping, so full and empty can never be confused.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::{Bytes, BytesMut};
+use ferrocomm_reactor::OpKey;
+use ferrocomm_transports::wire::flags;
+use ferrocomm_transports::{Header, Kind, Rank, TransportError, WireError};
+use slab::Slab;
+
+use super::{Payload, Source, Status, TagMatch};
+use crate::error::Error;
+
+/// Protocol parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Largest message sent eagerly.
+    pub eager_limit: usize,
+    /// Credit-consuming frames (eager, RTS) a sender may have unmatched at one receiver.
+    pub max_credit: u32,
+    /// The receiver sends an explicit credit update once this many of a peer's frames are
+    /// unacknowledged.
+    pub credit_sync: u32,
+    /// Largest rendezvous data frame.
+    pub chunk: usize,
+    /// Largest message a receive without a buffer accepts.
+    pub max_message: usize,
+}
+
+/// Where a receive puts its message.
+#[derive(Debug)]
+pub enum RecvBuf {
+    /// Allocate (or, for eager messages, hand over the arrived bytes without copying).
+    Alloc,
+    /// Into this buffer; its length is the capacity.
+    User(BytesMut),
+}
+
+impl RecvBuf {
+    fn capacity(&self, max_message: usize) -> usize {
+        match self {
+            RecvBuf::Alloc => max_message,
+            RecvBuf::User(b) => b.len(),
+        }
+    }
+}
+
+/// The outcome of an operation.
+#[derive(Debug)]
+pub enum Completion {
+    Send(Result<(), Error>),
+    Recv(Result<(Payload, Status), Error>),
+    Probe(Result<Status, Error>),
+}
+
+struct Posted {
+    op: OpKey,
+    src: Source,
+    tag: TagMatch,
+    buf: RecvBuf,
+}
+
+enum Body {
+    Eager(Bytes),
+    /// A rendezvous announcement: the sender's message id and the total length.
+    Rts { msg: u64, len: usize },
+}
+
+struct Unexpected {
+    src: Rank,
+    tag: u64,
+    body: Body,
+}
+
+impl Unexpected {
+    fn status(&self) -> Status {
+        let len = match &self.body {
+            Body::Eager(b) => b.len(),
+            Body::Rts { len, .. } => *len,
+        };
+        Status { source: self.src, tag: self.tag, len }
+    }
+}
+
+struct Probe {
+    op: OpKey,
+    src: Source,
+    tag: TagMatch,
+}
+
+#[derive(Default)]
+struct Queues {
+    posted: VecDeque<Posted>,
+    unexpected: VecDeque<Unexpected>,
+    probes: Vec<Probe>,
+}
+
+/// A rendezvous send waiting for its CTS. `op` is `None` once the caller stopped waiting.
+struct RndvSend {
+    op: Option<OpKey>,
+    peer: Rank,
+    data: Bytes,
+}
+
+/// A matched rendezvous receive taking data. `op` is `None` once the caller stopped waiting: the
+/// data still lands (the sender is already sending) and is then dropped.
+struct RndvRecv {
+    op: Option<OpKey>,
+    peer: Rank,
+    buf: BytesMut,
+    got: usize,
+    tag: u64,
+    user_buf: bool,
+}
+
+/// A credit-consuming frame waiting for credit.
+struct Backlogged {
+    header: Header,
+    payload: Bytes,
+    /// Eager send to complete once the frame leaves.
+    op: Option<OpKey>,
+}
+
+#[derive(Default)]
+struct Peer {
+    /// Credit-consuming frames sent to the peer.
+    sent: u32,
+    /// The peer's latest count of our frames it has freed.
+    peer_freed: u32,
+    backlog: VecDeque<Backlogged>,
+    /// Credit-consuming frames received from the peer.
+    received: u32,
+    /// Of those, how many we have freed.
+    freed: u32,
+    /// The `freed` value the peer last heard from us.
+    advertised: u32,
+    lost: Option<TransportError>,
+}
+
+/// The point-to-point protocol state of one rank.
+pub struct Engine {
+    me: Rank,
+    cfg: Config,
+    peers: Vec<Peer>,
+    contexts: HashMap<u32, Queues>,
+    rndv_sends: Slab<RndvSend>,
+    rndv_recvs: Slab<RndvRecv>,
+    transmit: VecDeque<(Rank, Header, Bytes)>,
+    events: VecDeque<(OpKey, Completion)>,
+    violations: VecDeque<(Rank, WireError)>,
+}
+
+fn matches(src: Source, tag: TagMatch, msrc: Rank, mtag: u64) -> bool {
+    (match src {
+        Source::Any => true,
+        Source::Rank(r) => r == msrc,
+    }) && (match tag {
+        TagMatch::Any => true,
+        TagMatch::Exact(t) => t == mtag,
+    })
+}
+
+fn involves(src: Source, peer: Rank) -> bool {
+    matches!(src, Source::Any) || src == Source::Rank(peer)
+}
+
+impl Engine {
+    /// The engine of rank `me` in a job of `size` ranks.
+    pub fn new(me: Rank, size: u32, cfg: Config) -> Engine {
+        Engine {
+            me,
+            cfg,
+            peers: (0..size).map(|_| Peer::default()).collect(),
+            contexts: HashMap::new(),
+            rndv_sends: Slab::new(),
+            rndv_recvs: Slab::new(),
+            transmit: VecDeque::new(),
+            events: VecDeque::new(),
+            violations: VecDeque::new(),
+        }
+    }
+
+    /// The next frame to hand to the transport.
+    pub fn poll_transmit(&mut self) -> Option<(Rank, Header, Bytes)> {
+        self.transmit.pop_front()
+    }
+
+    /// The next completed operation.
+    pub fn poll_event(&mut self) -> Option<(OpKey, Completion)> {
+        self.events.pop_front()
+    }
+
+    /// The next peer that broke the protocol: disconnect it, then call [`Engine::peer_lost`].
+    pub fn poll_violation(&mut self) -> Option<(Rank, WireError)> {
+        self.violations.pop_front()
+    }
+
+    /// The protocol parameters.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Why `peer` is gone, if it is.
+    pub fn lost(&self, peer: Rank) -> Option<&TransportError> {
+        self.peers.get(peer as usize).and_then(|p| p.lost.as_ref())
+    }
+
+    /// Unexpected messages held for `peer`'s sake (for tests of the memory bound).
+    pub fn unexpected_from(&self, peer: Rank) -> usize {
+        let p = &self.peers[peer as usize];
+        p.received.wrapping_sub(p.freed) as usize
+    }
+
+    /// Sends queued locally for lack of credit toward `peer`.
+    pub fn backlog_to(&self, peer: Rank) -> usize {
+        self.peers[peer as usize].backlog.len()
+    }
+
+    fn lost_error(&self, peer: Rank) -> Option<Error> {
+        self.peers[peer as usize].lost.clone().map(|reason| Error::PeerLost { rank: peer, reason })
+    }
+
+    // ---- sending ----
+
+    /// Posts a send of `data` to `dest` (which must be a rank of the job).
+    pub fn post_send(&mut self, op: OpKey, dest: Rank, context: u32, tag: u64, data: Bytes) {
+        if let Some(e) = self.lost_error(dest) {
+            self.events.push_back((op, Completion::Send(Err(e))));
+            return;
+        }
+        metrics::counter!("ferrocomm_messages_sent").increment(1);
+        metrics::counter!("ferrocomm_bytes_sent").increment(data.len() as u64);
+        if dest == self.me {
+            // To ourselves: no wire, no credit, no copy.
+            self.arrive_eager(dest, context, tag, data);
+            self.events.push_back((op, Completion::Send(Ok(()))));
+            return;
+        }
+        let header = Header { context, tag, ..Header::new(Kind::Eager) };
+        if data.len() <= self.cfg.eager_limit {
+            self.queue_credited(dest, Header { len: data.len() as u32, ..header }, data, Some(op));
+        } else {
+            let len = data.len() as u64;
+            let msg = self.rndv_sends.insert(RndvSend { op: Some(op), peer: dest, data });
+            let rts = Header { kind: Kind::Rts, seq: msg as u64, aux: len, ..header };
+            tracing::trace!(dest, tag, len, msg, "rendezvous: RTS");
+            self.queue_credited(dest, rts, Bytes::new(), None);
+        }
+    }
+
+    /// The caller stopped waiting for send `op` to `dest`. A send still queued for credit is
+    /// withdrawn; one already on the wire finishes in the background.
+    pub fn cancel_send(&mut self, op: OpKey, dest: Rank) {
+        let peer = &mut self.peers[dest as usize];
+        if let Some(i) = peer.backlog.iter().position(|b| b.op == Some(op)) {
+            peer.backlog.remove(i);
+            return;
+        }
+        let rndv = self.rndv_sends.iter().find(|(_, s)| s.op == Some(op)).map(|(k, _)| k);
+        if let Some(k) = rndv {
+            let queued = peer.backlog.iter().position(|b| b.header.kind == Kind::Rts && b.header.seq == k as u64);
+            match queued {
+                Some(i) => {
+                    peer.backlog.remove(i);
+                    self.rndv_sends.remove(k);
+                }
+                None => self.rndv_sends[k].op = None,
+            }
+        }
+    }
+
+    fn has_credit(&self, dest: Rank) -> bool {
+        let p = &self.peers[dest as usize];
+        p.sent.wrapping_sub(p.peer_freed) < self.cfg.max_credit
+    }
+
+    fn queue_credited(&mut self, dest: Rank, header: Header, payload: Bytes, op: Option<OpKey>) {
+        if self.peers[dest as usize].backlog.is_empty() && self.has_credit(dest) {
+            self.peers[dest as usize].sent += 1;
+            self.emit(dest, header, payload);
+            if let Some(op) = op {
+                self.events.push_back((op, Completion::Send(Ok(()))));
+            }
+        } else {
+            metrics::counter!("ferrocomm_credit_stalls").increment(1);
+            self.peers[dest as usize].backlog.push_back(Backlogged { header, payload, op });
+        }
+    }
+
+    fn emit(&mut self, dest: Rank, mut header: Header, payload: Bytes) {
+        let p = &mut self.peers[dest as usize];
+        header.src = self.me;
+        header.credit = p.freed;
+        p.advertised = p.freed;
+        self.transmit.push_back((dest, header, payload));
+    }
+
+    fn on_credit(&mut self, from: Rank, credit: u32) {
+        let p = &mut self.peers[from as usize];
+        if (credit.wrapping_sub(p.peer_freed) as i32) > 0 {
+            p.peer_freed = credit;
+        }
+        while !self.peers[from as usize].backlog.is_empty() && self.has_credit(from) {
+            let b = self.peers[from as usize].backlog.pop_front().unwrap();
+            self.peers[from as usize].sent += 1;
+            self.emit(from, b.header, b.payload);
+            if let Some(op) = b.op {
+                self.events.push_back((op, Completion::Send(Ok(()))));
+            }
+        }
+    }
+
+    /// A credit-consuming frame from `peer` has been matched: hand the credit back when the peer
+    /// is running low (otherwise it rides on the next frame we send anyway).
+    fn free_credit(&mut self, peer: Rank) {
+        if peer == self.me {
+            return;
+        }
+        let p = &mut self.peers[peer as usize];
+        p.freed += 1;
+        if p.lost.is_none() && p.received.wrapping_sub(p.advertised) >= self.cfg.credit_sync {
+            self.emit(peer, Header::new(Kind::Credit), Bytes::new());
+        }
+    }
+
+    // ---- receiving ----
+
+    /// Posts a receive on `context`. The source must be a rank of the job or `Any`.
+    pub fn post_recv(&mut self, op: OpKey, context: u32, src: Source, tag: TagMatch, buf: RecvBuf) {
+        let q = self.contexts.entry(context).or_default();
+        if let Some(i) = q.unexpected.iter().position(|u| matches(src, tag, u.src, u.tag)) {
+            let u = q.unexpected.remove(i).unwrap();
+            self.deliver(op, u.src, u.tag, u.body, buf);
+            return;
+        }
+        if let Source::Rank(r) = src
+            && let Some(e) = self.lost_error(r)
+        {
+            self.events.push_back((op, Completion::Recv(Err(e))));
+            return;
+        }
+        self.contexts.entry(context).or_default().posted.push_back(Posted { op, src, tag, buf });
+    }
+
+    /// The caller stopped waiting for receive `op`: withdraw it if unmatched; a rendezvous already
+    /// under way finishes into its buffer, which is then dropped.
+    pub fn cancel_recv(&mut self, op: OpKey, context: u32) {
+        if let Some(q) = self.contexts.get_mut(&context)
+            && let Some(i) = q.posted.iter().position(|p| p.op == op)
+        {
+            q.posted.remove(i);
+            return;
+        }
+        if let Some((_, r)) = self.rndv_recvs.iter_mut().find(|(_, r)| r.op == Some(op)) {
+            r.op = None;
+        }
+    }
+
+    /// The first unexpected message that a receive of (`src`, `tag`) would match now.
+    pub fn iprobe(&self, context: u32, src: Source, tag: TagMatch) -> Option<Status> {
+        let q = self.contexts.get(&context)?;
+        q.unexpected.iter().find(|u| matches(src, tag, u.src, u.tag)).map(Unexpected::status)
+    }
+
+    /// Completes `op` with the status of the first matching message, as soon as one has arrived.
+    pub fn post_probe(&mut self, op: OpKey, context: u32, src: Source, tag: TagMatch) {
+        if let Some(s) = self.iprobe(context, src, tag) {
+            self.events.push_back((op, Completion::Probe(Ok(s))));
+        } else if let Some(e) = match src {
+            Source::Rank(r) => self.lost_error(r),
+            Source::Any => None,
+        } {
+            self.events.push_back((op, Completion::Probe(Err(e))));
+        } else {
+            self.contexts.entry(context).or_default().probes.push(Probe { op, src, tag });
+        }
+    }
+
+    /// The caller stopped waiting for probe `op`.
+    pub fn cancel_probe(&mut self, op: OpKey, context: u32) {
+        if let Some(q) = self.contexts.get_mut(&context) {
+            q.probes.retain(|p| p.op != op);
+        }
+    }
+
+    /// An eager message (or a message to ourselves) arrived.
+    fn arrive_eager(&mut self, src: Rank, context: u32, tag: u64, data: Bytes) {
+        self.arrive(src, context, tag, Body::Eager(data));
+    }
+
+    fn arrive(&mut self, src: Rank, context: u32, tag: u64, body: Body) {
+        let q = self.contexts.entry(context).or_default();
+        if let Some(i) = q.posted.iter().position(|p| matches(p.src, p.tag, src, tag)) {
+            let p = q.posted.remove(i).unwrap();
+            self.deliver(p.op, src, tag, body, p.buf);
+            return;
+        }
+        let u = Unexpected { src, tag, body };
+        let status = u.status();
+        q.probes.retain(|p| {
+            let hit = matches(p.src, p.tag, src, tag);
+            if hit {
+                self.events.push_back((p.op, Completion::Probe(Ok(status))));
+            }
+            !hit
+        });
+        q.unexpected.push_back(u);
+        metrics::counter!("ferrocomm_unexpected_messages").increment(1);
+    }
+
+    /// A message meets its receive.
+    fn deliver(&mut self, op: OpKey, src: Rank, tag: u64, body: Body, buf: RecvBuf) {
+        self.free_credit(src);
+        let capacity = buf.capacity(self.cfg.max_message);
+        match body {
+            Body::Eager(data) => {
+                let status = Status { source: src, tag, len: data.len() };
+                let result = if data.len() > capacity {
+                    Err(Error::Truncated { len: data.len(), capacity })
+                } else {
+                    Ok(match buf {
+                        RecvBuf::Alloc => (Payload::Shared(data), status),
+                        RecvBuf::User(mut b) => {
+                            b.truncate(data.len());
+                            b.copy_from_slice(&data);
+                            (Payload::Owned(b), status)
+                        }
+                    })
+                };
+                self.events.push_back((op, Completion::Recv(result)));
+            }
+            Body::Rts { msg, len } => {
+                let cts = Header { seq: msg, ..Header::new(Kind::Cts) };
+                if len > capacity {
+                    self.emit(src, Header { flags: flags::TRUNCATED, ..cts }, Bytes::new());
+                    self.events.push_back((op, Completion::Recv(Err(Error::Truncated { len, capacity }))));
+                    return;
+                }
+                let (buf, user_buf) = match buf {
+                    RecvBuf::Alloc => (BytesMut::zeroed(len), false),
+                    RecvBuf::User(mut b) => {
+                        b.truncate(len);
+                        (b, true)
+                    }
+                };
+                let key = self.rndv_recvs.insert(RndvRecv { op: Some(op), peer: src, buf, got: 0, tag, user_buf });
+                tracing::trace!(src, tag, len, msg, "rendezvous: CTS");
+                self.emit(src, Header { aux: key as u64, ..cts }, Bytes::new());
+            }
+        }
+    }
+
+    // ---- frames from the transport ----
+
+    fn violation(&mut self, peer: Rank, e: WireError) {
+        tracing::warn!(peer, error = %e, "peer broke the protocol; disconnecting");
+        self.violations.push_back((peer, e));
+    }
+
+    /// Where the payload of rendezvous data frame `h` goes.
+    pub fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
+        let Some(r) = self.rndv_recvs.get_mut(h.seq as usize).filter(|r| r.peer == peer) else {
+            return Err(WireError::Unexpected(Kind::Data));
+        };
+        let start = h.aux as usize;
+        let end = start.checked_add(h.len as usize).filter(|&e| e <= r.buf.len());
+        match end {
+            Some(end) => Ok(Some(&mut r.buf[start..end])),
+            None => Err(WireError::Oversize { kind: Kind::Data, len: h.aux + h.len as u64, max: r.buf.len() as u64 }),
+        }
+    }
+
+    /// A whole frame from `peer` (for data frames, the payload is already in place).
+    pub fn handle_frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
+        if self.peers[peer as usize].lost.is_some() {
+            return;
+        }
+        self.on_credit(peer, h.credit);
+        match h.kind {
+            Kind::Eager | Kind::Rts => {
+                let p = &mut self.peers[peer as usize];
+                p.received += 1;
+                if p.received.wrapping_sub(p.freed) > self.cfg.max_credit {
+                    return self.violation(peer, WireError::Unexpected(h.kind));
+                }
+                if h.kind == Kind::Eager {
+                    self.arrive_eager(peer, h.context, h.tag, payload);
+                } else {
+                    self.arrive(peer, h.context, h.tag, Body::Rts { msg: h.seq, len: h.aux as usize });
+                }
+            }
+            Kind::Cts => self.on_cts(peer, h),
+            Kind::Data => self.on_data(peer, h),
+            Kind::Credit => {}
+            Kind::Bye => self.peer_lost(peer, TransportError::Left),
+            Kind::Hello => self.violation(peer, WireError::Unexpected(h.kind)),
+        }
+    }
+
+    fn on_cts(&mut self, peer: Rank, h: Header) {
+        let key = h.seq as usize;
+        if self.rndv_sends.get(key).is_none_or(|s| s.peer != peer) {
+            return self.violation(peer, WireError::Unexpected(Kind::Cts));
+        }
+        let s = self.rndv_sends.remove(key);
+        if h.flags & flags::TRUNCATED != 0 {
+            if let Some(op) = s.op {
+                self.events.push_back((op, Completion::Send(Err(Error::RemoteTruncated { rank: peer }))));
+            }
+            return;
+        }
+        tracing::trace!(peer, len = s.data.len(), "rendezvous: data");
+        let chunk = self.cfg.chunk;
+        let mut off = 0;
+        while off < s.data.len() {
+            let end = (off + chunk).min(s.data.len());
+            let d = Header { seq: h.aux, aux: off as u64, len: (end - off) as u32, ..Header::new(Kind::Data) };
+            self.emit(peer, d, s.data.slice(off..end));
+            off = end;
+        }
+        if let Some(op) = s.op {
+            self.events.push_back((op, Completion::Send(Ok(()))));
+        }
+    }
+
+    fn on_data(&mut self, peer: Rank, h: Header) {
+        let key = h.seq as usize;
+        let Some(r) = self.rndv_recvs.get_mut(key).filter(|r| r.peer == peer) else {
+            return self.violation(peer, WireError::Unexpected(Kind::Data));
+        };
+        r.got += h.len as usize;
+        if r.got < r.buf.len() {
+            return;
+        }
+        let r = self.rndv_recvs.remove(key);
+        if let Some(op) = r.op {
+            let status = Status { source: peer, tag: r.tag, len: r.buf.len() };
+            let payload = if r.user_buf { Payload::Owned(r.buf) } else { Payload::Shared(r.buf.freeze()) };
+            self.events.push_back((op, Completion::Recv(Ok((payload, status)))));
+        }
+    }
+
+    /// `peer` is gone: every operation that involves it fails now.
+    pub fn peer_lost(&mut self, peer: Rank, reason: TransportError) {
+        let p = &mut self.peers[peer as usize];
+        if p.lost.is_some() {
+            return;
+        }
+        tracing::warn!(peer, %reason, "peer lost");
+        metrics::counter!("ferrocomm_peers_lost").increment(1);
+        p.lost = Some(reason.clone());
+        let err = || Error::PeerLost { rank: peer, reason: reason.clone() };
+        for b in std::mem::take(&mut p.backlog) {
+            if let Some(op) = b.op {
+                self.events.push_back((op, Completion::Send(Err(err()))));
+            }
+        }
+        self.transmit.retain(|(dest, ..)| *dest != peer);
+        let sends: Vec<usize> =
+            self.rndv_sends.iter().filter(|(_, s)| s.peer == peer).map(|(k, _)| k).collect();
+        for k in sends {
+            if let Some(op) = self.rndv_sends.remove(k).op {
+                self.events.push_back((op, Completion::Send(Err(err()))));
+            }
+        }
+        let recvs: Vec<usize> =
+            self.rndv_recvs.iter().filter(|(_, r)| r.peer == peer).map(|(k, _)| k).collect();
+        for k in recvs {
+            if let Some(op) = self.rndv_recvs.remove(k).op {
+                self.events.push_back((op, Completion::Recv(Err(err()))));
+            }
+        }
+        for q in self.contexts.values_mut() {
+            q.posted.retain(|p| {
+                let hit = involves(p.src, peer);
+                if hit {
+                    self.events.push_back((p.op, Completion::Recv(Err(err()))));
+                }
+                !hit
+            });
+            q.probes.retain(|p| {
+                let hit = involves(p.src, peer);
+                if hit {
+                    self.events.push_back((p.op, Completion::Probe(Err(err()))));
+                }
+                !hit
+            });
+        }
+    }
+
+    /// Says goodbye to every live peer (before an orderly shutdown).
+    pub fn say_goodbye(&mut self) {
+        for peer in 0..self.peers.len() as Rank {
+            if peer != self.me && self.peers[peer as usize].lost.is_none() {
+                self.emit(peer, Header::new(Kind::Bye), Bytes::new());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

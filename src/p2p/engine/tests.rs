@@ -1,0 +1,403 @@
+//! Deterministic tests of the protocol core: engines wired together by an in-memory network.
+
+use super::*;
+use proptest::prelude::*;
+
+const EAGER: usize = 64;
+
+fn cfg(max_credit: u32) -> Config {
+    Config { eager_limit: EAGER, max_credit, credit_sync: max_credit.div_ceil(2), chunk: 100, max_message: 1 << 20 }
+}
+
+/// Frames in flight between engines, in order per (from, to) link.
+struct Net {
+    engines: Vec<Engine>,
+    links: HashMap<(Rank, Rank), VecDeque<(Header, Bytes)>>,
+    done: HashMap<(Rank, OpKey), Completion>,
+    /// Rank 0's matching-relevant history: posted receives and arrivals of messages.
+    log: Vec<Event>,
+    sent_count: HashMap<Rank, u64>,
+}
+
+#[derive(Clone, Debug)]
+enum Event {
+    Post { op: OpKey, src: Source, tag: TagMatch },
+    Arrive { src: Rank, tag: u64, index: u64 },
+}
+
+impl Net {
+    fn new(n: u32, c: Config) -> Net {
+        Net {
+            engines: (0..n).map(|r| Engine::new(r, n, c)).collect(),
+            links: HashMap::new(),
+            done: HashMap::new(),
+            log: Vec::new(),
+            sent_count: HashMap::new(),
+        }
+    }
+
+    fn pump(&mut self) {
+        for r in 0..self.engines.len() as Rank {
+            while let Some((to, h, p)) = self.engines[r as usize].poll_transmit() {
+                self.links.entry((r, to)).or_default().push_back((h, p));
+            }
+            while let Some((op, c)) = self.engines[r as usize].poll_event() {
+                assert!(self.done.insert((r, op), c).is_none(), "op completed twice");
+            }
+            assert!(self.engines[r as usize].poll_violation().is_none());
+        }
+    }
+
+    /// Delivers one frame on link `(from, to)`; false if the link is empty.
+    fn deliver_one(&mut self, from: Rank, to: Rank) -> bool {
+        self.pump();
+        let Some((h, p)) = self.links.get_mut(&(from, to)).and_then(|l| l.pop_front()) else { return false };
+        let e = &mut self.engines[to as usize];
+        if h.kind == Kind::Data {
+            let dest = e.data_dest(from, &h).expect("data for a known receive");
+            if let Some(d) = dest {
+                d.copy_from_slice(&p);
+            }
+            e.handle_frame(from, h, Bytes::new());
+        } else {
+            if to == 0 && matches!(h.kind, Kind::Eager | Kind::Rts) {
+                let c = self.sent_count.entry(from).or_default();
+                self.log.push(Event::Arrive { src: from, tag: h.tag, index: *c });
+                *c += 1;
+            }
+            e.handle_frame(from, h, p);
+        }
+        self.pump();
+        true
+    }
+
+    fn run(&mut self) {
+        loop {
+            self.pump();
+            let keys: Vec<_> = self.links.iter().filter(|(_, l)| !l.is_empty()).map(|(k, _)| *k).collect();
+            if keys.is_empty() {
+                return;
+            }
+            for (f, t) in keys {
+                self.deliver_one(f, t);
+            }
+        }
+    }
+
+    fn recv(&mut self, at: Rank, op: OpKey, src: Source, tag: TagMatch, buf: RecvBuf) {
+        if at == 0 {
+            self.log.push(Event::Post { op, src, tag });
+        }
+        self.engines[at as usize].post_recv(op, 0, src, tag, buf);
+        self.pump();
+    }
+
+    fn send(&mut self, from: Rank, op: OpKey, to: Rank, tag: u64, data: Bytes) {
+        self.engines[from as usize].post_send(op, to, 0, tag, data);
+        self.pump();
+    }
+
+    fn take(&mut self, at: Rank, op: OpKey) -> Option<Completion> {
+        self.done.remove(&(at, op))
+    }
+
+    fn received(&mut self, at: Rank, op: OpKey) -> (Bytes, Status) {
+        match self.take(at, op) {
+            Some(Completion::Recv(Ok((p, s)))) => (p.into_bytes(), s),
+            other => panic!("receive {op} at {at}: {other:?}"),
+        }
+    }
+}
+
+fn data(len: usize, seed: u8) -> Bytes {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>().into()
+}
+
+#[test]
+fn eager_and_rendezvous_in_every_order() {
+    for len in [0, 1, EAGER, EAGER + 1, 1000] {
+        // receive first
+        let mut net = Net::new(2, cfg(8));
+        net.recv(1, 1, Source::Rank(0), TagMatch::Exact(5), RecvBuf::Alloc);
+        net.send(0, 1, 1, 5, data(len, 1));
+        net.run();
+        let (b, s) = net.received(1, 1);
+        assert_eq!((b, s), (data(len, 1), Status { source: 0, tag: 5, len }));
+        assert!(matches!(net.take(0, 1), Some(Completion::Send(Ok(())))));
+        // send first
+        let mut net = Net::new(2, cfg(8));
+        net.send(0, 1, 1, 5, data(len, 2));
+        net.run();
+        net.recv(1, 1, Source::Any, TagMatch::Any, RecvBuf::User(BytesMut::zeroed(2000)));
+        net.run();
+        assert_eq!(net.received(1, 1).0, data(len, 2));
+        // both in flight at once
+        let mut net = Net::new(2, cfg(8));
+        net.send(0, 1, 1, 5, data(len, 3));
+        net.recv(1, 1, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+        net.run();
+        assert_eq!(net.received(1, 1).0, data(len, 3));
+    }
+}
+
+#[test]
+fn message_to_self() {
+    let mut net = Net::new(1, cfg(8));
+    net.send(0, 1, 0, 9, data(500, 4));
+    net.recv(0, 2, Source::Rank(0), TagMatch::Exact(9), RecvBuf::Alloc);
+    assert_eq!(net.received(0, 2).0, data(500, 4));
+}
+
+#[test]
+fn truncation_is_an_error_on_both_paths() {
+    for len in [10, EAGER + 10] {
+        let mut net = Net::new(2, cfg(8));
+        net.recv(1, 1, Source::Any, TagMatch::Any, RecvBuf::User(BytesMut::zeroed(5)));
+        net.send(0, 1, 1, 0, data(len, 0));
+        net.run();
+        assert!(matches!(net.take(1, 1), Some(Completion::Recv(Err(Error::Truncated { capacity: 5, .. })))));
+        let send = net.take(0, 1);
+        if len > EAGER {
+            assert!(matches!(send, Some(Completion::Send(Err(Error::RemoteTruncated { rank: 1 })))));
+        } else {
+            assert!(matches!(send, Some(Completion::Send(Ok(())))));
+        }
+        // The communicator keeps working.
+        net.send(0, 2, 1, 0, data(3, 0));
+        net.recv(1, 2, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+        net.run();
+        assert_eq!(net.received(1, 2).0, data(3, 0));
+    }
+}
+
+#[test]
+fn cancelled_receive_lets_the_next_one_match() {
+    let mut net = Net::new(2, cfg(8));
+    net.recv(1, 1, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    net.engines[1].cancel_recv(1, 0);
+    net.recv(1, 2, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    net.send(0, 1, 1, 0, data(10, 0));
+    net.run();
+    assert!(net.take(1, 1).is_none());
+    assert_eq!(net.received(1, 2).0, data(10, 0));
+}
+
+#[test]
+fn cancelled_rendezvous_receive_drains_and_stays_consistent() {
+    let mut net = Net::new(2, cfg(8));
+    net.recv(1, 1, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    net.send(0, 1, 1, 0, data(1000, 0));
+    // RTS and CTS cross, then the receiver gives up while data is on the way.
+    net.deliver_one(0, 1);
+    net.deliver_one(1, 0);
+    net.engines[1].cancel_recv(1, 0);
+    net.run();
+    assert!(net.take(1, 1).is_none());
+    net.send(0, 2, 1, 0, data(1000, 9));
+    net.recv(1, 2, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    net.run();
+    assert_eq!(net.received(1, 2).0, data(1000, 9));
+}
+
+#[test]
+fn cancelled_send_waiting_for_credit_is_withdrawn() {
+    let mut net = Net::new(2, cfg(2));
+    for op in 0..3 {
+        net.send(0, op, 1, op as u64, data(8, op as u8));
+    }
+    assert_eq!(net.engines[0].backlog_to(1), 1);
+    net.engines[0].cancel_send(2, 1);
+    assert_eq!(net.engines[0].backlog_to(1), 0);
+    net.run();
+    for op in 0..2 {
+        net.recv(1, op, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    }
+    net.recv(1, 9, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    net.run();
+    assert!(net.take(1, 9).is_none(), "the withdrawn send never arrives");
+}
+
+#[test]
+fn flood_stays_within_credits() {
+    let mut net = Net::new(2, cfg(4));
+    for op in 0..100 {
+        net.send(0, op, 1, 0, data(EAGER, op as u8));
+        net.run();
+        assert!(net.engines[1].unexpected_from(0) <= 4);
+    }
+    assert_eq!(net.engines[0].backlog_to(1), 96);
+    for op in 0..100 {
+        net.recv(1, op, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+        net.run();
+        assert_eq!(net.received(1, op).0, data(EAGER, op as u8), "in order");
+    }
+    assert_eq!(net.engines[0].backlog_to(1), 0);
+}
+
+#[test]
+fn sending_beyond_credit_is_a_violation() {
+    let mut e = Engine::new(1, 2, cfg(2));
+    for _ in 0..3 {
+        e.handle_frame(0, Header { len: 1, ..Header::new(Kind::Eager) }, Bytes::from_static(b"x"));
+    }
+    assert!(e.poll_violation().is_some());
+}
+
+#[test]
+fn stray_frames_are_violations() {
+    let mut e = Engine::new(1, 2, cfg(2));
+    e.handle_frame(0, Header { seq: 7, ..Header::new(Kind::Cts) }, Bytes::new());
+    assert!(e.poll_violation().is_some());
+    assert!(e.data_dest(0, &Header { seq: 3, len: 1, ..Header::new(Kind::Data) }).is_err());
+}
+
+#[test]
+fn lost_peer_fails_everything_that_involves_it() {
+    let mut net = Net::new(3, cfg(2));
+    net.recv(1, 1, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+    net.recv(1, 2, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    net.recv(1, 3, Source::Rank(2), TagMatch::Any, RecvBuf::Alloc);
+    net.engines[1].post_send(4, 0, 0, 0, data(1000, 0)); // rendezvous, waits for CTS
+    net.engines[1].post_probe(5, 0, Source::Rank(0), TagMatch::Any);
+    net.engines[1].peer_lost(0, TransportError::Closed);
+    net.pump();
+    for op in [1, 2, 4, 5] {
+        let c = net.take(1, op).unwrap_or_else(|| panic!("op {op} pending"));
+        let failed = match c {
+            Completion::Send(r) => matches!(r, Err(Error::PeerLost { rank: 0, .. })),
+            Completion::Recv(r) => matches!(r, Err(Error::PeerLost { rank: 0, .. })),
+            Completion::Probe(r) => matches!(r, Err(Error::PeerLost { rank: 0, .. })),
+        };
+        assert!(failed, "op {op}");
+    }
+    assert!(net.take(1, 3).is_none(), "a receive from a live rank keeps waiting");
+    net.engines[1].post_send(6, 0, 0, 0, data(1, 0));
+    net.pump();
+    assert!(matches!(net.take(1, 6), Some(Completion::Send(Err(Error::PeerLost { .. })))));
+}
+
+#[test]
+fn probe_sees_the_first_match_and_waits_for_one() {
+    let mut net = Net::new(2, cfg(8));
+    net.engines[1].post_probe(1, 0, Source::Any, TagMatch::Exact(3));
+    net.send(0, 1, 1, 2, data(5, 0));
+    net.send(0, 2, 1, 3, data(500, 0));
+    net.run();
+    assert!(matches!(net.take(1, 1), Some(Completion::Probe(Ok(Status { source: 0, tag: 3, len: 500 })))));
+    assert_eq!(net.engines[1].iprobe(0, Source::Any, TagMatch::Any).unwrap().tag, 2);
+}
+
+/// The reference model of MPI matching: given rank 0's history (posts and arrivals in the order
+/// the engine saw them), which message does each receive get?
+fn reference(log: &[Event]) -> HashMap<OpKey, (Rank, u64)> {
+    let mut posted: Vec<(OpKey, Source, TagMatch)> = Vec::new();
+    let mut unexpected: Vec<(Rank, u64, u64)> = Vec::new();
+    let mut out = HashMap::new();
+    for e in log {
+        match *e {
+            Event::Post { op, src, tag } => {
+                match unexpected.iter().position(|&(s, t, _)| matches(src, tag, s, t)) {
+                    Some(i) => {
+                        let (s, _, idx) = unexpected.remove(i);
+                        out.insert(op, (s, idx));
+                    }
+                    None => posted.push((op, src, tag)),
+                }
+            }
+            Event::Arrive { src, tag, index } => {
+                match posted.iter().position(|&(_, ps, pt)| matches(ps, pt, src, tag)) {
+                    Some(i) => {
+                        let (op, ..) = posted.remove(i);
+                        out.insert(op, (src, index));
+                    }
+                    None => unexpected.push((src, tag, index)),
+                }
+            }
+        }
+    }
+    out
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Send { from: Rank, tag: u64, big: bool },
+    Recv { src: Option<Rank>, tag: Option<u64> },
+    Deliver { from: Rank, to: Rank },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (1u32..4, 0u64..3, any::<bool>()).prop_map(|(from, tag, big)| Step::Send { from, tag, big }),
+        (prop::option::of(1u32..4), prop::option::of(0u64..3)).prop_map(|(src, tag)| Step::Recv { src, tag }),
+        (0u32..4, 0u32..4).prop_map(|(from, to)| Step::Deliver { from, to }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Random interleavings of sends (eager and rendezvous) from three ranks, receives with and
+    /// without wildcards at rank 0, and frame deliveries: every receive gets exactly the message
+    /// the reference model says, messages from one sender are never overtaken, and nothing is lost.
+    #[test]
+    fn matching_agrees_with_the_reference(steps in prop::collection::vec(step(), 1..120), credit in 1u32..6) {
+        let mut net = Net::new(4, cfg(credit));
+        let mut next_op = 0;
+        let mut counts = [0u64; 4];
+        let mut recvs = Vec::new();
+        for s in steps {
+            match s {
+                Step::Send { from, tag, big } => {
+                    let idx = counts[from as usize];
+                    counts[from as usize] += 1;
+                    let mut body = vec![0u8; if big { EAGER * 3 } else { 16 }];
+                    body[..4].copy_from_slice(&from.to_le_bytes());
+                    body[4..12].copy_from_slice(&idx.to_le_bytes());
+                    net.send(from, next_op, 0, tag, body.into());
+                    next_op += 1;
+                }
+                Step::Recv { src, tag } => {
+                    let src = src.map_or(Source::Any, Source::Rank);
+                    let tag = tag.map_or(TagMatch::Any, TagMatch::Exact);
+                    net.recv(0, next_op, src, tag, RecvBuf::Alloc);
+                    recvs.push(next_op);
+                    next_op += 1;
+                }
+                Step::Deliver { from, to } => {
+                    net.deliver_one(from, to);
+                }
+            }
+        }
+        net.run();
+        // Drain: wildcard receives until every message is matched.
+        let total: u64 = counts.iter().sum();
+        for _ in 0..=total {
+            let completed = recvs.iter().filter(|op| net.done.contains_key(&(0, **op))).count() as u64;
+            if completed >= total {
+                break;
+            }
+            net.recv(0, next_op, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+            recvs.push(next_op);
+            next_op += 1;
+            net.run();
+        }
+        let expected = reference(&net.log);
+        let mut got = Vec::new();
+        for op in recvs {
+            match (net.done.remove(&(0, op)), expected.get(&op)) {
+                (Some(Completion::Recv(Ok((p, _)))), Some(&(src, idx))) => {
+                    let b = p.into_bytes();
+                    let from = u32::from_le_bytes(b[..4].try_into().unwrap());
+                    let i = u64::from_le_bytes(b[4..12].try_into().unwrap());
+                    prop_assert_eq!((from, i), (src, idx), "receive {}", op);
+                    got.push((from, i));
+                }
+                (None, None) => {}
+                (c, e) => prop_assert!(false, "receive {}: engine {:?}, reference {:?}", op, c, e),
+            }
+        }
+        got.sort();
+        got.dedup();
+        prop_assert_eq!(got.len() as u64, total, "every message delivered exactly once");
+    }
+}

@@ -1,0 +1,78 @@
+//! Transports move frames between ranks; they know nothing of matching, tags or collectives.
+//!
+//! Every transport has the same completion-driven shape, so the reactor can drive any of them:
+//! [`Transport::send`] only queues, [`Transport::progress`] moves bytes without blocking and hands
+//! whole frames to a [`Sink`], and [`Transport::poll_ready`] registers a waker so the progress loop
+//! can sleep until there is something to do. Payloads of rendezvous data frames are written straight
+//! into the receiver's posted buffer ([`Sink::data_dest`]), so large messages are not copied twice.
+
+pub mod tcp;
+pub mod wire;
+
+use std::io;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+
+pub use wire::{Header, Kind, Limits, Rank, WireError};
+
+/// Why a connection to a peer ended.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TransportError {
+    /// The peer broke the wire protocol; the connection was closed.
+    #[error("protocol violation: {0}")]
+    Wire(#[from] WireError),
+    /// The connection failed at the operating-system level.
+    #[error("i/o error: {0}")]
+    Io(io::ErrorKind),
+    /// The peer closed the connection without saying goodbye (crash, kill).
+    #[error("connection closed by peer")]
+    Closed,
+    /// The peer said goodbye.
+    #[error("peer left the job")]
+    Left,
+}
+
+impl From<io::Error> for TransportError {
+    fn from(e: io::Error) -> Self {
+        TransportError::Io(e.kind())
+    }
+}
+
+/// Receives what a transport reads.
+///
+/// # Safety
+/// A slice returned by [`Sink::data_dest`] must stay valid, unmoved and unaliased until the same
+/// sink has received that frame through [`Sink::frame`] or the peer through [`Sink::peer_lost`]:
+/// a completion-based transport (io_uring, verbs) may have the kernel or the NIC write into it
+/// in the meantime.
+pub unsafe trait Sink {
+    /// Where the payload of rendezvous `Data` frame `h` from `peer` must land (exactly `h.len`
+    /// bytes). `Ok(None)` discards the payload; `Err` closes the connection.
+    fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError>;
+    /// A complete frame. For `Data` frames the payload already sits in the destination and
+    /// `payload` is empty.
+    fn frame(&mut self, peer: Rank, h: Header, payload: Bytes);
+    /// The connection to `peer` is gone; no more frames will come from it.
+    fn peer_lost(&mut self, peer: Rank, err: TransportError);
+}
+
+/// A way of moving frames to and from every peer of one rank.
+pub trait Transport: Send {
+    /// Short name for logs and metrics (`tcp-uring`, `tcp-portable`, ...).
+    fn name(&self) -> &'static str;
+    /// The largest eager payload this transport wants.
+    fn eager_limit(&self) -> usize;
+    /// Queues a frame for `peer`. Never blocks; [`Transport::progress`] writes it.
+    /// Frames to one peer are delivered in the order they were queued.
+    fn send(&mut self, peer: Rank, header: Header, payload: Bytes);
+    /// Moves whatever can move without blocking. Returns how much happened (0 = idle).
+    fn progress(&mut self, sink: &mut dyn Sink) -> usize;
+    /// `Ready` when [`Transport::progress`] has work; otherwise arranges for `cx` to be woken
+    /// when it may have.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+    /// True while queued frames are not yet handed to the operating system.
+    fn has_pending_output(&self) -> bool;
+    /// Drops the connection to `peer` (after it broke the protocol one level up).
+    fn disconnect(&mut self, peer: Rank);
+}

@@ -1,0 +1,265 @@
+//! The one versioned frame header every transport carries.
+//!
+//! A frame is a fixed 48-byte little-endian header followed by `len` payload bytes. Everything read
+//! from the network goes through [`Header::decode`], which checks magic, version, kind, the source
+//! rank and the payload length against [`Limits`] before anything is allocated: a peer can never
+//! make us allocate more than the limits say.
+
+use std::fmt;
+
+/// `"FCOM"` read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"FCOM");
+/// Wire version; bumped on any incompatible change.
+pub const VERSION: u8 = 1;
+/// Size of an encoded [`Header`].
+pub const HEADER_LEN: usize = 48;
+/// Length of the job token carried by a `Hello` frame.
+pub const TOKEN_LEN: usize = 32;
+
+/// A rank (process index) inside a job.
+pub type Rank = u32;
+
+/// What a frame is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// Connection set-up: payload is the job token; `src` is the claimed rank.
+    Hello = 1,
+    /// A whole small message: `tag`, `context`, payload = data.
+    Eager = 2,
+    /// Rendezvous request-to-send: `seq` = sender's message id, `aux` = total length.
+    Rts = 3,
+    /// Receiver is ready (clear-to-send) for message `seq`; `aux` = receiver's operation id.
+    /// With [`flags::TRUNCATED`] the receiver refuses the data (its buffer is too small).
+    Cts = 4,
+    /// A chunk of rendezvous data for receiver operation `seq`, at byte offset `aux`.
+    Data = 5,
+    /// Credit update only (the piggybacked `credit` field is the content).
+    Credit = 6,
+    /// Orderly goodbye: the peer is leaving and will send nothing more.
+    Bye = 7,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Hello,
+            2 => Kind::Eager,
+            3 => Kind::Rts,
+            4 => Kind::Cts,
+            5 => Kind::Data,
+            6 => Kind::Credit,
+            7 => Kind::Bye,
+            _ => return None,
+        })
+    }
+}
+
+/// Header flag bits.
+pub mod flags {
+    /// On `Cts`: the receive buffer is too small; the sender must not send data.
+    pub const TRUNCATED: u16 = 1;
+    /// On `Hello`: the acceptor accepts the connection.
+    pub const ACCEPT: u16 = 2;
+}
+
+/// The decoded frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub flags: u16,
+    /// Sending rank.
+    pub src: Rank,
+    /// Communicator context id.
+    pub context: u32,
+    /// Message tag (64-bit).
+    pub tag: u64,
+    /// Message or operation id (meaning depends on `kind`).
+    pub seq: u64,
+    /// Payload length in bytes.
+    pub len: u32,
+    /// Piggybacked credit: the total number of credit-consuming frames the sender of this header
+    /// has freed from its peer so far (monotonic, wrapping).
+    pub credit: u32,
+    /// Kind-specific extra word (total length, offset, operation id).
+    pub aux: u64,
+}
+
+impl Header {
+    /// A header of `kind` with every other field zero.
+    pub fn new(kind: Kind) -> Header {
+        Header { kind, flags: 0, src: 0, context: 0, tag: 0, seq: 0, len: 0, credit: 0, aux: 0 }
+    }
+
+    /// Encodes into exactly [`HEADER_LEN`] bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = VERSION;
+        b[5] = self.kind as u8;
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..12].copy_from_slice(&self.src.to_le_bytes());
+        b[12..16].copy_from_slice(&self.context.to_le_bytes());
+        b[16..24].copy_from_slice(&self.tag.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[32..36].copy_from_slice(&self.len.to_le_bytes());
+        b[36..40].copy_from_slice(&self.credit.to_le_bytes());
+        b[40..48].copy_from_slice(&self.aux.to_le_bytes());
+        b
+    }
+
+    /// Decodes and validates a header read from the network.
+    pub fn decode(b: &[u8; HEADER_LEN], limits: &Limits) -> Result<Header, WireError> {
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let magic = u32_at(0);
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        if b[4] != VERSION {
+            return Err(WireError::BadVersion(b[4]));
+        }
+        let kind = Kind::from_u8(b[5]).ok_or(WireError::UnknownKind(b[5]))?;
+        let h = Header {
+            kind,
+            flags: u16::from_le_bytes([b[6], b[7]]),
+            src: u32_at(8),
+            context: u32_at(12),
+            tag: u64_at(16),
+            seq: u64_at(24),
+            len: u32_at(32),
+            credit: u32_at(36),
+            aux: u64_at(40),
+        };
+        if h.src >= limits.world_size {
+            return Err(WireError::UnknownRank { rank: h.src, size: limits.world_size });
+        }
+        let max = limits.max_payload(kind);
+        if h.len as usize > max {
+            return Err(WireError::Oversize { kind, len: h.len as u64, max: max as u64 });
+        }
+        if kind == Kind::Rts && h.aux > limits.max_message as u64 {
+            return Err(WireError::Oversize { kind, len: h.aux, max: limits.max_message as u64 });
+        }
+        Ok(h)
+    }
+}
+
+/// What a connection accepts from its peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Number of ranks in the job: any `src` at or above it is unknown.
+    pub world_size: u32,
+    /// Largest eager payload.
+    pub eager_limit: usize,
+    /// Largest rendezvous data chunk.
+    pub chunk: usize,
+    /// Largest whole message (announced in an RTS).
+    pub max_message: usize,
+}
+
+impl Limits {
+    /// Largest payload a frame of `kind` may carry.
+    pub fn max_payload(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Hello => TOKEN_LEN,
+            Kind::Eager => self.eager_limit,
+            Kind::Data => self.chunk,
+            Kind::Rts | Kind::Cts | Kind::Credit | Kind::Bye => 0,
+        }
+    }
+}
+
+/// A frame that breaks the wire rules. The connection it arrived on is closed; nothing else is.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("bad magic {0:#010x}")]
+    BadMagic(u32),
+    #[error("unsupported wire version {0} (this build speaks {VERSION})")]
+    BadVersion(u8),
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    #[error("{kind:?} frame of {len} bytes exceeds the limit of {max}")]
+    Oversize { kind: Kind, len: u64, max: u64 },
+    #[error("rank {rank} is not in this job of {size} ranks")]
+    UnknownRank { rank: Rank, size: u32 },
+    #[error("frame claims source rank {got} on the connection of rank {expected}")]
+    WrongSource { expected: Rank, got: Rank },
+    #[error("wrong job token")]
+    BadToken,
+    #[error("unexpected {0:?} frame")]
+    Unexpected(Kind),
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn limits() -> Limits {
+        Limits { world_size: 4, eager_limit: 1024, chunk: 4096, max_message: 1 << 20 }
+    }
+
+    #[test]
+    fn round_trip() {
+        let h = Header {
+            kind: Kind::Rts,
+            flags: 3,
+            src: 2,
+            context: 7,
+            tag: u64::MAX,
+            seq: 99,
+            len: 0,
+            credit: 5,
+            aux: 12345,
+        };
+        assert_eq!(Header::decode(&h.encode(), &limits()), Ok(h));
+    }
+
+    #[test]
+    fn rejects_each_bad_field() {
+        let good = Header::new(Kind::Eager);
+        let mut b = good.encode();
+        b[0] ^= 1;
+        assert!(matches!(Header::decode(&b, &limits()), Err(WireError::BadMagic(_))));
+        let mut b = good.encode();
+        b[4] = 9;
+        assert_eq!(Header::decode(&b, &limits()), Err(WireError::BadVersion(9)));
+        let mut b = good.encode();
+        b[5] = 200;
+        assert_eq!(Header::decode(&b, &limits()), Err(WireError::UnknownKind(200)));
+        let h = Header { src: 4, ..good };
+        assert!(matches!(Header::decode(&h.encode(), &limits()), Err(WireError::UnknownRank { .. })));
+        let h = Header { len: 1025, ..good };
+        assert!(matches!(Header::decode(&h.encode(), &limits()), Err(WireError::Oversize { .. })));
+        let h = Header { kind: Kind::Rts, aux: 1 << 40, ..good };
+        assert!(matches!(Header::decode(&h.encode(), &limits()), Err(WireError::Oversize { .. })));
+        let h = Header { kind: Kind::Credit, len: 1, ..good };
+        assert!(matches!(Header::decode(&h.encode(), &limits()), Err(WireError::Oversize { .. })));
+    }
+
+    proptest! {
+        /// Random bytes never panic the decoder, and whatever it accepts respects the limits.
+        #[test]
+        fn random_bytes_are_safe(bytes in proptest::collection::vec(any::<u8>(), HEADER_LEN)) {
+            let b: [u8; HEADER_LEN] = bytes.try_into().unwrap();
+            if let Ok(h) = Header::decode(&b, &limits()) {
+                prop_assert!((h.len as usize) <= limits().max_payload(h.kind));
+                prop_assert!(h.src < 4);
+            }
+        }
+
+        #[test]
+        fn any_valid_header_round_trips(src in 0u32..4, ctx: u32, tag: u64, seq: u64, len in 0u32..=1024,
+                                        credit: u32, aux in 0u64..1000, flags: u16) {
+            let h = Header { kind: Kind::Eager, flags, src, context: ctx, tag, seq, len, credit, aux };
+            prop_assert_eq!(Header::decode(&h.encode(), &limits()), Ok(h));
+        }
+    }
+}
