@@ -206,8 +206,7 @@ impl<P> Shared<P> {
 
     fn inline_active(&self) -> bool {
         self.spinning.load(Ordering::Acquire) > 0
-            || self.now_ns().saturating_sub(self.last_spin.load(Ordering::Relaxed))
-                < INLINE_QUIET.as_nanos() as u64
+            || self.now_ns().saturating_sub(self.last_spin.load(Ordering::Relaxed)) < INLINE_QUIET.as_nanos() as u64
     }
 }
 

@@ -23,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use bytes::{Bytes, BytesMut};
 use ferrocomm_reactor::OpKey;
 use ferrocomm_transports::wire::flags;
-use ferrocomm_transports::{Header, Kind, Rank, TransportError, WireError};
+use ferrocomm_transports::{Header, Kind, Rank, Sink, TransportError, WireError};
 use slab::Slab;
 
 use super::{Payload, Source, Status, TagMatch};
@@ -81,7 +81,10 @@ struct Posted {
 enum Body {
     Eager(Bytes),
     /// A rendezvous announcement: the sender's message id and the total length.
-    Rts { msg: u64, len: usize },
+    Rts {
+        msg: u64,
+        len: usize,
+    },
 }
 
 struct Unexpected {
@@ -574,15 +577,13 @@ impl Engine {
             }
         }
         self.transmit.retain(|(dest, ..)| *dest != peer);
-        let sends: Vec<usize> =
-            self.rndv_sends.iter().filter(|(_, s)| s.peer == peer).map(|(k, _)| k).collect();
+        let sends: Vec<usize> = self.rndv_sends.iter().filter(|(_, s)| s.peer == peer).map(|(k, _)| k).collect();
         for k in sends {
             if let Some(op) = self.rndv_sends.remove(k).op {
                 self.events.push_back((op, Completion::Send(Err(err()))));
             }
         }
-        let recvs: Vec<usize> =
-            self.rndv_recvs.iter().filter(|(_, r)| r.peer == peer).map(|(k, _)| k).collect();
+        let recvs: Vec<usize> = self.rndv_recvs.iter().filter(|(_, r)| r.peer == peer).map(|(k, _)| k).collect();
         for k in recvs {
             if let Some(op) = self.rndv_recvs.remove(k).op {
                 self.events.push_back((op, Completion::Recv(Err(err()))));
@@ -613,6 +614,21 @@ impl Engine {
                 self.emit(peer, Header::new(Kind::Bye), Bytes::new());
             }
         }
+    }
+}
+
+// SAFETY: `data_dest` hands out slices of `rndv_recvs` buffers. They are never resized, and a
+// receive's buffer is dropped only after its last data frame arrived (`handle_frame`) or its peer
+// was reported lost (`peer_lost`); a cancelled receive keeps its buffer until then.
+unsafe impl Sink for Engine {
+    fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
+        Engine::data_dest(self, peer, h)
+    }
+    fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
+        self.handle_frame(peer, h, payload)
+    }
+    fn peer_lost(&mut self, peer: Rank, err: TransportError) {
+        Engine::peer_lost(self, peer, err)
     }
 }
 

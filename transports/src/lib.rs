@@ -73,6 +73,7 @@ pub trait Transport: Send {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()>;
     /// True while queued frames are not yet handed to the operating system.
     fn has_pending_output(&self) -> bool;
-    /// Drops the connection to `peer` (after it broke the protocol one level up).
-    fn disconnect(&mut self, peer: Rank);
+    /// Drops the connection to `peer` (it broke the protocol one level up). The transport reports
+    /// the loss through [`Sink::peer_lost`] with `reason` once no read into a sink buffer is in flight.
+    fn disconnect(&mut self, peer: Rank, reason: TransportError);
 }

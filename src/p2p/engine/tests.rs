@@ -295,15 +295,13 @@ fn reference(log: &[Event]) -> HashMap<OpKey, (Rank, u64)> {
     let mut out = HashMap::new();
     for e in log {
         match *e {
-            Event::Post { op, src, tag } => {
-                match unexpected.iter().position(|&(s, t, _)| matches(src, tag, s, t)) {
-                    Some(i) => {
-                        let (s, _, idx) = unexpected.remove(i);
-                        out.insert(op, (s, idx));
-                    }
-                    None => posted.push((op, src, tag)),
+            Event::Post { op, src, tag } => match unexpected.iter().position(|&(s, t, _)| matches(src, tag, s, t)) {
+                Some(i) => {
+                    let (s, _, idx) = unexpected.remove(i);
+                    out.insert(op, (s, idx));
                 }
-            }
+                None => posted.push((op, src, tag)),
+            },
             Event::Arrive { src, tag, index } => {
                 match posted.iter().position(|&(_, ps, pt)| matches(ps, pt, src, tag)) {
                     Some(i) => {

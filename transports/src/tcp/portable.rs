@@ -33,11 +33,7 @@ pub struct PortableTcp {
 impl PortableTcp {
     /// Takes over connected, authenticated sockets (`conns[r]` is the socket to rank `r`).
     /// Must be called inside the tokio runtime whose reactor will watch the sockets.
-    pub fn new(
-        conns: Vec<Option<std::net::TcpStream>>,
-        limits: Limits,
-        eager_limit: usize,
-    ) -> io::Result<PortableTcp> {
+    pub fn new(conns: Vec<Option<std::net::TcpStream>>, limits: Limits, eager_limit: usize) -> io::Result<PortableTcp> {
         let conns = conns
             .into_iter()
             .enumerate()
@@ -188,9 +184,9 @@ impl Transport for PortableTcp {
         self.conns.iter().flatten().any(|c| !c.writer.is_empty())
     }
 
-    fn disconnect(&mut self, peer: Rank) {
-        if let Some(c) = self.conns.get_mut(peer as usize) {
-            c.take();
+    fn disconnect(&mut self, peer: Rank, reason: TransportError) {
+        if (peer as usize) < self.conns.len() {
+            self.fail(peer, reason);
         }
     }
 }

@@ -1,0 +1,834 @@
+//! A tiny TCP key-value store for address exchange.
+//!
+//! Before ranks can talk to each other they must learn each other's
+//! addresses. Each rank puts its own under a key and gets the others'; a get
+//! waits until some rank has put the key. One process runs a [`KvServer`]
+//! (`ferrorun`, or rank 0 under `mpirun`/`srun`); every rank connects with a
+//! [`KvClient`].
+//!
+//! The store may be reachable by other users of the machine, so it trusts
+//! nothing it reads:
+//!
+//! * every connection first proves the job's 32-byte token (compared in
+//!   constant time); a wrong token closes the connection;
+//! * keys are at most [`MAX_KEY_LEN`] bytes, values at most
+//!   [`MAX_VALUE_LEN`], the store holds at most [`MAX_ENTRIES`] keys, and a
+//!   length field is checked before anything is allocated for it;
+//! * a malformed request closes that connection with a `tracing::warn!`
+//!   naming the peer and the reason, and the server keeps serving the rest.
+//!
+//! Wire format (all integers little-endian):
+//!
+//! ```text
+//! handshake  client: "FCKV" version:u8=1 token:[u8;32]   server: 0u8 (accepted)
+//! put        client: 1u8 key_len:u16 key value_len:u32 value
+//!            server: 0u8 (stored) | 2u8 (store full)
+//! get        client: 2u8 key_len:u16 key wait_ms:u32
+//!            server: 0u8 value_len:u32 value | 1u8 (not put within wait_ms)
+//! ```
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+
+/// Longest key, in bytes.
+pub const MAX_KEY_LEN: usize = 256;
+/// Largest value, in bytes.
+pub const MAX_VALUE_LEN: usize = 64 * 1024;
+/// Most keys the store holds.
+pub const MAX_ENTRIES: usize = 1 << 20;
+
+const MAGIC: &[u8; 4] = b"FCKV";
+const VERSION: u8 = 1;
+const HANDSHAKE_LEN: usize = 4 + 1 + 32;
+
+const OP_PUT: u8 = 1;
+const OP_GET: u8 = 2;
+
+const ST_OK: u8 = 0;
+const ST_NOT_FOUND: u8 = 1;
+const ST_FULL: u8 = 2;
+
+/// How long a new connection may take to present its token.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the rest of a request may take once its first byte arrived.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Extra time a client allows the server beyond the wait it asked for.
+const REPLY_SLACK: Duration = Duration::from_secs(5);
+
+/// Errors of [`KvClient`].
+#[derive(Debug, Error)]
+pub enum KvError {
+    /// The store's address could not be connected to, and retrying would
+    /// not help.
+    #[error("cannot connect to the key-value store at {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Nothing accepted the connection before the timeout.
+    #[error("the key-value store at {addr} did not accept a connection within {waited:?} (last error: {last})")]
+    ConnectTimeout { addr: String, waited: Duration, last: String },
+    /// The peer closed the connection during the handshake: wrong token, or
+    /// not a ferrocomm store.
+    #[error(
+        "the key-value store at {addr} refused the connection: wrong token (another job?) or not a ferrocomm store"
+    )]
+    Rejected { addr: String },
+    /// No rank put the key before the timeout.
+    #[error("timed out after {waited:?} waiting for key {key:?} in the key-value store")]
+    Timeout { key: String, waited: Duration },
+    /// The key is longer than [`MAX_KEY_LEN`].
+    #[error("key of {len} bytes is longer than the {MAX_KEY_LEN}-byte limit")]
+    KeyTooLong { len: usize },
+    /// The value is larger than [`MAX_VALUE_LEN`].
+    #[error("value of {len} bytes is larger than the {MAX_VALUE_LEN}-byte limit")]
+    ValueTooLarge { len: usize },
+    /// The store holds [`MAX_ENTRIES`] keys already.
+    #[error("the key-value store is full ({MAX_ENTRIES} keys)")]
+    StoreFull,
+    /// The connection failed.
+    #[error("connection to the key-value store failed: {0}")]
+    Io(#[from] io::Error),
+    /// The store answered something this client does not understand.
+    #[error("unexpected reply from the key-value store: {0}")]
+    Protocol(String),
+    /// An earlier operation was cancelled midway, so the connection's
+    /// framing is lost.
+    #[error("an earlier key-value operation on this connection was cancelled midway; reconnect")]
+    Broken,
+}
+
+// ---------------------------------------------------------------- server --
+
+#[derive(Default)]
+struct Store {
+    map: HashMap<Box<[u8]>, Arc<[u8]>>,
+    /// Keys someone is waiting for, with the waiters' wake-up.
+    waiters: HashMap<Box<[u8]>, Arc<Notify>>,
+}
+
+struct Shared {
+    token: [u8; 32],
+    max_entries: usize,
+    store: Mutex<Store>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // (every update is a single insert/remove), so poisoning is ignored.
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores `value`; false when the store is full.
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        let mut s = self.lock();
+        if !s.map.contains_key(key.as_slice()) && s.map.len() >= self.max_entries {
+            return false;
+        }
+        if let Some(n) = s.waiters.remove(key.as_slice()) {
+            n.notify_waiters();
+        }
+        s.map.insert(key.into_boxed_slice(), value.into());
+        true
+    }
+
+    /// The value of `key`, waiting until `deadline` for someone to put it.
+    async fn get(&self, key: &[u8], deadline: Instant) -> Option<Arc<[u8]>> {
+        loop {
+            let notify = {
+                let mut s = self.lock();
+                if let Some(v) = s.map.get(key) {
+                    return Some(v.clone());
+                }
+                s.waiters.entry(key.into()).or_default().clone()
+            };
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            // Registered before the re-check, so a put in between still
+            // wakes us.
+            notified.as_mut().enable();
+            if let Some(v) = self.lock().map.get(key) {
+                return Some(v.clone());
+            }
+            tokio::select! {
+                _ = &mut notified => continue,
+                _ = sleep_until(deadline) => {
+                    let mut s = self.lock();
+                    if let Some(v) = s.map.get(key) {
+                        return Some(v.clone());
+                    }
+                    // Forget the waiter entry unless another waiter holds it
+                    // (the map's reference plus ours make two).
+                    if s.waiters.get(key).is_some_and(|n| Arc::ptr_eq(n, &notify))
+                        && Arc::strong_count(&notify) == 2
+                    {
+                        s.waiters.remove(key);
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// The key-value store. It serves until dropped.
+pub struct KvServer {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl KvServer {
+    /// Binds `bind` (port 0 picks a free port) and serves clients that
+    /// present `token`.
+    pub async fn start(bind: SocketAddr, token: [u8; 32]) -> io::Result<KvServer> {
+        Self::start_with(bind, token, MAX_ENTRIES).await
+    }
+
+    async fn start_with(bind: SocketAddr, token: [u8; 32], max_entries: usize) -> io::Result<KvServer> {
+        let listener = TcpListener::bind(bind).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared { token, max_entries, store: Mutex::new(Store::default()) });
+        let task = tokio::spawn(accept_loop(listener, shared));
+        Ok(KvServer { addr, task })
+    }
+
+    /// The address the store listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for KvServer {
+    fn drop(&mut self) {
+        // Dropping the accept task drops its JoinSet, which aborts every
+        // connection task.
+        self.task.abort();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    conns.spawn(serve_conn(stream, peer, shared.clone()));
+                }
+                Err(e) => {
+                    // Typically out of file descriptors: back off, go on.
+                    tracing::warn!("kv store: accept failed: {e}");
+                    sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+/// Why a connection ended.
+enum End {
+    /// The client closed it between requests.
+    Closed,
+    /// The client broke the protocol; worth a warning.
+    Bad(String),
+    /// The connection failed.
+    Io(io::Error),
+}
+
+impl From<io::Error> for End {
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            End::Bad("connection closed in the middle of a message".into())
+        } else {
+            End::Io(e)
+        }
+    }
+}
+
+async fn serve_conn(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    match serve(stream, &shared).await {
+        End::Closed => tracing::debug!("kv store: {peer} disconnected"),
+        End::Bad(reason) => tracing::warn!("kv store: closing connection from {peer}: {reason}"),
+        End::Io(e) => tracing::debug!("kv store: connection from {peer} failed: {e}"),
+    }
+}
+
+async fn serve(stream: TcpStream, shared: &Shared) -> End {
+    let mut conn = BufReader::new(stream);
+    let mut hello = [0u8; HANDSHAKE_LEN];
+    match timeout(HANDSHAKE_TIMEOUT, conn.read_exact(&mut hello)).await {
+        Err(_) => return End::Bad(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")),
+        Ok(Err(e)) => return e.into(),
+        Ok(Ok(_)) => {}
+    }
+    if &hello[..4] != MAGIC {
+        return End::Bad("not a ferrocomm key-value client (bad magic)".into());
+    }
+    if hello[4] != VERSION {
+        return End::Bad(format!("protocol version {} (this store speaks {VERSION})", hello[4]));
+    }
+    let mut presented = [0u8; 32];
+    presented.copy_from_slice(&hello[5..]);
+    if !ct_eq(&presented, &shared.token) {
+        return End::Bad("wrong token".into());
+    }
+    if let Err(e) = conn.write_all(&[ST_OK]).await {
+        return e.into();
+    }
+
+    loop {
+        let op = match conn.read_u8().await {
+            Ok(op) => op,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return End::Closed,
+            Err(e) => return End::Io(e),
+        };
+        let request = match op {
+            OP_PUT | OP_GET => timeout(REQUEST_TIMEOUT, read_request(&mut conn, op)).await,
+            other => return End::Bad(format!("unknown request type {other:#04x}")),
+        };
+        let reply = match request {
+            Err(_) => return End::Bad(format!("request not completed within {REQUEST_TIMEOUT:?}")),
+            Ok(Err(end)) => return end,
+            Ok(Ok(Request::Put { key, value })) => {
+                vec![if shared.put(key, value) { ST_OK } else { ST_FULL }]
+            }
+            Ok(Ok(Request::Get { key, wait })) => {
+                match shared.get(&key, Instant::now() + wait).await {
+                    Some(v) => {
+                        let mut r = Vec::with_capacity(5 + v.len());
+                        r.push(ST_OK);
+                        // v.len() <= MAX_VALUE_LEN, which fits in u32.
+                        r.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                        r.extend_from_slice(&v);
+                        r
+                    }
+                    None => vec![ST_NOT_FOUND],
+                }
+            }
+        };
+        if let Err(e) = conn.write_all(&reply).await {
+            return e.into();
+        }
+    }
+}
+
+enum Request {
+    Put { key: Vec<u8>, value: Vec<u8> },
+    Get { key: Vec<u8>, wait: Duration },
+}
+
+async fn read_request(conn: &mut BufReader<TcpStream>, op: u8) -> Result<Request, End> {
+    let key_len = usize::from(conn.read_u16_le().await?);
+    if key_len > MAX_KEY_LEN {
+        return Err(End::Bad(format!("key length {key_len} exceeds {MAX_KEY_LEN}")));
+    }
+    let mut key = vec![0u8; key_len];
+    conn.read_exact(&mut key).await?;
+    if op == OP_PUT {
+        let value_len = conn.read_u32_le().await? as usize;
+        if value_len > MAX_VALUE_LEN {
+            return Err(End::Bad(format!("value length {value_len} exceeds {MAX_VALUE_LEN}")));
+        }
+        let mut value = vec![0u8; value_len];
+        conn.read_exact(&mut value).await?;
+        Ok(Request::Put { key, value })
+    } else {
+        let wait_ms = conn.read_u32_le().await?;
+        Ok(Request::Get { key, wait: Duration::from_millis(u64::from(wait_ms)) })
+    }
+}
+
+/// Equality that takes the same time wherever the inputs differ.
+fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let mut diff = 0u8;
+    for (x, y) in a.iter().zip(b) {
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+// ---------------------------------------------------------------- client --
+
+/// A connection to the store.
+pub struct KvClient {
+    stream: TcpStream,
+    /// Set while an operation is under way; still set if it was cancelled.
+    in_flight: bool,
+}
+
+impl KvClient {
+    /// Connects to `addr` (`host:port`) and presents `token`. The store may
+    /// not be up yet: refused connections are retried until `timeout`.
+    pub async fn connect(addr: &str, token: &[u8; 32], timeout: Duration) -> Result<KvClient, KvError> {
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(10);
+        let mut last;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let attempt = tokio::time::timeout(remaining, TcpStream::connect(addr)).await;
+            match attempt {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Self::handshake(stream, addr, token, deadline, timeout).await;
+                }
+                Ok(Err(e)) if retryable(&e) => last = e.to_string(),
+                Ok(Err(e)) => {
+                    return Err(KvError::Connect { addr: addr.to_string(), source: e });
+                }
+                Err(_) => last = "connection attempt timed out".to_string(),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(KvError::ConnectTimeout { addr: addr.to_string(), waited: timeout, last });
+            }
+            sleep(backoff.min(deadline - now)).await;
+            backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    async fn handshake(
+        mut stream: TcpStream,
+        addr: &str,
+        token: &[u8; 32],
+        deadline: Instant,
+        waited: Duration,
+    ) -> Result<KvClient, KvError> {
+        let mut hello = Vec::with_capacity(HANDSHAKE_LEN);
+        hello.extend_from_slice(MAGIC);
+        hello.push(VERSION);
+        hello.extend_from_slice(token);
+        let exchange = async {
+            stream.write_all(&hello).await?;
+            stream.read_u8().await
+        };
+        match tokio::time::timeout_at(deadline, exchange).await {
+            Err(_) => Err(KvError::ConnectTimeout {
+                addr: addr.to_string(),
+                waited,
+                last: "no answer to the handshake".to_string(),
+            }),
+            Ok(Ok(ST_OK)) => Ok(KvClient { stream, in_flight: false }),
+            Ok(Ok(other)) => Err(KvError::Protocol(format!("handshake answered with {other:#04x}"))),
+            Ok(Err(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+                ) =>
+            {
+                Err(KvError::Rejected { addr: addr.to_string() })
+            }
+            Ok(Err(e)) => Err(KvError::Io(e)),
+        }
+    }
+
+    /// Stores `value` under `key`, replacing any earlier value.
+    pub async fn put(&mut self, key: &str, value: &[u8]) -> Result<(), KvError> {
+        check_key(key)?;
+        if value.len() > MAX_VALUE_LEN {
+            return Err(KvError::ValueTooLarge { len: value.len() });
+        }
+        self.begin()?;
+        let mut req = Vec::with_capacity(7 + key.len() + value.len());
+        req.push(OP_PUT);
+        req.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        req.extend_from_slice(key.as_bytes());
+        req.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        req.extend_from_slice(value);
+        self.stream.write_all(&req).await?;
+        let status = self.stream.read_u8().await?;
+        self.in_flight = false;
+        match status {
+            ST_OK => Ok(()),
+            ST_FULL => Err(KvError::StoreFull),
+            other => {
+                self.in_flight = true; // framing unknown from here on
+                Err(KvError::Protocol(format!("put answered with {other:#04x}")))
+            }
+        }
+    }
+
+    /// The value of `key`, waiting up to `timeout` for some rank to put it.
+    pub async fn get(&mut self, key: &str, timeout: Duration) -> Result<Vec<u8>, KvError> {
+        check_key(key)?;
+        self.begin()?;
+        let wait_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        let mut req = Vec::with_capacity(7 + key.len());
+        req.push(OP_GET);
+        req.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        req.extend_from_slice(key.as_bytes());
+        req.extend_from_slice(&wait_ms.to_le_bytes());
+        let timed_out = || KvError::Timeout { key: key.to_string(), waited: timeout };
+        let stream = &mut self.stream;
+        let exchange = async {
+            stream.write_all(&req).await?;
+            match stream.read_u8().await? {
+                ST_OK => {
+                    let len = stream.read_u32_le().await? as usize;
+                    if len > MAX_VALUE_LEN {
+                        return Err(KvError::Protocol(format!("value length {len} exceeds {MAX_VALUE_LEN}")));
+                    }
+                    let mut value = vec![0u8; len];
+                    stream.read_exact(&mut value).await?;
+                    Ok(Some(value))
+                }
+                ST_NOT_FOUND => Ok(None),
+                other => Err(KvError::Protocol(format!("get answered with {other:#04x}"))),
+            }
+        };
+        // The server answers by itself after `timeout`; the slack only
+        // guards against a store that hangs. Past it the reply may still
+        // come, so the connection stays marked as broken.
+        match tokio::time::timeout(timeout.saturating_add(REPLY_SLACK), exchange).await {
+            Err(_) => Err(timed_out()),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(found)) => {
+                self.in_flight = false;
+                found.ok_or_else(timed_out)
+            }
+        }
+    }
+
+    fn begin(&mut self) -> Result<(), KvError> {
+        if self.in_flight {
+            return Err(KvError::Broken);
+        }
+        self.in_flight = true;
+        Ok(())
+    }
+}
+
+fn check_key(key: &str) -> Result<(), KvError> {
+    if key.len() > MAX_KEY_LEN {
+        return Err(KvError::KeyTooLong { len: key.len() });
+    }
+    Ok(())
+}
+
+/// Errors worth another connection attempt: the store is not up (yet).
+fn retryable(e: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionRefused | ConnectionReset | ConnectionAborted | TimedOut | HostUnreachable | NetworkUnreachable
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{Ipv4Addr, TcpListener as StdListener};
+
+    const TOKEN: [u8; 32] = [7u8; 32];
+    const T: Duration = Duration::from_secs(5);
+
+    fn loopback() -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0))
+    }
+
+    async fn server() -> (KvServer, String) {
+        let s = KvServer::start(loopback(), TOKEN).await.unwrap();
+        let a = s.addr().to_string();
+        (s, a)
+    }
+
+    /// A raw connection that has passed the handshake.
+    async fn raw_authenticated(addr: &str) -> TcpStream {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(MAGIC).await.unwrap();
+        s.write_all(&[VERSION]).await.unwrap();
+        s.write_all(&TOKEN).await.unwrap();
+        assert_eq!(s.read_u8().await.unwrap(), ST_OK);
+        s
+    }
+
+    /// True when the server closes `s` (EOF or reset) instead of answering.
+    async fn closed_by_server(s: &mut TcpStream) -> bool {
+        let mut buf = [0u8; 16];
+        match tokio::time::timeout(T, s.read(&mut buf)).await {
+            Ok(Ok(0)) => true,
+            Ok(Err(e)) => e.kind() == io::ErrorKind::ConnectionReset,
+            _ => false,
+        }
+    }
+
+    async fn still_serves(addr: &str) {
+        let mut c = KvClient::connect(addr, &TOKEN, T).await.unwrap();
+        c.put("alive", b"yes").await.unwrap();
+        assert_eq!(c.get("alive", T).await.unwrap(), b"yes");
+    }
+
+    /// Captures tracing output of the current thread.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Captured {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+        fn install(&self) -> tracing::subscriber::DefaultGuard {
+            let me = self.clone();
+            let sub = tracing_subscriber::fmt()
+                .with_writer(move || me.clone())
+                .with_ansi(false)
+                .with_max_level(tracing::Level::WARN)
+                .finish();
+            tracing::subscriber::set_default(sub)
+        }
+    }
+
+    #[tokio::test]
+    async fn put_get_across_clients() {
+        let (_s, addr) = server().await;
+        let mut a = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        let mut b = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        a.put("rank/0", b"10.0.0.1:5000").await.unwrap();
+        b.put("rank/1", b"").await.unwrap();
+        assert_eq!(b.get("rank/0", T).await.unwrap(), b"10.0.0.1:5000");
+        assert_eq!(a.get("rank/1", T).await.unwrap(), b"");
+        a.put("rank/0", b"replaced").await.unwrap();
+        assert_eq!(b.get("rank/0", T).await.unwrap(), b"replaced");
+        let big = vec![0xabu8; MAX_VALUE_LEN];
+        let long_key = "k".repeat(MAX_KEY_LEN);
+        a.put(&long_key, &big).await.unwrap();
+        assert_eq!(b.get(&long_key, T).await.unwrap(), big);
+    }
+
+    #[tokio::test]
+    async fn get_waits_for_a_later_put() {
+        let (_s, addr) = server().await;
+        let mut waiter = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        let mut putter = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        let started = Instant::now();
+        let get = tokio::spawn(async move { waiter.get("late", T).await });
+        sleep(Duration::from_millis(200)).await;
+        putter.put("late", b"here").await.unwrap();
+        assert_eq!(get.await.unwrap().unwrap(), b"here");
+        assert!(started.elapsed() >= Duration::from_millis(200));
+    }
+
+    #[tokio::test]
+    async fn many_waiters_on_one_key() {
+        let (_s, addr) = server().await;
+        let mut gets = Vec::new();
+        for _ in 0..8 {
+            let mut c = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+            gets.push(tokio::spawn(async move { c.get("k", T).await }));
+        }
+        sleep(Duration::from_millis(100)).await;
+        let mut p = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        p.put("k", b"v").await.unwrap();
+        for g in gets {
+            assert_eq!(g.await.unwrap().unwrap(), b"v");
+        }
+    }
+
+    #[tokio::test]
+    async fn get_times_out_naming_the_key_and_connection_stays_usable() {
+        let (_s, addr) = server().await;
+        let mut c = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        let err = c.get("never", Duration::from_millis(100)).await.unwrap_err();
+        assert!(matches!(&err, KvError::Timeout { key, .. } if key == "never"), "{err}");
+        assert!(err.to_string().contains("\"never\""));
+        c.put("never", b"now").await.unwrap();
+        assert_eq!(c.get("never", Duration::ZERO).await.unwrap(), b"now");
+    }
+
+    #[tokio::test]
+    async fn wrong_token_is_refused_while_others_continue() {
+        let log = Captured::default();
+        let _guard = log.install();
+        let (_s, addr) = server().await;
+        let mut good = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        good.put("a", b"1").await.unwrap();
+
+        let mut bad_token = TOKEN;
+        bad_token[31] ^= 1;
+        let err = match KvClient::connect(&addr, &bad_token, T).await {
+            Err(e) => e,
+            Ok(_) => panic!("wrong token accepted"),
+        };
+        assert!(matches!(err, KvError::Rejected { .. }), "{err}");
+
+        assert_eq!(good.get("a", T).await.unwrap(), b"1");
+        still_serves(&addr).await;
+        let text = log.text();
+        assert!(text.contains("wrong token"), "{text}");
+        assert!(text.contains("127.0.0.1:"), "peer not named: {text}");
+        assert!(text.contains("WARN"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn oversize_lengths_are_refused() {
+        let (_s, addr) = server().await;
+        // Key length over the limit.
+        let mut s = raw_authenticated(&addr).await;
+        let mut req = vec![OP_PUT];
+        req.extend_from_slice(&u16::MAX.to_le_bytes());
+        s.write_all(&req).await.unwrap();
+        assert!(closed_by_server(&mut s).await);
+
+        // Value length of 4 GiB: refused without waiting for (or allocating)
+        // the body.
+        let mut s = raw_authenticated(&addr).await;
+        let mut req = vec![OP_PUT];
+        req.extend_from_slice(&1u16.to_le_bytes());
+        req.push(b'k');
+        req.extend_from_slice(&u32::MAX.to_le_bytes());
+        s.write_all(&req).await.unwrap();
+        assert!(closed_by_server(&mut s).await);
+
+        still_serves(&addr).await;
+    }
+
+    #[tokio::test]
+    async fn garbage_is_refused() {
+        let log = Captured::default();
+        let _guard = log.install();
+        let (_s, addr) = server().await;
+        let mut good = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+
+        // Not even a handshake.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n-----------------").await.unwrap();
+        assert!(closed_by_server(&mut s).await);
+
+        // A handshake of the wrong version.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let mut hello = MAGIC.to_vec();
+        hello.push(99);
+        hello.extend_from_slice(&TOKEN);
+        s.write_all(&hello).await.unwrap();
+        assert!(closed_by_server(&mut s).await);
+
+        // An unknown request after a good handshake.
+        let mut s = raw_authenticated(&addr).await;
+        s.write_all(&[0xee, 1, 2, 3]).await.unwrap();
+        assert!(closed_by_server(&mut s).await);
+
+        // A request cut short.
+        let mut s = raw_authenticated(&addr).await;
+        s.write_all(&[OP_GET, 10, 0, b'a']).await.unwrap();
+        s.shutdown().await.unwrap();
+        assert!(closed_by_server(&mut s).await);
+
+        good.put("x", b"y").await.unwrap();
+        assert_eq!(good.get("x", T).await.unwrap(), b"y");
+        let text = log.text();
+        assert!(text.contains("bad magic"), "{text}");
+        assert!(text.contains("unknown request type"), "{text}");
+        assert!(text.contains("middle of a message"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn client_side_limits() {
+        let (_s, addr) = server().await;
+        let mut c = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        assert!(matches!(c.put(&long, b"").await, Err(KvError::KeyTooLong { .. })));
+        assert!(matches!(c.get(&long, T).await, Err(KvError::KeyTooLong { .. })));
+        let big = vec![0u8; MAX_VALUE_LEN + 1];
+        assert!(matches!(c.put("k", &big).await, Err(KvError::ValueTooLarge { .. })));
+        // Nothing was sent, so the connection still works.
+        c.put("k", b"v").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn store_full() {
+        let s = KvServer::start_with(loopback(), TOKEN, 2).await.unwrap();
+        let addr = s.addr().to_string();
+        let mut c = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        c.put("a", b"1").await.unwrap();
+        c.put("b", b"2").await.unwrap();
+        assert!(matches!(c.put("c", b"3").await, Err(KvError::StoreFull)));
+        c.put("a", b"again").await.unwrap(); // replacing is fine
+        assert_eq!(c.get("a", T).await.unwrap(), b"again");
+    }
+
+    #[tokio::test]
+    async fn connect_waits_for_a_late_store() {
+        let free = StdListener::bind(loopback()).unwrap();
+        let addr = free.local_addr().unwrap();
+        drop(free);
+        let a = addr.to_string();
+        let client = tokio::spawn(async move { KvClient::connect(&a, &TOKEN, T).await });
+        sleep(Duration::from_millis(300)).await;
+        let _s = KvServer::start(addr, TOKEN).await.unwrap();
+        let mut c = client.await.unwrap().unwrap();
+        c.put("k", b"v").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn connect_gives_up_after_timeout() {
+        let free = StdListener::bind(loopback()).unwrap();
+        let addr = free.local_addr().unwrap().to_string();
+        drop(free);
+        let started = Instant::now();
+        let err = match KvClient::connect(&addr, &TOKEN, Duration::from_millis(300)).await {
+            Err(e) => e,
+            Ok(_) => panic!("connected to nothing"),
+        };
+        assert!(matches!(err, KvError::ConnectTimeout { .. }), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+
+    #[tokio::test]
+    async fn bad_address_fails_fast() {
+        let err = match KvClient::connect("not an address", &TOKEN, T).await {
+            Err(e) => e,
+            Ok(_) => panic!("connected"),
+        };
+        assert!(matches!(err, KvError::Connect { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn dropping_the_server_stops_it() {
+        let (s, addr) = server().await;
+        let mut c = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        c.put("k", b"v").await.unwrap();
+        drop(s);
+        sleep(Duration::from_millis(50)).await;
+        // The open connection is closed and no new one is accepted.
+        assert!(c.get("k", T).await.is_err());
+        let r = KvClient::connect(&addr, &TOKEN, Duration::from_millis(200)).await;
+        assert!(r.is_err());
+    }
+
+    #[tokio::test]
+    async fn cancelled_operation_marks_the_connection_broken() {
+        let (_s, addr) = server().await;
+        let mut c = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
+        let _ = tokio::time::timeout(Duration::from_millis(50), c.get("missing", T)).await;
+        assert!(matches!(c.put("k", b"v").await, Err(KvError::Broken)));
+    }
+
+    #[test]
+    fn constant_time_compare() {
+        let a = [1u8; 32];
+        let mut b = a;
+        assert!(ct_eq(&a, &b));
+        b[0] = 0;
+        assert!(!ct_eq(&a, &b));
+    }
+}

@@ -1,0 +1,218 @@
+//! How N processes become one job: learn who we are ([`env`]), exchange addresses through a small
+//! key-value store ([`kv`]), then connect every pair of ranks with an authenticated handshake.
+//!
+//! Rank i connects to every lower rank and accepts every higher one. The listener keeps running for
+//! the life of the rank: whatever else knocks (wrong token, random bytes, a second connection
+//! claiming a rank) is refused with a log line, a metric and an entry in
+//! [`World::refused_connections`](crate::World::refused_connections), and the rank keeps serving
+//! its peers.
+
+pub mod env;
+pub mod kv;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use ferrocomm_reactor::ReactorThread;
+use ferrocomm_transports::tcp::{self, handshake_accept, handshake_connect};
+use ferrocomm_transports::wire::{Limits, TOKEN_LEN};
+use ferrocomm_transports::{Kind, Rank, TransportError, WireError};
+use parking_lot::Mutex;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::config::Settings;
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::p2p::engine::{self, Engine};
+use crate::world::{Inner, Refused, World};
+use kv::{KvClient, KvServer};
+
+/// Refusals remembered per rank.
+const REFUSED_KEPT: usize = 64;
+/// Time a connecting peer gets to prove itself.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Joins the job described by the environment (`ferrorun`, `mpirun`, `srun`, or `FERROCOMM_*`
+/// variables), with settings from the environment.
+pub async fn init() -> Result<World> {
+    init_with(Settings::from_env()?).await
+}
+
+/// Like [`init`], with explicit settings.
+pub async fn init_with(settings: Settings) -> Result<World> {
+    let job = env::detect().map_err(Error::bootstrap)?;
+    let store = if job.host_store {
+        let bind: SocketAddr = job.coordinator.parse().map_err(Error::bootstrap)?;
+        Some(KvServer::start(bind, job.token).await.map_err(Error::bootstrap)?)
+    } else {
+        None
+    };
+    join(job.rank, job.size, &job.coordinator, job.token, store, settings).await
+}
+
+/// Joins as `rank` of `size` through the store at `coordinator`. `store` is the store itself when
+/// this rank hosts it: it is kept alive until every rank has finished connecting.
+pub async fn join(
+    rank: Rank,
+    size: u32,
+    coordinator: &str,
+    token: [u8; TOKEN_LEN],
+    store: Option<KvServer>,
+    settings: Settings,
+) -> Result<World> {
+    settings.validate()?;
+    if rank >= size {
+        return Err(Error::UnknownRank { rank, size });
+    }
+    let limits = Limits {
+        world_size: size,
+        eager_limit: settings.eager_limit,
+        chunk: settings.rndv_chunk,
+        max_message: settings.max_message,
+    };
+    let mut kv = KvClient::connect(coordinator, &token, settings.connect_timeout).await.map_err(Error::bootstrap)?;
+    let thread = ReactorThread::spawn(&format!("ferrocomm-{rank}")).map_err(Error::bootstrap)?;
+
+    // Listen, and advertise the address this host uses toward the coordinator.
+    let listener = {
+        let _rt = thread.handle().enter();
+        let std = std::net::TcpListener::bind((settings.bind, 0)).map_err(Error::bootstrap)?;
+        std.set_nonblocking(true).map_err(Error::bootstrap)?;
+        TcpListener::from_std(std).map_err(Error::bootstrap)?
+    };
+    let port = listener.local_addr().map_err(Error::bootstrap)?.port();
+    let ip = if settings.bind.is_unspecified() { route_to(coordinator).await? } else { settings.bind };
+    kv.put(&format!("addr/{rank}"), SocketAddr::new(ip, port).to_string().as_bytes())
+        .await
+        .map_err(Error::bootstrap)?;
+
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let accepting = Arc::new(AtomicBool::new(true));
+    thread.handle().spawn(accept_loop(listener, rank, token, limits, refused.clone(), tx, accepting.clone()));
+
+    let mut conns: Vec<Option<std::net::TcpStream>> = (0..size).map(|_| None).collect();
+    let deadline = tokio::time::Instant::now() + settings.connect_timeout;
+    for peer in 0..rank {
+        let addr = kv.get(&format!("addr/{peer}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
+        let addr = String::from_utf8_lossy(&addr).to_string();
+        let mut s = connect_retry(&addr, deadline).await?;
+        handshake_connect(&mut s, rank, peer, &token, &limits)
+            .await
+            .map_err(|e| Error::Bootstrap(format!("handshake with rank {peer} at {addr}: {e}")))?;
+        tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap)?;
+        conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
+    }
+    for _ in rank + 1..size {
+        let (peer, s) = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .map_err(|_| Error::Bootstrap("timed out waiting for higher ranks to connect".into()))?
+            .ok_or_else(|| Error::Bootstrap("listener stopped".into()))?;
+        tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap)?;
+        conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
+    }
+    accepting.store(false, Ordering::Release);
+
+    // Every rank is connected to us; the store host waits until everyone is done with the store.
+    kv.put(&format!("ready/{rank}"), b"1").await.map_err(Error::bootstrap)?;
+    if store.is_some() {
+        for r in 0..size {
+            kv.get(&format!("ready/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
+        }
+    }
+    drop(store);
+
+    let transport = {
+        let _rt = thread.handle().enter();
+        tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit).map_err(Error::bootstrap)?
+    };
+    tracing::debug!(rank, size, transport = transport.name(), "joined");
+    let cfg = engine::Config {
+        eager_limit: settings.eager_limit,
+        max_credit: settings.max_credit,
+        credit_sync: settings.max_credit.div_ceil(2),
+        chunk: settings.rndv_chunk,
+        max_message: settings.max_message,
+    };
+    let driver = Driver { engine: Engine::new(rank, size, cfg), transport, ops: Default::default() };
+    let reactor = thread.run(driver, settings.progress);
+    Ok(World::from_inner(Arc::new(Inner {
+        rank,
+        size,
+        settings,
+        reactor,
+        refused,
+        closed: AtomicBool::new(false),
+        next_context: AtomicU32::new(1),
+        thread: Mutex::new(Some(thread)),
+    })))
+}
+
+/// The local address the kernel would use to reach `coordinator` (no packet is sent).
+async fn route_to(coordinator: &str) -> Result<IpAddr> {
+    let target = tokio::net::lookup_host(coordinator)
+        .await
+        .map_err(Error::bootstrap)?
+        .next()
+        .ok_or_else(|| Error::Bootstrap(format!("cannot resolve {coordinator}")))?;
+    let probe = std::net::UdpSocket::bind((IpAddr::from([0, 0, 0, 0]), 0)).map_err(Error::bootstrap)?;
+    probe.connect(target).map_err(Error::bootstrap)?;
+    Ok(probe.local_addr().map_err(Error::bootstrap)?.ip())
+}
+
+async fn connect_retry(addr: &str, deadline: tokio::time::Instant) -> Result<TcpStream> {
+    loop {
+        match TcpStream::connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(Error::Bootstrap(format!("cannot connect to {addr}: {e}")));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    me: Rank,
+    token: [u8; TOKEN_LEN],
+    limits: Limits,
+    refused: Arc<Mutex<Vec<Refused>>>,
+    tx: mpsc::UnboundedSender<(Rank, TcpStream)>,
+    accepting: Arc<AtomicBool>,
+) {
+    let claimed = Arc::new(Mutex::new(vec![false; limits.world_size as usize]));
+    loop {
+        let Ok((mut s, from)) = listener.accept().await else { continue };
+        let (refused, tx, accepting, claimed) = (refused.clone(), tx.clone(), accepting.clone(), claimed.clone());
+        tokio::spawn(async move {
+            let r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake_accept(&mut s, me, &token, &limits)).await;
+            let r = r.unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut))).and_then(|peer| {
+                let mut c = claimed.lock();
+                if peer <= me || c[peer as usize] || !accepting.load(Ordering::Acquire) {
+                    // Not a rank we wait for: a lower rank, a second claim, or too late.
+                    return Err(TransportError::Wire(WireError::Unexpected(Kind::Hello)));
+                }
+                c[peer as usize] = true;
+                Ok(peer)
+            });
+            match r {
+                Ok(peer) => {
+                    let _ = tx.send((peer, s));
+                }
+                Err(error) => {
+                    tracing::warn!(rank = me, %from, %error, "refused connection");
+                    metrics::counter!("ferrocomm_connections_refused").increment(1);
+                    let mut list = refused.lock();
+                    if list.len() == REFUSED_KEPT {
+                        list.remove(0);
+                    }
+                    list.push(Refused { from, error });
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,137 @@
+//! Settings: every tunable has a default, an environment variable, and a builder field.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+pub use ferrocomm_reactor::ProgressMode;
+pub use ferrocomm_transports::tcp::Backend as TcpBackend;
+
+use crate::error::{Error, Result};
+
+/// How a rank runs. [`Settings::from_env`] reads the `FERROCOMM_*` variables named on each field.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `FERROCOMM_PROGRESS`: `busy`, `adaptive[:MICROSECONDS]` or `blocking`. Default adaptive, 50 us.
+    pub progress: ProgressMode,
+    /// `FERROCOMM_TCP_BACKEND`: `auto` (io_uring where available), `uring` or `portable`.
+    pub tcp_backend: TcpBackend,
+    /// `FERROCOMM_EAGER_LIMIT`: largest message sent eagerly, bytes. Default 16 KiB.
+    pub eager_limit: usize,
+    /// `FERROCOMM_MAX_CREDIT`: unmatched eager messages a sender may have at one receiver. Default 64.
+    pub max_credit: u32,
+    /// `FERROCOMM_RNDV_CHUNK`: rendezvous data frame size, bytes. Default 512 KiB.
+    pub rndv_chunk: usize,
+    /// `FERROCOMM_MAX_MESSAGE`: largest message a receive without a buffer accepts. Default 1 GiB.
+    pub max_message: usize,
+    /// `FERROCOMM_PEER_TIMEOUT_MS`: a peer silent at the TCP level this long is declared lost.
+    /// Default 10 s. (A crashed process is noticed at once: its kernel closes the connections.)
+    pub peer_timeout: Duration,
+    /// `FERROCOMM_CONNECT_TIMEOUT_MS`: how long bootstrap waits for the store and the peers. Default 60 s.
+    pub connect_timeout: Duration,
+    /// `FERROCOMM_BIND`: address the rank listens on. Default 0.0.0.0 (advertised as the address
+    /// this host uses to reach the key-value store).
+    pub bind: IpAddr,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            progress: ProgressMode::Adaptive(Duration::from_micros(50)),
+            tcp_backend: TcpBackend::Auto,
+            eager_limit: 16 * 1024,
+            max_credit: 64,
+            rndv_chunk: 512 * 1024,
+            max_message: 1 << 30,
+            peer_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(60),
+            bind: IpAddr::from([0, 0, 0, 0]),
+        }
+    }
+}
+
+fn parse<T: std::str::FromStr>(name: &'static str, get: &impl Fn(&str) -> Option<String>) -> Result<Option<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    match get(name) {
+        None => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|e| Error::Config { name, reason: format!("{v:?}: {e}") }),
+    }
+}
+
+impl Settings {
+    /// Defaults overridden by the `FERROCOMM_*` environment variables.
+    pub fn from_env() -> Result<Settings> {
+        Settings::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Defaults overridden by the variables `get` returns.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Settings> {
+        let mut s = Settings::default();
+        if let Some(v) = parse("FERROCOMM_PROGRESS", &get)? {
+            s.progress = v;
+        }
+        if let Some(v) = parse("FERROCOMM_TCP_BACKEND", &get)? {
+            s.tcp_backend = v;
+        }
+        if let Some(v) = parse("FERROCOMM_EAGER_LIMIT", &get)? {
+            s.eager_limit = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MAX_CREDIT", &get)? {
+            s.max_credit = v;
+        }
+        if let Some(v) = parse("FERROCOMM_RNDV_CHUNK", &get)? {
+            s.rndv_chunk = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MAX_MESSAGE", &get)? {
+            s.max_message = v;
+        }
+        if let Some(v) = parse::<u64>("FERROCOMM_PEER_TIMEOUT_MS", &get)? {
+            s.peer_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = parse::<u64>("FERROCOMM_CONNECT_TIMEOUT_MS", &get)? {
+            s.connect_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = parse("FERROCOMM_BIND", &get)? {
+            s.bind = v;
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Checks that the values can work together.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name, reason: &str| Err(Error::Config { name, reason: reason.to_string() });
+        if self.eager_limit > (1 << 24) {
+            return bad("eager_limit", "at most 16 MiB");
+        }
+        if self.max_credit == 0 {
+            return bad("max_credit", "must be at least 1");
+        }
+        if self.rndv_chunk == 0 || self.rndv_chunk > (1 << 30) {
+            return bad("rndv_chunk", "between 1 byte and 1 GiB");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variables_override_defaults_and_bad_values_are_named() {
+        let s = Settings::from_vars(|k| match k {
+            "FERROCOMM_PROGRESS" => Some("adaptive:20".into()),
+            "FERROCOMM_TCP_BACKEND" => Some("portable".into()),
+            "FERROCOMM_EAGER_LIMIT" => Some("4096".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(s.progress, ProgressMode::Adaptive(Duration::from_micros(20)));
+        assert_eq!(s.tcp_backend, TcpBackend::Portable);
+        assert_eq!(s.eager_limit, 4096);
+        let e = Settings::from_vars(|k| (k == "FERROCOMM_MAX_CREDIT").then(|| "lots".into())).unwrap_err();
+        assert!(matches!(e, Error::Config { name: "FERROCOMM_MAX_CREDIT", .. }), "{e}");
+    }
+}

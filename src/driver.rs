@@ -1,0 +1,55 @@
+//! The thin I/O driver: glues the protocol engine to a transport and to the operation slab.
+//!
+//! Everything here runs under the reactor's lock, from whichever thread drives progress.
+
+use std::task::{Context, Poll};
+
+use ferrocomm_reactor::{Ops, Progress};
+use ferrocomm_transports::{Transport, TransportError};
+
+use crate::p2p::engine::{Completion, Engine};
+
+pub(crate) struct Driver {
+    pub engine: Engine,
+    pub transport: Box<dyn Transport>,
+    pub ops: Ops<Completion>,
+}
+
+impl Driver {
+    /// Moves the engine's output to the transport and its completions to the waiting futures,
+    /// writing right away so that a posted send leaves without waiting for the background task.
+    pub fn flush(&mut self) -> usize {
+        let mut work = 0;
+        loop {
+            while let Some((peer, err)) = self.engine.poll_violation() {
+                // The transport reports the loss back through the sink once the connection is
+                // quiet, so no buffer of a receive is freed under an in-flight read.
+                self.transport.disconnect(peer, TransportError::Wire(err));
+            }
+            let mut queued = false;
+            while let Some((peer, h, payload)) = self.engine.poll_transmit() {
+                self.transport.send(peer, h, payload);
+                queued = true;
+            }
+            while let Some((op, c)) = self.engine.poll_event() {
+                self.ops.complete(op, c);
+                work += 1;
+            }
+            if !queued {
+                return work;
+            }
+            work += 1 + self.transport.progress(&mut self.engine);
+        }
+    }
+}
+
+impl Progress for Driver {
+    fn progress(&mut self) -> usize {
+        let n = self.transport.progress(&mut self.engine);
+        n + self.flush()
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.transport.poll_ready(cx)
+    }
+}

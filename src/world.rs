@@ -1,0 +1,449 @@
+//! The public API: a [`World`] (this rank's place in the job) and its communicators ([`Comm`]).
+//!
+//! Operations start when called (like MPI's `Isend`/`Irecv`) and return an [`Op`] future. Awaiting
+//! it drives progress according to the progress mode; dropping it cancels the operation cleanly
+//! (see [`Comm::send`] and [`Comm::recv`] for what that means on each side). Any operation can
+//! take a deadline through [`Deadline`].
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use ferrocomm_reactor::{OpKey, Reactor, ReactorThread};
+use ferrocomm_transports::Rank;
+use parking_lot::Mutex;
+
+use crate::config::Settings;
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::p2p::engine::{Completion, RecvBuf};
+use crate::p2p::{Payload, Source, Status, TagMatch};
+
+/// A connection attempt that was refused (wrong token, malformed frames, ...).
+#[derive(Clone, Debug)]
+pub struct Refused {
+    pub from: std::net::SocketAddr,
+    pub error: ferrocomm_transports::TransportError,
+}
+
+pub(crate) struct Inner {
+    pub rank: Rank,
+    pub size: u32,
+    pub settings: Settings,
+    pub reactor: Reactor<Driver>,
+    pub refused: Arc<Mutex<Vec<Refused>>>,
+    pub closed: AtomicBool,
+    pub next_context: AtomicU32,
+    pub thread: Mutex<Option<ReactorThread>>,
+}
+
+/// This rank's handle on the job. Cheap to clone; the job ends for this rank when the last clone
+/// (and every [`Comm`]) is dropped, or at [`World::finalize`].
+#[derive(Clone)]
+pub struct World {
+    inner: Arc<Inner>,
+    comm: Comm,
+}
+
+/// A communicator: a group of ranks with its own message space. Messages sent on one communicator
+/// never match receives on another.
+pub struct Comm {
+    inner: Arc<Inner>,
+    context: u32,
+    dups: AtomicU32,
+    collectives: AtomicU64,
+}
+
+impl Clone for Comm {
+    /// The same communicator (same context): a second handle, not a [`Comm::dup`].
+    fn clone(&self) -> Self {
+        Comm {
+            inner: self.inner.clone(),
+            context: self.context,
+            dups: AtomicU32::new(self.dups.load(Ordering::Relaxed)),
+            collectives: AtomicU64::new(self.collectives.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// A received message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub data: Bytes,
+    pub source: Rank,
+    pub tag: u64,
+}
+
+/// Context ids with this bit set carry collective traffic of the communicator without it.
+const COLLECTIVE_BIT: u32 = 1 << 31;
+
+impl World {
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> World {
+        let comm = Comm { inner: inner.clone(), context: 0, dups: AtomicU32::new(0), collectives: AtomicU64::new(0) };
+        World { inner, comm }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.inner.rank
+    }
+
+    /// Number of ranks in the job.
+    pub fn size(&self) -> u32 {
+        self.inner.size
+    }
+
+    /// The communicator of all ranks.
+    pub fn comm(&self) -> &Comm {
+        &self.comm
+    }
+
+    /// The settings this rank runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// Name of the transport in use.
+    pub fn transport_name(&self) -> &'static str {
+        self.inner.reactor.with(|d| d.transport.name())
+    }
+
+    /// Connection attempts this rank refused (most recent last, at most 64 kept).
+    pub fn refused_connections(&self) -> Vec<Refused> {
+        self.inner.refused.lock().clone()
+    }
+
+    /// Unmatched messages held for `peer` (bounded by the credit limit).
+    pub fn unexpected_from(&self, peer: Rank) -> usize {
+        self.inner.reactor.with(|d| d.engine.unexpected_from(peer))
+    }
+
+    /// Leaves the job in order: flushes what was sent, says goodbye, stops progress.
+    pub async fn finalize(self) -> Result<()> {
+        let inner = self.inner.clone();
+        drop(self);
+        tokio::task::spawn_blocking(move || inner.shut_down(Duration::from_secs(10))).await.map_err(Error::bootstrap)
+    }
+}
+
+impl std::ops::Deref for World {
+    type Target = Comm;
+    fn deref(&self) -> &Comm {
+        &self.comm
+    }
+}
+
+impl Inner {
+    /// Flushes queued output (for at most `limit`), says goodbye to every peer, stops progress.
+    pub fn shut_down(&self, limit: Duration) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let start = Instant::now();
+        let flush = |start: Instant| {
+            while start.elapsed() < limit {
+                let pending = {
+                    let mut d = self.reactor.lock();
+                    d.progress_all();
+                    d.transport.has_pending_output()
+                };
+                if !pending {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        };
+        flush(start);
+        self.reactor.with(|d| {
+            d.engine.say_goodbye();
+            d.flush();
+        });
+        flush(Instant::now());
+        self.reactor.stop();
+        self.thread.lock().take();
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shut_down(Duration::from_secs(2));
+    }
+}
+
+impl Driver {
+    fn progress_all(&mut self) {
+        ferrocomm_reactor::Progress::progress(self);
+    }
+}
+
+enum OpKind {
+    Send { dest: Rank },
+    Recv { context: u32 },
+    Probe { context: u32 },
+}
+
+/// A started operation. Await it for the result; drop it to cancel.
+pub struct Op<T> {
+    inner: Arc<Inner>,
+    key: OpKey,
+    kind: OpKind,
+    spin_start: Option<Instant>,
+    done: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+/// How an operation's completion becomes its result.
+pub trait FromCompletion: Sized {
+    fn from_completion(c: Completion) -> Result<Self>;
+}
+
+impl FromCompletion for () {
+    fn from_completion(c: Completion) -> Result<()> {
+        match c {
+            Completion::Send(r) => r,
+            other => unreachable!("send completed as {other:?}"),
+        }
+    }
+}
+
+impl FromCompletion for Message {
+    fn from_completion(c: Completion) -> Result<Message> {
+        match c {
+            Completion::Recv(r) => r.map(|(p, s)| Message { data: p.into_bytes(), source: s.source, tag: s.tag }),
+            other => unreachable!("receive completed as {other:?}"),
+        }
+    }
+}
+
+impl FromCompletion for (BytesMut, Status) {
+    fn from_completion(c: Completion) -> Result<(BytesMut, Status)> {
+        match c {
+            Completion::Recv(r) => r.map(|(p, s)| (Payload::into_bytes_mut(p), s)),
+            other => unreachable!("receive completed as {other:?}"),
+        }
+    }
+}
+
+impl FromCompletion for Status {
+    fn from_completion(c: Completion) -> Result<Status> {
+        match c {
+            Completion::Probe(r) => r,
+            other => unreachable!("probe completed as {other:?}"),
+        }
+    }
+}
+
+impl<T: FromCompletion> Future for Op<T> {
+    type Output = Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(Err(Error::Shutdown));
+        }
+        let key = this.key;
+        let r = this.inner.reactor.poll_until(cx, &mut this.spin_start, |d, cx| d.ops.poll(key, cx));
+        r.map(|c| {
+            this.done = true;
+            T::from_completion(c)
+        })
+    }
+}
+
+impl<T> Drop for Op<T> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut d = self.inner.reactor.lock();
+        if d.ops.detach(self.key) {
+            match self.kind {
+                OpKind::Send { dest } => d.engine.cancel_send(self.key, dest),
+                OpKind::Recv { context } => d.engine.cancel_recv(self.key, context),
+                OpKind::Probe { context } => d.engine.cancel_probe(self.key, context),
+            }
+            d.flush();
+        }
+    }
+}
+
+/// Deadlines for any ferrocomm operation (needs a tokio runtime with time enabled).
+pub trait Deadline<T>: Future<Output = Result<T>> + Sized {
+    /// Fails with [`Error::Timeout`] at `at`, cancelling the operation.
+    fn deadline(self, at: Instant) -> impl Future<Output = Result<T>> {
+        async move { tokio::time::timeout_at(at.into(), self).await.unwrap_or(Err(Error::Timeout)) }
+    }
+    /// Fails with [`Error::Timeout`] after `d`, cancelling the operation.
+    fn timeout(self, d: Duration) -> impl Future<Output = Result<T>> {
+        self.deadline(Instant::now() + d)
+    }
+}
+
+impl<T, F: Future<Output = Result<T>>> Deadline<T> for F {}
+
+impl Comm {
+    /// This rank's index in the communicator.
+    pub fn rank(&self) -> Rank {
+        self.inner.rank
+    }
+
+    /// Number of ranks in the communicator.
+    pub fn size(&self) -> u32 {
+        self.inner.size
+    }
+
+    /// The communicator's context id.
+    pub fn context(&self) -> u32 {
+        self.context
+    }
+
+    fn start<T>(&self, kind: OpKind, early: Option<Error>, post: impl FnOnce(&mut Driver, OpKey)) -> Op<T> {
+        let early = early.or_else(|| self.inner.closed.load(Ordering::Acquire).then_some(Error::Shutdown));
+        let key = {
+            let mut d = self.inner.reactor.lock();
+            let key = d.ops.insert();
+            match early {
+                Some(e) => {
+                    let c = match kind {
+                        OpKind::Send { .. } => Completion::Send(Err(e)),
+                        OpKind::Recv { .. } => Completion::Recv(Err(e)),
+                        OpKind::Probe { .. } => Completion::Probe(Err(e)),
+                    };
+                    d.ops.complete(key, c);
+                }
+                None => {
+                    post(&mut d, key);
+                    d.flush();
+                    if d.transport.has_pending_output() {
+                        self.inner.reactor.kick();
+                    }
+                }
+            }
+            key
+        };
+        Op { inner: self.inner.clone(), key, kind, spin_start: None, done: false, _t: PhantomData }
+    }
+
+    fn check_rank(&self, r: Rank) -> Option<Error> {
+        (r >= self.size()).then_some(Error::UnknownRank { rank: r, size: self.size() })
+    }
+
+    fn check_source(&self, s: Source) -> Option<Error> {
+        match s {
+            Source::Any => None,
+            Source::Rank(r) => self.check_rank(r),
+        }
+    }
+
+    /// Sends `data` to `dest` with `tag`. Completes when the data is handed off: the bytes are
+    /// shared, never copied, so the caller may drop its handle at once. Dropping the future before
+    /// completion withdraws a send still waiting for credit; one already on the wire finishes in
+    /// the background.
+    pub fn send(&self, dest: Rank, tag: u64, data: impl Into<Bytes>) -> Op<()> {
+        let data = data.into();
+        let max = self.inner.settings.max_message;
+        let early =
+            self.check_rank(dest).or_else(|| (data.len() > max).then_some(Error::TooLarge { len: data.len(), max }));
+        let ctx = self.context;
+        self.start(OpKind::Send { dest }, early, |d, key| d.engine.post_send(key, dest, ctx, tag, data))
+    }
+
+    /// Receives the next message matching `src` and `tag` (each may be a wildcard), of any length
+    /// up to the `max_message` setting. Dropping the future before a message matched withdraws the
+    /// receive; a message that already matched is discarded with it.
+    pub fn recv(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Op<Message> {
+        self.recv_with(src.into(), tag.into(), RecvBuf::Alloc)
+    }
+
+    /// Receives into `buf`, whose length is the capacity: a longer message is an
+    /// [`Error::Truncated`]. Returns the buffer truncated to the message's length.
+    pub fn recv_into(&self, src: impl Into<Source>, tag: impl Into<TagMatch>, buf: BytesMut) -> Op<(BytesMut, Status)> {
+        self.recv_with(src.into(), tag.into(), RecvBuf::User(buf))
+    }
+
+    fn recv_with<T>(&self, src: Source, tag: TagMatch, buf: RecvBuf) -> Op<T> {
+        let ctx = self.context;
+        self.start(OpKind::Recv { context: ctx }, self.check_source(src), |d, key| {
+            d.engine.post_recv(key, ctx, src, tag, buf)
+        })
+    }
+
+    /// Waits until a message matching `src` and `tag` has arrived, and says what it is, without
+    /// receiving it.
+    pub fn probe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Op<Status> {
+        let (src, tag, ctx) = (src.into(), tag.into(), self.context);
+        self.start(OpKind::Probe { context: ctx }, self.check_source(src), |d, key| {
+            d.engine.post_probe(key, ctx, src, tag)
+        })
+    }
+
+    /// The first message matching `src` and `tag` that has arrived, if any.
+    pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Option<Status> {
+        let (src, tag) = (src.into(), tag.into());
+        let mut d = self.inner.reactor.lock();
+        ferrocomm_reactor::Progress::progress(&mut *d);
+        d.engine.iprobe(self.context, src, tag)
+    }
+
+    /// Sends to `dest` and receives from `src` at once (no deadlock however the peers pair up).
+    pub async fn sendrecv(
+        &self,
+        dest: Rank,
+        send_tag: u64,
+        data: impl Into<Bytes>,
+        src: impl Into<Source>,
+        recv_tag: impl Into<TagMatch>,
+    ) -> Result<Message> {
+        let recv = self.recv(src, recv_tag);
+        let send = self.send(dest, send_tag, data);
+        let (s, r) = futures::join!(send, recv);
+        s?;
+        r
+    }
+
+    /// A new communicator with the same ranks and a separate message space. Collective: every rank
+    /// must call `dup` on this communicator in the same order.
+    pub fn dup(&self) -> Result<Comm> {
+        let n = self.dups.fetch_add(1, Ordering::Relaxed) + 1;
+        let context = derive_context(self.context, n);
+        let taken = self.inner.next_context.fetch_add(1, Ordering::Relaxed);
+        if taken >= COLLECTIVE_BIT - 1 {
+            return Err(Error::Config { name: "communicators", reason: "too many communicators".into() });
+        }
+        Ok(Comm { inner: self.inner.clone(), context, dups: AtomicU32::new(0), collectives: AtomicU64::new(0) })
+    }
+
+    /// Waits until every rank of the communicator has entered the barrier (dissemination algorithm:
+    /// ceil(log2 n) rounds).
+    pub async fn barrier(&self) -> Result<()> {
+        let seq = self.collectives.fetch_add(1, Ordering::Relaxed);
+        let coll = Comm {
+            inner: self.inner.clone(),
+            context: self.context | COLLECTIVE_BIT,
+            dups: AtomicU32::new(0),
+            collectives: AtomicU64::new(0),
+        };
+        for step in ferrocomm_collectives::Dissemination::new(self.rank(), self.size()) {
+            let tag = (seq << 8) | step.round as u64;
+            coll.sendrecv(step.to, tag, Bytes::new(), step.from, tag).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The context id of the `n`-th duplicate of `parent`: a fixed mixing function, so that every rank
+/// derives the same id without talking (dup is collective), kept clear of the collective bit.
+fn derive_context(parent: u32, n: u32) -> u32 {
+    let mut x = (u64::from(parent) << 32) | u64::from(n);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^= x >> 33;
+    ((x as u32) & !COLLECTIVE_BIT).max(1)
+}
