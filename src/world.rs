@@ -37,6 +37,7 @@ pub(crate) struct Inner {
     pub settings: Settings,
     pub reactor: Reactor<Driver>,
     pub refused: Arc<Mutex<Vec<Refused>>>,
+    pub listen_addr: std::net::SocketAddr,
     pub closed: AtomicBool,
     pub next_context: AtomicU32,
     pub thread: Mutex<Option<ReactorThread>>,
@@ -111,6 +112,11 @@ impl World {
     /// Name of the transport in use.
     pub fn transport_name(&self) -> &'static str {
         self.inner.reactor.with(|d| d.transport.name())
+    }
+
+    /// The address this rank accepts connections on.
+    pub fn listen_addr(&self) -> std::net::SocketAddr {
+        self.inner.listen_addr
     }
 
     /// Connection attempts this rank refused (most recent last, at most 64 kept).

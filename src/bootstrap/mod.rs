@@ -85,9 +85,8 @@ pub async fn join(
     };
     let port = listener.local_addr().map_err(Error::bootstrap)?.port();
     let ip = if settings.bind.is_unspecified() { route_to(coordinator).await? } else { settings.bind };
-    kv.put(&format!("addr/{rank}"), SocketAddr::new(ip, port).to_string().as_bytes())
-        .await
-        .map_err(Error::bootstrap)?;
+    let listen_addr = SocketAddr::new(ip, port);
+    kv.put(&format!("addr/{rank}"), listen_addr.to_string().as_bytes()).await.map_err(Error::bootstrap)?;
 
     let refused = Arc::new(Mutex::new(Vec::new()));
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -145,6 +144,7 @@ pub async fn join(
         settings,
         reactor,
         refused,
+        listen_addr,
         closed: AtomicBool::new(false),
         next_context: AtomicU32::new(1),
         thread: Mutex::new(Some(thread)),

@@ -1,0 +1,193 @@
+//! The point-to-point suite, written once and run in-process (tests/p2p.rs) and as separate
+//! processes under the launcher (tests/multiprocess.rs), on each TCP backend.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use ferrocomm::{Comm, Deadline, Error, Source, TagMatch, World};
+
+/// Sizes that cross the eager/rendezvous switch (default 16 KiB) and the rendezvous chunk (512 KiB).
+pub const SIZES: &[usize] = &[0, 1, 8, 16 * 1024 - 1, 16 * 1024, 16 * 1024 + 1, 100_000, 512 * 1024 + 3, 3 << 20];
+
+pub fn pattern(len: usize, seed: u32) -> Bytes {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[1])
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+const T: Duration = Duration::from_secs(60);
+
+/// Ring of sends of every size, wildcard storm into rank 0, one large transfer, barrier.
+pub async fn ring_storm_rendezvous(w: &World) {
+    let (r, n) = (w.rank(), w.size());
+    for (i, &len) in SIZES.iter().enumerate() {
+        let rx = w.recv((r + n - 1) % n, i as u64);
+        w.send((r + 1) % n, i as u64, pattern(len, r)).timeout(T).await.unwrap();
+        let m = rx.timeout(T).await.unwrap();
+        assert_eq!((m.source, m.tag, m.data.len()), ((r + n - 1) % n, i as u64, len));
+        assert_eq!(m.data, pattern(len, (r + n - 1) % n), "size {len}");
+    }
+    // Wildcard storm: everyone fires at rank 0, which takes them in any order.
+    const PER_RANK: u32 = 50;
+    if r == 0 {
+        let mut seen = vec![0u32; n as usize];
+        for _ in 0..PER_RANK * (n - 1) {
+            let m = w.recv(Source::Any, TagMatch::Any).timeout(T).await.unwrap();
+            assert_eq!(m.tag as u32, seen[m.source as usize], "non-overtaking from rank {}", m.source);
+            assert_eq!(m.data, pattern(m.tag as usize * 97 % 40_000, m.source));
+            seen[m.source as usize] += 1;
+        }
+    } else {
+        let sends: Vec<_> = (0..PER_RANK).map(|i| w.send(0, i as u64, pattern(i as usize * 97 % 40_000, r))).collect();
+        for s in futures::future::join_all(sends).await {
+            s.unwrap();
+        }
+    }
+    w.barrier().timeout(T).await.unwrap();
+}
+
+/// Receives of many kinds at rank 0 from all others: specific tags out of order, sources in order.
+pub async fn matching_semantics(w: &World) {
+    let (r, n) = (w.rank(), w.size());
+    if n < 2 {
+        return;
+    }
+    if r != 0 {
+        // All at once: a rendezvous send completes only when its receive is posted.
+        let sends: Vec<_> = (0..20u64)
+            .map(|tag| {
+                let len = if tag % 3 == 0 { 20_000 } else { 10 };
+                w.send(0, tag % 4, pattern(len, r * 1000 + tag as u32))
+            })
+            .collect();
+        for s in futures::future::join_all(sends).await {
+            s.unwrap();
+        }
+    } else {
+        for src in 1..n {
+            // Tag 3 first: messages 3, 7, 11, ... in order, then any tag: the rest in order.
+            let mut expect: Vec<u64> = (0..20).filter(|t| t % 4 == 3).collect();
+            expect.extend((0..20).filter(|t| t % 4 != 3));
+            for (i, &t) in expect.iter().enumerate() {
+                let sel = if i < 5 { TagMatch::Exact(3) } else { TagMatch::Any };
+                let m = w.recv(src, sel).timeout(T).await.unwrap();
+                let len = if t % 3 == 0 { 20_000 } else { 10 };
+                assert_eq!(m.data, pattern(len, src * 1000 + t as u32), "from {src}, message {t}");
+            }
+        }
+    }
+    w.barrier().timeout(T).await.unwrap();
+}
+
+/// A message longer than the posted buffer is an error on both paths; the next one still arrives.
+pub async fn truncation(w: &World) {
+    let (r, n) = (w.rank(), w.size());
+    if n < 2 || r > 1 {
+        return w.barrier().timeout(T).await.unwrap();
+    }
+    for len in [100usize, 100_000] {
+        if r == 0 {
+            let res = w.send(1, 5, pattern(len, 0)).timeout(T).await;
+            if len > w.settings().eager_limit {
+                assert!(matches!(res, Err(Error::RemoteTruncated { rank: 1 })), "{res:?}");
+            } else {
+                res.unwrap();
+            }
+            w.send(1, 6, pattern(10, 1)).timeout(T).await.unwrap();
+        } else {
+            let res = w.recv_into(0, 5u64, BytesMut::zeroed(50)).timeout(T).await;
+            assert!(matches!(res, Err(Error::Truncated { len: l, capacity: 50 }) if l == len), "{res:?}");
+            let (buf, st) = w.recv_into(0, 6u64, BytesMut::zeroed(50)).timeout(T).await.unwrap();
+            assert_eq!((&buf[..], st.len), (&pattern(10, 1)[..], 10));
+        }
+    }
+    w.barrier().timeout(T).await.unwrap();
+}
+
+/// A dropped receive is withdrawn; an expired deadline cancels cleanly; probe and sendrecv work.
+pub async fn cancel_deadline_probe(w: &World) {
+    let (r, n) = (w.rank(), w.size());
+    if n < 2 || r > 1 {
+        w.barrier().timeout(T).await.unwrap();
+        return w.barrier().timeout(T).await.unwrap();
+    }
+    if r == 1 {
+        drop(w.recv(0, 1u64));
+        let t0 = Instant::now();
+        let res = w.recv(0, 2u64).timeout(Duration::from_millis(200)).await;
+        assert!(matches!(res, Err(Error::Timeout)), "{res:?}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+    w.barrier().timeout(T).await.unwrap();
+    if r == 0 {
+        w.send(1, 1, pattern(30, 7)).timeout(T).await.unwrap();
+        w.send(1, 2, pattern(30_000, 8)).timeout(T).await.unwrap();
+    } else {
+        let st = w.probe(0, 1u64).timeout(T).await.unwrap();
+        assert_eq!((st.source, st.tag, st.len), (0, 1, 30));
+        assert_eq!(w.recv(0, 1u64).timeout(T).await.unwrap().data, pattern(30, 7), "the dropped receive took nothing");
+        assert_eq!(w.recv(0, 2u64).timeout(T).await.unwrap().data, pattern(30_000, 8));
+        assert!(w.iprobe(0, 1u64).is_none() && w.iprobe(0, 2u64).is_none(), "nothing left over");
+    }
+    // sendrecv in both directions at once, rendezvous size.
+    let other = 1 - r;
+    let m = w.sendrecv(other, 9, pattern(200_000, r), other, 9u64).timeout(T).await.unwrap();
+    assert_eq!(m.data, pattern(200_000, other));
+    w.barrier().timeout(T).await.unwrap();
+}
+
+/// A receiver that does not receive: the sender stalls on credits, the receiver's memory for
+/// unexpected messages stays within max_credit messages, and nothing is lost.
+pub async fn flood_is_bounded(w: &World) {
+    let (r, n) = (w.rank(), w.size());
+    if n < 2 || r > 1 {
+        return w.barrier().timeout(T).await.unwrap();
+    }
+    const COUNT: u64 = 1000;
+    let credit = w.settings().max_credit as usize;
+    if r == 0 {
+        let sends: Vec<_> = (0..COUNT).map(|i| w.send(1, i, pattern(1000, i as u32))).collect();
+        for s in futures::future::join_all(sends).await {
+            s.unwrap();
+        }
+    } else {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(300) {
+            assert!(w.unexpected_from(0) <= credit, "unexpected {} > {credit}", w.unexpected_from(0));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(w.unexpected_from(0) <= credit);
+        for i in 0..COUNT {
+            let m = w.recv(0, TagMatch::Any).timeout(T).await.unwrap();
+            assert_eq!((m.tag, m.data), (i, pattern(1000, i as u32)));
+        }
+    }
+    w.barrier().timeout(T).await.unwrap();
+}
+
+/// Messages on a duplicate never match receives on the original.
+pub async fn dup_isolation(w: &World) {
+    let (r, n) = (w.rank(), w.size());
+    let d: Comm = w.dup().unwrap();
+    assert_ne!(d.context(), w.context());
+    let dst = (r + 1) % n;
+    let src = (r + n - 1) % n;
+    let on_world = w.recv(src, 1u64);
+    d.send(dst, 1, pattern(10, 100 + r)).timeout(T).await.unwrap();
+    w.send(dst, 1, pattern(10, r)).timeout(T).await.unwrap();
+    assert_eq!(on_world.timeout(T).await.unwrap().data, pattern(10, src));
+    assert_eq!(d.recv(src, 1u64).timeout(T).await.unwrap().data, pattern(10, 100 + src));
+    d.barrier().timeout(T).await.unwrap();
+}
+
+/// The whole suite, in order.
+pub async fn suite(w: &World) {
+    ring_storm_rendezvous(w).await;
+    matching_semantics(w).await;
+    truncation(w).await;
+    cancel_deadline_probe(w).await;
+    flood_is_bounded(w).await;
+    dup_isolation(w).await;
+}
