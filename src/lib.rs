@@ -26,6 +26,7 @@ mod world;
 pub use bootstrap::{init, init_with};
 pub use config::{ProgressMode, Settings, TcpBackend};
 pub use error::{Error, Result};
+pub use ferrocomm_transports as transports;
 pub use ferrocomm_transports::{Rank, TransportError, WireError};
 pub use p2p::{Source, Status, TagMatch};
 pub use world::{Comm, Deadline, Message, Op, Refused, World};
