@@ -181,10 +181,6 @@ fn matches(src: Source, tag: TagMatch, msrc: Rank, mtag: u64) -> bool {
     })
 }
 
-fn involves(src: Source, peer: Rank) -> bool {
-    matches!(src, Source::Any) || src == Source::Rank(peer)
-}
-
 impl Engine {
     /// The engine of rank `me` in a job of `size` ranks.
     pub fn new(me: Rank, size: u32, cfg: Config) -> Engine {
@@ -561,7 +557,8 @@ impl Engine {
         }
     }
 
-    /// `peer` is gone: every operation that involves it fails now.
+    /// `peer` is gone: every operation that involves it fails now. After a crash that includes
+    /// wildcard receives (as in ULFM); after an orderly goodbye only those naming the peer.
     pub fn peer_lost(&mut self, peer: Rank, reason: TransportError) {
         let p = &mut self.peers[peer as usize];
         if p.lost.is_some() {
@@ -589,16 +586,20 @@ impl Engine {
                 self.events.push_back((op, Completion::Recv(Err(err()))));
             }
         }
+        // A crash may have taken a message a wildcard receive was waiting for; an orderly
+        // goodbye cannot have (the peer sent everything before it), so wildcards keep waiting.
+        let crashed = !matches!(reason, TransportError::Left);
+        let involves = |src: Source| src == Source::Rank(peer) || (crashed && src == Source::Any);
         for q in self.contexts.values_mut() {
             q.posted.retain(|p| {
-                let hit = involves(p.src, peer);
+                let hit = involves(p.src);
                 if hit {
                     self.events.push_back((p.op, Completion::Recv(Err(err()))));
                 }
                 !hit
             });
             q.probes.retain(|p| {
-                let hit = involves(p.src, peer);
+                let hit = involves(p.src);
                 if hit {
                     self.events.push_back((p.op, Completion::Probe(Err(err()))));
                 }

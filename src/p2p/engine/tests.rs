@@ -399,3 +399,17 @@ proptest! {
         prop_assert_eq!(got.len() as u64, total, "every message delivered exactly once");
     }
 }
+
+#[test]
+fn orderly_goodbye_fails_only_what_names_the_peer() {
+    let mut net = Net::new(3, cfg(2));
+    net.recv(1, 1, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+    net.recv(1, 2, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    net.engines[1].handle_frame(0, Header::new(Kind::Bye), Bytes::new());
+    net.pump();
+    assert!(matches!(net.take(1, 1), Some(Completion::Recv(Err(Error::PeerLost { rank: 0, .. })))));
+    assert!(net.take(1, 2).is_none(), "the wildcard receive still waits for rank 2");
+    net.send(2, 1, 1, 0, data(3, 0));
+    net.run();
+    assert_eq!(net.received(1, 2).0, data(3, 0));
+}

@@ -1,0 +1,111 @@
+//! Ranks as separate processes started by `ferrorun`: the point-to-point suite on each TCP
+//! backend, and a rank killed with SIGKILL in the middle of a transfer.
+//!
+//! The ranks are this very test binary, re-run by `ferrorun` with `--exact rank_process` and the
+//! scenario in `FERROCOMM_TEST_SCENARIO`; without that variable `rank_process` has nothing to do.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use ferrocomm::{Deadline, Error, Source, TagMatch};
+
+const FERRORUN: &str = env!("CARGO_BIN_EXE_ferrorun");
+const SCENARIO: &str = "FERROCOMM_TEST_SCENARIO";
+
+fn launch(n: u32, scenario: &str, backend: &str) -> (Option<i32>, String, Duration) {
+    let exe = std::env::current_exe().unwrap();
+    let t0 = Instant::now();
+    let out = Command::new(FERRORUN)
+        .args(["-n", &n.to_string(), "--grace", "5", "--env", &format!("{SCENARIO}={scenario}")])
+        .args(["--env", &format!("FERROCOMM_TCP_BACKEND={backend}")])
+        .arg(exe)
+        .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text, t0.elapsed())
+}
+
+/// True if some line of rank `r`'s output contains `what`.
+fn said(text: &str, r: u32, what: &str) -> bool {
+    text.lines().any(|l| l.starts_with(&format!("[{r}] ")) && l.contains(what))
+}
+
+#[test]
+fn suite_under_ferrorun_both_backends() {
+    for backend in ["uring", "portable"] {
+        for n in [2, 4] {
+            let (code, text, _) = launch(n, "suite", backend);
+            assert_eq!(code, Some(0), "{backend}, {n} ranks:\n{text}");
+            for r in 0..n {
+                assert!(said(&text, r, &format!("RANK-OK tcp-{backend}")), "{backend} rank {r}:\n{text}");
+            }
+        }
+    }
+}
+
+#[test]
+fn killed_rank_fails_its_peers_operations_promptly() {
+    for backend in ["uring", "portable"] {
+        let (code, text, took) = launch(4, "kill", backend);
+        assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
+        for r in [0, 1, 3] {
+            assert!(said(&text, r, "PEER-LOST-OK"), "{backend} rank {r}:\n{text}");
+        }
+        assert!(!said(&text, 2, "RANK-OK"), "{text}");
+        assert!(took < Duration::from_secs(30), "{took:?}");
+    }
+}
+
+/// One rank of a scenario, when run by `ferrorun`.
+#[test]
+fn rank_process() {
+    let Ok(scenario) = std::env::var(SCENARIO) else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async move {
+        let w = ferrocomm::init().await.unwrap();
+        match scenario.as_str() {
+            "suite" => {
+                common::suite(&w).await;
+                println!("RANK-OK {}", w.transport_name());
+                w.finalize().await.unwrap();
+            }
+            "kill" => kill_scenario(w).await,
+            other => panic!("unknown scenario {other}"),
+        }
+    });
+}
+
+/// Rank 1 streams 256 MiB to rank 2; rank 2 kills itself with SIGKILL mid-receive. Everyone with
+/// an operation involving rank 2 (including a wildcard receive) must get a peer-lost error, fast.
+async fn kill_scenario(w: ferrocomm::World) {
+    let r = w.rank();
+    if r == 2 {
+        let _rx = w.recv_into(1, 1u64, BytesMut::zeroed(256 << 20));
+        w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!();
+    }
+    // Everything is posted before the barrier, so it is pending when rank 2 dies.
+    let data = vec![5u8; 256 << 20];
+    let from2 = w.recv(2, TagMatch::Any);
+    let any = w.recv(Source::Any, 77u64);
+    w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
+    let send = (r == 1).then(|| w.send(2, 1, data));
+    let t0 = Instant::now();
+    let res = from2.timeout(Duration::from_secs(20)).await;
+    assert!(matches!(res, Err(Error::PeerLost { rank: 2, .. })), "{res:?}");
+    let res = any.timeout(Duration::from_secs(20)).await;
+    assert!(matches!(res, Err(Error::PeerLost { rank: 2, .. })), "wildcard: {res:?}");
+    if let Some(send) = send {
+        // Either all data left before the kill, or the send fails: never a hang.
+        let res = send.timeout(Duration::from_secs(20)).await;
+        assert!(matches!(res, Ok(()) | Err(Error::PeerLost { rank: 2, .. })), "{res:?}");
+    }
+    println!("PEER-LOST-OK after {:?}", t0.elapsed());
+}
