@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferrocomm::bootstrap::{self, kv::KvClient, kv::KvServer};
 use ferrocomm::transports::tcp::{handshake_accept, handshake_connect};
-use ferrocomm::transports::wire::{HEADER_LEN, Header, Kind, Limits, MAGIC, TOKEN_LEN};
+use ferrocomm::transports::wire::{HEADER_LEN, Header, Kind, Limits, TOKEN_LEN};
 use ferrocomm::{Deadline, Error, Settings, Source, TagMatch, TransportError, WireError, testing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -64,8 +64,8 @@ mod tests {
             assert!(schedules.iter().all(|s| s.len() as u32 == Dissemination::rounds(n)));
             for round in 0..Dissemination::rounds(n) as usize {
                 let before = knows.clone();
-                for r in 0..n as usize {
-                    let e = schedules[r][round];
+                for (r, schedule) in schedules.iter().enumerate() {
+                    let e = schedule[round];
                     assert_eq!(schedules[e.to as usize][round].from, r as u32, "pairs agree");
                     knows[e.to as usize] |= before[r];
                 }
