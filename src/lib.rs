@@ -30,3 +30,8 @@ pub use ferrocomm_transports as transports;
 pub use ferrocomm_transports::{Rank, TransportError, WireError};
 pub use p2p::{Source, Status, TagMatch};
 pub use world::{Comm, Deadline, Message, Op, Refused, World};
+
+/// The README's examples compile.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -247,6 +247,7 @@ impl Engine {
         }
         metrics::counter!("ferrocomm_messages_sent").increment(1);
         metrics::counter!("ferrocomm_bytes_sent").increment(data.len() as u64);
+        metrics::histogram!("ferrocomm_message_bytes").record(data.len() as f64);
         if dest == self.me {
             // To ourselves: no wire, no credit, no copy.
             self.arrive_eager(dest, context, tag, data);
@@ -260,7 +261,8 @@ impl Engine {
             let len = data.len() as u64;
             let msg = self.rndv_sends.insert(RndvSend { op: Some(op), peer: dest, data });
             let rts = Header { kind: Kind::Rts, seq: msg as u64, aux: len, ..header };
-            tracing::trace!(dest, tag, len, msg, "rendezvous: RTS");
+            let _span = tracing::trace_span!("rts", dest, tag, len, msg).entered();
+            metrics::counter!("ferrocomm_rendezvous_sends").increment(1);
             self.queue_credited(dest, rts, Bytes::new(), None);
         }
     }
@@ -461,7 +463,7 @@ impl Engine {
                     }
                 };
                 let key = self.rndv_recvs.insert(RndvRecv { op: Some(op), peer: src, buf, got: 0, tag, user_buf });
-                tracing::trace!(src, tag, len, msg, "rendezvous: CTS");
+                let _span = tracing::trace_span!("cts", src, tag, len, msg).entered();
                 self.emit(src, Header { aux: key as u64, ..cts }, Bytes::new());
             }
         }
@@ -526,7 +528,7 @@ impl Engine {
             }
             return;
         }
-        tracing::trace!(peer, len = s.data.len(), "rendezvous: data");
+        let _span = tracing::trace_span!("rendezvous_data", peer, len = s.data.len()).entered();
         let chunk = self.cfg.chunk;
         let mut off = 0;
         while off < s.data.len() {
@@ -550,6 +552,7 @@ impl Engine {
             return;
         }
         let r = self.rndv_recvs.remove(key);
+        tracing::trace!(peer, len = r.buf.len(), "rendezvous complete");
         if let Some(op) = r.op {
             let status = Status { source: peer, tag: r.tag, len: r.buf.len() };
             let payload = if r.user_buf { Payload::Owned(r.buf) } else { Payload::Shared(r.buf.freeze()) };

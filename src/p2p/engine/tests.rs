@@ -413,3 +413,30 @@ fn orderly_goodbye_fails_only_what_names_the_peer() {
     net.run();
     assert_eq!(net.received(1, 2).0, data(3, 0));
 }
+
+#[test]
+fn metrics_count_messages_and_credit_stalls() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let mut net = Net::new(2, cfg(2));
+        for op in 0..5 {
+            net.send(0, op, 1, 0, data(8, 0));
+        }
+        net.send(0, 9, 1, 1, data(EAGER + 1, 0));
+    });
+    let counters: HashMap<String, u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, v)| match v {
+            DebugValue::Counter(c) => Some((key.key().name().to_string(), c)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(counters["ferrocomm_messages_sent"], 6);
+    assert_eq!(counters["ferrocomm_bytes_sent"], 5 * 8 + EAGER as u64 + 1);
+    assert_eq!(counters["ferrocomm_credit_stalls"], 4, "3 eager messages and the RTS wait for credit");
+    assert_eq!(counters["ferrocomm_rendezvous_sends"], 1);
+}
