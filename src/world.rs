@@ -39,7 +39,6 @@ pub(crate) struct Inner {
     pub refused: Arc<Mutex<Vec<Refused>>>,
     pub listen_addr: std::net::SocketAddr,
     pub closed: AtomicBool,
-    pub next_context: AtomicU32,
     pub thread: Mutex<Option<ReactorThread>>,
 }
 
@@ -53,23 +52,20 @@ pub struct World {
 
 /// A communicator: a group of ranks with its own message space. Messages sent on one communicator
 /// never match receives on another.
+///
+/// Cloning gives a second handle on the same communicator (not a [`Comm::dup`]).
+#[derive(Clone)]
 pub struct Comm {
     inner: Arc<Inner>,
     context: u32,
-    dups: AtomicU32,
-    collectives: AtomicU64,
+    /// Per-communicator counters that every rank advances in the same order (collective calls).
+    sequence: Arc<Sequence>,
 }
 
-impl Clone for Comm {
-    /// The same communicator (same context): a second handle, not a [`Comm::dup`].
-    fn clone(&self) -> Self {
-        Comm {
-            inner: self.inner.clone(),
-            context: self.context,
-            dups: AtomicU32::new(self.dups.load(Ordering::Relaxed)),
-            collectives: AtomicU64::new(self.collectives.load(Ordering::Relaxed)),
-        }
-    }
+#[derive(Default)]
+struct Sequence {
+    dups: AtomicU32,
+    collectives: AtomicU64,
 }
 
 /// A received message.
@@ -85,7 +81,7 @@ const COLLECTIVE_BIT: u32 = 1 << 31;
 
 impl World {
     pub(crate) fn from_inner(inner: Arc<Inner>) -> World {
-        let comm = Comm { inner: inner.clone(), context: 0, dups: AtomicU32::new(0), collectives: AtomicU64::new(0) };
+        let comm = Comm { inner: inner.clone(), context: 0, sequence: Default::default() };
         World { inner, comm }
     }
 
@@ -415,25 +411,16 @@ impl Comm {
     /// A new communicator with the same ranks and a separate message space. Collective: every rank
     /// must call `dup` on this communicator in the same order.
     pub fn dup(&self) -> Result<Comm> {
-        let n = self.dups.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = self.sequence.dups.fetch_add(1, Ordering::Relaxed) + 1;
         let context = derive_context(self.context, n);
-        let taken = self.inner.next_context.fetch_add(1, Ordering::Relaxed);
-        if taken >= COLLECTIVE_BIT - 1 {
-            return Err(Error::Config { name: "communicators", reason: "too many communicators".into() });
-        }
-        Ok(Comm { inner: self.inner.clone(), context, dups: AtomicU32::new(0), collectives: AtomicU64::new(0) })
+        Ok(Comm { inner: self.inner.clone(), context, sequence: Default::default() })
     }
 
     /// Waits until every rank of the communicator has entered the barrier (dissemination algorithm:
     /// ceil(log2 n) rounds).
     pub async fn barrier(&self) -> Result<()> {
-        let seq = self.collectives.fetch_add(1, Ordering::Relaxed);
-        let coll = Comm {
-            inner: self.inner.clone(),
-            context: self.context | COLLECTIVE_BIT,
-            dups: AtomicU32::new(0),
-            collectives: AtomicU64::new(0),
-        };
+        let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
+        let coll = Comm { inner: self.inner.clone(), context: self.context | COLLECTIVE_BIT, sequence: Default::default() };
         for step in ferrocomm_collectives::Dissemination::new(self.rank(), self.size()) {
             let tag = (seq << 8) | step.round as u64;
             coll.sendrecv(step.to, tag, Bytes::new(), step.from, tag).await?;

@@ -1,1 +1,84 @@
-fn main() {}
+//! `ferrocomm-bench`: ferrocomm measured side by side with a reference peer, on the same machine,
+//! the same CPUs and the same message sizes, in one invocation.
+//!
+//! # `pingpong`: the NetPIPE method
+//!
+//! Two processes bounce a message back and forth; the time of one round trip halved is the
+//! one-way time `t(n)` of an `n`-byte message. Following NetPIPE:
+//!
+//! * **Sizes** grow exponentially: 1 byte, then every power of two up to `--max`, each also probed
+//!   3 bytes below and 3 bytes above ([`sweep::sizes`]). The perturbed sizes expose dips at protocol
+//!   switch points (eager/rendezvous limit, chunk sizes, socket buffers, page boundaries).
+//! * **Repetitions**: each size is warmed up first (a short batch, ~5 ms), and the warm-up's round
+//!   trip sets the number of timed iterations so that the timed batch lasts ~30 ms: far above the
+//!   timer's resolution, at least 10 iterations, at most 100 000 ([`sweep::iterations`]). A sweep
+//!   stops early once one transfer takes over a second.
+//! * **Results**: latency = round trip / 2, throughput MB/s = bytes / one-way time / 10^6. Each
+//!   of `--runs` runs is a whole sweep; the report gives, per size, the median over runs.
+//!
+//! The ferrocomm side ([`ranks`]): the binary re-executes itself as a job of two ranks through
+//! [`ferrocomm::launch::run_local`], so each rank is its own process. Each rank pins itself to one
+//! CPU (`--cpus`, default 0 and 1) before anything else starts, so that ferrocomm's progress thread
+//! shares the rank's CPU. Rank 0 sends then receives, rank 1 receives then sends, both from one
+//! preallocated [`bytes::Bytes`] payload (sliced, never copied). Rank 0 prints its measurements as
+//! one JSON line, which the launching process parses.
+//!
+//! The peer side ([`netpipe`]): `NPtcp` (NetPIPE 3.x, Debian package `netpipe-tcp`) over TCP on
+//! 127.0.0.1, receiver and transmitter pinned with `taskset` to the same two CPUs. NPtcp is run
+//! once per size (`-l n -u n -p 0`), so that it measures exactly the sizes ferrocomm does; it picks
+//! its own repetitions (~0.1 s per trial) and reports the best of its 3 trials, which favours the
+//! peer slightly against ferrocomm's one timed batch per run.
+//!
+//! Runs alternate (ferrocomm sweep, then NPtcp sweep, run after run) so that slow drifts of a noisy
+//! machine hit both sides alike. Output: a table with both sides and their ratios, a summary
+//! (8 B latency ratio, 4 MiB bandwidth ratio), optionally JSON (`--json`) and an SVG plot
+//! (`--plot`, throughput and latency against size).
+
+mod affinity;
+mod netpipe;
+mod pingpong;
+mod plot;
+mod process;
+mod ranks;
+mod report;
+mod sweep;
+
+use std::process::ExitCode;
+
+/// Errors end the program with a message; none is expected to be handled.
+pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const USAGE: &str = "\
+usage: ferrocomm-bench <benchmark> [options]
+
+benchmarks:
+  pingpong    ferrocomm vs NPtcp ping-pong latency and throughput (NetPIPE method);
+              `ferrocomm-bench pingpong --help` for its options";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (command, rest) = match args.split_first() {
+        Some((c, rest)) => (c.as_str(), rest),
+        None => ("--help", &[][..]),
+    };
+    let result = match command {
+        "pingpong" => pingpong::main(rest),
+        ranks::JOB_COMMAND => ranks::job_main(rest),
+        ranks::RANK_COMMAND => ranks::rank_main(rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => {
+            eprintln!("ferrocomm-bench: unknown benchmark {other:?}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferrocomm-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -12,7 +12,7 @@ pub mod kv;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ferrocomm_reactor::ReactorThread;
@@ -146,7 +146,6 @@ pub async fn join(
         refused,
         listen_addr,
         closed: AtomicBool::new(false),
-        next_context: AtomicU32::new(1),
         thread: Mutex::new(Some(thread)),
     })))
 }

@@ -1,0 +1,314 @@
+//! The ferrocomm side of `pingpong`: two ranks, each its own process.
+//!
+//! Three processes take part, all this binary:
+//!
+//! 1. the benchmark ([`run_sweep`]) starts `ferrocomm-bench pingpong-job ...` with its standard
+//!    output piped, so that it can read the ranks' output (which [`run_local`] forwards to the
+//!    standard output of the process calling it);
+//! 2. the job ([`job_main`]) calls [`run_local`] for two ranks of `ferrocomm-bench pingpong-rank
+//!    ...`, with the progress mode and TCP backend in their environment;
+//! 3. each rank ([`rank_main`]) pins itself to its CPU, joins the job, and runs the sweep: rank 0
+//!    measures and prints one JSON line (`[0] {...}` once forwarded), rank 1 echoes.
+//!
+//! Rank 0 steers rank 1 with control messages: before each batch, `(size, count)` on
+//! [`TAG_CONTROL`]; rank 1 posts its first receive, acknowledges on [`TAG_ACK`], and echoes `count`
+//! messages of `size` bytes on [`TAG_DATA`]. A count of 0 ends the sweep. The timed part of a batch
+//! starts after the acknowledgement, so it holds only ping-pong traffic.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferrocomm::World;
+use ferrocomm::launch::{LaunchOptions, run_local};
+use serde_json::{Value, json};
+
+use crate::sweep::{self, MIN_ITERATIONS, MIN_WARMUP, STOP_AFTER, TARGET, WARMUP};
+use crate::{Result, affinity, process};
+
+/// Hidden subcommand: the job, which launches the ranks.
+pub const JOB_COMMAND: &str = "pingpong-job";
+/// Hidden subcommand: one rank.
+pub const RANK_COMMAND: &str = "pingpong-rank";
+
+/// Ping-pong payloads.
+const TAG_DATA: u64 = 1;
+/// `(size, count)` from rank 0 before each batch, as two little-endian u64.
+const TAG_CONTROL: u64 = 2;
+/// Rank 1's answer to a control message: its first receive is posted.
+const TAG_ACK: u64 = 3;
+
+/// Round trip assumed for the warm-up of the first size.
+const FIRST_GUESS: Duration = Duration::from_millis(1);
+/// The longest a whole ferrocomm sweep may take.
+const JOB_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What the ferrocomm side is asked to do.
+#[derive(Clone, Debug)]
+pub struct JobSpec {
+    /// `FERROCOMM_TCP_BACKEND` for the ranks.
+    pub backend: String,
+    /// `FERROCOMM_PROGRESS` for the ranks.
+    pub progress: String,
+    /// The sweep's `--max`.
+    pub max: usize,
+    /// CPU of rank 0 and of rank 1.
+    pub cpus: [usize; 2],
+}
+
+impl JobSpec {
+    fn to_args(&self) -> Vec<String> {
+        let s = |v: &str| v.to_string();
+        vec![
+            s("--backend"),
+            s(&self.backend),
+            s("--progress"),
+            s(&self.progress),
+            s("--max"),
+            self.max.to_string(),
+            s("--cpus"),
+            format!("{},{}", self.cpus[0], self.cpus[1]),
+        ]
+    }
+
+    fn from_args(args: &[String]) -> Result<JobSpec> {
+        let mut spec = JobSpec { backend: "auto".into(), progress: "busy".into(), max: 0, cpus: [0, 1] };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            match flag.as_str() {
+                "--backend" => spec.backend = value.clone(),
+                "--progress" => spec.progress = value.clone(),
+                "--max" => spec.max = value.parse()?,
+                "--cpus" => spec.cpus = crate::pingpong::parse_cpus(value)?,
+                _ => return Err(format!("unknown option {flag}").into()),
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// One size as rank 0 measured it.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub bytes: usize,
+    /// Timed iterations (round trips).
+    pub iterations: u64,
+    /// Round trip / 2, seconds.
+    pub one_way: f64,
+}
+
+/// One ferrocomm sweep.
+#[derive(Clone, Debug)]
+pub struct SweepResult {
+    /// The transport the ranks ended up with (e.g. `tcp-uring`).
+    pub transport: String,
+    pub samples: Vec<Sample>,
+}
+
+/// Runs one ferrocomm sweep as a job of two ranks and collects rank 0's measurements.
+pub fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(&exe)
+        .arg(JOB_COMMAND)
+        .args(spec.to_args())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    let out = child.stdout.take().ok_or("the job's output is not piped")?;
+    let reader = std::thread::spawn(move || BufReader::new(out).lines().map_while(|l| l.ok()).collect::<Vec<_>>());
+    let status = process::wait_until(&mut child, Instant::now() + JOB_TIMEOUT)
+        .map_err(|e| format!("the ferrocomm job did not finish within {JOB_TIMEOUT:?}: {e}"))?;
+    let lines = reader.join().map_err(|_| "the output reader panicked")?;
+    let mut result = None;
+    for line in &lines {
+        match line.strip_prefix("[0] ").filter(|l| l.starts_with('{')) {
+            Some(j) if result.is_none() => result = Some(parse_result(j)?),
+            // Anything else the ranks print is passed on, for diagnosis.
+            _ => eprintln!("  {line}"),
+        }
+    }
+    if !status.success() {
+        return Err(format!("the ferrocomm job failed ({status})").into());
+    }
+    result.ok_or_else(|| "rank 0 printed no result".into())
+}
+
+fn parse_result(line: &str) -> Result<SweepResult> {
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("rank 0's result is not JSON ({e}): {line}"))?;
+    let transport = v["transport"].as_str().unwrap_or("?").to_string();
+    let rows = v["rows"].as_array().ok_or("rank 0's result has no rows")?;
+    let samples = rows
+        .iter()
+        .map(|r| {
+            Some(Sample {
+                bytes: r["bytes"].as_u64()? as usize,
+                iterations: r["iterations"].as_u64()?,
+                one_way: r["one_way_s"].as_f64()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or("a malformed row in rank 0's result")?;
+    Ok(SweepResult { transport, samples })
+}
+
+/// `pingpong-job`: launches the two ranks and waits for them.
+pub fn job_main(args: &[String]) -> Result<()> {
+    let spec = JobSpec::from_args(args)?;
+    let exe = std::env::current_exe()?;
+    let rank_args: Vec<OsString> =
+        std::iter::once(RANK_COMMAND.to_string()).chain(spec.to_args()).map(OsString::from).collect();
+    let opts = LaunchOptions {
+        env: vec![
+            ("FERROCOMM_TCP_BACKEND".into(), spec.backend.clone()),
+            ("FERROCOMM_PROGRESS".into(), spec.progress.clone()),
+        ],
+        ..LaunchOptions::default()
+    };
+    match run_local(2, &exe, &rank_args, &opts)? {
+        0 => Ok(()),
+        code => Err(format!("the ranks failed (job exit code {code})").into()),
+    }
+}
+
+/// `pingpong-rank`: one rank of the job.
+pub fn rank_main(args: &[String]) -> Result<()> {
+    let spec = JobSpec::from_args(args)?;
+    let rank: usize = std::env::var("FERROCOMM_RANK")
+        .map_err(|_| "FERROCOMM_RANK is not set: pingpong-rank runs under the benchmark's launcher")?
+        .parse()?;
+    let cpu = *spec.cpus.get(rank).ok_or("pingpong runs with exactly 2 ranks")?;
+    // First of all, so that every thread started from here on (tokio's, ferrocomm's progress
+    // thread) inherits the CPU.
+    affinity::pin_current_thread(cpu).map_err(|e| format!("rank {rank}: cannot pin to CPU {cpu}: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let world = ferrocomm::init().await?;
+        if world.size() != 2 {
+            return Err("pingpong runs with exactly 2 ranks".into());
+        }
+        let payload = pattern(sweep::largest(spec.max));
+        world.barrier().await?;
+        if world.rank() == 0 {
+            let samples = measure(&world, &payload, spec.max).await?;
+            let rows: Vec<Value> = samples
+                .iter()
+                .map(|s| json!({"bytes": s.bytes, "iterations": s.iterations, "one_way_s": s.one_way}))
+                .collect();
+            println!("{}", json!({"transport": world.transport_name(), "rows": rows}));
+        } else {
+            echo(&world, &payload).await?;
+        }
+        world.finalize().await?;
+        Ok(())
+    })
+}
+
+/// `len` bytes of a recognisable pattern.
+fn pattern(len: usize) -> Bytes {
+    (0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into()
+}
+
+/// Checks that a received message is the `len`-byte prefix of `payload` (by length and last byte).
+fn check(got: &Bytes, payload: &Bytes, len: usize) -> Result<()> {
+    if got.len() != len || got.last() != payload.get(len - 1) {
+        return Err(format!("received a wrong message: {} bytes, expected {len}", got.len()).into());
+    }
+    Ok(())
+}
+
+/// Rank 0: the sweep. Returns one sample per size measured.
+async fn measure(world: &World, payload: &Bytes, max: usize) -> Result<Vec<Sample>> {
+    let mut samples = Vec::new();
+    let mut round_trip = FIRST_GUESS.as_secs_f64();
+    for bytes in sweep::sizes(max) {
+        let data = payload.slice(..bytes);
+        let warmup = sweep::iterations(round_trip, WARMUP, MIN_WARMUP);
+        round_trip = batch(world, payload, &data, warmup).await?.as_secs_f64() / warmup as f64;
+        let iterations = sweep::iterations(round_trip, TARGET, MIN_ITERATIONS);
+        round_trip = batch(world, payload, &data, iterations).await?.as_secs_f64() / iterations as f64;
+        let one_way = round_trip / 2.0;
+        samples.push(Sample { bytes, iterations, one_way });
+        if one_way > STOP_AFTER.as_secs_f64() {
+            break;
+        }
+    }
+    world.send(1, TAG_CONTROL, control(0, 0)).await?;
+    Ok(samples)
+}
+
+/// Rank 0: `count` round trips of `data`, timed.
+async fn batch(world: &World, payload: &Bytes, data: &Bytes, count: u64) -> Result<Duration> {
+    world.send(1, TAG_CONTROL, control(data.len(), count)).await?;
+    world.recv(1, TAG_ACK).await?;
+    let start = Instant::now();
+    for _ in 0..count {
+        world.send(1, TAG_DATA, data.clone()).await?;
+        let m = world.recv(1, TAG_DATA).await?;
+        check(&m.data, payload, data.len())?;
+    }
+    Ok(start.elapsed())
+}
+
+/// Rank 1: echoes batches until told to stop.
+async fn echo(world: &World, payload: &Bytes) -> Result<()> {
+    loop {
+        let c = world.recv(0, TAG_CONTROL).await?;
+        let (bytes, count) = parse_control(&c.data)?;
+        if count == 0 {
+            return Ok(());
+        }
+        if bytes == 0 || bytes > payload.len() {
+            return Err(format!("asked to echo {bytes} bytes, at most {} prepared", payload.len()).into());
+        }
+        let data = payload.slice(..bytes);
+        // The first receive is posted before rank 0 hears that the batch may start.
+        let mut first = Some(world.recv(0, TAG_DATA));
+        world.send(0, TAG_ACK, Bytes::new()).await?;
+        for _ in 0..count {
+            let m = first.take().unwrap_or_else(|| world.recv(0, TAG_DATA)).await?;
+            check(&m.data, payload, bytes)?;
+            world.send(0, TAG_DATA, data.clone()).await?;
+        }
+    }
+}
+
+fn control(bytes: usize, count: u64) -> Bytes {
+    let mut b = Vec::with_capacity(16);
+    b.extend_from_slice(&(bytes as u64).to_le_bytes());
+    b.extend_from_slice(&count.to_le_bytes());
+    b.into()
+}
+
+fn parse_control(data: &[u8]) -> Result<(usize, u64)> {
+    let (Some(bytes), Some(count)) = (data.get(..8), data.get(8..16)) else {
+        return Err(format!("a malformed control message of {} bytes", data.len()).into());
+    };
+    let word = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
+    Ok((word(bytes) as usize, word(count)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_round_trip() {
+        assert_eq!(parse_control(&control(12345, 678)).unwrap(), (12345, 678));
+        assert!(parse_control(b"short").is_err());
+    }
+
+    #[test]
+    fn job_args_round_trip() {
+        let spec = JobSpec { backend: "uring".into(), progress: "adaptive:20".into(), max: 4096, cpus: [1, 0] };
+        let back = JobSpec::from_args(&spec.to_args()).unwrap();
+        assert_eq!(
+            (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus),
+            ("uring", "adaptive:20", 4096, [1, 0])
+        );
+    }
+}

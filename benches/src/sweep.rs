@@ -1,0 +1,100 @@
+//! The NetPIPE schedule: which sizes, how many repetitions, and how runs are combined.
+
+use std::time::Duration;
+
+/// Bytes below and above each power of two that are probed too.
+pub const PERTURBATION: usize = 3;
+/// How long the warm-up batch of a size should last.
+pub const WARMUP: Duration = Duration::from_millis(5);
+/// How long the timed batch of a size should last.
+pub const TARGET: Duration = Duration::from_millis(30);
+/// Fewest timed iterations per size, however slow one is.
+pub const MIN_ITERATIONS: u64 = 10;
+/// Fewest warm-up iterations per size.
+pub const MIN_WARMUP: u64 = 2;
+/// Most iterations in one batch, however fast one is.
+pub const MAX_ITERATIONS: u64 = 100_000;
+/// The sweep stops after a size whose one-way time exceeds this.
+pub const STOP_AFTER: Duration = Duration::from_secs(1);
+
+/// The message sizes of a sweep up to `max`, ascending and distinct: 1 byte, then each power of
+/// two up to `max` together with it plus and minus [`PERTURBATION`] bytes (where positive). The
+/// perturbed sizes of the largest power may exceed `max` by [`PERTURBATION`], as in NetPIPE.
+pub fn sizes(max: usize) -> Vec<usize> {
+    let mut out = vec![1];
+    let mut p: usize = 1;
+    while p <= max {
+        if p > PERTURBATION {
+            out.push(p - PERTURBATION);
+        }
+        out.push(p);
+        out.push(p + PERTURBATION);
+        match p.checked_mul(2) {
+            Some(next) => p = next,
+            None => break,
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The largest size [`sizes`] can return for `max`.
+pub fn largest(max: usize) -> usize {
+    sizes(max).last().copied().unwrap_or(1)
+}
+
+/// Iterations for a batch lasting about `target` when one round trip takes `round_trip` seconds,
+/// within `min..=MAX_ITERATIONS`.
+pub fn iterations(round_trip: f64, target: Duration, min: u64) -> u64 {
+    let per = round_trip.max(1e-9);
+    let n = (target.as_secs_f64() / per).round();
+    (n.min(MAX_ITERATIONS as f64) as u64).clamp(min, MAX_ITERATIONS)
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// Throughput in MB/s (10^6 bytes per second) of `bytes` moved one way in `seconds`.
+pub fn mb_per_s(bytes: usize, seconds: f64) -> f64 {
+    bytes as f64 / seconds / 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_powers_of_two_with_perturbations() {
+        assert_eq!(sizes(1), vec![1, 4]);
+        assert_eq!(sizes(16), vec![1, 2, 4, 5, 7, 8, 11, 13, 16, 19]);
+        let big = sizes(8 << 20);
+        assert_eq!(big.last(), Some(&((8 << 20) + 3)));
+        assert!(big.contains(&8) && big.contains(&(4 << 20)) && big.contains(&((4 << 20) - 3)));
+        assert!(big.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(largest(8 << 20), (8 << 20) + 3);
+    }
+
+    #[test]
+    fn iterations_are_bounded() {
+        assert_eq!(iterations(1e-3, TARGET, MIN_ITERATIONS), 30);
+        assert_eq!(iterations(0.1, TARGET, MIN_ITERATIONS), MIN_ITERATIONS);
+        assert_eq!(iterations(0.0, TARGET, MIN_ITERATIONS), MAX_ITERATIONS);
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    }
+}

@@ -1,0 +1,66 @@
+//! One transport made of several: each peer is reached through exactly one of them (shared memory
+//! for ranks on this host, TCP for the others), chosen at bootstrap.
+
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+
+use crate::wire::{Header, Rank};
+use crate::{Sink, Transport, TransportError};
+
+/// Routes every peer to the transport chosen for it.
+pub struct Routed {
+    parts: Vec<Box<dyn Transport>>,
+    /// `route[peer]` indexes `parts`.
+    route: Vec<usize>,
+    name: &'static str,
+}
+
+impl Routed {
+    /// `route[peer]` names the part (index into `parts`) that reaches `peer`.
+    pub fn new(parts: Vec<Box<dyn Transport>>, route: Vec<usize>) -> Routed {
+        assert!(route.iter().all(|&i| i < parts.len()), "route names a missing transport");
+        let name = match parts.iter().map(|p| p.name()).collect::<Vec<_>>()[..] {
+            [one] => one,
+            _ => "mixed",
+        };
+        Routed { parts, route, name }
+    }
+
+    /// The name of the transport that reaches `peer`.
+    pub fn name_for(&self, peer: Rank) -> &'static str {
+        self.parts[self.route[peer as usize]].name()
+    }
+}
+
+impl Transport for Routed {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn eager_limit(&self) -> usize {
+        self.parts.iter().map(|p| p.eager_limit()).min().unwrap_or(0)
+    }
+
+    fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
+        self.parts[self.route[peer as usize]].send(peer, header, payload)
+    }
+
+    fn progress(&mut self, sink: &mut dyn Sink) -> usize {
+        self.parts.iter_mut().map(|p| p.progress(sink)).sum()
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        // Poll every part, so that each registers the waker.
+        let ready = self.parts.iter_mut().fold(false, |r, p| p.poll_ready(cx).is_ready() | r);
+        if ready { Poll::Ready(()) } else { Poll::Pending }
+    }
+
+    fn has_pending_output(&self) -> bool {
+        self.parts.iter().any(|p| p.has_pending_output())
+    }
+
+    fn disconnect(&mut self, peer: Rank, reason: TransportError) {
+        self.parts[self.route[peer as usize]].disconnect(peer, reason)
+    }
+}
