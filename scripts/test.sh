@@ -15,3 +15,11 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
+
+# The portable (laptop) build must keep compiling off Linux: check it for macOS when the target
+# can be installed here.
+if timeout 180 rustup target add x86_64-apple-darwin >/dev/null 2>&1; then
+    cargo check --locked --target x86_64-apple-darwin -p ferrocomm --lib --examples
+else
+    echo "note: x86_64-apple-darwin target not installable here; skipped the macOS compile check"
+fi

@@ -20,8 +20,9 @@
 //! [`ferrocomm::launch::run_local`], so each rank is its own process. Each rank pins itself to one
 //! CPU (`--cpus`, default 0 and 1) before anything else starts, so that ferrocomm's progress thread
 //! shares the rank's CPU. Rank 0 sends then receives, rank 1 receives then sends, both from one
-//! preallocated [`bytes::Bytes`] payload (sliced, never copied). Rank 0 prints its measurements as
-//! one JSON line, which the launching process parses.
+//! preallocated [`bytes::Bytes`] payload (sliced, never copied); receives use `recv` (or, with
+//! `--recv-into`, `recv_into` one reused buffer). Rank 0 prints its measurements as one JSON line,
+//! which the launching process parses.
 //!
 //! The peer side ([`netpipe`]): `NPtcp` (NetPIPE 3.x, Debian package `netpipe-tcp`) over TCP on
 //! 127.0.0.1, receiver and transmitter pinned with `taskset` to the same two CPUs. NPtcp is run
@@ -30,7 +31,9 @@
 //! peer slightly against ferrocomm's one timed batch per run.
 //!
 //! Runs alternate (ferrocomm sweep, then NPtcp sweep, run after run) so that slow drifts of a noisy
-//! machine hit both sides alike. Output: a table with both sides and their ratios, a summary
+//! machine hit both sides alike. Before each run the two CPUs are watched for a moment; other work
+//! on them (or time stolen by the hypervisor) above 10% earns a warning, since it makes the numbers
+//! noisy. Output: a table with both sides and their ratios, a summary
 //! (8 B latency ratio, 4 MiB bandwidth ratio), optionally JSON (`--json`) and an SVG plot
 //! (`--plot`, throughput and latency against size).
 

@@ -3,10 +3,15 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use serde_json::json;
+
 use crate::netpipe::NetPipe;
 use crate::ranks::{self, JobSpec};
 use crate::report::{self, Meta, Row};
-use crate::{Result, affinity, plot, sweep};
+use crate::{Result, affinity, plot, process, sweep};
+
+/// Other work above this share of the benchmark's CPUs, during a run, earns a warning.
+const LOAD_WARNING: f64 = 0.05;
 
 pub const USAGE: &str = "\
 usage: ferrocomm-bench pingpong [options]
@@ -23,7 +28,9 @@ options:
   --cpus A,B                CPUs of rank 0 / NPtcp transmitter and rank 1 / receiver (default 0,1)
   --json FILE               write the results as JSON
   --plot FILE.svg           write throughput and latency plots as SVG
-  --no-peer                 measure ferrocomm alone (no NPtcp needed)";
+  --no-peer                 measure ferrocomm alone (no NPtcp needed)
+  --recv-into               ferrocomm receives with recv_into into one reused buffer per rank
+                            instead of recv (a buffer per message)";
 
 /// The options of `pingpong`.
 #[derive(Clone, Debug)]
@@ -36,6 +43,7 @@ pub struct Options {
     pub json: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub peer: bool,
+    pub recv_into: bool,
 }
 
 impl Default for Options {
@@ -49,6 +57,7 @@ impl Default for Options {
             json: None,
             plot: None,
             peer: true,
+            recv_into: false,
         }
     }
 }
@@ -93,11 +102,16 @@ impl Options {
                 "--json" => o.json = Some(value()?.into()),
                 "--plot" => o.plot = Some(value()?.into()),
                 "--no-peer" => o.peer = false,
+                "--recv-into" => o.recv_into = true,
                 other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
             }
         }
         Ok(Some(o))
     }
+}
+
+fn receive_call(recv_into: bool) -> &'static str {
+    if recv_into { "recv_into (one reused buffer)" } else { "recv" }
 }
 
 /// `A,B`: two CPU numbers.
@@ -144,8 +158,13 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     let peer = if opts.peer { Some(NetPipe::find()?) } else { None };
     let peer_name = peer.as_ref().map(|_| "NPtcp");
-    let spec =
-        JobSpec { backend: opts.backend.clone(), progress: opts.progress.clone(), max: opts.max, cpus: opts.cpus };
+    let spec = JobSpec {
+        backend: opts.backend.clone(),
+        progress: opts.progress.clone(),
+        max: opts.max,
+        cpus: opts.cpus,
+        recv_into: opts.recv_into,
+    };
     let sizes = sweep::sizes(opts.max);
     let mut rows: Vec<Row> = sizes.iter().map(|&bytes| Row { bytes, ..Row::default() }).collect();
 
@@ -158,15 +177,31 @@ pub fn main(args: &[String]) -> Result<()> {
         opts.cpus[1]
     );
     println!(
-        "ferrocomm: FERROCOMM_TCP_BACKEND={} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local",
-        opts.backend, opts.progress
+        "ferrocomm: FERROCOMM_TCP_BACKEND={} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}",
+        opts.backend,
+        opts.progress,
+        receive_call(opts.recv_into)
     );
     if let Some(np) = &peer {
         println!("peer: {}  (once per size)", np.describe(opts.cpus, "SIZE"));
     }
 
     let mut transport_name = String::from("?");
+    let mut busiest = 0.0_f64;
+    let mut interference = Vec::new();
+    // Other work on the benchmark's CPUs during one side's sweep, noted and warned about.
+    let mut watch = |meter: Option<process::Interference>, run: usize, side: &str| {
+        let share = meter.and_then(|m| m.share());
+        if let Some(share) = share {
+            busiest = busiest.max(share);
+            if share > LOAD_WARNING {
+                eprintln!("warning: other work took {:.0}% of the CPUs during run {run} of {side}", share * 100.0);
+            }
+        }
+        interference.push(json!({"run": run, "side": side, "share": share}));
+    };
     for run in 1..=opts.runs {
+        let meter = process::Interference::start(&opts.cpus);
         let t = Instant::now();
         let result = ranks::run_sweep(&spec)?;
         for s in &result.samples {
@@ -183,15 +218,26 @@ pub fn main(args: &[String]) -> Result<()> {
             t.elapsed().as_secs_f64()
         );
         transport_name = result.transport;
+        watch(meter, run, "ferrocomm");
         if let Some(np) = &peer {
+            let meter = process::Interference::start(&opts.cpus);
             let t = Instant::now();
             for row in rows.iter_mut() {
                 row.peer.push(np.measure(row.bytes, opts.cpus)?);
             }
+            watch(meter, run, "NPtcp");
             eprintln!("run {run}/{}: NPtcp: {} sizes, {:.1} s", opts.runs, rows.len(), t.elapsed().as_secs_f64());
         }
     }
 
+    if busiest > LOAD_WARNING {
+        println!(
+            "warning: other work took up to {:.0}% of CPUs {},{} during a sweep; the results are noisy",
+            busiest * 100.0,
+            opts.cpus[0],
+            opts.cpus[1]
+        );
+    }
     println!();
     print!("{}", report::table(&rows));
     println!();
@@ -211,7 +257,9 @@ pub fn main(args: &[String]) -> Result<()> {
         backend: &opts.backend,
         transport_name: &transport_name,
         progress: &opts.progress,
+        receive: if opts.recv_into { "recv_into" } else { "recv" },
         peer: peer_name,
+        interference: &interference,
         runs: opts.runs,
         cpus: opts.cpus,
         max: opts.max,
@@ -227,8 +275,13 @@ pub fn main(args: &[String]) -> Result<()> {
             None => "ferrocomm: TCP ping-pong on 127.0.0.1".to_string(),
         };
         let subtitle = format!(
-            "backend {} ({transport_name}), progress {}, CPUs {},{}, median of {} run(s)",
-            opts.backend, opts.progress, opts.cpus[0], opts.cpus[1], opts.runs
+            "backend {} ({transport_name}), progress {}, receives with {}, CPUs {},{}, median of {} run(s)",
+            opts.backend,
+            opts.progress,
+            receive_call(opts.recv_into),
+            opts.cpus[0],
+            opts.cpus[1],
+            opts.runs
         );
         std::fs::write(path, plot::svg(&title, &subtitle, &rows, peer_name))
             .map_err(|e| format!("{}: {e}", path.display()))?;

@@ -60,3 +60,73 @@ pub fn tcp_listening(port: u16) -> Option<bool> {
 pub fn free_port() -> io::Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }
+
+/// Watches the benchmark's CPUs for work that is not the benchmark's: CPU time used on them
+/// (user, system, and time stolen by the hypervisor, from `/proc/stat`) minus the CPU time of
+/// this process and its waited-for children (`getrusage`). Interrupt time is left out, since the
+/// benchmark's own network traffic is partly accounted there.
+pub struct Interference {
+    cpus: Vec<usize>,
+    busy: f64,
+    ours: f64,
+    since: Instant,
+}
+
+impl Interference {
+    /// Starts watching `cpus`; `None` when `/proc/stat` cannot be read.
+    pub fn start(cpus: &[usize]) -> Option<Interference> {
+        let mut cpus = cpus.to_vec();
+        cpus.sort_unstable();
+        cpus.dedup();
+        Some(Interference { busy: busy_seconds(&cpus)?, ours: our_cpu_seconds(), since: Instant::now(), cpus })
+    }
+
+    /// The share (0 to 1) of the CPUs' time that other work used since [`Interference::start`].
+    pub fn share(&self) -> Option<f64> {
+        let busy = busy_seconds(&self.cpus)? - self.busy;
+        let ours = our_cpu_seconds() - self.ours;
+        let capacity = self.since.elapsed().as_secs_f64() * self.cpus.len() as f64;
+        Some(((busy - ours) / capacity).clamp(0.0, 1.0))
+    }
+}
+
+/// User, system and steal time of `cpus` since boot, seconds.
+fn busy_seconds(cpus: &[usize]) -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = if ticks > 0 { ticks as f64 } else { 100.0 };
+    let mut jiffies = 0u64;
+    let mut found = 0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("cpu") else { continue };
+        let mut f = rest.split_whitespace();
+        let Some(Ok(n)) = f.next().map(str::parse::<usize>) else { continue };
+        if !cpus.contains(&n) {
+            continue;
+        }
+        // user nice system idle iowait irq softirq steal (guest time is already in user).
+        let v: Vec<u64> = f.take(8).map(|x| x.parse().unwrap_or(0)).collect();
+        if v.len() < 8 {
+            return None;
+        }
+        jiffies += v[0] + v[1] + v[2] + v[7];
+        found += 1;
+    }
+    (found == cpus.len()).then(|| jiffies as f64 / ticks)
+}
+
+/// CPU time of this process and of its children that have been waited for, seconds.
+fn our_cpu_seconds() -> f64 {
+    let usage = |who| {
+        // SAFETY: all-zero is a valid rusage, and getrusage writes only into it.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `u` is a valid, writable rusage.
+        if unsafe { libc::getrusage(who, &mut u) } != 0 {
+            return 0.0;
+        }
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        secs(u.ru_utime) + secs(u.ru_stime)
+    };
+    usage(libc::RUSAGE_SELF) + usage(libc::RUSAGE_CHILDREN)
+}

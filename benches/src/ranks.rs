@@ -14,15 +14,19 @@
 //! [`TAG_CONTROL`]; rank 1 posts its first receive, acknowledges on [`TAG_ACK`], and echoes `count`
 //! messages of `size` bytes on [`TAG_DATA`]. A count of 0 ends the sweep. The timed part of a batch
 //! starts after the acknowledgement, so it holds only ping-pong traffic.
+//!
+//! Payloads are received with [`Comm::recv`](ferrocomm::Comm::recv) (a buffer per message), or with
+//! `--recv-into` by [`Comm::recv_into`](ferrocomm::Comm::recv_into) into one buffer per rank,
+//! allocated once and reused.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use ferrocomm::World;
+use bytes::{Bytes, BytesMut};
 use ferrocomm::launch::{LaunchOptions, run_local};
+use ferrocomm::{Message, Op, Rank, Status, World};
 use serde_json::{Value, json};
 
 use crate::sweep::{self, MIN_ITERATIONS, MIN_WARMUP, STOP_AFTER, TARGET, WARMUP};
@@ -56,12 +60,14 @@ pub struct JobSpec {
     pub max: usize,
     /// CPU of rank 0 and of rank 1.
     pub cpus: [usize; 2],
+    /// Receive into one preallocated buffer (`recv_into`) instead of `recv`.
+    pub recv_into: bool,
 }
 
 impl JobSpec {
     fn to_args(&self) -> Vec<String> {
         let s = |v: &str| v.to_string();
-        vec![
+        let mut args = vec![
             s("--backend"),
             s(&self.backend),
             s("--progress"),
@@ -70,13 +76,22 @@ impl JobSpec {
             self.max.to_string(),
             s("--cpus"),
             format!("{},{}", self.cpus[0], self.cpus[1]),
-        ]
+        ];
+        if self.recv_into {
+            args.push(s("--recv-into"));
+        }
+        args
     }
 
     fn from_args(args: &[String]) -> Result<JobSpec> {
-        let mut spec = JobSpec { backend: "auto".into(), progress: "busy".into(), max: 0, cpus: [0, 1] };
+        let mut spec =
+            JobSpec { backend: "auto".into(), progress: "busy".into(), max: 0, cpus: [0, 1], recv_into: false };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
+            if flag == "--recv-into" {
+                spec.recv_into = true;
+                continue;
+            }
             let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
             match flag.as_str() {
                 "--backend" => spec.backend = value.clone(),
@@ -192,16 +207,18 @@ pub fn rank_main(args: &[String]) -> Result<()> {
             return Err("pingpong runs with exactly 2 ranks".into());
         }
         let payload = pattern(sweep::largest(spec.max));
+        let mut inbox = Inbox::new(spec.recv_into, payload.len());
         world.barrier().await?;
         if world.rank() == 0 {
-            let samples = measure(&world, &payload, spec.max).await?;
+            let samples = measure(&world, &payload, &mut inbox, spec.max).await?;
             let rows: Vec<Value> = samples
                 .iter()
                 .map(|s| json!({"bytes": s.bytes, "iterations": s.iterations, "one_way_s": s.one_way}))
                 .collect();
+            // One line of a few KiB, well under the launcher's 64 KiB line limit.
             println!("{}", json!({"transport": world.transport_name(), "rows": rows}));
         } else {
-            echo(&world, &payload).await?;
+            echo(&world, &payload, &mut inbox).await?;
         }
         world.finalize().await?;
         Ok(())
@@ -213,24 +230,78 @@ fn pattern(len: usize) -> Bytes {
     (0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into()
 }
 
-/// Checks that a received message is the `len`-byte prefix of `payload` (by length and last byte).
-fn check(got: &Bytes, payload: &Bytes, len: usize) -> Result<()> {
-    if got.len() != len || got.last() != payload.get(len - 1) {
-        return Err(format!("received a wrong message: {} bytes, expected {len}", got.len()).into());
+/// A received payload, as far as checking goes: its length and last byte.
+struct Got {
+    len: usize,
+    last: Option<u8>,
+}
+
+impl Got {
+    /// Checks that the payload is the `len`-byte prefix of `payload`.
+    fn check(&self, payload: &Bytes, len: usize) -> Result<()> {
+        if self.len != len || self.last.as_ref() != payload.get(len - 1) {
+            return Err(format!("received a wrong message: {} bytes, expected {len}", self.len).into());
+        }
+        Ok(())
     }
-    Ok(())
+}
+
+/// A posted payload receive.
+enum Posted {
+    Alloc(Op<Message>),
+    Into(Op<(BytesMut, Status)>),
+}
+
+/// How a rank receives payloads: `recv`, or `recv_into` its one reusable buffer.
+struct Inbox {
+    into: bool,
+    /// The buffer, while no receive holds it.
+    buf: Option<BytesMut>,
+}
+
+impl Inbox {
+    fn new(into: bool, capacity: usize) -> Inbox {
+        Inbox { into, buf: into.then(|| BytesMut::zeroed(capacity)) }
+    }
+
+    /// Posts the receive of a `len`-byte payload from `src`.
+    fn post(&mut self, world: &World, src: Rank, len: usize) -> Result<Posted> {
+        if !self.into {
+            return Ok(Posted::Alloc(world.recv(src, TAG_DATA)));
+        }
+        let mut buf = self.buf.take().ok_or("the receive buffer was lost to a failed receive")?;
+        // Within the capacity: no allocation, and zero-filling only when the size grows.
+        buf.resize(len, 0);
+        Ok(Posted::Into(world.recv_into(src, TAG_DATA, buf)))
+    }
+
+    /// Waits for a posted receive.
+    async fn wait(&mut self, posted: Posted) -> Result<Got> {
+        match posted {
+            Posted::Alloc(op) => {
+                let m = op.await?;
+                Ok(Got { len: m.data.len(), last: m.data.last().copied() })
+            }
+            Posted::Into(op) => {
+                let (buf, _) = op.await?;
+                let got = Got { len: buf.len(), last: buf.last().copied() };
+                self.buf = Some(buf);
+                Ok(got)
+            }
+        }
+    }
 }
 
 /// Rank 0: the sweep. Returns one sample per size measured.
-async fn measure(world: &World, payload: &Bytes, max: usize) -> Result<Vec<Sample>> {
+async fn measure(world: &World, payload: &Bytes, inbox: &mut Inbox, max: usize) -> Result<Vec<Sample>> {
     let mut samples = Vec::new();
     let mut round_trip = FIRST_GUESS.as_secs_f64();
     for bytes in sweep::sizes(max) {
         let data = payload.slice(..bytes);
         let warmup = sweep::iterations(round_trip, WARMUP, MIN_WARMUP);
-        round_trip = batch(world, payload, &data, warmup).await?.as_secs_f64() / warmup as f64;
+        round_trip = batch(world, payload, inbox, &data, warmup).await?.as_secs_f64() / warmup as f64;
         let iterations = sweep::iterations(round_trip, TARGET, MIN_ITERATIONS);
-        round_trip = batch(world, payload, &data, iterations).await?.as_secs_f64() / iterations as f64;
+        round_trip = batch(world, payload, inbox, &data, iterations).await?.as_secs_f64() / iterations as f64;
         let one_way = round_trip / 2.0;
         samples.push(Sample { bytes, iterations, one_way });
         if one_way > STOP_AFTER.as_secs_f64() {
@@ -242,20 +313,20 @@ async fn measure(world: &World, payload: &Bytes, max: usize) -> Result<Vec<Sampl
 }
 
 /// Rank 0: `count` round trips of `data`, timed.
-async fn batch(world: &World, payload: &Bytes, data: &Bytes, count: u64) -> Result<Duration> {
+async fn batch(world: &World, payload: &Bytes, inbox: &mut Inbox, data: &Bytes, count: u64) -> Result<Duration> {
     world.send(1, TAG_CONTROL, control(data.len(), count)).await?;
     world.recv(1, TAG_ACK).await?;
     let start = Instant::now();
     for _ in 0..count {
         world.send(1, TAG_DATA, data.clone()).await?;
-        let m = world.recv(1, TAG_DATA).await?;
-        check(&m.data, payload, data.len())?;
+        let posted = inbox.post(world, 1, data.len())?;
+        inbox.wait(posted).await?.check(payload, data.len())?;
     }
     Ok(start.elapsed())
 }
 
 /// Rank 1: echoes batches until told to stop.
-async fn echo(world: &World, payload: &Bytes) -> Result<()> {
+async fn echo(world: &World, payload: &Bytes, inbox: &mut Inbox) -> Result<()> {
     loop {
         let c = world.recv(0, TAG_CONTROL).await?;
         let (bytes, count) = parse_control(&c.data)?;
@@ -267,11 +338,14 @@ async fn echo(world: &World, payload: &Bytes) -> Result<()> {
         }
         let data = payload.slice(..bytes);
         // The first receive is posted before rank 0 hears that the batch may start.
-        let mut first = Some(world.recv(0, TAG_DATA));
+        let mut first = Some(inbox.post(world, 0, bytes)?);
         world.send(0, TAG_ACK, Bytes::new()).await?;
         for _ in 0..count {
-            let m = first.take().unwrap_or_else(|| world.recv(0, TAG_DATA)).await?;
-            check(&m.data, payload, bytes)?;
+            let posted = match first.take() {
+                Some(p) => p,
+                None => inbox.post(world, 0, bytes)?,
+            };
+            inbox.wait(posted).await?.check(payload, bytes)?;
             world.send(0, TAG_DATA, data.clone()).await?;
         }
     }
@@ -304,11 +378,17 @@ mod tests {
 
     #[test]
     fn job_args_round_trip() {
-        let spec = JobSpec { backend: "uring".into(), progress: "adaptive:20".into(), max: 4096, cpus: [1, 0] };
+        let spec = JobSpec {
+            backend: "uring".into(),
+            progress: "adaptive:20".into(),
+            max: 4096,
+            cpus: [1, 0],
+            recv_into: true,
+        };
         let back = JobSpec::from_args(&spec.to_args()).unwrap();
         assert_eq!(
-            (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus),
-            ("uring", "adaptive:20", 4096, [1, 0])
+            (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus, back.recv_into),
+            ("uring", "adaptive:20", 4096, [1, 0], true)
         );
     }
 }

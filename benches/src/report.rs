@@ -46,7 +46,11 @@ pub struct Meta<'a> {
     /// The transport the ranks reported, e.g. `tcp-uring`.
     pub transport_name: &'a str,
     pub progress: &'a str,
+    /// How ferrocomm received: `recv` or `recv_into`.
+    pub receive: &'a str,
     pub peer: Option<&'a str>,
+    /// Other work's share of the benchmark's CPUs during each sweep.
+    pub interference: &'a [Value],
     pub runs: usize,
     pub cpus: [usize; 2],
     pub max: usize,
@@ -152,8 +156,10 @@ pub fn to_json(meta: &Meta, rows: &[Row]) -> Value {
         "backend": meta.backend,
         "transport_name": meta.transport_name,
         "progress": meta.progress,
+        "receive": meta.receive,
         "peer": meta.peer,
         "runs": meta.runs,
+        "interference": meta.interference,
         "statistic": "median over runs",
         "cpus": meta.cpus,
         "max": meta.max,

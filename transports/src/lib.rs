@@ -7,6 +7,8 @@
 //! into the receiver's posted buffer ([`Sink::data_dest`]), so large messages are not copied twice.
 
 pub mod route;
+#[cfg(target_os = "linux")]
+pub mod shm;
 pub mod tcp;
 pub mod wire;
 

@@ -47,6 +47,10 @@ pub(crate) trait Atomics {
     type W: Word;
     /// A sequentially consistent fence.
     fn fence();
+    /// Called before each copy into or out of the ring: lets the model checker switch threads
+    /// there, so that bytes copied outside the protocol's window show up as torn frames.
+    #[inline(always)]
+    fn before_copy() {}
 }
 
 /// The real thing: std atomics living in the shared mapping.
@@ -132,10 +136,6 @@ impl<A: Atomics> Ring<A> {
         unsafe { &*self.hdr }
     }
 
-    pub fn capacity(&self) -> u64 {
-        self.cap
-    }
-
     /// Whether either side closed the connection.
     pub fn closed(&self) -> bool {
         self.hdr().ctl.closed.load(Acquire) != 0
@@ -149,6 +149,7 @@ impl<A: Atomics> Ring<A> {
     /// Copies `src` to stream position `pos` (wrapping).
     #[inline]
     fn write_at(&self, pos: u64, src: &[u8]) {
+        A::before_copy();
         let off = (pos & (self.cap - 1)) as usize;
         let first = src.len().min(self.cap as usize - off);
         // SAFETY: `off + first <= cap` and `src.len() - first <= cap - first`; the range lies in
@@ -162,6 +163,7 @@ impl<A: Atomics> Ring<A> {
     /// Copies from stream position `pos` (wrapping) into `dst`.
     #[inline]
     fn read_at(&self, pos: u64, dst: &mut [u8]) {
+        A::before_copy();
         let off = (pos & (self.cap - 1)) as usize;
         let first = dst.len().min(self.cap as usize - off);
         // SAFETY: as in `write_at`; the range lies in the published, unreleased part.
@@ -244,7 +246,7 @@ impl Outbox {
     }
 
     fn refresh_tail<A: Atomics>(&mut self, ring: &Ring<A>) -> Result<(), TransportError> {
-        let t = ring.hdr().tail.load(Acquire);
+        let t = ring.hdr().tail.0.load(Acquire);
         if t < self.tail || t > self.head || self.head - t > ring.cap {
             return Err(corrupt("tail"));
         }
@@ -283,7 +285,7 @@ impl Outbox {
         let threshold = self.threshold.unwrap_or(0);
         let start = self.head;
         let mut free = ring.cap - (self.head - self.tail);
-        while let Some(item) = self.queue.front_mut() {
+        while !self.queue.is_empty() {
             if free == 0 {
                 self.refresh_tail(ring)?;
                 free = ring.cap - (self.head - self.tail);
@@ -291,6 +293,7 @@ impl Outbox {
                     break;
                 }
             }
+            let item = self.queue.front_mut().expect("not empty");
             if self.sent == 0 {
                 item.desc = item.is_data && threshold > 0 && item.payload.len() as u64 >= threshold;
             }
@@ -325,7 +328,7 @@ impl Outbox {
             }
         }
         if self.head != start {
-            ring.hdr().head.store(self.head, Release);
+            ring.hdr().head.0.store(self.head, Release);
             A::fence();
             out.ring = take_flag(sleeping);
             out.work += 1;
@@ -350,7 +353,7 @@ impl Outbox {
         if !self.queue.is_empty() && !self.ready(ring) {
             return false;
         }
-        let t = ring.hdr().tail.load(Acquire);
+        let t = ring.hdr().tail.0.load(Acquire);
         // Space for the queue, or a descriptor released (or a corrupt value: let flush report it).
         (!self.queue.is_empty() && self.head - t.min(self.head) < ring.cap)
             || self.inflight.front().is_some_and(|(end, _)| *end <= t)
@@ -411,7 +414,7 @@ impl Inbox {
     }
 
     fn refresh_head<A: Atomics>(&mut self, ring: &Ring<A>) -> Result<u64, TransportError> {
-        let h = ring.hdr().head.load(Acquire);
+        let h = ring.hdr().head.0.load(Acquire);
         if h < self.head || h - self.tail > ring.cap {
             return Err(corrupt("head"));
         }
@@ -421,7 +424,7 @@ impl Inbox {
 
     /// Whether the ring holds bytes not consumed yet (after the sleep announcement and fence).
     pub fn has_input<A: Atomics>(&self, ring: &Ring<A>) -> bool {
-        ring.hdr().head.load(Acquire) != self.tail
+        ring.hdr().head.0.load(Acquire) != self.tail
     }
 
     /// Delivers the frames the ring holds (a bounded number); publishes the space consumed.
@@ -435,7 +438,7 @@ impl Inbox {
         let mut out = Parsed::default();
         let r = self.parse_inner(ring, sink, pull, &mut out);
         if self.tail != start {
-            ring.hdr().tail.store(self.tail, Release);
+            ring.hdr().tail.0.store(self.tail, Release);
             out.released = true;
         }
         r.map(|()| out)
@@ -456,9 +459,9 @@ impl Inbox {
                 if out.frames >= FRAME_BUDGET || budget_bytes == 0 {
                     return Ok(());
                 }
-                if self.tail != ring.hdr().tail.load(Relaxed) {
+                if self.tail != ring.hdr().tail.0.load(Relaxed) {
                     // Hand the space back early, so a streaming producer can go on meanwhile.
-                    ring.hdr().tail.store(self.tail, Release);
+                    ring.hdr().tail.0.store(self.tail, Release);
                 }
                 avail = self.refresh_head(ring)?;
                 if avail == 0 {

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 
@@ -28,7 +28,14 @@ impl Mapping {
     pub fn new(file: &File, len: usize) -> io::Result<Mapping> {
         // SAFETY: a fresh mapping of `len` bytes of `file`; nothing else refers to that range.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
         };
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -38,10 +45,6 @@ impl Mapping {
 
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
     }
 
     /// Pre-faults `off..off + len` for writing, so the first pass through a ring takes no page
@@ -199,9 +202,4 @@ pub(crate) fn socket_drain(s: &UnixDatagram) -> io::Result<bool> {
             Err(e) => return Err(e),
         }
     }
-}
-
-/// Borrows a descriptor for a call.
-pub(crate) fn fd<T: AsFd>(t: &T) -> BorrowedFd<'_> {
-    t.as_fd()
 }

@@ -210,6 +210,7 @@ impl Writer {
     /// the count of already written bytes. A completion-based backend sends from `to`, whose
     /// memory stays put while the kernel reads it, and hands the unsent rest back with
     /// [`Writer::put_back`].
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub fn move_front(&mut self, max: usize, to: &mut Writer) {
         debug_assert!(to.is_empty());
         let n = max.min(self.queue.len());
@@ -219,6 +220,7 @@ impl Writer {
 
     /// Puts the frames left in `from` back at the front of this queue, in order (the inverse of
     /// [`Writer::move_front`]; nothing may have been moved out since).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub fn put_back(&mut self, from: &mut Writer) {
         if from.is_empty() {
             return;

@@ -262,7 +262,14 @@ fn setup(n: usize) -> io::Result<(IoUring, AsyncFd<OwnedFd>)> {
     }
     // At most two operations per connection are in flight, so the completion queue (twice the
     // submission queue) never overflows.
-    let ring = IoUring::new((2 * n).next_power_of_two().clamp(256, 32768) as u32)?;
+    // Cooperative task running: a completion's deferred work waits for the submitting thread's
+    // next kernel entry instead of interrupting it (a sleeping thread is still woken), and the
+    // taskrun flag tells a busy-polling caller when to enter. Measured: 8 B ping-pong latency
+    // 25-29 us without, 19-23 us with (ferrocomm-bench pingpong --backend uring).
+    let ring = IoUring::builder()
+        .setup_coop_taskrun()
+        .setup_taskrun_flag()
+        .build((2 * n).next_power_of_two().clamp(256, 32768) as u32)?;
     // SAFETY: plain syscall; the result is checked.
     let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     if fd < 0 {
@@ -294,6 +301,10 @@ impl Transport for UringTcp {
     }
 
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
+        // Run deferred completion work the kernel left for us (see `setup`).
+        if self.ring.completion().is_empty() && self.ring.submission().taskrun() {
+            let _ = self.ring.submitter().submit();
+        }
         let mut cqes = std::mem::take(&mut self.cqes);
         cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
         let mut work = cqes.len();

@@ -1,0 +1,403 @@
+//! Model check of the ring and doorbell protocol with shuttle: the real [`Outbox`] and [`Inbox`]
+//! code over rings in heap memory, atomics that are scheduling points, and eventfd-like doorbells
+//! made of a mutex and a condition variable. Two producers write frames (some larger than the ring,
+//! some single-copy descriptors) to one consumer; everyone sleeps whenever it cannot move. A lost
+//! wake-up shows as a deadlock, a torn or reordered frame as a content mismatch, a single-copy
+//! source released too early as a failed liveness assertion.
+//!
+//! Shuttle's memory is sequentially consistent, so it cannot see a missing fence; the smaller
+//! [`weak_memory`] model runs the same code under loom, whose weak memory model can.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use shuttle::sync::atomic::AtomicU64;
+use shuttle::sync::{Arc, Condvar, Mutex};
+
+use super::ring::{Atomics, Ctl, Inbox, Line, Outbox, Ring, RingHdr, Word};
+use crate::wire::{Header, Kind, Limits, Rank, WireError};
+use crate::{Sink, TransportError};
+
+struct Model;
+
+impl Word for AtomicU64 {
+    fn load(&self, o: Ordering) -> u64 {
+        AtomicU64::load(self, o)
+    }
+    fn store(&self, v: u64, o: Ordering) {
+        AtomicU64::store(self, v, o)
+    }
+    fn swap(&self, v: u64, o: Ordering) -> u64 {
+        AtomicU64::swap(self, v, o)
+    }
+}
+
+impl Atomics for Model {
+    type W = AtomicU64;
+    fn fence() {
+        shuttle::sync::atomic::fence(Ordering::SeqCst)
+    }
+    fn before_copy() {
+        shuttle::thread::yield_now();
+    }
+}
+
+const CAP: usize = 64;
+const THRESHOLD: u64 = 128;
+const PRODUCERS: Rank = 2;
+
+/// An eventfd: a counter that wakes its reader.
+#[derive(Default)]
+struct Bell {
+    count: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Bell {
+    fn ring(&self) {
+        *self.count.lock().unwrap() += 1;
+        self.cv.notify_all();
+    }
+    fn wait(&self) {
+        let mut c = self.count.lock().unwrap();
+        while *c == 0 {
+            c = self.cv.wait(c).unwrap();
+        }
+        *c = 0;
+    }
+}
+
+/// A ring in heap memory, shared by its two threads.
+struct HeapRing {
+    hdr: RingHdr<AtomicU64>,
+    data: std::cell::UnsafeCell<[u8; CAP]>,
+}
+
+// SAFETY: the data bytes are handed between the threads by the ring protocol under test.
+unsafe impl Sync for HeapRing {}
+// SAFETY: as above.
+unsafe impl Send for HeapRing {}
+
+impl HeapRing {
+    fn new() -> HeapRing {
+        let w = || AtomicU64::new(0);
+        HeapRing {
+            hdr: RingHdr {
+                head: Line(w()),
+                tail: Line(w()),
+                prod_wait: Line(w()),
+                ctl: Ctl { closed: w(), ready: AtomicU64::new(1), cma_threshold: AtomicU64::new(THRESHOLD) },
+            },
+            data: std::cell::UnsafeCell::new([0; CAP]),
+        }
+    }
+
+    fn ring(&self) -> Ring<Model> {
+        // SAFETY: the `HeapRing` (in an `Arc`) outlives the threads using the returned ring.
+        unsafe { Ring::new(&self.hdr, self.data.get().cast(), CAP) }
+    }
+}
+
+/// Single-copy sources still owned by a producer (by address).
+type Alive = Arc<std::sync::Mutex<HashSet<u64>>>;
+
+/// Bytes that deregister themselves when the producer frees them.
+struct Tracked {
+    data: Vec<u8>,
+    alive: Alive,
+}
+
+impl AsRef<[u8]> for Tracked {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.alive.lock().unwrap().remove(&(self.data.as_ptr() as u64));
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (seed as usize * 31 + i * 7) as u8).collect()
+}
+
+/// The frames producer `src` sends: sizes around and beyond the ring and the single-copy threshold.
+fn frames(src: Rank) -> Vec<(Header, Vec<u8>)> {
+    let eager = |tag: u64, len: usize| (Header { src, tag, len: len as u32, ..Header::new(Kind::Eager) }, len);
+    let data =
+        |seq: u64, aux: u64, len: usize| (Header { src, seq, aux, len: len as u32, ..Header::new(Kind::Data) }, len);
+    [eager(1, 20), data(2, 0, 100), eager(3, 0), data(4, 100, 200), eager(5, 3)]
+        .into_iter()
+        .map(|(h, len)| (h, pattern(h.tag + h.seq + src as u64 * 100, len)))
+        .collect()
+}
+
+struct ModelSink {
+    got: Vec<(Rank, Header, Vec<u8>)>,
+    /// Rendezvous destination of each producer.
+    dest: Vec<Vec<u8>>,
+}
+
+// SAFETY: `dest` buffers are never resized while the consumer runs.
+unsafe impl Sink for ModelSink {
+    fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
+        Ok(Some(&mut self.dest[peer as usize - 1][h.aux as usize..][..h.len as usize]))
+    }
+    fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
+        let body = if h.kind == Kind::Data {
+            self.dest[peer as usize - 1][h.aux as usize..][..h.len as usize].to_vec()
+        } else {
+            payload.to_vec()
+        };
+        self.got.push((peer, h, body));
+    }
+    fn peer_lost(&mut self, peer: Rank, err: TransportError) {
+        panic!("peer {peer} lost: {err}");
+    }
+}
+
+fn scenario() {
+    let rings: Vec<Arc<HeapRing>> = (0..PRODUCERS).map(|_| Arc::new(HeapRing::new())).collect();
+    let sleeping = Arc::new(AtomicU64::new(0));
+    let consumer_bell = Arc::new(Bell::default());
+    let producer_bells: Vec<Arc<Bell>> = (0..PRODUCERS).map(|_| Arc::new(Bell::default())).collect();
+    let alive: Alive = Arc::new(std::sync::Mutex::new(HashSet::new()));
+
+    let mut threads = Vec::new();
+    for i in 0..PRODUCERS as usize {
+        let (hr, sleeping, cbell, pbell, alive) =
+            (rings[i].clone(), sleeping.clone(), consumer_bell.clone(), producer_bells[i].clone(), alive.clone());
+        threads.push(shuttle::thread::spawn(move || {
+            let ring = hr.ring();
+            let mut out = Outbox::default();
+            for (h, p) in frames(i as Rank + 1) {
+                alive.lock().unwrap().insert(p.as_ptr() as u64);
+                out.push(&h, Bytes::from_owner(Tracked { data: p, alive: alive.clone() }));
+            }
+            loop {
+                let f = out.flush(&ring, &*sleeping).unwrap();
+                if f.ring {
+                    cbell.ring();
+                }
+                if !out.pending() {
+                    return;
+                }
+                // As `ShmTransport::poll_ready`: announce, fence, look again, sleep.
+                assert!(out.announce_sleep(&ring));
+                Model::fence();
+                if !out.can_progress(&ring) {
+                    pbell.wait();
+                }
+                ring.hdr().prod_wait.0.store(0, Ordering::Relaxed);
+            }
+        }));
+    }
+
+    let consumer = {
+        let (rings, sleeping, cbell, pbells, alive) =
+            (rings.clone(), sleeping.clone(), consumer_bell.clone(), producer_bells.clone(), alive.clone());
+        shuttle::thread::spawn(move || {
+            let limits = Limits { world_size: PRODUCERS + 1, eager_limit: 64, chunk: 1024, max_message: 4096 };
+            let views: Vec<Ring<Model>> = rings.iter().map(|r| r.ring()).collect();
+            let mut inboxes: Vec<Inbox> = (1..=PRODUCERS).map(|p| Inbox::new(p, limits, THRESHOLD)).collect();
+            let mut sink = ModelSink { got: Vec::new(), dest: vec![vec![0; 400]; PRODUCERS as usize] };
+            let mut pull = |_: &Header, addr: u64, dst: &mut [u8]| {
+                shuttle::thread::yield_now();
+                assert!(alive.lock().unwrap().contains(&addr), "single-copy source freed before the copy");
+                // SAFETY: the producer keeps the source alive (checked just above) until `tail`
+                // passes the descriptor, which happens after this copy.
+                unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+                Ok(())
+            };
+            let total = PRODUCERS as usize * frames(1).len();
+            loop {
+                for (k, inbox) in inboxes.iter_mut().enumerate() {
+                    let p = inbox.parse(&views[k], &mut sink, &mut pull).unwrap();
+                    if p.released && inbox.producer_waits(&views[k]) {
+                        pbells[k].ring();
+                    }
+                }
+                if sink.got.len() == total {
+                    return sink.got;
+                }
+                sleeping.store(1, Ordering::Relaxed);
+                Model::fence();
+                if !inboxes.iter().zip(&views).any(|(ib, r)| ib.has_input(r)) {
+                    cbell.wait();
+                }
+                sleeping.store(0, Ordering::Relaxed);
+            }
+        })
+    };
+
+    for t in threads {
+        t.join().unwrap();
+    }
+    let got = consumer.join().unwrap();
+    for src in 1..=PRODUCERS {
+        let mine: Vec<_> = got.iter().filter(|(p, ..)| *p == src).map(|(_, h, b)| (*h, b.clone())).collect();
+        assert_eq!(mine, frames(src), "frames of producer {src}: order and content");
+    }
+    assert!(alive.lock().unwrap().is_empty(), "every single-copy source is released at the end");
+}
+
+#[test]
+fn ring_and_doorbells_random_schedules() {
+    shuttle::check_random(scenario, 3000);
+}
+
+#[test]
+fn ring_and_doorbells_pct_schedules() {
+    shuttle::check_pct(scenario, 3000, 3);
+}
+
+/// The same protocol under loom, which (unlike shuttle) models weak memory: the sleeping flags
+/// and their SeqCst fences must prevent lost wake-ups even when stores are seen late. One frame
+/// larger than the ring, so the producer also has to sleep until the consumer frees space.
+mod weak_memory {
+    use std::sync::atomic::Ordering;
+
+    use bytes::Bytes;
+    use loom::sync::atomic::AtomicU64;
+    use loom::sync::{Arc, Condvar, Mutex};
+
+    use super::super::ring::{Atomics, Ctl, Inbox, Line, Outbox, Ring, RingHdr, Word};
+    use super::ModelSink;
+    use crate::wire::{Header, Kind, Limits};
+
+    struct Loom;
+
+    impl Word for AtomicU64 {
+        fn load(&self, o: Ordering) -> u64 {
+            AtomicU64::load(self, o)
+        }
+        fn store(&self, v: u64, o: Ordering) {
+            AtomicU64::store(self, v, o)
+        }
+        fn swap(&self, v: u64, o: Ordering) -> u64 {
+            AtomicU64::swap(self, v, o)
+        }
+    }
+
+    impl Atomics for Loom {
+        type W = AtomicU64;
+        fn fence() {
+            loom::sync::atomic::fence(Ordering::SeqCst)
+        }
+    }
+
+    const CAP: usize = 64;
+
+    #[derive(Default)]
+    struct Bell {
+        count: Mutex<u64>,
+        cv: Condvar,
+    }
+
+    impl Bell {
+        fn ring(&self) {
+            *self.count.lock().unwrap() += 1;
+            self.cv.notify_all();
+        }
+        fn wait(&self) {
+            let mut c = self.count.lock().unwrap();
+            while *c == 0 {
+                c = self.cv.wait(c).unwrap();
+            }
+            *c = 0;
+        }
+    }
+
+    struct Shared {
+        hdr: RingHdr<AtomicU64>,
+        data: std::cell::UnsafeCell<[u8; CAP]>,
+        sleeping: AtomicU64,
+        consumer_bell: Bell,
+        producer_bell: Bell,
+    }
+
+    // SAFETY: the data bytes are handed between the threads by the ring protocol under test.
+    unsafe impl Sync for Shared {}
+    // SAFETY: as above.
+    unsafe impl Send for Shared {}
+
+    impl Shared {
+        fn ring(&self) -> Ring<Loom> {
+            // SAFETY: `Shared` (in an `Arc`) outlives both threads' rings.
+            unsafe { Ring::new(&self.hdr, self.data.get().cast(), CAP) }
+        }
+    }
+
+    fn frame() -> (Header, Bytes) {
+        let h = Header { src: 1, tag: 7, len: 20, ..Header::new(Kind::Eager) };
+        (h, Bytes::from((0..20u8).collect::<Vec<_>>()))
+    }
+
+    #[test]
+    fn no_lost_wake_up_under_weak_memory() {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(2);
+        b.check(|| {
+            let w = || AtomicU64::new(0);
+            let sh = Arc::new(Shared {
+                hdr: RingHdr {
+                    head: Line(w()),
+                    tail: Line(w()),
+                    prod_wait: Line(w()),
+                    ctl: Ctl { closed: w(), ready: AtomicU64::new(1), cma_threshold: w() },
+                },
+                data: std::cell::UnsafeCell::new([0; CAP]),
+                sleeping: w(),
+                consumer_bell: Bell::default(),
+                producer_bell: Bell::default(),
+            });
+            let p = sh.clone();
+            let producer = loom::thread::spawn(move || {
+                let ring = p.ring();
+                let mut out = Outbox::default();
+                let (h, payload) = frame();
+                out.push(&h, payload);
+                loop {
+                    if out.flush(&ring, &p.sleeping).unwrap().ring {
+                        p.consumer_bell.ring();
+                    }
+                    if !out.pending() {
+                        return;
+                    }
+                    out.announce_sleep(&ring);
+                    Loom::fence();
+                    if !out.can_progress(&ring) {
+                        p.producer_bell.wait();
+                    }
+                    ring.hdr().prod_wait.0.store(0, Ordering::Relaxed);
+                }
+            });
+            let ring = sh.ring();
+            let limits = Limits { world_size: 2, eager_limit: 64, chunk: 64, max_message: 64 };
+            let mut inbox = Inbox::new(1, limits, 0);
+            let mut sink = ModelSink { got: Vec::new(), dest: vec![Vec::new()] };
+            let mut pull = |_: &Header, _: u64, _: &mut [u8]| unreachable!("no descriptors here");
+            loop {
+                let p = inbox.parse(&ring, &mut sink, &mut pull).unwrap();
+                if p.released && inbox.producer_waits(&ring) {
+                    sh.producer_bell.ring();
+                }
+                if !sink.got.is_empty() {
+                    break;
+                }
+                sh.sleeping.store(1, Ordering::Relaxed);
+                Loom::fence();
+                if !inbox.has_input(&ring) {
+                    sh.consumer_bell.wait();
+                }
+                sh.sleeping.store(0, Ordering::Relaxed);
+            }
+            producer.join().unwrap();
+            let (h, payload) = frame();
+            assert_eq!(sink.got, vec![(1, h, payload.to_vec())]);
+        });
+    }
+}
