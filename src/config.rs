@@ -8,11 +8,34 @@ pub use ferrocomm_transports::tcp::Backend as TcpBackend;
 
 use crate::error::{Error, Result};
 
+/// Which transports a rank may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Shared memory to ranks on the same host (Linux), TCP to the others.
+    Auto,
+    /// TCP to every peer.
+    Tcp,
+}
+
+impl std::str::FromStr for TransportChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(TransportChoice::Auto),
+            "tcp" => Ok(TransportChoice::Tcp),
+            _ => Err(format!("unknown transport choice {s:?} (auto, tcp)")),
+        }
+    }
+}
+
 /// How a rank runs. [`Settings::from_env`] reads the `FERROCOMM_*` variables named on each field.
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// `FERROCOMM_PROGRESS`: `busy`, `adaptive[:MICROSECONDS]` or `blocking`. Default adaptive, 50 us.
     pub progress: ProgressMode,
+    /// `FERROCOMM_TRANSPORTS`: `auto` (shared memory to ranks on this host, TCP to the others)
+    /// or `tcp` (TCP to everyone).
+    pub transports: TransportChoice,
     /// `FERROCOMM_TCP_BACKEND`: `auto` (io_uring where available), `uring` or `portable`.
     pub tcp_backend: TcpBackend,
     /// `FERROCOMM_EAGER_LIMIT`: largest message sent eagerly, bytes. Default 16 KiB.
@@ -37,6 +60,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             progress: ProgressMode::Adaptive(Duration::from_micros(50)),
+            transports: TransportChoice::Auto,
             tcp_backend: TcpBackend::Auto,
             eager_limit: 16 * 1024,
             max_credit: 64,
@@ -70,6 +94,9 @@ impl Settings {
         let mut s = Settings::default();
         if let Some(v) = parse("FERROCOMM_PROGRESS", &get)? {
             s.progress = v;
+        }
+        if let Some(v) = parse("FERROCOMM_TRANSPORTS", &get)? {
+            s.transports = v;
         }
         if let Some(v) = parse("FERROCOMM_TCP_BACKEND", &get)? {
             s.tcp_backend = v;

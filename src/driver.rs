@@ -52,4 +52,8 @@ impl Progress for Driver {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         self.transport.poll_ready(cx)
     }
+
+    fn awake(&mut self) {
+        self.transport.awake()
+    }
 }

@@ -115,6 +115,11 @@ impl World {
         self.inner.listen_addr
     }
 
+    /// Name of the transport that reaches `peer` (`shm`, `tcp-uring`, `tcp-portable`).
+    pub fn transport_for(&self, peer: Rank) -> &'static str {
+        self.inner.reactor.with(|d| d.transport.name_for(peer))
+    }
+
     /// Connection attempts this rank refused (most recent last, at most 64 kept).
     pub fn refused_connections(&self) -> Vec<Refused> {
         self.inner.refused.lock().clone()
@@ -420,7 +425,8 @@ impl Comm {
     /// ceil(log2 n) rounds).
     pub async fn barrier(&self) -> Result<()> {
         let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
-        let coll = Comm { inner: self.inner.clone(), context: self.context | COLLECTIVE_BIT, sequence: Default::default() };
+        let coll =
+            Comm { inner: self.inner.clone(), context: self.context | COLLECTIVE_BIT, sequence: Default::default() };
         for step in ferrocomm_collectives::Dissemination::new(self.rank(), self.size()) {
             let tag = (seq << 8) | step.round as u64;
             coll.sendrecv(step.to, tag, Bytes::new(), step.from, tag).await?;

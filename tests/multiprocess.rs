@@ -1,5 +1,6 @@
 //! Ranks as separate processes started by `ferrorun`: the point-to-point suite on each TCP
-//! backend, and a rank killed with SIGKILL in the middle of a transfer.
+//! backend and over shared memory, eight busy-polling ranks on two cores, and a rank killed with
+//! SIGKILL in the middle of a transfer.
 //!
 //! The ranks are this very test binary, re-run by `ferrorun` with `--exact rank_process` and the
 //! scenario in `FERROCOMM_TEST_SCENARIO`; without that variable `rank_process` has nothing to do.
@@ -15,12 +16,15 @@ use ferrocomm::{Deadline, Error, Source, TagMatch};
 const FERRORUN: &str = env!("CARGO_BIN_EXE_ferrorun");
 const SCENARIO: &str = "FERROCOMM_TEST_SCENARIO";
 
-fn launch(n: u32, scenario: &str, backend: &str) -> (Option<i32>, String, Duration) {
+/// Runs `scenario` on `n` ranks over `transport`: `uring` or `portable` (TCP), or `shm`.
+fn launch(n: u32, scenario: &str, transport: &str) -> (Option<i32>, String, Duration) {
+    let (choice, backend) = if transport == "shm" { ("auto", "auto") } else { ("tcp", transport) };
     let exe = std::env::current_exe().unwrap();
     let t0 = Instant::now();
     let out = Command::new(FERRORUN)
         .args(["-n", &n.to_string(), "--grace", "5", "--env", &format!("{SCENARIO}={scenario}")])
         .args(["--env", &format!("FERROCOMM_TCP_BACKEND={backend}")])
+        .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")])
         .arg(exe)
         .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
         .stdin(Stdio::null())
@@ -36,21 +40,31 @@ fn said(text: &str, r: u32, what: &str) -> bool {
 }
 
 #[test]
-fn suite_under_ferrorun_both_backends() {
-    for backend in ["uring", "portable"] {
+fn suite_under_ferrorun_every_transport() {
+    for transport in ["uring", "portable", "shm"] {
+        let name = if transport == "shm" { "shm".to_string() } else { format!("tcp-{transport}") };
         for n in [2, 4] {
-            let (code, text, _) = launch(n, "suite", backend);
-            assert_eq!(code, Some(0), "{backend}, {n} ranks:\n{text}");
+            let (code, text, _) = launch(n, "suite", transport);
+            assert_eq!(code, Some(0), "{transport}, {n} ranks:\n{text}");
             for r in 0..n {
-                assert!(said(&text, r, &format!("RANK-OK tcp-{backend}")), "{backend} rank {r}:\n{text}");
+                assert!(said(&text, r, &format!("RANK-OK {name}")), "{transport} rank {r}:\n{text}");
             }
         }
     }
 }
 
+/// Eight ranks on two cores over shared memory, busy-polling: no livelock.
+#[test]
+fn oversubscribed_shared_memory() {
+    let (code, text, took) = launch(8, "ring", "shm");
+    assert_eq!(code, Some(0), "{text}");
+    assert!((0..8).all(|r| said(&text, r, "RANK-OK shm")), "{text}");
+    println!("8 busy-polling ranks on 2 cores: {took:?}");
+}
+
 #[test]
 fn killed_rank_fails_its_peers_operations_promptly() {
-    for backend in ["uring", "portable"] {
+    for backend in ["uring", "portable", "shm"] {
         let (code, text, took) = launch(4, "kill", backend);
         assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
         for r in [0, 1, 3] {
@@ -67,14 +81,23 @@ fn rank_process() {
     let Ok(scenario) = std::env::var(SCENARIO) else { return };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
-        let w = ferrocomm::init().await.unwrap();
+        let mut settings = ferrocomm::Settings::from_env().unwrap();
+        if scenario == "ring" {
+            settings.progress = ferrocomm::ProgressMode::BusyPoll;
+        }
+        let w = ferrocomm::init_with(settings).await.unwrap();
         match scenario.as_str() {
             "suite" => {
                 common::suite(&w).await;
-                println!("RANK-OK {}", w.transport_name());
+                println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
                 w.finalize().await.unwrap();
             }
             "kill" => kill_scenario(w).await,
+            "ring" => {
+                common::ring_storm_rendezvous(&w).await;
+                println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
+                w.finalize().await.unwrap();
+            }
             other => panic!("unknown scenario {other}"),
         }
     });

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use ferrocomm::bootstrap::{self, kv::KvClient, kv::KvServer};
 use ferrocomm::transports::tcp::{handshake_accept, handshake_connect};
 use ferrocomm::transports::wire::{HEADER_LEN, Header, Kind, Limits, TOKEN_LEN};
-use ferrocomm::{Deadline, Error, Settings, Source, TagMatch, TransportError, WireError, testing};
+use ferrocomm::{Deadline, Error, Settings, Source, TagMatch, TransportChoice, TransportError, WireError, testing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -89,7 +89,12 @@ async fn impostor(m: Misbehaviour) {
     token[0] = 42;
     let store = KvServer::start("127.0.0.1:0".parse().unwrap(), token).await.unwrap();
     let coord = store.addr().to_string();
-    let settings = Settings { bind: [127, 0, 0, 1].into(), max_credit: 4, ..Settings::default() };
+    let settings = Settings {
+        bind: [127, 0, 0, 1].into(),
+        max_credit: 4,
+        transports: TransportChoice::Tcp,
+        ..Settings::default()
+    };
     let eager_limit = settings.eager_limit;
     let real = |rank| {
         let (coord, settings) = (coord.clone(), settings.clone());

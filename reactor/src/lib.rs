@@ -62,6 +62,8 @@ pub trait Progress: Send + 'static {
     fn progress(&mut self) -> usize;
     /// `Ready` if [`Progress::progress`] has work, else registers `cx` with every completion source.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+    /// The background task woke from a sleep that [`Progress::poll_ready`] prepared.
+    fn awake(&mut self) {}
     /// When a protocol timer next needs [`Progress::progress`] (retransmission, heartbeat, ...).
     fn next_timeout(&self) -> Option<Instant> {
         None
@@ -196,6 +198,7 @@ async fn background<P: Progress>(shared: Arc<Shared<P>>) {
             shared.state.lock().poll_ready(cx)
         })
         .await;
+        shared.state.lock().awake();
     }
 }
 

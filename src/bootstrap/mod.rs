@@ -12,18 +12,19 @@ pub mod kv;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use ferrocomm_reactor::ReactorThread;
+use ferrocomm_transports::route::Routed;
 use ferrocomm_transports::tcp::{self, handshake_accept, handshake_connect};
 use ferrocomm_transports::wire::{Limits, TOKEN_LEN};
-use ferrocomm_transports::{Kind, Rank, TransportError, WireError};
+use ferrocomm_transports::{Kind, Rank, Transport, TransportError, WireError};
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::config::Settings;
+use crate::config::{Settings, TransportChoice};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::p2p::engine::{self, Engine};
@@ -88,14 +89,27 @@ pub async fn join(
     let listen_addr = SocketAddr::new(ip, port);
     kv.put(&format!("addr/{rank}"), listen_addr.to_string().as_bytes()).await.map_err(Error::bootstrap)?;
 
+    // Which peers share this host: they are reached through shared memory (unless told otherwise).
+    kv.put(&format!("host/{rank}"), host_identity().as_bytes()).await.map_err(Error::bootstrap)?;
+    let mut local = vec![false; size as usize];
+    if settings.transports == TransportChoice::Auto && cfg!(target_os = "linux") {
+        let me = host_identity();
+        for r in 0..size {
+            let host = kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
+            local[r as usize] = r != rank && host == me.as_bytes();
+        }
+    }
+
     let refused = Arc::new(Mutex::new(Vec::new()));
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let accepting = Arc::new(AtomicBool::new(true));
-    thread.handle().spawn(accept_loop(listener, rank, token, limits, refused.clone(), tx, accepting.clone()));
+    let expect: Vec<bool> = (0..size).map(|r| r > rank && !local[r as usize]).collect();
+    let to_accept = expect.iter().filter(|&&e| e).count();
+    let awaited = Arc::new(Mutex::new(expect));
+    thread.handle().spawn(accept_loop(listener, rank, token, limits, refused.clone(), tx, awaited.clone()));
 
     let mut conns: Vec<Option<std::net::TcpStream>> = (0..size).map(|_| None).collect();
     let deadline = tokio::time::Instant::now() + settings.connect_timeout;
-    for peer in 0..rank {
+    for peer in (0..rank).filter(|&p| !local[p as usize]) {
         let addr = kv.get(&format!("addr/{peer}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
         let addr = String::from_utf8_lossy(&addr).to_string();
         let mut s = connect_retry(&addr, deadline).await?;
@@ -105,7 +119,7 @@ pub async fn join(
         tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap)?;
         conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
     }
-    for _ in rank + 1..size {
+    for _ in 0..to_accept {
         let (peer, s) = tokio::time::timeout_at(deadline, rx.recv())
             .await
             .map_err(|_| Error::Bootstrap("timed out waiting for higher ranks to connect".into()))?
@@ -113,7 +127,24 @@ pub async fn join(
         tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap)?;
         conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
     }
-    accepting.store(false, Ordering::Release);
+    awaited.lock().fill(false);
+
+    let tcp = {
+        let _rt = thread.handle().enter();
+        tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit).map_err(Error::bootstrap)?
+    };
+    let remote = (0..size).any(|r| r != rank && !local[r as usize]);
+    let transport = if !local.contains(&true) {
+        tcp
+    } else {
+        let shm = shared_memory(&mut kv, rank, &local, &token, &settings, limits, thread.handle()).await?;
+        if remote {
+            let route = local.iter().map(|&l| usize::from(l)).collect();
+            Box::new(Routed::new(vec![tcp, shm], route)) as Box<dyn Transport>
+        } else {
+            shm
+        }
+    };
 
     // Every rank is connected to us; the store host waits until everyone is done with the store.
     kv.put(&format!("ready/{rank}"), b"1").await.map_err(Error::bootstrap)?;
@@ -124,10 +155,6 @@ pub async fn join(
     }
     drop(store);
 
-    let transport = {
-        let _rt = thread.handle().enter();
-        tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit).map_err(Error::bootstrap)?
-    };
     tracing::debug!(rank, size, transport = transport.name(), "joined");
     let cfg = engine::Config {
         eager_limit: settings.eager_limit,
@@ -148,6 +175,53 @@ pub async fn join(
         closed: AtomicBool::new(false),
         thread: Mutex::new(Some(thread)),
     })))
+}
+
+/// Connects the shared-memory transport to the ranks on this host (`local[r]`).
+#[cfg(target_os = "linux")]
+async fn shared_memory(
+    kv: &mut KvClient,
+    rank: Rank,
+    local: &[bool],
+    token: &[u8; TOKEN_LEN],
+    settings: &Settings,
+    limits: Limits,
+    rt: &tokio::runtime::Handle,
+) -> Result<Box<dyn Transport>> {
+    use ferrocomm_transports::shm::{ShmConfig, ShmEndpoint};
+    let job: String = token[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let peers: Vec<Rank> = (0..local.len() as Rank).filter(|&r| local[r as usize]).collect();
+    let cfg = ShmConfig { eager_limit: settings.eager_limit, ..ShmConfig::default() };
+    let (endpoint, descriptor) = ShmEndpoint::create(&job, rank, &peers, cfg).map_err(Error::bootstrap)?;
+    kv.put(&format!("shm/{rank}"), &descriptor).await.map_err(Error::bootstrap)?;
+    let mut theirs = Vec::new();
+    for &p in &peers {
+        theirs.push((p, kv.get(&format!("shm/{p}"), settings.connect_timeout).await.map_err(Error::bootstrap)?));
+    }
+    let _rt = rt.enter();
+    Ok(Box::new(endpoint.connect(theirs, limits).map_err(Error::bootstrap)?))
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn shared_memory(
+    _: &mut KvClient,
+    _: Rank,
+    _: &[bool],
+    _: &[u8; TOKEN_LEN],
+    _: &Settings,
+    _: Limits,
+    _: &tokio::runtime::Handle,
+) -> Result<Box<dyn Transport>> {
+    Err(Error::Bootstrap("shared memory needs Linux".into()))
+}
+
+/// What identifies this host: ranks with the same identity share memory. The boot id tells apart
+/// machines (or containers of different machines) that happen to share a host name.
+fn host_identity() -> String {
+    let name =
+        std::fs::read_to_string("/proc/sys/kernel/hostname").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_default();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{}/{}", name.trim(), boot.trim())
 }
 
 /// The local address the kernel would use to reach `coordinator` (no packet is sent).
@@ -181,22 +255,23 @@ async fn accept_loop(
     limits: Limits,
     refused: Arc<Mutex<Vec<Refused>>>,
     tx: mpsc::UnboundedSender<(Rank, TcpStream)>,
-    accepting: Arc<AtomicBool>,
+    awaited: Arc<Mutex<Vec<bool>>>,
 ) {
-    let claimed = Arc::new(Mutex::new(vec![false; limits.world_size as usize]));
     loop {
         let Ok((mut s, from)) = listener.accept().await else { continue };
-        let (refused, tx, accepting, claimed) = (refused.clone(), tx.clone(), accepting.clone(), claimed.clone());
+        let (refused, tx, awaited) = (refused.clone(), tx.clone(), awaited.clone());
         tokio::spawn(async move {
             let r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake_accept(&mut s, me, &token, &limits)).await;
             let r = r.unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut))).and_then(|peer| {
-                let mut c = claimed.lock();
-                if peer <= me || c[peer as usize] || !accepting.load(Ordering::Acquire) {
-                    // Not a rank we wait for: a lower rank, a second claim, or too late.
-                    return Err(TransportError::Wire(WireError::Unexpected(Kind::Hello)));
+                // Each awaited rank once; anything else (a lower rank, a second claim, a rank on
+                // this host, or any connection after start-up) is refused.
+                match awaited.lock().get_mut(peer as usize) {
+                    Some(waiting @ true) => {
+                        *waiting = false;
+                        Ok(peer)
+                    }
+                    _ => Err(TransportError::Wire(WireError::Unexpected(Kind::Hello))),
                 }
-                c[peer as usize] = true;
-                Ok(peer)
             });
             match r {
                 Ok(peer) => {

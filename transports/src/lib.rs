@@ -64,6 +64,11 @@ pub unsafe trait Sink {
 pub trait Transport: Send {
     /// Short name for logs and metrics (`tcp-uring`, `tcp-portable`, ...).
     fn name(&self) -> &'static str;
+    /// The name of the transport that reaches `peer` (differs from [`Transport::name`] only for a
+    /// transport made of several).
+    fn name_for(&self, _peer: Rank) -> &'static str {
+        self.name()
+    }
     /// The largest eager payload this transport wants.
     fn eager_limit(&self) -> usize;
     /// Queues a frame for `peer`. Never blocks; [`Transport::progress`] writes it.
@@ -74,6 +79,10 @@ pub trait Transport: Send {
     /// `Ready` when [`Transport::progress`] has work; otherwise arranges for `cx` to be woken
     /// when it may have.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+    /// The sleeper that called [`Transport::poll_ready`] is awake again: undo what announcing the
+    /// sleep set up (doorbell flags). Progress made meanwhile by other threads must not undo it,
+    /// since the sleeper still relies on it.
+    fn awake(&mut self) {}
     /// True while queued frames are not yet handed to the operating system.
     fn has_pending_output(&self) -> bool;
     /// Drops the connection to `peer` (it broke the protocol one level up). The transport reports

@@ -26,16 +26,15 @@ impl Routed {
         };
         Routed { parts, route, name }
     }
-
-    /// The name of the transport that reaches `peer`.
-    pub fn name_for(&self, peer: Rank) -> &'static str {
-        self.parts[self.route[peer as usize]].name()
-    }
 }
 
 impl Transport for Routed {
     fn name(&self) -> &'static str {
         self.name
+    }
+
+    fn name_for(&self, peer: Rank) -> &'static str {
+        self.parts[self.route[peer as usize]].name_for(peer)
     }
 
     fn eager_limit(&self) -> usize {
@@ -54,6 +53,10 @@ impl Transport for Routed {
         // Poll every part, so that each registers the waker.
         let ready = self.parts.iter_mut().fold(false, |r, p| p.poll_ready(cx).is_ready() | r);
         if ready { Poll::Ready(()) } else { Poll::Pending }
+    }
+
+    fn awake(&mut self) {
+        self.parts.iter_mut().for_each(|p| p.awake());
     }
 
     fn has_pending_output(&self) -> bool {

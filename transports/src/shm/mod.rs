@@ -637,9 +637,6 @@ impl Transport for ShmTransport {
     }
 
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
-        if self.asleep {
-            self.wake();
-        }
         let mut work = 0;
         for k in 0..self.links.len() {
             let Some(c) = self.links[k].conn.as_mut() else { continue };
@@ -695,6 +692,12 @@ impl Transport for ShmTransport {
             ready |= c.inbox.has_input(&c.in_ring) || c.outbox.can_progress(&c.out_ring);
         }
         if ready { Poll::Ready(()) } else { Poll::Pending }
+    }
+
+    fn awake(&mut self) {
+        if self.asleep {
+            self.wake();
+        }
     }
 
     fn has_pending_output(&self) -> bool {
