@@ -179,6 +179,8 @@ pub fn job_main(args: &[String]) -> Result<()> {
         std::iter::once(RANK_COMMAND.to_string()).chain(spec.to_args()).map(OsString::from).collect();
     let opts = LaunchOptions {
         env: vec![
+            // Both ranks share this host: force TCP, or they would talk through shared memory.
+            ("FERROCOMM_TRANSPORTS".into(), "tcp".into()),
             ("FERROCOMM_TCP_BACKEND".into(), spec.backend.clone()),
             ("FERROCOMM_PROGRESS".into(), spec.progress.clone()),
         ],

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use ferrocomm::{Comm, Deadline, Error, Source, TagMatch, World};
 
-/// Sizes that cross the eager/rendezvous switch (default 16 KiB) and the rendezvous chunk (512 KiB).
-pub const SIZES: &[usize] = &[0, 1, 8, 16 * 1024 - 1, 16 * 1024, 16 * 1024 + 1, 100_000, 512 * 1024 + 3, 3 << 20];
+/// Sizes that cross the eager/rendezvous switch (default 64 KiB), the shared-memory ring (256 KiB)
+/// and the rendezvous chunk (512 KiB).
+pub const SIZES: &[usize] =
+    &[0, 1, 8, 16 * 1024 + 1, 64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1, 300_000, 512 * 1024 + 3, 3 << 20];
 
 pub fn pattern(len: usize, seed: u32) -> Bytes {
     (0..len)
@@ -36,11 +38,12 @@ pub async fn ring_storm_rendezvous(w: &World) {
         for _ in 0..PER_RANK * (n - 1) {
             let m = w.recv(Source::Any, TagMatch::Any).timeout(T).await.unwrap();
             assert_eq!(m.tag as u32, seen[m.source as usize], "non-overtaking from rank {}", m.source);
-            assert_eq!(m.data, pattern(m.tag as usize * 97 % 40_000, m.source));
+            assert_eq!(m.data, pattern(m.tag as usize * 1999 % 150_000, m.source));
             seen[m.source as usize] += 1;
         }
     } else {
-        let sends: Vec<_> = (0..PER_RANK).map(|i| w.send(0, i as u64, pattern(i as usize * 97 % 40_000, r))).collect();
+        let sends: Vec<_> =
+            (0..PER_RANK).map(|i| w.send(0, i as u64, pattern(i as usize * 1999 % 150_000, r))).collect();
         for s in futures::future::join_all(sends).await {
             s.unwrap();
         }
@@ -58,7 +61,7 @@ pub async fn matching_semantics(w: &World) {
         // All at once: a rendezvous send completes only when its receive is posted.
         let sends: Vec<_> = (0..20u64)
             .map(|tag| {
-                let len = if tag % 3 == 0 { 20_000 } else { 10 };
+                let len = if tag % 3 == 0 { 100_000 } else { 10 };
                 w.send(0, tag % 4, pattern(len, r * 1000 + tag as u32))
             })
             .collect();
@@ -73,7 +76,7 @@ pub async fn matching_semantics(w: &World) {
             for (i, &t) in expect.iter().enumerate() {
                 let sel = if i < 5 { TagMatch::Exact(3) } else { TagMatch::Any };
                 let m = w.recv(src, sel).timeout(T).await.unwrap();
-                let len = if t % 3 == 0 { 20_000 } else { 10 };
+                let len = if t % 3 == 0 { 100_000 } else { 10 };
                 assert_eq!(m.data, pattern(len, src * 1000 + t as u32), "from {src}, message {t}");
             }
         }
@@ -123,12 +126,12 @@ pub async fn cancel_deadline_probe(w: &World) {
     w.barrier().timeout(T).await.unwrap();
     if r == 0 {
         w.send(1, 1, pattern(30, 7)).timeout(T).await.unwrap();
-        w.send(1, 2, pattern(30_000, 8)).timeout(T).await.unwrap();
+        w.send(1, 2, pattern(100_000, 8)).timeout(T).await.unwrap();
     } else {
         let st = w.probe(0, 1u64).timeout(T).await.unwrap();
         assert_eq!((st.source, st.tag, st.len), (0, 1, 30));
         assert_eq!(w.recv(0, 1u64).timeout(T).await.unwrap().data, pattern(30, 7), "the dropped receive took nothing");
-        assert_eq!(w.recv(0, 2u64).timeout(T).await.unwrap().data, pattern(30_000, 8));
+        assert_eq!(w.recv(0, 2u64).timeout(T).await.unwrap().data, pattern(100_000, 8));
         assert!(w.iprobe(0, 1u64).is_none() && w.iprobe(0, 2u64).is_none(), "nothing left over");
     }
     // sendrecv in both directions at once, rendezvous size.
