@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ferrocomm_reactor::{OpKey, Reactor, ReactorThread};
+use ferrocomm_reactor::{OpKey, ProgressMode, Reactor, ReactorThread};
 use ferrocomm_transports::Rank;
 use parking_lot::Mutex;
 
@@ -326,7 +326,9 @@ impl Comm {
                 None => {
                     post(&mut d, key);
                     d.flush();
-                    if d.transport.has_pending_output() {
+                    // A blocking caller will not push the rest itself: the background task must.
+                    // Spinning callers push it while they spin (and call the task in when they stop).
+                    if self.inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_pending_output() {
                         self.inner.reactor.kick();
                     }
                 }

@@ -20,7 +20,7 @@ Ping-pong latency and throughput of ferrocomm against NPtcp (NetPIPE), NetPIPE m
 and powers of two up to --max, each also at -3 and +3 bytes; medians over --runs runs.
 
 options:
-  --transport tcp           transport to measure (only tcp)
+  --transport T             transport to measure: tcp (default) or shm (use with --no-peer)
   --backend B               ferrocomm TCP backend: auto, uring or portable (default auto)
   --progress P              ferrocomm progress: busy, adaptive[:US] or blocking (default busy)
   --max BYTES               largest power of two measured, e.g. 65536, 64K, 8M (default 8M)
@@ -76,9 +76,11 @@ impl Options {
             match flag {
                 "-h" | "--help" => return Ok(None),
                 "--transport" => {
-                    let t = value()?;
-                    if t != "tcp" {
-                        return Err(format!("--transport {t}: only tcp is supported").into());
+                    match value()?.as_str() {
+                        "tcp" => {}
+                        // Shared memory between the two local ranks (no NetPIPE peer for it yet).
+                        "shm" => o.backend = "shm".into(),
+                        t => return Err(format!("--transport {t}: tcp or shm").into()),
                     }
                 }
                 "--backend" => {

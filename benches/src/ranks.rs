@@ -179,9 +179,9 @@ pub fn job_main(args: &[String]) -> Result<()> {
         std::iter::once(RANK_COMMAND.to_string()).chain(spec.to_args()).map(OsString::from).collect();
     let opts = LaunchOptions {
         env: vec![
-            // Both ranks share this host: force TCP, or they would talk through shared memory.
-            ("FERROCOMM_TRANSPORTS".into(), "tcp".into()),
-            ("FERROCOMM_TCP_BACKEND".into(), spec.backend.clone()),
+            // Both ranks share this host: they talk through shared memory unless TCP is forced.
+            ("FERROCOMM_TRANSPORTS".into(), if spec.backend == "shm" { "auto" } else { "tcp" }.into()),
+            ("FERROCOMM_TCP_BACKEND".into(), if spec.backend == "shm" { "auto" } else { &spec.backend }.into()),
             ("FERROCOMM_PROGRESS".into(), spec.progress.clone()),
         ],
         ..LaunchOptions::default()
