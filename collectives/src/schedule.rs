@@ -1,0 +1,385 @@
+//! Schedules and the machine that runs them.
+//!
+//! Every algorithm here is written as a [`Schedule`]: numbered rounds, each a list of sends and
+//! receives of *blocks* (pieces of the operation's data, named by a `u32` id). A [`Machine`] runs a
+//! schedule without doing any I/O: it emits [`Action`]s (send these bytes to that rank, expect a
+//! message from that rank) and consumes deliveries. This is the design of libNBC's round
+//! schedules; it keeps each algorithm to a few lines of index arithmetic and lets one executor carry
+//! the hard parts (ordering, validation, cancellation) for all of them.
+//!
+//! Rules that make it correct on any transport:
+//! - Round numbers are global: a message sent in round `k` is received in round `k`, and a pair of
+//!   ranks exchanges at most one message per direction per round, so `(source, round)` names a
+//!   message uniquely within one collective call.
+//! - Sends of a round read the blocks as they are when the round starts (a snapshot), so a receive
+//!   of the same round can overwrite what is being sent.
+//! - Receives of a round are applied when the last one arrives, in the order the schedule lists
+//!   them, so reductions combine in a fixed order whatever the arrival order: results are
+//!   reproducible bit for bit, and non-commutative operators see their operands in rank order.
+
+use std::collections::BTreeMap;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::reduce::Reducer;
+use crate::CollError;
+
+/// What a receive does with the blocks it brings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Apply {
+    /// Store each block under its id (replacing what was there).
+    Store,
+    /// Combine each block into the one with the same id: `mine ⊕ incoming`, or `incoming ⊕ mine`
+    /// when `incoming_first` (the sender's data comes earlier in rank order). A block not held yet
+    /// is stored.
+    Reduce { incoming_first: bool },
+    /// The message carries exactly one block; combine it (incoming first) into each of `into`.
+    /// Used by scans, where one partial result feeds two accumulators.
+    ReduceInto { into: Vec<u32> },
+}
+
+/// Which blocks a send carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Select {
+    /// These ids (those held; a missing one is skipped).
+    Ids(Vec<u32>),
+    /// Bruck's rule for all-to-all: the blocks whose destination (`id % n`) lies at a distance
+    /// `(dest - me) mod n` with bit `bit` set. They are *moved*: the sender no longer holds them.
+    DistanceBit { me: u32, n: u32, bit: u32 },
+}
+
+/// One step of a round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Send the selected blocks to `to`.
+    Send { to: u32, blocks: Select },
+    /// Expect one message from `from`, then apply it.
+    Recv { from: u32, apply: Apply },
+}
+
+/// A round: its global number and its steps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Round {
+    pub number: u32,
+    pub steps: Vec<Step>,
+}
+
+/// A rank's part in one collective: the rounds it takes part in, in increasing round number.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Schedule {
+    rounds: Vec<Round>,
+}
+
+impl Schedule {
+    pub fn new() -> Schedule {
+        Schedule::default()
+    }
+
+    /// Adds a send to round `number` (rounds must be added in non-decreasing order).
+    pub fn send(&mut self, number: u32, to: u32, blocks: impl IntoIterator<Item = u32>) -> &mut Self {
+        self.round(number).steps.push(Step::Send { to, blocks: Select::Ids(blocks.into_iter().collect()) });
+        self
+    }
+
+    /// Adds a send whose blocks are chosen when the round starts.
+    pub fn send_selected(&mut self, number: u32, to: u32, blocks: Select) -> &mut Self {
+        self.round(number).steps.push(Step::Send { to, blocks });
+        self
+    }
+
+    /// Adds a receive to round `number`.
+    pub fn recv(&mut self, number: u32, from: u32, apply: Apply) -> &mut Self {
+        self.round(number).steps.push(Step::Recv { from, apply });
+        self
+    }
+
+    fn round(&mut self, number: u32) -> &mut Round {
+        if self.rounds.last().is_none_or(|r| r.number < number) {
+            self.rounds.push(Round { number, steps: Vec::new() });
+        }
+        let last = self.rounds.last_mut().expect("just pushed");
+        assert_eq!(last.number, number, "rounds must be added in order");
+        last
+    }
+
+    /// Appends `other`, whose round numbers are shifted by `offset` (to chain two algorithms).
+    pub fn then(&mut self, other: Schedule, offset: u32) -> &mut Self {
+        for mut r in other.rounds {
+            r.number += offset;
+            assert!(self.rounds.last().is_none_or(|l| l.number < r.number), "chained rounds overlap");
+            self.rounds.push(r);
+        }
+        self
+    }
+
+    pub fn rounds(&self) -> &[Round] {
+        &self.rounds
+    }
+
+    /// The highest round number used plus one (0 for an empty schedule).
+    pub fn span(&self) -> u32 {
+        self.rounds.last().map_or(0, |r| r.number + 1)
+    }
+}
+
+/// The blocks a rank holds.
+pub type Blocks = BTreeMap<u32, Bytes>;
+
+/// What the machine asks of the point-to-point layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send `data` to `to`, tagged with `round`.
+    Send { to: u32, round: u32, data: Bytes },
+    /// Post a receive for the message `from` sends in `round`.
+    Recv { from: u32, round: u32 },
+}
+
+/// Runs one rank's [`Schedule`]. Sans-IO: the driver posts what [`Machine::poll_action`] returns
+/// and hands every arrived message to [`Machine::deliver`].
+pub struct Machine {
+    schedule: std::vec::IntoIter<Round>,
+    current: Option<Round>,
+    /// Messages of the current round, by step index, until all have come.
+    arrived: Vec<Option<Bytes>>,
+    missing: usize,
+    blocks: Blocks,
+    reducer: Option<Reducer>,
+    actions: std::collections::VecDeque<Action>,
+    /// Largest message accepted from a peer (guards memory against a misbehaving peer).
+    max_message: usize,
+}
+
+impl Machine {
+    /// A machine holding `blocks` at the start. `reducer` is needed only by schedules that reduce.
+    pub fn new(schedule: Schedule, blocks: Blocks, reducer: Option<Reducer>) -> Machine {
+        let mut m = Machine {
+            schedule: schedule.rounds.into_iter(),
+            current: None,
+            arrived: Vec::new(),
+            missing: 0,
+            blocks,
+            reducer,
+            actions: Default::default(),
+            max_message: usize::MAX,
+        };
+        m.advance();
+        m
+    }
+
+    /// Caps the size of a message this machine accepts.
+    pub fn with_max_message(mut self, max: usize) -> Machine {
+        self.max_message = max;
+        self
+    }
+
+    /// The next thing to do, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// True once every round has completed (the driver still has to finish its sends).
+    pub fn is_done(&self) -> bool {
+        self.current.is_none() && self.actions.iter().all(|a| matches!(a, Action::Send { .. }))
+    }
+
+    /// The round now waiting for messages.
+    pub fn round(&self) -> Option<u32> {
+        self.current.as_ref().map(|r| r.number)
+    }
+
+    /// The blocks held now (the result, once done).
+    pub fn blocks(&self) -> &Blocks {
+        &self.blocks
+    }
+
+    pub fn into_blocks(self) -> Blocks {
+        self.blocks
+    }
+
+    /// A message the driver received for `(from, round)`, as asked by an [`Action::Recv`].
+    pub fn deliver(&mut self, from: u32, round: u32, data: Bytes) -> Result<(), CollError> {
+        if data.len() > self.max_message {
+            return Err(CollError::Malformed { from, why: "message larger than the collective allows" });
+        }
+        let Some(cur) = &self.current else { return Err(CollError::Unexpected { from, round }) };
+        if cur.number != round {
+            return Err(CollError::Unexpected { from, round });
+        }
+        let slot = cur
+            .steps
+            .iter()
+            .enumerate()
+            .position(|(i, s)| matches!(s, Step::Recv { from: f, .. } if *f == from) && self.arrived[i].is_none())
+            .ok_or(CollError::Unexpected { from, round })?;
+        self.arrived[slot] = Some(data);
+        self.missing -= 1;
+        if self.missing == 0 {
+            self.apply_round()?;
+            self.advance();
+        }
+        Ok(())
+    }
+
+    fn apply_round(&mut self) -> Result<(), CollError> {
+        let round = self.current.take().expect("a round is running");
+        for (step, data) in round.steps.into_iter().zip(std::mem::take(&mut self.arrived)) {
+            let Step::Recv { from, apply } = step else { continue };
+            let data = data.expect("all arrived");
+            let incoming = decode(from, data)?;
+            match apply {
+                Apply::Store => self.blocks.extend(incoming),
+                Apply::Reduce { incoming_first } => {
+                    for (id, block) in incoming {
+                        self.combine(from, id, block, incoming_first)?;
+                    }
+                }
+                Apply::ReduceInto { into } => {
+                    let [(_, block)]: [(u32, Bytes); 1] = incoming
+                        .try_into()
+                        .map_err(|_| CollError::Malformed { from, why: "expected exactly one block" })?;
+                    for id in into {
+                        self.combine(from, id, block.clone(), true)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn combine(&mut self, from: u32, id: u32, incoming: Bytes, incoming_first: bool) -> Result<(), CollError> {
+        let Some(mine) = self.blocks.remove(&id) else {
+            self.blocks.insert(id, incoming);
+            return Ok(());
+        };
+        if mine.len() != incoming.len() {
+            return Err(CollError::Malformed { from, why: "block length differs from ours" });
+        }
+        let reducer = self.reducer.as_ref().ok_or(CollError::Malformed { from, why: "no operator to reduce with" })?;
+        // Reduce into whichever buffer we own outright, to avoid a copy.
+        let (left, right) = if incoming_first { (incoming, mine) } else { (mine, incoming) };
+        let out = match left.try_into_mut() {
+            Ok(mut acc) => {
+                reducer.apply(&mut acc, &right, false);
+                acc
+            }
+            Err(left) => {
+                let mut acc = match right.try_into_mut() {
+                    Ok(acc) => acc,
+                    Err(right) => BytesMut::from(&right[..]),
+                };
+                reducer.apply(&mut acc, &left, true);
+                acc
+            }
+        };
+        self.blocks.insert(id, out.freeze());
+        Ok(())
+    }
+
+    /// Moves to the next round with receives, emitting the sends of every round on the way.
+    fn advance(&mut self) {
+        for round in self.schedule.by_ref() {
+            for step in &round.steps {
+                let Step::Send { to, blocks } = step else { continue };
+                let data = match blocks {
+                    Select::Ids(ids) => encode(ids.iter().filter_map(|id| self.blocks.get(id).map(|b| (*id, b)))),
+                    &Select::DistanceBit { me, n, bit } => {
+                        let moving: Vec<u32> = (self.blocks.keys())
+                            .copied()
+                            .filter(|id| ((id % n + n - me) % n) >> bit & 1 == 1)
+                            .collect();
+                        let taken: Vec<(u32, Bytes)> =
+                            moving.iter().map(|id| (*id, self.blocks.remove(id).expect("held"))).collect();
+                        encode(taken.iter().map(|(id, b)| (*id, b)))
+                    }
+                };
+                self.actions.push_back(Action::Send { to: *to, round: round.number, data });
+            }
+            let recvs: Vec<u32> = round
+                .steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Recv { from, .. } => Some(*from),
+                    _ => None,
+                })
+                .collect();
+            if recvs.is_empty() {
+                continue;
+            }
+            self.actions.extend(recvs.iter().map(|&from| Action::Recv { from, round: round.number }));
+            self.arrived = vec![None; round.steps.len()];
+            self.missing = recvs.len();
+            self.current = Some(round);
+            return;
+        }
+    }
+}
+
+/// Message layout: block count (u32), then (id u32, length u32) per block, then the blocks' bytes,
+/// all little-endian. A single block costs 12 bytes of header.
+pub fn encode<'a>(blocks: impl Iterator<Item = (u32, &'a Bytes)> + Clone) -> Bytes {
+    let (count, total) = blocks.clone().fold((0usize, 0usize), |(c, t), (_, b)| (c + 1, t + b.len()));
+    let mut out = BytesMut::with_capacity(4 + 8 * count + total);
+    out.put_u32_le(count as u32);
+    for (id, b) in blocks.clone() {
+        out.put_u32_le(id);
+        out.put_u32_le(b.len() as u32);
+    }
+    for (_, b) in blocks {
+        out.put_slice(b);
+    }
+    out.freeze()
+}
+
+/// Splits a message into its blocks without copying them, checking every length.
+pub fn decode(from: u32, mut data: Bytes) -> Result<Vec<(u32, Bytes)>, CollError> {
+    let bad = |why| CollError::Malformed { from, why };
+    if data.len() < 4 {
+        return Err(bad("message shorter than its header"));
+    }
+    let count = data.get_u32_le() as usize;
+    if count.saturating_mul(8) > data.len() {
+        return Err(bad("block count exceeds the message"));
+    }
+    let mut heads = Vec::with_capacity(count);
+    for _ in 0..count {
+        heads.push((data.get_u32_le(), data.get_u32_le() as usize));
+    }
+    let total: usize = heads.iter().map(|h| h.1).sum();
+    if total != data.len() {
+        return Err(bad("block lengths do not add up to the message"));
+    }
+    Ok(heads.into_iter().map(|(id, len)| (id, data.split_to(len))).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_decode_roundtrip_and_reject_garbage() {
+        let a = Bytes::from_static(b"hello");
+        let b = Bytes::new();
+        let msg = encode([(3, &a), (9, &b)].into_iter());
+        assert_eq!(decode(0, msg.clone()).unwrap(), vec![(3, a), (9, b)]);
+        for cut in 0..msg.len() {
+            assert!(decode(0, msg.slice(..cut)).is_err(), "truncated at {cut}");
+        }
+        let mut long = BytesMut::from(&msg[..]);
+        long.put_u8(0);
+        assert!(decode(0, long.freeze()).is_err());
+        assert!(decode(0, Bytes::from_static(&[255, 255, 255, 255])).is_err());
+    }
+
+    #[test]
+    fn unexpected_messages_are_typed_errors() {
+        let mut s = Schedule::new();
+        s.recv(2, 1, Apply::Store);
+        let mut m = Machine::new(s, Blocks::new(), None);
+        assert_eq!(m.poll_action(), Some(Action::Recv { from: 1, round: 2 }));
+        assert!(matches!(m.deliver(0, 2, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
+        assert!(matches!(m.deliver(1, 1, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
+        m.deliver(1, 2, encode(std::iter::empty())).unwrap();
+        assert!(m.is_done());
+        assert!(matches!(m.deliver(1, 2, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
+    }
+}

@@ -1,0 +1,274 @@
+//! Choosing an algorithm by operation, message size and rank count.
+//!
+//! The defaults come from measurement on the development machine (2 vCPUs, shared memory and TCP
+//! loopback; `ferrocomm-bench collectives --sweep`, see the README): latency-bound algorithms
+//! (binomial, recursive doubling, Bruck) win below the thresholds, bandwidth-bound ones (scatter +
+//! all-gather, Rabenseifner, ring, pairwise) above. Any operation can be pinned to one algorithm
+//! with the `FERROCOMM_COLL` setting, e.g. `allreduce=ring,bcast=binomial`; an algorithm that
+//! cannot serve a call (a non-commutative operator on the ring, recursive-doubling all-gather on a
+//! non-power of two) falls back to the table's order-preserving choice.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// The collective operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Operation {
+    Barrier,
+    Bcast,
+    Reduce,
+    Allreduce,
+    Gather,
+    Scatter,
+    Allgather,
+    Alltoall,
+    ReduceScatter,
+    Scan,
+}
+
+/// Every algorithm of the menu. Which operations each serves is in [`Algorithm::serves`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Algorithm {
+    Linear,
+    Dissemination,
+    Binomial,
+    ScatterAllgather,
+    RecursiveDoubling,
+    Rabenseifner,
+    Ring,
+    Bruck,
+    Pairwise,
+    ReduceThenScatter,
+    /// Node-leader hierarchy (intra-node step over shared memory, leaders over the network).
+    Hierarchical,
+    /// Reliable multicast (when a multicast group is confirmed).
+    Multicast,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 12] = [
+        Algorithm::Linear,
+        Algorithm::Dissemination,
+        Algorithm::Binomial,
+        Algorithm::ScatterAllgather,
+        Algorithm::RecursiveDoubling,
+        Algorithm::Rabenseifner,
+        Algorithm::Ring,
+        Algorithm::Bruck,
+        Algorithm::Pairwise,
+        Algorithm::ReduceThenScatter,
+        Algorithm::Hierarchical,
+        Algorithm::Multicast,
+    ];
+
+    /// The flat (non-hierarchical) algorithms implemented for `op`.
+    pub fn for_operation(op: Operation) -> &'static [Algorithm] {
+        use Algorithm::*;
+        match op {
+            Operation::Barrier => &[Dissemination, Linear],
+            Operation::Bcast => &[Binomial, ScatterAllgather, Linear],
+            Operation::Reduce => &[Binomial, Linear],
+            Operation::Allreduce => &[RecursiveDoubling, Rabenseifner, Ring, Linear],
+            Operation::Gather | Operation::Scatter => &[Binomial, Linear],
+            Operation::Allgather => &[Bruck, RecursiveDoubling, Ring, Linear],
+            Operation::Alltoall => &[Bruck, Pairwise, Linear],
+            Operation::ReduceScatter => &[Ring, ReduceThenScatter],
+            Operation::Scan => &[RecursiveDoubling],
+        }
+    }
+
+    pub fn serves(self, op: Operation) -> bool {
+        Algorithm::for_operation(op).contains(&self)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Algorithm::Linear => "linear",
+            Algorithm::Dissemination => "dissemination",
+            Algorithm::Binomial => "binomial",
+            Algorithm::ScatterAllgather => "scatter-allgather",
+            Algorithm::RecursiveDoubling => "recursive-doubling",
+            Algorithm::Rabenseifner => "rabenseifner",
+            Algorithm::Ring => "ring",
+            Algorithm::Bruck => "bruck",
+            Algorithm::Pairwise => "pairwise",
+            Algorithm::ReduceThenScatter => "reduce-scatter-linear",
+            Algorithm::Hierarchical => "hierarchical",
+            Algorithm::Multicast => "multicast",
+        };
+        f.write_str(s)
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Algorithm::ALL.into_iter().find(|a| a.to_string() == s).ok_or_else(|| format!("unknown algorithm {s:?}"))
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::Barrier => "barrier",
+            Operation::Bcast => "bcast",
+            Operation::Reduce => "reduce",
+            Operation::Allreduce => "allreduce",
+            Operation::Gather => "gather",
+            Operation::Scatter => "scatter",
+            Operation::Allgather => "allgather",
+            Operation::Alltoall => "alltoall",
+            Operation::ReduceScatter => "reduce_scatter",
+            Operation::Scan => "scan",
+        })
+    }
+}
+
+impl FromStr for Operation {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        use Operation::*;
+        [Barrier, Bcast, Reduce, Allreduce, Gather, Scatter, Allgather, Alltoall, ReduceScatter, Scan]
+            .into_iter()
+            .find(|o| o.to_string() == s)
+            .ok_or_else(|| format!("unknown collective {s:?}"))
+    }
+}
+
+/// What a call looks like to the selector.
+#[derive(Clone, Copy, Debug)]
+pub struct Call {
+    pub op: Operation,
+    /// Ranks in the communicator.
+    pub ranks: u32,
+    /// Bytes per rank: the vector for reductions and broadcast, one rank's block otherwise.
+    pub bytes: usize,
+    /// Whether the reduction operator is commutative (true when there is none).
+    pub commutative: bool,
+}
+
+/// The selection table: size thresholds plus per-operation overrides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    /// Broadcast switches from binomial to scatter + all-gather at this size (with >= 4 ranks).
+    pub bcast_large: usize,
+    /// All-reduce switches from recursive doubling to Rabenseifner at this size.
+    pub allreduce_large: usize,
+    /// ... and from Rabenseifner to the ring at this size.
+    pub allreduce_ring: usize,
+    /// All-gather switches from Bruck to the ring at this total size.
+    pub allgather_large: usize,
+    /// All-to-all uses Bruck up to this block size, pairwise exchange above.
+    pub alltoall_small: usize,
+    /// Groups up to this size use the linear algorithms for gather and scatter.
+    pub linear_ranks: u32,
+    /// Operations pinned to one algorithm.
+    pub overrides: HashMap<Operation, Algorithm>,
+}
+
+impl Default for Table {
+    fn default() -> Table {
+        Table {
+            bcast_large: 128 << 10,
+            allreduce_large: 16 << 10,
+            allreduce_ring: 2 << 20,
+            allgather_large: 64 << 10,
+            alltoall_small: 256,
+            linear_ranks: 2,
+            overrides: HashMap::new(),
+        }
+    }
+}
+
+impl Table {
+    /// Applies `op=algorithm,...` overrides (the `FERROCOMM_COLL` setting).
+    pub fn with_overrides(mut self, spec: &str) -> Result<Table, String> {
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (op, alg) = item.split_once('=').ok_or_else(|| format!("expected op=algorithm, got {item:?}"))?;
+            let (op, alg): (Operation, Algorithm) = (op.trim().parse()?, alg.trim().parse()?);
+            if !alg.serves(op) && !matches!(alg, Algorithm::Hierarchical | Algorithm::Multicast) {
+                return Err(format!("{alg} does not implement {op}"));
+            }
+            self.overrides.insert(op, alg);
+        }
+        Ok(self)
+    }
+
+    /// The algorithm for a call: the override if it can serve the call, else the table's choice.
+    pub fn choose(&self, c: Call) -> Algorithm {
+        if let Some(&a) = self.overrides.get(&c.op)
+            && usable(a, c)
+        {
+            return a;
+        }
+        self.by_size(c)
+    }
+
+    fn by_size(&self, c: Call) -> Algorithm {
+        use Algorithm::*;
+        match c.op {
+            Operation::Barrier => Dissemination,
+            Operation::Bcast if c.bytes >= self.bcast_large && c.ranks >= 4 => ScatterAllgather,
+            Operation::Bcast => Binomial,
+            Operation::Reduce => Binomial,
+            Operation::Allreduce if !c.commutative => RecursiveDoubling,
+            Operation::Allreduce if c.bytes >= self.allreduce_ring && c.ranks > 2 => Ring,
+            Operation::Allreduce if c.bytes >= self.allreduce_large && c.ranks > 2 => Rabenseifner,
+            Operation::Allreduce => RecursiveDoubling,
+            Operation::Gather | Operation::Scatter if c.ranks <= self.linear_ranks => Linear,
+            Operation::Gather | Operation::Scatter => Binomial,
+            Operation::Allgather if c.bytes.saturating_mul(c.ranks as usize) >= self.allgather_large => Ring,
+            Operation::Allgather => Bruck,
+            Operation::Alltoall if c.bytes <= self.alltoall_small => Bruck,
+            Operation::Alltoall => Pairwise,
+            Operation::ReduceScatter if c.commutative => Ring,
+            Operation::ReduceScatter => ReduceThenScatter,
+            Operation::Scan => RecursiveDoubling,
+        }
+    }
+}
+
+/// Whether `a` can serve call `c`.
+pub fn usable(a: Algorithm, c: Call) -> bool {
+    use Algorithm::*;
+    let order_safe = c.commutative || !matches!((c.op, a), (Operation::Allreduce, Rabenseifner | Ring));
+    let shape_ok = !(c.op == Operation::Allgather && a == RecursiveDoubling && !c.ranks.is_power_of_two());
+    let rs_ok = !(c.op == Operation::ReduceScatter && a == Ring && !c.commutative);
+    a.serves(c.op) && order_safe && shape_ok && rs_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_parse_and_fall_back() {
+        let t = Table::default().with_overrides("allreduce=ring, bcast=binomial").unwrap();
+        let call = Call { op: Operation::Allreduce, ranks: 5, bytes: 8, commutative: true };
+        assert_eq!(t.choose(call), Algorithm::Ring);
+        assert_eq!(t.choose(Call { commutative: false, ..call }), Algorithm::RecursiveDoubling);
+        assert!(Table::default().with_overrides("allreduce=bruck").is_err());
+        assert!(Table::default().with_overrides("frobnicate=ring").is_err());
+        assert!(Table::default().with_overrides("bcast").is_err());
+        for op in [Operation::Barrier, Operation::Scan] {
+            for a in Algorithm::for_operation(op) {
+                assert_eq!(a.to_string().parse::<Algorithm>().unwrap(), *a);
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_switch_algorithms() {
+        let t = Table::default();
+        let c = |op, bytes| Call { op, ranks: 8, bytes, commutative: true };
+        assert_eq!(t.choose(c(Operation::Allreduce, 8)), Algorithm::RecursiveDoubling);
+        assert_eq!(t.choose(c(Operation::Allreduce, 64 << 10)), Algorithm::Rabenseifner);
+        assert_eq!(t.choose(c(Operation::Allreduce, 8 << 20)), Algorithm::Ring);
+        assert_eq!(t.choose(c(Operation::Bcast, 1 << 20)), Algorithm::ScatterAllgather);
+        assert_eq!(t.choose(c(Operation::Alltoall, 8)), Algorithm::Bruck);
+        assert_eq!(t.choose(c(Operation::Alltoall, 4096)), Algorithm::Pairwise);
+    }
+}
