@@ -56,6 +56,9 @@ pub struct Settings {
     /// `FERROCOMM_BIND`: address the rank listens on. Default 0.0.0.0 (advertised as the address
     /// this host uses to reach the key-value store).
     pub bind: IpAddr,
+    /// `FERROCOMM_COLL`: pins collectives to algorithms, e.g. `allreduce=ring,bcast=binomial`
+    /// (names in [`ferrocomm_collectives::Algorithm`]). Default: the measured size/rank table.
+    pub collectives: ferrocomm_collectives::Table,
 }
 
 impl Default for Settings {
@@ -71,6 +74,7 @@ impl Default for Settings {
             peer_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(60),
             bind: IpAddr::from([0, 0, 0, 0]),
+            collectives: Default::default(),
         }
     }
 }
@@ -123,6 +127,10 @@ impl Settings {
         }
         if let Some(v) = parse("FERROCOMM_BIND", &get)? {
             s.bind = v;
+        }
+        if let Some(v) = get("FERROCOMM_COLL") {
+            s.collectives =
+                s.collectives.with_overrides(&v).map_err(|reason| Error::Config { name: "FERROCOMM_COLL", reason })?;
         }
         s.validate()?;
         Ok(s)

@@ -32,6 +32,13 @@ pub enum Error {
     /// A setting has a value that cannot be used.
     #[error("invalid setting {name}: {reason}")]
     Config { name: &'static str, reason: String },
+    /// A collective failed: a peer sent a message that does not fit the algorithm, or the call's
+    /// arguments are inconsistent.
+    #[error(transparent)]
+    Collective(#[from] ferrocomm_collectives::CollError),
+    /// The arguments of a call cannot work (mismatched lengths, an unsupported operator, ...).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
 }
 
 /// Shorthand for results of ferrocomm operations.

@@ -15,6 +15,7 @@
 //! [`p2p::engine`] is the sans-IO matching and rendezvous core; [`World`] and [`Comm`] are the API.
 
 pub mod bootstrap;
+mod collective;
 pub mod config;
 mod driver;
 pub mod error;
@@ -26,6 +27,7 @@ mod world;
 pub use bootstrap::{init, init_with};
 pub use config::{ProgressMode, Settings, TcpBackend, TransportChoice};
 pub use error::{Error, Result};
+pub use ferrocomm_collectives::{Algorithm, Element, Operation, ReduceOp, Table};
 pub use ferrocomm_transports as transports;
 pub use ferrocomm_transports::{Rank, TransportError, WireError};
 pub use p2p::{Source, Status, TagMatch};

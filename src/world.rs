@@ -38,6 +38,8 @@ pub(crate) struct Inner {
     pub reactor: Reactor<Driver>,
     pub refused: Arc<Mutex<Vec<Refused>>>,
     pub listen_addr: std::net::SocketAddr,
+    /// The node (host) index of every rank.
+    pub nodes: Vec<u32>,
     pub closed: AtomicBool,
     pub thread: Mutex<Option<ReactorThread>>,
 }
@@ -59,13 +61,35 @@ pub struct Comm {
     inner: Arc<Inner>,
     context: u32,
     /// Per-communicator counters that every rank advances in the same order (collective calls).
-    sequence: Arc<Sequence>,
+    pub(crate) sequence: Arc<Sequence>,
+    /// The member ranks, for a communicator made by [`Comm::split`] (`None`: every rank).
+    pub(crate) group: Option<Arc<Group>>,
+    /// The collective selection table of this handle (default: the settings').
+    pub(crate) table: Option<Arc<ferrocomm_collectives::Table>>,
 }
 
 #[derive(Default)]
-struct Sequence {
-    dups: AtomicU32,
-    collectives: AtomicU64,
+pub(crate) struct Sequence {
+    pub dups: AtomicU32,
+    pub splits: AtomicU32,
+    pub collectives: AtomicU64,
+    /// Sub-communicators for hierarchical collectives, made on first use.
+    pub hierarchy: std::sync::OnceLock<crate::collective::Hierarchy>,
+}
+
+/// The members of a sub-communicator: `members[i]` is the world rank of its rank `i`.
+pub(crate) struct Group {
+    pub members: Vec<Rank>,
+    pub rank: Rank,
+    pub index: std::collections::HashMap<Rank, Rank>,
+}
+
+impl Group {
+    pub fn new(members: Vec<Rank>, me: Rank) -> Group {
+        let index: std::collections::HashMap<Rank, Rank> =
+            members.iter().enumerate().map(|(i, &w)| (w, i as Rank)).collect();
+        Group { rank: index[&me], members, index }
+    }
 }
 
 /// A received message.
@@ -77,11 +101,11 @@ pub struct Message {
 }
 
 /// Context ids with this bit set carry collective traffic of the communicator without it.
-const COLLECTIVE_BIT: u32 = 1 << 31;
+pub(crate) const COLLECTIVE_BIT: u32 = 1 << 31;
 
 impl World {
     pub(crate) fn from_inner(inner: Arc<Inner>) -> World {
-        let comm = Comm { inner: inner.clone(), context: 0, sequence: Default::default() };
+        let comm = Comm { inner: inner.clone(), context: 0, sequence: Default::default(), group: None, table: None };
         World { inner, comm }
     }
 
@@ -201,6 +225,8 @@ pub struct Op<T> {
     kind: OpKind,
     spin_start: Option<Instant>,
     done: bool,
+    /// Translates sources back to communicator ranks (sub-communicators only).
+    group: Option<Arc<Group>>,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -255,8 +281,15 @@ impl<T: FromCompletion> Future for Op<T> {
         }
         let key = this.key;
         let r = this.inner.reactor.poll_until(cx, &mut this.spin_start, |d, cx| d.ops.poll(key, cx));
-        r.map(|c| {
+        r.map(|mut c| {
             this.done = true;
+            if let Some(g) = &this.group {
+                let local = |s: &mut Status| s.source = g.index.get(&s.source).copied().unwrap_or(Rank::MAX);
+                match &mut c {
+                    Completion::Recv(Ok((_, s))) | Completion::Probe(Ok(s)) => local(s),
+                    _ => {}
+                }
+            }
             T::from_completion(c)
         })
     }
@@ -296,12 +329,50 @@ impl<T, F: Future<Output = Result<T>>> Deadline<T> for F {}
 impl Comm {
     /// This rank's index in the communicator.
     pub fn rank(&self) -> Rank {
-        self.inner.rank
+        self.group.as_ref().map_or(self.inner.rank, |g| g.rank)
     }
 
     /// Number of ranks in the communicator.
     pub fn size(&self) -> u32 {
-        self.inner.size
+        self.group.as_ref().map_or(self.inner.size, |g| g.members.len() as u32)
+    }
+
+    /// The world rank of this communicator's rank `r` (which must be in range).
+    pub(crate) fn world_rank(&self, r: Rank) -> Rank {
+        self.group.as_ref().map_or(r, |g| g.members[r as usize])
+    }
+
+    /// This communicator's rank of world rank `w` (`Rank::MAX` for a non-member).
+    pub(crate) fn local_rank(&self, w: Rank) -> Rank {
+        self.group.as_ref().map_or(w, |g| g.index.get(&w).copied().unwrap_or(Rank::MAX))
+    }
+
+    /// The world this communicator belongs to.
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// The same ranks on another context (collective traffic, derived communicators).
+    pub(crate) fn with_context(&self, context: u32) -> Comm {
+        Comm {
+            inner: self.inner.clone(),
+            context,
+            sequence: Default::default(),
+            group: self.group.clone(),
+            table: self.table.clone(),
+        }
+    }
+
+    /// The same communicator (same messages, same collective sequence) choosing collective
+    /// algorithms from `table`: for pinning algorithms per communicator, in tests and tuning.
+    /// Every rank must use the same table for a given call.
+    pub fn with_collective_table(&self, table: ferrocomm_collectives::Table) -> Comm {
+        Comm { table: Some(Arc::new(table)), ..self.clone() }
+    }
+
+    /// The collective selection table in use.
+    pub fn collective_table(&self) -> &ferrocomm_collectives::Table {
+        self.table.as_deref().unwrap_or(&self.inner.settings.collectives)
     }
 
     /// The communicator's context id.
@@ -335,11 +406,26 @@ impl Comm {
             }
             key
         };
-        Op { inner: self.inner.clone(), key, kind, spin_start: None, done: false, _t: PhantomData }
+        Op {
+            inner: self.inner.clone(),
+            key,
+            kind,
+            spin_start: None,
+            done: false,
+            group: self.group.clone(),
+            _t: PhantomData,
+        }
     }
 
     fn check_rank(&self, r: Rank) -> Option<Error> {
         (r >= self.size()).then_some(Error::UnknownRank { rank: r, size: self.size() })
+    }
+
+    fn world_source(&self, s: Source, early: &Option<Error>) -> Source {
+        match s {
+            Source::Rank(r) if early.is_none() => Source::Rank(self.world_rank(r)),
+            other => other,
+        }
     }
 
     fn check_source(&self, s: Source) -> Option<Error> {
@@ -359,6 +445,7 @@ impl Comm {
         let early =
             self.check_rank(dest).or_else(|| (data.len() > max).then_some(Error::TooLarge { len: data.len(), max }));
         let ctx = self.context;
+        let dest = if early.is_none() { self.world_rank(dest) } else { dest };
         self.start(OpKind::Send { dest }, early, |d, key| d.engine.post_send(key, dest, ctx, tag, data))
     }
 
@@ -377,26 +464,33 @@ impl Comm {
 
     fn recv_with<T>(&self, src: Source, tag: TagMatch, buf: RecvBuf) -> Op<T> {
         let ctx = self.context;
-        self.start(OpKind::Recv { context: ctx }, self.check_source(src), |d, key| {
-            d.engine.post_recv(key, ctx, src, tag, buf)
-        })
+        let early = self.check_source(src);
+        let src = self.world_source(src, &early);
+        self.start(OpKind::Recv { context: ctx }, early, |d, key| d.engine.post_recv(key, ctx, src, tag, buf))
     }
 
     /// Waits until a message matching `src` and `tag` has arrived, and says what it is, without
     /// receiving it.
     pub fn probe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Op<Status> {
         let (src, tag, ctx) = (src.into(), tag.into(), self.context);
-        self.start(OpKind::Probe { context: ctx }, self.check_source(src), |d, key| {
-            d.engine.post_probe(key, ctx, src, tag)
-        })
+        let early = self.check_source(src);
+        let src = self.world_source(src, &early);
+        self.start(OpKind::Probe { context: ctx }, early, |d, key| d.engine.post_probe(key, ctx, src, tag))
     }
 
     /// The first message matching `src` and `tag` that has arrived, if any.
     pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Option<Status> {
         let (src, tag) = (src.into(), tag.into());
+        if self.check_source(src).is_some() {
+            return None;
+        }
+        let src = self.world_source(src, &None);
         let mut d = self.inner.reactor.lock();
         ferrocomm_reactor::Progress::progress(&mut *d);
-        d.engine.iprobe(self.context, src, tag)
+        d.engine.iprobe(self.context, src, tag).map(|mut s| {
+            s.source = self.local_rank(s.source);
+            s
+        })
     }
 
     /// Sends to `dest` and receives from `src` at once (no deadlock however the peers pair up).
@@ -420,26 +514,13 @@ impl Comm {
     pub fn dup(&self) -> Result<Comm> {
         let n = self.sequence.dups.fetch_add(1, Ordering::Relaxed) + 1;
         let context = derive_context(self.context, n);
-        Ok(Comm { inner: self.inner.clone(), context, sequence: Default::default() })
-    }
-
-    /// Waits until every rank of the communicator has entered the barrier (dissemination algorithm:
-    /// ceil(log2 n) rounds).
-    pub async fn barrier(&self) -> Result<()> {
-        let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
-        let coll =
-            Comm { inner: self.inner.clone(), context: self.context | COLLECTIVE_BIT, sequence: Default::default() };
-        for step in ferrocomm_collectives::Dissemination::new(self.rank(), self.size()) {
-            let tag = (seq << 8) | step.round as u64;
-            coll.sendrecv(step.to, tag, Bytes::new(), step.from, tag).await?;
-        }
-        Ok(())
+        Ok(self.with_context(context))
     }
 }
 
 /// The context id of the `n`-th duplicate of `parent`: a fixed mixing function, so that every rank
 /// derives the same id without talking (dup is collective), kept clear of the collective bit.
-fn derive_context(parent: u32, n: u32) -> u32 {
+pub(crate) fn derive_context(parent: u32, n: u32) -> u32 {
     let mut x = (u64::from(parent) << 32) | u64::from(n);
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);

@@ -240,11 +240,7 @@ pub mod allreduce {
         fn new(r: u32, n: u32) -> Fold {
             let core = if n.is_power_of_two() { n } else { n.next_power_of_two() / 2 };
             let rem = n - core;
-            let new_rank = if r < 2 * rem {
-                (r % 2 == 1).then_some(r / 2)
-            } else {
-                Some(r - rem)
-            };
+            let new_rank = if r < 2 * rem { (r % 2 == 1).then_some(r / 2) } else { Some(r - rem) };
             Fold { rem, core, new_rank }
         }
 
@@ -255,7 +251,7 @@ pub mod allreduce {
         /// Round 0: even ranks of the first 2*rem hand their data to their odd neighbour.
         fn pre(&self, r: u32, s: &mut Schedule, blocks: std::ops::Range<u32>) {
             if r < 2 * self.rem {
-                if r % 2 == 0 {
+                if r.is_multiple_of(2) {
                     s.send(0, r + 1, blocks);
                 } else {
                     s.recv(0, r - 1, Apply::Reduce { incoming_first: true });

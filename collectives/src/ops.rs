@@ -6,7 +6,9 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::algorithms::{allgather, allreduce, alltoall, barrier, bcast, gather, reduce, reduce_scatter, scan, scatter};
+use crate::algorithms::{
+    allgather, allreduce, alltoall, barrier, bcast, gather, reduce, reduce_scatter, scan, scatter,
+};
 use crate::schedule::{Blocks, Machine};
 use crate::select::Algorithm;
 use crate::{CollError, Reducer};
@@ -58,7 +60,14 @@ pub fn barrier(r: u32, n: u32, alg: Algorithm) -> Result<Machine, CollError> {
 }
 
 /// Broadcast of `data` (present at the root) cut on `elem`-byte boundaries.
-pub fn bcast(r: u32, n: u32, root: u32, alg: Algorithm, data: Option<Bytes>, elem: usize) -> Result<Machine, CollError> {
+pub fn bcast(
+    r: u32,
+    n: u32,
+    root: u32,
+    alg: Algorithm,
+    data: Option<Bytes>,
+    elem: usize,
+) -> Result<Machine, CollError> {
     let mut blocks = Blocks::new();
     let s = match alg {
         Algorithm::Binomial | Algorithm::Linear => {

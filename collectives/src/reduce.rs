@@ -61,6 +61,9 @@ macro_rules! float_element {
 }
 float_element!(f32, f64);
 
+/// A user's element-wise operator: `f(acc, x)` sets `acc[i] = acc[i] ⊕ x[i]`.
+pub type UserOp<T> = Arc<dyn Fn(&mut [T], &[T]) + Send + Sync>;
+
 /// A reduction operator on elements of type `T`.
 pub enum ReduceOp<T> {
     Sum,
@@ -74,7 +77,10 @@ pub enum ReduceOp<T> {
     LogicalOr,
     LogicalXor,
     /// A user operator: `f(acc, x)` sets `acc[i] = acc[i] ⊕ x[i]`.
-    Custom { f: Arc<dyn Fn(&mut [T], &[T]) + Send + Sync>, commutative: bool },
+    Custom {
+        f: UserOp<T>,
+        commutative: bool,
+    },
 }
 
 impl<T> Clone for ReduceOp<T> {
@@ -270,9 +276,9 @@ mod tests {
     #[test]
     fn unaligned_bytes_are_handled() {
         let r = ReduceOp::<f64>::Sum.erase();
-        let mut acc = vec![0u8; 17];
+        let mut acc = [0u8; 17];
         acc[1..].copy_from_slice(bytemuck::cast_slice(&[1.5f64, 2.0]));
-        let mut x = vec![0u8; 17];
+        let mut x = [0u8; 17];
         x[1..].copy_from_slice(bytemuck::cast_slice(&[1.0f64, 1.0]));
         r.apply(&mut acc[1..], &x[1..], false);
         let out: Vec<f64> = bytemuck::pod_collect_to_vec(&acc[1..]);

@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::reduce::Reducer;
 use crate::CollError;
+use crate::reduce::Reducer;
 
 /// What a receive does with the blocks it brings.
 #[derive(Clone, Debug, PartialEq, Eq)]

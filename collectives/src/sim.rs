@@ -94,7 +94,10 @@ pub fn run(machines: Vec<Machine>, net: Network) -> Result<Outcome, CollError> {
         }
     }
     if let Some(r) = sim.machines.iter().position(|m| !m.is_done()) {
-        return Err(CollError::Invalid(format!("rank {r} never finished (waiting in round {:?})", sim.machines[r].round())));
+        return Err(CollError::Invalid(format!(
+            "rank {r} never finished (waiting in round {:?})",
+            sim.machines[r].round()
+        )));
     }
     Ok(Outcome {
         rounds: sim.clock.iter().copied().max().unwrap_or(0),

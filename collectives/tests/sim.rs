@@ -34,12 +34,18 @@ fn matmul(a: u64, b: u64) -> u64 {
     e(a0, b0, a1, b2) | e(a0, b1, a1, b3) << 16 | e(a2, b0, a3, b2) << 32 | e(a2, b1, a3, b3) << 48
 }
 
-fn ops_under_test() -> Vec<(&'static str, ReduceOp<u64>, fn(u64, u64) -> u64)> {
+type Case = (&'static str, ReduceOp<u64>, fn(u64, u64) -> u64);
+
+fn ops_under_test() -> Vec<Case> {
     vec![
         ("sum", ReduceOp::Sum, |a, b| a.wrapping_add(b)),
         ("max", ReduceOp::Max, |a, b| a.max(b)),
         ("bxor", ReduceOp::BitXor, |a, b| a ^ b),
-        ("matmul", ReduceOp::custom(|acc, x| acc.iter_mut().zip(x).for_each(|(a, b)| *a = matmul(*a, *b)), false), matmul),
+        (
+            "matmul",
+            ReduceOp::custom(|acc, x| acc.iter_mut().zip(x).for_each(|(a, b)| *a = matmul(*a, *b)), false),
+            matmul,
+        ),
     ]
 }
 
@@ -103,7 +109,11 @@ fn reduce_and_allreduce_all_algorithms() {
                     for &alg in Algorithm::for_operation(Operation::Reduce) {
                         let ms = (0..n).map(|r| ops::reduce(r, n, root, alg, bytes_of(&input(r, count)), op.erase()));
                         let out = run(ms.map(Result::unwrap).collect(), seed(n, count, alg));
-                        assert_eq!(u64s(&out.blocks[root as usize][&0]), expect, "reduce {alg} {name} n={n} root={root}");
+                        assert_eq!(
+                            u64s(&out.blocks[root as usize][&0]),
+                            expect,
+                            "reduce {alg} {name} n={n} root={root}"
+                        );
                     }
                 }
                 for &alg in Algorithm::for_operation(Operation::Allreduce) {

@@ -91,14 +91,26 @@ pub async fn join(
 
     // Which peers share this host: they are reached through shared memory (unless told otherwise).
     kv.put(&format!("host/{rank}"), host_identity().as_bytes()).await.map_err(Error::bootstrap)?;
-    let mut local = vec![false; size as usize];
-    if settings.transports == TransportChoice::Auto && cfg!(target_os = "linux") {
-        let me = host_identity();
-        for r in 0..size {
-            let host = kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
-            local[r as usize] = r != rank && host == me.as_bytes();
-        }
+    let mut hosts = Vec::with_capacity(size as usize);
+    for r in 0..size {
+        hosts.push(kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?);
     }
+    // Node index of every rank (hosts numbered in order of their lowest rank), for hierarchical
+    // collectives.
+    let mut seen: Vec<&[u8]> = Vec::new();
+    let nodes: Vec<u32> = hosts
+        .iter()
+        .map(|h| match seen.iter().position(|x| *x == &h[..]) {
+            Some(i) => i as u32,
+            None => {
+                seen.push(h);
+                seen.len() as u32 - 1
+            }
+        })
+        .collect();
+    let shm_ok = settings.transports == TransportChoice::Auto && cfg!(target_os = "linux");
+    let local: Vec<bool> =
+        (0..size).map(|r| shm_ok && r != rank && nodes[r as usize] == nodes[rank as usize]).collect();
 
     let refused = Arc::new(Mutex::new(Vec::new()));
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -172,6 +184,7 @@ pub async fn join(
         reactor,
         refused,
         listen_addr,
+        nodes,
         closed: AtomicBool::new(false),
         thread: Mutex::new(Some(thread)),
     })))
@@ -217,7 +230,12 @@ async fn shared_memory(
 
 /// What identifies this host: ranks with the same identity share memory. The boot id tells apart
 /// machines (or containers of different machines) that happen to share a host name.
+/// `FERROCOMM_HOST_ID` overrides it (ranks with different values then talk over TCP even on one
+/// machine, which is how tests exercise multi-host code paths such as hierarchical collectives).
 fn host_identity() -> String {
+    if let Ok(id) = std::env::var("FERROCOMM_HOST_ID") {
+        return id;
+    }
     let name =
         std::fs::read_to_string("/proc/sys/kernel/hostname").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_default();
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();

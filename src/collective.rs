@@ -1,0 +1,683 @@
+//! Collective operations on a [`Comm`]: the thin driver between the sans-IO machines of
+//! `ferrocomm-collectives` and the point-to-point layer, plus communicator splitting.
+//!
+//! Every collective is planned when it is *called*: the algorithm is chosen and the call takes its
+//! sequence number on the communicator right away, so several collectives may be outstanding on
+//! one communicator (held, `join!`ed) and still pair up across ranks, as long as every rank calls
+//! them in the same order. Collective traffic travels on the communicator's collective context
+//! with tag `sequence << 16 | round`, so it never mixes with the application's messages or with
+//! another call's.
+//!
+//! Cancellation: dropping a collective's future withdraws its pending receives and sends. Ranks
+//! that still wait for this rank's part of that call do not complete it: they fail at their own
+//! deadline ([`Error::Timeout`]) or are dropped in turn. The communicator stays usable: later calls
+//! have later sequence numbers, and the cancelled call's stray messages are never matched (they stay
+//! in the unexpected queue, bounded by that call's size, until the communicator's world ends).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+
+use bytes::Bytes;
+use ferrocomm_collectives::select::Call;
+use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
+use ferrocomm_transports::Rank;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+
+use crate::error::{Error, Result};
+use crate::world::{COLLECTIVE_BIT, Comm, Group, derive_context};
+
+/// One call's place on its communicator: where its messages go and the sequence number that keeps
+/// them apart from other calls'.
+struct Slot {
+    comm: Comm,
+    seq: u64,
+}
+
+/// The node-leader decomposition of a communicator spanning several hosts.
+pub(crate) struct Hierarchy {
+    /// The ranks of this communicator on this host (rank 0 of it is the node's leader).
+    node: Comm,
+    /// The leaders, one per host; `None` on ranks that are not leaders.
+    leaders: Option<Comm>,
+    /// The node index of each rank of the communicator.
+    node_of: Vec<u32>,
+    /// For each node index, the rank (in the communicator) of its leader.
+    leader_rank: Vec<Rank>,
+}
+
+fn to_bytes<T: Element>(data: &[T]) -> Bytes {
+    Bytes::copy_from_slice(bytemuck::cast_slice(data))
+}
+
+fn to_vec<T: Element>(b: &Bytes) -> Result<Vec<T>> {
+    if !b.len().is_multiple_of(size_of::<T>()) {
+        return Err(Error::Invalid(format!("{} bytes are not a whole number of {}", b.len(), T::NAME)));
+    }
+    Ok(bytemuck::pod_collect_to_vec(b))
+}
+
+fn copy_into<T: Element>(out: &mut [T], b: &Bytes) -> Result<()> {
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+    if bytes.len() != b.len() {
+        return Err(Error::Invalid(format!("expected {} bytes, the collective produced {}", bytes.len(), b.len())));
+    }
+    bytes.copy_from_slice(b);
+    Ok(())
+}
+
+fn check_op<T: Element>(op: &ReduceOp<T>) -> Result<()> {
+    if op.supported() { Ok(()) } else { Err(Error::Invalid(format!("{op:?} is not defined on {}", T::NAME))) }
+}
+
+impl Comm {
+    /// Takes the next sequence number of this communicator for one collective call.
+    fn slot(&self) -> Slot {
+        let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
+        Slot { comm: self.with_context(self.context() | COLLECTIVE_BIT), seq }
+    }
+
+    /// The algorithm for `op` with `bytes` per rank.
+    fn choose(&self, op: Operation, bytes: usize, commutative: bool) -> Algorithm {
+        let call = Call { op, ranks: self.size(), bytes, commutative };
+        let table = self.collective_table();
+        let forced = table.overrides.get(&op) == Some(&Algorithm::Hierarchical);
+        let hierarchical = matches!(op, Operation::Barrier | Operation::Bcast | Operation::Allreduce)
+            && commutative
+            && self.hierarchy().is_some_and(|h| forced || h.worth_it());
+        if hierarchical && (forced || !table.overrides.contains_key(&op)) {
+            return Algorithm::Hierarchical;
+        }
+        table.choose(call)
+    }
+
+    /// The node-leader decomposition, if this communicator spans more than one host.
+    fn hierarchy(&self) -> Option<&Hierarchy> {
+        let h = self.sequence.hierarchy.get_or_init(|| {
+            let nodes = &self.inner().nodes;
+            let node_of: Vec<u32> = (0..self.size()).map(|r| nodes[self.world_rank(r) as usize]).collect();
+            let mut leader_rank: Vec<Rank> = vec![Rank::MAX; node_of.iter().max().map_or(0, |m| *m as usize + 1)];
+            for (r, &n) in node_of.iter().enumerate().rev() {
+                leader_rank[n as usize] = r as Rank;
+            }
+            let me = self.rank();
+            let mine = node_of[me as usize];
+            // Derived without communication: every member computes the same groups and contexts.
+            let sub = |members: Vec<Rank>, context: u32| {
+                let world: Vec<Rank> = members.iter().map(|&r| self.world_rank(r)).collect();
+                let mut c = self.with_context(context);
+                c.group = Some(Arc::new(Group::new(world, self.world_rank(me))));
+                c
+            };
+            let node_context = derive_context(derive_context(self.context(), u32::MAX - 1), mine);
+            let node = sub((0..self.size()).filter(|&r| node_of[r as usize] == mine).collect(), node_context);
+            let leaders = (leader_rank[mine as usize] == me).then(|| {
+                let members = leader_rank.iter().copied().filter(|&r| r != Rank::MAX).collect();
+                sub(members, derive_context(self.context(), u32::MAX - 2))
+            });
+            Hierarchy { node, leaders, node_of, leader_rank }
+        });
+        (h.leader_rank.iter().filter(|&&r| r != Rank::MAX).count() > 1).then_some(h)
+    }
+
+    /// Runs `machine` on `slot`: posts what it asks, feeds it what arrives, until it is done and
+    /// its sends have completed.
+    async fn drive(slot: Slot, mut m: Machine) -> Result<Blocks> {
+        let Slot { comm, seq } = slot;
+        let tag = |round: u32| (seq << 16) | u64::from(round);
+        let mut sends = FuturesUnordered::new();
+        let mut recvs = FuturesUnordered::new();
+        loop {
+            while let Some(a) = m.poll_action() {
+                match a {
+                    Action::Send { to, round, data } => sends.push(comm.send(to, tag(round), data)),
+                    Action::Recv { from, round } => {
+                        let op = comm.recv(from, tag(round));
+                        recvs.push(async move { (from, round, op.await) });
+                    }
+                }
+            }
+            if m.is_done() {
+                break;
+            }
+            let (from, round, msg) = futures::future::poll_fn(|cx| {
+                while let Poll::Ready(Some(sent)) = sends.poll_next_unpin(cx) {
+                    sent?;
+                }
+                match recvs.poll_next_unpin(cx) {
+                    Poll::Ready(Some(x)) => Poll::Ready(Ok(x)),
+                    Poll::Ready(None) => {
+                        Poll::Ready(Err(Error::Invalid("collective waits with nothing posted".into())))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await?;
+            m.deliver(from, round, msg?.data)?;
+        }
+        while let Some(sent) = sends.next().await {
+            sent?;
+        }
+        Ok(m.into_blocks())
+    }
+
+    /// Waits until every rank of the communicator has entered the barrier (dissemination:
+    /// ceil(log2 n) rounds; node-leader when the communicator spans several hosts).
+    pub fn barrier(&self) -> impl Future<Output = Result<()>> + Send + use<> {
+        let alg = self.choose(Operation::Barrier, 0, true);
+        let plan = if alg == Algorithm::Hierarchical {
+            let h = self.hierarchy().expect("chosen");
+            let (n, l) = (&h.node, h.leaders.as_ref());
+            let (nr, nn) = (n.rank(), n.size());
+            let up = (n.slot(), ops::gather(nr, nn, 0, Algorithm::Binomial, Bytes::new()));
+            let mid = l.map(|l| (l.slot(), ops::barrier(l.rank(), l.size(), Algorithm::Dissemination)));
+            let down = (n.slot(), ops::bcast(nr, nn, 0, Algorithm::Binomial, (nr == 0).then(Bytes::new), 1));
+            Err((up, mid, down))
+        } else {
+            Ok((self.slot(), ops::barrier(self.rank(), self.size(), alg)))
+        };
+        async move {
+            match plan {
+                Ok((slot, m)) => Comm::drive(slot, m?).await.map(drop),
+                Err((up, mid, down)) => {
+                    Comm::drive(up.0, up.1?).await?;
+                    if let Some((s, m)) = mid {
+                        Comm::drive(s, m?).await?;
+                    }
+                    Comm::drive(down.0, down.1?).await.map(drop)
+                }
+            }
+        }
+    }
+
+    /// Broadcasts the root's `buf` into every rank's `buf` (all ranks pass the same length).
+    pub fn broadcast<'a, T: Element>(
+        &self,
+        root: Rank,
+        buf: &'a mut [T],
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let bytes = size_of_val(buf);
+        let data = (self.rank() == root).then(|| to_bytes(buf));
+        let run = self.bcast_plan(root, data, bytes, size_of::<T>());
+        let me = self.rank();
+        async move {
+            let out = run.await?;
+            if me != root {
+                copy_into(buf, &out)?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Broadcasts bytes whose length only the root knows (binomial tree).
+    pub fn broadcast_bytes(
+        &self,
+        root: Rank,
+        data: Option<Bytes>,
+    ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
+        let early = match (&data, self.rank() == root) {
+            (None, true) => Some(Error::Invalid("the root must provide the data".into())),
+            _ => None,
+        };
+        let run = self.bcast_with(root, data.filter(|_| self.rank() == root), Algorithm::Binomial, 1);
+        async move {
+            match early {
+                Some(e) => Err(e),
+                None => run.await,
+            }
+        }
+    }
+
+    fn bcast_plan(
+        &self,
+        root: Rank,
+        data: Option<Bytes>,
+        bytes: usize,
+        elem: usize,
+    ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
+        let alg = self.choose(Operation::Bcast, bytes, true);
+        self.bcast_with(root, data, alg, elem)
+    }
+
+    fn bcast_with(
+        &self,
+        root: Rank,
+        data: Option<Bytes>,
+        alg: Algorithm,
+        elem: usize,
+    ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
+        let (r, n) = (self.rank(), self.size());
+        let early = self.check_root(root);
+        let plan = if early.is_some() {
+            None
+        } else if alg == Algorithm::Hierarchical {
+            // Root -> its node's leader -> every leader -> every node.
+            let h = self.hierarchy().expect("chosen");
+            let (node, root_node) = (&h.node, h.node_of[root as usize]);
+            let mine = h.node_of[r as usize] == root_node;
+            let node_root = node_rank_of(h, root);
+            let at = |c: &Comm, root: Rank| (c.slot(), c.rank(), c.size(), root);
+            let first = mine.then(|| at(node, node_root));
+            let leaders = h.leaders.as_ref().map(|l| at(l, h.leader_position(root_node)));
+            let last = (!mine).then(|| at(node, 0));
+            Some(Err((data, [first, leaders, last])))
+        } else {
+            Some(Ok((self.slot(), ops::bcast(r, n, root, alg, data, elem), alg, n)))
+        };
+        async move {
+            match plan {
+                None => Err(early.expect("set")),
+                Some(Ok((slot, m, alg, n))) => Ok(ops::bcast_result(&Comm::drive(slot, m?).await?, n, alg)?),
+                Some(Err((mut have, steps))) => {
+                    // Root's node, then the leaders, then the other nodes; each step's root holds
+                    // the data by the time it starts.
+                    for (slot, r, n, root) in steps.into_iter().flatten() {
+                        let data = if r == root { have.clone() } else { None };
+                        let m = ops::bcast(r, n, root, Algorithm::Binomial, data, elem)?;
+                        have = Some(ops::bcast_result(&Comm::drive(slot, m).await?, n, Algorithm::Binomial)?);
+                    }
+                    have.ok_or_else(|| Error::Invalid("hierarchical broadcast ended without data".into()))
+                }
+            }
+        }
+    }
+
+    fn check_root(&self, root: Rank) -> Option<Error> {
+        (root >= self.size()).then_some(Error::UnknownRank { rank: root, size: self.size() })
+    }
+
+    /// Combines every rank's `data` with `op` at `root`: `Some(result)` there, `None` elsewhere.
+    pub fn reduce<T: Element>(
+        &self,
+        root: Rank,
+        data: &[T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<T> {
+        let alg = self.choose(Operation::Reduce, size_of_val(data), op.is_commutative());
+        let early = self.check_root(root).or_else(|| check_op(&op).err());
+        let (r, n) = (self.rank(), self.size());
+        let plan = early.is_none().then(|| (self.slot(), ops::reduce(r, n, root, alg, to_bytes(data), op.erase())));
+        async move {
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            let blocks = Comm::drive(slot, m?).await?;
+            if r != root {
+                return Ok(None);
+            }
+            to_vec(&ops::concat(&blocks, [0])?).map(Some)
+        }
+    }
+
+    /// Combines every rank's `buf` with `op` and leaves the result in every rank's `buf`.
+    pub fn allreduce<'a, T: Element>(
+        &self,
+        buf: &'a mut [T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let alg = self.choose(Operation::Allreduce, size_of_val(buf), op.is_commutative());
+        let early = check_op(&op).err();
+        let (r, n) = (self.rank(), self.size());
+        let data = to_bytes(buf);
+        let plan = if early.is_some() {
+            None
+        } else if alg == Algorithm::Hierarchical {
+            let h = self.hierarchy().expect("chosen");
+            let node = &h.node;
+            let up = (node.slot(), ops::reduce(node.rank(), node.size(), 0, Algorithm::Binomial, data, op.erase()));
+            let mid = h.leaders.as_ref().map(|l| {
+                let a = l.choose(Operation::Allreduce, size_of_val(buf), true);
+                (l.slot(), l.size(), a, op.erase())
+            });
+            let down = node.slot();
+            let (nr, nn) = (node.rank(), node.size());
+            Some(Err((up, mid, down, nr, nn, op.erase())))
+        } else {
+            Some(Ok((self.slot(), ops::allreduce(r, n, alg, data, op.erase()))))
+        };
+        async move {
+            let out = match plan {
+                None => return Err(early.expect("set")),
+                Some(Ok((slot, m))) => ops::allreduce_result(&Comm::drive(slot, m?).await?, n, alg)?,
+                Some(Err((up, mid, down, nr, nn, _))) => {
+                    let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
+                    let mut have = (nr == 0).then_some(partial);
+                    if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
+                        let lr = slot.comm.rank();
+                        let m = ops::allreduce(lr, ln, a, d, reducer)?;
+                        have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
+                    }
+                    let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
+                    ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?
+                }
+            };
+            copy_into(buf, &out)
+        }
+    }
+
+    /// Gathers every rank's `data` (all of one length) at `root`, concatenated in rank order.
+    pub fn gather<T: Element>(
+        &self,
+        root: Rank,
+        data: &[T],
+    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<T> {
+        let run = self.gather_plan(root, to_bytes(data), size_of_val(data));
+        async move {
+            let Some(parts) = run.await? else { return Ok(None) };
+            let mut out = Vec::new();
+            for p in &parts {
+                out.extend(to_vec::<T>(p)?);
+            }
+            Ok(Some(out))
+        }
+    }
+
+    /// Gathers every rank's `data` (lengths may differ) at `root`: one vector per rank.
+    pub fn gatherv<T: Element>(
+        &self,
+        root: Rank,
+        data: &[T],
+    ) -> impl Future<Output = Result<Option<Vec<Vec<T>>>>> + Send + use<T> {
+        let run = self.gather_bytes(root, to_bytes(data));
+        async move {
+            let Some(parts) = run.await? else { return Ok(None) };
+            parts.iter().map(to_vec).collect::<Result<Vec<_>>>().map(Some)
+        }
+    }
+
+    /// Gathers one message per rank at `root` (any lengths).
+    pub fn gather_bytes(
+        &self,
+        root: Rank,
+        data: Bytes,
+    ) -> impl Future<Output = Result<Option<Vec<Bytes>>>> + Send + use<> {
+        // Lengths may differ between ranks, so the choice may not depend on them.
+        self.gather_plan(root, data, 0)
+    }
+
+    fn gather_plan(
+        &self,
+        root: Rank,
+        data: Bytes,
+        bytes: usize,
+    ) -> impl Future<Output = Result<Option<Vec<Bytes>>>> + Send + use<> {
+        let alg = self.choose(Operation::Gather, bytes, true);
+        let (r, n) = (self.rank(), self.size());
+        let early = self.check_root(root);
+        let plan = early.is_none().then(|| (self.slot(), ops::gather(r, n, root, alg, data)));
+        async move {
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            let blocks = Comm::drive(slot, m?).await?;
+            if r != root {
+                return Ok(None);
+            }
+            Ok(Some(ops::gather_result(&blocks, n, root)?))
+        }
+    }
+
+    /// Splits the root's `data` into equal parts, one per rank in rank order, and returns this
+    /// rank's part. Other ranks pass `None`.
+    pub fn scatter<T: Element>(
+        &self,
+        root: Rank,
+        data: Option<&[T]>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let n = self.size() as usize;
+        let parts = match data {
+            Some(d) if !d.len().is_multiple_of(n) => {
+                Err(Error::Invalid(format!("{} elements do not split into {n} parts", d.len())))
+            }
+            Some(d) => {
+                let k = d.len() / n;
+                Ok(Some((0..n).map(|i| to_bytes(&d[i * k..(i + 1) * k])).collect()))
+            }
+            None => Ok(None),
+        };
+        self.scatter_bytes_typed::<T>(root, parts)
+    }
+
+    /// Sends `parts[i]` of the root to rank i (lengths may differ); returns this rank's part.
+    pub fn scatterv<T: Element>(
+        &self,
+        root: Rank,
+        parts: Option<&[Vec<T>]>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        self.scatter_bytes_typed::<T>(root, Ok(parts.map(|p| p.iter().map(|v| to_bytes(v)).collect())))
+    }
+
+    fn scatter_bytes_typed<T: Element>(
+        &self,
+        root: Rank,
+        parts: Result<Option<Vec<Bytes>>>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let run = parts.map(|p| self.scatter_bytes(root, p));
+        async move { to_vec(&run?.await?) }
+    }
+
+    /// Sends message `parts[i]` of the root to rank i; returns this rank's.
+    pub fn scatter_bytes(
+        &self,
+        root: Rank,
+        parts: Option<Vec<Bytes>>,
+    ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
+        let alg = self.choose(Operation::Scatter, 0, true);
+        let (r, n) = (self.rank(), self.size());
+        let early = self.check_root(root).or_else(|| match (&parts, r == root) {
+            (Some(p), true) if p.len() != n as usize => {
+                Some(Error::Invalid(format!("{} parts for {n} ranks", p.len())))
+            }
+            (None, true) => Some(Error::Invalid("the root must provide the parts".into())),
+            _ => None,
+        });
+        let plan = early.is_none().then(|| (self.slot(), ops::scatter(r, n, root, alg, parts.filter(|_| r == root))));
+        async move {
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            Ok(ops::scatter_result(&Comm::drive(slot, m?).await?, r, n, root)?)
+        }
+    }
+
+    /// Every rank's `data` (all of one length), concatenated in rank order, at every rank.
+    pub fn allgather<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let alg = self.choose(Operation::Allgather, size_of_val(data), true);
+        let run = self.allgather_with(to_bytes(data), alg);
+        async move {
+            let mut out = Vec::new();
+            for p in run.await? {
+                out.extend(to_vec::<T>(&p)?);
+            }
+            Ok(out)
+        }
+    }
+
+    /// Every rank's `data` (lengths may differ), one vector per rank, at every rank.
+    pub fn allgatherv<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<Vec<T>>>> + Send + use<T> {
+        let run = self.allgather_bytes(to_bytes(data));
+        async move { run.await?.iter().map(to_vec).collect() }
+    }
+
+    /// Every rank's message (any lengths) at every rank.
+    pub fn allgather_bytes(&self, data: Bytes) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+        let alg = self.choose(Operation::Allgather, 0, true);
+        self.allgather_with(data, alg)
+    }
+
+    fn allgather_with(&self, data: Bytes, alg: Algorithm) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+        let (r, n) = (self.rank(), self.size());
+        let (slot, m) = (self.slot(), ops::allgather(r, n, alg, data));
+        async move { Ok(ops::allgather_result(&Comm::drive(slot, m?).await?, n)?) }
+    }
+
+    /// All-to-all: `data` holds one equal part per rank in rank order; the result holds what each
+    /// rank sent to this one, in rank order.
+    pub fn alltoall<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let n = self.size() as usize;
+        let early = (!data.len().is_multiple_of(n))
+            .then(|| Error::Invalid(format!("{} elements do not split into {n} parts", data.len())));
+        let part = data.len() / n;
+        let parts: Vec<Bytes> = (0..n).map(|i| to_bytes(&data[i * part..(i + 1) * part])).collect();
+        let alg = self.choose(Operation::Alltoall, part * size_of::<T>(), true);
+        let run = early.is_none().then(|| self.alltoall_with(parts, alg));
+        async move {
+            let mut out = Vec::new();
+            for p in run.ok_or_else(|| early.expect("set"))?.await? {
+                out.extend(to_vec::<T>(&p)?);
+            }
+            Ok(out)
+        }
+    }
+
+    /// All-to-all with parts of any lengths: `parts[i]` goes to rank i.
+    pub fn alltoallv<T: Element>(&self, parts: &[Vec<T>]) -> impl Future<Output = Result<Vec<Vec<T>>>> + Send + use<T> {
+        let run = self.alltoall_bytes(parts.iter().map(|p| to_bytes(p)).collect());
+        async move { run.await?.iter().map(to_vec).collect() }
+    }
+
+    /// All-to-all of messages: `parts[i]` goes to rank i (pairwise exchange: lengths may differ).
+    pub fn alltoall_bytes(&self, parts: Vec<Bytes>) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+        let table = self.collective_table();
+        let alg = table.overrides.get(&Operation::Alltoall).copied().unwrap_or(Algorithm::Pairwise);
+        self.alltoall_with(parts, alg)
+    }
+
+    fn alltoall_with(
+        &self,
+        parts: Vec<Bytes>,
+        alg: Algorithm,
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+        let (r, n) = (self.rank(), self.size());
+        let (slot, m) = (self.slot(), ops::alltoall(r, n, alg, parts));
+        async move { Ok(ops::alltoall_result(&Comm::drive(slot, m?).await?, r, n)?) }
+    }
+
+    /// Reduces `data` element-wise over all ranks and scatters the result: rank i gets
+    /// `counts[i]` elements (in order). Every rank passes the same `counts`.
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        data: &[T],
+        counts: &[usize],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let n = self.size() as usize;
+        let total = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c)).unwrap_or(usize::MAX);
+        let early = if counts.len() != n || total != data.len() {
+            Some(Error::Invalid(format!(
+                "{} counts summing to {total} for {n} ranks and {} elements",
+                counts.len(),
+                data.len()
+            )))
+        } else {
+            check_op(&op).err()
+        };
+        let mut at = 0;
+        let segments: Vec<Bytes> = counts
+            .iter()
+            .map(|&c| {
+                let s = to_bytes(&data[at.min(data.len())..(at + c).min(data.len())]);
+                at += c;
+                s
+            })
+            .collect();
+        let alg = self.choose(Operation::ReduceScatter, size_of_val(data), op.is_commutative());
+        let (r, n) = (self.rank(), self.size());
+        let plan = early.is_none().then(|| (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase())));
+        async move {
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            to_vec(&ops::reduce_scatter_result(&Comm::drive(slot, m?).await?, r)?)
+        }
+    }
+
+    /// [`Comm::reduce_scatter`] with equal counts: `data.len() / size` elements per rank.
+    pub fn reduce_scatter_block<T: Element>(
+        &self,
+        data: &[T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let n = self.size() as usize;
+        // A length that does not divide leaves counts that do not sum up: reported as invalid.
+        let counts = vec![data.len() / n; n];
+        self.reduce_scatter(data, &counts, op)
+    }
+
+    /// Inclusive prefix reduction: rank r's `buf` becomes `data_0 ⊕ ... ⊕ data_r`.
+    pub fn scan<'a, T: Element>(
+        &self,
+        buf: &'a mut [T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let run = self.scan_with(to_bytes(buf), op, true);
+        async move {
+            let out = run.await?.ok_or_else(|| Error::Invalid("scan produced nothing".into()))?;
+            copy_into(buf, &out)
+        }
+    }
+
+    /// Exclusive prefix reduction: `data_0 ⊕ ... ⊕ data_(r-1)`, `None` at rank 0.
+    pub fn exscan<T: Element>(
+        &self,
+        data: &[T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<T> {
+        let run = self.scan_with(to_bytes(data), op, false);
+        async move { run.await?.map(|b| to_vec(&b)).transpose() }
+    }
+
+    fn scan_with<T: Element>(
+        &self,
+        data: Bytes,
+        op: ReduceOp<T>,
+        inclusive: bool,
+    ) -> impl Future<Output = Result<Option<Bytes>>> + Send + use<T> {
+        let early = check_op(&op).err();
+        let plan =
+            early.is_none().then(|| (self.slot(), ops::scan(self.rank(), self.size(), data, op.erase(), inclusive)));
+        async move {
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            Ok(ops::scan_result(&Comm::drive(slot, m).await?))
+        }
+    }
+
+    /// Splits the communicator: ranks passing the same `color` form a new communicator, ordered by
+    /// `key` (then by rank here); `None` takes no part and gets `None`. Collective.
+    pub async fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Comm>> {
+        let n = self.sequence.splits.fetch_add(1, Ordering::Relaxed);
+        let mine = [color.map_or(u64::MAX, u64::from), u64::from(key)];
+        let all = self.allgather_with(to_bytes(&mine), Algorithm::Bruck).await?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(u64, Rank)> = Vec::new();
+        for (r, b) in all.iter().enumerate() {
+            let v: Vec<u64> = to_vec(b)?;
+            if v.len() != 2 {
+                return Err(Error::Invalid(format!("rank {r} sent a malformed split request")));
+            }
+            if v[0] == u64::from(color) {
+                members.push((v[1], r as Rank));
+            }
+        }
+        members.sort();
+        let world: Vec<Rank> = members.iter().map(|&(_, r)| self.world_rank(r)).collect();
+        let context = derive_context(derive_context(self.context(), (1 << 30) | n), color);
+        let mut c = self.with_context(context);
+        c.group = Some(Arc::new(Group::new(world, self.world_rank(self.rank()))));
+        Ok(Some(c))
+    }
+}
+
+impl Hierarchy {
+    /// Whether the hierarchy saves network traffic: some host has several ranks.
+    fn worth_it(&self) -> bool {
+        let mut per_node = vec![0u32; self.leader_rank.len()];
+        self.node_of.iter().for_each(|&n| per_node[n as usize] += 1);
+        per_node.iter().any(|&c| c > 1)
+    }
+
+    /// The rank, in the leaders' communicator, of node `node`'s leader.
+    fn leader_position(&self, node: u32) -> Rank {
+        self.leader_rank.iter().take(node as usize).filter(|&&r| r != Rank::MAX).count() as Rank
+    }
+}
+
+/// The rank of `r` (a rank of the parent communicator) within its node's communicator.
+fn node_rank_of(h: &Hierarchy, r: Rank) -> Rank {
+    let node = h.node_of[r as usize];
+    h.node_of[..r as usize].iter().filter(|&&n| n == node).count() as Rank
+}

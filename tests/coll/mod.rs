@@ -1,0 +1,158 @@
+//! The collectives suite: every operation, every algorithm (pinned through the communicator's
+//! table) and sizes crossing every switch, each result checked against a sequential reference that
+//! every rank computes locally from the deterministic inputs.
+
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use ferrocomm::Table;
+use ferrocomm::{Algorithm, Comm, Operation, ReduceOp};
+
+/// Rank r's input of `count` elements.
+pub fn input(r: u32, count: usize) -> Vec<u64> {
+    (0..count as u64).map(|i| (r as u64 + 1).wrapping_mul(0x9e37_79b9) ^ i.wrapping_mul(7919)).collect()
+}
+
+fn sum_ref(n: u32, count: usize, ranks: std::ops::Range<u32>) -> Vec<u64> {
+    let _ = n;
+    let mut acc = vec![0u64; count];
+    for r in ranks {
+        acc.iter_mut().zip(input(r, count)).for_each(|(a, x)| *a = a.wrapping_add(x));
+    }
+    acc
+}
+
+/// Element counts (u64) for the default-table run: empty, one, and sizes either side of every
+/// threshold of the default table and of the 64 KiB eager limit.
+pub const TABLE_COUNTS: [usize; 7] = [0, 1, 31, 2_500, 9_000, 20_000, 300_000];
+/// Element counts for runs with a pinned algorithm.
+pub const PINNED_COUNTS: [usize; 4] = [0, 1, 100, 12_000];
+
+/// Runs every operation with the communicator's current table on each count.
+pub async fn operations(c: &Comm, counts: &[usize], label: &str) {
+    let (r, n) = (c.rank(), c.size());
+    for &count in counts {
+        let ctx = format!("{label} n={n} count={count} rank {r}");
+        // Broadcast from two roots.
+        for root in [0, n - 1] {
+            let mut buf = if r == root { input(root, count) } else { vec![0; count] };
+            c.broadcast(root, &mut buf).await.unwrap();
+            assert_eq!(buf, input(root, count), "broadcast root {root} {ctx}");
+        }
+        // Reductions.
+        let mut buf = input(r, count);
+        c.allreduce(&mut buf, ReduceOp::Sum).await.unwrap();
+        assert_eq!(buf, sum_ref(n, count, 0..n), "allreduce {ctx}");
+        let root = n / 2;
+        let got = c.reduce(root, &input(r, count), ReduceOp::Sum).await.unwrap();
+        assert_eq!(got, (r == root).then(|| sum_ref(n, count, 0..n)), "reduce {ctx}");
+        // Gather / scatter / allgather (uniform).
+        let small = count.min(2_000);
+        let got = c.gather(root, &input(r, small)).await.unwrap();
+        let all: Vec<u64> = (0..n).flat_map(|i| input(i, small)).collect();
+        assert_eq!(got, (r == root).then(|| all.clone()), "gather {ctx}");
+        let got = c.scatter(root, (r == root).then_some(&all[..])).await.unwrap();
+        assert_eq!(got, input(r, small), "scatter {ctx}");
+        assert_eq!(c.allgather(&input(r, small)).await.unwrap(), all, "allgather {ctx}");
+        // All-to-all: part for rank d is input(r * 100 + d).
+        let per = count.min(4_000) / n as usize;
+        let mine: Vec<u64> = (0..n).flat_map(|d| input(r * 100 + d, per)).collect();
+        let want: Vec<u64> = (0..n).flat_map(|s| input(s * 100 + r, per)).collect();
+        assert_eq!(c.alltoall(&mine).await.unwrap(), want, "alltoall {ctx}");
+        // Reduce-scatter with uneven counts.
+        let counts: Vec<usize> = (0..n as usize).map(|i| (count / n as usize) + (i % 2)).collect();
+        let total: usize = counts.iter().sum();
+        let got = c.reduce_scatter(&input(r, total), &counts, ReduceOp::Sum).await.unwrap();
+        let start: usize = counts[..r as usize].iter().sum();
+        assert_eq!(got, sum_ref(n, total, 0..n)[start..start + counts[r as usize]], "reduce_scatter {ctx}");
+        // Scans.
+        let scan_count = count.min(5_000);
+        let mut buf = input(r, scan_count);
+        c.scan(&mut buf, ReduceOp::Sum).await.unwrap();
+        assert_eq!(buf, sum_ref(n, scan_count, 0..r + 1), "scan {ctx}");
+        let got = c.exscan(&input(r, scan_count), ReduceOp::Sum).await.unwrap();
+        assert_eq!(got, (r > 0).then(|| sum_ref(n, scan_count, 0..r)), "exscan {ctx}");
+        c.barrier().await.unwrap();
+    }
+    v_variants(c, label).await;
+    non_commutative(c, label).await;
+}
+
+/// The v-variants, with per-rank lengths that differ.
+async fn v_variants(c: &Comm, label: &str) {
+    let (r, n) = (c.rank(), c.size());
+    let len = |i: u32| (i as usize * 37) % 101;
+    let parts: Vec<Vec<u64>> = (0..n).map(|i| input(i, len(i))).collect();
+    assert_eq!(c.allgatherv(&input(r, len(r))).await.unwrap(), parts, "allgatherv {label}");
+    let got = c.gatherv(0, &input(r, len(r))).await.unwrap();
+    assert_eq!(got, (r == 0).then(|| parts.clone()), "gatherv {label}");
+    let got = c.scatterv(n - 1, (r == n - 1).then_some(&parts[..])).await.unwrap();
+    assert_eq!(got, parts[r as usize], "scatterv {label}");
+    let to = |s: u32, d: u32| input(s * 1000 + d, ((s + 3 * d) % 5) as usize);
+    let mine: Vec<Vec<u64>> = (0..n).map(|d| to(r, d)).collect();
+    let want: Vec<Vec<u64>> = (0..n).map(|s| to(s, r)).collect();
+    assert_eq!(c.alltoallv(&mine).await.unwrap(), want, "alltoallv {label}");
+    let msg = Bytes::from(format!("hello from {r}"));
+    let got = c.broadcast_bytes(n / 2, (r == n / 2).then(|| msg.clone())).await.unwrap();
+    assert_eq!(got, format!("hello from {}", n / 2), "broadcast_bytes {label}");
+}
+
+/// 2x2 matrices of u16 packed in a u64: associative, not commutative. Rank order must be kept.
+fn matmul(a: u64, b: u64) -> u64 {
+    let m = |x: u64, i: u32| (x >> (16 * i)) as u16;
+    let e = |x: u16, y: u16, z: u16, w: u16| x.wrapping_mul(y).wrapping_add(z.wrapping_mul(w)) as u64;
+    let (a0, a1, a2, a3, b0, b1, b2, b3) = (m(a, 0), m(a, 1), m(a, 2), m(a, 3), m(b, 0), m(b, 1), m(b, 2), m(b, 3));
+    e(a0, b0, a1, b2) | e(a0, b1, a1, b3) << 16 | e(a2, b0, a3, b2) << 32 | e(a2, b1, a3, b3) << 48
+}
+
+async fn non_commutative(c: &Comm, label: &str) {
+    let (r, n) = (c.rank(), c.size());
+    let op = || {
+        ReduceOp::custom(
+            |acc: &mut [u64], x: &[u64]| acc.iter_mut().zip(x).for_each(|(a, b)| *a = matmul(*a, *b)),
+            false,
+        )
+    };
+    let reference = |upto: u32| {
+        (0..upto).map(|i| input(i, 3)).reduce(|a, b| a.iter().zip(&b).map(|(x, y)| matmul(*x, *y)).collect())
+    };
+    let mut buf = input(r, 3);
+    c.allreduce(&mut buf, op()).await.unwrap();
+    assert_eq!(Some(buf), reference(n), "non-commutative allreduce {label}");
+    let got = c.reduce(n - 1, &input(r, 3), op()).await.unwrap();
+    assert_eq!(got, if r == n - 1 { reference(n) } else { None }, "non-commutative reduce {label}");
+    let mut buf = input(r, 3);
+    c.scan(&mut buf, op()).await.unwrap();
+    assert_eq!(Some(buf), reference(r + 1), "non-commutative scan {label}");
+    // Floats and typed operators.
+    let mut f = vec![r as f64 * 0.5; 4];
+    c.allreduce(&mut f, ReduceOp::Max).await.unwrap();
+    assert_eq!(f, vec![(n - 1) as f64 * 0.5; 4], "f64 max {label}");
+    let mut b = vec![1u8 << (r % 8); 2];
+    c.allreduce(&mut b, ReduceOp::BitOr).await.unwrap();
+    assert_eq!(b[0], (0..n).fold(0u8, |a, i| a | 1 << (i % 8)), "u8 bitor {label}");
+    let mut bad = [1.0f32];
+    assert!(c.allreduce(&mut bad, ReduceOp::BitAnd).await.is_err(), "bitwise on floats is refused");
+}
+
+/// Every algorithm of every operation, pinned in turn.
+pub async fn every_algorithm(c: &Comm) {
+    let ops = [
+        Operation::Barrier,
+        Operation::Bcast,
+        Operation::Reduce,
+        Operation::Allreduce,
+        Operation::Gather,
+        Operation::Scatter,
+        Operation::Allgather,
+        Operation::Alltoall,
+        Operation::ReduceScatter,
+    ];
+    for op in ops {
+        for &alg in Algorithm::for_operation(op) {
+            let table = Table::default().with_overrides(&format!("{op}={alg}")).unwrap();
+            let pinned = c.with_collective_table(table);
+            operations(&pinned, &PINNED_COUNTS, &format!("{op}={alg}")).await;
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Collectives over real transports with all ranks in this process: every operation and every
+//! algorithm for 1..=9 and 16 ranks over shared memory, a TCP run, skewed entry, concurrent
+//! collectives on one and several communicators, split, cancellation and deadlines.
+
+mod coll;
+
+use std::time::{Duration, Instant};
+
+use ferrocomm::{Deadline, Error, ProgressMode, ReduceOp, Settings, TransportChoice, testing};
+
+fn shm() -> Settings {
+    Settings { progress: ProgressMode::Adaptive(Duration::from_micros(20)), ..Settings::default() }
+}
+
+fn tcp() -> Settings {
+    Settings { transports: TransportChoice::Tcp, ..shm() }
+}
+
+async fn suite(n: u32, settings: Settings, pinned: bool) {
+    testing::run(n, settings, move |w| async move {
+        coll::operations(&w, &coll::TABLE_COUNTS, "table").await;
+        if pinned {
+            coll::every_algorithm(&w).await;
+        }
+        w.finalize().await.unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_every_rank_count_shm() {
+    for n in (1..=9).chain([16]) {
+        let t = Instant::now();
+        suite(n, shm(), true).await;
+        eprintln!("{n} ranks: {:?}", t.elapsed());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_over_tcp() {
+    for n in [2, 3, 5] {
+        suite(n, tcp(), false).await;
+    }
+}
+
+/// One rank enters 200 ms late; everyone still gets the right result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skewed_entry() {
+    testing::run(5, shm(), |w| async move {
+        if w.rank() == 3 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut v = coll::input(w.rank(), 1000);
+        w.allreduce(&mut v, ReduceOp::Sum).await.unwrap();
+        let want: Vec<u64> =
+            (0..1000).map(|i| (0..5).map(|r| coll::input(r, 1000)[i]).fold(0u64, |a, x| a.wrapping_add(x))).collect();
+        assert_eq!(v, want);
+        w.barrier().await.unwrap();
+        w.finalize().await.unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+/// Several collectives outstanding at once on one communicator, on a duplicate and on split
+/// halves: all complete with their own results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_collectives_and_split() {
+    testing::run(6, shm(), |w| async move {
+        let (r, n) = (w.rank(), w.size());
+        let dup = w.dup().unwrap();
+        let half = w.split(Some(r % 2), n - r).await.unwrap().unwrap();
+        assert_eq!(half.size(), 3);
+        // Keys are descending ranks, so the order is reversed within each colour.
+        assert_eq!(half.rank(), 2 - r / 2);
+        assert!(w.split(None, 0).await.unwrap().is_none());
+
+        let (mut a, mut b, mut c) = (vec![r as u64; 10], vec![1u64; 50_000], vec![r as u64; 3]);
+        let gathered = w.allgather(&[r]);
+        let (ra, rb, rc, rg) = futures::join!(
+            w.allreduce(&mut a, ReduceOp::Sum),
+            dup.allreduce(&mut b, ReduceOp::Sum),
+            half.allreduce(&mut c, ReduceOp::Max),
+            gathered,
+        );
+        ra.unwrap();
+        rb.unwrap();
+        rc.unwrap();
+        assert_eq!(a, vec![15; 10]);
+        assert_eq!(b, vec![6; 50_000]);
+        assert_eq!(c, vec![if r % 2 == 0 { 4 } else { 5 }; 3]);
+        assert_eq!(rg.unwrap(), (0..n).collect::<Vec<_>>());
+        // Point-to-point on the split communicator speaks its ranks.
+        let (right, left) = ((half.rank() + 1) % 3, (half.rank() + 2) % 3);
+        let m = half.sendrecv(right, 9, vec![half.rank() as u8], left, 9u64).await.unwrap();
+        assert_eq!((m.source, m.data[0] as u32), (left, left));
+        w.finalize().await.unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+/// Rank 0 drops an all-reduce after starting it. The others time out on that call (defined
+/// behaviour: a collective needs everyone), then the next collective works for everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_collective_leaves_the_communicator_usable() {
+    testing::run(4, shm(), |w| async move {
+        let r = w.rank();
+        let mut v = vec![1u64; 100];
+        if r == 0 {
+            // Polled once (its first messages go out), then dropped.
+            let once = futures::FutureExt::now_or_never(w.allreduce(&mut v, ReduceOp::Sum));
+            assert!(once.is_none(), "cannot complete without the others");
+        } else {
+            let late = w.allreduce(&mut v, ReduceOp::Sum).timeout(Duration::from_millis(300)).await;
+            // Rank 0 may have sent its part before dropping: then some ranks finish, else they time out.
+            assert!(matches!(late, Ok(()) | Err(Error::Timeout)), "{late:?}");
+        }
+        let mut v = vec![r as u64; 100];
+        w.allreduce(&mut v, ReduceOp::Sum).timeout(Duration::from_secs(10)).await.unwrap();
+        assert_eq!(v, vec![6; 100]);
+        w.barrier().await.unwrap();
+        w.finalize().await.unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+/// A rank that never joins: the others' deadline fires with a typed error, no hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_when_a_rank_never_joins() {
+    testing::run(3, shm(), |w| async move {
+        if w.rank() != 2 {
+            let t = Instant::now();
+            let e = w.barrier().timeout(Duration::from_millis(200)).await;
+            assert!(matches!(e, Err(Error::Timeout)), "{e:?}");
+            assert!(t.elapsed() < Duration::from_secs(5));
+        } else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        w.finalize().await.unwrap();
+    })
+    .await
+    .unwrap();
+}
