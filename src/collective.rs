@@ -79,6 +79,12 @@ impl Comm {
         Slot { comm: self.with_context(self.context() | COLLECTIVE_BIT), seq }
     }
 
+    /// The algorithm this communicator uses for `op` with `bytes` per rank (and a commutative
+    /// operator): what the selection table (and the hierarchy) decide.
+    pub fn collective_algorithm(&self, op: Operation, bytes: usize) -> Algorithm {
+        self.choose(op, bytes, true)
+    }
+
     /// The algorithm for `op` with `bytes` per rank.
     fn choose(&self, op: Operation, bytes: usize, commutative: bool) -> Algorithm {
         let call = Call { op, ranks: self.size(), bytes, commutative };

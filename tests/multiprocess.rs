@@ -5,13 +5,14 @@
 //! The ranks are this very test binary, re-run by `ferrorun` with `--exact rank_process` and the
 //! scenario in `FERROCOMM_TEST_SCENARIO`; without that variable `rank_process` has nothing to do.
 
+mod coll;
 mod common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use ferrocomm::{Deadline, Error, Source, TagMatch};
+use ferrocomm::{Algorithm, Deadline, Error, Operation, Source, TagMatch};
 
 const FERRORUN: &str = env!("CARGO_BIN_EXE_ferrorun");
 const SCENARIO: &str = "FERROCOMM_TEST_SCENARIO";
@@ -75,6 +76,29 @@ fn killed_rank_fails_its_peers_operations_promptly() {
     }
 }
 
+/// Every collective operation and algorithm, ranks as processes, over TCP and shared memory.
+#[test]
+fn collectives_under_ferrorun() {
+    for transport in ["uring", "shm"] {
+        for n in [2, 5, 9] {
+            let (code, text, took) = launch(n, "collectives", transport);
+            assert_eq!(code, Some(0), "{transport}, {n} ranks:\n{text}");
+            assert!((0..n).all(|r| said(&text, r, "RANK-OK")), "{transport} {n}:\n{text}");
+            println!("collectives, {transport}, {n} ranks: {took:?}");
+        }
+    }
+}
+
+/// Six processes posing as three hosts of two ranks (`FERROCOMM_HOST_ID`): shared memory inside a
+/// "host", TCP between them, and the node-leader algorithms chosen for barrier, broadcast and
+/// all-reduce, with correct results.
+#[test]
+fn hierarchical_collectives_across_pretend_hosts() {
+    let (code, text, _) = launch(6, "hierarchy", "shm");
+    assert_eq!(code, Some(0), "{text}");
+    assert!((0..6).all(|r| said(&text, r, "RANK-OK hierarchical")), "{text}");
+}
+
 /// One rank of a scenario, when run by `ferrorun`.
 #[test]
 fn rank_process() {
@@ -85,6 +109,11 @@ fn rank_process() {
         if scenario == "ring" {
             settings.progress = ferrocomm::ProgressMode::BusyPoll;
         }
+        if scenario == "hierarchy" {
+            let rank: u32 = std::env::var("FERROCOMM_RANK").unwrap().parse().unwrap();
+            // SAFETY: set before any other thread of this process reads the environment.
+            unsafe { std::env::set_var("FERROCOMM_HOST_ID", format!("pretend-host-{}", rank / 2)) };
+        }
         let w = ferrocomm::init_with(settings).await.unwrap();
         match scenario.as_str() {
             "suite" => {
@@ -93,6 +122,24 @@ fn rank_process() {
                 w.finalize().await.unwrap();
             }
             "kill" => kill_scenario(w).await,
+            "collectives" => {
+                coll::operations(&w, &coll::TABLE_COUNTS, "table").await;
+                coll::every_algorithm(&w).await;
+                println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
+                w.finalize().await.unwrap();
+            }
+            "hierarchy" => {
+                let r = w.rank();
+                let peer = r ^ 1;
+                assert_eq!(w.transport_for(peer), "shm");
+                assert!(w.transport_for((r + 2) % 6).starts_with("tcp"));
+                for op in [Operation::Barrier, Operation::Bcast, Operation::Allreduce] {
+                    assert_eq!(w.collective_algorithm(op, 1 << 20), Algorithm::Hierarchical, "{op}");
+                }
+                coll::operations(&w, &coll::TABLE_COUNTS, "hierarchical").await;
+                println!("RANK-OK hierarchical");
+                w.finalize().await.unwrap();
+            }
             "ring" => {
                 common::ring_storm_rendezvous(&w).await;
                 println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
