@@ -3,12 +3,13 @@
 //! Started by hand, it launches itself as 4 local ranks (the same launcher as `ferrorun -n 4`).
 //! Each rank then passes a token around a ring, rank 0 takes a storm of messages from everyone with
 //! a wildcard receive, and rank 1 sends rank 0 a 64 MiB buffer by rendezvous straight into a
-//! posted buffer. Rank 0 prints a short report.
+//! posted buffer. Then the ranks await collectives: an all-reduce of a 1 Mi-element vector, a
+//! broadcast, an all-gather and an all-to-all, each checked. Rank 0 prints a short report.
 
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ferrocomm::{Deadline, Source, TagMatch};
+use ferrocomm::{Deadline, Operation, ReduceOp, Source, TagMatch};
 
 const RANKS: u32 = 4;
 const STORM: u32 = 1000;
@@ -79,6 +80,23 @@ async fn rank_main() -> ferrocomm::Result<()> {
     let large = t2.elapsed();
     world.barrier().await?;
 
+    // 4. Collectives, awaited like any future.
+    let t3 = Instant::now();
+    let mut v: Vec<f64> = (0..1 << 20).map(|i| (i % 7) as f64 + rank as f64).collect();
+    world.allreduce(&mut v, ReduceOp::Sum).timeout(limit).await?;
+    let ranks_sum: f64 = (0..size).map(f64::from).sum();
+    let mut coll_ok = v.iter().enumerate().all(|(i, &x)| x == (i % 7) as f64 * size as f64 + ranks_sum);
+    let mut cfg = if rank == 2 { [7u32, 11, 13] } else { [0; 3] };
+    world.broadcast(2, &mut cfg).timeout(limit).await?;
+    coll_ok &= cfg == [7, 11, 13];
+    let gathered = world.allgather(&[rank * 10]).timeout(limit).await?;
+    coll_ok &= gathered == (0..size).map(|r| r * 10).collect::<Vec<_>>();
+    let sent: Vec<u32> = (0..size).map(|d| rank * 100 + d).collect();
+    let got = world.alltoall(&sent).timeout(limit).await?;
+    coll_ok &= got == (0..size).map(|s| s * 100 + rank).collect::<Vec<_>>();
+    let colls = t3.elapsed();
+    let alg = world.collective_algorithm(Operation::Allreduce, 8 << 20);
+
     if rank == 0 {
         let expect: u64 = (0..size as u64).sum();
         println!("ferrocomm quickstart: {size} ranks over {}", world.transport_name());
@@ -96,7 +114,14 @@ async fn rank_main() -> ferrocomm::Result<()> {
             LARGE as f64 / large.as_secs_f64() / 1e6,
             if large_ok { "verified" } else { "WRONG" }
         );
+        println!(
+            "  collectives all-reduce of 8 MiB ({alg}), broadcast, all-gather, all-to-all in {colls:.2?}, results {}",
+            if coll_ok { "verified" } else { "WRONG" }
+        );
         assert!(sum == expect && large_ok);
+    }
+    if !coll_ok {
+        return Err(ferrocomm::Error::Invalid(format!("rank {rank}: a collective result is wrong")));
     }
     world.finalize().await
 }
