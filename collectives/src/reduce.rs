@@ -35,7 +35,7 @@ macro_rules! int_element {
     ($($t:ty),*) => {$(
         impl Element for $t {
             const NAME: &'static str = stringify!($t);
-            fn add(a: Self, b: Self) -> Self { a.wrapping_add(b) }
+            #[inline(always)] fn add(a: Self, b: Self) -> Self { a.wrapping_add(b) }
             fn mul(a: Self, b: Self) -> Self { a.wrapping_mul(b) }
             fn bits(a: Self, b: Self, op: BitOp) -> Option<Self> {
                 Some(match op { BitOp::And => a & b, BitOp::Or => a | b, BitOp::Xor => a ^ b })
@@ -51,7 +51,7 @@ macro_rules! float_element {
     ($($t:ty),*) => {$(
         impl Element for $t {
             const NAME: &'static str = stringify!($t);
-            fn add(a: Self, b: Self) -> Self { a + b }
+            #[inline(always)] fn add(a: Self, b: Self) -> Self { a + b }
             fn mul(a: Self, b: Self) -> Self { a * b }
             fn bits(_: Self, _: Self, _: BitOp) -> Option<Self> { None }
             fn is_true(self) -> bool { self != 0.0 }
@@ -134,20 +134,24 @@ impl<T: Element> ReduceOp<T> {
         !matches!(self, ReduceOp::Custom { commutative: false, .. })
     }
 
-    /// `acc[i] = acc[i] ⊕ x[i]` for every element.
+    /// `acc[i] = acc[i] ⊕ x[i]` for every element. Each built-in operator gets its own
+    /// monomorphic loop, which the compiler vectorizes.
     pub fn apply(&self, acc: &mut [T], x: &[T]) {
-        let each = |acc: &mut [T], f: &dyn Fn(T, T) -> T| acc.iter_mut().zip(x).for_each(|(a, b)| *a = f(*a, *b));
+        #[inline(always)]
+        fn each<T: Copy>(acc: &mut [T], x: &[T], f: impl Fn(T, T) -> T) {
+            acc.iter_mut().zip(x).for_each(|(a, b)| *a = f(*a, *b));
+        }
         match self {
-            ReduceOp::Sum => each(acc, &T::add),
-            ReduceOp::Product => each(acc, &T::mul),
-            ReduceOp::Min => each(acc, &|a, b| if b < a { b } else { a }),
-            ReduceOp::Max => each(acc, &|a, b| if b > a { b } else { a }),
-            ReduceOp::BitAnd => each(acc, &|a, b| T::bits(a, b, BitOp::And).unwrap_or(a)),
-            ReduceOp::BitOr => each(acc, &|a, b| T::bits(a, b, BitOp::Or).unwrap_or(a)),
-            ReduceOp::BitXor => each(acc, &|a, b| T::bits(a, b, BitOp::Xor).unwrap_or(a)),
-            ReduceOp::LogicalAnd => each(acc, &|a, b| T::from_bool(a.is_true() && b.is_true())),
-            ReduceOp::LogicalOr => each(acc, &|a, b| T::from_bool(a.is_true() || b.is_true())),
-            ReduceOp::LogicalXor => each(acc, &|a, b| T::from_bool(a.is_true() != b.is_true())),
+            ReduceOp::Sum => each(acc, x, T::add),
+            ReduceOp::Product => each(acc, x, T::mul),
+            ReduceOp::Min => each(acc, x, |a, b| if b < a { b } else { a }),
+            ReduceOp::Max => each(acc, x, |a, b| if b > a { b } else { a }),
+            ReduceOp::BitAnd => each(acc, x, |a, b| T::bits(a, b, BitOp::And).unwrap_or(a)),
+            ReduceOp::BitOr => each(acc, x, |a, b| T::bits(a, b, BitOp::Or).unwrap_or(a)),
+            ReduceOp::BitXor => each(acc, x, |a, b| T::bits(a, b, BitOp::Xor).unwrap_or(a)),
+            ReduceOp::LogicalAnd => each(acc, x, |a, b| T::from_bool(a.is_true() && b.is_true())),
+            ReduceOp::LogicalOr => each(acc, x, |a, b| T::from_bool(a.is_true() || b.is_true())),
+            ReduceOp::LogicalXor => each(acc, x, |a, b| T::from_bool(a.is_true() != b.is_true())),
             ReduceOp::Custom { f, .. } => f(acc, x),
         }
     }
