@@ -139,16 +139,16 @@ impl Comm {
             while let Some(a) = m.poll_action() {
                 match a {
                     Action::Send { to, round, data } => sends.push(comm.send(to, tag(round), data)),
-                    Action::Recv { from, round } => {
+                    Action::Recv { from, round, part } => {
                         let op = comm.recv(from, tag(round));
-                        recvs.push(async move { (from, round, op.await) });
+                        recvs.push(async move { (from, round, part, op.await) });
                     }
                 }
             }
             if m.is_done() {
                 break;
             }
-            let (from, round, msg) = futures::future::poll_fn(|cx| {
+            let (from, round, part, msg) = futures::future::poll_fn(|cx| {
                 while let Poll::Ready(Some(sent)) = sends.poll_next_unpin(cx) {
                     sent?;
                 }
@@ -161,7 +161,7 @@ impl Comm {
                 }
             })
             .await?;
-            m.deliver(from, round, msg?.data)?;
+            m.deliver(from, round, part, msg?.data)?;
         }
         while let Some(sent) = sends.next().await {
             sent?;

@@ -130,8 +130,10 @@ pub type Blocks = BTreeMap<u32, Bytes>;
 pub enum Action {
     /// Send `data` to `to`, tagged with `round`.
     Send { to: u32, round: u32, data: Bytes },
-    /// Post a receive for the message `from` sends in `round`.
-    Recv { from: u32, round: u32 },
+    /// Post a receive for the message `from` sends in `round`. `part` 0 is the message itself;
+    /// parts 1.. are its detached blocks, which follow it in order (post them in the order asked,
+    /// and deliver each with its part number).
+    Recv { from: u32, round: u32, part: u32 },
 }
 
 /// Runs one rank's [`Schedule`]. Sans-IO: the driver posts what [`Machine::poll_action`] returns
@@ -140,7 +142,7 @@ pub struct Machine {
     schedule: std::vec::IntoIter<Round>,
     current: Option<Round>,
     /// Messages of the current round, by step index, until all have come.
-    arrived: Vec<Option<Bytes>>,
+    arrived: Vec<Option<Arrival>>,
     missing: usize,
     blocks: Blocks,
     reducer: Option<Reducer>,
@@ -196,8 +198,8 @@ impl Machine {
         self.blocks
     }
 
-    /// A message the driver received for `(from, round)`, as asked by an [`Action::Recv`].
-    pub fn deliver(&mut self, from: u32, round: u32, data: Bytes) -> Result<(), CollError> {
+    /// A message the driver received for `(from, round, part)`, as asked by an [`Action::Recv`].
+    pub fn deliver(&mut self, from: u32, round: u32, part: u32, data: Bytes) -> Result<(), CollError> {
         if data.len() > self.max_message {
             return Err(CollError::Malformed { from, why: "message larger than the collective allows" });
         }
@@ -205,13 +207,25 @@ impl Machine {
         if cur.number != round {
             return Err(CollError::Unexpected { from, round });
         }
-        let slot = cur
-            .steps
-            .iter()
-            .enumerate()
-            .position(|(i, s)| matches!(s, Step::Recv { from: f, .. } if *f == from) && self.arrived[i].is_none())
+        // At most one message per peer and round: the step is found by its source.
+        let slot = (cur.steps.iter())
+            .position(|s| matches!(s, Step::Recv { from: f, .. } if *f == from))
             .ok_or(CollError::Unexpected { from, round })?;
-        self.arrived[slot] = Some(data);
+        match &mut self.arrived[slot] {
+            // The header: its detached blocks follow as messages of their own.
+            None if part == 0 => {
+                let a = Arrival::new(decode(from, data)?);
+                for part in 1..=a.waiting as u32 {
+                    self.actions.push_back(Action::Recv { from, round, part });
+                }
+                self.arrived[slot] = Some(a);
+            }
+            Some(a) if part > 0 => a.fill(part, data).ok_or(CollError::Unexpected { from, round })?,
+            _ => return Err(CollError::Unexpected { from, round }),
+        }
+        if self.arrived[slot].as_ref().is_some_and(|a| a.waiting > 0) {
+            return Ok(());
+        }
         self.missing -= 1;
         if self.missing == 0 {
             self.apply_round()?;
@@ -224,8 +238,7 @@ impl Machine {
         let round = self.current.take().expect("a round is running");
         for (step, data) in round.steps.into_iter().zip(std::mem::take(&mut self.arrived)) {
             let Step::Recv { from, apply } = step else { continue };
-            let data = data.expect("all arrived");
-            let incoming = decode(from, data)?;
+            let incoming = data.expect("all arrived").blocks;
             match apply {
                 Apply::Store => self.blocks.extend(incoming),
                 Apply::Reduce { incoming_first } => {
@@ -280,19 +293,23 @@ impl Machine {
         for round in self.schedule.by_ref() {
             for step in &round.steps {
                 let Step::Send { to, blocks } = step else { continue };
-                let data = match blocks {
-                    Select::Ids(ids) => encode(ids.iter().filter_map(|id| self.blocks.get(id).map(|b| (*id, b)))),
+                let chosen: Vec<(u32, Bytes)> = match blocks {
+                    Select::Ids(ids) => {
+                        ids.iter().filter_map(|id| self.blocks.get(id).map(|b| (*id, b.clone()))).collect()
+                    }
                     &Select::DistanceBit { me, n, bit } => {
                         let moving: Vec<u32> = (self.blocks.keys())
                             .copied()
                             .filter(|id| ((id % n + n - me) % n) >> bit & 1 == 1)
                             .collect();
-                        let taken: Vec<(u32, Bytes)> =
-                            moving.iter().map(|id| (*id, self.blocks.remove(id).expect("held"))).collect();
-                        encode(taken.iter().map(|(id, b)| (*id, b)))
+                        moving.iter().map(|id| (*id, self.blocks.remove(id).expect("held"))).collect()
                     }
                 };
-                self.actions.push_back(Action::Send { to: *to, round: round.number, data });
+                let (head, detached) = encode_detached(&chosen);
+                self.actions.push_back(Action::Send { to: *to, round: round.number, data: head });
+                for data in detached {
+                    self.actions.push_back(Action::Send { to: *to, round: round.number, data });
+                }
             }
             let recvs: Vec<u32> = round
                 .steps
@@ -305,8 +322,8 @@ impl Machine {
             if recvs.is_empty() {
                 continue;
             }
-            self.actions.extend(recvs.iter().map(|&from| Action::Recv { from, round: round.number }));
-            self.arrived = vec![None; round.steps.len()];
+            self.actions.extend(recvs.iter().map(|&from| Action::Recv { from, round: round.number, part: 0 }));
+            self.arrived = round.steps.iter().map(|_| None).collect();
             self.missing = recvs.len();
             self.current = Some(round);
             return;
@@ -314,21 +331,73 @@ impl Machine {
     }
 }
 
+/// Blocks at least this long travel as messages of their own behind the header (no copy into a
+/// combined message; on shared memory they go by single-copy rendezvous straight from the block).
+pub const DETACH: usize = 32 << 10;
+
+/// Marks a header entry whose block follows as its own message.
+const DETACHED: u32 = u32::MAX;
+
+/// A message being received: the header's blocks, some still to come as detached messages.
+struct Arrival {
+    blocks: Vec<(u32, Bytes)>,
+    /// For part p (1..), the index in `blocks` it fills, and whether it came.
+    detached: Vec<(usize, bool)>,
+    waiting: usize,
+}
+
+impl Arrival {
+    fn new(entries: Vec<(u32, Option<Bytes>)>) -> Arrival {
+        let detached: Vec<(usize, bool)> =
+            entries.iter().enumerate().filter(|(_, e)| e.1.is_none()).map(|(i, _)| (i, false)).collect();
+        Arrival {
+            waiting: detached.len(),
+            detached,
+            blocks: entries.into_iter().map(|(id, b)| (id, b.unwrap_or_default())).collect(),
+        }
+    }
+
+    /// Fills detached part `part`; `None` if there is no such part or it came already.
+    fn fill(&mut self, part: u32, data: Bytes) -> Option<()> {
+        let (i, came) = self.detached.get_mut(part as usize - 1)?;
+        if std::mem::replace(came, true) {
+            return None;
+        }
+        self.blocks[*i].1 = data;
+        self.waiting -= 1;
+        Some(())
+    }
+}
+
+/// The message for `blocks`: a header carrying the short blocks inline, plus the long ones
+/// (at least [`DETACH`] bytes) as separate messages to send right after it, in order.
+pub fn encode_detached(blocks: &[(u32, Bytes)]) -> (Bytes, Vec<Bytes>) {
+    let detached: Vec<Bytes> = blocks.iter().filter(|(_, b)| b.len() >= DETACH).map(|(_, b)| b.clone()).collect();
+    let head =
+        encode_entries(blocks.iter().map(|(id, b)| if b.len() >= DETACH { (*id, None) } else { (*id, Some(b)) }));
+    (head, detached)
+}
+
+/// Encodes blocks inline (no detached ones).
+pub fn encode<'a>(blocks: impl Iterator<Item = (u32, &'a Bytes)> + Clone) -> Bytes {
+    encode_entries(blocks.map(|(id, b)| (id, Some(b))))
+}
+
 /// Message layout: block count (u32), then (id u32, length u32) per block, all little-endian, then
 /// the blocks' bytes, each starting on a 16-byte boundary of the message (padding between), so a
 /// receiver can reduce typed data in place without realigning it. One block costs 16 bytes.
-pub fn encode<'a>(blocks: impl Iterator<Item = (u32, &'a Bytes)> + Clone) -> Bytes {
-    let (count, total) =
-        blocks.clone().fold((0usize, 0usize), |(c, t), (_, b)| (c + 1, t + b.len().next_multiple_of(ALIGN)));
+fn encode_entries<'a>(blocks: impl Iterator<Item = (u32, Option<&'a Bytes>)> + Clone) -> Bytes {
+    let padded = |b: Option<&Bytes>| b.map_or(0, |b| b.len().next_multiple_of(ALIGN));
+    let (count, total) = blocks.clone().fold((0usize, 0usize), |(c, t), (_, b)| (c + 1, t + padded(b)));
     let head = (4 + 8 * count).next_multiple_of(ALIGN);
     let mut out = BytesMut::with_capacity(head + total);
     out.put_u32_le(count as u32);
     for (id, b) in blocks.clone() {
         out.put_u32_le(id);
-        out.put_u32_le(b.len() as u32);
+        out.put_u32_le(b.map_or(DETACHED, |b| b.len() as u32));
     }
     out.resize(head, 0);
-    for (_, b) in blocks {
+    for b in blocks.filter_map(|(_, b)| b) {
         out.put_slice(b);
         out.resize(out.len().next_multiple_of(ALIGN), 0);
     }
@@ -338,8 +407,9 @@ pub fn encode<'a>(blocks: impl Iterator<Item = (u32, &'a Bytes)> + Clone) -> Byt
 /// Alignment of every block within a message.
 const ALIGN: usize = 16;
 
-/// Splits a message into its blocks without copying them, checking every length.
-pub fn decode(from: u32, data: Bytes) -> Result<Vec<(u32, Bytes)>, CollError> {
+/// Splits a message into its blocks without copying them, checking every length. `None` marks a
+/// block that follows as a message of its own.
+pub fn decode(from: u32, data: Bytes) -> Result<Vec<(u32, Option<Bytes>)>, CollError> {
     let bad = |why| CollError::Malformed { from, why };
     let mut head = &data[..];
     if head.len() < 4 {
@@ -352,9 +422,14 @@ pub fn decode(from: u32, data: Bytes) -> Result<Vec<(u32, Bytes)>, CollError> {
     let mut at = (4 + 8 * count).next_multiple_of(ALIGN);
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
-        let (id, len) = (head.get_u32_le(), head.get_u32_le() as usize);
+        let (id, len) = (head.get_u32_le(), head.get_u32_le());
+        if len == DETACHED {
+            out.push((id, None));
+            continue;
+        }
+        let len = len as usize;
         let end = at.checked_add(len).filter(|&e| e <= data.len()).ok_or(bad("block lengths exceed the message"))?;
-        out.push((id, data.slice(at..end)));
+        out.push((id, Some(data.slice(at..end))));
         at = end.next_multiple_of(ALIGN);
     }
     if at != data.len() {
@@ -372,7 +447,7 @@ mod tests {
         let a = Bytes::from_static(b"hello");
         let b = Bytes::new();
         let msg = encode([(3, &a), (9, &b)].into_iter());
-        assert_eq!(decode(0, msg.clone()).unwrap(), vec![(3, a), (9, b)]);
+        assert_eq!(decode(0, msg.clone()).unwrap(), vec![(3, Some(a)), (9, Some(b))]);
         for cut in 0..msg.len() {
             assert!(decode(0, msg.slice(..cut)).is_err(), "truncated at {cut}");
         }
@@ -389,9 +464,44 @@ mod tests {
         fn decode_never_panics(data in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
             let msg = Bytes::from(data);
             if let Ok(blocks) = decode(3, msg.clone()) {
-                proptest::prop_assert!(blocks.iter().map(|(_, b)| b.len()).sum::<usize>() <= msg.len());
+                let inline: usize = blocks.iter().filter_map(|(_, b)| b.as_ref().map(Bytes::len)).sum();
+                proptest::prop_assert!(inline <= msg.len());
             }
         }
+    }
+
+    /// Long blocks travel behind the header as their own messages, and come back in order.
+    #[test]
+    fn detached_blocks_follow_the_header() {
+        let big = Bytes::from(vec![7u8; DETACH + 5]);
+        let small = Bytes::from_static(b"tiny");
+        let mut send = Schedule::new();
+        send.send(0, 1, [0, 1, 2]);
+        let blocks = Blocks::from([(0, big.clone()), (1, small.clone()), (2, big.slice(1..))]);
+        let mut tx = Machine::new(send, blocks, None);
+        let mut recv = Schedule::new();
+        recv.recv(0, 0, Apply::Store);
+        let mut rx = Machine::new(recv, Blocks::new(), None);
+        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 0 }));
+        let mut sent = Vec::new();
+        while let Some(Action::Send { data, .. }) = tx.poll_action() {
+            sent.push(data);
+        }
+        assert_eq!(sent.len(), 3, "header, then the two long blocks");
+        assert!(sent[0].len() < 64);
+        // Parts may complete out of order (the driver awaits them together); numbers keep them apart.
+        let mut sent = sent.into_iter();
+        let (head, one, two) = (sent.next().unwrap(), sent.next().unwrap(), sent.next().unwrap());
+        rx.deliver(0, 0, 0, head).unwrap();
+        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 1 }));
+        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 2 }));
+        rx.deliver(0, 0, 2, two).unwrap();
+        assert!(!rx.is_done());
+        assert!(rx.deliver(0, 0, 2, Bytes::new()).is_err(), "a part twice");
+        assert!(rx.deliver(0, 0, 3, Bytes::new()).is_err(), "a part never announced");
+        rx.deliver(0, 0, 1, one).unwrap();
+        assert!(rx.is_done());
+        assert_eq!(rx.blocks(), &Blocks::from([(0, big.clone()), (1, small), (2, big.slice(1..))]));
     }
 
     #[test]
@@ -399,11 +509,11 @@ mod tests {
         let mut s = Schedule::new();
         s.recv(2, 1, Apply::Store);
         let mut m = Machine::new(s, Blocks::new(), None);
-        assert_eq!(m.poll_action(), Some(Action::Recv { from: 1, round: 2 }));
-        assert!(matches!(m.deliver(0, 2, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
-        assert!(matches!(m.deliver(1, 1, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
-        m.deliver(1, 2, encode(std::iter::empty())).unwrap();
+        assert_eq!(m.poll_action(), Some(Action::Recv { from: 1, round: 2, part: 0 }));
+        assert!(matches!(m.deliver(0, 2, 0, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
+        assert!(matches!(m.deliver(1, 1, 0, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
+        m.deliver(1, 2, 0, encode(std::iter::empty())).unwrap();
         assert!(m.is_done());
-        assert!(matches!(m.deliver(1, 2, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
+        assert!(matches!(m.deliver(1, 2, 0, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
     }
 }

@@ -7,7 +7,7 @@
 //! the number of communication rounds the algorithm needed, which tests compare with its formula.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use bytes::Bytes;
 
@@ -74,6 +74,7 @@ pub fn run(machines: Vec<Machine>, net: Network) -> Result<Outcome, CollError> {
         arrived: HashMap::new(),
         posted: HashMap::new(),
         in_air: HashMap::new(),
+        last_arrival: HashMap::new(),
         finish: Vec::new(),
         messages: 0,
         bytes: 0,
@@ -84,13 +85,13 @@ pub fn run(machines: Vec<Machine>, net: Network) -> Result<Outcome, CollError> {
     for r in 0..n {
         sim.drain(r as u32)?;
     }
-    while let Some(Reverse((t, _, key))) = sim.flying.pop() {
+    while let Some(Reverse((t, seq, key))) = sim.flying.pop() {
         sim.now = t;
-        let msg = sim.in_air.remove(&(key, t)).expect("in the air");
-        if sim.posted.remove(&key).is_some() {
-            sim.deliver(key, msg)?;
-        } else if sim.arrived.insert(key, msg).is_some() {
-            return Err(CollError::Invalid(format!("two messages for {key:?}")));
+        let msg = sim.in_air.remove(&seq).expect("in the air");
+        if let Some(part) = sim.posted.get_mut(&key).and_then(VecDeque::pop_front) {
+            sim.deliver(key, part, msg)?;
+        } else {
+            sim.arrived.entry(key).or_default().push_back(msg);
         }
     }
     if let Some(r) = sim.machines.iter().position(|m| !m.is_done()) {
@@ -116,9 +117,14 @@ struct Sim {
     now: u64,
     seq: u64,
     flying: BinaryHeap<Reverse<(u64, u64, Key)>>,
-    arrived: HashMap<Key, Msg>,
-    posted: HashMap<Key, ()>,
-    in_air: HashMap<(Key, u64), Msg>,
+    /// Messages that arrived before their receive was posted, in order.
+    arrived: HashMap<Key, VecDeque<Msg>>,
+    /// Receives (their part numbers) posted before their message arrived, in order.
+    posted: HashMap<Key, VecDeque<u32>>,
+    in_air: HashMap<u64, Msg>,
+    /// Arrival time of the last message of each key: later ones never overtake it (the
+    /// point-to-point layer keeps order between one sender and one receiver on one tag).
+    last_arrival: HashMap<Key, u64>,
     finish: Vec<u64>,
     messages: u64,
     bytes: u64,
@@ -134,17 +140,19 @@ impl Sim {
                     }
                     self.messages += 1;
                     self.bytes += data.len() as u64;
-                    let at = self.now + 1 + self.rng.next() % self.max_latency;
-                    self.seq += 1;
                     let key = (to, r, round);
+                    let last = self.last_arrival.entry(key).or_default();
+                    let at = (self.now + 1 + self.rng.next() % self.max_latency).max(*last);
+                    *last = at;
+                    self.seq += 1;
                     self.flying.push(Reverse((at, self.seq, key)));
-                    self.in_air.insert((key, at), Msg { data, depth: self.clock[r as usize] + 1 });
+                    self.in_air.insert(self.seq, Msg { data, depth: self.clock[r as usize] + 1 });
                 }
-                Action::Recv { from, round } => {
+                Action::Recv { from, round, part } => {
                     let key = (r, from, round);
-                    match self.arrived.remove(&key) {
-                        Some(msg) => self.deliver(key, msg)?,
-                        None => _ = self.posted.insert(key, ()),
+                    match self.arrived.get_mut(&key).and_then(VecDeque::pop_front) {
+                        Some(msg) => self.deliver(key, part, msg)?,
+                        None => self.posted.entry(key).or_default().push_back(part),
                     }
                 }
             }
@@ -155,10 +163,10 @@ impl Sim {
         Ok(())
     }
 
-    fn deliver(&mut self, (to, from, round): Key, msg: Msg) -> Result<(), CollError> {
+    fn deliver(&mut self, (to, from, round): Key, part: u32, msg: Msg) -> Result<(), CollError> {
         let c = &mut self.clock[to as usize];
         *c = (*c).max(msg.depth);
-        self.machines[to as usize].deliver(from, round, msg.data)?;
+        self.machines[to as usize].deliver(from, round, part, msg.data)?;
         self.drain(to)
     }
 }
