@@ -574,12 +574,13 @@ impl Comm {
         } else {
             check_op(&op).err()
         };
-        let mut at = 0;
+        let mut at = 0usize;
         let segments: Vec<Bytes> = counts
             .iter()
             .map(|&c| {
-                let s = to_bytes(&data[at.min(data.len())..(at + c).min(data.len())]);
-                at += c;
+                let end = at.saturating_add(c).min(data.len());
+                let s = to_bytes(&data[at.min(end)..end]);
+                at = end;
                 s
             })
             .collect();

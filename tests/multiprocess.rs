@@ -89,6 +89,21 @@ fn collectives_under_ferrorun() {
     }
 }
 
+/// A rank killed with SIGKILL as a collective starts: the others' all-reduce fails with a typed
+/// peer-lost error (naming rank 2, or a rank that left after its own call failed) instead of
+/// hanging, on TCP and on shared memory.
+#[test]
+fn killed_rank_fails_the_collective() {
+    for transport in ["uring", "shm"] {
+        let (code, text, took) = launch(4, "coll-kill", transport);
+        assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
+        for r in [0, 1, 3] {
+            assert!(said(&text, r, "COLL-PEER-LOST-OK"), "{transport} rank {r}:\n{text}");
+        }
+        assert!(took < Duration::from_secs(40), "{took:?}");
+    }
+}
+
 /// Six processes posing as three hosts of two ranks (`FERROCOMM_HOST_ID`): shared memory inside a
 /// "host", TCP between them, and the node-leader algorithms chosen for barrier, broadcast and
 /// all-reduce, with correct results.
@@ -127,6 +142,17 @@ fn rank_process() {
                 coll::every_algorithm(&w).await;
                 println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
                 w.finalize().await.unwrap();
+            }
+            "coll-kill" => {
+                w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
+                if w.rank() == 2 {
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                let mut v = vec![1.0f64; 1 << 17];
+                let res = w.allreduce(&mut v, ferrocomm::ReduceOp::Sum).timeout(Duration::from_secs(30)).await;
+                // Rank 2's death, or a peer that gave up because of it (and left), fails the call.
+                assert!(matches!(res, Err(Error::PeerLost { .. })), "{res:?}");
+                println!("COLL-PEER-LOST-OK");
             }
             "hierarchy" => {
                 let r = w.rank();
