@@ -73,6 +73,8 @@ pub(crate) struct Sequence {
     pub dups: AtomicU32,
     pub splits: AtomicU32,
     pub collectives: AtomicU64,
+    /// Large buffers reused by this communicator's collectives.
+    pub pool: Arc<crate::collective::Pool>,
     /// Sub-communicators for hierarchical collectives, made on first use.
     pub hierarchy: std::sync::OnceLock<crate::collective::Hierarchy>,
 }

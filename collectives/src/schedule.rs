@@ -132,8 +132,9 @@ pub enum Action {
     Send { to: u32, round: u32, data: Bytes },
     /// Post a receive for the message `from` sends in `round`. `part` 0 is the message itself;
     /// parts 1.. are its detached blocks, which follow it in order (post them in the order asked,
-    /// and deliver each with its part number).
-    Recv { from: u32, round: u32, part: u32 },
+    /// and deliver each with its part number). `len` is the exact length when the header said it
+    /// (detached blocks), so the driver can receive straight into a buffer of its own.
+    Recv { from: u32, round: u32, part: u32, len: Option<usize> },
 }
 
 /// Runs one rank's [`Schedule`]. Sans-IO: the driver posts what [`Machine::poll_action`] returns
@@ -149,6 +150,8 @@ pub struct Machine {
     actions: std::collections::VecDeque<Action>,
     /// Largest message accepted from a peer (guards memory against a misbehaving peer).
     max_message: usize,
+    /// Buffers the machine is done with (reduced operands), for the driver to reuse.
+    spare: Vec<BytesMut>,
 }
 
 impl Machine {
@@ -163,6 +166,7 @@ impl Machine {
             reducer,
             actions: Default::default(),
             max_message: usize::MAX,
+            spare: Vec::new(),
         };
         m.advance();
         m
@@ -194,6 +198,11 @@ impl Machine {
         &self.blocks
     }
 
+    /// Buffers no longer needed (operands consumed by reductions), for reuse by the driver.
+    pub fn take_spare(&mut self) -> Vec<BytesMut> {
+        std::mem::take(&mut self.spare)
+    }
+
     pub fn into_blocks(self) -> Blocks {
         self.blocks
     }
@@ -215,8 +224,8 @@ impl Machine {
             // The header: its detached blocks follow as messages of their own.
             None if part == 0 => {
                 let a = Arrival::new(decode(from, data)?);
-                for part in 1..=a.waiting as u32 {
-                    self.actions.push_back(Action::Recv { from, round, part });
+                for (part, len) in (1..).zip(a.detached.iter().map(|d| d.2)) {
+                    self.actions.push_back(Action::Recv { from, round, part, len: Some(len) });
                 }
                 self.arrived[slot] = Some(a);
             }
@@ -270,10 +279,10 @@ impl Machine {
         let reducer = self.reducer.as_ref().ok_or(CollError::Malformed { from, why: "no operator to reduce with" })?;
         // Reduce into whichever buffer we own outright, to avoid a copy.
         let (left, right) = if incoming_first { (incoming, mine) } else { (mine, incoming) };
-        let out = match left.try_into_mut() {
+        let (out, other) = match left.try_into_mut() {
             Ok(mut acc) => {
                 reducer.apply(&mut acc, &right, false);
-                acc
+                (acc, right)
             }
             Err(left) => {
                 let mut acc = match right.try_into_mut() {
@@ -281,9 +290,13 @@ impl Machine {
                     Err(right) => BytesMut::from(&right[..]),
                 };
                 reducer.apply(&mut acc, &left, true);
-                acc
+                (acc, left)
             }
         };
+        // The operand no longer needed goes back to the driver for reuse, if nothing else holds it.
+        if let Ok(buf) = other.try_into_mut() {
+            self.spare.push(buf);
+        }
         self.blocks.insert(id, out.freeze());
         Ok(())
     }
@@ -322,7 +335,12 @@ impl Machine {
             if recvs.is_empty() {
                 continue;
             }
-            self.actions.extend(recvs.iter().map(|&from| Action::Recv { from, round: round.number, part: 0 }));
+            self.actions.extend(recvs.iter().map(|&from| Action::Recv {
+                from,
+                round: round.number,
+                part: 0,
+                len: None,
+            }));
             self.arrived = round.steps.iter().map(|_| None).collect();
             self.missing = recvs.len();
             self.current = Some(round);
@@ -335,21 +353,21 @@ impl Machine {
 /// combined message; on shared memory they go by single-copy rendezvous straight from the block).
 pub const DETACH: usize = 32 << 10;
 
-/// Marks a header entry whose block follows as its own message.
-const DETACHED: u32 = u32::MAX;
+/// Set in a header entry's length when its block follows as its own message.
+const DETACHED: u32 = 1 << 31;
 
 /// A message being received: the header's blocks, some still to come as detached messages.
 struct Arrival {
     blocks: Vec<(u32, Bytes)>,
-    /// For part p (1..), the index in `blocks` it fills, and whether it came.
-    detached: Vec<(usize, bool)>,
+    /// For part p (1..), the index in `blocks` it fills, whether it came, and its length.
+    detached: Vec<(usize, bool, usize)>,
     waiting: usize,
 }
 
 impl Arrival {
-    fn new(entries: Vec<(u32, Option<Bytes>)>) -> Arrival {
-        let detached: Vec<(usize, bool)> =
-            entries.iter().enumerate().filter(|(_, e)| e.1.is_none()).map(|(i, _)| (i, false)).collect();
+    fn new(entries: Vec<Decoded>) -> Arrival {
+        let detached: Vec<(usize, bool, usize)> =
+            (entries.iter().enumerate()).filter_map(|(i, e)| e.1.as_ref().err().map(|&len| (i, false, len))).collect();
         Arrival {
             waiting: detached.len(),
             detached,
@@ -359,10 +377,11 @@ impl Arrival {
 
     /// Fills detached part `part`; `None` if there is no such part or it came already.
     fn fill(&mut self, part: u32, data: Bytes) -> Option<()> {
-        let (i, came) = self.detached.get_mut(part as usize - 1)?;
-        if std::mem::replace(came, true) {
+        let (i, came, len) = self.detached.get_mut(part as usize - 1)?;
+        if *came || data.len() != *len {
             return None;
         }
+        *came = true;
         self.blocks[*i].1 = data;
         self.waiting -= 1;
         Some(())
@@ -374,32 +393,51 @@ impl Arrival {
 pub fn encode_detached(blocks: &[(u32, Bytes)]) -> (Bytes, Vec<Bytes>) {
     let detached: Vec<Bytes> = blocks.iter().filter(|(_, b)| b.len() >= DETACH).map(|(_, b)| b.clone()).collect();
     let head =
-        encode_entries(blocks.iter().map(|(id, b)| if b.len() >= DETACH { (*id, None) } else { (*id, Some(b)) }));
+        encode_entries(
+            blocks.iter().map(|(id, b)| {
+                if b.len() >= DETACH { (*id, Entry::Detached(b.len())) } else { (*id, Entry::Inline(b)) }
+            }),
+        );
     (head, detached)
 }
 
 /// Encodes blocks inline (no detached ones).
 pub fn encode<'a>(blocks: impl Iterator<Item = (u32, &'a Bytes)> + Clone) -> Bytes {
-    encode_entries(blocks.map(|(id, b)| (id, Some(b))))
+    encode_entries(blocks.map(|(id, b)| (id, Entry::Inline(b))))
+}
+
+#[derive(Clone, Copy)]
+enum Entry<'a> {
+    Inline(&'a Bytes),
+    /// A block of this length that follows as a message of its own.
+    Detached(usize),
 }
 
 /// Message layout: block count (u32), then (id u32, length u32) per block, all little-endian, then
-/// the blocks' bytes, each starting on a 16-byte boundary of the message (padding between), so a
-/// receiver can reduce typed data in place without realigning it. One block costs 16 bytes.
-fn encode_entries<'a>(blocks: impl Iterator<Item = (u32, Option<&'a Bytes>)> + Clone) -> Bytes {
-    let padded = |b: Option<&Bytes>| b.map_or(0, |b| b.len().next_multiple_of(ALIGN));
-    let (count, total) = blocks.clone().fold((0usize, 0usize), |(c, t), (_, b)| (c + 1, t + padded(b)));
+/// the inline blocks' bytes, each starting on a 16-byte boundary of the message (padding between),
+/// so a receiver can reduce typed data in place without realigning it. One block costs 16 bytes.
+/// Bit 31 of a length marks a detached block (blocks are below 2 GiB: messages are at most 1 GiB).
+fn encode_entries<'a>(blocks: impl Iterator<Item = (u32, Entry<'a>)> + Clone) -> Bytes {
+    let padded = |e: Entry| if let Entry::Inline(b) = e { b.len().next_multiple_of(ALIGN) } else { 0 };
+    let (count, total) = blocks.clone().fold((0usize, 0usize), |(c, t), (_, e)| (c + 1, t + padded(e)));
     let head = (4 + 8 * count).next_multiple_of(ALIGN);
     let mut out = BytesMut::with_capacity(head + total);
     out.put_u32_le(count as u32);
-    for (id, b) in blocks.clone() {
+    for (id, e) in blocks.clone() {
         out.put_u32_le(id);
-        out.put_u32_le(b.map_or(DETACHED, |b| b.len() as u32));
+        let len = match e {
+            Entry::Inline(b) => b.len(),
+            Entry::Detached(len) => len,
+        };
+        assert!(len < DETACHED as usize, "a block of {len} bytes");
+        out.put_u32_le(if matches!(e, Entry::Detached(_)) { DETACHED | len as u32 } else { len as u32 });
     }
     out.resize(head, 0);
-    for b in blocks.filter_map(|(_, b)| b) {
-        out.put_slice(b);
-        out.resize(out.len().next_multiple_of(ALIGN), 0);
+    for (_, e) in blocks {
+        if let Entry::Inline(b) = e {
+            out.put_slice(b);
+            out.resize(out.len().next_multiple_of(ALIGN), 0);
+        }
     }
     out.freeze()
 }
@@ -407,9 +445,12 @@ fn encode_entries<'a>(blocks: impl Iterator<Item = (u32, Option<&'a Bytes>)> + C
 /// Alignment of every block within a message.
 const ALIGN: usize = 16;
 
-/// Splits a message into its blocks without copying them, checking every length. `None` marks a
-/// block that follows as a message of its own.
-pub fn decode(from: u32, data: Bytes) -> Result<Vec<(u32, Option<Bytes>)>, CollError> {
+/// A decoded header entry: the block's id, and its bytes or (detached) its length.
+pub type Decoded = (u32, Result<Bytes, usize>);
+
+/// Splits a message into its blocks without copying them, checking every length. A block that
+/// follows as a message of its own comes back as `Err(its length)`.
+pub fn decode(from: u32, data: Bytes) -> Result<Vec<Decoded>, CollError> {
     let bad = |why| CollError::Malformed { from, why };
     let mut head = &data[..];
     if head.len() < 4 {
@@ -423,13 +464,13 @@ pub fn decode(from: u32, data: Bytes) -> Result<Vec<(u32, Option<Bytes>)>, CollE
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let (id, len) = (head.get_u32_le(), head.get_u32_le());
-        if len == DETACHED {
-            out.push((id, None));
+        if len & DETACHED != 0 {
+            out.push((id, Err((len & !DETACHED) as usize)));
             continue;
         }
         let len = len as usize;
         let end = at.checked_add(len).filter(|&e| e <= data.len()).ok_or(bad("block lengths exceed the message"))?;
-        out.push((id, Some(data.slice(at..end))));
+        out.push((id, Ok(data.slice(at..end))));
         at = end.next_multiple_of(ALIGN);
     }
     if at != data.len() {
@@ -447,7 +488,7 @@ mod tests {
         let a = Bytes::from_static(b"hello");
         let b = Bytes::new();
         let msg = encode([(3, &a), (9, &b)].into_iter());
-        assert_eq!(decode(0, msg.clone()).unwrap(), vec![(3, Some(a)), (9, Some(b))]);
+        assert_eq!(decode(0, msg.clone()).unwrap(), vec![(3, Ok(a)), (9, Ok(b))]);
         for cut in 0..msg.len() {
             assert!(decode(0, msg.slice(..cut)).is_err(), "truncated at {cut}");
         }
@@ -464,7 +505,7 @@ mod tests {
         fn decode_never_panics(data in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
             let msg = Bytes::from(data);
             if let Ok(blocks) = decode(3, msg.clone()) {
-                let inline: usize = blocks.iter().filter_map(|(_, b)| b.as_ref().map(Bytes::len)).sum();
+                let inline: usize = blocks.iter().filter_map(|(_, b)| b.as_ref().ok().map(Bytes::len)).sum();
                 proptest::prop_assert!(inline <= msg.len());
             }
         }
@@ -482,7 +523,7 @@ mod tests {
         let mut recv = Schedule::new();
         recv.recv(0, 0, Apply::Store);
         let mut rx = Machine::new(recv, Blocks::new(), None);
-        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 0 }));
+        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 0, len: None }));
         let mut sent = Vec::new();
         while let Some(Action::Send { data, .. }) = tx.poll_action() {
             sent.push(data);
@@ -493,8 +534,8 @@ mod tests {
         let mut sent = sent.into_iter();
         let (head, one, two) = (sent.next().unwrap(), sent.next().unwrap(), sent.next().unwrap());
         rx.deliver(0, 0, 0, head).unwrap();
-        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 1 }));
-        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 2 }));
+        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 1, len: Some(DETACH + 5) }));
+        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 2, len: Some(DETACH + 4) }));
         rx.deliver(0, 0, 2, two).unwrap();
         assert!(!rx.is_done());
         assert!(rx.deliver(0, 0, 2, Bytes::new()).is_err(), "a part twice");
@@ -509,7 +550,7 @@ mod tests {
         let mut s = Schedule::new();
         s.recv(2, 1, Apply::Store);
         let mut m = Machine::new(s, Blocks::new(), None);
-        assert_eq!(m.poll_action(), Some(Action::Recv { from: 1, round: 2, part: 0 }));
+        assert_eq!(m.poll_action(), Some(Action::Recv { from: 1, round: 2, part: 0, len: None }));
         assert!(matches!(m.deliver(0, 2, 0, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
         assert!(matches!(m.deliver(1, 1, 0, encode(std::iter::empty())), Err(CollError::Unexpected { .. })));
         m.deliver(1, 2, 0, encode(std::iter::empty())).unwrap();

@@ -148,7 +148,7 @@ impl Sim {
                     self.flying.push(Reverse((at, self.seq, key)));
                     self.in_air.insert(self.seq, Msg { data, depth: self.clock[r as usize] + 1 });
                 }
-                Action::Recv { from, round, part } => {
+                Action::Recv { from, round, part, .. } => {
                     let key = (r, from, round);
                     match self.arrived.get_mut(&key).and_then(VecDeque::pop_front) {
                         Some(msg) => self.deliver(key, part, msg)?,
