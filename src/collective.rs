@@ -15,25 +15,54 @@
 //! in the unexpected queue, bounded by that call's size, until the communicator's world ends).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use ferrocomm_collectives::select::Call;
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
 use ferrocomm_transports::Rank;
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
 
 use crate::error::{Error, Result};
-use crate::world::{COLLECTIVE_BIT, Comm, Group, derive_context};
+use crate::p2p::Status;
+use crate::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
 
 /// One call's place on its communicator: where its messages go and the sequence number that keeps
 /// them apart from other calls'.
 struct Slot {
     comm: Comm,
     seq: u64,
+}
+
+/// A posted receive of a collective: of any length, or into a buffer of the announced length.
+enum Incoming {
+    Plain(Op<Message>),
+    Into(Op<(BytesMut, Status)>),
+}
+
+impl Incoming {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Bytes>> {
+        match self {
+            Incoming::Plain(op) => Pin::new(op).poll(cx).map_ok(|m| m.data),
+            Incoming::Into(op) => Pin::new(op).poll(cx).map_ok(|(b, _)| b.freeze()),
+        }
+    }
+}
+
+/// Polls the sends, dropping the completed ones; the first failure is returned.
+fn poll_sends(sends: &mut Vec<Op<()>>, cx: &mut Context<'_>) -> Result<()> {
+    let mut failed = None;
+    sends.retain_mut(|op| match Pin::new(op).poll(cx) {
+        Poll::Ready(Ok(())) => false,
+        Poll::Ready(Err(e)) => {
+            failed.get_or_insert(e);
+            false
+        }
+        Poll::Pending => true,
+    });
+    failed.map_or(Ok(()), Err)
 }
 
 /// The node-leader decomposition of a communicator spanning several hosts.
@@ -192,8 +221,9 @@ impl Comm {
         let Slot { comm, seq } = slot;
         let pool = comm.sequence.pool.clone();
         let tag = |round: u32| (seq << 16) | u64::from(round);
-        let mut sends = FuturesUnordered::new();
-        let mut recvs = FuturesUnordered::new();
+        // A handful of operations at a time: plain vectors, polled in turn (no task allocations).
+        let mut sends: Vec<Op<()>> = Vec::new();
+        let mut recvs: Vec<(u32, u32, u32, Incoming)> = Vec::new();
         loop {
             while let Some(a) = m.poll_action() {
                 match a {
@@ -201,36 +231,38 @@ impl Comm {
                     Action::Recv { from, round, part, len: Some(len) } if len >= Pool::MIN => {
                         // A detached block of known length: straight into a reused buffer.
                         let op = comm.recv_into(from, tag(round), pool.take(len));
-                        recvs.push(async move { (from, round, part, op.await.map(|(b, _)| b.freeze())) }.boxed());
+                        recvs.push((from, round, part, Incoming::Into(op)));
                     }
                     Action::Recv { from, round, part, .. } => {
-                        let op = comm.recv(from, tag(round));
-                        recvs.push(async move { (from, round, part, op.await.map(|m| m.data)) }.boxed());
+                        recvs.push((from, round, part, Incoming::Plain(comm.recv(from, tag(round)))));
                     }
                 }
             }
             if m.is_done() {
                 break;
             }
-            let (from, round, part, msg) = futures::future::poll_fn(|cx| {
-                while let Poll::Ready(Some(sent)) = sends.poll_next_unpin(cx) {
-                    sent?;
-                }
-                match recvs.poll_next_unpin(cx) {
-                    Poll::Ready(Some(x)) => Poll::Ready(Ok(x)),
-                    Poll::Ready(None) => {
-                        Poll::Ready(Err(Error::Invalid("collective waits with nothing posted".into())))
+            let (i, data) = futures::future::poll_fn(|cx| {
+                poll_sends(&mut sends, cx)?;
+                for (i, (.., op)) in recvs.iter_mut().enumerate() {
+                    if let Poll::Ready(data) = op.poll(cx) {
+                        return Poll::Ready(Ok((i, data)));
                     }
-                    Poll::Pending => Poll::Pending,
                 }
+                if recvs.is_empty() {
+                    return Poll::Ready(Err(Error::Invalid("collective waits with nothing posted".into())));
+                }
+                Poll::Pending
             })
             .await?;
-            m.deliver(from, round, part, msg?)?;
+            let (from, round, part, _) = recvs.swap_remove(i);
+            m.deliver(from, round, part, data?)?;
             m.take_spare().into_iter().for_each(|b| pool.give(b));
         }
-        while let Some(sent) = sends.next().await {
-            sent?;
-        }
+        futures::future::poll_fn(|cx| {
+            poll_sends(&mut sends, cx)?;
+            if sends.is_empty() { Poll::Ready(Ok::<_, Error>(())) } else { Poll::Pending }
+        })
+        .await?;
         Ok(m.into_blocks())
     }
 
