@@ -19,6 +19,11 @@ const SCENARIO: &str = "FERROCOMM_TEST_SCENARIO";
 
 /// Runs `scenario` on `n` ranks over `transport`: `uring` or `portable` (TCP), or `shm`.
 fn launch(n: u32, scenario: &str, transport: &str) -> (Option<i32>, String, Duration) {
+    launch_with(n, scenario, transport, &[])
+}
+
+/// [`launch`] with extra `NAME=value` settings for every rank.
+fn launch_with(n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
     let (choice, backend) = if transport == "shm" { ("auto", "auto") } else { ("tcp", transport) };
     let exe = std::env::current_exe().unwrap();
     let t0 = Instant::now();
@@ -26,6 +31,7 @@ fn launch(n: u32, scenario: &str, transport: &str) -> (Option<i32>, String, Dura
         .args(["-n", &n.to_string(), "--grace", "5", "--env", &format!("{SCENARIO}={scenario}")])
         .args(["--env", &format!("FERROCOMM_TCP_BACKEND={backend}")])
         .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")])
+        .args(env.iter().flat_map(|e| ["--env", e]))
         .arg(exe)
         .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
         .stdin(Stdio::null())
@@ -104,6 +110,15 @@ fn killed_rank_fails_the_collective() {
     }
 }
 
+/// `FERROCOMM_COLL` pins algorithms for the whole job; results stay right.
+#[test]
+fn setting_pins_collective_algorithms() {
+    let pins = "FERROCOMM_COLL=allreduce=ring,bcast=scatter-allgather,alltoall=linear,allgather=ring";
+    let (code, text, _) = launch_with(5, "pinned", "shm", &[pins]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!((0..5).all(|r| said(&text, r, "RANK-OK pinned")), "{text}");
+}
+
 /// Six processes posing as three hosts of two ranks (`FERROCOMM_HOST_ID`): shared memory inside a
 /// "host", TCP between them, and the node-leader algorithms chosen for barrier, broadcast and
 /// all-reduce, with correct results.
@@ -153,6 +168,20 @@ fn rank_process() {
                 // Rank 2's death, or a peer that gave up because of it (and left), fails the call.
                 assert!(matches!(res, Err(Error::PeerLost { .. })), "{res:?}");
                 println!("COLL-PEER-LOST-OK");
+            }
+            "pinned" => {
+                for (op, alg) in [
+                    (Operation::Allreduce, Algorithm::Ring),
+                    (Operation::Bcast, Algorithm::ScatterAllgather),
+                    (Operation::Alltoall, Algorithm::Linear),
+                    (Operation::Allgather, Algorithm::Ring),
+                    (Operation::Barrier, Algorithm::Dissemination),
+                ] {
+                    assert_eq!(w.collective_algorithm(op, 8), alg, "{op}");
+                }
+                coll::operations(&w, &coll::TABLE_COUNTS, "pinned").await;
+                println!("RANK-OK pinned");
+                w.finalize().await.unwrap();
             }
             "hierarchy" => {
                 let r = w.rank();
