@@ -201,6 +201,10 @@ pub struct Op<T> {
     kind: OpKind,
     spin_start: Option<Instant>,
     done: bool,
+    /// The completion, when the operation completed while it was started (an eager send with
+    /// credit, a receive of a message already there): awaiting it then takes no lock and no
+    /// progress round. Its slab slot is already freed.
+    ready: Option<Completion>,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -253,6 +257,10 @@ impl<T: FromCompletion> Future for Op<T> {
         if this.done {
             return Poll::Ready(Err(Error::Shutdown));
         }
+        if let Some(c) = this.ready.take() {
+            this.done = true;
+            return Poll::Ready(T::from_completion(c));
+        }
         let key = this.key;
         let r = this.inner.reactor.poll_until(cx, &mut this.spin_start, |d, cx| d.ops.poll(key, cx));
         r.map(|c| {
@@ -264,7 +272,7 @@ impl<T: FromCompletion> Future for Op<T> {
 
 impl<T> Drop for Op<T> {
     fn drop(&mut self) {
-        if self.done {
+        if self.done || self.ready.is_some() {
             return;
         }
         let mut d = self.inner.reactor.lock();
@@ -311,7 +319,7 @@ impl Comm {
 
     fn start<T>(&self, kind: OpKind, early: Option<Error>, post: impl FnOnce(&mut Driver, OpKey)) -> Op<T> {
         let early = early.or_else(|| self.inner.closed.load(Ordering::Acquire).then_some(Error::Shutdown));
-        let key = {
+        let (key, ready) = {
             let mut d = self.inner.reactor.lock();
             let key = d.ops.insert();
             match early {
@@ -333,9 +341,13 @@ impl Comm {
                     }
                 }
             }
-            key
+            let ready = match d.ops.poll(key, None) {
+                Poll::Ready(c) => Some(c),
+                Poll::Pending => None,
+            };
+            (key, ready)
         };
-        Op { inner: self.inner.clone(), key, kind, spin_start: None, done: false, _t: PhantomData }
+        Op { inner: self.inner.clone(), key, kind, spin_start: None, done: false, ready, _t: PhantomData }
     }
 
     fn check_rank(&self, r: Rank) -> Option<Error> {

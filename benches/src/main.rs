@@ -45,6 +45,7 @@ mod process;
 mod ranks;
 mod report;
 mod sweep;
+mod transport;
 
 use std::process::ExitCode;
 
@@ -56,7 +57,10 @@ usage: ferrocomm-bench <benchmark> [options]
 
 benchmarks:
   pingpong    ferrocomm vs NPtcp ping-pong latency and throughput (NetPIPE method);
-              `ferrocomm-bench pingpong --help` for its options";
+              `ferrocomm-bench pingpong --help` for its options
+  shm-transport
+              the shared-memory transport alone (no engine, no futures): 8 B latency and
+              bandwidth between two pinned processes";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -68,6 +72,8 @@ fn main() -> ExitCode {
         "pingpong" => pingpong::main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),
         ranks::RANK_COMMAND => ranks::rank_main(rest),
+        "shm-transport" => transport::main(rest),
+        transport::RANK_COMMAND => transport::rank_main(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
