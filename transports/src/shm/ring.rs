@@ -146,6 +146,20 @@ impl<A: Atomics> Ring<A> {
         self.hdr().ctl.closed.store(1, Release);
     }
 
+    /// Hints the processor to fetch the cache line of stream position `pos` (no memory access in
+    /// the language's sense: a prefetch cannot fault or race).
+    #[inline(always)]
+    fn prefetch(&self, pos: u64) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch has no architectural effect; the address lies inside the ring anyway.
+        unsafe {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            _mm_prefetch::<_MM_HINT_T0>(self.data.add((pos & (self.cap - 1)) as usize) as *const i8);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = pos;
+    }
+
     /// Copies `src` to stream position `pos` (wrapping).
     #[inline]
     fn write_at(&self, pos: u64, src: &[u8]) {
@@ -414,6 +428,9 @@ impl Inbox {
     }
 
     fn refresh_head<A: Atomics>(&mut self, ring: &Ring<A>) -> Result<u64, TransportError> {
+        // Ask for the line the next frame starts in while `head` is being fetched: the two misses
+        // then overlap instead of following each other.
+        ring.prefetch(self.tail);
         let h = ring.hdr().head.0.load(Acquire);
         if h < self.head || h - self.tail > ring.cap {
             return Err(corrupt("head"));
