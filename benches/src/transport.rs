@@ -131,8 +131,7 @@ pub fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResul
             .spawn()
     };
     let mut ranks = [spawn(0)?, spawn(1)?];
-    let mut outs: Vec<_> =
-        ranks.iter_mut().map(|c| BufReader::new(c.stdout.take().expect("piped")).lines()).collect();
+    let mut outs: Vec<_> = ranks.iter_mut().map(|c| BufReader::new(c.stdout.take().expect("piped")).lines()).collect();
     let mut descs = Vec::new();
     for out in outs.iter_mut() {
         descs.push(out.next().ok_or("a rank exited before publishing its descriptor")??);

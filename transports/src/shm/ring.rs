@@ -174,6 +174,19 @@ impl<A: Atomics> Ring<A> {
         }
     }
 
+    /// The `len` bytes at stream position `pos`, if they do not wrap around the end of the ring.
+    /// The caller must own that range (published, not yet released) for as long as it is used.
+    #[inline]
+    fn bytes_at(&self, pos: u64, len: usize) -> Option<&[u8]> {
+        let off = (pos & (self.cap - 1)) as usize;
+        (off + len <= self.cap as usize).then(|| {
+            A::before_copy();
+            // SAFETY: `off + len <= cap`; the range is published and unreleased, so the producer
+            // does not write it while the slice lives (the caller releases it only afterwards).
+            unsafe { std::slice::from_raw_parts(self.data.add(off), len) }
+        })
+    }
+
     /// Copies from stream position `pos` (wrapping) into `dst`.
     #[inline]
     fn read_at(&self, pos: u64, dst: &mut [u8]) {
@@ -499,7 +512,16 @@ impl Inbox {
                     if h.src != peer {
                         return Err(WireError::WrongSource { expected: peer, got: h.src }.into());
                     }
-                    self.state = if h.len == 0 {
+                    let whole = (h.kind != Kind::Data && self.head - self.tail >= h.len as u64)
+                        .then(|| ring.bytes_at(self.tail, h.len as usize))
+                        .flatten();
+                    self.state = if let Some(payload) = whole {
+                        // The whole payload is there in one piece: lend it, no allocation.
+                        sink.frame_ref(peer, h, payload);
+                        self.tail += h.len as u64;
+                        out.frames += 1;
+                        State::Header { got: 0, buf: [0; HEADER_LEN] }
+                    } else if h.len == 0 {
                         sink.frame(peer, h, Bytes::new());
                         out.frames += 1;
                         State::Header { got: 0, buf: [0; HEADER_LEN] }
