@@ -43,6 +43,7 @@ mod pingpong;
 mod plot;
 mod process;
 mod ranks;
+mod reference;
 mod report;
 mod sweep;
 mod transport;
@@ -56,7 +57,8 @@ const USAGE: &str = "\
 usage: ferrocomm-bench <benchmark> [options]
 
 benchmarks:
-  pingpong    ferrocomm vs NPtcp ping-pong latency and throughput (NetPIPE method);
+  pingpong    ferrocomm vs NetPIPE ping-pong latency and throughput (NetPIPE method): NPtcp
+              over TCP, NPopenmpi and NPmpich2 over shared memory (--transport shm);
               `ferrocomm-bench pingpong --help` for its options
   shm-transport
               the shared-memory transport alone (no engine, no futures): 8 B latency and
