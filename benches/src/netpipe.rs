@@ -76,8 +76,11 @@ impl NetPipe {
         };
         let taskset = process::find_in_path("taskset")
             .ok_or("taskset is not installed or not in PATH (it comes with util-linux); it pins the peer to CPUs")?;
-        let scratch = std::env::temp_dir()
-            .join(format!("ferrocomm-bench-{}-{}", std::process::id(), flavour.programs().0.to_lowercase()));
+        let scratch = std::env::temp_dir().join(format!(
+            "ferrocomm-bench-{}-{}",
+            std::process::id(),
+            flavour.programs().0.to_lowercase()
+        ));
         std::fs::create_dir_all(&scratch)?;
         Ok(NetPipe { flavour, np, mpirun, taskset, scratch })
     }
@@ -108,7 +111,9 @@ impl NetPipe {
     /// The MPI launcher's arguments for one size.
     fn mpi_args(&self, cpus: [usize; 2], bytes: &str, file: &str) -> Vec<String> {
         let mut args: Vec<String> = match self.flavour {
-            Flavour::OpenMpi => ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"].map(String::from).into(),
+            Flavour::OpenMpi => {
+                ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"].map(String::from).into()
+            }
             _ => ["-bind-to", "none"].map(String::from).into(),
         };
         for (i, cpu) in cpus.iter().enumerate() {

@@ -199,7 +199,11 @@ pub fn main(args: &[String]) -> Result<()> {
         opts.cpus[0],
         opts.cpus[1]
     );
-    let backend = if shm { "FERROCOMM_TRANSPORTS=auto (shm)".to_string() } else { format!("FERROCOMM_TCP_BACKEND={}", opts.backend) };
+    let backend = if shm {
+        "FERROCOMM_TRANSPORTS=auto (shm)".to_string()
+    } else {
+        format!("FERROCOMM_TCP_BACKEND={}", opts.backend)
+    };
     println!(
         "ferrocomm: {backend} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}",
         opts.progress,
@@ -251,7 +255,13 @@ pub fn main(args: &[String]) -> Result<()> {
                 row.peers[i].push(np.measure(row.bytes, opts.cpus)?);
             }
             watch(meter, run, np.name());
-            eprintln!("run {run}/{}: {}: {} sizes, {:.1} s", opts.runs, np.name(), rows.len(), t.elapsed().as_secs_f64());
+            eprintln!(
+                "run {run}/{}: {}: {} sizes, {:.1} s",
+                opts.runs,
+                np.name(),
+                rows.len(),
+                t.elapsed().as_secs_f64()
+            );
         }
     }
     let extra = if shm { shm_extras(&opts, &rows)? } else { Value::Null };
@@ -326,10 +336,8 @@ pub fn main(args: &[String]) -> Result<()> {
 fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
     let t = Instant::now();
     let refs = reference::measure(opts.cpus)?;
-    let alone = ["off", "auto"]
-        .iter()
-        .map(|cma| transport::run(opts.cpus, cma, 4 << 20))
-        .collect::<Result<Vec<_>>>()?;
+    let alone =
+        ["off", "auto"].iter().map(|cma| transport::run(opts.cpus, cma, 4 << 20)).collect::<Result<Vec<_>>>()?;
     eprintln!("reference lines and the transport alone: {:.1} s", t.elapsed().as_secs_f64());
     let mut idle = Value::Null;
     if opts.idle_gap_us > 0 {

@@ -152,8 +152,12 @@ pub fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
 pub fn run_idle(spec: &JobSpec) -> Result<Vec<f64>> {
     let line = run_job(spec)?;
     let v: Value = serde_json::from_str(&line).map_err(|e| format!("rank 0's result is not JSON ({e}): {line}"))?;
-    let samples: Vec<f64> =
-        v["idle_one_way_s"].as_array().ok_or("rank 0's result has no idle samples")?.iter().filter_map(Value::as_f64).collect();
+    let samples: Vec<f64> = v["idle_one_way_s"]
+        .as_array()
+        .ok_or("rank 0's result has no idle samples")?
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
     if samples.is_empty() { Err("no idle samples".into()) } else { Ok(samples) }
 }
 

@@ -74,7 +74,8 @@ fn num(v: Option<f64>, decimals: usize) -> String {
 pub fn table(rows: &[Row], peers: &[&str]) -> String {
     let mut out = format!("{:>9} {:>13} {:>15}", "bytes", "ferrocomm_us", "ferrocomm_MBps");
     for p in peers {
-        out += &format!(" | {:>12} {:>9} {:>14} {:>8}", format!("{p}_us"), "lat_ratio", format!("{p}_MBps"), "bw_ratio");
+        out +=
+            &format!(" | {:>12} {:>9} {:>14} {:>8}", format!("{p}_us"), "lat_ratio", format!("{p}_MBps"), "bw_ratio");
     }
     out += "\n";
     for r in rows {
