@@ -78,8 +78,10 @@ pub trait Transport: Send {
     }
     /// The largest eager payload this transport wants.
     fn eager_limit(&self) -> usize;
-    /// Queues a frame for `peer`. Never blocks; [`Transport::progress`] writes it.
-    /// Frames to one peer are delivered in the order they were queued.
+    /// Queues a frame for `peer`. Never blocks; [`Transport::progress`] writes it (a transport may
+    /// also write it at once when nothing is queued before it: see
+    /// [`Transport::has_pending_output`]). Frames to one peer are delivered in the order they were
+    /// queued.
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes);
     /// Moves whatever can move without blocking. Returns how much happened (0 = idle).
     fn progress(&mut self, sink: &mut dyn Sink) -> usize;

@@ -267,6 +267,11 @@ impl Outbox {
         self.queue.push_back(Item { header: h.encode(), is_data: h.kind == Kind::Data, payload, desc: false });
     }
 
+    /// Frames not yet (wholly) in the ring.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Frames not yet in the ring, or sources the consumer may still be copying.
     pub fn pending(&self) -> bool {
         !self.queue.is_empty() || !self.inflight.is_empty()
