@@ -16,10 +16,11 @@
 //! a lookup, never a search.
 //!
 //! The inline spin is the latency-critical loop (a shared-memory round trip is a fraction of a
-//! microsecond), so it makes no system call while it is young: no clock read per poll, and no
-//! `sched_yield` until it has spun for [`YIELD_AFTER`] without its completion (a yield costs about
-//! as much as a whole round trip under KVM). Past that it yields every few rounds, so that more
-//! busy ranks than cores still progress.
+//! microsecond), so it stays cheap while it is young: no clock read per poll, no `sched_yield`
+//! until it has spun for [`YIELD_AFTER`] without its completion (a system call costs more than a
+//! shared-memory round trip under KVM), and several rounds per taking of the lock. Past
+//! [`YIELD_AFTER`] it yields every few dozen rounds, so that more busy ranks than cores still
+//! progress.
 
 mod ops;
 
@@ -81,13 +82,13 @@ pub trait Progress: Send + 'static {
 const INLINE_QUIET: Duration = Duration::from_millis(1);
 /// Spin rounds per poll of a busy future before yielding to the executor.
 const SPIN_ROUNDS: u32 = 256;
-/// Spin rounds between two looks at the clock (spin budget, yielding).
+/// Spin rounds between two looks at the clock (spin budget) and, once yielding, two yields.
 const CLOCK_ROUNDS: u32 = 64;
 /// An inline spin gives the CPU away (`sched_yield`) only once it has waited this long: before
 /// that it makes no system call at all.
 const YIELD_AFTER: Duration = Duration::from_micros(20);
-/// Once yielding, spin rounds between two yields.
-const YIELD_ROUNDS: u32 = 16;
+/// Spin rounds per taking of the lock.
+const LOCKED_ROUNDS: u32 = 8;
 
 /// Low half of [`Shared::spins`]: callers spinning right now; high half: spins ever started.
 const SPIN_ONE: u64 = 1 << 32 | 1;
@@ -300,26 +301,37 @@ impl<P: Progress> Reactor<P> {
         if spinning {
             shared.spins.fetch_add(SPIN_ONE, Ordering::AcqRel);
             let _guard = SpinGuard(shared);
-            let mut yielding = false;
-            for round in 1..=SPIN_ROUNDS {
-                if let Some(mut st) = shared.state.try_lock() {
-                    st.progress();
-                    if let Poll::Ready(v) = check(&mut st, None) {
-                        return Poll::Ready(v);
+            let mut rounds = 0;
+            let mut next_look = CLOCK_ROUNDS;
+            while rounds < SPIN_ROUNDS {
+                match shared.state.try_lock() {
+                    Some(mut st) => {
+                        // Several rounds per lock: taking and releasing it are two atomic
+                        // read-modify-writes, about as costly as an idle round itself.
+                        for _ in 0..LOCKED_ROUNDS {
+                            st.progress();
+                            if let Poll::Ready(v) = check(&mut st, None) {
+                                return Poll::Ready(v);
+                            }
+                            std::hint::spin_loop();
+                        }
+                        rounds += LOCKED_ROUNDS;
+                    }
+                    None => {
+                        rounds += 1;
+                        std::hint::spin_loop();
                     }
                 }
-                if round % CLOCK_ROUNDS == 0 {
+                if rounds >= next_look {
+                    next_look = rounds + CLOCK_ROUNDS;
                     let waited = spin_start.get_or_insert_with(Instant::now).elapsed();
                     if spin_for.is_some_and(|d| waited >= d) {
                         break;
                     }
-                    yielding = waited >= YIELD_AFTER;
-                }
-                if yielding && round % YIELD_ROUNDS == 0 {
-                    // Let another rank on this core run (more ranks than cores must not livelock).
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
+                    if waited >= YIELD_AFTER {
+                        // Let another rank on this core run (more ranks than cores must not livelock).
+                        std::thread::yield_now();
+                    }
                 }
             }
             if spin_for.is_none_or(|d| spin_start.get_or_insert_with(Instant::now).elapsed() < d) {
