@@ -73,8 +73,21 @@ impl Word for AtomicU64 {
 
 impl Atomics for Std {
     type W = AtomicU64;
-    #[inline]
+    /// A full barrier. On x86-64 a locked read-modify-write (here of the word at the stack
+    /// pointer, or-ing in nothing) orders every earlier load and store before every later one,
+    /// as `mfence` does for ordinary write-back memory (which is all the rings use), at a fraction
+    /// of its cost: 8 against 33 ns measured on the machine of the README. Linux's `smp_mb()` is
+    /// the same instruction. The fence is on the latency path: a consumer fences after each
+    /// release of ring space, a producer after each publication.
+    #[inline(always)]
     fn fence() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: rewrites the word at the top of our own stack with its own value, atomically;
+        // the asm may touch memory, so the compiler keeps every access on its side of it.
+        unsafe {
+            std::arch::asm!("lock or qword ptr [rsp], 0", options(nostack));
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         std::sync::atomic::fence(Ordering::SeqCst)
     }
 }
