@@ -392,6 +392,10 @@ fn print_shm_extras(extra: &Value, rows: &[Row], names: &[&str]) {
         r["cacheline_pingpong_one_way_us"].as_f64().unwrap_or(f64::NAN),
         r["memcpy_GBps"].as_f64().unwrap_or(f64::NAN)
     );
+    println!(
+        "API alone (no transport): an 8 B send to itself plus its recv_into, awaited, busy-poll: {:.0} ns",
+        r["api_self_send_recv_pair_ns"].as_f64().unwrap_or(f64::NAN)
+    );
     for t in extra["transport_alone"].as_array().into_iter().flatten() {
         println!(
             "shm transport alone (no engine, no futures; cma={}): 8 B {:.3} us one way; 4 MiB {:.2} GB/s",

@@ -6,6 +6,10 @@
 //!   round trips). No message can cross between the cores faster than this.
 //! * single-thread `memcpy` bandwidth at 4 MiB (source and destination in the cache hierarchy as
 //!   a benchmark's reused buffers are): what one copy of a large message costs at best.
+//!
+//! And one line that is not the machine's but ferrocomm's own floor: the API alone, a rank sending
+//! 8 bytes to itself and receiving them (`send` then `recv_into`, awaited, busy-poll mode): the
+//! operation slab, the lock, the engine's matching and the futures, without any transport.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +27,8 @@ const COPIES: usize = 200;
 const REPEAT: usize = 5;
 /// The memcpy size.
 pub const MEMCPY_BYTES: usize = 4 << 20;
+/// Send/receive pairs per measurement of the API alone.
+const SELF_PAIRS: u32 = 200_000;
 
 /// One atomic alone on its cache lines (128 bytes: adjacent-line prefetchers pull pairs).
 #[repr(align(128))]
@@ -37,6 +43,9 @@ pub struct Reference {
     /// memcpy of [`MEMCPY_BYTES`], GB/s (median over repetitions).
     pub memcpy_gbps: f64,
     pub memcpy_runs_gbps: Vec<f64>,
+    /// One 8-byte send to itself plus its `recv_into`, nanoseconds (median over repetitions).
+    pub api_pair_ns: f64,
+    pub api_pair_runs_ns: Vec<f64>,
 }
 
 impl Reference {
@@ -47,6 +56,8 @@ impl Reference {
             "memcpy_bytes": MEMCPY_BYTES,
             "memcpy_GBps": self.memcpy_gbps,
             "memcpy_runs_GBps": self.memcpy_runs_gbps,
+            "api_self_send_recv_pair_ns": self.api_pair_ns,
+            "api_self_runs_ns": self.api_pair_runs_ns,
         })
     }
 }
@@ -59,11 +70,14 @@ pub fn measure(cpus: [usize; 2]) -> Result<Reference> {
         cacheline_runs_us.push(cacheline_one_way(cpus)? * 1e6);
         memcpy_runs_gbps.push(memcpy_gbps(cpus[0])?);
     }
+    let api_pair_runs_ns = api_alone(cpus[0])?;
     Ok(Reference {
         cacheline_us: sweep::median(&cacheline_runs_us).unwrap_or(f64::NAN),
         cacheline_runs_us,
         memcpy_gbps: sweep::median(&memcpy_runs_gbps).unwrap_or(f64::NAN),
         memcpy_runs_gbps,
+        api_pair_ns: sweep::median(&api_pair_runs_ns).unwrap_or(f64::NAN),
+        api_pair_runs_ns,
     })
 }
 
@@ -114,4 +128,37 @@ fn memcpy_gbps(cpu: usize) -> Result<f64> {
         Ok((COPIES * MEMCPY_BYTES) as f64 / start.elapsed().as_secs_f64() / 1e9)
     });
     Ok(t.join().map_err(|_| "the memcpy thread panicked")??)
+}
+
+/// A one-rank job in this process, on `cpu` (its progress thread too): [`REPEAT`] timed batches
+/// of [`SELF_PAIRS`] 8-byte sends to itself, each followed by a `recv_into`; nanoseconds per pair.
+fn api_alone(cpu: usize) -> Result<Vec<f64>> {
+    let t = std::thread::spawn(move || -> std::result::Result<Vec<f64>, String> {
+        affinity::pin_current_thread(cpu).map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let settings = ferrocomm::Settings { progress: ferrocomm::ProgressMode::BusyPoll, ..Default::default() };
+            let world = ferrocomm::testing::cluster(1, settings).await.map_err(|e| e.to_string())?.remove(0);
+            let data = bytes::Bytes::from(vec![7u8; 8]).slice(..);
+            let mut buf = Some(bytes::BytesMut::zeroed(8));
+            let mut runs = Vec::new();
+            for batch in 0..=REPEAT {
+                let start = Instant::now();
+                for _ in 0..SELF_PAIRS {
+                    world.send(0, 1, data.clone()).await.map_err(|e| e.to_string())?;
+                    let mut b = buf.take().ok_or("lost the buffer")?;
+                    b.resize(8, 0);
+                    let (b, _) = world.recv_into(0u32, 1u64, b).await.map_err(|e| e.to_string())?;
+                    buf = Some(b);
+                }
+                // Batch 0 warms up.
+                if batch > 0 {
+                    runs.push(start.elapsed().as_nanos() as f64 / SELF_PAIRS as f64);
+                }
+            }
+            world.finalize().await.map_err(|e| e.to_string())?;
+            Ok(runs)
+        })
+    });
+    Ok(t.join().map_err(|_| "the API thread panicked")??)
 }
