@@ -229,6 +229,10 @@ pub struct Op<T> {
     done: bool,
     /// Translates sources back to communicator ranks (sub-communicators only).
     group: Option<Arc<Group>>,
+    /// The completion, when the operation completed while it was started (an eager send with
+    /// credit, a receive of a message already there): awaiting it then takes no lock and no
+    /// progress round. Its slab slot is already freed.
+    ready: Option<Completion>,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -281,25 +285,36 @@ impl<T: FromCompletion> Future for Op<T> {
         if this.done {
             return Poll::Ready(Err(Error::Shutdown));
         }
+        if let Some(c) = this.ready.take() {
+            this.done = true;
+            return Poll::Ready(T::from_completion(this.translate(c)));
+        }
         let key = this.key;
         let r = this.inner.reactor.poll_until(cx, &mut this.spin_start, |d, cx| d.ops.poll(key, cx));
-        r.map(|mut c| {
+        r.map(|c| {
             this.done = true;
-            if let Some(g) = &this.group {
-                let local = |s: &mut Status| s.source = g.index.get(&s.source).copied().unwrap_or(Rank::MAX);
-                match &mut c {
-                    Completion::Recv(Ok((_, s))) | Completion::Probe(Ok(s)) => local(s),
-                    _ => {}
-                }
-            }
-            T::from_completion(c)
+            T::from_completion(this.translate(c))
         })
+    }
+}
+
+impl<T> Op<T> {
+    /// Sources in a sub-communicator's ranks.
+    fn translate(&self, mut c: Completion) -> Completion {
+        if let Some(g) = &self.group {
+            let local = |s: &mut Status| s.source = g.index.get(&s.source).copied().unwrap_or(Rank::MAX);
+            match &mut c {
+                Completion::Recv(Ok((_, s))) | Completion::Probe(Ok(s)) => local(s),
+                _ => {}
+            }
+        }
+        c
     }
 }
 
 impl<T> Drop for Op<T> {
     fn drop(&mut self) {
-        if self.done {
+        if self.done || self.ready.is_some() {
             return;
         }
         let mut d = self.inner.reactor.lock();
@@ -384,7 +399,7 @@ impl Comm {
 
     fn start<T>(&self, kind: OpKind, early: Option<Error>, post: impl FnOnce(&mut Driver, OpKey)) -> Op<T> {
         let early = early.or_else(|| self.inner.closed.load(Ordering::Acquire).then_some(Error::Shutdown));
-        let key = {
+        let (key, ready) = {
             let mut d = self.inner.reactor.lock();
             let key = d.ops.insert();
             match early {
@@ -406,7 +421,11 @@ impl Comm {
                     }
                 }
             }
-            key
+            let ready = match d.ops.poll(key, None) {
+                Poll::Ready(c) => Some(c),
+                Poll::Pending => None,
+            };
+            (key, ready)
         };
         Op {
             inner: self.inner.clone(),
@@ -415,6 +434,7 @@ impl Comm {
             spin_start: None,
             done: false,
             group: self.group.clone(),
+            ready,
             _t: PhantomData,
         }
     }

@@ -24,18 +24,24 @@
 //! `--recv-into`, `recv_into` one reused buffer). Rank 0 prints its measurements as one JSON line,
 //! which the launching process parses.
 //!
-//! The peer side ([`netpipe`]): `NPtcp` (NetPIPE 3.x, Debian package `netpipe-tcp`) over TCP on
-//! 127.0.0.1, receiver and transmitter pinned with `taskset` to the same two CPUs. NPtcp is run
-//! once per size (`-l n -u n -p 0`), so that it measures exactly the sizes ferrocomm does; it picks
-//! its own repetitions (~0.1 s per trial) and reports the best of its 3 trials, which favours the
-//! peer slightly against ferrocomm's one timed batch per run.
+//! The peer side ([`netpipe`]): NetPIPE, pinned with `taskset` to the same two CPUs, run once per
+//! size (`-l n -u n -p 0`) so that it measures exactly the sizes ferrocomm does; it picks its own
+//! repetitions (~0.1 s per trial) and reports the best of its 3 trials, which favours the peer
+//! slightly against ferrocomm's one timed batch per run. Over TCP (`--transport tcp`, the default)
+//! the peer is `NPtcp` (Debian `netpipe-tcp`) on 127.0.0.1; over shared memory (`--transport shm`)
+//! the peers are `NPopenmpi` and `NPmpich2` (Debian `netpipe-openmpi`, `netpipe-mpich2`), two ranks
+//! started by their MPI's own `mpirun`.
 //!
-//! Runs alternate (ferrocomm sweep, then NPtcp sweep, run after run) so that slow drifts of a noisy
+//! Over shared memory the report adds the machine's limits ([`reference`]: cache-line ping-pong
+//! between the two CPUs, memcpy bandwidth), the transport alone ([`transport`], also a benchmark
+//! of its own: `shm-transport`), and the latency to an idle peer in adaptive and busy-poll mode.
+//!
+//! Runs alternate (ferrocomm sweep, then each peer's sweep, run after run) so that slow drifts of a noisy
 //! machine hit both sides alike. Before each run the two CPUs are watched for a moment; other work
 //! on them (or time stolen by the hypervisor) above 10% earns a warning, since it makes the numbers
-//! noisy. Output: a table with both sides and their ratios, a summary
-//! (8 B latency ratio, 4 MiB bandwidth ratio), optionally JSON (`--json`) and an SVG plot
-//! (`--plot`, throughput and latency against size).
+//! noisy. Output: a table with every side and the ratios, a summary (8 B latency ratio, 64 KiB
+//! and 4 MiB bandwidth ratios), optionally JSON (`--json`) and an SVG plot (`--plot`, throughput
+//! and latency against size).
 
 mod affinity;
 mod netpipe;
@@ -43,8 +49,10 @@ mod pingpong;
 mod plot;
 mod process;
 mod ranks;
+mod reference;
 mod report;
 mod sweep;
+mod transport;
 
 use std::process::ExitCode;
 
@@ -55,8 +63,12 @@ const USAGE: &str = "\
 usage: ferrocomm-bench <benchmark> [options]
 
 benchmarks:
-  pingpong    ferrocomm vs NPtcp ping-pong latency and throughput (NetPIPE method);
-              `ferrocomm-bench pingpong --help` for its options";
+  pingpong    ferrocomm vs NetPIPE ping-pong latency and throughput (NetPIPE method): NPtcp
+              over TCP, NPopenmpi and NPmpich2 over shared memory (--transport shm);
+              `ferrocomm-bench pingpong --help` for its options
+  shm-transport
+              the shared-memory transport alone (no engine, no futures): 8 B latency and
+              bandwidth between two pinned processes";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -68,6 +80,8 @@ fn main() -> ExitCode {
         "pingpong" => pingpong::main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),
         ranks::RANK_COMMAND => ranks::rank_main(rest),
+        "shm-transport" => transport::main(rest),
+        transport::RANK_COMMAND => transport::rank_main(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

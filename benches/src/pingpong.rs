@@ -1,14 +1,20 @@
-//! `pingpong`: options, the runs (ferrocomm and NPtcp, alternating), and the report.
+//! `pingpong`: options, the runs (ferrocomm and its peers, alternating), and the report.
+//!
+//! Over TCP the peer is `NPtcp`; over shared memory (`--transport shm`) the peers are `NPopenmpi`
+//! and `NPmpich2`, and the report adds what explains the numbers: the machine's limits
+//! ([`reference`](crate::reference)), the shared-memory transport alone
+//! ([`transport`](crate::transport)), and the latency to an idle peer in adaptive and busy-poll
+//! mode ([`ranks::run_idle`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::netpipe::NetPipe;
+use crate::netpipe::{Flavour, NetPipe};
 use crate::ranks::{self, JobSpec};
 use crate::report::{self, Meta, Row};
-use crate::{Result, affinity, plot, process, sweep};
+use crate::{Result, affinity, plot, process, reference, sweep, transport};
 
 /// Other work above this share of the benchmark's CPUs, during a run, earns a warning.
 const LOAD_WARNING: f64 = 0.05;
@@ -16,11 +22,13 @@ const LOAD_WARNING: f64 = 0.05;
 pub const USAGE: &str = "\
 usage: ferrocomm-bench pingpong [options]
 
-Ping-pong latency and throughput of ferrocomm against NPtcp (NetPIPE), NetPIPE method: sizes 1 B
-and powers of two up to --max, each also at -3 and +3 bytes; medians over --runs runs.
+Ping-pong latency and throughput of ferrocomm against NetPIPE (NPtcp over TCP; NPopenmpi and
+NPmpich2 over shared memory), NetPIPE method: sizes 1 B and powers of two up to --max, each also
+at -3 and +3 bytes; medians over --runs runs. Over shared memory also: reference lines (cache-line
+ping-pong, memcpy), the transport alone, and the latency to an idle peer (adaptive vs busy-poll).
 
 options:
-  --transport T             transport to measure: tcp (default) or shm (use with --no-peer)
+  --transport T             transport to measure: tcp (default) or shm (shared memory)
   --backend B               ferrocomm TCP backend: auto, uring or portable (default auto)
   --progress P              ferrocomm progress: busy, adaptive[:US] or blocking (default busy)
   --max BYTES               largest power of two measured, e.g. 65536, 64K, 8M (default 8M)
@@ -30,11 +38,15 @@ options:
   --plot FILE.svg           write throughput and latency plots as SVG
   --no-peer                 measure ferrocomm alone (no NPtcp needed)
   --recv-into               ferrocomm receives with recv_into into one reused buffer per rank
-                            instead of recv (a buffer per message)";
+                            instead of recv (a buffer per message)
+  --idle-gap US             shm: microseconds between the pings of the idle-peer measurement
+                            (default 1000; 0 skips it)";
 
 /// The options of `pingpong`.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// `tcp` or `shm`.
+    pub transport: String,
     pub backend: String,
     pub progress: String,
     pub max: usize,
@@ -44,11 +56,13 @@ pub struct Options {
     pub plot: Option<PathBuf>,
     pub peer: bool,
     pub recv_into: bool,
+    pub idle_gap_us: u64,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
+            transport: "tcp".into(),
             backend: "auto".into(),
             progress: "busy".into(),
             max: 8 << 20,
@@ -58,6 +72,7 @@ impl Default for Options {
             plot: None,
             peer: true,
             recv_into: false,
+            idle_gap_us: 1000,
         }
     }
 }
@@ -75,14 +90,10 @@ impl Options {
             let mut value = || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("{flag} needs a value"));
             match flag {
                 "-h" | "--help" => return Ok(None),
-                "--transport" => {
-                    match value()?.as_str() {
-                        "tcp" => {}
-                        // Shared memory between the two local ranks (no NetPIPE peer for it yet).
-                        "shm" => o.backend = "shm".into(),
-                        t => return Err(format!("--transport {t}: tcp or shm").into()),
-                    }
-                }
+                "--transport" => match value()?.as_str() {
+                    t @ ("tcp" | "shm") => o.transport = t.into(),
+                    t => return Err(format!("--transport {t}: tcp or shm").into()),
+                },
                 "--backend" => {
                     let b = value()?;
                     b.parse::<ferrocomm::TcpBackend>().map_err(|e| format!("--backend: {e}"))?;
@@ -105,6 +116,7 @@ impl Options {
                 "--plot" => o.plot = Some(value()?.into()),
                 "--no-peer" => o.peer = false,
                 "--recv-into" => o.recv_into = true,
+                "--idle-gap" => o.idle_gap_us = value()?.parse().map_err(|e| format!("--idle-gap: {e}"))?,
                 other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
             }
         }
@@ -158,34 +170,49 @@ pub fn main(args: &[String]) -> Result<()> {
     if opts.cpus[0] == opts.cpus[1] {
         eprintln!("warning: both sides on CPU {}: they will take turns, not run at once", opts.cpus[0]);
     }
-    let peer = if opts.peer { Some(NetPipe::find()?) } else { None };
-    let peer_name = peer.as_ref().map(|_| "NPtcp");
+    let shm = opts.transport == "shm";
+    let flavours: &[Flavour] = match (opts.peer, shm) {
+        (false, _) => &[],
+        (true, false) => &[Flavour::Tcp],
+        (true, true) => &[Flavour::OpenMpi, Flavour::Mpich],
+    };
+    let peers = flavours.iter().map(|&f| NetPipe::find(f)).collect::<Result<Vec<_>>>()?;
+    let names: Vec<&str> = peers.iter().map(NetPipe::name).collect();
     let spec = JobSpec {
-        backend: opts.backend.clone(),
+        backend: if shm { "shm".into() } else { opts.backend.clone() },
         progress: opts.progress.clone(),
         max: opts.max,
         cpus: opts.cpus,
         recv_into: opts.recv_into,
+        idle_gap_us: 0,
     };
     let sizes = sweep::sizes(opts.max);
-    let mut rows: Vec<Row> = sizes.iter().map(|&bytes| Row { bytes, ..Row::default() }).collect();
+    let mut rows: Vec<Row> =
+        sizes.iter().map(|&bytes| Row { bytes, peers: vec![Vec::new(); peers.len()], ..Row::default() }).collect();
 
+    let medium = if shm { "shared memory (two processes on this host)" } else { "TCP on 127.0.0.1" };
     println!(
-        "pingpong over TCP on 127.0.0.1, NetPIPE method: {} sizes from 1 to {} bytes, median of {} run(s), CPUs {},{}",
+        "pingpong over {medium}, NetPIPE method: {} sizes from 1 to {} bytes, median of {} run(s), CPUs {},{}",
         sizes.len(),
         sweep::largest(opts.max),
         opts.runs,
         opts.cpus[0],
         opts.cpus[1]
     );
+    let backend = if shm {
+        "FERROCOMM_TRANSPORTS=auto (shm)".to_string()
+    } else {
+        format!("FERROCOMM_TCP_BACKEND={}", opts.backend)
+    };
     println!(
-        "ferrocomm: FERROCOMM_TCP_BACKEND={} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}",
-        opts.backend,
+        "ferrocomm: {backend} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}",
         opts.progress,
         receive_call(opts.recv_into)
     );
-    if let Some(np) = &peer {
-        println!("peer: {}  (once per size)", np.describe(opts.cpus, "SIZE"));
+    let described: Vec<(String, String)> =
+        peers.iter().map(|p| (p.name().to_string(), p.describe(opts.cpus, "SIZE"))).collect();
+    for (name, command) in &described {
+        println!("peer {name}: {command}  (once per size)");
     }
 
     let mut transport_name = String::from("?");
@@ -221,16 +248,23 @@ pub fn main(args: &[String]) -> Result<()> {
         );
         transport_name = result.transport;
         watch(meter, run, "ferrocomm");
-        if let Some(np) = &peer {
+        for (i, np) in peers.iter().enumerate() {
             let meter = process::Interference::start(&opts.cpus);
             let t = Instant::now();
             for row in rows.iter_mut() {
-                row.peer.push(np.measure(row.bytes, opts.cpus)?);
+                row.peers[i].push(np.measure(row.bytes, opts.cpus)?);
             }
-            watch(meter, run, "NPtcp");
-            eprintln!("run {run}/{}: NPtcp: {} sizes, {:.1} s", opts.runs, rows.len(), t.elapsed().as_secs_f64());
+            watch(meter, run, np.name());
+            eprintln!(
+                "run {run}/{}: {}: {} sizes, {:.1} s",
+                opts.runs,
+                np.name(),
+                rows.len(),
+                t.elapsed().as_secs_f64()
+            );
         }
     }
+    let extra = if shm { shm_extras(&opts, &rows)? } else { Value::Null };
 
     if busiest > LOAD_WARNING {
         println!(
@@ -241,27 +275,32 @@ pub fn main(args: &[String]) -> Result<()> {
         );
     }
     println!();
-    print!("{}", report::table(&rows));
+    print!("{}", report::table(&rows, &names));
     println!();
-    println!("{}", report::summary(&rows, peer_name));
+    println!("{}", report::summary(&rows, &names));
+    if shm {
+        print_shm_extras(&extra, &rows, &names);
+    }
     let dips = report::dips(&rows, Row::ferrocomm_mbps);
     if !dips.is_empty() {
         println!("ferrocomm throughput dips (>15% below the previous size): {}", dips.join(", "));
     }
-    if peer.is_some() {
-        let dips = report::dips(&rows, Row::peer_mbps);
+    for (i, name) in names.iter().enumerate() {
+        let dips = report::dips(&rows, |r| r.peer_mbps(i));
         if !dips.is_empty() {
-            println!("NPtcp throughput dips (>15% below the previous size): {}", dips.join(", "));
+            println!("{name} throughput dips (>15% below the previous size): {}", dips.join(", "));
         }
     }
 
     let meta = Meta {
-        backend: &opts.backend,
+        transport: &opts.transport,
+        backend: &spec.backend,
         transport_name: &transport_name,
         progress: &opts.progress,
         receive: if opts.recv_into { "recv_into" } else { "recv" },
-        peer: peer_name,
+        peers: &described,
         interference: &interference,
+        extra,
         runs: opts.runs,
         cpus: opts.cpus,
         max: opts.max,
@@ -272,25 +311,134 @@ pub fn main(args: &[String]) -> Result<()> {
         println!("wrote {}", path.display());
     }
     if let Some(path) = &opts.plot {
-        let title = match peer_name {
-            Some(p) => format!("ferrocomm vs {p}: TCP ping-pong on 127.0.0.1"),
-            None => "ferrocomm: TCP ping-pong on 127.0.0.1".to_string(),
+        let title = match names.is_empty() {
+            true => format!("ferrocomm: ping-pong over {medium}"),
+            false => format!("ferrocomm vs {}: ping-pong over {medium}", names.join(", ")),
         };
         let subtitle = format!(
-            "backend {} ({transport_name}), progress {}, receives with {}, CPUs {},{}, median of {} run(s)",
-            opts.backend,
+            "{backend} ({transport_name}), progress {}, receives with {}, CPUs {},{}, median of {} run(s)",
             opts.progress,
             receive_call(opts.recv_into),
             opts.cpus[0],
             opts.cpus[1],
             opts.runs
         );
-        std::fs::write(path, plot::svg(&title, &subtitle, &rows, peer_name))
+        std::fs::write(path, plot::svg(&title, &subtitle, &rows, &names))
             .map_err(|e| format!("{}: {e}", path.display()))?;
         println!("wrote {}", path.display());
     }
     println!("total time {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Shared memory only: the reference lines, the transport alone, and the idle-peer latency in
+/// adaptive and busy-poll mode (one job each per run, alternating; medians of the per-run medians).
+fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
+    let t = Instant::now();
+    let refs = reference::measure(opts.cpus)?;
+    let alone =
+        ["off", "auto"].iter().map(|cma| transport::run(opts.cpus, cma, 4 << 20)).collect::<Result<Vec<_>>>()?;
+    eprintln!("reference lines and the transport alone: {:.1} s", t.elapsed().as_secs_f64());
+    let mut idle = Value::Null;
+    if opts.idle_gap_us > 0 {
+        let mut medians = [Vec::new(), Vec::new()];
+        for run in 1..=opts.runs {
+            for (k, progress) in ["adaptive", "busy"].iter().enumerate() {
+                let spec = JobSpec {
+                    backend: "shm".into(),
+                    progress: progress.to_string(),
+                    max: 8,
+                    cpus: opts.cpus,
+                    recv_into: opts.recv_into,
+                    idle_gap_us: opts.idle_gap_us,
+                };
+                let t = Instant::now();
+                let samples = ranks::run_idle(&spec)?;
+                medians[k].push(sweep::median(&samples).unwrap_or(f64::NAN) * 1e6);
+                eprintln!(
+                    "run {run}/{}: idle peer, {progress}: {} pings, {:.1} s",
+                    opts.runs,
+                    samples.len(),
+                    t.elapsed().as_secs_f64()
+                );
+            }
+        }
+        let adaptive = sweep::median(&medians[0]).unwrap_or(f64::NAN);
+        let busy = sweep::median(&medians[1]).unwrap_or(f64::NAN);
+        let back_to_back = report::row(rows, report::HEADLINE_LATENCY).and_then(Row::ferrocomm_us);
+        idle = json!({
+            "gap_us": opts.idle_gap_us,
+            "pings_per_run": ranks::IDLE_PINGS,
+            "adaptive_us": adaptive,
+            "busy_us": busy,
+            "adaptive_runs_us": medians[0],
+            "busy_runs_us": medians[1],
+            "ratio_adaptive_to_busy_idle": adaptive / busy,
+            "ratio_adaptive_to_busy_back_to_back": back_to_back.map(|b| adaptive / b),
+        });
+    }
+    Ok(json!({
+        "reference": refs.to_json(),
+        "transport_alone": alone.iter().map(transport::TransportResult::to_json).collect::<Vec<_>>(),
+        "idle_peer": idle,
+    }))
+}
+
+/// Prints what [`shm_extras`] measured, and the goals of issue 3 against it.
+fn print_shm_extras(extra: &Value, rows: &[Row], names: &[&str]) {
+    let r = &extra["reference"];
+    println!(
+        "reference: cache-line ping-pong between the two CPUs {:.3} us one way; memcpy of 4 MiB on one thread {:.1} GB/s",
+        r["cacheline_pingpong_one_way_us"].as_f64().unwrap_or(f64::NAN),
+        r["memcpy_GBps"].as_f64().unwrap_or(f64::NAN)
+    );
+    println!(
+        "API alone (no transport): an 8 B send to itself plus its recv_into, awaited, busy-poll: {:.0} ns",
+        r["api_self_send_recv_pair_ns"].as_f64().unwrap_or(f64::NAN)
+    );
+    for t in extra["transport_alone"].as_array().into_iter().flatten() {
+        println!(
+            "shm transport alone (no engine, no futures; cma={}): 8 B {:.3} us one way; 4 MiB {:.2} GB/s",
+            t["cma"].as_str().unwrap_or("?"),
+            t["one_way_8B_us"].as_f64().unwrap_or(f64::NAN),
+            t["bandwidth_GBps"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    let idle = &extra["idle_peer"];
+    if !idle.is_null() {
+        println!(
+            "idle peer ({} us between pings, median of per-run medians): adaptive {:.3} us, busy-poll {:.3} us one way; \
+             adaptive / busy-poll {:.2} (same gaps), {:.2} (vs back-to-back busy 8 B)",
+            idle["gap_us"],
+            idle["adaptive_us"].as_f64().unwrap_or(f64::NAN),
+            idle["busy_us"].as_f64().unwrap_or(f64::NAN),
+            idle["ratio_adaptive_to_busy_idle"].as_f64().unwrap_or(f64::NAN),
+            idle["ratio_adaptive_to_busy_back_to_back"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    let Some(ompi) = names.iter().position(|n| *n == "NPopenmpi") else { return };
+    let verdict = |ok: Option<bool>| match ok {
+        Some(true) => "met",
+        Some(false) => "NOT met",
+        None => "not measured",
+    };
+    let at = |b| report::row(rows, b);
+    let lat = at(8).and_then(|r| r.latency_ratio(ompi));
+    let bw64 = at(64 << 10).and_then(|r| r.bandwidth_ratio(ompi));
+    let bw4 = at(4 << 20).and_then(|r| r.bandwidth_ratio(ompi));
+    let idle_ratio = idle["ratio_adaptive_to_busy_idle"].as_f64();
+    println!(
+        "goals (issue 3): 8 B latency <= 0.9x NPopenmpi: {:.2}x, {}; 64 KiB bandwidth >= 1.0x: {:.2}x, {}; \
+         4 MiB bandwidth >= 1.5x: {:.2}x, {}; idle-peer adaptive <= 2x busy-poll: {:.2}x, {}",
+        lat.unwrap_or(f64::NAN),
+        verdict(lat.map(|r| r <= 0.9)),
+        bw64.unwrap_or(f64::NAN),
+        verdict(bw64.map(|r| r >= 1.0)),
+        bw4.unwrap_or(f64::NAN),
+        verdict(bw4.map(|r| r >= 1.5)),
+        idle_ratio.unwrap_or(f64::NAN),
+        verdict(idle_ratio.map(|r| r <= 2.0)),
+    );
 }
 
 #[cfg(test)]
@@ -311,6 +459,8 @@ mod tests {
             ("uring", "adaptive:20", 65536, 5, [1, 0])
         );
         assert!(!o.peer);
+        let o = Options::parse(&args("--transport shm --idle-gap 200")).unwrap().unwrap();
+        assert_eq!((o.transport.as_str(), o.idle_gap_us), ("shm", 200));
         assert!(Options::parse(&args("--help")).unwrap().is_none());
         for bad in ["--backend rdma", "--transport udp", "--runs 0", "--max", "--cpus 1", "--frobnicate"] {
             assert!(Options::parse(&args(bad)).is_err(), "{bad}");

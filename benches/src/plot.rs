@@ -10,7 +10,7 @@ const HEADER: f64 = 56.0;
 /// Plot area insets within a panel: left, right, top, bottom.
 const INSET: (f64, f64, f64, f64) = (84.0, 30.0, 36.0, 54.0);
 const FERROCOMM_COLOR: &str = "#1f63b4";
-const PEER_COLOR: &str = "#e8710a";
+const PEER_COLORS: [&str; 3] = ["#e8710a", "#2ca02c", "#9467bd"];
 
 /// One curve.
 struct Series {
@@ -49,19 +49,19 @@ impl Area {
     }
 }
 
-/// The picture for `rows`; `peer` names the peer's curve (none without a peer).
-pub fn svg(title: &str, subtitle: &str, rows: &[Row], peer: Option<&str>) -> String {
-    let curves = |pick: fn(&Row) -> Option<f64>, peer_pick: fn(&Row) -> Option<f64>| {
+/// The picture for `rows`; `peers` names the peers' curves.
+pub fn svg(title: &str, subtitle: &str, rows: &[Row], peers: &[&str]) -> String {
+    let curves = |pick: fn(&Row) -> Option<f64>, peer_pick: fn(&Row, usize) -> Option<f64>| {
         let mut s = vec![Series {
             name: "ferrocomm".into(),
             color: FERROCOMM_COLOR,
             points: rows.iter().filter_map(|r| Some((r.bytes as f64, pick(r)?))).collect(),
         }];
-        if let Some(p) = peer {
+        for (i, p) in peers.iter().enumerate() {
             s.push(Series {
                 name: p.to_string(),
-                color: PEER_COLOR,
-                points: rows.iter().filter_map(|r| Some((r.bytes as f64, peer_pick(r)?))).collect(),
+                color: PEER_COLORS[i % PEER_COLORS.len()],
+                points: rows.iter().filter_map(|r| Some((r.bytes as f64, peer_pick(r, i)?))).collect(),
             });
         }
         s
@@ -303,9 +303,13 @@ mod tests {
     fn picture_is_well_formed() {
         let rows: Vec<Row> = [1usize, 8, 1024, 4 << 20]
             .iter()
-            .map(|&b| Row { bytes: b, ferrocomm: vec![1e-5 + b as f64 * 1e-9], peer: vec![2e-5 + b as f64 * 5e-10] })
+            .map(|&b| Row {
+                bytes: b,
+                ferrocomm: vec![1e-5 + b as f64 * 1e-9],
+                peers: vec![vec![2e-5 + b as f64 * 5e-10]],
+            })
             .collect();
-        let s = svg("t <1>", "s", &rows, Some("NPtcp"));
+        let s = svg("t <1>", "s", &rows, &["NPtcp"]);
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         assert_eq!(s.matches("<polyline").count(), 4);
         assert!(s.contains("t &lt;1&gt;") && s.contains(">NPtcp<"));

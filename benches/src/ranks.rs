@@ -18,6 +18,11 @@
 //! Payloads are received with [`Comm::recv`](ferrocomm::Comm::recv) (a buffer per message), or with
 //! `--recv-into` by [`Comm::recv_into`](ferrocomm::Comm::recv_into) into one buffer per rank,
 //! allocated once and reused.
+//!
+//! With an idle gap ([`JobSpec::idle_gap_us`]) rank 0 measures single 8-byte round trips instead of
+//! a sweep, sleeping the gap before each, so that rank 1 has been waiting that long when the ping
+//! arrives: in adaptive mode it has stopped spinning and sleeps (its CPU idle), and the ping must
+//! wake it through its doorbell. Each round trip is timed alone; rank 0 reports them all.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
@@ -62,7 +67,12 @@ pub struct JobSpec {
     pub cpus: [usize; 2],
     /// Receive into one preallocated buffer (`recv_into`) instead of `recv`.
     pub recv_into: bool,
+    /// Not 0: measure [`IDLE_PINGS`] single 8-byte round trips, this many microseconds apart.
+    pub idle_gap_us: u64,
 }
+
+/// Round trips measured with an idle gap.
+pub const IDLE_PINGS: u64 = 2000;
 
 impl JobSpec {
     fn to_args(&self) -> Vec<String> {
@@ -76,6 +86,8 @@ impl JobSpec {
             self.max.to_string(),
             s("--cpus"),
             format!("{},{}", self.cpus[0], self.cpus[1]),
+            s("--idle-gap"),
+            self.idle_gap_us.to_string(),
         ];
         if self.recv_into {
             args.push(s("--recv-into"));
@@ -84,8 +96,14 @@ impl JobSpec {
     }
 
     fn from_args(args: &[String]) -> Result<JobSpec> {
-        let mut spec =
-            JobSpec { backend: "auto".into(), progress: "busy".into(), max: 0, cpus: [0, 1], recv_into: false };
+        let mut spec = JobSpec {
+            backend: "auto".into(),
+            progress: "busy".into(),
+            max: 0,
+            cpus: [0, 1],
+            recv_into: false,
+            idle_gap_us: 0,
+        };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             if flag == "--recv-into" {
@@ -98,6 +116,7 @@ impl JobSpec {
                 "--progress" => spec.progress = value.clone(),
                 "--max" => spec.max = value.parse()?,
                 "--cpus" => spec.cpus = crate::pingpong::parse_cpus(value)?,
+                "--idle-gap" => spec.idle_gap_us = value.parse()?,
                 _ => return Err(format!("unknown option {flag}").into()),
             }
         }
@@ -125,6 +144,25 @@ pub struct SweepResult {
 
 /// Runs one ferrocomm sweep as a job of two ranks and collects rank 0's measurements.
 pub fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
+    parse_result(&run_job(spec)?)
+}
+
+/// Runs the idle-gap measurement ([`JobSpec::idle_gap_us`] must not be 0): one-way times in
+/// seconds, one per round trip.
+pub fn run_idle(spec: &JobSpec) -> Result<Vec<f64>> {
+    let line = run_job(spec)?;
+    let v: Value = serde_json::from_str(&line).map_err(|e| format!("rank 0's result is not JSON ({e}): {line}"))?;
+    let samples: Vec<f64> = v["idle_one_way_s"]
+        .as_array()
+        .ok_or("rank 0's result has no idle samples")?
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    if samples.is_empty() { Err("no idle samples".into()) } else { Ok(samples) }
+}
+
+/// Runs the job of two ranks; returns the JSON line rank 0 printed.
+fn run_job(spec: &JobSpec) -> Result<String> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(&exe)
         .arg(JOB_COMMAND)
@@ -140,9 +178,9 @@ pub fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
         .map_err(|e| format!("the ferrocomm job did not finish within {JOB_TIMEOUT:?}: {e}"))?;
     let lines = reader.join().map_err(|_| "the output reader panicked")?;
     let mut result = None;
-    for line in &lines {
+    for line in lines {
         match line.strip_prefix("[0] ").filter(|l| l.starts_with('{')) {
-            Some(j) if result.is_none() => result = Some(parse_result(j)?),
+            Some(j) if result.is_none() => result = Some(j.to_string()),
             // Anything else the ranks print is passed on, for diagnosis.
             _ => eprintln!("  {line}"),
         }
@@ -211,7 +249,11 @@ pub fn rank_main(args: &[String]) -> Result<()> {
         let payload = pattern(sweep::largest(spec.max));
         let mut inbox = Inbox::new(spec.recv_into, payload.len());
         world.barrier().await?;
-        if world.rank() == 0 {
+        if world.rank() == 0 && spec.idle_gap_us > 0 {
+            let gap = Duration::from_micros(spec.idle_gap_us);
+            let samples = measure_idle(&world, &payload, &mut inbox, gap).await?;
+            println!("{}", json!({"transport": world.transport_name(), "idle_one_way_s": samples}));
+        } else if world.rank() == 0 {
             let samples = measure(&world, &payload, &mut inbox, spec.max).await?;
             let rows: Vec<Value> = samples
                 .iter()
@@ -314,6 +356,26 @@ async fn measure(world: &World, payload: &Bytes, inbox: &mut Inbox, max: usize) 
     Ok(samples)
 }
 
+/// Rank 0: [`IDLE_PINGS`] round trips of 8 bytes, each after sleeping `gap` (the thread sleeps:
+/// its CPU goes idle too) and timed alone. Returns one-way times in seconds.
+async fn measure_idle(world: &World, payload: &Bytes, inbox: &mut Inbox, gap: Duration) -> Result<Vec<f64>> {
+    const BYTES: usize = 8;
+    let data = payload.slice(..BYTES);
+    world.send(1, TAG_CONTROL, control(BYTES, IDLE_PINGS)).await?;
+    world.recv(1, TAG_ACK).await?;
+    let mut samples = Vec::with_capacity(IDLE_PINGS as usize);
+    for _ in 0..IDLE_PINGS {
+        std::thread::sleep(gap);
+        let start = Instant::now();
+        world.send(1, TAG_DATA, data.clone()).await?;
+        let posted = inbox.post(world, 1, BYTES)?;
+        inbox.wait(posted).await?.check(payload, BYTES)?;
+        samples.push(start.elapsed().as_secs_f64() / 2.0);
+    }
+    world.send(1, TAG_CONTROL, control(0, 0)).await?;
+    Ok(samples)
+}
+
 /// Rank 0: `count` round trips of `data`, timed.
 async fn batch(world: &World, payload: &Bytes, inbox: &mut Inbox, data: &Bytes, count: u64) -> Result<Duration> {
     world.send(1, TAG_CONTROL, control(data.len(), count)).await?;
@@ -386,11 +448,12 @@ mod tests {
             max: 4096,
             cpus: [1, 0],
             recv_into: true,
+            idle_gap_us: 500,
         };
         let back = JobSpec::from_args(&spec.to_args()).unwrap();
         assert_eq!(
-            (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus, back.recv_into),
-            ("uring", "adaptive:20", 4096, [1, 0], true)
+            (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus, back.recv_into, back.idle_gap_us),
+            ("uring", "adaptive:20", 4096, [1, 0], true, 500)
         );
     }
 }

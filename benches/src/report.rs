@@ -13,44 +13,49 @@ pub struct Row {
     pub bytes: usize,
     /// ferrocomm's one-way times, seconds, one per run.
     pub ferrocomm: Vec<f64>,
-    /// The peer's one-way times, seconds, one per run.
-    pub peer: Vec<f64>,
+    /// Each peer's one-way times, seconds, one per run (`peers[i]` is peer `i`).
+    pub peers: Vec<Vec<f64>>,
 }
 
 impl Row {
     pub fn ferrocomm_us(&self) -> Option<f64> {
         median(&self.ferrocomm).map(|s| s * 1e6)
     }
-    pub fn peer_us(&self) -> Option<f64> {
-        median(&self.peer).map(|s| s * 1e6)
-    }
     pub fn ferrocomm_mbps(&self) -> Option<f64> {
         median(&self.ferrocomm).map(|s| mb_per_s(self.bytes, s))
     }
-    pub fn peer_mbps(&self) -> Option<f64> {
-        median(&self.peer).map(|s| mb_per_s(self.bytes, s))
+    pub fn peer_us(&self, i: usize) -> Option<f64> {
+        median(self.peers.get(i)?).map(|s| s * 1e6)
     }
-    /// ferrocomm's latency over the peer's: above 1 means ferrocomm is slower.
-    pub fn latency_ratio(&self) -> Option<f64> {
-        Some(self.ferrocomm_us()? / self.peer_us()?)
+    pub fn peer_mbps(&self, i: usize) -> Option<f64> {
+        median(self.peers.get(i)?).map(|s| mb_per_s(self.bytes, s))
     }
-    /// ferrocomm's throughput over the peer's: below 1 means ferrocomm is slower.
-    pub fn bandwidth_ratio(&self) -> Option<f64> {
-        Some(self.ferrocomm_mbps()? / self.peer_mbps()?)
+    /// ferrocomm's latency over peer `i`'s: above 1 means ferrocomm is slower.
+    pub fn latency_ratio(&self, i: usize) -> Option<f64> {
+        Some(self.ferrocomm_us()? / self.peer_us(i)?)
+    }
+    /// ferrocomm's throughput over peer `i`'s: below 1 means ferrocomm is slower.
+    pub fn bandwidth_ratio(&self, i: usize) -> Option<f64> {
+        Some(self.ferrocomm_mbps()? / self.peer_mbps(i)?)
     }
 }
 
 /// What was measured, for the record.
 pub struct Meta<'a> {
+    /// `tcp` or `shm`.
+    pub transport: &'a str,
     pub backend: &'a str,
     /// The transport the ranks reported, e.g. `tcp-uring`.
     pub transport_name: &'a str,
     pub progress: &'a str,
     /// How ferrocomm received: `recv` or `recv_into`.
     pub receive: &'a str,
-    pub peer: Option<&'a str>,
+    /// The peers' names and the commands they ran.
+    pub peers: &'a [(String, String)],
     /// Other work's share of the benchmark's CPUs during each sweep.
     pub interference: &'a [Value],
+    /// Extra measurements (reference lines, idle-peer latency), as they are.
+    pub extra: Value,
     pub runs: usize,
     pub cpus: [usize; 2],
     pub max: usize,
@@ -65,60 +70,72 @@ fn num(v: Option<f64>, decimals: usize) -> String {
     }
 }
 
-/// The per-size table.
-pub fn table(rows: &[Row]) -> String {
-    let mut out = format!(
-        "{:>9} {:>13} {:>10} {:>9} {:>15} {:>10} {:>8}\n",
-        "bytes", "ferrocomm_us", "peer_us", "lat_ratio", "ferrocomm_MBps", "peer_MBps", "bw_ratio"
-    );
+/// The per-size table: ferrocomm, then each peer with the ratios against it.
+pub fn table(rows: &[Row], peers: &[&str]) -> String {
+    let mut out = format!("{:>9} {:>13} {:>15}", "bytes", "ferrocomm_us", "ferrocomm_MBps");
+    for p in peers {
+        out +=
+            &format!(" | {:>12} {:>9} {:>14} {:>8}", format!("{p}_us"), "lat_ratio", format!("{p}_MBps"), "bw_ratio");
+    }
+    out += "\n";
     for r in rows {
-        out += &format!(
-            "{:>9} {:>13} {:>10} {:>9} {:>15} {:>10} {:>8}\n",
-            r.bytes,
-            num(r.ferrocomm_us(), 2),
-            num(r.peer_us(), 2),
-            num(r.latency_ratio(), 2),
-            num(r.ferrocomm_mbps(), 2),
-            num(r.peer_mbps(), 2),
-            num(r.bandwidth_ratio(), 2),
-        );
+        out += &format!("{:>9} {:>13} {:>15}", r.bytes, num(r.ferrocomm_us(), 2), num(r.ferrocomm_mbps(), 2));
+        for i in 0..peers.len() {
+            out += &format!(
+                " | {:>12} {:>9} {:>14} {:>8}",
+                num(r.peer_us(i), 3),
+                num(r.latency_ratio(i), 2),
+                num(r.peer_mbps(i), 2),
+                num(r.bandwidth_ratio(i), 2)
+            );
+        }
+        out += "\n";
     }
     out
 }
 
-fn row(rows: &[Row], bytes: usize) -> Option<&Row> {
+pub fn row(rows: &[Row], bytes: usize) -> Option<&Row> {
     rows.iter().find(|r| r.bytes == bytes)
 }
 
-/// The 8 B latency ratio and the 4 MiB bandwidth ratio, when measured.
-pub fn headline(rows: &[Row]) -> (Option<f64>, Option<f64>) {
-    (row(rows, 8).and_then(Row::latency_ratio), row(rows, 4 << 20).and_then(Row::bandwidth_ratio))
+/// Sizes whose ratios are headlines: latency at the first, bandwidth at the others.
+pub const HEADLINE_LATENCY: usize = 8;
+pub const HEADLINE_BANDWIDTH: [usize; 2] = [64 << 10, 4 << 20];
+
+/// Headline ratios against peer `i`: 8 B latency, 64 KiB and 4 MiB bandwidth (when measured).
+pub fn headline(rows: &[Row], i: usize) -> Value {
+    let lat = row(rows, HEADLINE_LATENCY).and_then(|r| r.latency_ratio(i));
+    let bw = |b| row(rows, b).and_then(|r| r.bandwidth_ratio(i));
+    json!({"latency_ratio_8B": lat, "bandwidth_ratio_64KiB": bw(HEADLINE_BANDWIDTH[0]),
+           "bandwidth_ratio_4MiB": bw(HEADLINE_BANDWIDTH[1])})
 }
 
-/// One line: 8 B latency and 4 MiB bandwidth, with their ratios when there is a peer.
-pub fn summary(rows: &[Row], peer: Option<&str>) -> String {
-    let mut parts = Vec::new();
-    match row(rows, 8) {
+/// The headline lines: ferrocomm's 8 B latency and 64 KiB / 4 MiB bandwidth, with each peer's
+/// figures and the ratios.
+pub fn summary(rows: &[Row], peers: &[&str]) -> String {
+    let mut out = String::new();
+    match row(rows, HEADLINE_LATENCY) {
         Some(r) => {
-            let mut s = format!("8 B latency: ferrocomm {} us", num(r.ferrocomm_us(), 2));
-            if let Some(p) = peer {
-                s += &format!(", {p} {} us, ratio {}", num(r.peer_us(), 2), num(r.latency_ratio(), 3));
+            out += &format!("summary: 8 B latency: ferrocomm {} us", num(r.ferrocomm_us(), 3));
+            for (i, p) in peers.iter().enumerate() {
+                out += &format!("; {p} {} us, ratio {}", num(r.peer_us(i), 3), num(r.latency_ratio(i), 3));
             }
-            parts.push(s);
         }
-        None => parts.push("8 B latency: not measured".into()),
+        None => out += "summary: 8 B latency: not measured",
     }
-    match row(rows, 4 << 20) {
-        Some(r) => {
-            let mut s = format!("4 MiB bandwidth: ferrocomm {} MB/s", num(r.ferrocomm_mbps(), 1));
-            if let Some(p) = peer {
-                s += &format!(", {p} {} MB/s, ratio {}", num(r.peer_mbps(), 1), num(r.bandwidth_ratio(), 3));
+    for b in HEADLINE_BANDWIDTH {
+        let label = if b >= 1 << 20 { format!("{} MiB", b >> 20) } else { format!("{} KiB", b >> 10) };
+        match row(rows, b) {
+            Some(r) => {
+                out += &format!("\nsummary: {label} bandwidth: ferrocomm {} MB/s", num(r.ferrocomm_mbps(), 1));
+                for (i, p) in peers.iter().enumerate() {
+                    out += &format!("; {p} {} MB/s, ratio {}", num(r.peer_mbps(i), 1), num(r.bandwidth_ratio(i), 3));
+                }
             }
-            parts.push(s);
+            None => out += &format!("\nsummary: {label} bandwidth: not measured (--max below {label})"),
         }
-        None => parts.push("4 MiB bandwidth: not measured (--max below 4 MiB)".into()),
     }
-    format!("summary: {}", parts.join("; "))
+    out
 }
 
 /// Sizes whose throughput (per `mbps`) is over [`DIP`] below the previous size's, as text.
@@ -133,39 +150,51 @@ pub fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<String> {
 
 /// The `--json` document.
 pub fn to_json(meta: &Meta, rows: &[Row]) -> Value {
-    let (lat, bw) = headline(rows);
-    let rows: Vec<Value> = rows
+    let names: Vec<&str> = meta.peers.iter().map(|(n, _)| n.as_str()).collect();
+    let json_rows: Vec<Value> = rows
         .iter()
         .map(|r| {
+            let peers: serde_json::Map<String, Value> = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let v = json!({
+                        "us": r.peer_us(i),
+                        "MBps": r.peer_mbps(i),
+                        "latency_ratio": r.latency_ratio(i),
+                        "bandwidth_ratio": r.bandwidth_ratio(i),
+                        "runs_us": r.peers.get(i).map(|v| v.iter().map(|s| s * 1e6).collect::<Vec<_>>()),
+                    });
+                    (n.to_string(), v)
+                })
+                .collect();
             json!({
                 "bytes": r.bytes,
                 "ferrocomm_us": r.ferrocomm_us(),
-                "peer_us": r.peer_us(),
                 "ferrocomm_MBps": r.ferrocomm_mbps(),
-                "peer_MBps": r.peer_mbps(),
-                "latency_ratio": r.latency_ratio(),
-                "bandwidth_ratio": r.bandwidth_ratio(),
                 "ferrocomm_runs_us": r.ferrocomm.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
-                "peer_runs_us": r.peer.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
+                "peers": peers,
             })
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let headlines: serde_json::Map<String, Value> =
+        names.iter().enumerate().map(|(i, n)| (n.to_string(), headline(rows, i))).collect();
     json!({
         "bench": "pingpong",
-        "transport": "tcp",
+        "transport": meta.transport,
         "backend": meta.backend,
         "transport_name": meta.transport_name,
         "progress": meta.progress,
         "receive": meta.receive,
-        "peer": meta.peer,
+        "peers": meta.peers.iter().map(|(n, c)| json!({"name": n, "command": c})).collect::<Vec<_>>(),
         "runs": meta.runs,
         "interference": meta.interference,
         "statistic": "median over runs",
         "cpus": meta.cpus,
         "max": meta.max,
-        "latency_ratio_8B": lat,
-        "bandwidth_ratio_4MiB": bw,
-        "rows": rows,
+        "headline_ratios": headlines,
+        "extra": meta.extra,
+        "rows": json_rows,
     })
 }
 
@@ -174,18 +203,25 @@ mod tests {
     use super::*;
 
     fn r(bytes: usize, f: f64, p: f64) -> Row {
-        Row { bytes, ferrocomm: vec![f, f * 2.0, f / 2.0], peer: vec![p] }
+        Row { bytes, ferrocomm: vec![f, f * 2.0, f / 2.0], peers: vec![vec![p], vec![p * 2.0]] }
     }
 
     #[test]
     fn ratios_and_headline() {
-        let rows = vec![r(8, 20e-6, 10e-6), r(4 << 20, 2e-3, 1e-3)];
-        assert_eq!(rows[0].latency_ratio(), Some(2.0));
-        assert_eq!(rows[1].bandwidth_ratio(), Some(0.5));
-        assert_eq!(headline(&rows), (Some(2.0), Some(0.5)));
-        let s = summary(&rows, Some("NPtcp"));
-        assert!(s.contains("ratio 2.000") && s.contains("ratio 0.500"), "{s}");
-        assert!(table(&rows).lines().count() == 3);
+        let rows = vec![r(8, 20e-6, 10e-6), r(64 << 10, 1e-5, 1e-5), r(4 << 20, 2e-3, 1e-3)];
+        assert_eq!(rows[0].latency_ratio(0), Some(2.0));
+        assert_eq!(rows[0].latency_ratio(1), Some(1.0));
+        assert_eq!(rows[2].bandwidth_ratio(0), Some(0.5));
+        assert_eq!(rows[2].bandwidth_ratio(1), Some(1.0));
+        let h = headline(&rows, 0);
+        assert_eq!(
+            (h["latency_ratio_8B"].as_f64(), h["bandwidth_ratio_64KiB"].as_f64(), h["bandwidth_ratio_4MiB"].as_f64()),
+            (Some(2.0), Some(1.0), Some(0.5))
+        );
+        let s = summary(&rows, &["A", "B"]);
+        assert!(s.contains("A 10.000 us, ratio 2.000") && s.contains("B 20.000 us, ratio 1.000"), "{s}");
+        assert_eq!(s.lines().count(), 3, "{s}");
+        assert_eq!(table(&rows, &["A", "B"]).lines().count(), 4);
     }
 
     #[test]
@@ -194,6 +230,6 @@ mod tests {
         let d = dips(&rows, Row::ferrocomm_mbps);
         assert_eq!(d.len(), 1);
         assert!(d[0].starts_with("1003 B"), "{d:?}");
-        assert!(dips(&rows, Row::peer_mbps).is_empty());
+        assert!(dips(&rows, |r| r.peer_mbps(0)).is_empty());
     }
 }

@@ -14,13 +14,20 @@
 //!
 //! In-flight operations live in an [`Ops`] slab: a completion carries the slab key, so dispatch is
 //! a lookup, never a search.
+//!
+//! The inline spin is the latency-critical loop (a shared-memory round trip is a fraction of a
+//! microsecond), so it stays cheap while it is young: no clock read per poll, no `sched_yield`
+//! until it has spun for [`YIELD_AFTER`] without its completion (a system call costs more than a
+//! shared-memory round trip under KVM), and several rounds per taking of the lock. Past
+//! [`YIELD_AFTER`] it yields every few dozen rounds, so that more busy ranks than cores still
+//! progress.
 
 mod ops;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -70,19 +77,29 @@ pub trait Progress: Send + 'static {
     }
 }
 
-/// How long after the last inline spin the background task keeps off the completion sources.
-const INLINE_QUIET: Duration = Duration::from_micros(500);
+/// How long the background task keeps off the completion sources once it saw an inline spin (it
+/// looks again after that long, or when a caller that stops spinning hands over).
+const INLINE_QUIET: Duration = Duration::from_millis(1);
 /// Spin rounds per poll of a busy future before yielding to the executor.
 const SPIN_ROUNDS: u32 = 256;
+/// Spin rounds between two looks at the clock (spin budget) and, once yielding, two yields.
+const CLOCK_ROUNDS: u32 = 64;
+/// An inline spin gives the CPU away (`sched_yield`) only once it has waited this long: before
+/// that it makes no system call at all.
+const YIELD_AFTER: Duration = Duration::from_micros(20);
+/// Spin rounds per taking of the lock.
+const LOCKED_ROUNDS: u32 = 8;
+
+/// Low half of [`Shared::spins`]: callers spinning right now; high half: spins ever started.
+const SPIN_ONE: u64 = 1 << 32 | 1;
 
 struct Shared<P> {
     state: Mutex<P>,
     mode: ProgressMode,
-    /// Number of callers spinning inline right now.
-    spinning: AtomicUsize,
-    /// Nanoseconds since `epoch` of the last inline spin.
-    last_spin: AtomicU64,
-    epoch: Instant,
+    /// Spinning callers (low 32 bits) and spins started (high 32 bits), one atomic add per spin.
+    spins: AtomicU64,
+    /// A caller stopped spinning and is going to sleep: the background task must take over now.
+    handover: AtomicBool,
     background: AtomicWaker,
     stop: AtomicBool,
 }
@@ -131,9 +148,8 @@ impl ReactorThread {
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             mode,
-            spinning: AtomicUsize::new(0),
-            last_spin: AtomicU64::new(0),
-            epoch: Instant::now(),
+            spins: AtomicU64::new(0),
+            handover: AtomicBool::new(false),
             background: AtomicWaker::new(),
             stop: AtomicBool::new(false),
         });
@@ -157,17 +173,19 @@ impl Drop for ReactorThread {
 
 /// The background progress task.
 async fn background<P: Progress>(shared: Arc<Shared<P>>) {
+    // The spin count last seen: a change means a caller spun meanwhile.
+    let mut seen = 0;
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
-        if shared.inline_active() {
+        if shared.inline_active(&mut seen) {
             // A caller is spinning: it sees completions first. Check back shortly, or when kicked.
-            let quiet = tokio::time::sleep(Duration::from_millis(1));
+            let quiet = tokio::time::sleep(INLINE_QUIET);
             tokio::pin!(quiet);
             std::future::poll_fn(|cx| {
                 shared.background.register(cx.waker());
-                if shared.stop.load(Ordering::Acquire) || !shared.inline_active() {
+                if shared.stop.load(Ordering::Acquire) || shared.handover.load(Ordering::Acquire) {
                     return Poll::Ready(());
                 }
                 quiet.as_mut().poll(cx)
@@ -187,7 +205,7 @@ async fn background<P: Progress>(shared: Arc<Shared<P>>) {
         let mut timer = timer;
         std::future::poll_fn(|cx| {
             shared.background.register(cx.waker());
-            if shared.stop.load(Ordering::Acquire) || shared.inline_active() {
+            if shared.stop.load(Ordering::Acquire) || shared.spinning() {
                 return Poll::Ready(());
             }
             if let Some(t) = timer.as_mut()
@@ -203,13 +221,21 @@ async fn background<P: Progress>(shared: Arc<Shared<P>>) {
 }
 
 impl<P> Shared<P> {
-    fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+    /// Whether a caller spins inline right now.
+    fn spinning(&self) -> bool {
+        self.spins.load(Ordering::Acquire) as u32 > 0
     }
 
-    fn inline_active(&self) -> bool {
-        self.spinning.load(Ordering::Acquire) > 0
-            || self.now_ns().saturating_sub(self.last_spin.load(Ordering::Relaxed)) < INLINE_QUIET.as_nanos() as u64
+    /// Whether a caller spins now or started a spin since the last call (`seen` remembers the
+    /// count). A caller that handed over (it is going to sleep) does not count.
+    fn inline_active(&self, seen: &mut u64) -> bool {
+        let spins = self.spins.load(Ordering::Acquire);
+        let started = spins >> 32 != *seen;
+        *seen = spins >> 32;
+        if self.handover.swap(false, Ordering::AcqRel) {
+            return spins as u32 > 0;
+        }
+        spins as u32 > 0 || started
     }
 }
 
@@ -218,8 +244,7 @@ struct SpinGuard<'a, P>(&'a Shared<P>);
 
 impl<P> Drop for SpinGuard<'_, P> {
     fn drop(&mut self) {
-        self.0.last_spin.store(self.0.now_ns(), Ordering::Relaxed);
-        self.0.spinning.fetch_sub(1, Ordering::AcqRel);
+        self.0.spins.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -253,7 +278,8 @@ impl<P: Progress> Reactor<P> {
     /// Drives progress for an awaiting caller until `check` is ready, following the progress mode.
     /// `check(state, cx)` looks for the caller's completion; with `Some(cx)` it must also register
     /// the waker, since the caller is about to sleep. `spin_start` remembers when this caller
-    /// started spinning (adaptive mode spins for a bounded time per operation).
+    /// started spinning, from its first look at the clock (adaptive mode spins for a bounded time
+    /// per operation; busy callers yield after [`YIELD_AFTER`]).
     pub fn poll_until<T>(
         &self,
         cx: &mut Context<'_>,
@@ -266,29 +292,49 @@ impl<P: Progress> Reactor<P> {
             ProgressMode::Adaptive(d) => Some(d),
             ProgressMode::Blocking => Some(Duration::ZERO),
         };
-        let start = *spin_start.get_or_insert_with(Instant::now);
-        let spinning = spin_for.is_none_or(|d| start.elapsed() < d);
+        // The clock is read lazily: a busy spin that completes within CLOCK_ROUNDS never reads it.
+        let spinning = match (spin_for, *spin_start) {
+            (None, _) => true,
+            (Some(d), None) => !d.is_zero(),
+            (Some(d), Some(start)) => start.elapsed() < d,
+        };
         if spinning {
-            shared.spinning.fetch_add(1, Ordering::AcqRel);
+            shared.spins.fetch_add(SPIN_ONE, Ordering::AcqRel);
             let _guard = SpinGuard(shared);
-            for round in 0..SPIN_ROUNDS {
-                if let Some(mut st) = shared.state.try_lock() {
-                    st.progress();
-                    if let Poll::Ready(v) = check(&mut st, None) {
-                        return Poll::Ready(v);
+            let mut rounds = 0;
+            let mut next_look = CLOCK_ROUNDS;
+            while rounds < SPIN_ROUNDS {
+                match shared.state.try_lock() {
+                    Some(mut st) => {
+                        // Several rounds per lock: taking and releasing it are two atomic
+                        // read-modify-writes, about as costly as an idle round itself.
+                        for _ in 0..LOCKED_ROUNDS {
+                            st.progress();
+                            if let Poll::Ready(v) = check(&mut st, None) {
+                                return Poll::Ready(v);
+                            }
+                            std::hint::spin_loop();
+                        }
+                        rounds += LOCKED_ROUNDS;
+                    }
+                    None => {
+                        rounds += 1;
+                        std::hint::spin_loop();
                     }
                 }
-                if round % 16 == 15 {
-                    if spin_for.is_some_and(|d| start.elapsed() >= d) {
+                if rounds >= next_look {
+                    next_look = rounds + CLOCK_ROUNDS;
+                    let waited = spin_start.get_or_insert_with(Instant::now).elapsed();
+                    if spin_for.is_some_and(|d| waited >= d) {
                         break;
                     }
-                    // Let another rank on this core run (more ranks than cores must not livelock).
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
+                    if waited >= YIELD_AFTER {
+                        // Let another rank on this core run (more ranks than cores must not livelock).
+                        std::thread::yield_now();
+                    }
                 }
             }
-            if spin_for.is_none_or(|d| start.elapsed() < d) {
+            if spin_for.is_none_or(|d| spin_start.get_or_insert_with(Instant::now).elapsed() < d) {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -299,12 +345,10 @@ impl<P: Progress> Reactor<P> {
             st.progress();
             check(&mut st, Some(cx))
         };
-        if r.is_pending() {
-            // If the background task stood aside for inline spinning, call it back now.
-            let last = shared.last_spin.swap(0, Ordering::Relaxed);
-            if last != 0 && shared.now_ns().saturating_sub(last) < INLINE_QUIET.as_nanos() as u64 {
-                self.kick();
-            }
+        if r.is_pending() && spin_for.is_some_and(|d| !d.is_zero()) {
+            // The background task may stand aside for our spinning: call it back now.
+            shared.handover.store(true, Ordering::Release);
+            self.kick();
         }
         r
     }

@@ -19,6 +19,7 @@
 //!   Counters are monotonic and wrapping, so full and empty can never be confused.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use bytes::{Bytes, BytesMut};
 use ferrocomm_reactor::OpKey;
@@ -163,12 +164,31 @@ pub struct Engine {
     me: Rank,
     cfg: Config,
     peers: Vec<Peer>,
-    contexts: HashMap<u32, Queues>,
+    contexts: HashMap<u32, Queues, BuildHasherDefault<ContextHasher>>,
     rndv_sends: Slab<RndvSend>,
     rndv_recvs: Slab<RndvRecv>,
     transmit: VecDeque<(Rank, Header, Bytes)>,
     events: VecDeque<(OpKey, Completion)>,
     violations: VecDeque<(Rank, WireError)>,
+}
+
+/// Hashes context ids (which come from a mixing function or are small) with one multiplication:
+/// the context map is looked up on every message, where SipHash showed in profiles.
+#[derive(Default)]
+struct ContextHasher(u64);
+
+impl Hasher for ContextHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 fn matches(src: Source, tag: TagMatch, msrc: Rank, mtag: u64) -> bool {
@@ -188,7 +208,7 @@ impl Engine {
             me,
             cfg,
             peers: (0..size).map(|_| Peer::default()).collect(),
-            contexts: HashMap::new(),
+            contexts: HashMap::default(),
             rndv_sends: Slab::new(),
             rndv_recvs: Slab::new(),
             transmit: VecDeque::new(),
@@ -353,12 +373,12 @@ impl Engine {
             return;
         }
         if let Source::Rank(r) = src
-            && let Some(e) = self.lost_error(r)
+            && let Some(reason) = self.peers[r as usize].lost.clone()
         {
-            self.events.push_back((op, Completion::Recv(Err(e))));
+            self.events.push_back((op, Completion::Recv(Err(Error::PeerLost { rank: r, reason }))));
             return;
         }
-        self.contexts.entry(context).or_default().posted.push_back(Posted { op, src, tag, buf });
+        q.posted.push_back(Posted { op, src, tag, buf });
     }
 
     /// The caller stopped waiting for receive `op`: withdraw it if unmatched; a rendezvous already
@@ -434,19 +454,15 @@ impl Engine {
         match body {
             Body::Eager(data) => {
                 let status = Status { source: src, tag, len: data.len() };
-                let result = if data.len() > capacity {
-                    Err(Error::Truncated { len: data.len(), capacity })
-                } else {
-                    Ok(match buf {
-                        RecvBuf::Alloc => (Payload::Shared(data), status),
-                        RecvBuf::User(mut b) => {
-                            b.truncate(data.len());
-                            b.copy_from_slice(&data);
-                            (Payload::Owned(b), status)
-                        }
-                    })
-                };
-                self.events.push_back((op, Completion::Recv(result)));
+                match buf {
+                    RecvBuf::User(b) => self.copy_into(op, status, &data, b),
+                    RecvBuf::Alloc if data.len() > capacity => self
+                        .events
+                        .push_back((op, Completion::Recv(Err(Error::Truncated { len: data.len(), capacity })))),
+                    RecvBuf::Alloc => {
+                        self.events.push_back((op, Completion::Recv(Ok((Payload::Shared(data), status)))))
+                    }
+                }
             }
             Body::Rts { msg, len } => {
                 let cts = Header { seq: msg, ..Header::new(Kind::Cts) };
@@ -467,6 +483,19 @@ impl Engine {
                 self.emit(src, Header { aux: key as u64, ..cts }, Bytes::new());
             }
         }
+    }
+
+    /// Completes receive `op` by copying eager `data` into its buffer `b` (whose length is the
+    /// capacity).
+    fn copy_into(&mut self, op: OpKey, status: Status, data: &[u8], mut b: BytesMut) {
+        let result = if data.len() > b.len() {
+            Err(Error::Truncated { len: data.len(), capacity: b.len() })
+        } else {
+            b.truncate(data.len());
+            b.copy_from_slice(data);
+            Ok((Payload::Owned(b), status))
+        };
+        self.events.push_back((op, Completion::Recv(result)));
     }
 
     // ---- frames from the transport ----
@@ -491,29 +520,57 @@ impl Engine {
 
     /// A whole frame from `peer` (for data frames, the payload is already in place).
     pub fn handle_frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
-        if self.peers[peer as usize].lost.is_some() {
+        if !self.accept(peer, &h) {
             return;
         }
-        self.on_credit(peer, h.credit);
         match h.kind {
-            Kind::Eager | Kind::Rts => {
-                let p = &mut self.peers[peer as usize];
-                p.received += 1;
-                if p.received.wrapping_sub(p.freed) > self.cfg.max_credit {
-                    return self.violation(peer, WireError::Unexpected(h.kind));
-                }
-                if h.kind == Kind::Eager {
-                    self.arrive_eager(peer, h.context, h.tag, payload);
-                } else {
-                    self.arrive(peer, h.context, h.tag, Body::Rts { msg: h.seq, len: h.aux as usize });
-                }
-            }
+            Kind::Eager => self.arrive_eager(peer, h.context, h.tag, payload),
+            Kind::Rts => self.arrive(peer, h.context, h.tag, Body::Rts { msg: h.seq, len: h.aux as usize }),
             Kind::Cts => self.on_cts(peer, h),
             Kind::Data => self.on_data(peer, h),
             Kind::Credit => {}
             Kind::Bye => self.peer_lost(peer, TransportError::Left),
             Kind::Hello => self.violation(peer, WireError::Unexpected(h.kind)),
         }
+    }
+
+    /// A whole frame from `peer` whose payload is only lent (see [`Sink::frame_ref`]): an eager
+    /// message that meets a posted `recv_into` goes straight into its buffer, without an
+    /// intermediate allocation; anything else takes the [`Engine::handle_frame`] path.
+    pub fn handle_frame_ref(&mut self, peer: Rank, h: Header, payload: &[u8]) {
+        if h.kind != Kind::Eager {
+            return self.handle_frame(peer, h, Bytes::copy_from_slice(payload));
+        }
+        if !self.accept(peer, &h) {
+            return;
+        }
+        let q = self.contexts.entry(h.context).or_default();
+        match q.posted.iter().position(|p| matches(p.src, p.tag, peer, h.tag)) {
+            Some(i) if matches!(q.posted[i].buf, RecvBuf::User(_)) => {
+                let Some(Posted { op, buf: RecvBuf::User(b), .. }) = q.posted.remove(i) else { unreachable!() };
+                self.free_credit(peer);
+                self.copy_into(op, Status { source: peer, tag: h.tag, len: payload.len() }, payload, b);
+            }
+            _ => self.arrive_eager(peer, h.context, h.tag, Bytes::copy_from_slice(payload)),
+        }
+    }
+
+    /// Frame bookkeeping before its content: credit piggybacked on it, the credit it consumes.
+    /// False if the frame must be ignored (peer lost, or it just broke the credit rule).
+    fn accept(&mut self, peer: Rank, h: &Header) -> bool {
+        if self.peers[peer as usize].lost.is_some() {
+            return false;
+        }
+        self.on_credit(peer, h.credit);
+        if matches!(h.kind, Kind::Eager | Kind::Rts) {
+            let p = &mut self.peers[peer as usize];
+            p.received += 1;
+            if p.received.wrapping_sub(p.freed) > self.cfg.max_credit {
+                self.violation(peer, WireError::Unexpected(h.kind));
+                return false;
+            }
+        }
+        true
     }
 
     fn on_cts(&mut self, peer: Rank, h: Header) {
@@ -630,6 +687,9 @@ unsafe impl Sink for Engine {
     }
     fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
         self.handle_frame(peer, h, payload)
+    }
+    fn frame_ref(&mut self, peer: Rank, h: Header, payload: &[u8]) {
+        self.handle_frame_ref(peer, h, payload)
     }
     fn peer_lost(&mut self, peer: Rank, err: TransportError) {
         Engine::peer_lost(self, peer, err)

@@ -56,6 +56,13 @@ pub unsafe trait Sink {
     /// A complete frame. For `Data` frames the payload already sits in the destination and
     /// `payload` is empty.
     fn frame(&mut self, peer: Rank, h: Header, payload: Bytes);
+    /// A complete non-`Data` frame whose payload is only lent: it still sits in the transport's
+    /// buffer (a shared-memory ring) and is gone when this returns. The default copies it into a
+    /// [`Bytes`] for [`Sink::frame`]; a sink that has a destination for it already (a posted
+    /// receive buffer) copies it there instead and saves an allocation on the latency path.
+    fn frame_ref(&mut self, peer: Rank, h: Header, payload: &[u8]) {
+        self.frame(peer, h, Bytes::copy_from_slice(payload))
+    }
     /// The connection to `peer` is gone; no more frames will come from it.
     fn peer_lost(&mut self, peer: Rank, err: TransportError);
 }
@@ -71,8 +78,10 @@ pub trait Transport: Send {
     }
     /// The largest eager payload this transport wants.
     fn eager_limit(&self) -> usize;
-    /// Queues a frame for `peer`. Never blocks; [`Transport::progress`] writes it.
-    /// Frames to one peer are delivered in the order they were queued.
+    /// Queues a frame for `peer`. Never blocks; [`Transport::progress`] writes it (a transport may
+    /// also write it at once when nothing is queued before it: see
+    /// [`Transport::has_pending_output`]). Frames to one peer are delivered in the order they were
+    /// queued.
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes);
     /// Moves whatever can move without blocking. Returns how much happened (0 = idle).
     fn progress(&mut self, sink: &mut dyn Sink) -> usize;

@@ -90,8 +90,6 @@ struct TestSink {
     byes: usize,
     lost: Vec<(Rank, TransportError)>,
     data: Vec<u8>,
-    /// Off in benchmarks (hashing costs more than the transfer).
-    hash: bool,
 }
 
 // SAFETY: `data` is allocated once and never resized while a transport may write into it.
@@ -105,7 +103,7 @@ unsafe impl Sink for TestSink {
     fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
         match h.kind {
             Kind::Credit => self.byes += 1,
-            Kind::Data if h.seq != DISCARD && self.hash => {
+            Kind::Data if h.seq != DISCARD => {
                 self.hashes.push(fnv(&self.data[h.aux as usize..][..h.len as usize]));
                 self.frames.push((peer, h, payload));
             }
@@ -172,17 +170,6 @@ impl Node {
         }
     }
 
-    /// Like `run_until`, without giving the processor away (benchmarks).
-    fn spin_until(&mut self, mut done: impl FnMut(&TestSink) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut n = 0u32;
-        while !done(&self.s) {
-            self.t.progress(&mut self.s);
-            n = n.wrapping_add(1);
-            assert!(!n.is_multiple_of(4096) || Instant::now() < deadline, "rank {}: benchmark stalled", self.me);
-        }
-    }
-
     /// Like `run_until`, but sleeps in `poll_ready` whenever `progress` has nothing to do.
     fn sleep_until(&mut self, what: &str, mut done: impl FnMut(&ShmTransport, &TestSink) -> bool) {
         let Node { t, s, rt, me } = self;
@@ -238,14 +225,7 @@ fn setup(me: Rank, job: &str, dir: &Path, cfg: ShmConfig) -> Node {
         ep.connect(vec![(1 - me, theirs)], limits()).unwrap()
     };
     assert_eq!(t.name(), "shm");
-    let s = TestSink {
-        frames: Vec::new(),
-        hashes: Vec::new(),
-        byes: 0,
-        lost: Vec::new(),
-        data: vec![0; DATA_LEN],
-        hash: true,
-    };
+    let s = TestSink { frames: Vec::new(), hashes: Vec::new(), byes: 0, lost: Vec::new(), data: vec![0; DATA_LEN] };
     Node { t, s, me, rt }
 }
 
@@ -410,15 +390,6 @@ fn child() {
             check_received(&node.s, 0, &want);
             assert_eq!(node.s.lost.len(), 1);
             assert!(matches!(node.s.lost[0], (0, TransportError::Closed)), "{:?}", node.s.lost);
-        }
-        "pingpong" => {
-            node.s.hash = false;
-            for i in 0..BENCH_PINGS {
-                node.spin_until(|s| s.frames.len() > i);
-                node.send(&[eager(1, i as u64, 8)]);
-            }
-            bench_receive(&mut node);
-            node.finish();
         }
         r => panic!("unknown role {r}"),
     }
@@ -675,14 +646,7 @@ fn same_process_pair_and_unlink() {
     assert!(!t0.is_unlinked(), "rank 1 has not mapped rank 0's segment yet");
     let t1 = e1.connect(vec![(0, d0)], limits()).unwrap();
     assert!(leftovers(&job).is_empty(), "every segment is mapped by every peer: no file left");
-    let mk = || TestSink {
-        frames: Vec::new(),
-        hashes: Vec::new(),
-        byes: 0,
-        lost: Vec::new(),
-        data: vec![0; DATA_LEN],
-        hash: true,
-    };
+    let mk = || TestSink { frames: Vec::new(), hashes: Vec::new(), byes: 0, lost: Vec::new(), data: vec![0; DATA_LEN] };
     let (mut t0, mut t1, mut s0, mut s1) = (t0, t1, mk(), mk());
     let frames = data_frames(0);
     for (h, p) in &frames {
@@ -756,88 +720,4 @@ fn leftovers_of_a_crashed_set_up_can_be_removed() {
     assert_eq!(leftovers(&job).len(), 1);
     assert_eq!(ferrocomm_transports::shm::remove_leftovers(&job).unwrap(), 1);
     assert!(leftovers(&job).is_empty());
-}
-
-const BENCH_PINGS: usize = 20_000;
-const BENCH_WARMUP: usize = 2_000;
-const BENCH_BYTES: usize = 256 * MIB;
-const BENCH_CHUNK: usize = 512 * KIB;
-
-/// Message size of the bandwidth benchmark: 4 MiB, or `FERROCOMM_SHM_BENCH_MIB`.
-fn bench_message() -> usize {
-    std::env::var("FERROCOMM_SHM_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(4) * MIB
-}
-
-/// Receives [`BENCH_MESSAGES`] messages of [`BENCH_CHUNK`]-sized `Data` frames, acking each.
-fn bench_receive(node: &mut Node) {
-    let per = bench_message() / BENCH_CHUNK;
-    node.s.data = vec![0; bench_message().max(DATA_LEN)];
-    let base = node.s.frames.len();
-    for m in 0..BENCH_BYTES / bench_message() {
-        node.spin_until(|s| s.frames.len() >= base + (m + 1) * per);
-        node.send(&[eager(node.me, m as u64, 8)]);
-    }
-}
-
-/// Transport-level numbers: `cargo test --release --test shm -- --ignored --nocapture bench`.
-fn bench(cfg: &str) {
-    two_processes("pingpong", cfg, cfg, |node, _| {
-        node.s.hash = false;
-        let mut rtt = Vec::with_capacity(BENCH_PINGS);
-        for i in 0..BENCH_PINGS {
-            let t0 = Instant::now();
-            node.send(&[eager(0, i as u64, 8)]);
-            node.spin_until(|s| s.frames.len() > i);
-            rtt.push(t0.elapsed());
-        }
-        let mut rtt = rtt.split_off(BENCH_WARMUP);
-        rtt.sort();
-        let one_way = |q: usize| rtt[rtt.len() * q / 100] / 2;
-        let per = bench_message() / BENCH_CHUNK;
-        let payload = Bytes::from(pattern(1, bench_message()));
-        let base = node.s.frames.len();
-        let t0 = Instant::now();
-        for m in 0..BENCH_BYTES / bench_message() {
-            for c in 0..per {
-                let h = Header {
-                    src: 0,
-                    seq: c as u64,
-                    aux: (c * BENCH_CHUNK) as u64,
-                    len: BENCH_CHUNK as u32,
-                    ..Header::new(Kind::Data)
-                };
-                node.t.send(1, h, payload.slice(c * BENCH_CHUNK..(c + 1) * BENCH_CHUNK));
-            }
-            node.spin_until(|s| s.frames.len() > base + m);
-        }
-        let secs = t0.elapsed().as_secs_f64();
-        let st = node.t.stats();
-        println!(
-            "shm [{cfg}]: 8 B one-way median {:?} (p10 {:?}, p90 {:?}); {} MiB messages: {:.2} GB/s \
-             (single-copy frames {}, streamed {}); doorbells {}, liveness checks {}",
-            one_way(50),
-            one_way(10),
-            one_way(90),
-            bench_message() / MIB,
-            BENCH_BYTES as f64 / secs / 1e9,
-            st.single_copy_sent,
-            st.streamed_data_sent,
-            st.doorbells_rung,
-            st.liveness_checks,
-        );
-        node.finish();
-        ChildEnd::Success
-    });
-}
-
-#[test]
-#[ignore = "benchmark"]
-fn bench_single_copy() {
-    bench("cma=auto");
-}
-
-#[test]
-#[ignore = "benchmark"]
-fn bench_streamed() {
-    bench("cma=off");
 }

@@ -17,6 +17,8 @@ struct Net {
     /// Rank 0's matching-relevant history: posted receives and arrivals of messages.
     log: Vec<Event>,
     sent_count: HashMap<Rank, u64>,
+    /// Every other non-`Data` frame is lent (`handle_frame_ref`, as from a shared-memory ring).
+    lend: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -33,6 +35,7 @@ impl Net {
             done: HashMap::new(),
             log: Vec::new(),
             sent_count: HashMap::new(),
+            lend: false,
         }
     }
 
@@ -65,7 +68,12 @@ impl Net {
                 self.log.push(Event::Arrive { src: from, tag: h.tag, index: *c });
                 *c += 1;
             }
-            e.handle_frame(from, h, p);
+            self.lend = !self.lend;
+            if self.lend {
+                e.handle_frame_ref(from, h, &p);
+            } else {
+                e.handle_frame(from, h, p);
+            }
         }
         self.pump();
         true
@@ -146,6 +154,33 @@ fn message_to_self() {
     net.send(0, 1, 0, 9, data(500, 4));
     net.recv(0, 2, Source::Rank(0), TagMatch::Exact(9), RecvBuf::Alloc);
     assert_eq!(net.received(0, 2).0, data(500, 4));
+}
+
+#[test]
+fn lent_eager_frames_land_in_posted_buffers() {
+    let mut e = Engine::new(1, 2, cfg(8));
+    let frame = |tag: u64, len: usize| Header { src: 0, tag, len: len as u32, ..Header::new(Kind::Eager) };
+    let body = data(40, 3);
+    // Straight into a posted buffer, truncated to the message.
+    e.post_recv(1, 0, Source::Rank(0), TagMatch::Exact(5), RecvBuf::User(BytesMut::zeroed(64)));
+    e.handle_frame_ref(0, frame(5, 40), &body);
+    // Too small a buffer: a truncation error, and the credit still comes back.
+    e.post_recv(2, 0, Source::Any, TagMatch::Any, RecvBuf::User(BytesMut::zeroed(8)));
+    e.handle_frame_ref(0, frame(6, 40), &body);
+    // Nothing posted: kept (copied) until a receive comes.
+    e.handle_frame_ref(0, frame(7, 40), &body);
+    e.post_recv(3, 0, Source::Any, TagMatch::Any, RecvBuf::User(BytesMut::zeroed(64)));
+    let mut done: HashMap<OpKey, Completion> = std::iter::from_fn(|| e.poll_event()).collect();
+    for op in [1, 3] {
+        match done.remove(&op) {
+            Some(Completion::Recv(Ok((Payload::Owned(b), s)))) => {
+                assert_eq!((&b[..], s.len, s.source), (&body[..], 40, 0), "receive {op}");
+            }
+            other => panic!("receive {op}: {other:?}"),
+        }
+    }
+    assert!(matches!(done.remove(&2), Some(Completion::Recv(Err(Error::Truncated { len: 40, capacity: 8 })))));
+    assert_eq!(e.unexpected_from(0), 0, "every credit freed");
 }
 
 #[test]
@@ -319,14 +354,18 @@ fn reference(log: &[Event]) -> HashMap<OpKey, (Rank, u64)> {
 #[derive(Clone, Debug)]
 enum Step {
     Send { from: Rank, tag: u64, big: bool },
-    Recv { src: Option<Rank>, tag: Option<u64> },
+    Recv { src: Option<Rank>, tag: Option<u64>, into: bool },
     Deliver { from: Rank, to: Rank },
 }
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         (1u32..4, 0u64..3, any::<bool>()).prop_map(|(from, tag, big)| Step::Send { from, tag, big }),
-        (prop::option::of(1u32..4), prop::option::of(0u64..3)).prop_map(|(src, tag)| Step::Recv { src, tag }),
+        (prop::option::of(1u32..4), prop::option::of(0u64..3), any::<bool>()).prop_map(|(src, tag, into)| Step::Recv {
+            src,
+            tag,
+            into
+        }),
         (0u32..4, 0u32..4).prop_map(|(from, to)| Step::Deliver { from, to }),
     ]
 }
@@ -335,7 +374,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     /// Random interleavings of sends (eager and rendezvous) from three ranks, receives with and
-    /// without wildcards at rank 0, and frame deliveries: every receive gets exactly the message
+    /// without wildcards at rank 0 (into a buffer or not), and frame deliveries (given or lent): every receive gets exactly the message
     /// the reference model says, messages from one sender are never overtaken, and nothing is lost.
     #[test]
     fn matching_agrees_with_the_reference(steps in prop::collection::vec(step(), 1..120), credit in 1u32..6) {
@@ -354,10 +393,12 @@ proptest! {
                     net.send(from, next_op, 0, tag, body.into());
                     next_op += 1;
                 }
-                Step::Recv { src, tag } => {
+                Step::Recv { src, tag, into } => {
                     let src = src.map_or(Source::Any, Source::Rank);
                     let tag = tag.map_or(TagMatch::Any, TagMatch::Exact);
-                    net.recv(0, next_op, src, tag, RecvBuf::Alloc);
+                    // Into a buffer of the largest size sent, or allocated by the engine.
+                    let buf = if into { RecvBuf::User(BytesMut::zeroed(EAGER * 3)) } else { RecvBuf::Alloc };
+                    net.recv(0, next_op, src, tag, buf);
                     recvs.push(next_op);
                     next_op += 1;
                 }

@@ -73,8 +73,21 @@ impl Word for AtomicU64 {
 
 impl Atomics for Std {
     type W = AtomicU64;
-    #[inline]
+    /// A full barrier. On x86-64 a locked read-modify-write (here of the word at the stack
+    /// pointer, or-ing in nothing) orders every earlier load and store before every later one,
+    /// as `mfence` does for ordinary write-back memory (which is all the rings use), at a fraction
+    /// of its cost: 8 against 33 ns measured on the machine of the README. Linux's `smp_mb()` is
+    /// the same instruction. The fence is on the latency path: a consumer fences after each
+    /// release of ring space, a producer after each publication.
+    #[inline(always)]
     fn fence() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: rewrites the word at the top of our own stack with its own value, atomically;
+        // the asm may touch memory, so the compiler keeps every access on its side of it.
+        unsafe {
+            std::arch::asm!("lock or qword ptr [rsp], 0", options(nostack));
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         std::sync::atomic::fence(Ordering::SeqCst)
     }
 }
@@ -146,6 +159,20 @@ impl<A: Atomics> Ring<A> {
         self.hdr().ctl.closed.store(1, Release);
     }
 
+    /// Hints the processor to fetch the cache line of stream position `pos` (no memory access in
+    /// the language's sense: a prefetch cannot fault or race).
+    #[inline(always)]
+    fn prefetch(&self, pos: u64) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch has no architectural effect; the address lies inside the ring anyway.
+        unsafe {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            _mm_prefetch::<_MM_HINT_T0>(self.data.add((pos & (self.cap - 1)) as usize) as *const i8);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = pos;
+    }
+
     /// Copies `src` to stream position `pos` (wrapping).
     #[inline]
     fn write_at(&self, pos: u64, src: &[u8]) {
@@ -158,6 +185,19 @@ impl<A: Atomics> Ring<A> {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.add(off), first);
             std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.data, src.len() - first);
         }
+    }
+
+    /// The `len` bytes at stream position `pos`, if they do not wrap around the end of the ring.
+    /// The caller must own that range (published, not yet released) for as long as it is used.
+    #[inline]
+    fn bytes_at(&self, pos: u64, len: usize) -> Option<&[u8]> {
+        let off = (pos & (self.cap - 1)) as usize;
+        (off + len <= self.cap as usize).then(|| {
+            A::before_copy();
+            // SAFETY: `off + len <= cap`; the range is published and unreleased, so the producer
+            // does not write it while the slice lives (the caller releases it only afterwards).
+            unsafe { std::slice::from_raw_parts(self.data.add(off), len) }
+        })
     }
 
     /// Copies from stream position `pos` (wrapping) into `dst`.
@@ -238,6 +278,11 @@ pub(crate) struct Outbox {
 impl Outbox {
     pub fn push(&mut self, h: &Header, payload: Bytes) {
         self.queue.push_back(Item { header: h.encode(), is_data: h.kind == Kind::Data, payload, desc: false });
+    }
+
+    /// Frames not yet (wholly) in the ring.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
     }
 
     /// Frames not yet in the ring, or sources the consumer may still be copying.
@@ -414,6 +459,9 @@ impl Inbox {
     }
 
     fn refresh_head<A: Atomics>(&mut self, ring: &Ring<A>) -> Result<u64, TransportError> {
+        // Ask for the line the next frame starts in while `head` is being fetched: the two misses
+        // then overlap instead of following each other.
+        ring.prefetch(self.tail);
         let h = ring.hdr().head.0.load(Acquire);
         if h < self.head || h - self.tail > ring.cap {
             return Err(corrupt("head"));
@@ -482,7 +530,16 @@ impl Inbox {
                     if h.src != peer {
                         return Err(WireError::WrongSource { expected: peer, got: h.src }.into());
                     }
-                    self.state = if h.len == 0 {
+                    let whole = (h.kind != Kind::Data && self.head - self.tail >= h.len as u64)
+                        .then(|| ring.bytes_at(self.tail, h.len as usize))
+                        .flatten();
+                    self.state = if let Some(payload) = whole {
+                        // The whole payload is there in one piece: lend it, no allocation.
+                        sink.frame_ref(peer, h, payload);
+                        self.tail += h.len as u64;
+                        out.frames += 1;
+                        State::Header { got: 0, buf: [0; HEADER_LEN] }
+                    } else if h.len == 0 {
                         sink.frame(peer, h, Bytes::new());
                         out.frames += 1;
                         State::Header { got: 0, buf: [0; HEADER_LEN] }

@@ -1,0 +1,323 @@
+//! `shm-transport`: the shared-memory transport alone, without the protocol engine and the async
+//! API, between two pinned processes.
+//!
+//! Why: the gap between this and `pingpong --transport shm` is what the layers above the
+//! transport cost (matching, the operation slab, the futures), and the gap between this and the
+//! cache-line reference ([`crate::reference`]) is what the ring protocol costs.
+//!
+//! Three processes, all this binary: the benchmark starts two ranks (`shm-transport-rank`), each
+//! pinned to its CPU; they exchange their shared-memory descriptors through the benchmark (one hex
+//! line on standard output each, relayed to the other's standard input), connect, and run:
+//!
+//! * latency: rank 0 sends an 8-byte eager frame, rank 1 answers with one; after a warm-up,
+//!   [`BATCHES`] timed batches of [`PINGS`] round trips; one-way = batch time / (2 x pings),
+//!   median over batches;
+//! * bandwidth: [`BW_BYTES`] in messages of `--message` bytes (default 4 MiB), each sent as
+//!   512 KiB `Data` frames and acknowledged by an 8-byte frame, by single copy
+//!   (`process_vm_readv`) or streamed through the 256 KiB ring, per `--cma`.
+//!
+//! Rank 0 prints one JSON line with the results.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferrocomm::transports::shm::{ShmConfig, ShmEndpoint, ShmTransport, SingleCopy};
+use ferrocomm::transports::{Header, Kind, Limits, Rank, Sink, Transport, TransportError, WireError};
+use serde_json::{Value, json};
+
+use crate::{Result, affinity, process, sweep};
+
+/// Hidden subcommand: one rank of the transport benchmark.
+pub const RANK_COMMAND: &str = "shm-transport-rank";
+
+/// Round trips per timed latency batch.
+const PINGS: usize = 20_000;
+/// Timed latency batches (the median is reported).
+const BATCHES: usize = 11;
+/// Bytes moved per bandwidth measurement.
+const BW_BYTES: usize = 256 << 20;
+/// `Data` frame size (the engine's default rendezvous chunk).
+const CHUNK: usize = 512 << 10;
+/// The longest a rank waits for anything.
+const STALL: Duration = Duration::from_secs(60);
+
+pub const USAGE: &str = "\
+usage: ferrocomm-bench shm-transport [options]
+
+The shared-memory transport alone (no engine, no futures): 8-byte frame ping-pong latency and
+bandwidth of large messages in 512 KiB Data frames, between two processes pinned to two CPUs.
+
+options:
+  --cpus A,B        CPUs of the two ranks (default 0,1)
+  --cma auto|off    single copy by process_vm_readv (auto, from 16 KiB frames) or streamed (off);
+                    default: both, one after the other
+  --message BYTES   bandwidth message size (default 4M)
+  --json FILE       write the results as JSON";
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct TransportResult {
+    pub cma: String,
+    pub one_way_us: f64,
+    pub batches_us: Vec<f64>,
+    pub message: usize,
+    pub gbps: f64,
+}
+
+impl TransportResult {
+    pub fn to_json(&self) -> Value {
+        json!({"cma": self.cma, "one_way_8B_us": self.one_way_us, "batches_us": self.batches_us,
+               "message_bytes": self.message, "bandwidth_GBps": self.gbps})
+    }
+}
+
+/// `ferrocomm-bench shm-transport`.
+pub fn main(args: &[String]) -> Result<()> {
+    let mut cpus = [0, 1];
+    let mut modes = vec!["auto".to_string(), "off".to_string()];
+    let mut message = 4 << 20;
+    let mut json_path = None;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            "--cpus" => cpus = crate::pingpong::parse_cpus(&value()?)?,
+            "--cma" => match value()?.as_str() {
+                m @ ("auto" | "off") => modes = vec![m.to_string()],
+                m => return Err(format!("--cma {m}: auto or off").into()),
+            },
+            "--message" => message = crate::pingpong::parse_bytes(&value()?)?.max(CHUNK) / CHUNK * CHUNK,
+            "--json" => json_path = Some(value()?),
+            other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
+        }
+    }
+    let mut results = Vec::new();
+    for cma in &modes {
+        let r = run(cpus, cma, message)?;
+        println!(
+            "shm transport alone (cma={cma}): 8 B one-way {:.3} us (median of {BATCHES} batches of {PINGS}); \
+             {} MiB messages {:.2} GB/s",
+            r.one_way_us,
+            message >> 20,
+            r.gbps
+        );
+        results.push(r);
+    }
+    if let Some(path) = json_path {
+        let doc = json!({"bench": "shm-transport", "cpus": cpus,
+                         "runs": results.iter().map(TransportResult::to_json).collect::<Vec<_>>()});
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n").map_err(|e| format!("{path}: {e}"))?;
+        println!("wrote {path}");
+    }
+    Ok(())
+}
+
+/// Runs the two ranks once and returns rank 0's measurements.
+pub fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResult> {
+    let exe = std::env::current_exe()?;
+    let job = format!("bench{}", std::process::id());
+    let spawn = |rank: usize| {
+        Command::new(&exe)
+            .args([RANK_COMMAND, &rank.to_string(), &cpus[rank].to_string(), &job, cma, &message.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+    };
+    let mut ranks = [spawn(0)?, spawn(1)?];
+    let mut outs: Vec<_> = ranks.iter_mut().map(|c| BufReader::new(c.stdout.take().expect("piped")).lines()).collect();
+    let mut descs = Vec::new();
+    for out in outs.iter_mut() {
+        descs.push(out.next().ok_or("a rank exited before publishing its descriptor")??);
+    }
+    for (rank, child) in ranks.iter_mut().enumerate() {
+        let mut stdin = child.stdin.take().expect("piped");
+        writeln!(stdin, "{}", descs[1 - rank])?;
+    }
+    let line = outs[0].next().ok_or("rank 0 printed no result")??;
+    for c in ranks.iter_mut() {
+        let status = process::wait_until(c, Instant::now() + STALL)?;
+        if !status.success() {
+            return Err(format!("a transport benchmark rank failed ({status})").into());
+        }
+    }
+    let v: Value = serde_json::from_str(&line).map_err(|e| format!("rank 0's result ({e}): {line}"))?;
+    let batches_us: Vec<f64> =
+        v["batches_us"].as_array().ok_or("no batches")?.iter().filter_map(Value::as_f64).collect();
+    Ok(TransportResult {
+        cma: cma.to_string(),
+        one_way_us: sweep::median(&batches_us).ok_or("no batches")?,
+        batches_us,
+        message,
+        gbps: v["GBps"].as_f64().ok_or("no bandwidth")?,
+    })
+}
+
+/// Counts frames; `Data` payloads land in one buffer at their offset.
+struct CountSink {
+    frames: usize,
+    data: Vec<u8>,
+    lost: Option<TransportError>,
+}
+
+// SAFETY: `data` is allocated once and never resized while the transport may write into it.
+unsafe impl Sink for CountSink {
+    fn data_dest(&mut self, _peer: Rank, h: &Header) -> std::result::Result<Option<&mut [u8]>, WireError> {
+        Ok(self.data.get_mut(h.aux as usize..h.aux as usize + h.len as usize))
+    }
+    fn frame(&mut self, _peer: Rank, h: Header, _payload: Bytes) {
+        if h.kind != Kind::Credit {
+            self.frames += 1;
+        }
+    }
+    fn frame_ref(&mut self, _peer: Rank, h: Header, _payload: &[u8]) {
+        // As the engine does for a posted receive: no allocation per frame.
+        if h.kind != Kind::Credit {
+            self.frames += 1;
+        }
+    }
+    fn peer_lost(&mut self, _peer: Rank, err: TransportError) {
+        self.lost = Some(err);
+    }
+}
+
+struct Node {
+    t: ShmTransport,
+    s: CountSink,
+    me: Rank,
+}
+
+impl Node {
+    /// Busy-polls until `frames` frames have arrived.
+    fn spin_until(&mut self, frames: usize) -> Result<()> {
+        let mut n = 0u32;
+        // The clock is read only on long waits: it costs about as much as a ring round trip.
+        let mut start = None;
+        while self.s.frames < frames {
+            self.t.progress(&mut self.s);
+            if let Some(e) = &self.s.lost {
+                return Err(format!("rank {}: peer lost: {e}", self.me).into());
+            }
+            n = n.wrapping_add(1);
+            if n.is_multiple_of(4096) && start.get_or_insert_with(Instant::now).elapsed() > STALL {
+                return Err(format!("rank {}: stalled", self.me).into());
+            }
+        }
+        Ok(())
+    }
+
+    fn eager(&mut self, tag: u64) {
+        let h = Header { src: self.me, tag, len: 8, ..Header::new(Kind::Eager) };
+        self.t.send(1 - self.me, h, Bytes::from_static(&[7; 8]));
+    }
+
+    /// Says goodbye (a `Credit` frame) and waits until our output is out and the peer's goodbye in.
+    fn finish(&mut self) -> Result<()> {
+        self.t.send(1 - self.me, Header { src: self.me, ..Header::new(Kind::Credit) }, Bytes::new());
+        let start = Instant::now();
+        while self.t.has_pending_output() && start.elapsed() < STALL {
+            self.t.progress(&mut self.s);
+        }
+        // Give the peer time to read our goodbye before our side of the rings goes away.
+        std::thread::sleep(Duration::from_millis(50));
+        Ok(())
+    }
+}
+
+/// `shm-transport-rank RANK CPU JOB CMA MESSAGE`.
+pub fn rank_main(args: &[String]) -> Result<()> {
+    let [rank, cpu, job, cma, message] = args else {
+        return Err("shm-transport-rank RANK CPU JOB CMA MESSAGE".into());
+    };
+    let me: Rank = rank.parse()?;
+    let message: usize = message.parse()?;
+    affinity::pin_current_thread(cpu.parse()?)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let cfg = ShmConfig {
+        cma_threshold: 16 << 10,
+        single_copy: if cma == "off" { SingleCopy::Off } else { SingleCopy::Auto },
+        ..ShmConfig::default()
+    };
+    let (ep, desc) = ShmEndpoint::create(job, me, &[0, 1], cfg)?;
+    println!("{}", hex(&desc));
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let theirs = unhex(line.trim()).ok_or("a malformed descriptor line")?;
+    let limits = Limits { world_size: 2, eager_limit: 64 << 10, chunk: CHUNK, max_message: 1 << 30 };
+    let t = {
+        let _g = rt.enter();
+        ep.connect(vec![(1 - me, theirs)], limits)?
+    };
+    let mut node = Node { t, s: CountSink { frames: 0, data: vec![0; message], lost: None }, me };
+    let pings = PINGS * (BATCHES + 1);
+    if me == 0 {
+        let mut batches_us = Vec::new();
+        for b in 0..=BATCHES {
+            let start = Instant::now();
+            for i in b * PINGS..(b + 1) * PINGS {
+                node.eager(i as u64);
+                node.spin_until(i + 1)?;
+            }
+            // Batch 0 is the warm-up.
+            if b > 0 {
+                batches_us.push(start.elapsed().as_secs_f64() * 1e6 / (2 * PINGS) as f64);
+            }
+        }
+        let payload = Bytes::from(vec![5u8; message]);
+        let base = node.s.frames;
+        let start = Instant::now();
+        for m in 0..BW_BYTES / message {
+            for c in 0..message / CHUNK {
+                let h = Header {
+                    src: 0,
+                    seq: c as u64,
+                    aux: (c * CHUNK) as u64,
+                    len: CHUNK as u32,
+                    ..Header::new(Kind::Data)
+                };
+                node.t.send(1, h, payload.slice(c * CHUNK..(c + 1) * CHUNK));
+            }
+            node.spin_until(base + m + 1)?;
+        }
+        let gbps = (BW_BYTES / message * message) as f64 / start.elapsed().as_secs_f64() / 1e9;
+        println!("{}", json!({"batches_us": batches_us, "GBps": gbps}));
+        std::io::stdout().flush()?;
+    } else {
+        for i in 0..pings {
+            node.spin_until(i + 1)?;
+            node.eager(i as u64);
+        }
+        let per = message / CHUNK;
+        for m in 0..BW_BYTES / message {
+            node.spin_until(pings + (m + 1) * per)?;
+            node.eager(m as u64);
+        }
+    }
+    node.finish()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip() {
+        assert_eq!(unhex(&hex(&[0, 1, 0xab, 0xff])), Some(vec![0, 1, 0xab, 0xff]));
+        assert_eq!(unhex("0g"), None);
+    }
+}
