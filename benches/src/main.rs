@@ -38,7 +38,10 @@
 //! (`--plot`, throughput and latency against size).
 
 mod affinity;
+mod coll_ranks;
+mod collectives;
 mod netpipe;
+mod osu;
 mod pingpong;
 mod plot;
 mod process;
@@ -56,7 +59,9 @@ usage: ferrocomm-bench <benchmark> [options]
 
 benchmarks:
   pingpong    ferrocomm vs NPtcp ping-pong latency and throughput (NetPIPE method);
-              `ferrocomm-bench pingpong --help` for its options";
+              `ferrocomm-bench pingpong --help` for its options
+  collectives ferrocomm vs Open MPI and MPICH collective latency (OSU method, shared memory);
+              `ferrocomm-bench collectives --help` for its options";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -66,6 +71,9 @@ fn main() -> ExitCode {
     };
     let result = match command {
         "pingpong" => pingpong::main(rest),
+        "collectives" => collectives::main(rest),
+        coll_ranks::JOB_COMMAND => coll_ranks::job_main(rest),
+        coll_ranks::RANK_COMMAND => coll_ranks::rank_main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),
         ranks::RANK_COMMAND => ranks::rank_main(rest),
         "-h" | "--help" | "help" => {
