@@ -15,7 +15,8 @@
  *
  * usage: osu_coll [-o op,op,...] [-s size,size,...] [-i iters] [-w warmup] [-I iters_large]
  *                 [-W warmup_large] [-L large_bytes] [-p cpu,cpu,...]
- *   ops: barrier, bcast, allreduce, allgather, alltoall (default all)
+ *   ops: barrier, bcast, allreduce, allgather, alltoall (default all); also sendrecv, the
+ *        point-to-point baseline (not in the default set): MPI_Sendrecv of `bytes` with rank r^1
  *   sizes above large_bytes (default 8192) use the _large counts (defaults 1000/200, 100/10, OSU's)
  *   -p pins rank r to the (r mod count)-th CPU of the list, as the ferrocomm ranks pin themselves.
  *
@@ -75,6 +76,9 @@ static void report(const char *op, long bytes, long iters, double total, MPI_Com
 
 /* One timed batch of `op` at `bytes`; returns this rank's total time of the timed iterations. */
 static double run(const char *op, long bytes, long iters, long warmup, char *a, char *b) {
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
     double total = 0.0;
     for (long i = 0; i < warmup + iters; i++) {
         double t = MPI_Wtime();
@@ -86,6 +90,9 @@ static double run(const char *op, long bytes, long iters, long warmup, char *a, 
             MPI_Allgather(a, (int)bytes, MPI_CHAR, b, (int)bytes, MPI_CHAR, MPI_COMM_WORLD);
         else if (!strcmp(op, "alltoall"))
             MPI_Alltoall(a, (int)bytes, MPI_CHAR, b, (int)bytes, MPI_CHAR, MPI_COMM_WORLD);
+        else if (!strcmp(op, "sendrecv") && (rank ^ 1) < n)
+            MPI_Sendrecv(a, (int)bytes, MPI_CHAR, rank ^ 1, 1, b, (int)bytes, MPI_CHAR, rank ^ 1, 1, MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE);
         t = MPI_Wtime() - t;
         if (i >= warmup)
             total += t;
@@ -165,8 +172,8 @@ int main(int argc, char **argv) {
             MPI_Barrier(MPI_COMM_WORLD);
         report("barrier", 0, o.iters, MPI_Wtime() - t, MPI_COMM_WORLD);
     }
-    const char *sized[] = {"bcast", "allreduce", "allgather", "alltoall"};
-    for (int k = 0; k < 4; k++) {
+    const char *sized[] = {"bcast", "allreduce", "allgather", "alltoall", "sendrecv"};
+    for (int k = 0; k < 5; k++) {
         if (!has_op(o.ops, sized[k]))
             continue;
         for (int s = 0; s < o.nsizes; s++) {

@@ -151,14 +151,14 @@ async fn measure(comm: &Comm, s: &Schedule) -> Result<()> {
         for _ in 0..s.iters {
             comm.barrier().await?;
         }
-        let alg = comm.collective_algorithm(Operation::Barrier, 0);
+        let alg = comm.collective_algorithm(Operation::Barrier, 0).to_string();
         report(comm, "barrier", 0, s.iters, t.elapsed().as_secs_f64(), alg).await?;
     }
-    for op in ["bcast", "allreduce", "allgather", "alltoall"] {
+    for op in ["bcast", "allreduce", "allgather", "alltoall", "sendrecv"] {
         if !s.ops.iter().any(|o| o == op) {
             continue;
         }
-        let operation: Operation = op.parse()?;
+        let operation: Option<Operation> = if op == "sendrecv" { None } else { Some(op.parse()?) };
         for &bytes in &s.sizes {
             let (warmup, iters) = s.counts(bytes);
             comm.barrier().await?;
@@ -170,7 +170,7 @@ async fn measure(comm: &Comm, s: &Schedule) -> Result<()> {
                 }
                 comm.barrier().await?;
             }
-            let alg = comm.collective_algorithm(operation, bytes);
+            let alg = operation.map_or("p2p".into(), |o| comm.collective_algorithm(o, bytes).to_string());
             report(comm, op, bytes, iters, total, alg).await?;
         }
     }
@@ -190,13 +190,21 @@ async fn once(comm: &Comm, op: &str, bytes: usize, b: &mut Buffers) -> Result<f6
         "allreduce" => comm.allreduce(&mut b.floats[..floats], ReduceOp::Sum).await?,
         "allgather" => drop(comm.allgather(&b.bytes[..bytes]).await?),
         "alltoall" => drop(comm.alltoall(&b.bytes[..bytes * n]).await?),
+        // Exchange with rank r^1, the point-to-point baseline (recursive doubling on 2 ranks).
+        "sendrecv" if (comm.rank() ^ 1) < comm.size() => {
+            let peer = comm.rank() ^ 1;
+            let recv = comm.recv(peer, 1);
+            comm.send(peer, 1, bytes::Bytes::copy_from_slice(&b.bytes[..bytes])).await?;
+            recv.await?;
+        }
+        "sendrecv" => {}
         other => return Err(format!("no such operation {other:?}").into()),
     }
     Ok(t.elapsed().as_secs_f64())
 }
 
 /// Reduces each rank's mean latency to rank 0, which prints the `result` line.
-async fn report(comm: &Comm, op: &str, bytes: usize, iters: u64, total: f64, alg: ferrocomm::Algorithm) -> Result<()> {
+async fn report(comm: &Comm, op: &str, bytes: usize, iters: u64, total: f64, alg: String) -> Result<()> {
     let mine = [total * 1e6 / iters.max(1) as f64];
     let lo = comm.reduce(0, &mine, ReduceOp::Min).await?;
     let hi = comm.reduce(0, &mine, ReduceOp::Max).await?;
@@ -209,7 +217,7 @@ async fn report(comm: &Comm, op: &str, bytes: usize, iters: u64, total: f64, alg
             avg_us: sum[0] / f64::from(comm.size()),
             min_us: lo[0],
             max_us: hi[0],
-            algorithm: Some(alg.to_string()),
+            algorithm: Some(alg),
         };
         println!("{}", m.line());
     }

@@ -14,8 +14,9 @@ const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mpi/osu_coll.c");
 /// The longest one MPI run may take.
 const MPI_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The operations measured, by their `osu_coll` names.
-pub const OPS: [&str; 5] = ["barrier", "bcast", "allreduce", "allgather", "alltoall"];
+/// The operations measured, by their `osu_coll` names; the last, `sendrecv` (an exchange with
+/// rank r^1), is the point-to-point baseline, measured only when asked for.
+pub const OPS: [&str; 6] = ["barrier", "bcast", "allreduce", "allgather", "alltoall", "sendrecv"];
 
 /// What to measure and how often: the OSU method's parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,7 +38,7 @@ impl Default for Schedule {
     /// OSU's defaults: 1000 iterations after 200 warm-up ones, 100 after 10 above 8 KiB.
     fn default() -> Schedule {
         Schedule {
-            ops: OPS.iter().map(|s| s.to_string()).collect(),
+            ops: OPS[..5].iter().map(|s| s.to_string()).collect(),
             sizes: sizes(1 << 20, 4),
             iters: 1000,
             warmup: 200,
