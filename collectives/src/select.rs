@@ -1,12 +1,36 @@
 //! Choosing an algorithm by operation, message size and rank count.
 //!
-//! The defaults come from measurement on the development machine (2 vCPUs, shared memory and TCP
-//! loopback; `ferrocomm-bench collectives --sweep`, see the README): latency-bound algorithms
-//! (binomial, recursive doubling, Bruck) win below the thresholds, bandwidth-bound ones (scatter +
-//! all-gather, Rabenseifner, ring, pairwise) above. Any operation can be pinned to one algorithm
-//! with the `FERROCOMM_COLL` setting, e.g. `allreduce=ring,bcast=binomial`; an algorithm that
-//! cannot serve a call (a non-commutative operator on the ring, recursive-doubling all-gather on a
-//! non-power of two) falls back to the table's order-preserving choice.
+//! Latency-bound algorithms (binomial, recursive doubling, Bruck) win below the thresholds,
+//! bandwidth-bound ones (scatter + all-gather, Rabenseifner, ring, pairwise) above. Any operation can
+//! be pinned to one algorithm with the `FERROCOMM_COLL` setting, e.g.
+//! `allreduce=ring,bcast=binomial`; an algorithm that cannot serve a call (a non-commutative operator
+//! on the ring, recursive-doubling all-gather on a non-power of two) falls back to the table's
+//! order-preserving choice.
+//!
+//! The defaults come from measurement on the development machine (2 vCPUs, shared memory, busy
+//! polling, 2 and 4 ranks; 4 ranks share the 2 CPUs), with every algorithm pinned in turn:
+//!
+//! ```sh
+//! target/release/ferrocomm-bench collectives --sweep --ranks 2 --step 2 --runs 3
+//! target/release/ferrocomm-bench collectives --sweep --ranks 4 --step 2 --runs 5
+//! ```
+//!
+//! (results in `results/collectives-sweep-*.json`). What decided each threshold, 4 ranks unless
+//! said (on 2 ranks most algorithms are the same single exchange and tie):
+//! - broadcast: binomial beat scatter + all-gather at every size up to 1 MiB (1.5 ms against 3.0 ms
+//!   at 1 MiB), so the switch sits above the measured range, at 2 MiB;
+//! - all-reduce: recursive doubling beat Rabenseifner up to 64 KiB (63 against 98 us), Rabenseifner
+//!   won at 128 KiB (154 against 267 us): switch at 128 KiB; ring against Rabenseifner was mixed
+//!   (ring ahead at 256 and 512 KiB, behind at 1 MiB), so the ring stays at 2 MiB;
+//! - all-gather: Bruck fell behind the ring and recursive doubling from 512 B to 2 KiB per rank
+//!   (2 KiB: 22.7 against 12.4 us; on 2 ranks the ring is ahead from 4 KiB in total): switch at
+//!   4 KiB in total;
+//! - all-to-all: Bruck beat pairwise exchange up to 8 KiB blocks (14.0 against 20.7 us), pairwise
+//!   won from 16 KiB: switch above 8 KiB.
+//!
+//! Re-measure on the target machine with more ranks than this one has: the 4-rank figures are
+//! oversubscribed, and scatter + all-gather broadcast is expected to win at large sizes with more
+//! ranks.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -172,11 +196,11 @@ pub struct Table {
 impl Default for Table {
     fn default() -> Table {
         Table {
-            bcast_large: 128 << 10,
-            allreduce_large: 16 << 10,
+            bcast_large: 2 << 20,
+            allreduce_large: 128 << 10,
             allreduce_ring: 2 << 20,
-            allgather_large: 64 << 10,
-            alltoall_small: 256,
+            allgather_large: 4 << 10,
+            alltoall_small: 8 << 10,
             linear_ranks: 2,
             overrides: HashMap::new(),
         }
@@ -265,10 +289,13 @@ mod tests {
         let t = Table::default();
         let c = |op, bytes| Call { op, ranks: 8, bytes, commutative: true };
         assert_eq!(t.choose(c(Operation::Allreduce, 8)), Algorithm::RecursiveDoubling);
-        assert_eq!(t.choose(c(Operation::Allreduce, 64 << 10)), Algorithm::Rabenseifner);
+        assert_eq!(t.choose(c(Operation::Allreduce, 64 << 10)), Algorithm::RecursiveDoubling);
+        assert_eq!(t.choose(c(Operation::Allreduce, 256 << 10)), Algorithm::Rabenseifner);
         assert_eq!(t.choose(c(Operation::Allreduce, 8 << 20)), Algorithm::Ring);
-        assert_eq!(t.choose(c(Operation::Bcast, 1 << 20)), Algorithm::ScatterAllgather);
+        assert_eq!(t.choose(c(Operation::Bcast, 1 << 20)), Algorithm::Binomial);
+        assert_eq!(t.choose(c(Operation::Bcast, 4 << 20)), Algorithm::ScatterAllgather);
         assert_eq!(t.choose(c(Operation::Alltoall, 8)), Algorithm::Bruck);
-        assert_eq!(t.choose(c(Operation::Alltoall, 4096)), Algorithm::Pairwise);
+        assert_eq!(t.choose(c(Operation::Alltoall, 4096)), Algorithm::Bruck);
+        assert_eq!(t.choose(c(Operation::Alltoall, 16384)), Algorithm::Pairwise);
     }
 }
