@@ -33,6 +33,8 @@ pub struct JobSpec {
     pub progress: String,
     /// Algorithm overrides (`op=algorithm,...`) applied with `Comm::with_collective_table`.
     pub pin: Option<String>,
+    /// Extra environment of the ranks (`KEY=VALUE`), e.g. allocator tuning; not given to the MPIs.
+    pub env: Vec<String>,
     pub schedule: Schedule,
 }
 
@@ -42,18 +44,23 @@ impl JobSpec {
         if let Some(p) = &self.pin {
             a.extend(["--pin".into(), p.clone()]);
         }
+        for e in &self.env {
+            a.extend(["--env".into(), e.clone()]);
+        }
         a.extend(self.schedule.to_args());
         a
     }
 
     fn from_args(args: &[String]) -> Result<JobSpec> {
-        let mut spec = JobSpec { ranks: 2, progress: "busy".into(), pin: None, schedule: Schedule::default() };
+        let mut spec =
+            JobSpec { ranks: 2, progress: "busy".into(), pin: None, env: Vec::new(), schedule: Schedule::default() };
         for pair in args.chunks(2) {
             let [flag, v] = pair else { return Err(format!("{} needs a value", pair[0]).into()) };
             match flag.as_str() {
                 "--ranks" => spec.ranks = v.parse()?,
                 "--progress" => spec.progress = v.clone(),
                 "--pin" => spec.pin = Some(v.clone()),
+                "--env" => spec.env.push(v.clone()),
                 _ if spec.schedule.set(flag, v)? => {}
                 _ => return Err(format!("unknown option {flag}").into()),
             }
@@ -97,6 +104,11 @@ pub fn job_main(args: &[String]) -> Result<()> {
     // All ranks share this host: shared memory between every pair.
     let env =
         vec![("FERROCOMM_TRANSPORTS".into(), "auto".into()), ("FERROCOMM_PROGRESS".into(), spec.progress.clone())];
+    let mut env: Vec<(String, String)> = env;
+    for e in &spec.env {
+        let (k, v) = e.split_once('=').ok_or_else(|| format!("--env {e:?}: expected KEY=VALUE"))?;
+        env.push((k.into(), v.into()));
+    }
     crate::ranks::launch(spec.ranks, RANK_COMMAND, spec.to_args(), env)
 }
 
@@ -234,6 +246,7 @@ mod tests {
             ranks: 4,
             progress: "adaptive:20".into(),
             pin: Some("allreduce=ring".into()),
+            env: vec!["A=b=c".into()],
             schedule: Schedule { sizes: vec![8, 1 << 20], ..Schedule::default() },
         };
         let back = JobSpec::from_args(&spec.to_args()).unwrap();
@@ -242,6 +255,7 @@ mod tests {
             (4, "adaptive:20", Some("allreduce=ring"))
         );
         assert_eq!(back.schedule, spec.schedule);
+        assert_eq!(back.env, spec.env);
         assert!(JobSpec::from_args(&["--ranks".into()]).is_err());
     }
 }

@@ -47,6 +47,8 @@ options:
   --cpus A,B,...       rank r runs on the (r mod count)-th CPU, on every side (default 0,1)
   --progress P         ferrocomm progress mode (default busy, as MPI busy-polls)
   --mpi M,...          of openmpi,mpich (default both); --no-mpi for ferrocomm alone
+  --env KEY=VALUE      extra environment of the ferrocomm ranks only (repeatable), e.g.
+                       GLIBC_TUNABLES=... to try allocator settings
   --json FILE          write the results as JSON
   --sweep              instead: ferrocomm alone, each algorithm of each operation pinned in turn
                        (Comm::with_collective_table), to find the selection table's switch points";
@@ -63,6 +65,8 @@ pub struct Options {
     pub mpis: Vec<String>,
     pub json: Option<PathBuf>,
     pub sweep: bool,
+    /// `--env KEY=VALUE`: extra environment of the ferrocomm ranks.
+    pub env: Vec<String>,
 }
 
 impl Options {
@@ -78,6 +82,7 @@ impl Options {
             mpis: Mpi::KEYS.iter().map(|s| s.to_string()).collect(),
             json: None,
             sweep: false,
+            env: Vec::new(),
         };
         let mut it = args.iter();
         while let Some(arg) = it.next() {
@@ -127,6 +132,13 @@ impl Options {
                 "--no-mpi" => o.mpis.clear(),
                 "--json" => o.json = Some(value()?.into()),
                 "--sweep" => o.sweep = true,
+                "--env" => {
+                    let e = value()?;
+                    if !e.contains('=') {
+                        return Err(format!("--env {e:?}: expected KEY=VALUE").into());
+                    }
+                    o.env.push(e);
+                }
                 other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
             }
         }
@@ -205,7 +217,7 @@ pub fn main(args: &[String]) -> Result<()> {
 }
 
 fn spec(opts: &Options, ranks: u32, schedule: &Schedule, pin: Option<String>) -> JobSpec {
-    JobSpec { ranks, progress: opts.progress.clone(), pin, schedule: schedule.clone() }
+    JobSpec { ranks, progress: opts.progress.clone(), pin, env: opts.env.clone(), schedule: schedule.clone() }
 }
 
 /// ferrocomm and the MPIs, side by side.
@@ -365,6 +377,7 @@ fn to_json(
         "method": "OSU: warm-up, timed iterations each followed by a barrier; per-rank mean latency, averaged over ranks",
         "transport": transport,
         "progress": opts.progress,
+        "ferrocomm_env": opts.env,
         "peers": mpis.iter().map(|m| m.name).collect::<Vec<_>>(),
         "runs": opts.runs,
         "statistic": "median over runs",
