@@ -44,7 +44,10 @@
 //! and latency against size).
 
 mod affinity;
+mod coll_ranks;
+mod collectives;
 mod netpipe;
+mod osu;
 mod pingpong;
 mod plot;
 mod process;
@@ -68,7 +71,9 @@ benchmarks:
               `ferrocomm-bench pingpong --help` for its options
   shm-transport
               the shared-memory transport alone (no engine, no futures): 8 B latency and
-              bandwidth between two pinned processes";
+              bandwidth between two pinned processes
+  collectives ferrocomm vs Open MPI and MPICH collective latency (OSU method, shared memory);
+              `ferrocomm-bench collectives --help` for its options";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -78,6 +83,9 @@ fn main() -> ExitCode {
     };
     let result = match command {
         "pingpong" => pingpong::main(rest),
+        "collectives" => collectives::main(rest),
+        coll_ranks::JOB_COMMAND => coll_ranks::job_main(rest),
+        coll_ranks::RANK_COMMAND => coll_ranks::rank_main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),
         ranks::RANK_COMMAND => ranks::rank_main(rest),
         "shm-transport" => transport::main(rest),

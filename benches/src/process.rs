@@ -130,3 +130,15 @@ fn our_cpu_seconds() -> f64 {
     };
     usage(libc::RUSAGE_SELF) + usage(libc::RUSAGE_CHILDREN)
 }
+
+/// Runs `cmd` with its standard output piped until it exits or `timeout` passes; returns its exit
+/// status and its output lines (standard error is inherited).
+pub fn run_lines(mut cmd: std::process::Command, timeout: Duration) -> io::Result<(ExitStatus, Vec<String>)> {
+    use std::io::BufRead;
+    let mut child = cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).spawn()?;
+    let out = child.stdout.take().ok_or_else(|| io::Error::other("the child's output is not piped"))?;
+    let reader = std::thread::spawn(move || io::BufReader::new(out).lines().map_while(|l| l.ok()).collect::<Vec<_>>());
+    let status = wait_until(&mut child, Instant::now() + timeout)?;
+    let lines = reader.join().map_err(|_| io::Error::other("the output reader panicked"))?;
+    Ok((status, lines))
+}

@@ -25,7 +25,6 @@
 //! wake it through its doorbell. Each round trip is timed alone; rank 0 reports them all.
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -164,19 +163,11 @@ pub fn run_idle(spec: &JobSpec) -> Result<Vec<f64>> {
 /// Runs the job of two ranks; returns the JSON line rank 0 printed.
 fn run_job(spec: &JobSpec) -> Result<String> {
     let exe = std::env::current_exe()?;
-    let mut child = Command::new(&exe)
-        .arg(JOB_COMMAND)
-        .args(spec.to_args())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
-    let out = child.stdout.take().ok_or("the job's output is not piped")?;
-    let reader = std::thread::spawn(move || BufReader::new(out).lines().map_while(|l| l.ok()).collect::<Vec<_>>());
-    let status = process::wait_until(&mut child, Instant::now() + JOB_TIMEOUT)
-        .map_err(|e| format!("the ferrocomm job did not finish within {JOB_TIMEOUT:?}: {e}"))?;
-    let lines = reader.join().map_err(|_| "the output reader panicked")?;
+    let mut cmd = Command::new(&exe);
+    cmd.arg(JOB_COMMAND).args(spec.to_args()).stderr(Stdio::inherit());
+    let (status, lines) = process::run_lines(cmd, JOB_TIMEOUT).map_err(|e| {
+        format!("the ferrocomm job ({}) failed or did not finish within {JOB_TIMEOUT:?}: {e}", exe.display())
+    })?;
     let mut result = None;
     for line in lines {
         match line.strip_prefix("[0] ").filter(|l| l.starts_with('{')) {
@@ -212,19 +203,22 @@ fn parse_result(line: &str) -> Result<SweepResult> {
 /// `pingpong-job`: launches the two ranks and waits for them.
 pub fn job_main(args: &[String]) -> Result<()> {
     let spec = JobSpec::from_args(args)?;
+    let env = vec![
+        // Both ranks share this host: they talk through shared memory unless TCP is forced.
+        ("FERROCOMM_TRANSPORTS".into(), if spec.backend == "shm" { "auto" } else { "tcp" }.into()),
+        ("FERROCOMM_TCP_BACKEND".into(), if spec.backend == "shm" { "auto" } else { &spec.backend }.into()),
+        ("FERROCOMM_PROGRESS".into(), spec.progress.clone()),
+    ];
+    launch(2, RANK_COMMAND, spec.to_args(), env)
+}
+
+/// Runs `n` ranks of this binary's `rank_command` with `args` and `env` through [`run_local`],
+/// and waits for them.
+pub fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, String)>) -> Result<()> {
     let exe = std::env::current_exe()?;
-    let rank_args: Vec<OsString> =
-        std::iter::once(RANK_COMMAND.to_string()).chain(spec.to_args()).map(OsString::from).collect();
-    let opts = LaunchOptions {
-        env: vec![
-            // Both ranks share this host: they talk through shared memory unless TCP is forced.
-            ("FERROCOMM_TRANSPORTS".into(), if spec.backend == "shm" { "auto" } else { "tcp" }.into()),
-            ("FERROCOMM_TCP_BACKEND".into(), if spec.backend == "shm" { "auto" } else { &spec.backend }.into()),
-            ("FERROCOMM_PROGRESS".into(), spec.progress.clone()),
-        ],
-        ..LaunchOptions::default()
-    };
-    match run_local(2, &exe, &rank_args, &opts)? {
+    let rank_args: Vec<OsString> = std::iter::once(rank_command.to_string()).chain(args).map(OsString::from).collect();
+    let opts = LaunchOptions { env, ..LaunchOptions::default() };
+    match run_local(n, &exe, &rank_args, &opts)? {
         0 => Ok(()),
         code => Err(format!("the ranks failed (job exit code {code})").into()),
     }

@@ -1,12 +1,44 @@
 //! Choosing an algorithm by operation, message size and rank count.
 //!
-//! The defaults come from measurement on the development machine (2 vCPUs, shared memory and TCP
-//! loopback; `ferrocomm-bench collectives --sweep`, see the README): latency-bound algorithms
-//! (binomial, recursive doubling, Bruck) win below the thresholds, bandwidth-bound ones (scatter +
-//! all-gather, Rabenseifner, ring, pairwise) above. Any operation can be pinned to one algorithm
-//! with the `FERROCOMM_COLL` setting, e.g. `allreduce=ring,bcast=binomial`; an algorithm that
-//! cannot serve a call (a non-commutative operator on the ring, recursive-doubling all-gather on a
-//! non-power of two) falls back to the table's order-preserving choice.
+//! Latency-bound algorithms (binomial, recursive doubling, Bruck) win below the thresholds,
+//! bandwidth-bound ones (scatter + all-gather, Rabenseifner, ring, pairwise) above. Any operation can
+//! be pinned to one algorithm with the `FERROCOMM_COLL` setting, e.g.
+//! `allreduce=ring,bcast=binomial`; an algorithm that cannot serve a call (a non-commutative operator
+//! on the ring, recursive-doubling all-gather on a non-power of two) falls back to the table's
+//! order-preserving choice.
+//!
+//! The defaults come from measurement on the development machine (2 vCPUs, shared memory, busy
+//! polling, 2 and 4 ranks; 4 ranks share the 2 CPUs), with every algorithm pinned in turn:
+//!
+//! ```sh
+//! target/release/ferrocomm-bench collectives --sweep --ranks 2 --step 2 --runs 3
+//! target/release/ferrocomm-bench collectives --sweep --ranks 4 --step 2 --runs 5
+//! GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824 \
+//!     target/release/ferrocomm-bench collectives --sweep --ranks 4 --step 2 --runs 3 \
+//!     --ops bcast,allreduce,allgather,alltoall
+//! ```
+//!
+//! (results in `results/collectives-sweep-*.json`). Above the 64 KiB eager limit every call pays
+//! page faults for freshly allocated message buffers (glibc returns them to the kernel after each
+//! call), which penalises the algorithms that allocate more; the third run keeps the memory and so
+//! shows the algorithms' own costs. Where the two disagree the thresholds follow the third. What
+//! decided each threshold, on 4 ranks (on 2 ranks most algorithms are the same single exchange and
+//! tie):
+//! - broadcast: binomial beat scatter + all-gather at every size up to 1 MiB in both runs (1 MiB:
+//!   229 against 427 us, tuned), so the switch sits above the measured range, at 2 MiB;
+//! - all-reduce: recursive doubling beat Rabenseifner up to 32 KiB (16.8 against 26.8 us),
+//!   Rabenseifner won from 64 KiB (34.6 against 39.7 us; 128 KiB without the tuning): switch at
+//!   64 KiB. Ring against Rabenseifner was mixed in both runs (each ahead at some of 128 KiB to
+//!   1 MiB), so the ring stays at 2 MiB;
+//! - all-gather: Bruck tied with or beat the ring up to 16 KiB per rank (16.5 against 17.8 us) and
+//!   the ring won nowhere below 1 MiB: the switch stays at 64 KiB in total (without the tuning the
+//!   ring looked better from 2 KiB, an allocation artefact);
+//! - all-to-all: Bruck beat pairwise exchange up to 8 KiB blocks in both runs (15.0 against
+//!   19.6 us, tuned): Bruck up to 8 KiB.
+//!
+//! Re-measure on the target machine with more ranks than this one has: the 4-rank figures are
+//! oversubscribed, and scatter + all-gather broadcast is expected to win at large sizes with more
+//! ranks.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -172,11 +204,11 @@ pub struct Table {
 impl Default for Table {
     fn default() -> Table {
         Table {
-            bcast_large: 128 << 10,
-            allreduce_large: 16 << 10,
+            bcast_large: 2 << 20,
+            allreduce_large: 64 << 10,
             allreduce_ring: 2 << 20,
             allgather_large: 64 << 10,
-            alltoall_small: 256,
+            alltoall_small: 8 << 10,
             linear_ranks: 2,
             overrides: HashMap::new(),
         }
@@ -265,10 +297,13 @@ mod tests {
         let t = Table::default();
         let c = |op, bytes| Call { op, ranks: 8, bytes, commutative: true };
         assert_eq!(t.choose(c(Operation::Allreduce, 8)), Algorithm::RecursiveDoubling);
+        assert_eq!(t.choose(c(Operation::Allreduce, 32 << 10)), Algorithm::RecursiveDoubling);
         assert_eq!(t.choose(c(Operation::Allreduce, 64 << 10)), Algorithm::Rabenseifner);
         assert_eq!(t.choose(c(Operation::Allreduce, 8 << 20)), Algorithm::Ring);
-        assert_eq!(t.choose(c(Operation::Bcast, 1 << 20)), Algorithm::ScatterAllgather);
+        assert_eq!(t.choose(c(Operation::Bcast, 1 << 20)), Algorithm::Binomial);
+        assert_eq!(t.choose(c(Operation::Bcast, 4 << 20)), Algorithm::ScatterAllgather);
         assert_eq!(t.choose(c(Operation::Alltoall, 8)), Algorithm::Bruck);
-        assert_eq!(t.choose(c(Operation::Alltoall, 4096)), Algorithm::Pairwise);
+        assert_eq!(t.choose(c(Operation::Alltoall, 4096)), Algorithm::Bruck);
+        assert_eq!(t.choose(c(Operation::Alltoall, 16384)), Algorithm::Pairwise);
     }
 }

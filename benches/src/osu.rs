@@ -1,0 +1,297 @@
+//! The OSU measurement shared by both sides of `collectives`: its schedule (operations, sizes,
+//! iteration counts, CPUs), given to the ferrocomm ranks and to `benches/mpi/osu_coll.c` as the
+//! same flags; the `result` lines both print; and building and running the C program against each
+//! MPI.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::{Result, process};
+
+/// The C program, compiled by [`Mpi::build`].
+const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mpi/osu_coll.c");
+/// The longest one MPI run may take.
+const MPI_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The operations measured, by their `osu_coll` names; the last, `sendrecv` (an exchange with
+/// rank r^1), is the point-to-point baseline, measured only when asked for.
+pub const OPS: [&str; 6] = ["barrier", "bcast", "allreduce", "allgather", "alltoall", "sendrecv"];
+
+/// What to measure and how often: the OSU method's parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    pub ops: Vec<String>,
+    /// Bytes per rank (see `osu_coll.c` for what that means per operation).
+    pub sizes: Vec<usize>,
+    pub iters: u64,
+    pub warmup: u64,
+    /// Counts for sizes above `large` bytes.
+    pub iters_large: u64,
+    pub warmup_large: u64,
+    pub large: usize,
+    /// Rank r runs on `cpus[r % len]`; none: not pinned.
+    pub cpus: Vec<usize>,
+}
+
+impl Default for Schedule {
+    /// OSU's defaults: 1000 iterations after 200 warm-up ones, 100 after 10 above 8 KiB.
+    fn default() -> Schedule {
+        Schedule {
+            ops: OPS[..5].iter().map(|s| s.to_string()).collect(),
+            sizes: sizes(1 << 20, 4),
+            iters: 1000,
+            warmup: 200,
+            iters_large: 100,
+            warmup_large: 10,
+            large: 8192,
+            cpus: vec![0, 1],
+        }
+    }
+}
+
+/// 8 bytes, times `step` while at most `max`, and `max` itself.
+pub fn sizes(max: usize, step: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut s = 8;
+    while s <= max {
+        out.push(s);
+        s = s.saturating_mul(step.max(2));
+    }
+    if out.last() != Some(&max) && max >= 8 {
+        out.push(max);
+    }
+    out
+}
+
+fn list<T: ToString>(v: &[T]) -> String {
+    v.iter().map(T::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn parse_list<T: std::str::FromStr>(flag: &str, v: &str) -> Result<Vec<T>> {
+    v.split(',').map(|x| x.trim().parse().map_err(|_| format!("{flag} {v:?}: not a list of numbers").into())).collect()
+}
+
+impl Schedule {
+    /// The flags `osu_coll` takes (the ferrocomm ranks take the same).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "-o".into(),
+            self.ops.join(","),
+            "-s".into(),
+            list(&self.sizes),
+            "-i".into(),
+            self.iters.to_string(),
+            "-w".into(),
+            self.warmup.to_string(),
+            "-I".into(),
+            self.iters_large.to_string(),
+            "-W".into(),
+            self.warmup_large.to_string(),
+            "-L".into(),
+            self.large.to_string(),
+        ];
+        if !self.cpus.is_empty() {
+            a.extend(["-p".into(), list(&self.cpus)]);
+        }
+        a
+    }
+
+    /// Parses one flag of [`Schedule::to_args`]; false if `flag` is not one of them.
+    pub fn set(&mut self, flag: &str, v: &str) -> Result<bool> {
+        match flag {
+            "-o" => self.ops = v.split(',').map(String::from).collect(),
+            "-s" => self.sizes = parse_list(flag, v)?,
+            "-i" => self.iters = v.parse()?,
+            "-w" => self.warmup = v.parse()?,
+            "-I" => self.iters_large = v.parse()?,
+            "-W" => self.warmup_large = v.parse()?,
+            "-L" => self.large = v.parse()?,
+            "-p" => self.cpus = parse_list(flag, v)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Warm-up and timed iterations for `bytes`.
+    pub fn counts(&self, bytes: usize) -> (u64, u64) {
+        if bytes > self.large { (self.warmup_large, self.iters_large) } else { (self.warmup, self.iters) }
+    }
+}
+
+/// One `result` line: an operation at one size, averaged over ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    pub op: String,
+    pub bytes: usize,
+    pub iterations: u64,
+    /// Mean over ranks of each rank's mean latency, microseconds.
+    pub avg_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+    /// The algorithm ferrocomm chose (the MPI side does not say).
+    pub algorithm: Option<String>,
+}
+
+impl Measurement {
+    /// The line both sides print.
+    pub fn line(&self) -> String {
+        let mut s = format!(
+            "result {} {} {} {:.4} {:.4} {:.4}",
+            self.op, self.bytes, self.iterations, self.avg_us, self.min_us, self.max_us
+        );
+        if let Some(a) = &self.algorithm {
+            s += &format!(" {a}");
+        }
+        s
+    }
+
+    /// Parses a `result` line; `None` for any other line.
+    pub fn parse(line: &str) -> Option<Measurement> {
+        let mut f = line.strip_prefix("result ")?.split_whitespace();
+        Some(Measurement {
+            op: f.next()?.to_string(),
+            bytes: f.next()?.parse().ok()?,
+            iterations: f.next()?.parse().ok()?,
+            avg_us: f.next()?.parse().ok()?,
+            min_us: f.next()?.parse().ok()?,
+            max_us: f.next()?.parse().ok()?,
+            algorithm: f.next().map(String::from),
+        })
+    }
+}
+
+/// One MPI implementation: its compiler wrapper and launcher, and `osu_coll` built against it.
+#[derive(Clone, Debug)]
+pub struct Mpi {
+    /// `openmpi` or `mpich`.
+    pub key: &'static str,
+    pub name: &'static str,
+    mpirun: &'static str,
+    exe: PathBuf,
+}
+
+impl Mpi {
+    /// The MPIs this benchmark knows, in report order.
+    pub const KEYS: [&'static str; 2] = ["openmpi", "mpich"];
+
+    /// Builds `osu_coll` against MPI `key` into `dir` (once; again when the source is newer).
+    pub fn build(key: &str, dir: &Path) -> Result<Mpi> {
+        let (key, name, mpicc, mpirun) = match key {
+            "openmpi" => ("openmpi", "Open MPI", "mpicc.openmpi", "mpirun.openmpi"),
+            "mpich" => ("mpich", "MPICH", "mpicc.mpich", "mpirun.mpich"),
+            other => return Err(format!("unknown MPI {other:?}: openmpi or mpich").into()),
+        };
+        for tool in [mpicc, mpirun] {
+            if process::find_in_path(tool).is_none() {
+                return Err(format!("{tool} not found (Debian: openmpi-bin libopenmpi-dev, mpich libmpich-dev)").into());
+            }
+        }
+        std::fs::create_dir_all(dir)?;
+        let exe = dir.join(format!("osu_coll-{key}"));
+        let modified = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
+        if modified(&exe).is_none() || modified(&exe) < modified(Path::new(SOURCE)) {
+            let out = Command::new(mpicc).args(["-O2", "-o"]).arg(&exe).arg(SOURCE).output()?;
+            if !out.status.success() {
+                return Err(format!("{mpicc} {SOURCE} failed:\n{}", String::from_utf8_lossy(&out.stderr)).into());
+            }
+        }
+        Ok(Mpi { key, name, mpirun, exe })
+    }
+
+    /// The launcher's arguments for `n` ranks.
+    fn launcher_args(&self, n: u32) -> Vec<String> {
+        let mut a: Vec<String> = Vec::new();
+        if self.key == "openmpi" {
+            // Root in the container; more ranks than cores allowed; osu_coll pins itself (-p).
+            a.extend(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"].map(String::from));
+        }
+        a.extend(["-np".into(), n.to_string()]);
+        a
+    }
+
+    /// The command line, for the report.
+    pub fn describe(&self, n: u32, schedule: &Schedule) -> String {
+        let mut parts = vec![self.mpirun.to_string()];
+        parts.extend(self.launcher_args(n));
+        parts.push(self.exe.display().to_string());
+        parts.extend(schedule.to_args());
+        parts.join(" ")
+    }
+
+    /// Runs `osu_coll` on `n` ranks.
+    pub fn run(&self, n: u32, schedule: &Schedule) -> Result<Vec<Measurement>> {
+        let mut cmd = Command::new(self.mpirun);
+        cmd.args(self.launcher_args(n)).arg(&self.exe).args(schedule.to_args());
+        let (status, lines) =
+            process::run_lines(cmd, MPI_TIMEOUT).map_err(|e| format!("{} on {n} ranks: {e}", self.name))?;
+        let found = collect(&lines);
+        if !status.success() {
+            return Err(format!("{} on {n} ranks failed ({status})", self.name).into());
+        }
+        Ok(found)
+    }
+}
+
+/// The `result` lines among `lines` (prefixed by the launcher's `[rank] ` or not); other lines
+/// except comments are passed on to standard error.
+pub fn collect(lines: &[String]) -> Vec<Measurement> {
+    let mut out = Vec::new();
+    for line in lines {
+        let bare = match line.split_once("] ") {
+            Some((head, rest)) if head.starts_with('[') => rest,
+            _ => line.as_str(),
+        };
+        match Measurement::parse(bare) {
+            Some(m) => out.push(m),
+            None if bare.starts_with('#') => {}
+            None => eprintln!("  {line}"),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_round_trips_through_flags() {
+        let s = Schedule { ops: vec!["bcast".into()], sizes: vec![8, 64], cpus: vec![], ..Schedule::default() };
+        let args = s.to_args();
+        let mut back = Schedule::default();
+        for pair in args.chunks(2) {
+            assert!(back.set(&pair[0], &pair[1]).unwrap(), "{pair:?}");
+        }
+        back.cpus.clear();
+        assert_eq!(back, s);
+        assert!(!back.set("--frobnicate", "1").unwrap());
+        assert_eq!(s.counts(8), (200, 1000));
+        assert_eq!(s.counts(16384), (10, 100));
+    }
+
+    #[test]
+    fn sizes_end_at_max() {
+        assert_eq!(sizes(1 << 20, 4).first(), Some(&8));
+        assert_eq!(sizes(1 << 20, 4).last(), Some(&(1 << 20)));
+        assert_eq!(sizes(64, 2), vec![8, 16, 32, 64]);
+        assert_eq!(sizes(100, 4), vec![8, 32, 100]);
+    }
+
+    #[test]
+    fn result_lines() {
+        let m = Measurement {
+            op: "allreduce".into(),
+            bytes: 8,
+            iterations: 1000,
+            avg_us: 1.5,
+            min_us: 1.25,
+            max_us: 1.75,
+            algorithm: Some("ring".into()),
+        };
+        assert_eq!(Measurement::parse(&m.line()), Some(m.clone()));
+        let lines = vec!["[0] ".to_string() + &m.line(), "# header".into()];
+        assert_eq!(collect(&lines), vec![m]);
+        assert_eq!(Measurement::parse("result bcast x"), None);
+    }
+}
