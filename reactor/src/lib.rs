@@ -102,6 +102,9 @@ struct Shared<P> {
     handover: AtomicBool,
     background: AtomicWaker,
     stop: AtomicBool,
+    /// Spinning callers yield the CPU once they have waited this long (nanoseconds):
+    /// [`YIELD_AFTER`], or zero when the host has more busy ranks than CPUs.
+    yield_after_ns: AtomicU64,
 }
 
 /// Handle to a rank's progress state and its background task. Cloning is cheap.
@@ -152,6 +155,7 @@ impl ReactorThread {
             handover: AtomicBool::new(false),
             background: AtomicWaker::new(),
             stop: AtomicBool::new(false),
+            yield_after_ns: AtomicU64::new(YIELD_AFTER.as_nanos() as u64),
         });
         self.handle.spawn(background(shared.clone()));
         Reactor { shared }
@@ -259,6 +263,15 @@ impl<P: Progress> Reactor<P> {
         self.shared.state.lock()
     }
 
+    /// Declares that this host runs more busy ranks than it has CPUs: spinning callers then yield
+    /// the CPU at every look at the clock instead of after [`YIELD_AFTER`], since the rank they
+    /// wait for may need the very CPU they spin on (Open MPI's `mpi_yield_when_idle` does the same
+    /// when oversubscribed).
+    pub fn set_oversubscribed(&self, yes: bool) {
+        let ns = if yes { 0 } else { YIELD_AFTER.as_nanos() as u64 };
+        self.shared.yield_after_ns.store(ns, Ordering::Relaxed);
+    }
+
     /// The progress mode awaiting callers use.
     pub fn mode(&self) -> ProgressMode {
         self.shared.mode
@@ -328,7 +341,7 @@ impl<P: Progress> Reactor<P> {
                     if spin_for.is_some_and(|d| waited >= d) {
                         break;
                     }
-                    if waited >= YIELD_AFTER {
+                    if waited.as_nanos() as u64 >= shared.yield_after_ns.load(Ordering::Relaxed) {
                         // Let another rank on this core run (more ranks than cores must not livelock).
                         std::thread::yield_now();
                     }

@@ -177,6 +177,10 @@ pub async fn join(
     };
     let driver = Driver { engine: Engine::new(rank, size, cfg), transport, ops: Default::default() };
     let reactor = thread.run(driver, settings.progress);
+    // More ranks on this host than CPUs to run them: spinning ranks must give way at once.
+    let here = nodes.iter().filter(|&&n| n == nodes[rank as usize]).count();
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    reactor.set_oversubscribed(here > cpus);
     Ok(World::from_inner(Arc::new(Inner {
         rank,
         size,
