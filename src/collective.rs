@@ -106,7 +106,7 @@ impl Pool {
                 .min_by_key(|(_, b)| b.len())
                 .map(|(i, _)| i);
             if let Some(i) = best {
-                let mut b = bufs.swap_remove(i);
+                let mut b = bufs.remove(i);
                 b.truncate(len);
                 return b;
             }
@@ -119,8 +119,14 @@ impl Pool {
             return;
         }
         let mut bufs = self.bufs.lock();
-        let held: usize = bufs.iter().map(BytesMut::len).sum();
-        if bufs.len() < Pool::MAX_BUFFERS && held + buf.len() <= Pool::MAX_BYTES {
+        // Full: make room by dropping the oldest buffers (the sizes in use drift with the workload).
+        while !bufs.is_empty()
+            && (bufs.len() >= Pool::MAX_BUFFERS
+                || bufs.iter().map(BytesMut::len).sum::<usize>() + buf.len() > Pool::MAX_BYTES)
+        {
+            bufs.remove(0);
+        }
+        if buf.len() <= Pool::MAX_BYTES {
             bufs.push(buf);
         }
     }
@@ -152,6 +158,21 @@ fn copy_into<T: Element>(out: &mut [T], b: &Bytes) -> Result<()> {
         return Err(Error::Invalid(format!("expected {} bytes, the collective produced {}", bytes.len(), b.len())));
     }
     bytes.copy_from_slice(b);
+    Ok(())
+}
+
+/// Lays `parts` end to end into `out`, which must be exactly as long.
+fn copy_parts<T: Element>(out: &mut [T], parts: &[Bytes]) -> Result<()> {
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+    let total: usize = parts.iter().map(Bytes::len).sum();
+    if total != bytes.len() {
+        return Err(Error::Invalid(format!("expected {} bytes, the collective produced {total}", bytes.len())));
+    }
+    let mut at = 0;
+    for p in parts {
+        bytes[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
+    }
     Ok(())
 }
 
@@ -589,14 +610,39 @@ impl Comm {
 
     /// Every rank's `data` (all of one length), concatenated in rank order, at every rank.
     pub fn allgather<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
-        let alg = self.choose(Operation::Allgather, size_of_val(data), true);
-        let run = self.allgather_with(to_bytes(data), alg);
+        let mut out = vec![T::zeroed(); data.len() * self.size() as usize];
+        let run = self.allgather_into_owned(data);
         async move {
-            let mut out = Vec::new();
-            for p in run.await? {
-                out.extend(to_vec::<T>(&p)?);
-            }
+            run(&mut out).await?;
             Ok(out)
+        }
+    }
+
+    /// [`Comm::allgather`] into `out` (`size` times the length of `data`), like `MPI_Allgather`.
+    pub fn allgather_into<'a, T: Element>(
+        &self,
+        data: &[T],
+        out: &'a mut [T],
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let run = self.allgather_into_owned(data);
+        run(out)
+    }
+
+    fn allgather_into_owned<T: Element>(
+        &self,
+        data: &[T],
+    ) -> impl FnOnce(&mut [T]) -> futures::future::BoxFuture<'_, Result<()>> + use<T> {
+        let alg = self.choose(Operation::Allgather, size_of_val(data), true);
+        let (r, n) = (self.rank(), self.size());
+        let pool = self.sequence.pool.clone();
+        let plan = (self.slot(), ops::allgather(r, n, alg, pool.copy(data)));
+        move |out: &mut [T]| {
+            Box::pin(async move {
+                let blocks = Comm::drive(plan.0, plan.1?).await?;
+                copy_parts(out, &ops::allgather_result(&blocks, n)?)?;
+                pool.recycle(blocks);
+                Ok(())
+            })
         }
     }
 
@@ -621,19 +667,46 @@ impl Comm {
     /// All-to-all: `data` holds one equal part per rank in rank order; the result holds what each
     /// rank sent to this one, in rank order.
     pub fn alltoall<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
-        let n = self.size() as usize;
-        let early = (!data.len().is_multiple_of(n))
-            .then(|| Error::Invalid(format!("{} elements do not split into {n} parts", data.len())));
-        let part = data.len() / n;
-        let parts: Vec<Bytes> = (0..n).map(|i| to_bytes(&data[i * part..(i + 1) * part])).collect();
-        let alg = self.choose(Operation::Alltoall, part * size_of::<T>(), true);
-        let run = early.is_none().then(|| self.alltoall_with(parts, alg));
+        let mut out = vec![T::zeroed(); data.len()];
+        let run = self.alltoall_into_owned(data);
         async move {
-            let mut out = Vec::new();
-            for p in run.ok_or_else(|| early.expect("set"))?.await? {
-                out.extend(to_vec::<T>(&p)?);
-            }
+            run(&mut out).await?;
             Ok(out)
+        }
+    }
+
+    /// [`Comm::alltoall`] into `out` (as long as `data`), like `MPI_Alltoall`.
+    pub fn alltoall_into<'a, T: Element>(
+        &self,
+        data: &[T],
+        out: &'a mut [T],
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let run = self.alltoall_into_owned(data);
+        run(out)
+    }
+
+    fn alltoall_into_owned<T: Element>(
+        &self,
+        data: &[T],
+    ) -> impl FnOnce(&mut [T]) -> futures::future::BoxFuture<'_, Result<()>> + use<T> {
+        let (r, n) = (self.rank(), self.size());
+        let early = (!data.len().is_multiple_of(n as usize))
+            .then(|| Error::Invalid(format!("{} elements do not split into {n} parts", data.len())));
+        let part = data.len() / n as usize * size_of::<T>();
+        let pool = self.sequence.pool.clone();
+        let all = pool.copy(data);
+        let parts: Vec<Bytes> = (0..n as usize).map(|i| all.slice(i * part..(i + 1) * part)).collect();
+        drop(all);
+        let alg = self.choose(Operation::Alltoall, part, true);
+        let plan = early.is_none().then(|| (self.slot(), ops::alltoall(r, n, alg, parts)));
+        move |out: &mut [T]| {
+            Box::pin(async move {
+                let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+                let blocks = Comm::drive(slot, m?).await?;
+                copy_parts(out, &ops::alltoall_result(&blocks, r, n)?)?;
+                pool.recycle(blocks);
+                Ok(())
+            })
         }
     }
 

@@ -146,6 +146,8 @@ struct Buffers {
     floats: Vec<f32>,
     /// The all-reduce input, restored before each iteration.
     input: Vec<f32>,
+    /// Receive buffer of all-gather and all-to-all (MPI's recvbuf).
+    out: Vec<u8>,
 }
 
 /// Every operation of `s`, every size.
@@ -153,7 +155,12 @@ async fn measure(comm: &Comm, s: &Schedule) -> Result<()> {
     let n = comm.size() as usize;
     let largest = s.sizes.iter().copied().max().unwrap_or(0);
     let input: Vec<f32> = (0..largest * n / 4).map(|k| (k % 7) as f32).collect();
-    let mut b = Buffers { bytes: (0..largest * n).map(|k| k as u8).collect(), floats: input.clone(), input };
+    let mut b = Buffers {
+        bytes: (0..largest * n).map(|k| k as u8).collect(),
+        floats: input.clone(),
+        input,
+        out: vec![0; largest * n],
+    };
     comm.barrier().await?;
     if s.ops.iter().any(|o| o == "barrier") {
         for _ in 0..s.warmup {
@@ -200,8 +207,9 @@ async fn once(comm: &Comm, op: &str, bytes: usize, b: &mut Buffers) -> Result<f6
     match op {
         "bcast" => comm.broadcast(0, &mut b.bytes[..bytes]).await?,
         "allreduce" => comm.allreduce(&mut b.floats[..floats], ReduceOp::Sum).await?,
-        "allgather" => drop(comm.allgather(&b.bytes[..bytes]).await?),
-        "alltoall" => drop(comm.alltoall(&b.bytes[..bytes * n]).await?),
+        // Into a preallocated receive buffer, as the MPI side does.
+        "allgather" => comm.allgather_into(&b.bytes[..bytes], &mut b.out[..bytes * n]).await?,
+        "alltoall" => comm.alltoall_into(&b.bytes[..bytes * n], &mut b.out[..bytes * n]).await?,
         // Exchange with rank r^1, the point-to-point baseline (recursive doubling on 2 ranks).
         "sendrecv" if (comm.rank() ^ 1) < comm.size() => {
             let peer = comm.rank() ^ 1;
