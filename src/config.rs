@@ -56,6 +56,8 @@ pub struct Settings {
     /// `FERROCOMM_BIND`: address the rank listens on. Default 0.0.0.0 (advertised as the address
     /// this host uses to reach the key-value store).
     pub bind: IpAddr,
+    /// Reliable multicast (`FERROCOMM_MCAST_*`): see [`crate::multicast::McastSettings`].
+    pub multicast: crate::multicast::McastSettings,
 }
 
 impl Default for Settings {
@@ -71,11 +73,15 @@ impl Default for Settings {
             peer_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(60),
             bind: IpAddr::from([0, 0, 0, 0]),
+            multicast: Default::default(),
         }
     }
 }
 
-fn parse<T: std::str::FromStr>(name: &'static str, get: &impl Fn(&str) -> Option<String>) -> Result<Option<T>>
+pub(crate) fn parse<T: std::str::FromStr>(
+    name: &'static str,
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<T>>
 where
     T::Err: std::fmt::Display,
 {
@@ -124,6 +130,7 @@ impl Settings {
         if let Some(v) = parse("FERROCOMM_BIND", &get)? {
             s.bind = v;
         }
+        s.multicast = crate::multicast::McastSettings::from_vars(&get)?;
         s.validate()?;
         Ok(s)
     }
@@ -140,6 +147,7 @@ impl Settings {
         if self.rndv_chunk == 0 || self.rndv_chunk > (1 << 30) {
             return bad("rndv_chunk", "between 1 byte and 1 GiB");
         }
+        self.multicast.validate()?;
         Ok(())
     }
 }

@@ -366,8 +366,9 @@ struct Collector {
     rtt: Rtt,
 }
 
-/// Messages retransmitted to one acker per timeout (the ACK delay can hide the rest).
-const TIMEOUT_BURST: u32 = 4;
+/// Messages retransmitted to one acker on its first timeout (more would mostly be false: the
+/// member usually lacks only the oldest, and a NACK asks for gaps).
+const TIMEOUT_BURST: u32 = 1;
 /// Cap on the exponential back-off (2^6 RTO).
 const MAX_BACKOFF: u32 = 6;
 
@@ -841,7 +842,7 @@ impl Receiver {
     }
 
     /// Something later than `self.next` arrived while `self.next` is incomplete: ask for the
-    /// missing run at once (once per run and RTO floor).
+    /// missing run at once (once per run, again after the initial RTO).
     fn check_gap(&mut self, cfg: &Config, seq: u32, now: Instant, out: &mut Out) {
         if !before(self.next, seq) {
             return;
@@ -853,14 +854,20 @@ impl Receiver {
         if to == self.next {
             return;
         }
+        // What was asked for is asked again only after the initial RTO (the answer may be on
+        // its way); meanwhile only the part of the run beyond it.
+        let mut from = self.next;
         if let Some((t, at)) = self.nacked
-            && !before(t, to)
-            && now < at + cfg.rto_min
+            && now < at + cfg.rto_initial
+            && before(self.next, t)
         {
-            return;
+            if !before(t, to) {
+                return;
+            }
+            from = t;
         }
         self.nacked = Some((to, now));
-        out.unicast(self.target, Control::Nack { root: self.root, from: self.next, to });
+        out.unicast(self.target, Control::Nack { root: self.root, from, to });
     }
 
     fn pop(&mut self, cfg: &Config, now: Instant, out: &mut Out) -> Option<Bytes> {
