@@ -176,3 +176,46 @@ async fn token_barrier_holds_everyone_until_the_last_arrives() {
         assert!(first_out >= last_in, "round {round}: a rank left before the last entered");
     }
 }
+
+/// ACK implosion, measured on real sockets: the ACKs the root handles with co-roots, against
+/// without them (every receiver acknowledging to the root), for 8 and 16 receivers. The root's
+/// share must fall to about 1/(number of sub-groups). Every message is acknowledged (k = 1) so
+/// that the counts do not depend on timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_implosion_root_share_falls_to_one_per_subgroup() {
+    const M: usize = 100;
+    for receivers in [8u32, 16] {
+        let mut counts = Vec::new();
+        for subgroups in [1usize, 0] {
+            let mut s = settings(0.0);
+            s.multicast.subgroups = subgroups;
+            s.multicast.ack_every = 1;
+            let out = ferrocomm::testing::run(receivers + 1, s, |w| async move {
+                let chan = Channel::new(w.comm()).await.unwrap();
+                chan.wait_group(Duration::from_secs(10)).await;
+                w.barrier().timeout(T).await.unwrap();
+                let before = chan.stats().acks_at_root;
+                for i in 0..M {
+                    let got = broadcast(&chan, 0, (w.rank() == 0).then(|| payload(0, i))).timeout(T).await.unwrap();
+                    assert_eq!(got, payload(0, i));
+                }
+                chan.flush().timeout(T).await.unwrap();
+                w.barrier().timeout(T).await.unwrap();
+                (chan.stats().acks_at_root - before, chan.subgroups())
+            })
+            .await
+            .unwrap();
+            counts.push(out[0]);
+        }
+        let ((flat, one), (tree, g)) = (counts[0], counts[1]);
+        assert_eq!(one, 1);
+        let share = tree as f64 / flat as f64;
+        println!(
+            "ACK implosion, {receivers} receivers, {M} messages: root handled {flat} ACKs without co-roots, \
+             {tree} with {g} sub-groups: share {share:.3} (1/{g} = {:.3})",
+            1.0 / g as f64
+        );
+        assert!(flat >= (receivers as u64) * M as u64 * 9 / 10, "without co-roots every receiver acks the root");
+        assert!(share < 1.4 / g as f64 && share > 0.3 / g as f64, "share {share} vs 1/{g}");
+    }
+}
