@@ -29,6 +29,7 @@ use ferrocomm_multicast::barrier::{BarrierMsg, TokenBarrier as BarrierCore};
 use ferrocomm_multicast::proto::{Config, Event, McastCore, SendError, Stats, Transmit};
 use ferrocomm_multicast::transport::{MulticastTransport, UdpConfig, UdpMulticast};
 use ferrocomm_transports::{Rank, TransportError};
+use futures::FutureExt;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc};
@@ -39,6 +40,9 @@ use crate::p2p::{Source, TagMatch};
 use crate::world::{Comm, Op};
 
 pub use ferrocomm_multicast::proto::Stats as McastStats;
+
+/// Datagrams handled per wake-up of the driver task before its output is pushed.
+const DATAGRAM_BATCH: usize = 64;
 
 /// Tag of the protocol's point-to-point messages on the channel's private communicator.
 const TAG: u64 = 0x6d63;
@@ -498,16 +502,27 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
             }
         };
         tokio::select! {
-            r = datagram => match r {
-                Ok(n) if !shared.drop_datagram() => {
-                    let d = Bytes::copy_from_slice(&buf[..n]);
-                    if let Err(e) = shared.core.lock().handle_datagram(Instant::now(), d) {
-                        tracing::trace!(rank = me, error = %e, "datagram refused");
+            r = datagram => {
+                // Take what else is queued in the socket too (up to a batch) before pumping.
+                let mut r = r;
+                for _ in 0..DATAGRAM_BATCH {
+                    match r {
+                        Ok(n) if !shared.drop_datagram() => {
+                            let d = Bytes::copy_from_slice(&buf[..n]);
+                            if let Err(e) = shared.core.lock().handle_datagram(Instant::now(), d) {
+                                tracing::trace!(rank = me, error = %e, "datagram refused");
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::debug!(rank = me, error = %e, "multicast receive failed"),
+                    }
+                    let Some(net) = &shared.net else { break };
+                    match std::future::poll_fn(|cx| net.poll_recv(cx, &mut buf)).now_or_never() {
+                        Some(next) => r = next,
+                        None => break,
                     }
                 }
-                Ok(_) => {}
-                Err(e) => tracing::debug!(rank = me, error = %e, "multicast receive failed"),
-            },
+            }
             m = &mut recv => {
                 match m {
                     Ok(m) => {

@@ -38,6 +38,7 @@
 //! (`--plot`, throughput and latency against size).
 
 mod affinity;
+mod mcast;
 mod netpipe;
 mod pingpong;
 mod plot;
@@ -56,7 +57,9 @@ usage: ferrocomm-bench <benchmark> [options]
 
 benchmarks:
   pingpong    ferrocomm vs NPtcp ping-pong latency and throughput (NetPIPE method);
-              `ferrocomm-bench pingpong --help` for its options";
+              `ferrocomm-bench pingpong --help` for its options
+  multicast   reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers, token
+              vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -66,6 +69,9 @@ fn main() -> ExitCode {
     };
     let result = match command {
         "pingpong" => pingpong::main(rest),
+        "multicast" => mcast::main(rest),
+        mcast::JOB_COMMAND => mcast::job_main(rest),
+        mcast::RANK_COMMAND => mcast::rank_main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),
         ranks::RANK_COMMAND => ranks::rank_main(rest),
         "-h" | "--help" | "help" => {
