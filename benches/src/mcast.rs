@@ -256,7 +256,9 @@ fn spin(d: Duration) {
 /// `multicast-rank`: one rank.
 pub fn rank_main(args: &[String]) -> Result<()> {
     let o = Options::parse(args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // One thread: the channel's driver task and the rank's code wake each other without a
+    // cross-thread hand-off (9 ranks share 2 cores here).
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
         let w = ferrocomm::init().await?;
         let (me, n) = (w.rank(), w.size());
