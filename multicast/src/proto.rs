@@ -359,12 +359,17 @@ struct Acker {
 /// ACK collection and retransmission for one sub-group (the root's or a co-root's): the messages
 /// not yet acknowledged by every member, and where each member stands.
 struct Collector {
+    /// The root's collector (the origin of the messages) rather than a co-root's.
+    origin: bool,
     ackers: Vec<Acker>,
     index: HashMap<Rank, usize>,
     base: u32,
     store: VecDeque<Slot>,
     rtt: Rtt,
 }
+
+/// How far a co-root's leaf may be acknowledged ahead of the co-root's own copies.
+const MAX_LEAD: u32 = 1 << 20;
 
 /// Messages retransmitted to one acker on its first timeout (more would mostly be false: the
 /// member usually lacks only the oldest, and a NACK asks for gaps).
@@ -373,7 +378,13 @@ const TIMEOUT_BURST: u32 = 1;
 const MAX_BACKOFF: u32 = 6;
 
 impl Collector {
-    fn new(members: impl IntoIterator<Item = (Rank, bool)>, first: u32, cfg: &Config, now: Instant) -> Collector {
+    fn new(
+        origin: bool,
+        members: impl IntoIterator<Item = (Rank, bool)>,
+        first: u32,
+        cfg: &Config,
+        now: Instant,
+    ) -> Collector {
         let ackers: Vec<Acker> = members
             .into_iter()
             .map(|(rank, reliable)| Acker { rank, acked: first, reliable, alive: true, since: now, backoff: 0 })
@@ -381,7 +392,7 @@ impl Collector {
         let index = ackers.iter().enumerate().map(|(i, a)| (a.rank, i)).collect();
         let rtt =
             Rtt { srtt: None, rttvar: Duration::ZERO, initial: cfg.rto_initial, min: cfg.rto_min, max: cfg.rto_max };
-        Collector { ackers, index, base: first, store: VecDeque::new(), rtt }
+        Collector { origin, ackers, index, base: first, store: VecDeque::new(), rtt }
     }
 
     fn next(&self) -> u32 {
@@ -405,7 +416,9 @@ impl Collector {
     fn on_ack(&mut self, from: Rank, upto: u32, now: Instant) -> Result<bool, ProtoError> {
         let next = self.next();
         let Some(&i) = self.index.get(&from) else { return Ok(false) };
-        if before(next, upto) {
+        // At the root nothing can be acknowledged beyond what it sent. A co-root may lag its
+        // leaves (they had the multicast before its own copy came), but by less than a window.
+        if before(next, upto) && (self.origin || dist(next, upto) > MAX_LEAD) {
             return Err(ProtoError::AckBeyondSent { from });
         }
         let a = &self.ackers[i];
@@ -433,7 +446,7 @@ impl Collector {
             .ackers
             .iter()
             .filter(|a| a.alive)
-            .map(|a| dist(self.base, a.acked))
+            .map(|a| dist(self.base, a.acked).min(dist(self.base, next)))
             .min()
             .unwrap_or(dist(self.base, next));
         if low == 0 {
@@ -449,7 +462,7 @@ impl Collector {
         let rto = self.rtt.rto();
         self.ackers
             .iter()
-            .filter(|a| a.alive && !a.reliable && a.acked != next)
+            .filter(|a| a.alive && !a.reliable && before(a.acked, next))
             .map(|a| a.since + (rto * (1 << a.backoff)).min(self.rtt.max * 4))
             .min()
     }
@@ -467,7 +480,7 @@ impl Collector {
         let rto = self.rtt.rto();
         let max = self.rtt.max * 4;
         let mut due = Vec::new();
-        for a in self.ackers.iter_mut().filter(|a| a.alive && !a.reliable && a.acked != next) {
+        for a in self.ackers.iter_mut().filter(|a| a.alive && !a.reliable && before(a.acked, next)) {
             if now >= a.since + (rto * (1 << a.backoff)).min(max) {
                 // After the first timeout, one message probes: the member may just be asleep.
                 let burst = if a.backoff == 0 { TIMEOUT_BURST } else { 1 };
@@ -543,7 +556,7 @@ impl RootSender {
     fn new(cfg: &Config, now: Instant) -> RootSender {
         let layout = Layout::new(cfg.me, cfg.size, cfg.subgroups);
         let members = layout.members_of(cfg.me).into_iter().map(|m| (m, layout.is_coroot(m)));
-        let collector = Collector::new(members, cfg.first_seq, cfg, now);
+        let collector = Collector::new(true, members, cfg.first_seq, cfg, now);
         let mode = if !cfg.multicast {
             Mode::PointToPoint
         } else if cfg.size <= 1 {
@@ -724,6 +737,7 @@ impl Receiver {
         let layout = Layout::new(root, cfg.size, cfg.subgroups);
         let coroot = layout.is_coroot(cfg.me).then(|| CoRoot {
             collector: Collector::new(
+                false,
                 layout.members_of(cfg.me).into_iter().map(|m| (m, false)),
                 cfg.first_seq,
                 cfg,
@@ -808,10 +822,9 @@ impl Receiver {
             out.stats.duplicates += 1;
             if !copy {
                 out.stats.false_retransmissions += 1;
-                // The sender thinks this rank lacks it: say at once how far it is.
-                if self.acked != self.consumed {
-                    self.send_ack(out);
-                }
+                // The sender thinks this rank lacks it: say at once how far it is (even if that
+                // was said before: the sender may not have been able to take it then).
+                self.send_ack(out);
             }
             return;
         }

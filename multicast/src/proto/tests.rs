@@ -32,6 +32,8 @@ struct Sim {
     jitter: Duration,
     p2p: Duration,
     last_p2p: HashMap<(Rank, Rank), Duration>,
+    /// Extra point-to-point latency from one rank to another.
+    slow: HashMap<(Rank, Rank), Duration>,
     /// Messages to send, per root.
     outbox: Vec<VecDeque<Bytes>>,
     /// What each rank consumed from each root.
@@ -85,6 +87,7 @@ impl Sim {
             jitter: Duration::ZERO,
             p2p: Duration::from_micros(30),
             last_p2p: HashMap::new(),
+            slow: HashMap::new(),
             outbox: vec![VecDeque::new(); n],
             got: vec![vec![Vec::new(); n]; n],
             stalled_until: vec![Duration::ZERO; n],
@@ -161,7 +164,8 @@ impl Sim {
                     }
                     Transmit::Unicast { to, msg } => {
                         let last = self.last_p2p.get(&(r, to)).copied().unwrap_or_default();
-                        let when = (self.now + self.p2p).max(last);
+                        let extra = self.slow.get(&(r, to)).copied().unwrap_or_default();
+                        let when = (self.now + self.p2p + extra).max(last);
                         self.last_p2p.insert((r, to), when);
                         self.schedule(when, to, Packet::Control { from: r, msg });
                     }
@@ -477,4 +481,29 @@ fn garbage_and_foreign_datagrams_are_refused_without_harm() {
         Err(ProtoError::AckBeyondSent { .. }) | Ok(())
     ));
     let _ = c.poll_transmit();
+}
+
+/// The root's point-to-point copies to the co-roots are slow (a congested connection): leaves
+/// consume (and acknowledge) messages before their co-root has its own copy, and its multicast
+/// copies are lost. Those ACKs must not be refused, or the stream stalls.
+#[test]
+fn leaves_ahead_of_their_coroot_do_not_stall_the_stream() {
+    for k in [1, 8] {
+        let mut s = Sim::new(9, |c| {
+            c.ack_every = k;
+            c.subgroups = Some(3);
+        });
+        s.confirm_groups();
+        let coroots = s.cores[0].layout().coroots.clone();
+        for &c in &coroots {
+            s.slow.insert((0, c), Duration::from_millis(3));
+        }
+        s.drop_if = Some(Box::new(move |to, _| coroots.contains(&to)));
+        s.outbox[0] = (0..200).map(|i| message(0, i)).collect();
+        let ok = s.run(Duration::from_secs(20), |s| s.all_received(0, 200) && s.cores[0].in_flight() == 0);
+        assert!(ok, "k {k}: stalled; in flight {}", s.cores[0].in_flight());
+        check_exactly_once_in_order(&s, 0, 200);
+        let malformed: u64 = s.cores.iter().map(|c| c.stats().malformed).sum();
+        assert_eq!(malformed, 0, "k {k}: ACKs refused");
+    }
 }
