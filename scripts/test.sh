@@ -7,9 +7,24 @@ if ! command -v cargo >/dev/null; then
     echo "cargo is required (rustup: https://rustup.rs)" >&2
     exit 1
 fi
-# Nothing beyond the Rust toolchain is needed by the tests: TCP on loopback, io_uring in the
-# kernel (the io_uring tests need io_uring_disabled=0, as on Linux by default).
+# Beyond the Rust toolchain: TCP on loopback, io_uring in the kernel (the io_uring tests need
+# io_uring_disabled=0, as on Linux by default), and for the multicast tests ip (iproute2) and
+# iptables, multicast on the loopback interface, and root (network namespaces, iptables). Without
+# root those tests say loudly that they were skipped.
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
+    missing=()
+    command -v ip >/dev/null || missing+=(iproute2)
+    command -v iptables >/dev/null || missing+=(iptables)
+    if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+        echo "installing ${missing[*]} for the multicast tests"
+        apt-get update -o DPkg::Lock::Timeout=900 >/dev/null || true
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -o DPkg::Lock::Timeout=900 "${missing[@]}" >/dev/null
+    fi
+    ip link set lo multicast on || echo "warning: cannot enable multicast on lo; the loopback multicast tests use the point-to-point fallback"
+else
+    echo "NOTE: not root: the multi-process multicast tests (network namespaces, iptables) will be SKIPPED"
+fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

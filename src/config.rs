@@ -59,6 +59,8 @@ pub struct Settings {
     /// `FERROCOMM_COLL`: pins collectives to algorithms, e.g. `allreduce=ring,bcast=binomial`
     /// (names in [`ferrocomm_collectives::Algorithm`]). Default: the measured size/rank table.
     pub collectives: ferrocomm_collectives::Table,
+    /// Reliable multicast (`FERROCOMM_MCAST_*`): see [`crate::multicast::McastSettings`].
+    pub multicast: crate::multicast::McastSettings,
 }
 
 impl Default for Settings {
@@ -75,11 +77,15 @@ impl Default for Settings {
             connect_timeout: Duration::from_secs(60),
             bind: IpAddr::from([0, 0, 0, 0]),
             collectives: Default::default(),
+            multicast: Default::default(),
         }
     }
 }
 
-fn parse<T: std::str::FromStr>(name: &'static str, get: &impl Fn(&str) -> Option<String>) -> Result<Option<T>>
+pub(crate) fn parse<T: std::str::FromStr>(
+    name: &'static str,
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<T>>
 where
     T::Err: std::fmt::Display,
 {
@@ -132,6 +138,7 @@ impl Settings {
             s.collectives =
                 s.collectives.with_overrides(&v).map_err(|reason| Error::Config { name: "FERROCOMM_COLL", reason })?;
         }
+        s.multicast = crate::multicast::McastSettings::from_vars(&get)?;
         s.validate()?;
         Ok(s)
     }
@@ -148,6 +155,7 @@ impl Settings {
         if self.rndv_chunk == 0 || self.rndv_chunk > (1 << 30) {
             return bad("rndv_chunk", "between 1 byte and 1 GiB");
         }
+        self.multicast.validate()?;
         Ok(())
     }
 }

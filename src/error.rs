@@ -29,6 +29,9 @@ pub enum Error {
     /// Setting up the job failed (environment, key-value store, connections).
     #[error("bootstrap failed: {0}")]
     Bootstrap(String),
+    /// The multicast layer could not do what was asked (see the message).
+    #[error("multicast: {0}")]
+    Multicast(String),
     /// A setting has a value that cannot be used.
     #[error("invalid setting {name}: {reason}")]
     Config { name: &'static str, reason: String },

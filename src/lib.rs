@@ -20,6 +20,7 @@ pub mod config;
 mod driver;
 pub mod error;
 pub mod launch;
+pub mod multicast;
 pub mod p2p;
 pub mod testing;
 mod world;

@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub listen_addr: std::net::SocketAddr,
     /// The node (host) index of every rank.
     pub nodes: Vec<u32>,
+    /// A hash of the job token: tells this job's multicast datagrams from another's.
+    pub job_id: u64,
     pub closed: AtomicBool,
     pub thread: Mutex<Option<ReactorThread>>,
 }
@@ -395,6 +397,21 @@ impl Comm {
     /// The communicator's context id.
     pub fn context(&self) -> u32 {
         self.context
+    }
+
+    /// The settings this rank runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// Hash of the job token (multicast datagrams carry it).
+    pub(crate) fn job_id(&self) -> u64 {
+        self.inner.job_id
+    }
+
+    /// The address this rank accepts connections on.
+    pub(crate) fn listen_addr(&self) -> std::net::SocketAddr {
+        self.inner.listen_addr
     }
 
     fn start<T>(&self, kind: OpKind, early: Option<Error>, post: impl FnOnce(&mut Driver, OpKey)) -> Op<T> {

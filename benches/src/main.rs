@@ -46,6 +46,7 @@
 mod affinity;
 mod coll_ranks;
 mod collectives;
+mod mcast;
 mod netpipe;
 mod osu;
 mod pingpong;
@@ -73,7 +74,9 @@ benchmarks:
               the shared-memory transport alone (no engine, no futures): 8 B latency and
               bandwidth between two pinned processes
   collectives ferrocomm vs Open MPI and MPICH collective latency (OSU method, shared memory);
-              `ferrocomm-bench collectives --help` for its options";
+              `ferrocomm-bench collectives --help` for its options
+  multicast   reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers, token
+              vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -86,6 +89,9 @@ fn main() -> ExitCode {
         "collectives" => collectives::main(rest),
         coll_ranks::JOB_COMMAND => coll_ranks::job_main(rest),
         coll_ranks::RANK_COMMAND => coll_ranks::rank_main(rest),
+        "multicast" => mcast::main(rest),
+        mcast::JOB_COMMAND => mcast::job_main(rest),
+        mcast::RANK_COMMAND => mcast::rank_main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),
         ranks::RANK_COMMAND => ranks::rank_main(rest),
         "shm-transport" => transport::main(rest),

@@ -189,9 +189,15 @@ pub async fn join(
         refused,
         listen_addr,
         nodes,
+        job_id: job_id(&token),
         closed: AtomicBool::new(false),
         thread: Mutex::new(Some(thread)),
     })))
+}
+
+/// FNV-1a of the job token: the same at every rank, different between jobs.
+fn job_id(token: &[u8; TOKEN_LEN]) -> u64 {
+    token.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// Connects the shared-memory transport to the ranks on this host (`local[r]`).

@@ -1,0 +1,399 @@
+//! `multicast`: reliable multicast against point-to-point, on one root and `--ranks - 1` receivers,
+//! each rank its own process on this machine (multicast on the loopback interface).
+//!
+//! * **Broadcast**, sizes 8 B to 1 MiB (powers of 4): a stream of `iters` broadcasts from rank 0,
+//!   by the reliable multicast [`Channel`] and by a binomial tree of point-to-point sends on the
+//!   same ranks. The time runs from the root's first send until every receiver has told the root
+//!   (a 0-byte point-to-point message) that it got the last one; reported per broadcast.
+//! * **Barrier**, the dissertation's method (chapter 7): average latency without skew, and the
+//!   synchronization delay with one rank (the highest) delayed by `--delay-us` of busy looping:
+//!   the delayed rank starts a timer as it enters, every rank sends it a 0-byte message as soon
+//!   as it leaves, the delay is the time of the last of those minus one point-to-point latency
+//!   (median of 100 barriers).
+//!   Token barrier ([`TokenBarrier`]) against the dissemination barrier ([`ferrocomm::Comm::barrier`]).
+//!
+//! As for `pingpong`, the benchmark process starts a job process (`multicast-job`) whose output
+//! it reads; the job launches the ranks (`multicast-rank`) with [`run_local`]. Rank 0 prints the
+//! broadcast results and the delayed rank the barrier results, one JSON line each.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferrocomm::launch::{LaunchOptions, run_local};
+use ferrocomm::multicast::{Channel, TokenBarrier, broadcast};
+use ferrocomm::{Comm, Rank};
+use serde_json::{Value, json};
+
+use crate::{Result, process};
+
+/// Runs per size and method (median reported).
+const RUNS: usize = 3;
+
+pub const JOB_COMMAND: &str = "multicast-job";
+pub const RANK_COMMAND: &str = "multicast-rank";
+
+pub const USAGE: &str = "\
+usage: ferrocomm-bench multicast [options]
+
+One root to --ranks - 1 receivers, each a process on this machine, multicast on loopback
+(needs `ip link set lo multicast on`): broadcast by reliable multicast vs a point-to-point
+binomial tree, 8 B to 1 MiB; token barrier vs dissemination barrier, latency and
+synchronization delay with the last rank delayed.
+
+options:
+  --ranks N        ranks, root included (default 9)
+  --max BYTES      largest broadcast (default 1048576)
+  --delay-us D     busy loop of the delayed rank before each barrier (default 2000)
+  --datagram B     multicast datagram size (default 60000: loopback's MTU is 64 KiB)
+  --progress P     ferrocomm progress mode of the ranks (default blocking: more ranks than cores)
+  --transports T   point-to-point between the ranks: auto (shared memory, default) or tcp
+  --json FILE      write the results as JSON";
+
+#[derive(Clone, Debug)]
+struct Options {
+    ranks: u32,
+    max: usize,
+    delay_us: u64,
+    datagram: usize,
+    progress: String,
+    transports: String,
+    json: Option<PathBuf>,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Options> {
+        let mut o = Options {
+            ranks: 9,
+            max: 1 << 20,
+            delay_us: 2000,
+            datagram: 60_000,
+            progress: "blocking".into(),
+            transports: "auto".into(),
+            json: None,
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "-h" || flag == "--help" {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            match flag.as_str() {
+                "--ranks" => o.ranks = v.parse()?,
+                "--max" => o.max = crate::pingpong::parse_bytes(v)?,
+                "--delay-us" => o.delay_us = v.parse()?,
+                "--datagram" => o.datagram = v.parse()?,
+                "--progress" => o.progress = v.clone(),
+                "--transports" => o.transports = v.clone(),
+                "--json" => o.json = Some(v.into()),
+                _ => return Err(format!("unknown option {flag}\n{USAGE}").into()),
+            }
+        }
+        if o.ranks < 2 {
+            return Err("--ranks must be at least 2".into());
+        }
+        Ok(o)
+    }
+
+    fn to_args(&self) -> Vec<String> {
+        vec![
+            "--ranks".into(),
+            self.ranks.to_string(),
+            "--max".into(),
+            self.max.to_string(),
+            "--delay-us".into(),
+            self.delay_us.to_string(),
+            "--datagram".into(),
+            self.datagram.to_string(),
+            "--progress".into(),
+            self.progress.clone(),
+            "--transports".into(),
+            self.transports.clone(),
+        ]
+    }
+}
+
+/// `multicast`: runs the job, prints the report.
+pub fn main(args: &[String]) -> Result<()> {
+    let o = Options::parse(args)?;
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(&exe)
+        .arg(JOB_COMMAND)
+        .args(o.to_args())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let out = child.stdout.take().ok_or("the job's output is not piped")?;
+    let reader = std::thread::spawn(move || BufReader::new(out).lines().map_while(|l| l.ok()).collect::<Vec<_>>());
+    let status = process::wait_until(&mut child, Instant::now() + Duration::from_secs(600))
+        .map_err(|e| format!("the multicast job did not finish: {e}"))?;
+    let lines = reader.join().map_err(|_| "the output reader panicked")?;
+    let (mut bcast, mut barrier) = (None, None);
+    for line in &lines {
+        let json = line.split_once("] ").map(|(_, j)| j).filter(|j| j.starts_with('{'));
+        match json.and_then(|j| serde_json::from_str::<Value>(j).ok()) {
+            Some(v) if v.get("bcast").is_some() => bcast = Some(v),
+            Some(v) if v.get("barrier").is_some() => barrier = Some(v),
+            _ => eprintln!("  {line}"),
+        }
+    }
+    if !status.success() {
+        return Err(format!("the multicast job failed ({status})").into());
+    }
+    let bcast = bcast.ok_or("rank 0 printed no broadcast results")?;
+    let barrier = barrier.ok_or("the delayed rank printed no barrier results")?;
+    println!(
+        "reliable multicast, 1 root -> {} receivers, {} progress, point-to-point {}, datagram {} B, group confirmed: {}",
+        o.ranks - 1,
+        o.progress,
+        o.transports,
+        o.datagram,
+        bcast["confirmed"]
+    );
+    println!("{:>9} {:>7} {:>14} {:>14} {:>10}", "bytes", "iters", "multicast us", "binomial us", "p2p/mcast");
+    for r in bcast["bcast"].as_array().ok_or("no rows")? {
+        let (m, p) = (r["mcast_us"].as_f64().unwrap_or(0.0), r["p2p_us"].as_f64().unwrap_or(0.0));
+        println!("{:>9} {:>7} {:>14.1} {:>14.1} {:>9.2}x", r["bytes"], r["iters"], m, p, p / m);
+    }
+    let b = &barrier["barrier"];
+    let f = |k: &str| b[k].as_f64().unwrap_or(0.0);
+    println!("barrier, {} ranks, rank {} delayed by {} us:", o.ranks, o.ranks - 1, o.delay_us);
+    println!(
+        "  average latency (no skew): token {:.1} us, dissemination {:.1} us",
+        f("token_latency_us"),
+        f("diss_latency_us")
+    );
+    println!(
+        "  synchronization delay: token {:.1} us, dissemination {:.1} us: dissemination/token = {:.2}x (p2p latency {:.1} us subtracted)",
+        f("token_sync_us"),
+        f("diss_sync_us"),
+        f("diss_sync_us") / f("token_sync_us"),
+        f("p2p_us")
+    );
+    if let Some(path) = &o.json {
+        let all = json!({ "ranks": o.ranks, "datagram": o.datagram, "progress": o.progress, "delay_us": o.delay_us,
+                          "transports": o.transports,
+                          "bcast": bcast, "barrier": barrier });
+        std::fs::write(path, serde_json::to_string_pretty(&all)? + "\n")?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `multicast-job`: launches the ranks.
+pub fn job_main(args: &[String]) -> Result<()> {
+    let o = Options::parse(args)?;
+    let exe = std::env::current_exe()?;
+    let rank_args: Vec<OsString> =
+        std::iter::once(RANK_COMMAND.to_string()).chain(o.to_args()).map(OsString::from).collect();
+    let opts = LaunchOptions {
+        env: vec![
+            ("FERROCOMM_PROGRESS".into(), o.progress.clone()),
+            ("FERROCOMM_TRANSPORTS".into(), o.transports.clone()),
+            ("FERROCOMM_MCAST_DATAGRAM".into(), o.datagram.to_string()),
+            ("FERROCOMM_MCAST_IF".into(), "127.0.0.1".into()),
+            ("FERROCOMM_BIND".into(), "127.0.0.1".into()),
+        ],
+        ..LaunchOptions::default()
+    };
+    match run_local(o.ranks, &exe, &rank_args, &opts)? {
+        0 => Ok(()),
+        code => Err(format!("the ranks failed (job exit code {code})").into()),
+    }
+}
+
+/// Binomial-tree broadcast over point-to-point: the reference the multicast is measured against.
+async fn binomial(comm: &Comm, root: Rank, tag: u64, data: Option<Bytes>) -> ferrocomm::Result<Bytes> {
+    let (me, n) = (comm.rank(), comm.size());
+    let vr = (me + n - root) % n;
+    let mut data = data;
+    let mut mask = 1;
+    while mask < n {
+        if vr & mask != 0 {
+            data = Some(comm.recv((me + n - mask) % n, tag).await?.data);
+            break;
+        }
+        mask <<= 1;
+    }
+    let data = data.expect("the root has the data");
+    let mut sends = Vec::new();
+    mask >>= 1;
+    while mask > 0 {
+        if vr + mask < n {
+            sends.push(comm.send((me + mask) % n, tag, data.clone()));
+        }
+        mask >>= 1;
+    }
+    for s in sends {
+        s.await?;
+    }
+    Ok(data)
+}
+
+fn sizes(max: usize) -> Vec<usize> {
+    let mut v = vec![8];
+    while v.last().is_some_and(|&s| s * 4 <= max) {
+        v.push(v.last().unwrap() * 4);
+    }
+    if v.last() != Some(&max) && max > 8 {
+        v.push(max);
+    }
+    v
+}
+
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// `multicast-rank`: one rank.
+pub fn rank_main(args: &[String]) -> Result<()> {
+    let o = Options::parse(args)?;
+    // One thread: the channel's driver task and the rank's code wake each other without a
+    // cross-thread hand-off (9 ranks share 2 cores here).
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let w = ferrocomm::init().await?;
+        let (me, n) = (w.rank(), w.size());
+        let chan = Channel::new(w.comm()).await?;
+        let token = TokenBarrier::new(w.comm()).await?;
+        let p2p = w.dup()?;
+        let confirmed =
+            chan.wait_group(Duration::from_secs(10)).await & token.channel().wait_group(Duration::from_secs(10)).await;
+        w.barrier().await?;
+
+        // Broadcast.
+        let buf: Bytes = (0..o.max).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+        let mut rows = Vec::new();
+        let mut tag = 0u64;
+        for size in sizes(o.max) {
+            let iters = (8usize << 20).div_ceil(size).clamp(10, 300);
+            let payload = buf.slice(..size);
+            // Runs alternate the two methods; the report takes the median of RUNS.
+            let mut times = [Vec::new(), Vec::new()];
+            for _ in 0..RUNS {
+                for (m, time) in times.iter_mut().enumerate() {
+                    for (warm, count) in [(true, iters.div_ceil(10)), (false, iters)] {
+                        w.barrier().await?;
+                        let t0 = Instant::now();
+                        for _ in 0..count {
+                            tag += 1;
+                            let data = (me == 0).then(|| payload.clone());
+                            let got = if m == 0 {
+                                broadcast(&chan, 0, data).await?
+                            } else {
+                                binomial(&p2p, 0, tag, data).await?
+                            };
+                            if got.len() != size {
+                                return Err(format!("rank {me}: got {} bytes, not {size}", got.len()).into());
+                            }
+                        }
+                        tag += 1;
+                        if me == 0 {
+                            for _ in 1..n {
+                                w.recv(ferrocomm::Source::Any, tag).await?;
+                            }
+                            if !warm {
+                                time.push(t0.elapsed().as_secs_f64() / count as f64 * 1e6);
+                            }
+                        } else {
+                            w.send(0, tag, Bytes::new()).await?;
+                        }
+                    }
+                }
+            }
+            let times = times.map(|mut v| {
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied().unwrap_or(0.0)
+            });
+            rows.push(json!({"bytes": size, "iters": iters, "mcast_us": times[0], "p2p_us": times[1]}));
+        }
+        chan.flush().await?;
+        if me == 0 {
+            println!("{}", json!({"bcast": rows, "confirmed": confirmed, "stats": format!("{:?}", chan.stats())}));
+        }
+
+        // Barriers: latency without skew.
+        let target = n - 1;
+        const LAT_ITERS: u32 = 300;
+        let mut lat = [0.0f64; 2];
+        for (m, l) in lat.iter_mut().enumerate() {
+            w.barrier().await?;
+            let t0 = Instant::now();
+            for _ in 0..LAT_ITERS {
+                if m == 0 { token.wait().await? } else { p2p.barrier().await? }
+            }
+            *l = t0.elapsed().as_secs_f64() / f64::from(LAT_ITERS) * 1e6;
+        }
+        // Point-to-point latency between the delayed rank and rank 0 (half a round trip).
+        w.barrier().await?;
+        let mut p2p_us = 0.0;
+        if me == 0 || me == target {
+            let other = if me == 0 { target } else { 0 };
+            let t0 = Instant::now();
+            for i in 0..200u64 {
+                if me == 0 {
+                    w.send(other, 1 << 40 | i, Bytes::new()).await?;
+                    w.recv(other, 1 << 40 | i).await?;
+                } else {
+                    w.recv(other, 1 << 40 | i).await?;
+                    w.send(other, 1 << 40 | i, Bytes::new()).await?;
+                }
+            }
+            p2p_us = t0.elapsed().as_secs_f64() / 400.0 * 1e6;
+        }
+        // Synchronization delay with the last rank late.
+        const SYNC_ITERS: u64 = 100;
+        let mut sync = [0.0f64; 2];
+        for (m, s) in sync.iter_mut().enumerate() {
+            let mut delays = Vec::new();
+            for i in 0..SYNC_ITERS {
+                let tag = 2 << 40 | (m as u64) << 32 | i;
+                w.barrier().await?;
+                if me == target {
+                    spin(Duration::from_micros(o.delay_us));
+                    let t0 = Instant::now();
+                    if m == 0 {
+                        token.wait().await?
+                    } else {
+                        p2p.barrier().await?
+                    }
+                    for _ in 0..n - 1 {
+                        w.recv(ferrocomm::Source::Any, tag).await?;
+                    }
+                    delays.push(t0.elapsed().as_secs_f64() * 1e6 - p2p_us);
+                } else {
+                    if m == 0 {
+                        token.wait().await?
+                    } else {
+                        p2p.barrier().await?
+                    }
+                    w.send(target, tag, Bytes::new()).await?;
+                }
+            }
+            // The median: a 2-core machine running 9 ranks has outliers.
+            delays.sort_by(f64::total_cmp);
+            *s = delays.get(delays.len() / 2).copied().unwrap_or(0.0);
+        }
+        if me == target {
+            println!(
+                "{}",
+                json!({"barrier": {"token_latency_us": lat[0], "diss_latency_us": lat[1], "token_sync_us": sync[0],
+                        "diss_sync_us": sync[1], "p2p_us": p2p_us, "delay_us": o.delay_us,
+                        "release_stats": format!("{:?}", token.channel().stats())}})
+            );
+        }
+        w.barrier().await?;
+        drop(token);
+        drop(chan);
+        w.finalize().await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,165 @@
+//! The unreliable multicast transport: one datagram to every member of a group, maybe.
+//!
+//! The trait says nothing of UDP (addresses, ports, TTL): an InfiniBand UD multicast QP can sit
+//! behind it as well. Datagrams may be lost, duplicated or reordered; the reliability protocol in
+//! [`crate::proto`] copes. Everything is non-blocking and poll-based so a tokio task can drive it.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::task::{Context, Poll};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use tokio::io::ReadBuf;
+use tokio::net::UdpSocket;
+
+/// An unreliable multicast group this process has joined.
+pub trait MulticastTransport: Send + Sync {
+    /// Short name for logs (`udp4`, ...).
+    fn name(&self) -> &'static str;
+    /// Largest datagram (header included) the group carries.
+    fn max_datagram(&self) -> usize;
+    /// Sends one datagram to the group without blocking. `Ok(false)`: no room now, try again after
+    /// [`MulticastTransport::poll_send_ready`].
+    fn try_send(&self, datagram: &[u8]) -> io::Result<bool>;
+    /// `Ready` when a send may succeed.
+    fn poll_send_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    /// Receives one datagram into `buf`, returning its length.
+    fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>>;
+}
+
+/// Where a UDP multicast group lives.
+#[derive(Clone, Debug)]
+pub struct UdpConfig {
+    /// Group address (224.0.0.0/4).
+    pub group: Ipv4Addr,
+    pub port: u16,
+    /// Local interface address to send from and join on (127.0.0.1 for loopback,
+    /// 0.0.0.0 for the kernel's choice).
+    pub interface: Ipv4Addr,
+    /// Largest datagram, header included; keep it under the path MTU (1472 B on Ethernet)
+    /// so that IP fragmentation does not multiply the loss rate.
+    pub datagram: usize,
+    /// Hops a datagram may cross (1: this subnet only).
+    pub ttl: u32,
+    /// Socket buffer size asked for (both directions).
+    pub buffer: usize,
+}
+
+/// UDP/IPv4 multicast (Linux, macOS).
+pub struct UdpMulticast {
+    socket: UdpSocket,
+    target: SocketAddr,
+    datagram: usize,
+}
+
+impl UdpMulticast {
+    /// Joins the group. Needs a tokio runtime (the socket registers with its reactor).
+    ///
+    /// The socket binds the group address itself (not 0.0.0.0): on Linux a socket bound to the
+    /// wildcard address receives every group joined by any socket on the host with that port.
+    /// Several ranks on one host share the port (`SO_REUSEADDR`/`SO_REUSEPORT`); each gets a copy.
+    pub fn join(cfg: &UdpConfig) -> io::Result<UdpMulticast> {
+        if !cfg.group.is_multicast() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a multicast address", cfg.group),
+            ));
+        }
+        let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        s.set_reuse_address(true)?;
+        #[cfg(unix)]
+        s.set_reuse_port(true)?;
+        s.set_nonblocking(true)?;
+        let _ = s.set_recv_buffer_size(cfg.buffer);
+        let _ = s.set_send_buffer_size(cfg.buffer);
+        #[cfg(target_os = "linux")]
+        let bind = SocketAddrV4::new(cfg.group, cfg.port);
+        #[cfg(not(target_os = "linux"))]
+        let bind = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.port);
+        s.bind(&SockAddr::from(bind))?;
+        s.join_multicast_v4(&cfg.group, &cfg.interface)?;
+        if !cfg.interface.is_unspecified() {
+            s.set_multicast_if_v4(&cfg.interface)?;
+        }
+        s.set_multicast_loop_v4(true)?;
+        s.set_multicast_ttl_v4(cfg.ttl)?;
+        let socket = UdpSocket::from_std(s.into())?;
+        Ok(UdpMulticast { socket, target: SocketAddrV4::new(cfg.group, cfg.port).into(), datagram: cfg.datagram })
+    }
+}
+
+impl MulticastTransport for UdpMulticast {
+    fn name(&self) -> &'static str {
+        "udp4"
+    }
+
+    fn max_datagram(&self) -> usize {
+        self.datagram
+    }
+
+    fn try_send(&self, datagram: &[u8]) -> io::Result<bool> {
+        match self.socket.try_send_to(datagram, self.target) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn poll_send_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.socket.poll_send_ready(cx)
+    }
+
+    fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+        let mut rb = ReadBuf::new(buf);
+        match self.socket.poll_recv_from(cx, &mut rb) {
+            Poll::Ready(Ok(_)) => Poll::Ready(Ok(rb.filled().len())),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two members of a group on loopback see each other's datagrams (and their own:
+    /// IP_MULTICAST_LOOP is on). Skipped when the loopback interface cannot do multicast.
+    #[tokio::test]
+    async fn loopback_group_delivers_to_every_member() {
+        let cfg = UdpConfig {
+            group: Ipv4Addr::new(239, 255, 77, 1),
+            port: 40000 + (std::process::id() % 20000) as u16,
+            interface: Ipv4Addr::LOCALHOST,
+            datagram: 1400,
+            ttl: 0,
+            buffer: 1 << 20,
+        };
+        let (a, b) = match (UdpMulticast::join(&cfg), UdpMulticast::join(&cfg)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("SKIPPED: cannot join a multicast group on loopback here: {e}");
+                return;
+            }
+        };
+        if !a.try_send(b"hello").unwrap_or(false) {
+            eprintln!("SKIPPED: cannot send multicast on loopback (is `ip link set lo multicast on` done?)");
+            return;
+        }
+        let mut buf = [0u8; 64];
+        for m in [&a, &b] {
+            let got = tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                std::future::poll_fn(|cx| m.poll_recv(cx, &mut buf)),
+            )
+            .await;
+            match got {
+                Ok(Ok(n)) => assert_eq!(&buf[..n], b"hello"),
+                _ => {
+                    eprintln!("SKIPPED: loopback does not deliver multicast here (`ip link set lo multicast on`)");
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,662 @@
+//! Reliable multicast on a communicator: a [`Channel`] (every rank may send; each rank reads
+//! each root's messages exactly once and in order), a multicast [`broadcast`], and the
+//! skew-tolerant [`TokenBarrier`].
+//!
+//! The protocol is the sans-IO core of [`ferrocomm_multicast::proto`]; this module is its thin
+//! I/O driver. Per channel, one tokio task owns the multicast socket's receive side, one posted
+//! wildcard receive on a private duplicate of the communicator (the reliable point-to-point half:
+//! ACKs, NACKs, co-root copies, retransmissions, ping answers), the in-flight point-to-point
+//! sends, and the core's timer. Application calls lock the core, feed it, and push its output at
+//! once (datagrams straight to the socket, point-to-point sends started on the communicator) so a
+//! send does not wait for the task to be scheduled. The task makes progress while the
+//! application computes: ACKs and retransmissions for other ranks never wait on the caller.
+//!
+//! Group set-up follows the dissertation's lazy multicast test: from the start each root pings
+//! the group in the background and sends over point-to-point until every receiver has answered;
+//! a group that never confirms (multicast filtered, no multicast route) stays on point-to-point
+//! with a warning and the `ferrocomm_mcast_groups_degraded` metric. The API works either way.
+//!
+//! A channel holds a handle on the communicator: drop channels before finalizing the world.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferrocomm_multicast::barrier::{BarrierMsg, TokenBarrier as BarrierCore};
+use ferrocomm_multicast::proto::{Config, Event, McastCore, SendError, Stats, Transmit};
+use ferrocomm_multicast::transport::{MulticastTransport, UdpConfig, UdpMulticast};
+use ferrocomm_transports::{Rank, TransportError};
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, Stream, StreamExt};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, mpsc};
+
+use crate::config::parse;
+use crate::error::{Error, Result};
+use crate::p2p::{Source, TagMatch};
+use crate::world::{Comm, Op};
+
+pub use ferrocomm_multicast::proto::Stats as McastStats;
+
+/// Datagrams handled per wake-up of the driver task before its output is pushed.
+const DATAGRAM_BATCH: usize = 64;
+
+/// Tag of the protocol's point-to-point messages on the channel's private communicator.
+const TAG: u64 = 0x6d63;
+
+/// Reliable multicast settings: every field has a `FERROCOMM_MCAST_*` variable.
+#[derive(Clone, Debug, PartialEq)]
+pub struct McastSettings {
+    /// `FERROCOMM_MCAST`: `on` (default) or `off` (point-to-point only, no socket).
+    pub enabled: bool,
+    /// `FERROCOMM_MCAST_GROUP`: IPv4 group address. Default: 239.255.x.y derived from the job
+    /// token and the channel, so that jobs and channels do not share groups.
+    pub group: Option<Ipv4Addr>,
+    /// `FERROCOMM_MCAST_PORT`: UDP port. Default derived like the group, in 20000..60000.
+    pub port: Option<u16>,
+    /// `FERROCOMM_MCAST_IF`: interface address to send and join on. Default: the address this
+    /// rank listens on (127.0.0.1 for in-process clusters), else the kernel's choice.
+    pub interface: Option<Ipv4Addr>,
+    /// `FERROCOMM_MCAST_WINDOW`: W, messages a root may have unacknowledged. Default 64.
+    pub window: usize,
+    /// `FERROCOMM_MCAST_ACK_EVERY`: k, a receiver acknowledges every k messages. Default 8.
+    pub ack_every: u32,
+    /// `FERROCOMM_MCAST_ACK_DELAY_US`: T, or this long after the first unacknowledged message.
+    /// Default 200 us.
+    pub ack_delay: Duration,
+    /// `FERROCOMM_MCAST_SUBGROUPS`: number of ACK sub-groups (root's plus one per co-root);
+    /// 0 = about sqrt(receivers) (default); 1 = no co-roots.
+    pub subgroups: usize,
+    /// `FERROCOMM_MCAST_DATAGRAM`: datagram size, header included. Default 1400 (fits an
+    /// Ethernet MTU: IP fragments would multiply the loss rate); up to 65000 on loopback.
+    pub datagram: usize,
+    /// `FERROCOMM_MCAST_MAX_MESSAGE`: largest multicast message. Default 4 MiB. Bounds memory:
+    /// a receiver holds at most `window` messages per root.
+    pub max_message: usize,
+    /// `FERROCOMM_MCAST_CONFIRM_MS`: how long the multicast test may take before the group is
+    /// declared unusable. Default 2000.
+    pub confirm_timeout: Duration,
+    /// `FERROCOMM_MCAST_BUFFER`: socket buffer size asked for. Default 4 MiB.
+    pub buffer: usize,
+    /// `FERROCOMM_MCAST_BARRIER_DEGREE`: fan-in of the token barrier's tree. Default 8.
+    pub barrier_degree: u32,
+    /// `FERROCOMM_MCAST_TEST_DROP`: probability of dropping each received datagram, to test
+    /// loss recovery where iptables is not available. Default 0.
+    pub test_drop: f64,
+}
+
+impl Default for McastSettings {
+    fn default() -> Self {
+        McastSettings {
+            enabled: true,
+            group: None,
+            port: None,
+            interface: None,
+            window: 64,
+            ack_every: 8,
+            ack_delay: Duration::from_micros(200),
+            subgroups: 0,
+            datagram: 1400,
+            max_message: 4 << 20,
+            confirm_timeout: Duration::from_secs(2),
+            buffer: 4 << 20,
+            barrier_degree: 8,
+            test_drop: 0.0,
+        }
+    }
+}
+
+impl McastSettings {
+    /// Defaults overridden by the `FERROCOMM_MCAST_*` variables `get` returns.
+    pub fn from_vars(get: &impl Fn(&str) -> Option<String>) -> Result<McastSettings> {
+        let mut s = McastSettings::default();
+        if let Some(v) = parse::<String>("FERROCOMM_MCAST", get)? {
+            s.enabled = match v.as_str() {
+                "on" | "1" | "true" => true,
+                "off" | "0" | "false" => false,
+                _ => return Err(Error::Config { name: "FERROCOMM_MCAST", reason: format!("{v:?}: on or off") }),
+            };
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_GROUP", get)? {
+            s.group = Some(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_PORT", get)? {
+            s.port = Some(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_IF", get)? {
+            s.interface = Some(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_WINDOW", get)? {
+            s.window = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_ACK_EVERY", get)? {
+            s.ack_every = v;
+        }
+        if let Some(v) = parse::<u64>("FERROCOMM_MCAST_ACK_DELAY_US", get)? {
+            s.ack_delay = Duration::from_micros(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_SUBGROUPS", get)? {
+            s.subgroups = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_DATAGRAM", get)? {
+            s.datagram = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_MAX_MESSAGE", get)? {
+            s.max_message = v;
+        }
+        if let Some(v) = parse::<u64>("FERROCOMM_MCAST_CONFIRM_MS", get)? {
+            s.confirm_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_BUFFER", get)? {
+            s.buffer = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_BARRIER_DEGREE", get)? {
+            s.barrier_degree = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_TEST_DROP", get)? {
+            s.test_drop = v;
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Checks that the values can work together.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name, reason: &str| Err(Error::Config { name, reason: reason.to_string() });
+        if self.window == 0 || self.window > (1 << 20) {
+            return bad("FERROCOMM_MCAST_WINDOW", "between 1 and 2^20");
+        }
+        if self.ack_every == 0 {
+            return bad("FERROCOMM_MCAST_ACK_EVERY", "at least 1");
+        }
+        if self.datagram < ferrocomm_multicast::wire::HEADER + 64 || self.datagram > 65_000 {
+            return bad("FERROCOMM_MCAST_DATAGRAM", "between 100 and 65000 bytes");
+        }
+        if ferrocomm_multicast::wire::fragments(self.max_message, self.datagram) > usize::from(u16::MAX) {
+            return bad("FERROCOMM_MCAST_MAX_MESSAGE", "at most 65535 datagrams per message");
+        }
+        if !(0.0..=1.0).contains(&self.test_drop) {
+            return bad("FERROCOMM_MCAST_TEST_DROP", "a probability");
+        }
+        if self.group.is_some_and(|g| !g.is_multicast()) {
+            return bad("FERROCOMM_MCAST_GROUP", "must be in 224.0.0.0/4");
+        }
+        Ok(())
+    }
+}
+
+struct Shared {
+    core: Mutex<McastCore>,
+    comm: Comm,
+    net: Option<Box<dyn MulticastTransport>>,
+    /// Datagrams waiting for room in the socket.
+    backlog: Mutex<std::collections::VecDeque<Bytes>>,
+    sends: mpsc::UnboundedSender<Op<()>>,
+    /// Application -> task: new timers or output.
+    kick: Notify,
+    /// Task -> application: messages ready, window open, group state changed.
+    ready: Notify,
+    published: Mutex<Stats>,
+    closed: AtomicBool,
+    drop_rng: AtomicU64,
+    test_drop: f64,
+}
+
+impl Shared {
+    /// Pushes the core's output to the network and its events to the waiting application calls.
+    fn pump(&self) {
+        let mut woke = false;
+        {
+            let mut core = self.core.lock();
+            while let Some(t) = core.poll_transmit() {
+                match t {
+                    Transmit::Multicast(d) => self.send_datagram(d),
+                    Transmit::Unicast { to, msg } => {
+                        let _ = self.sends.send(self.comm.send(to, TAG, msg));
+                    }
+                }
+            }
+            while let Some(e) = core.poll_event() {
+                if e == Event::GroupDegraded {
+                    tracing::warn!(rank = self.comm.rank(), "multicast group degraded to point-to-point");
+                }
+                woke = true;
+            }
+            let mut prev = self.published.lock();
+            if *prev != *core.stats() {
+                core.stats().publish(&prev);
+                *prev = core.stats().clone();
+            }
+        }
+        if woke {
+            self.ready.notify_waiters();
+        }
+    }
+
+    fn send_datagram(&self, d: Bytes) {
+        let Some(net) = &self.net else { return };
+        let mut backlog = self.backlog.lock();
+        if backlog.is_empty() {
+            match net.try_send(&d) {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => {
+                    // The network lost it; the protocol recovers.
+                    tracing::debug!(error = %e, "multicast send failed");
+                    return;
+                }
+            }
+        }
+        backlog.push_back(d);
+        self.kick.notify_one();
+    }
+
+    fn flush_backlog(&self) {
+        let Some(net) = &self.net else { return };
+        let mut backlog = self.backlog.lock();
+        while let Some(d) = backlog.front() {
+            match net.try_send(d) {
+                Ok(false) => return,
+                Ok(true) | Err(_) => {
+                    backlog.pop_front();
+                }
+            }
+        }
+    }
+
+    /// Test hook: drop this received datagram?
+    fn drop_datagram(&self) -> bool {
+        if self.test_drop <= 0.0 {
+            return false;
+        }
+        let mut x = self.drop_rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.drop_rng.store(x, Ordering::Relaxed);
+        ((x >> 11) as f64 / (1u64 << 53) as f64) < self.test_drop
+    }
+
+    /// Waits until `f` gives an answer, re-trying it whenever the task reports progress.
+    async fn wait_for<T>(&self, mut f: impl FnMut(&mut McastCore) -> Option<T>) -> T {
+        loop {
+            let mut notified = pin!(self.ready.notified());
+            notified.as_mut().enable();
+            let r = f(&mut self.core.lock());
+            if let Some(v) = r {
+                self.pump();
+                self.kick.notify_one();
+                return v;
+            }
+            if self.closed.load(Ordering::Acquire) {
+                // The task is gone: nothing will change; let `f` see the final state once more.
+                if let Some(v) = f(&mut self.core.lock()) {
+                    return v;
+                }
+                std::future::pending::<()>().await;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A reliable multicast channel over a communicator. See the module docs.
+pub struct Channel {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// FNV-1a of a few words: derived group addresses and ports.
+fn mix(words: &[u64]) -> u64 {
+    words
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+impl Channel {
+    /// Creates a channel on `comm`. Collective: every rank of `comm` calls it in the same order
+    /// (it duplicates the communicator for its point-to-point traffic). Needs a tokio runtime.
+    pub async fn new(comm: &Comm) -> Result<Channel> {
+        let s = comm.settings().multicast.clone();
+        let p2p = comm.dup()?;
+        let channel = p2p.context();
+        let job = comm.job_id();
+        let h = mix(&[job, u64::from(channel)]);
+        let mut cfg = Config {
+            job,
+            channel,
+            window: s.window,
+            ack_every: s.ack_every,
+            ack_delay: s.ack_delay,
+            subgroups: (s.subgroups > 0).then_some(s.subgroups),
+            datagram: s.datagram,
+            max_message: s.max_message,
+            confirm_timeout: s.confirm_timeout,
+            multicast: s.enabled,
+            ..Config::new(comm.rank(), comm.size())
+        };
+        let net: Option<Box<dyn MulticastTransport>> = if s.enabled {
+            let interface = s.interface.unwrap_or(match comm.listen_addr().ip() {
+                IpAddr::V4(a) => a,
+                IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+            });
+            let udp = UdpConfig {
+                group: s.group.unwrap_or(Ipv4Addr::new(239, 255, (h >> 8) as u8, h as u8)),
+                port: s.port.unwrap_or(20000 + ((h >> 16) % 40000) as u16),
+                interface,
+                datagram: s.datagram,
+                ttl: 1,
+                buffer: s.buffer,
+            };
+            match UdpMulticast::join(&udp) {
+                Ok(u) => Some(Box::new(u)),
+                Err(e) => {
+                    tracing::warn!(rank = comm.rank(), error = %e, ?udp, "cannot join the multicast group: point-to-point only");
+                    metrics::counter!("ferrocomm_mcast_groups_degraded").increment(1);
+                    cfg.multicast = false;
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let core = McastCore::new(cfg, Instant::now());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            comm: p2p,
+            net,
+            backlog: Default::default(),
+            sends: tx,
+            kick: Notify::new(),
+            ready: Notify::new(),
+            published: Default::default(),
+            closed: AtomicBool::new(false),
+            drop_rng: AtomicU64::new(mix(&[h, u64::from(comm.rank())]) | 1),
+            test_drop: s.test_drop,
+        });
+        let task = tokio::spawn(drive(shared.clone(), rx));
+        Ok(Channel { shared, task })
+    }
+
+    pub fn rank(&self) -> Rank {
+        self.shared.comm.rank()
+    }
+
+    pub fn size(&self) -> u32 {
+        self.shared.comm.size()
+    }
+
+    /// Sends `data` to every other rank. Completes as soon as the message is in the window
+    /// (it is then this channel's to deliver); waits only while the window is full.
+    /// Returns the message's sequence number.
+    pub async fn send(&self, data: impl Into<Bytes>) -> Result<u32> {
+        let data = data.into();
+        let now = Instant::now;
+        self.shared
+            .wait_for(|core| match core.send(now(), data.clone()) {
+                Ok(seq) => Some(Ok(seq)),
+                Err(SendError::WindowFull) => None,
+                Err(SendError::TooLarge { len, max }) => Some(Err(Error::TooLarge { len, max })),
+            })
+            .await
+    }
+
+    /// The next message from `root`, exactly once and in the order `root` sent them.
+    /// Fails with [`Error::PeerLost`] once `root` died and everything that arrived was read.
+    pub async fn recv(&self, root: Rank) -> Result<Bytes> {
+        if root >= self.size() || root == self.rank() {
+            return Err(Error::UnknownRank { rank: root, size: self.size() });
+        }
+        self.shared
+            .wait_for(|core| match core.pop(root, Instant::now()) {
+                Ok(Some(m)) => Some(Ok(m)),
+                Ok(None) => None,
+                Err(()) => Some(Err(Error::PeerLost { rank: root, reason: TransportError::Closed })),
+            })
+            .await
+    }
+
+    /// The next message from any root.
+    pub async fn recv_any(&self) -> Result<(Rank, Bytes)> {
+        Ok(self.shared.wait_for(|core| core.pop_any(Instant::now())).await)
+    }
+
+    /// The messages of `root`, as a stream.
+    pub fn stream(&self, root: Rank) -> impl Stream<Item = Result<Bytes>> + '_ {
+        futures::stream::unfold(false, move |ended| async move {
+            if ended {
+                return None;
+            }
+            let r = self.recv(root).await;
+            let end = r.is_err();
+            Some((r, end))
+        })
+    }
+
+    /// Waits until every live rank has consumed every message this rank sent.
+    pub async fn flush(&self) -> Result<()> {
+        self.shared.wait_for(|core| (core.in_flight() == 0).then_some(())).await;
+        Ok(())
+    }
+
+    /// Waits (at most `limit`) for this rank's multicast test to finish: true if the group
+    /// works, false if it degraded to point-to-point or is still testing.
+    pub async fn wait_group(&self, limit: Duration) -> bool {
+        let done = self.shared.wait_for(|core| (core.confirmed() || core.degraded()).then(|| core.confirmed()));
+        tokio::time::timeout(limit, done).await.unwrap_or(false)
+    }
+
+    /// True if this rank's messages go by multicast.
+    pub fn confirmed(&self) -> bool {
+        self.shared.core.lock().confirmed()
+    }
+
+    /// Protocol counters of this rank.
+    pub fn stats(&self) -> Stats {
+        self.shared.core.lock().stats().clone()
+    }
+
+    /// Number of ACK sub-groups of this rank's stream.
+    pub fn subgroups(&self) -> usize {
+        self.shared.core.lock().layout().subgroups()
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The driver task of one channel.
+async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()>>) {
+    let me = shared.comm.rank();
+    let mut sends = FuturesUnordered::new();
+    let mut recv = shared.comm.recv(Source::Any, TagMatch::Exact(TAG));
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        shared.pump();
+        let deadline = shared.core.lock().poll_timeout();
+        let backlog = !shared.backlog.lock().is_empty();
+        let timer = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let datagram = async {
+            match &shared.net {
+                Some(n) => std::future::poll_fn(|cx| n.poll_recv(cx, &mut buf)).await,
+                None => std::future::pending().await,
+            }
+        };
+        let writable = async {
+            match &shared.net {
+                Some(n) if backlog => std::future::poll_fn(|cx| n.poll_send_ready(cx)).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = datagram => {
+                // Take what else is queued in the socket too (up to a batch) before pumping.
+                let mut r = r;
+                for _ in 0..DATAGRAM_BATCH {
+                    match r {
+                        Ok(n) if !shared.drop_datagram() => {
+                            let d = Bytes::copy_from_slice(&buf[..n]);
+                            if let Err(e) = shared.core.lock().handle_datagram(Instant::now(), d) {
+                                tracing::trace!(rank = me, error = %e, "datagram refused");
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::debug!(rank = me, error = %e, "multicast receive failed"),
+                    }
+                    let Some(net) = &shared.net else { break };
+                    match std::future::poll_fn(|cx| net.poll_recv(cx, &mut buf)).now_or_never() {
+                        Some(next) => r = next,
+                        None => break,
+                    }
+                }
+            }
+            m = &mut recv => {
+                match m {
+                    Ok(m) => {
+                        if let Err(e) = shared.core.lock().handle_control(Instant::now(), m.source, m.data) {
+                            tracing::debug!(rank = me, from = m.source, error = %e, "control message refused");
+                        }
+                    }
+                    Err(Error::PeerLost { rank, .. }) => shared.core.lock().peer_lost(Instant::now(), rank),
+                    Err(_) => break,
+                }
+                recv = shared.comm.recv(Source::Any, TagMatch::Exact(TAG));
+            }
+            Some(op) = new_sends.recv() => sends.push(op),
+            Some(r) = sends.next(), if !sends.is_empty() => {
+                if let Err(Error::PeerLost { rank, .. }) = r {
+                    shared.core.lock().peer_lost(Instant::now(), rank);
+                }
+            }
+            r = writable => {
+                if r.is_ok() {
+                    shared.flush_backlog();
+                }
+            }
+            _ = timer => shared.core.lock().handle_timeout(Instant::now()),
+            _ = shared.kick.notified() => {}
+        }
+    }
+    shared.closed.store(true, Ordering::Release);
+    shared.ready.notify_waiters();
+}
+
+/// Broadcast over a multicast channel: `root` passes `Some(data)`, everyone else `None`; every
+/// rank returns the data. For the collectives table.
+pub async fn broadcast(chan: &Channel, root: Rank, data: Option<Bytes>) -> Result<Bytes> {
+    if chan.rank() == root {
+        let data = data.ok_or_else(|| Error::Multicast("the root of a broadcast must give the data".into()))?;
+        chan.send(data.clone()).await?;
+        Ok(data)
+    } else {
+        chan.recv(root).await
+    }
+}
+
+/// The skew-tolerant token barrier (see [`ferrocomm_multicast::barrier`]): a combining tree
+/// whose token moves to the last rank still missing, which releases everyone by one reliable
+/// multicast.
+pub struct TokenBarrier {
+    chan: Channel,
+    comm: Comm,
+    degree: u32,
+    state: tokio::sync::Mutex<BarrierState>,
+}
+
+struct BarrierState {
+    epoch: u64,
+    /// The receive posted for the next barrier message; kept across barriers, since dropping a
+    /// receive that already matched would lose the message.
+    recv: Option<Op<crate::world::Message>>,
+    /// Messages of the next barrier that arrived during this one.
+    early: Vec<(Rank, u64)>,
+}
+
+impl TokenBarrier {
+    /// Collective over `comm`, like [`Channel::new`].
+    pub async fn new(comm: &Comm) -> Result<TokenBarrier> {
+        let chan = Channel::new(comm).await?;
+        let p2p = comm.dup()?;
+        Ok(TokenBarrier {
+            chan,
+            degree: comm.settings().multicast.barrier_degree,
+            state: tokio::sync::Mutex::new(BarrierState { epoch: 0, recv: None, early: Vec::new() }),
+            comm: p2p,
+        })
+    }
+
+    /// The release channel (for its statistics and group state).
+    pub fn channel(&self) -> &Channel {
+        &self.chan
+    }
+
+    /// Waits until every rank has entered this barrier.
+    pub async fn wait(&self) -> Result<()> {
+        let mut st = self.state.lock().await;
+        let epoch = st.epoch;
+        st.epoch += 1;
+        let (me, size) = (self.comm.rank(), self.comm.size());
+        let mut b = BarrierCore::new(me, size, self.degree);
+        b.enter();
+        let tag = |kind: BarrierMsg| (epoch << 1) | u64::from(kind == BarrierMsg::Token);
+        for (from, t) in std::mem::take(&mut st.early) {
+            if t >> 1 == epoch {
+                b.handle(from, if t & 1 == 1 { BarrierMsg::Token } else { BarrierMsg::Arrive });
+            }
+        }
+        let mut sends = Vec::new();
+        let mut recv = st.recv.take().unwrap_or_else(|| self.comm.recv(Source::Any, TagMatch::Any));
+        let result = loop {
+            while let Some((to, m)) = b.poll_transmit() {
+                sends.push(self.comm.send(to, tag(m), Bytes::new()));
+            }
+            if b.take_release() {
+                break self.chan.send(Bytes::copy_from_slice(&epoch.to_le_bytes())).await.map(|_| ());
+            }
+            if b.is_done() {
+                break Ok(());
+            }
+            tokio::select! {
+                m = &mut recv => {
+                    let m = match m {
+                        Ok(m) => m,
+                        Err(e) => break Err(e),
+                    };
+                    recv = self.comm.recv(Source::Any, TagMatch::Any);
+                    match m.tag >> 1 {
+                        e if e == epoch => {
+                            b.handle(m.source, if m.tag & 1 == 1 { BarrierMsg::Token } else { BarrierMsg::Arrive })
+                        }
+                        e if e > epoch => st.early.push((m.source, m.tag)),
+                        _ => {} // a late Arrive of an earlier barrier (race rule): ignored
+                    }
+                }
+                r = self.chan.recv_any() => {
+                    let (root, data) = r?;
+                    if data[..] != epoch.to_le_bytes() {
+                        break Err(Error::Multicast(format!("release of another barrier from rank {root}")));
+                    }
+                    b.released();
+                }
+            }
+        };
+        st.recv = Some(recv);
+        for s in sends {
+            s.await?;
+        }
+        result
+    }
+}

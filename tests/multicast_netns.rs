@@ -1,0 +1,310 @@
+//! Reliable multicast between processes over real networks, with loss injected by iptables:
+//!
+//! * **bridge**: 9 ranks (root + 8 receivers), each in its own network namespace, joined by veth
+//!   pairs to a Linux bridge in a hub namespace (10.77.0.0/24);
+//! * **loopback**: the same 9 ranks in one namespace, on its loopback interface.
+//!
+//! Each receiver's namespace drops incoming UDP at random (`iptables -A INPUT -p udp -m statistic
+//! --mode random --probability P -j DROP`) at P = 0, 5% and 20%; point-to-point (TCP) is untouched.
+//! Ranks 0 and 5 each multicast 300 messages of 0 to 20 kB (up to 15 datagrams each): every
+//! other rank must get every message exactly once and in order.
+//!
+//! Needs root (namespaces, iptables): without it the tests say so loudly and pass. iptables must be
+//! installed (scripts/test.sh installs it). The namespaces are named after the test's process id
+//! and removed afterwards, even on failure.
+//!
+//! The ranks are this test binary, re-run inside the namespaces with `--exact mcast_rank_process`
+//! and the job in `FERROCOMM_*` variables; without `FERROCOMM_MCAST_SCENARIO` that test does nothing.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferrocomm::multicast::Channel;
+use ferrocomm::{Deadline, Error};
+
+const SCENARIO: &str = "FERROCOMM_MCAST_SCENARIO";
+const RANKS: u32 = 9;
+const MESSAGES: usize = 300;
+const ROOTS: [u32; 2] = [0, 5];
+
+fn payload(root: u32, i: usize) -> Bytes {
+    let len = (i * 7919 + root as usize * 131) % 20_000;
+    (0..len).map(|k| (k as u32 ^ (i as u32).wrapping_mul(2_654_435_761) ^ root) as u8).collect::<Vec<u8>>().into()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn sh(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// Network namespaces that are deleted when dropped.
+struct Netns {
+    names: Vec<String>,
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in self.names.iter().rev() {
+            let _ = sh(&["ip", "netns", "del", n]);
+        }
+    }
+}
+
+impl Netns {
+    fn add(&mut self, name: String) -> Result<String, String> {
+        let _ = sh(&["ip", "netns", "del", &name]);
+        sh(&["ip", "netns", "add", &name])?;
+        self.names.push(name.clone());
+        sh(&["ip", "-n", &name, "link", "set", "lo", "up"])?;
+        Ok(name)
+    }
+
+    /// One namespace per rank on a bridge; returns (namespace, address) per rank.
+    fn bridge(prefix: &str, n: u32) -> Result<(Netns, Vec<(String, String)>), String> {
+        let mut ns = Netns { names: Vec::new() };
+        let hub = ns.add(format!("{prefix}h"))?;
+        sh(&["ip", "-n", &hub, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"])?;
+        sh(&["ip", "-n", &hub, "link", "set", "br0", "up"])?;
+        let mut ranks = Vec::new();
+        for r in 0..n {
+            let name = ns.add(format!("{prefix}r{r}"))?;
+            let port = format!("v{r}");
+            sh(&["ip", "-n", &hub, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &name])?;
+            sh(&["ip", "-n", &hub, "link", "set", &port, "master", "br0", "up"])?;
+            let addr = format!("10.77.0.{}", r + 1);
+            sh(&["ip", "-n", &name, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+            sh(&["ip", "-n", &name, "link", "set", "eth0", "up"])?;
+            sh(&["ip", "-n", &name, "route", "add", "224.0.0.0/4", "dev", "eth0"])?;
+            ranks.push((name, addr));
+        }
+        Ok((ns, ranks))
+    }
+
+    /// Every rank in one namespace, on its loopback interface.
+    fn loopback(prefix: &str, n: u32) -> Result<(Netns, Vec<(String, String)>), String> {
+        let mut ns = Netns { names: Vec::new() };
+        let name = ns.add(format!("{prefix}lo"))?;
+        sh(&["ip", "-n", &name, "link", "set", "lo", "multicast", "on"])?;
+        sh(&["ip", "-n", &name, "route", "add", "224.0.0.0/4", "dev", "lo"])?;
+        Ok((ns, (0..n).map(|_| (name.clone(), "127.0.0.1".to_string())).collect()))
+    }
+}
+
+/// Runs the scenario on `ranks` (namespace, address), rank 0's namespace hosting the store, with
+/// `loss` dropped on every receiver's namespace. Returns each rank's output.
+fn run(ranks: &[(String, String)], loss: f64, extra_env: &[(&str, &str)]) -> Vec<String> {
+    let mut lossy: Vec<&String> = ranks.iter().skip(1).map(|(n, _)| n).collect();
+    lossy.dedup();
+    for ns in &lossy {
+        let _ = sh(&["ip", "netns", "exec", ns, "iptables", "-F", "INPUT"]);
+        if loss > 0.0 {
+            let p = format!("{loss}");
+            sh(&[
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "iptables",
+                "-A",
+                "INPUT",
+                "-p",
+                "udp",
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                &p,
+                "-j",
+                "DROP",
+            ])
+            .unwrap();
+        }
+    }
+    let exe = std::env::current_exe().unwrap();
+    let token: String =
+        (0..32).map(|i| format!("{:02x}", (std::process::id() as u8).wrapping_mul(31).wrapping_add(i))).collect();
+    let coord = format!("{}:29517", ranks[0].1);
+    let mut children = Vec::new();
+    for (r, (ns, addr)) in ranks.iter().enumerate() {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns]).arg(&exe).args([
+            "--exact",
+            "mcast_rank_process",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
+        c.env(SCENARIO, "stream")
+            .env("FERROCOMM_RANK", r.to_string())
+            .env("FERROCOMM_SIZE", ranks.len().to_string())
+            .env("FERROCOMM_COORD", &coord)
+            .env("FERROCOMM_TOKEN", &token)
+            .env("FERROCOMM_HOST_STORE", if r == 0 { "1" } else { "0" })
+            .env("FERROCOMM_BIND", addr)
+            .env("FERROCOMM_TRANSPORTS", "tcp")
+            .env("FERROCOMM_PROGRESS", "blocking")
+            .env_remove("FERROCOMM_LAUNCHER");
+        for (k, v) in extra_env {
+            c.env(k, v);
+        }
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        children.push(c.spawn().unwrap());
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut outputs = Vec::new();
+    for (r, mut child) in children.into_iter().enumerate() {
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "rank {r} failed ({:?}) at loss {loss}:\n{text}", out.status);
+        outputs.push(text);
+    }
+    outputs
+}
+
+fn field(text: &str, key: &str) -> u64 {
+    text.lines()
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}="))))
+        .next_back()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in:\n{text}"))
+}
+
+fn check(outputs: &[String], what: &str, loss: f64) {
+    for (r, text) in outputs.iter().enumerate() {
+        assert!(text.contains("MCAST-OK"), "{what}, loss {loss}, rank {r}:\n{text}");
+        assert_eq!(field(text, "confirmed"), 1, "{what}: rank {r}'s group was not confirmed:\n{text}");
+    }
+    let sum = |k: &str| outputs.iter().map(|t| field(t, k)).sum::<u64>();
+    println!(
+        "{what}, loss {:>4.0}%: {} ranks, {} messages from each of {:?} exactly once in order at every rank; \
+         datagrams {}, NACKs {}, retransmissions {} (false {}), ACKs at roots {} / co-roots {}, window stalls {}",
+        loss * 100.0,
+        outputs.len(),
+        MESSAGES,
+        ROOTS,
+        sum("datagrams"),
+        sum("nacks"),
+        sum("retx"),
+        sum("false_retx"),
+        sum("acks_root"),
+        sum("acks_coroot"),
+        sum("stalls"),
+    );
+    if loss > 0.0 {
+        assert!(sum("retx") > 0, "{what}: loss {loss} needed retransmissions");
+    }
+}
+
+fn prerequisites(test: &str) -> bool {
+    if !is_root() {
+        eprintln!(
+            "\n!!!!!!!! SKIPPED {test}: network namespaces and iptables need root; run the suite as root !!!!!!!!\n"
+        );
+        return false;
+    }
+    for (tool, flag) in [("ip", "-V"), ("iptables", "--version")] {
+        let found = Command::new(tool).arg(flag).output().is_ok_and(|o| o.status.success());
+        assert!(found, "{tool} is missing: scripts/test.sh installs it (apt-get install iptables iproute2)");
+    }
+    true
+}
+
+#[test]
+fn bridge_of_namespaces_with_iptables_loss() {
+    if !prerequisites("bridge_of_namespaces_with_iptables_loss") {
+        return;
+    }
+    let prefix = format!("fcm{}", std::process::id() % 100_000);
+    let (_ns, ranks) = Netns::bridge(&prefix, RANKS).unwrap();
+    for loss in [0.0, 0.05, 0.2] {
+        let out = run(&ranks, loss, &[]);
+        check(&out, "bridge", loss);
+    }
+}
+
+#[test]
+fn loopback_namespace_with_iptables_loss() {
+    if !prerequisites("loopback_namespace_with_iptables_loss") {
+        return;
+    }
+    let prefix = format!("fcl{}", std::process::id() % 100_000);
+    let (_ns, ranks) = Netns::loopback(&prefix, RANKS).unwrap();
+    for loss in [0.0, 0.05, 0.2] {
+        let out = run(&ranks, loss, &[("FERROCOMM_MCAST_DATAGRAM", "8000")]);
+        check(&out, "loopback", loss);
+    }
+}
+
+/// One rank of the scenario, when run inside a namespace by the tests above.
+#[test]
+fn mcast_rank_process() {
+    let Ok(scenario) = std::env::var(SCENARIO) else { return };
+    assert_eq!(scenario, "stream");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let t = Duration::from_secs(90);
+        let w = ferrocomm::init().await.unwrap();
+        let me = w.rank();
+        let chan = Channel::new(w.comm()).await.unwrap();
+        let confirmed = chan.wait_group(Duration::from_secs(20)).await;
+        w.barrier().timeout(t).await.unwrap();
+        let sending = async {
+            if ROOTS.contains(&me) {
+                for i in 0..MESSAGES {
+                    chan.send(payload(me, i)).timeout(t).await.unwrap();
+                }
+            }
+        };
+        let receiving = async {
+            for root in ROOTS.into_iter().filter(|&r| r != me) {
+                for i in 0..MESSAGES {
+                    let m = chan.recv(root).timeout(t).await.unwrap();
+                    assert!(m == payload(root, i), "rank {me}: message {i} of root {root} altered or out of order");
+                }
+            }
+        };
+        futures::join!(sending, receiving);
+        chan.flush().timeout(t).await.unwrap();
+        w.barrier().timeout(t).await.unwrap();
+        // Exactly once: nothing more is left in any stream.
+        for root in ROOTS.into_iter().filter(|&r| r != me) {
+            let extra = chan.recv(root).timeout(Duration::from_millis(100)).await;
+            assert!(matches!(extra, Err(Error::Timeout)), "rank {me}: extra message from {root}: {extra:?}");
+        }
+        let s = chan.stats();
+        println!(
+            "MCAST-OK rank={me} confirmed={} datagrams={} nacks={} retx={} false_retx={} acks_root={} acks_coroot={} stalls={}",
+            u8::from(confirmed),
+            s.datagrams_sent,
+            s.nacks_sent,
+            s.retransmissions,
+            s.false_retransmissions,
+            s.acks_at_root,
+            s.acks_at_coroot,
+            s.window_stalls
+        );
+        w.barrier().timeout(t).await.unwrap();
+        drop(chan);
+        w.finalize().await.unwrap();
+    });
+}
