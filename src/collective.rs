@@ -26,6 +26,7 @@ use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operati
 use ferrocomm_transports::Rank;
 
 use crate::error::{Error, Result};
+use crate::multicast::{Channel, TokenBarrier};
 use crate::p2p::Status;
 use crate::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
 
@@ -197,6 +198,13 @@ impl Comm {
     fn choose(&self, op: Operation, bytes: usize, commutative: bool) -> Algorithm {
         let call = Call { op, ranks: self.size(), bytes, commutative };
         let table = self.collective_table();
+        // Reliable multicast serves broadcast and barrier when pinned (it needs a multicast group,
+        // and pays off across hosts, not within one; see README).
+        if table.overrides.get(&op) == Some(&Algorithm::Multicast)
+            && matches!(op, Operation::Bcast | Operation::Barrier)
+        {
+            return Algorithm::Multicast;
+        }
         let forced = table.overrides.get(&op) == Some(&Algorithm::Hierarchical);
         let hierarchical = matches!(op, Operation::Barrier | Operation::Bcast | Operation::Allreduce)
             && commutative
@@ -291,7 +299,10 @@ impl Comm {
     /// ceil(log2 n) rounds; node-leader when the communicator spans several hosts).
     pub fn barrier(&self) -> impl Future<Output = Result<()>> + Send + use<> {
         let alg = self.choose(Operation::Barrier, 0, true);
-        let plan = if alg == Algorithm::Hierarchical {
+        let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
+        let plan = if alg == Algorithm::Multicast {
+            Ok((self.slot(), ops::barrier(self.rank(), self.size(), Algorithm::Dissemination)))
+        } else if alg == Algorithm::Hierarchical {
             let h = self.hierarchy().expect("chosen");
             let (n, l) = (&h.node, h.leaders.as_ref());
             let (nr, nn) = (n.rank(), n.size());
@@ -303,6 +314,11 @@ impl Comm {
             Ok((self.slot(), ops::barrier(self.rank(), self.size(), alg)))
         };
         async move {
+            if let Some(comm) = multicast {
+                // The skew-tolerant token barrier of the reliable multicast layer.
+                let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
+                return barrier.wait().await;
+            }
             match plan {
                 Ok((slot, m)) => Comm::drive(slot, m?).await.map(drop),
                 Err((up, mid, down)) => {
@@ -374,7 +390,8 @@ impl Comm {
     ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
         let (r, n) = (self.rank(), self.size());
         let early = self.check_root(root);
-        let plan = if early.is_some() {
+        let multicast = (alg == Algorithm::Multicast && early.is_none()).then(|| (self.clone(), data.clone()));
+        let plan = if early.is_some() || multicast.is_some() {
             None
         } else if alg == Algorithm::Hierarchical {
             // Root -> its node's leader -> every leader -> every node.
@@ -391,6 +408,10 @@ impl Comm {
             Some(Ok((self.slot(), ops::bcast(r, n, root, alg, data, elem), alg, n)))
         };
         async move {
+            if let Some((comm, data)) = multicast {
+                let chan = comm.sequence.multicast.get_or_try_init(|| Channel::new(&comm)).await?;
+                return crate::multicast::broadcast(chan, root, data).await;
+            }
             match plan {
                 None => Err(early.expect("set")),
                 Some(Ok((slot, m, alg, n))) => Ok(ops::bcast_result(&Comm::drive(slot, m?).await?, n, alg)?),

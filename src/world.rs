@@ -77,6 +77,10 @@ pub(crate) struct Sequence {
     pub collectives: AtomicU64,
     /// Large buffers reused by this communicator's collectives.
     pub pool: Arc<crate::collective::Pool>,
+    /// The reliable multicast channel and token barrier of pinned multicast collectives, made on
+    /// first use.
+    pub multicast: tokio::sync::OnceCell<crate::multicast::Channel>,
+    pub token_barrier: tokio::sync::OnceCell<crate::multicast::TokenBarrier>,
     /// Sub-communicators for hierarchical collectives, made on first use.
     pub hierarchy: std::sync::OnceLock<crate::collective::Hierarchy>,
 }

@@ -145,3 +145,24 @@ async fn deadline_when_a_rank_never_joins() {
     .await
     .unwrap();
 }
+
+/// Broadcast and barrier pinned to reliable multicast through the selection table: results are
+/// right (over UDP multicast on loopback when the group confirms, point-to-point otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multicast_broadcast_and_barrier_from_the_table() {
+    testing::run(4, shm(), |w| async move {
+        let table = ferrocomm::Table::default().with_overrides("bcast=multicast,barrier=multicast").unwrap();
+        let c = w.with_collective_table(table);
+        assert_eq!(c.collective_algorithm(ferrocomm::Operation::Bcast, 8), ferrocomm::Algorithm::Multicast);
+        for (root, count) in [(0, 1), (2, 1000), (3, 40_000)] {
+            let mut buf = if c.rank() == root { coll::input(root, count) } else { vec![0; count] };
+            c.broadcast(root, &mut buf).timeout(Duration::from_secs(30)).await.unwrap();
+            assert_eq!(buf, coll::input(root, count));
+            c.barrier().timeout(Duration::from_secs(30)).await.unwrap();
+        }
+        drop(c);
+        w.finalize().await.unwrap();
+    })
+    .await
+    .unwrap();
+}
