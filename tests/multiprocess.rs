@@ -16,15 +16,28 @@ use ferrocomm::{Deadline, Error, Source, TagMatch};
 const FERRORUN: &str = env!("CARGO_BIN_EXE_ferrorun");
 const SCENARIO: &str = "FERROCOMM_TEST_SCENARIO";
 
-/// Runs `scenario` on `n` ranks over `transport`: `uring` or `portable` (TCP), or `shm`.
+/// Runs `scenario` on `n` ranks over `transport`: `uring` or `portable` (TCP), `shm`, or `verbs`.
 fn launch(n: u32, scenario: &str, transport: &str) -> (Option<i32>, String, Duration) {
-    let (choice, backend) = if transport == "shm" { ("auto", "auto") } else { ("tcp", transport) };
+    launch_env(n, scenario, transport, &[])
+}
+
+/// [`launch`] with extra `KEY=VALUE` variables for every rank.
+fn launch_env(n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
+    let (choice, backend) = match transport {
+        "shm" => ("auto", "auto"),
+        "verbs" => ("verbs", "auto"),
+        _ => ("tcp", transport),
+    };
     let exe = std::env::current_exe().unwrap();
     let t0 = Instant::now();
-    let out = Command::new(FERRORUN)
-        .args(["-n", &n.to_string(), "--grace", "5", "--env", &format!("{SCENARIO}={scenario}")])
+    let mut cmd = Command::new(FERRORUN);
+    cmd.args(["-n", &n.to_string(), "--grace", "5", "--env", &format!("{SCENARIO}={scenario}")])
         .args(["--env", &format!("FERROCOMM_TCP_BACKEND={backend}")])
-        .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")])
+        .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")]);
+    for e in env {
+        cmd.args(["--env", e]);
+    }
+    let out = cmd
         .arg(exe)
         .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
         .stdin(Stdio::null())
@@ -72,6 +85,59 @@ fn killed_rank_fails_its_peers_operations_promptly() {
         }
         assert!(!said(&text, 2, "RANK-OK"), "{text}");
         assert!(took < Duration::from_secs(30), "{took:?}");
+    }
+}
+
+/// Whether an RDMA device is present (inside the Soft-RoCE VM of scripts/verbs-vm.sh). Without
+/// one the verbs tests are skipped with a message, unless FERROCOMM_REQUIRE_VERBS is set (the
+/// VM run sets it, so a missing device there fails).
+#[cfg(feature = "verbs")]
+fn verbs_here(test: &str) -> bool {
+    let present = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() > 0).unwrap_or(false);
+    if !present {
+        assert!(std::env::var_os("FERROCOMM_REQUIRE_VERBS").is_none(), "{test}: no RDMA device");
+        eprintln!("{test}: skipped, no RDMA device here (scripts/verbs-vm.sh runs it over Soft-RoCE)");
+    }
+    present
+}
+
+/// The point-to-point suite over RDMA verbs, 2 and 4 ranks, with each rendezvous protocol
+/// (RDMA write into the receiver's announced buffer, RDMA read of the sender's lent chunks).
+#[cfg(feature = "verbs")]
+#[test]
+fn suite_over_verbs() {
+    if !verbs_here("suite_over_verbs") {
+        return;
+    }
+    for rndv in ["write", "read"] {
+        for n in [2, 4] {
+            let (code, text, took) =
+                launch_env(n, "suite", "verbs", &[&format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")]);
+            assert_eq!(code, Some(0), "verbs ({rndv}), {n} ranks:\n{text}");
+            for r in 0..n {
+                assert!(said(&text, r, "RANK-OK verbs"), "verbs ({rndv}) rank {r}:\n{text}");
+            }
+            println!("verbs suite, rendezvous by {rndv}, {n} ranks: {took:?}");
+        }
+    }
+}
+
+/// A rank killed with SIGKILL in the middle of an RDMA transfer, for each rendezvous protocol.
+#[cfg(feature = "verbs")]
+#[test]
+fn killed_rank_over_verbs() {
+    if !verbs_here("killed_rank_over_verbs") {
+        return;
+    }
+    for rndv in ["write", "read"] {
+        let (code, text, took) = launch_env(4, "kill", "verbs", &[&format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")]);
+        assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
+        for r in [0, 1, 3] {
+            assert!(said(&text, r, "PEER-LOST-OK"), "verbs ({rndv}) rank {r}:\n{text}");
+        }
+        assert!(!said(&text, 2, "RANK-OK"), "{text}");
+        assert!(took < Duration::from_secs(60), "{took:?}");
+        println!("verbs kill ({rndv}): {took:?}");
     }
 }
 
