@@ -95,12 +95,12 @@ fn pair(rendezvous: Rendezvous, slots: u32) -> Pair {
 impl Pair {
     /// Progresses both sides until `done`.
     fn run_until(&mut self, what: &str, mut done: impl FnMut(&[TestSink; 2]) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(20);
         while !done(&self.s) {
             for i in 0..2 {
                 self.t[i].progress(&mut self.s[i]);
             }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            assert!(Instant::now() < deadline, "timed out waiting for {what}: {:?} {:?} lost {:?} {:?} frames {} {}", self.t[0].stats(), self.t[1].stats(), self.s[0].lost, self.s[1].lost, self.s[0].frames.len(), self.s[1].frames.len());
         }
     }
 

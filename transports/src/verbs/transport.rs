@@ -499,7 +499,7 @@ impl VerbsTransport {
             return;
         }
         if kind == Wr::Recv as u64 && c.live() {
-            if let Err(e) = self.on_slot(k, wc.imm_data().unwrap_or(u32::MAX), sink) {
+            if let Err(e) = self.on_slot(k, wc.imm_data().map_or(u32::MAX, u32::from_be), sink) {
                 self.fail(k, e);
             }
         }
