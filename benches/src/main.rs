@@ -39,6 +39,7 @@
 
 mod affinity;
 mod netpipe;
+mod perftest;
 mod pingpong;
 mod plot;
 mod process;

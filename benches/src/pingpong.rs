@@ -6,6 +6,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use crate::netpipe::NetPipe;
+use crate::perftest::{self, Perftest};
 use crate::ranks::{self, JobSpec};
 use crate::report::{self, Meta, Row};
 use crate::{Result, affinity, plot, process, sweep};
@@ -20,7 +21,11 @@ Ping-pong latency and throughput of ferrocomm against NPtcp (NetPIPE), NetPIPE m
 and powers of two up to --max, each also at -3 and +3 bytes; medians over --runs runs.
 
 options:
-  --transport T             transport to measure: tcp (default) or shm (use with --no-peer)
+  --transport T             transport to measure: tcp (default), shm (use with --no-peer), or
+                            verbs (build with --features verbs; the peer is then perftest's
+                            ib_send_lat at 8 B and ib_write_bw at 1 MiB on the same device)
+  --device D                RDMA device for verbs (default: the first one)
+  --gid-index N             GID index for verbs (default: the first RoCE v2 IPv4 entry)
   --backend B               ferrocomm TCP backend: auto, uring or portable (default auto)
   --progress P              ferrocomm progress: busy, adaptive[:US] or blocking (default busy)
   --max BYTES               largest power of two measured, e.g. 65536, 64K, 8M (default 8M)
@@ -44,6 +49,8 @@ pub struct Options {
     pub plot: Option<PathBuf>,
     pub peer: bool,
     pub recv_into: bool,
+    pub device: Option<String>,
+    pub gid_index: Option<u32>,
 }
 
 impl Default for Options {
@@ -58,6 +65,8 @@ impl Default for Options {
             plot: None,
             peer: true,
             recv_into: false,
+            device: None,
+            gid_index: None,
         }
     }
 }
@@ -80,7 +89,9 @@ impl Options {
                         "tcp" => {}
                         // Shared memory between the two local ranks (no NetPIPE peer for it yet).
                         "shm" => o.backend = "shm".into(),
-                        t => return Err(format!("--transport {t}: tcp or shm").into()),
+                        // RDMA verbs between the two local ranks (perftest is the peer).
+                        "verbs" => o.backend = "verbs".into(),
+                        t => return Err(format!("--transport {t}: tcp, shm or verbs").into()),
                     }
                 }
                 "--backend" => {
@@ -104,6 +115,8 @@ impl Options {
                 "--json" => o.json = Some(value()?.into()),
                 "--plot" => o.plot = Some(value()?.into()),
                 "--no-peer" => o.peer = false,
+                "--device" => o.device = Some(value()?),
+                "--gid-index" => o.gid_index = Some(value()?.parse().map_err(|e| format!("--gid-index: {e}"))?),
                 "--recv-into" => o.recv_into = true,
                 other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
             }
@@ -158,14 +171,27 @@ pub fn main(args: &[String]) -> Result<()> {
     if opts.cpus[0] == opts.cpus[1] {
         eprintln!("warning: both sides on CPU {}: they will take turns, not run at once", opts.cpus[0]);
     }
-    let peer = if opts.peer { Some(NetPipe::find()?) } else { None };
-    let peer_name = peer.as_ref().map(|_| "NPtcp");
+    let verbs = opts.backend == "verbs";
+    let mut env = Vec::new();
+    let mut perf = None;
+    if verbs {
+        let device = opts.device.clone().or_else(perftest::first_device).ok_or("--transport verbs: no RDMA device")?;
+        let gid = opts.gid_index.unwrap_or_else(|| perftest::default_gid_index(&device));
+        env.push(("FERROCOMM_VERBS_DEVICE".to_string(), device.clone()));
+        env.push(("FERROCOMM_VERBS_GID_INDEX".to_string(), gid.to_string()));
+        if opts.peer {
+            perf = Some(Perftest::find(&device, gid)?);
+        }
+    }
+    let peer = if opts.peer && !verbs { Some(NetPipe::find()?) } else { None };
+    let peer_name = peer.as_ref().map(|_| "NPtcp").or(perf.as_ref().map(|_| "perftest"));
     let spec = JobSpec {
         backend: opts.backend.clone(),
         progress: opts.progress.clone(),
         max: opts.max,
         cpus: opts.cpus,
         recv_into: opts.recv_into,
+        env,
     };
     let sizes = sweep::sizes(opts.max);
     let mut rows: Vec<Row> = sizes.iter().map(|&bytes| Row { bytes, ..Row::default() }).collect();
@@ -187,8 +213,12 @@ pub fn main(args: &[String]) -> Result<()> {
     if let Some(np) = &peer {
         println!("peer: {}  (once per size)", np.describe(opts.cpus, "SIZE"));
     }
+    if let Some(p) = &perf {
+        println!("peer: {}  (once per run)", p.describe());
+    }
 
     let mut transport_name = String::from("?");
+    let mut perf_typical = Vec::new();
     let mut busiest = 0.0_f64;
     let mut interference = Vec::new();
     // Other work on the benchmark's CPUs during one side's sweep, noted and warned about.
@@ -230,6 +260,25 @@ pub fn main(args: &[String]) -> Result<()> {
             watch(meter, run, "NPtcp");
             eprintln!("run {run}/{}: NPtcp: {} sizes, {:.1} s", opts.runs, rows.len(), t.elapsed().as_secs_f64());
         }
+        if let Some(p) = &perf {
+            // The peer's figures go into the rows of their sizes, as one-way times.
+            let t = Instant::now();
+            let (lat, typical) = p.send_lat(8, opts.cpus)?;
+            perf_typical.push(typical);
+            let bw = p.write_bw(1 << 20, opts.cpus)?;
+            for (bytes, one_way) in [(8, lat), (1 << 20, (1 << 20) as f64 / (bw * 1e6))] {
+                if let Some(row) = rows.iter_mut().find(|r| r.bytes == bytes) {
+                    row.peer.push(one_way);
+                }
+            }
+            eprintln!(
+                "run {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {bw:.1} MB/s, {:.1} s",
+                opts.runs,
+                lat * 1e6,
+                typical * 1e6,
+                t.elapsed().as_secs_f64()
+            );
+        }
     }
 
     if busiest > LOAD_WARNING {
@@ -244,6 +293,10 @@ pub fn main(args: &[String]) -> Result<()> {
     print!("{}", report::table(&rows));
     println!();
     println!("{}", report::summary(&rows, peer_name));
+    let verbs_ratios = perf.as_ref().map(|_| report::verbs_summary(&rows));
+    if let Some((line, _)) = &verbs_ratios {
+        println!("{line}");
+    }
     let dips = report::dips(&rows, Row::ferrocomm_mbps);
     if !dips.is_empty() {
         println!("ferrocomm throughput dips (>15% below the previous size): {}", dips.join(", "));
@@ -267,14 +320,25 @@ pub fn main(args: &[String]) -> Result<()> {
         max: opts.max,
     };
     if let Some(path) = &opts.json {
-        let text = serde_json::to_string_pretty(&report::to_json(&meta, &rows))?;
+        let mut v = report::to_json(&meta, &rows);
+        if verbs {
+            v["transport"] = json!("verbs");
+        }
+        if let Some((_, ratios)) = &verbs_ratios {
+            v["verbs_vs_perftest"] = ratios.clone();
+            v["verbs_vs_perftest"]["latency_8B"]["ib_send_lat_median_us"] =
+                json!(crate::sweep::median(&perf_typical).map(|s| s * 1e6));
+            v["verbs_vs_perftest"]["commands"] = json!(perf.as_ref().map(|p| p.describe()));
+        }
+        let text = serde_json::to_string_pretty(&v)?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &opts.plot {
+        let what = if verbs { "verbs ping-pong on Soft-RoCE" } else { "TCP ping-pong on 127.0.0.1" };
         let title = match peer_name {
-            Some(p) => format!("ferrocomm vs {p}: TCP ping-pong on 127.0.0.1"),
-            None => "ferrocomm: TCP ping-pong on 127.0.0.1".to_string(),
+            Some(p) => format!("ferrocomm vs {p}: {what}"),
+            None => format!("ferrocomm: {what}"),
         };
         let subtitle = format!(
             "backend {} ({transport_name}), progress {}, receives with {}, CPUs {},{}, median of {} run(s)",
@@ -312,7 +376,9 @@ mod tests {
         );
         assert!(!o.peer);
         assert!(Options::parse(&args("--help")).unwrap().is_none());
-        for bad in ["--backend rdma", "--transport udp", "--runs 0", "--max", "--cpus 1", "--frobnicate"] {
+        let v = Options::parse(&args("--transport verbs --device rxe0 --gid-index 1")).unwrap().unwrap();
+        assert_eq!((v.backend.as_str(), v.device.as_deref(), v.gid_index), ("verbs", Some("rxe0"), Some(1)));
+        for bad in ["--backend rdma", "--transport udp", "--gid-index x", "--runs 0", "--max", "--cpus 1", "--frobnicate"] {
             assert!(Options::parse(&args(bad)).is_err(), "{bad}");
         }
     }

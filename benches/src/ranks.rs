@@ -62,6 +62,8 @@ pub struct JobSpec {
     pub cpus: [usize; 2],
     /// Receive into one preallocated buffer (`recv_into`) instead of `recv`.
     pub recv_into: bool,
+    /// Extra environment of the job and its ranks (verbs device, GID index); not an argument.
+    pub env: Vec<(String, String)>,
 }
 
 impl JobSpec {
@@ -85,7 +87,7 @@ impl JobSpec {
 
     fn from_args(args: &[String]) -> Result<JobSpec> {
         let mut spec =
-            JobSpec { backend: "auto".into(), progress: "busy".into(), max: 0, cpus: [0, 1], recv_into: false };
+            JobSpec { backend: "auto".into(), progress: "busy".into(), max: 0, cpus: [0, 1], recv_into: false, env: vec![] };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             if flag == "--recv-into" {
@@ -129,6 +131,7 @@ pub fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
     let mut child = Command::new(&exe)
         .arg(JOB_COMMAND)
         .args(spec.to_args())
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -175,13 +178,19 @@ fn parse_result(line: &str) -> Result<SweepResult> {
 pub fn job_main(args: &[String]) -> Result<()> {
     let spec = JobSpec::from_args(args)?;
     let exe = std::env::current_exe()?;
+    let transports = match spec.backend.as_str() {
+        "shm" => "auto",
+        "verbs" => "verbs",
+        _ => "tcp",
+    };
     let rank_args: Vec<OsString> =
         std::iter::once(RANK_COMMAND.to_string()).chain(spec.to_args()).map(OsString::from).collect();
     let opts = LaunchOptions {
         env: vec![
-            // Both ranks share this host: they talk through shared memory unless TCP is forced.
-            ("FERROCOMM_TRANSPORTS".into(), if spec.backend == "shm" { "auto" } else { "tcp" }.into()),
-            ("FERROCOMM_TCP_BACKEND".into(), if spec.backend == "shm" { "auto" } else { &spec.backend }.into()),
+            // Both ranks share this host: they talk through shared memory unless TCP (or verbs)
+            // is forced.
+            ("FERROCOMM_TRANSPORTS".into(), transports.into()),
+            ("FERROCOMM_TCP_BACKEND".into(), if transports == "tcp" { &spec.backend } else { "auto" }.into()),
             ("FERROCOMM_PROGRESS".into(), spec.progress.clone()),
         ],
         ..LaunchOptions::default()
@@ -386,6 +395,7 @@ mod tests {
             max: 4096,
             cpus: [1, 0],
             recv_into: true,
+            env: vec![],
         };
         let back = JobSpec::from_args(&spec.to_args()).unwrap();
         assert_eq!(

@@ -121,6 +121,40 @@ pub fn summary(rows: &[Row], peer: Option<&str>) -> String {
     format!("summary: {}", parts.join("; "))
 }
 
+/// The verbs comparison: ferrocomm's 8 B one-way latency over `ib_send_lat`'s, and its 1 MiB
+/// ping-pong throughput over `ib_write_bw`'s streaming bandwidth (goals: at most 1.5, at least
+/// 0.8). A line of text and the JSON record.
+pub fn verbs_summary(rows: &[Row]) -> (String, Value) {
+    let (lat, bw) = (row(rows, 8), row(rows, 1 << 20));
+    let lat_ratio = lat.and_then(Row::latency_ratio);
+    let bw_ratio = bw.and_then(Row::bandwidth_ratio);
+    let line = format!(
+        "verbs vs perftest: 8 B latency ferrocomm {} us / ib_send_lat {} us = {} (goal <= 1.5); \
+         1 MiB bandwidth ferrocomm {} MB/s / ib_write_bw {} MB/s = {} (goal >= 0.8)",
+        num(lat.and_then(Row::ferrocomm_us), 2),
+        num(lat.and_then(Row::peer_us), 2),
+        num(lat_ratio, 3),
+        num(bw.and_then(Row::ferrocomm_mbps), 1),
+        num(bw.and_then(Row::peer_mbps), 1),
+        num(bw_ratio, 3),
+    );
+    let v = json!({
+        "latency_8B": {
+            "ferrocomm_us": lat.and_then(Row::ferrocomm_us),
+            "ib_send_lat_us": lat.and_then(Row::peer_us),
+            "ratio": lat_ratio,
+            "goal": "<= 1.5",
+        },
+        "bandwidth_1MiB": {
+            "ferrocomm_MBps": bw.and_then(Row::ferrocomm_mbps),
+            "ib_write_bw_MBps": bw.and_then(Row::peer_mbps),
+            "ratio": bw_ratio,
+            "goal": ">= 0.8",
+        },
+    });
+    (line, v)
+}
+
 /// Sizes whose throughput (per `mbps`) is over [`DIP`] below the previous size's, as text.
 pub fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<String> {
     let points: Vec<(usize, f64)> = rows.iter().filter_map(|r| Some((r.bytes, mbps(r)?))).collect();
