@@ -7,14 +7,21 @@ if ! command -v cargo >/dev/null; then
     echo "cargo is required (rustup: https://rustup.rs)" >&2
     exit 1
 fi
-# Nothing beyond the Rust toolchain is needed by the tests: TCP on loopback, io_uring in the
-# kernel (the io_uring tests need io_uring_disabled=0, as on Linux by default).
+# Nothing beyond the Rust toolchain is needed by the default tests: TCP on loopback, io_uring in
+# the kernel (the io_uring tests need io_uring_disabled=0, as on Linux by default). The verbs tests
+# below install their own (apt, pip).
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
+
+# The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so
+# they run over Soft-RoCE inside a VM (installs what it needs; skips with a message only if no VM
+# can boot here). Then the lints with the feature, whose system libraries the VM script installed.
+bash scripts/verbs-vm.sh
+cargo clippy --workspace --all-targets --locked --features verbs -- -D warnings
 
 # The portable (laptop) build must keep compiling off Linux: check it for macOS when the target
 # can be installed here.

@@ -141,7 +141,7 @@ while read -r name rc ms; do
         tail -60 "$OUT/$name.log" | sed 's/^/    /' >&2
         status=1
     fi
-    grep -hE '^(verbs suite|verbs kill|loss reported|new buffer|verbs vs perftest|summary)' "$OUT/$name.log" | sed 's/^/      /' || true
+    grep -hoE '(verbs suite|verbs kill|loss reported|new buffer|verbs vs perftest|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
 done <"$OUT/steps"
 [ -e "$OUT/done" ] || { echo "verbs-vm: FAILED: the run inside the VM did not finish" >&2; tail -20 "$OUT/console.log" >&2; status=1; }
 if [ "$MODE" = test ]; then

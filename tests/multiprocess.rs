@@ -111,8 +111,7 @@ fn suite_over_verbs() {
     }
     for rndv in ["write", "read"] {
         for n in [2, 4] {
-            let (code, text, took) =
-                launch_env(n, "suite", "verbs", &[&format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")]);
+            let (code, text, took) = launch_env(n, "suite", "verbs", &[&format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")]);
             assert_eq!(code, Some(0), "verbs ({rndv}), {n} ranks:\n{text}");
             for r in 0..n {
                 assert!(said(&text, r, "RANK-OK verbs"), "verbs ({rndv}) rank {r}:\n{text}");

@@ -47,7 +47,8 @@ pub fn first_device() -> Option<String> {
 /// address, else first RoCE v2, else 0), read from sysfs so both sides use the same one.
 pub fn default_gid_index(device: &str) -> u32 {
     let port = format!("/sys/class/infiniband/{device}/ports/1");
-    let read = |what: &str, i: u32| std::fs::read_to_string(format!("{port}/{what}/{i}")).ok().map(|s| s.trim().to_string());
+    let read =
+        |what: &str, i: u32| std::fs::read_to_string(format!("{port}/{what}/{i}")).ok().map(|s| s.trim().to_string());
     let entries: Vec<(u32, String, String)> = (0..16)
         .filter_map(|i| Some((i, read("gids", i)?, read("gid_attrs/types", i)?)))
         .filter(|(_, gid, _)| gid.chars().any(|c| c != '0' && c != ':'))
@@ -69,9 +70,19 @@ impl Perftest {
     }
 
     fn args(&self, bytes: usize, iters: u32) -> Vec<String> {
-        ["-d", &self.device, "-x", &self.gid_index.to_string(), "-s", &bytes.to_string(), "-n", &iters.to_string(), "-F"]
-            .map(String::from)
-            .to_vec()
+        [
+            "-d",
+            &self.device,
+            "-x",
+            &self.gid_index.to_string(),
+            "-s",
+            &bytes.to_string(),
+            "-n",
+            &iters.to_string(),
+            "-F",
+        ]
+        .map(String::from)
+        .to_vec()
     }
 
     /// The commands, for the record.

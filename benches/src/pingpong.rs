@@ -378,7 +378,9 @@ mod tests {
         assert!(Options::parse(&args("--help")).unwrap().is_none());
         let v = Options::parse(&args("--transport verbs --device rxe0 --gid-index 1")).unwrap().unwrap();
         assert_eq!((v.backend.as_str(), v.device.as_deref(), v.gid_index), ("verbs", Some("rxe0"), Some(1)));
-        for bad in ["--backend rdma", "--transport udp", "--gid-index x", "--runs 0", "--max", "--cpus 1", "--frobnicate"] {
+        for bad in
+            ["--backend rdma", "--transport udp", "--gid-index x", "--runs 0", "--max", "--cpus 1", "--frobnicate"]
+        {
             assert!(Options::parse(&args(bad)).is_err(), "{bad}");
         }
     }

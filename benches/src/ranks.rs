@@ -86,8 +86,14 @@ impl JobSpec {
     }
 
     fn from_args(args: &[String]) -> Result<JobSpec> {
-        let mut spec =
-            JobSpec { backend: "auto".into(), progress: "busy".into(), max: 0, cpus: [0, 1], recv_into: false, env: vec![] };
+        let mut spec = JobSpec {
+            backend: "auto".into(),
+            progress: "busy".into(),
+            max: 0,
+            cpus: [0, 1],
+            recv_into: false,
+            env: vec![],
+        };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             if flag == "--recv-into" {

@@ -100,7 +100,16 @@ impl Pair {
             for i in 0..2 {
                 self.t[i].progress(&mut self.s[i]);
             }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}: {:?} {:?} lost {:?} {:?} frames {} {}", self.t[0].stats(), self.t[1].stats(), self.s[0].lost, self.s[1].lost, self.s[0].frames.len(), self.s[1].frames.len());
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {:?} {:?} lost {:?} {:?} frames {} {}",
+                self.t[0].stats(),
+                self.t[1].stats(),
+                self.s[0].lost,
+                self.s[1].lost,
+                self.s[0].frames.len(),
+                self.s[1].frames.len()
+            );
         }
     }
 

@@ -91,7 +91,14 @@ pub struct Packet {
 }
 
 /// Writes a slot; returns the bytes used. `slot` must hold `SLOT_HEADER + payload.len()` bytes.
-pub fn encode(slot: &mut [u8], kind: LinkKind, freed: u32, header: Option<&Header>, remote: Remote, payload: &[u8]) -> usize {
+pub fn encode(
+    slot: &mut [u8],
+    kind: LinkKind,
+    freed: u32,
+    header: Option<&Header>,
+    remote: Remote,
+    payload: &[u8],
+) -> usize {
     let total = SLOT_HEADER + payload.len();
     slot[..SLOT_HEADER].fill(0);
     slot[0] = kind as u8;

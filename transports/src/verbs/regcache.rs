@@ -158,7 +158,8 @@ impl<R> RegCache<R> {
 
     fn evict(&mut self) {
         while self.entries.len() > self.max_entries || self.bytes > self.max_bytes {
-            let lru = self.entries.iter().filter(|(_, e)| e.in_use == 0).min_by_key(|(_, e)| e.last_used).map(|(k, _)| k);
+            let lru =
+                self.entries.iter().filter(|(_, e)| e.in_use == 0).min_by_key(|(_, e)| e.last_used).map(|(k, _)| k);
             let Some(k) = lru else { break };
             self.remove(k);
             self.stats.evictions += 1;

@@ -101,7 +101,10 @@ impl Device {
             unsafe { ffi::ibv_free_device_list(list) };
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("no RDMA device{} (is rdma_rxe loaded and rxe0 added?)", name.map(|n| format!(" {n}")).unwrap_or_default()),
+                format!(
+                    "no RDMA device{} (is rdma_rxe loaded and rxe0 added?)",
+                    name.map(|n| format!(" {n}")).unwrap_or_default()
+                ),
             ));
         };
         // SAFETY: `dev` is from the list, which stays alive until the device is opened.
@@ -126,7 +129,10 @@ impl Device {
         };
         let mut attr = ffi::ibv_port_attr::default();
         // SAFETY: `attr` is the full port attribute struct the compat entry point fills.
-        check(unsafe { ffi::ibv_query_port(ctx, PORT, &mut attr as *mut ffi::ibv_port_attr as *mut _) }, "ibv_query_port")?;
+        check(
+            unsafe { ffi::ibv_query_port(ctx, PORT, &mut attr as *mut ffi::ibv_port_attr as *mut _) },
+            "ibv_query_port",
+        )?;
         if attr.state != ffi::ibv_port_state::IBV_PORT_ACTIVE {
             return Err(io::Error::other(format!("port {PORT} of {} is not active (state {})", d.name, attr.state)));
         }
@@ -332,7 +338,9 @@ pub struct QpAddr {
 /// One operation for [`Qp::post_send`].
 pub enum Op {
     /// RDMA write with immediate from local (addr, len, lkey) to remote (addr, rkey).
-    WriteImm { imm: u32 },
+    WriteImm {
+        imm: u32,
+    },
     Write,
     Read,
 }
@@ -368,7 +376,11 @@ impl Qp {
             qp_access_flags: (A::IBV_ACCESS_REMOTE_WRITE | A::IBV_ACCESS_REMOTE_READ | A::IBV_ACCESS_LOCAL_WRITE).0,
             ..Default::default()
         };
-        self.modify(&mut a, M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS, "QP to INIT")?;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS,
+            "QP to INIT",
+        )?;
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
             path_mtu: dev.active_mtu,
@@ -444,7 +456,16 @@ impl Qp {
     /// The local memory must stay valid (and, for reads, unaliased) until the completion of
     /// `wr_id` has been polled or the QP has been flushed.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn post_send(&self, wr_id: u64, op: Op, laddr: u64, len: u32, lkey: u32, raddr: u64, rkey: u32) -> io::Result<()> {
+    pub unsafe fn post_send(
+        &self,
+        wr_id: u64,
+        op: Op,
+        laddr: u64,
+        len: u32,
+        lkey: u32,
+        raddr: u64,
+        rkey: u32,
+    ) -> io::Result<()> {
         let mut sge = ffi::ibv_sge { addr: laddr, length: len, lkey };
         let mut wr = ffi::ibv_send_wr {
             wr_id,

@@ -182,7 +182,9 @@ impl VerbsEndpoint {
     ) -> io::Result<VerbsTransport> {
         let VerbsEndpoint { me, cfg, slot_size, peers, mut dev } = self;
         let mut conns = Vec::with_capacity(peers.len());
-        let bad = |r: Rank, what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("verbs descriptor of rank {r}: {what}"));
+        let bad = |r: Rank, what: &str| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("verbs descriptor of rank {r}: {what}"))
+        };
         for (k, s) in peers.into_iter().enumerate() {
             let (_, d) = descs.iter().find(|(r, _)| *r == s.rank).ok_or_else(|| bad(s.rank, "missing"))?;
             let remote = parse_desc(d, s.rank, me, cfg.slots, slot_size).map_err(|w| bad(s.rank, w))?;
@@ -498,10 +500,11 @@ impl VerbsTransport {
             }
             return;
         }
-        if kind == Wr::Recv as u64 && c.live() {
-            if let Err(e) = self.on_slot(k, wc.imm_data().map_or(u32::MAX, u32::from_be), sink) {
-                self.fail(k, e);
-            }
+        if kind == Wr::Recv as u64
+            && c.live()
+            && let Err(e) = self.on_slot(k, wc.imm_data().map_or(u32::MAX, u32::from_be), sink)
+        {
+            self.fail(k, e);
         }
     }
 
@@ -558,7 +561,9 @@ impl VerbsTransport {
                 };
                 let len = u64::from(h.len);
                 if h.aux.checked_add(len).is_none_or(|end| end > e.len) || len > e.remaining {
-                    return Err(WireError::Oversize { kind: Kind::Data, len: h.aux.saturating_add(len), max: e.len }.into());
+                    return Err(
+                        WireError::Oversize { kind: Kind::Data, len: h.aux.saturating_add(len), max: e.len }.into()
+                    );
                 }
                 e.remaining -= len;
                 if e.remaining == 0 {
@@ -586,7 +591,15 @@ impl VerbsTransport {
                 let token = c.reads.insert(Reading { header: h, token: p.remote.token, mr }) as u32;
                 // SAFETY: the destination stays registered and valid until the completion.
                 unsafe {
-                    c.qp.post_send(wr_id(k, Wr::Read, token), Op::Read, ptr as u64, len as u32, lkey, p.remote.addr, p.remote.rkey)?
+                    c.qp.post_send(
+                        wr_id(k, Wr::Read, token),
+                        Op::Read,
+                        ptr as u64,
+                        len as u32,
+                        lkey,
+                        p.remote.addr,
+                        p.remote.rkey,
+                    )?
                 };
                 c.sq_used += 1;
             }
@@ -608,7 +621,12 @@ impl VerbsTransport {
             work += 1;
         }
         let c = &mut self.conns[k];
-        if c.live() && c.out.is_empty() && c.credits.wants_update() && c.credits.can_send(true) && c.sq_used < self.sq_depth {
+        if c.live()
+            && c.out.is_empty()
+            && c.credits.wants_update()
+            && c.credits.can_send(true)
+            && c.sq_used < self.sq_depth
+        {
             self.write_slot(k, LinkKind::Credit, None, Remote::default(), &[])?;
             self.stats.credit_updates += 1;
             work += 1;
@@ -632,7 +650,14 @@ impl VerbsTransport {
         let total = c.rts_len.remove(&h.seq);
         let (peer, want) = (c.rank, self.rendezvous == Rendezvous::Write && h.flags & flags::TRUNCATED == 0);
         if let Some(total) = total.filter(|&t| want && t > 0 && t <= u64::from(u32::MAX)) {
-            let probe = Header { kind: Kind::Data, src: peer, seq: h.aux, aux: 0, len: total as u32, ..Header::new(Kind::Data) };
+            let probe = Header {
+                kind: Kind::Data,
+                src: peer,
+                seq: h.aux,
+                aux: 0,
+                len: total as u32,
+                ..Header::new(Kind::Data)
+            };
             if let Ok(Some(dst)) = sink.data_dest(peer, &probe) {
                 let (ptr, len) = (dst.as_mut_ptr(), dst.len());
                 // SAFETY: the sink keeps the buffer valid until the last data frame or the loss.
@@ -669,7 +694,15 @@ impl VerbsTransport {
                 let token = c.writes.insert(Lent { pin, _data: payload.clone() }) as u32;
                 // SAFETY: the source is kept alive (and registered) in `writes` until completion.
                 unsafe {
-                    c.qp.post_send(wr_id(k, Wr::Write, token), Op::Write, payload.as_ptr() as u64, len as u32, lkey, dest, rkey)?
+                    c.qp.post_send(
+                        wr_id(k, Wr::Write, token),
+                        Op::Write,
+                        payload.as_ptr() as u64,
+                        len as u32,
+                        lkey,
+                        dest,
+                        rkey,
+                    )?
                 };
                 c.sq_used += 1;
                 self.stats.rdma_writes += 1;
@@ -745,7 +778,9 @@ fn extent(c: &Conn, h: &Header, payload: &Bytes) -> usize {
     let (mut end, mut off) = (payload.as_ptr() as usize + payload.len(), h.aux + payload.len() as u64);
     for o in &c.out {
         match o {
-            Out::Frame(n, p) if n.kind == Kind::Data && n.seq == h.seq && n.aux == off && p.as_ptr() as usize == end => {
+            Out::Frame(n, p)
+                if n.kind == Kind::Data && n.seq == h.seq && n.aux == off && p.as_ptr() as usize == end =>
+            {
                 end += p.len();
                 off += p.len() as u64;
             }
