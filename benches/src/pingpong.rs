@@ -239,6 +239,7 @@ pub fn main(args: &[String]) -> Result<()> {
         for s in &result.samples {
             if let Some(row) = rows.iter_mut().find(|r| r.bytes == s.bytes) {
                 row.ferrocomm.push(s.one_way);
+                row.ferrocomm_median.push(s.median_one_way);
             }
         }
         let iterations: u64 = result.samples.iter().map(|s| s.iterations).sum();
@@ -293,7 +294,7 @@ pub fn main(args: &[String]) -> Result<()> {
     print!("{}", report::table(&rows));
     println!();
     println!("{}", report::summary(&rows, peer_name));
-    let verbs_ratios = perf.as_ref().map(|_| report::verbs_summary(&rows));
+    let verbs_ratios = perf.as_ref().map(|_| report::verbs_summary(&rows, &perf_typical));
     if let Some((line, _)) = &verbs_ratios {
         println!("{line}");
     }
@@ -326,8 +327,6 @@ pub fn main(args: &[String]) -> Result<()> {
         }
         if let Some((_, ratios)) = &verbs_ratios {
             v["verbs_vs_perftest"] = ratios.clone();
-            v["verbs_vs_perftest"]["latency_8B"]["ib_send_lat_median_us"] =
-                json!(crate::sweep::median(&perf_typical).map(|s| s * 1e6));
             v["verbs_vs_perftest"]["commands"] = json!(perf.as_ref().map(|p| p.describe()));
         }
         let text = serde_json::to_string_pretty(&v)?;

@@ -119,8 +119,11 @@ pub struct Sample {
     pub bytes: usize,
     /// Timed iterations (round trips).
     pub iterations: u64,
-    /// Round trip / 2, seconds.
+    /// Round trip / 2, seconds: the batch's mean (NetPIPE).
     pub one_way: f64,
+    /// The median round trip of the batch / 2, seconds (insensitive to rare stalls of a noisy
+    /// or emulated machine).
+    pub median_one_way: f64,
 }
 
 /// One ferrocomm sweep.
@@ -173,6 +176,7 @@ fn parse_result(line: &str) -> Result<SweepResult> {
                 bytes: r["bytes"].as_u64()? as usize,
                 iterations: r["iterations"].as_u64()?,
                 one_way: r["one_way_s"].as_f64()?,
+                median_one_way: r["median_one_way_s"].as_f64()?,
             })
         })
         .collect::<Option<Vec<_>>>()
@@ -230,7 +234,10 @@ pub fn rank_main(args: &[String]) -> Result<()> {
             let samples = measure(&world, &payload, &mut inbox, spec.max).await?;
             let rows: Vec<Value> = samples
                 .iter()
-                .map(|s| json!({"bytes": s.bytes, "iterations": s.iterations, "one_way_s": s.one_way}))
+                .map(|s| {
+                    json!({"bytes": s.bytes, "iterations": s.iterations, "one_way_s": s.one_way,
+                           "median_one_way_s": s.median_one_way})
+                })
                 .collect();
             // One line of a few KiB, well under the launcher's 64 KiB line limit.
             println!("{}", json!({"transport": world.transport_name(), "rows": rows}));
@@ -316,11 +323,12 @@ async fn measure(world: &World, payload: &Bytes, inbox: &mut Inbox, max: usize) 
     for bytes in sweep::sizes(max) {
         let data = payload.slice(..bytes);
         let warmup = sweep::iterations(round_trip, WARMUP, MIN_WARMUP);
-        round_trip = batch(world, payload, inbox, &data, warmup).await?.as_secs_f64() / warmup as f64;
+        round_trip = batch(world, payload, inbox, &data, warmup).await?.0.as_secs_f64() / warmup as f64;
         let iterations = sweep::iterations(round_trip, TARGET, MIN_ITERATIONS);
-        round_trip = batch(world, payload, inbox, &data, iterations).await?.as_secs_f64() / iterations as f64;
+        let (total, median) = batch(world, payload, inbox, &data, iterations).await?;
+        round_trip = total.as_secs_f64() / iterations as f64;
         let one_way = round_trip / 2.0;
-        samples.push(Sample { bytes, iterations, one_way });
+        samples.push(Sample { bytes, iterations, one_way, median_one_way: median / 2.0 });
         if one_way > STOP_AFTER.as_secs_f64() {
             break;
         }
@@ -329,17 +337,29 @@ async fn measure(world: &World, payload: &Bytes, inbox: &mut Inbox, max: usize) 
     Ok(samples)
 }
 
-/// Rank 0: `count` round trips of `data`, timed.
-async fn batch(world: &World, payload: &Bytes, inbox: &mut Inbox, data: &Bytes, count: u64) -> Result<Duration> {
+/// Rank 0: `count` round trips of `data`, timed: the whole batch, and the median round trip
+/// in seconds.
+async fn batch(
+    world: &World,
+    payload: &Bytes,
+    inbox: &mut Inbox,
+    data: &Bytes,
+    count: u64,
+) -> Result<(Duration, f64)> {
     world.send(1, TAG_CONTROL, control(data.len(), count)).await?;
     world.recv(1, TAG_ACK).await?;
+    let mut each = Vec::with_capacity(count as usize);
     let start = Instant::now();
+    let mut last = start;
     for _ in 0..count {
         world.send(1, TAG_DATA, data.clone()).await?;
         let posted = inbox.post(world, 1, data.len())?;
         inbox.wait(posted).await?.check(payload, data.len())?;
+        let now = Instant::now();
+        each.push((now - last).as_secs_f64());
+        last = now;
     }
-    Ok(start.elapsed())
+    Ok((start.elapsed(), sweep::median(&each).unwrap_or(0.0)))
 }
 
 /// Rank 1: echoes batches until told to stop.

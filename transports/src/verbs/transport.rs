@@ -239,6 +239,7 @@ impl VerbsEndpoint {
             cache: RegCache::new(cfg.cache_entries, cfg.cache_bytes),
             lost: Vec::new(),
             wcs: Vec::new(),
+            wc_buf: Box::new(sys::wc_array()),
             tick: 0,
             check_now: false,
             stats: VerbsStats::default(),
@@ -388,6 +389,8 @@ pub struct VerbsTransport {
     lost: Vec<(Rank, TransportError)>,
     /// Completions polled by `poll_ready`, handled by the next `progress`.
     wcs: Vec<ffi::ibv_wc>,
+    /// Where the completion queue is polled into (not zeroed on every call).
+    wc_buf: Box<[ffi::ibv_wc; POLL_BATCH]>,
     tick: u32,
     check_now: bool,
     stats: VerbsStats,
@@ -825,14 +828,14 @@ impl Transport for VerbsTransport {
 
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
         let mut work = 0;
-        let mut wcs = sys::wc_array::<POLL_BATCH>();
-        let early = std::mem::take(&mut self.wcs);
-        for wc in &early {
-            self.handle_wc(wc, sink);
-            work += 1;
+        if !self.wcs.is_empty() {
+            for wc in std::mem::take(&mut self.wcs) {
+                self.handle_wc(&wc, sink);
+                work += 1;
+            }
         }
         loop {
-            let n = match self.dev.poll(&mut wcs) {
+            let n = match self.dev.poll(&mut self.wc_buf[..]) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::error!("polling the verbs completion queue failed: {e}");
@@ -842,8 +845,9 @@ impl Transport for VerbsTransport {
                     0
                 }
             };
-            for wc in &wcs[..n] {
-                self.handle_wc(wc, sink);
+            for i in 0..n {
+                let wc = self.wc_buf[i];
+                self.handle_wc(&wc, sink);
             }
             work += n;
             if n < POLL_BATCH {
@@ -890,11 +894,10 @@ impl Transport for VerbsTransport {
         if self.dev.arm().is_err() {
             return Poll::Ready(());
         }
-        let mut wcs = sys::wc_array::<POLL_BATCH>();
-        if let Ok(n) = self.dev.poll(&mut wcs)
+        if let Ok(n) = self.dev.poll(&mut self.wc_buf[..])
             && n > 0
         {
-            self.wcs.extend_from_slice(&wcs[..n]);
+            self.wcs.extend_from_slice(&self.wc_buf[..n]);
             return Poll::Ready(());
         }
         let mut ready = false;
