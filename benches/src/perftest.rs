@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 
 use crate::{Result, process};
 
+/// Iterations of `ib_send_lat` and of `ib_write_bw`.
+const LAT_ITERS: u32 = 2000;
+const BW_ITERS: u32 = 200;
 /// How long one perftest pair may take.
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the client keeps trying to reach a server that is still starting.
@@ -89,8 +92,8 @@ impl Perftest {
     pub fn describe(&self) -> String {
         format!(
             "ib_send_lat {0} & ib_send_lat {0} 127.0.0.1; ib_write_bw {1} & ib_write_bw {1} 127.0.0.1",
-            self.args(8, 1000).join(" "),
-            self.args(1 << 20, 200).join(" ")
+            self.args(8, LAT_ITERS).join(" "),
+            self.args(1 << 20, BW_ITERS).join(" ")
         )
     }
 
@@ -122,13 +125,13 @@ impl Perftest {
 
     /// `ib_send_lat` at `bytes`: the mean and the typical (median) one-way time, seconds.
     pub fn send_lat(&self, bytes: usize, cpus: [usize; 2]) -> Result<(f64, f64)> {
-        let out = self.pair(&self.send_lat, &self.args(bytes, 2000), cpus)?;
+        let out = self.pair(&self.send_lat, &self.args(bytes, LAT_ITERS), cpus)?;
         Ok((column(&out, bytes, "t_avg")? * 1e-6, column(&out, bytes, "t_typical")? * 1e-6))
     }
 
     /// `ib_write_bw` at `bytes`: the average bandwidth, MB/s (10^6 bytes per second).
     pub fn write_bw(&self, bytes: usize, cpus: [usize; 2]) -> Result<f64> {
-        let out = self.pair(&self.write_bw, &self.args(bytes, 200), cpus)?;
+        let out = self.pair(&self.write_bw, &self.args(bytes, BW_ITERS), cpus)?;
         let unit = if out.contains("BW average[MiB/sec]") { 1.048576 } else { 1.0 };
         Ok(column(&out, bytes, "BW average")? * unit)
     }

@@ -303,7 +303,12 @@ mod tests {
     fn picture_is_well_formed() {
         let rows: Vec<Row> = [1usize, 8, 1024, 4 << 20]
             .iter()
-            .map(|&b| Row { bytes: b, ferrocomm: vec![1e-5 + b as f64 * 1e-9], peer: vec![2e-5 + b as f64 * 5e-10] })
+            .map(|&b| Row {
+                bytes: b,
+                ferrocomm: vec![1e-5 + b as f64 * 1e-9],
+                peer: vec![2e-5 + b as f64 * 5e-10],
+                ..Row::default()
+            })
             .collect();
         let s = svg("t <1>", "s", &rows, Some("NPtcp"));
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));

@@ -339,13 +339,7 @@ async fn measure(world: &World, payload: &Bytes, inbox: &mut Inbox, max: usize) 
 
 /// Rank 0: `count` round trips of `data`, timed: the whole batch, and the median round trip
 /// in seconds.
-async fn batch(
-    world: &World,
-    payload: &Bytes,
-    inbox: &mut Inbox,
-    data: &Bytes,
-    count: u64,
-) -> Result<(Duration, f64)> {
+async fn batch(world: &World, payload: &Bytes, inbox: &mut Inbox, data: &Bytes, count: u64) -> Result<(Duration, f64)> {
     world.send(1, TAG_CONTROL, control(data.len(), count)).await?;
     world.recv(1, TAG_ACK).await?;
     let mut each = Vec::with_capacity(count as usize);

@@ -221,7 +221,7 @@ mod tests {
     use super::*;
 
     fn r(bytes: usize, f: f64, p: f64) -> Row {
-        Row { bytes, ferrocomm: vec![f, f * 2.0, f / 2.0], peer: vec![p] }
+        Row { bytes, ferrocomm: vec![f, f * 2.0, f / 2.0], peer: vec![p], ..Row::default() }
     }
 
     #[test]

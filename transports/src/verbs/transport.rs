@@ -218,6 +218,7 @@ impl VerbsEndpoint {
                 reads: Slab::new(),
                 sock,
                 failing: None,
+                dead: false,
                 bye: false,
             });
         }
@@ -360,12 +361,14 @@ struct Conn {
     sock: Option<AsyncFd<TcpStream>>,
     /// Why the connection is ending; reported once no work request is outstanding.
     failing: Option<TransportError>,
+    /// Ended and reported: nothing more happens on it.
+    dead: bool,
     bye: bool,
 }
 
 impl Conn {
     fn live(&self) -> bool {
-        self.failing.is_none()
+        self.failing.is_none() && !self.dead
     }
 
     fn slot_ptr(&self, block: &RegBlock, slot: u32, slot_size: usize) -> *mut u8 {
@@ -414,7 +417,7 @@ impl VerbsTransport {
     pub fn in_flight(&self) -> usize {
         self.conns
             .iter()
-            .filter(|c| c.sq_used != u32::MAX)
+            .filter(|c| !c.dead)
             .map(|c| c.sq_used as usize + c.lent.len() + c.writes.len() + c.reads.len() + c.out.len())
             .sum()
     }
@@ -438,7 +441,7 @@ impl VerbsTransport {
     /// Starts ending connection `k`: no more traffic; outstanding work is flushed.
     fn fail(&mut self, k: usize, err: TransportError) {
         let c = &mut self.conns[k];
-        if c.failing.is_some() {
+        if c.failing.is_some() || c.dead {
             return;
         }
         tracing::debug!(peer = c.rank, %err, "verbs connection ends");
@@ -466,9 +469,7 @@ impl VerbsTransport {
                 }
                 c.sock = None;
                 self.lost.push((c.rank, err));
-                // Mark as gone for good (a `failing` of None with no socket and QP in error).
-                c.bye = true;
-                c.sq_used = u32::MAX;
+                c.dead = true;
             }
         }
     }
@@ -476,7 +477,7 @@ impl VerbsTransport {
     fn handle_wc(&mut self, wc: &ffi::ibv_wc, sink: &mut dyn Sink) {
         let (k, kind, token) = split_wr(wc.wr_id());
         let Some(c) = self.conns.get_mut(k) else { return };
-        if kind != Wr::Recv as u64 && c.sq_used != u32::MAX {
+        if kind != Wr::Recv as u64 {
             c.sq_used = c.sq_used.saturating_sub(1);
         }
         let ok = wc.is_valid();
@@ -820,7 +821,6 @@ impl Transport for VerbsTransport {
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
         if let Some(k) = self.index(peer)
             && self.conns[k].live()
-            && self.conns[k].sq_used != u32::MAX
         {
             self.conns[k].out.push_back(Out::Frame(header, payload));
         }
@@ -948,7 +948,7 @@ impl Drop for VerbsTransport {
         }
         let mut wcs = sys::wc_array::<POLL_BATCH>();
         for _ in 0..1000 {
-            if self.conns.iter().all(|c| c.sq_used == 0 || c.sq_used == u32::MAX) {
+            if self.conns.iter().all(|c| c.sq_used == 0) {
                 break;
             }
             let n = self.dev.poll(&mut wcs).unwrap_or(0);
@@ -956,7 +956,6 @@ impl Drop for VerbsTransport {
                 let (k, kind, _) = split_wr(wc.wr_id());
                 if let Some(c) = self.conns.get_mut(k)
                     && kind != Wr::Recv as u64
-                    && c.sq_used != u32::MAX
                 {
                     c.sq_used = c.sq_used.saturating_sub(1);
                 }
