@@ -193,11 +193,24 @@ fn eager_frames_in_order_with_credits_and_sleep() {
         assert_eq!((*peer, h, b), (0, wh, wb), "frame {i}");
     }
     assert!(p.t[1].stats().credit_updates > 0, "one-way traffic needs explicit credit updates");
+    // Both ways at once, both sides stalled on slots: the reserved slot carries the credit.
+    let (n0, n1) = (p.s[0].frames.len(), p.s[1].frames.len());
+    for i in 0..300u64 {
+        for from in 0..2u32 {
+            let (h, b) = eager(from, 1000 + i, [0, 1, 100, EAGER][i as usize % 4]);
+            p.t[from as usize].send(1 - from, h, b);
+        }
+    }
+    p.run_until("300 frames each way", |s| s[0].frames.len() == n0 + 300 && s[1].frames.len() == n1 + 300);
+    for (i, (_, h, _)) in p.s[0].frames[n0..].iter().enumerate() {
+        assert_eq!((h.src, h.tag), (1, 1000 + i as u64), "order, 1 to 0");
+    }
     // Sleeping on the completion channel: 1 sleeps, 0 sends.
     let (h, b) = eager(0, 999, 10);
     p.t[0].send(1, h, b);
     p.t[0].progress(&mut p.s[0]);
-    p.sleep_until(1, "a frame while asleep", |s| s.frames.len() == 201);
+    let n1 = p.s[1].frames.len();
+    p.sleep_until(1, "a frame while asleep", |s| s.frames.len() == n1 + 1);
     assert!(p.s[0].lost.is_empty() && p.s[1].lost.is_empty());
 }
 

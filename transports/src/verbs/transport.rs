@@ -625,8 +625,11 @@ impl VerbsTransport {
             work += 1;
         }
         let c = &mut self.conns[k];
+        // An explicit update when nothing can carry the credit now: nothing queued, or the
+        // queue is stalled on slots (both sides stalled that way would otherwise wait forever;
+        // the reserved slot is for this).
         if c.live()
-            && c.out.is_empty()
+            && (c.out.is_empty() || !c.credits.can_send(false))
             && c.credits.wants_update()
             && c.credits.can_send(true)
             && c.sq_used < self.sq_depth
@@ -876,7 +879,10 @@ impl Transport for VerbsTransport {
         if !self.lost.is_empty() || self.check_now || !self.wcs.is_empty() {
             return Poll::Ready(());
         }
-        let sendable = self.conns.iter().any(|c| c.live() && !c.out.is_empty() && c.credits.can_send(false));
+        let sendable = self
+            .conns
+            .iter()
+            .any(|c| c.live() && !c.out.is_empty() && c.credits.can_send(false) && c.sq_used + 2 <= self.sq_depth);
         if sendable || self.conns.iter().any(|c| c.failing.is_some() && c.sq_used == 0) {
             return Poll::Ready(());
         }
