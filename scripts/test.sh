@@ -10,7 +10,8 @@ fi
 # Beyond the Rust toolchain: TCP on loopback, io_uring in the kernel (the io_uring tests need
 # io_uring_disabled=0, as on Linux by default), and for the multicast tests ip (iproute2) and
 # iptables, multicast on the loopback interface, and root (network namespaces, iptables). Without
-# root those tests say loudly that they were skipped.
+# root those tests say loudly that they were skipped. The verbs tests below install their own
+# (apt, pip) and run in a VM.
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
     missing=()
@@ -30,6 +31,12 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
+
+# The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so
+# they run over Soft-RoCE inside a VM (installs what it needs; skips with a message only if no VM
+# can boot here). Then the lints with the feature, whose system libraries the VM script installed.
+bash scripts/verbs-vm.sh
+cargo clippy --workspace --all-targets --locked --features verbs -- -D warnings
 
 # The portable (laptop) build must keep compiling off Linux: check it for macOS when the target
 # can be installed here.

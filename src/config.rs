@@ -5,6 +5,7 @@ use std::time::Duration;
 
 pub use ferrocomm_reactor::ProgressMode;
 pub use ferrocomm_transports::tcp::Backend as TcpBackend;
+pub use ferrocomm_transports::verbs::Rendezvous as VerbsRendezvous;
 
 use crate::error::{Error, Result};
 
@@ -15,6 +16,9 @@ pub enum TransportChoice {
     Auto,
     /// TCP to every peer.
     Tcp,
+    /// RDMA verbs to every peer, on this host too (needs the `verbs` cargo feature and an RDMA
+    /// device; the bootstrap TCP connections stay open as liveness channels).
+    Verbs,
 }
 
 impl std::str::FromStr for TransportChoice {
@@ -23,7 +27,8 @@ impl std::str::FromStr for TransportChoice {
         match s {
             "auto" => Ok(TransportChoice::Auto),
             "tcp" => Ok(TransportChoice::Tcp),
-            _ => Err(format!("unknown transport choice {s:?} (auto, tcp)")),
+            "verbs" => Ok(TransportChoice::Verbs),
+            _ => Err(format!("unknown transport choice {s:?} (auto, tcp, verbs)")),
         }
     }
 }
@@ -33,8 +38,8 @@ impl std::str::FromStr for TransportChoice {
 pub struct Settings {
     /// `FERROCOMM_PROGRESS`: `busy`, `adaptive[:MICROSECONDS]` or `blocking`. Default adaptive, 50 us.
     pub progress: ProgressMode,
-    /// `FERROCOMM_TRANSPORTS`: `auto` (shared memory to ranks on this host, TCP to the others)
-    /// or `tcp` (TCP to everyone).
+    /// `FERROCOMM_TRANSPORTS`: `auto` (shared memory to ranks on this host, TCP to the others),
+    /// `tcp` (TCP to everyone) or `verbs` (RDMA verbs to everyone; cargo feature `verbs`).
     pub transports: TransportChoice,
     /// `FERROCOMM_TCP_BACKEND`: `auto` (io_uring where available), `uring` or `portable`.
     pub tcp_backend: TcpBackend,
@@ -61,6 +66,30 @@ pub struct Settings {
     pub collectives: ferrocomm_collectives::Table,
     /// Reliable multicast (`FERROCOMM_MCAST_*`): see [`crate::multicast::McastSettings`].
     pub multicast: crate::multicast::McastSettings,
+    /// Settings of the verbs transport (used with [`TransportChoice::Verbs`]).
+    pub verbs: VerbsSettings,
+}
+
+/// Settings of the verbs transport.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerbsSettings {
+    /// `FERROCOMM_VERBS_DEVICE`: RDMA device name (`rxe0`, `mlx5_0`). Default: the first one.
+    pub device: Option<String>,
+    /// `FERROCOMM_VERBS_GID_INDEX`: GID table index. Default: the first RoCE v2 IPv4 entry.
+    pub gid_index: Option<u8>,
+    /// `FERROCOMM_VERBS_SLOTS`: eager ring slots per peer and direction (one kept for credit
+    /// updates). Default 32, like the engine's credits.
+    pub slots: u32,
+    /// `FERROCOMM_VERBS_RENDEZVOUS`: `write` (the receiver announces its buffer with the CTS and
+    /// the sender RDMA-writes, one round trip less) or `read` (the receiver RDMA-reads the
+    /// chunks the sender lends). Default `write`.
+    pub rendezvous: VerbsRendezvous,
+}
+
+impl Default for VerbsSettings {
+    fn default() -> Self {
+        VerbsSettings { device: None, gid_index: None, slots: 32, rendezvous: VerbsRendezvous::Write }
+    }
 }
 
 impl Default for Settings {
@@ -78,6 +107,7 @@ impl Default for Settings {
             bind: IpAddr::from([0, 0, 0, 0]),
             collectives: Default::default(),
             multicast: Default::default(),
+            verbs: VerbsSettings::default(),
         }
     }
 }
@@ -139,6 +169,18 @@ impl Settings {
                 s.collectives.with_overrides(&v).map_err(|reason| Error::Config { name: "FERROCOMM_COLL", reason })?;
         }
         s.multicast = crate::multicast::McastSettings::from_vars(&get)?;
+        if let Some(v) = parse("FERROCOMM_VERBS_DEVICE", &get)? {
+            s.verbs.device = Some(v);
+        }
+        if let Some(v) = parse("FERROCOMM_VERBS_GID_INDEX", &get)? {
+            s.verbs.gid_index = Some(v);
+        }
+        if let Some(v) = parse("FERROCOMM_VERBS_SLOTS", &get)? {
+            s.verbs.slots = v;
+        }
+        if let Some(v) = parse("FERROCOMM_VERBS_RENDEZVOUS", &get)? {
+            s.verbs.rendezvous = v;
+        }
         s.validate()?;
         Ok(s)
     }
@@ -156,6 +198,12 @@ impl Settings {
             return bad("rndv_chunk", "between 1 byte and 1 GiB");
         }
         self.multicast.validate()?;
+        if self.verbs.slots < 2 || self.verbs.slots > (1 << 16) {
+            return bad("verbs.slots", "between 2 and 65536");
+        }
+        if self.transports == TransportChoice::Verbs && !cfg!(feature = "verbs") {
+            return bad("FERROCOMM_TRANSPORTS", "verbs needs ferrocomm built with the `verbs` cargo feature");
+        }
         Ok(())
     }
 }
@@ -178,5 +226,18 @@ mod tests {
         assert_eq!(s.eager_limit, 4096);
         let e = Settings::from_vars(|k| (k == "FERROCOMM_MAX_CREDIT").then(|| "lots".into())).unwrap_err();
         assert!(matches!(e, Error::Config { name: "FERROCOMM_MAX_CREDIT", .. }), "{e}");
+        let s = Settings::from_vars(|k| match k {
+            "FERROCOMM_VERBS_RENDEZVOUS" => Some("read".into()),
+            "FERROCOMM_VERBS_SLOTS" => Some("8".into()),
+            "FERROCOMM_VERBS_DEVICE" => Some("rxe0".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(
+            s.verbs,
+            VerbsSettings { device: Some("rxe0".into()), gid_index: None, slots: 8, rendezvous: VerbsRendezvous::Read }
+        );
+        let verbs = Settings::from_vars(|k| (k == "FERROCOMM_TRANSPORTS").then(|| "verbs".into()));
+        assert_eq!(verbs.is_ok(), cfg!(feature = "verbs"), "{verbs:?}");
     }
 }

@@ -17,21 +17,28 @@ use ferrocomm::{Algorithm, Deadline, Error, Operation, Source, TagMatch};
 const FERRORUN: &str = env!("CARGO_BIN_EXE_ferrorun");
 const SCENARIO: &str = "FERROCOMM_TEST_SCENARIO";
 
-/// Runs `scenario` on `n` ranks over `transport`: `uring` or `portable` (TCP), or `shm`.
+/// Runs `scenario` on `n` ranks over `transport`: `uring` or `portable` (TCP), `shm`, or `verbs`.
 fn launch(n: u32, scenario: &str, transport: &str) -> (Option<i32>, String, Duration) {
-    launch_with(n, scenario, transport, &[])
+    launch_env(n, scenario, transport, &[])
 }
 
-/// [`launch`] with extra `NAME=value` settings for every rank.
-fn launch_with(n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
-    let (choice, backend) = if transport == "shm" { ("auto", "auto") } else { ("tcp", transport) };
+/// [`launch`] with extra `KEY=VALUE` variables for every rank.
+fn launch_env(n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
+    let (choice, backend) = match transport {
+        "shm" => ("auto", "auto"),
+        "verbs" => ("verbs", "auto"),
+        _ => ("tcp", transport),
+    };
     let exe = std::env::current_exe().unwrap();
     let t0 = Instant::now();
-    let out = Command::new(FERRORUN)
-        .args(["-n", &n.to_string(), "--grace", "5", "--env", &format!("{SCENARIO}={scenario}")])
+    let mut cmd = Command::new(FERRORUN);
+    cmd.args(["-n", &n.to_string(), "--grace", "5", "--env", &format!("{SCENARIO}={scenario}")])
         .args(["--env", &format!("FERROCOMM_TCP_BACKEND={backend}")])
-        .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")])
-        .args(env.iter().flat_map(|e| ["--env", e]))
+        .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")]);
+    for e in env {
+        cmd.args(["--env", e]);
+    }
+    let out = cmd
         .arg(exe)
         .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
         .stdin(Stdio::null())
@@ -95,6 +102,39 @@ fn collectives_under_ferrorun() {
     }
 }
 
+/// Whether an RDMA device is present (inside the Soft-RoCE VM of scripts/verbs-vm.sh). Without
+/// one the verbs tests are skipped with a message, unless FERROCOMM_REQUIRE_VERBS is set (the
+/// VM run sets it, so a missing device there fails).
+#[cfg(feature = "verbs")]
+fn verbs_here(test: &str) -> bool {
+    let present = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() > 0).unwrap_or(false);
+    if !present {
+        assert!(std::env::var_os("FERROCOMM_REQUIRE_VERBS").is_none(), "{test}: no RDMA device");
+        eprintln!("{test}: skipped, no RDMA device here (scripts/verbs-vm.sh runs it over Soft-RoCE)");
+    }
+    present
+}
+
+/// The point-to-point suite over RDMA verbs, 2 and 4 ranks, with each rendezvous protocol
+/// (RDMA write into the receiver's announced buffer, RDMA read of the sender's lent chunks).
+#[cfg(feature = "verbs")]
+#[test]
+fn suite_over_verbs() {
+    if !verbs_here("suite_over_verbs") {
+        return;
+    }
+    for rndv in ["write", "read"] {
+        for n in [2, 4] {
+            let (code, text, took) = launch_env(n, "suite", "verbs", &[&format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")]);
+            assert_eq!(code, Some(0), "verbs ({rndv}), {n} ranks:\n{text}");
+            for r in 0..n {
+                assert!(said(&text, r, "RANK-OK verbs"), "verbs ({rndv}) rank {r}:\n{text}");
+            }
+            println!("verbs suite, rendezvous by {rndv}, {n} ranks: {took:?}");
+        }
+    }
+}
+
 /// A rank killed with SIGKILL as a collective starts: the others' all-reduce fails with a typed
 /// peer-lost error (naming rank 2, or a rank that left after its own call failed) instead of
 /// hanging, on TCP and on shared memory.
@@ -114,7 +154,7 @@ fn killed_rank_fails_the_collective() {
 #[test]
 fn setting_pins_collective_algorithms() {
     let pins = "FERROCOMM_COLL=allreduce=ring,bcast=scatter-allgather,alltoall=linear,allgather=ring";
-    let (code, text, _) = launch_with(5, "pinned", "shm", &[pins]);
+    let (code, text, _) = launch_env(5, "pinned", "shm", &[pins]);
     assert_eq!(code, Some(0), "{text}");
     assert!((0..5).all(|r| said(&text, r, "RANK-OK pinned")), "{text}");
 }
@@ -127,6 +167,25 @@ fn hierarchical_collectives_across_pretend_hosts() {
     let (code, text, _) = launch(6, "hierarchy", "shm");
     assert_eq!(code, Some(0), "{text}");
     assert!((0..6).all(|r| said(&text, r, "RANK-OK hierarchical")), "{text}");
+}
+
+/// A rank killed with SIGKILL in the middle of an RDMA transfer, for each rendezvous protocol.
+#[cfg(feature = "verbs")]
+#[test]
+fn killed_rank_over_verbs() {
+    if !verbs_here("killed_rank_over_verbs") {
+        return;
+    }
+    for rndv in ["write", "read"] {
+        let (code, text, took) = launch_env(4, "kill", "verbs", &[&format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")]);
+        assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
+        for r in [0, 1, 3] {
+            assert!(said(&text, r, "PEER-LOST-OK"), "verbs ({rndv}) rank {r}:\n{text}");
+        }
+        assert!(!said(&text, 2, "RANK-OK"), "{text}");
+        assert!(took < Duration::from_secs(60), "{took:?}");
+        println!("verbs kill ({rndv}): {took:?}");
+    }
 }
 
 /// One rank of a scenario, when run by `ferrorun`.

@@ -49,6 +49,7 @@ mod collectives;
 mod mcast;
 mod netpipe;
 mod osu;
+mod perftest;
 mod pingpong;
 mod plot;
 mod process;

@@ -12,6 +12,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use crate::netpipe::{Flavour, NetPipe};
+use crate::perftest::{self, Perftest};
 use crate::ranks::{self, JobSpec};
 use crate::report::{self, Meta, Row};
 use crate::{Result, affinity, plot, process, reference, sweep, transport};
@@ -28,7 +29,11 @@ at -3 and +3 bytes; medians over --runs runs. Over shared memory also: reference
 ping-pong, memcpy), the transport alone, and the latency to an idle peer (adaptive vs busy-poll).
 
 options:
-  --transport T             transport to measure: tcp (default) or shm (shared memory)
+  --transport T             transport to measure: tcp (default), shm (shared memory) or verbs
+                            (build with --features verbs; the peer is then perftest's
+                            ib_send_lat at 8 B and ib_write_bw at 1 MiB on the same device)
+  --device D                RDMA device for verbs (default: the first one)
+  --gid-index N             GID index for verbs (default: the first RoCE v2 IPv4 entry)
   --backend B               ferrocomm TCP backend: auto, uring or portable (default auto)
   --progress P              ferrocomm progress: busy, adaptive[:US] or blocking (default busy)
   --max BYTES               largest power of two measured, e.g. 65536, 64K, 8M (default 8M)
@@ -57,6 +62,8 @@ pub struct Options {
     pub peer: bool,
     pub recv_into: bool,
     pub idle_gap_us: u64,
+    pub device: Option<String>,
+    pub gid_index: Option<u32>,
 }
 
 impl Default for Options {
@@ -73,6 +80,8 @@ impl Default for Options {
             peer: true,
             recv_into: false,
             idle_gap_us: 1000,
+            device: None,
+            gid_index: None,
         }
     }
 }
@@ -91,8 +100,8 @@ impl Options {
             match flag {
                 "-h" | "--help" => return Ok(None),
                 "--transport" => match value()?.as_str() {
-                    t @ ("tcp" | "shm") => o.transport = t.into(),
-                    t => return Err(format!("--transport {t}: tcp or shm").into()),
+                    t @ ("tcp" | "shm" | "verbs") => o.transport = t.into(),
+                    t => return Err(format!("--transport {t}: tcp, shm or verbs").into()),
                 },
                 "--backend" => {
                     let b = value()?;
@@ -115,6 +124,8 @@ impl Options {
                 "--json" => o.json = Some(value()?.into()),
                 "--plot" => o.plot = Some(value()?.into()),
                 "--no-peer" => o.peer = false,
+                "--device" => o.device = Some(value()?),
+                "--gid-index" => o.gid_index = Some(value()?.parse().map_err(|e| format!("--gid-index: {e}"))?),
                 "--recv-into" => o.recv_into = true,
                 "--idle-gap" => o.idle_gap_us = value()?.parse().map_err(|e| format!("--idle-gap: {e}"))?,
                 other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
@@ -171,26 +182,45 @@ pub fn main(args: &[String]) -> Result<()> {
         eprintln!("warning: both sides on CPU {}: they will take turns, not run at once", opts.cpus[0]);
     }
     let shm = opts.transport == "shm";
-    let flavours: &[Flavour] = match (opts.peer, shm) {
+    let verbs = opts.transport == "verbs";
+    let flavours: &[Flavour] = match (opts.peer && !verbs, shm) {
         (false, _) => &[],
         (true, false) => &[Flavour::Tcp],
         (true, true) => &[Flavour::OpenMpi, Flavour::Mpich],
     };
     let peers = flavours.iter().map(|&f| NetPipe::find(f)).collect::<Result<Vec<_>>>()?;
-    let names: Vec<&str> = peers.iter().map(NetPipe::name).collect();
+    let mut names: Vec<&str> = peers.iter().map(NetPipe::name).collect();
+    // Over verbs the peer is perftest on the same device (peer 0 of the rows).
+    let mut env = Vec::new();
+    let mut perf = None;
+    if verbs {
+        let device = opts.device.clone().or_else(perftest::first_device).ok_or("--transport verbs: no RDMA device")?;
+        let gid = opts.gid_index.unwrap_or_else(|| perftest::default_gid_index(&device));
+        env.push(("FERROCOMM_VERBS_DEVICE".to_string(), device.clone()));
+        env.push(("FERROCOMM_VERBS_GID_INDEX".to_string(), gid.to_string()));
+        if opts.peer {
+            perf = Some(Perftest::find(&device, gid)?);
+            names.push("perftest");
+        }
+    }
     let spec = JobSpec {
-        backend: if shm { "shm".into() } else { opts.backend.clone() },
+        backend: if shm || verbs { opts.transport.clone() } else { opts.backend.clone() },
         progress: opts.progress.clone(),
         max: opts.max,
         cpus: opts.cpus,
         recv_into: opts.recv_into,
         idle_gap_us: 0,
+        env,
     };
     let sizes = sweep::sizes(opts.max);
     let mut rows: Vec<Row> =
-        sizes.iter().map(|&bytes| Row { bytes, peers: vec![Vec::new(); peers.len()], ..Row::default() }).collect();
+        sizes.iter().map(|&bytes| Row { bytes, peers: vec![Vec::new(); names.len()], ..Row::default() }).collect();
 
-    let medium = if shm { "shared memory (two processes on this host)" } else { "TCP on 127.0.0.1" };
+    let medium = match opts.transport.as_str() {
+        "shm" => "shared memory (two processes on this host)",
+        "verbs" => "RDMA verbs (two processes on this host's RDMA device)",
+        _ => "TCP on 127.0.0.1",
+    };
     println!(
         "pingpong over {medium}, NetPIPE method: {} sizes from 1 to {} bytes, median of {} run(s), CPUs {},{}",
         sizes.len(),
@@ -201,6 +231,8 @@ pub fn main(args: &[String]) -> Result<()> {
     );
     let backend = if shm {
         "FERROCOMM_TRANSPORTS=auto (shm)".to_string()
+    } else if verbs {
+        "FERROCOMM_TRANSPORTS=verbs".to_string()
     } else {
         format!("FERROCOMM_TCP_BACKEND={}", opts.backend)
     };
@@ -209,13 +241,17 @@ pub fn main(args: &[String]) -> Result<()> {
         opts.progress,
         receive_call(opts.recv_into)
     );
-    let described: Vec<(String, String)> =
+    let mut described: Vec<(String, String)> =
         peers.iter().map(|p| (p.name().to_string(), p.describe(opts.cpus, "SIZE"))).collect();
+    if let Some(p) = &perf {
+        described.push(("perftest".to_string(), p.describe()));
+    }
     for (name, command) in &described {
         println!("peer {name}: {command}  (once per size)");
     }
 
     let mut transport_name = String::from("?");
+    let mut perf_typical = Vec::new();
     let mut busiest = 0.0_f64;
     let mut interference = Vec::new();
     // Other work on the benchmark's CPUs during one side's sweep, noted and warned about.
@@ -236,6 +272,7 @@ pub fn main(args: &[String]) -> Result<()> {
         for s in &result.samples {
             if let Some(row) = rows.iter_mut().find(|r| r.bytes == s.bytes) {
                 row.ferrocomm.push(s.one_way);
+                row.ferrocomm_median.push(s.median_one_way);
             }
         }
         let iterations: u64 = result.samples.iter().map(|s| s.iterations).sum();
@@ -263,6 +300,26 @@ pub fn main(args: &[String]) -> Result<()> {
                 t.elapsed().as_secs_f64()
             );
         }
+        if let Some(p) = &perf {
+            // perftest's figures go into the rows of their sizes, as one-way times.
+            let t = Instant::now();
+            let (lat, typical) = p.send_lat(8, opts.cpus)?;
+            perf_typical.push(typical);
+            let bw = p.write_bw(1 << 20, opts.cpus)?;
+            let last = names.len() - 1;
+            for (bytes, one_way) in [(8, lat), (1 << 20, (1 << 20) as f64 / (bw * 1e6))] {
+                if let Some(row) = rows.iter_mut().find(|r| r.bytes == bytes) {
+                    row.peers[last].push(one_way);
+                }
+            }
+            eprintln!(
+                "run {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {bw:.1} MB/s, {:.1} s",
+                opts.runs,
+                lat * 1e6,
+                typical * 1e6,
+                t.elapsed().as_secs_f64()
+            );
+        }
     }
     let extra = if shm { shm_extras(&opts, &rows)? } else { Value::Null };
 
@@ -280,6 +337,10 @@ pub fn main(args: &[String]) -> Result<()> {
     println!("{}", report::summary(&rows, &names));
     if shm {
         print_shm_extras(&extra, &rows, &names);
+    }
+    let verbs_ratios = perf.as_ref().map(|_| report::verbs_summary(&rows, names.len() - 1, &perf_typical));
+    if let Some((line, _)) = &verbs_ratios {
+        println!("{line}");
     }
     let dips = report::dips(&rows, Row::ferrocomm_mbps);
     if !dips.is_empty() {
@@ -306,7 +367,12 @@ pub fn main(args: &[String]) -> Result<()> {
         max: opts.max,
     };
     if let Some(path) = &opts.json {
-        let text = serde_json::to_string_pretty(&report::to_json(&meta, &rows))?;
+        let mut v = report::to_json(&meta, &rows);
+        if let Some((_, ratios)) = &verbs_ratios {
+            v["verbs_vs_perftest"] = ratios.clone();
+            v["verbs_vs_perftest"]["commands"] = json!(perf.as_ref().map(|p| p.describe()));
+        }
+        let text = serde_json::to_string_pretty(&v)?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
         println!("wrote {}", path.display());
     }
@@ -351,6 +417,7 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
                     cpus: opts.cpus,
                     recv_into: opts.recv_into,
                     idle_gap_us: opts.idle_gap_us,
+                    env: vec![],
                 };
                 let t = Instant::now();
                 let samples = ranks::run_idle(&spec)?;
@@ -462,7 +529,11 @@ mod tests {
         let o = Options::parse(&args("--transport shm --idle-gap 200")).unwrap().unwrap();
         assert_eq!((o.transport.as_str(), o.idle_gap_us), ("shm", 200));
         assert!(Options::parse(&args("--help")).unwrap().is_none());
-        for bad in ["--backend rdma", "--transport udp", "--runs 0", "--max", "--cpus 1", "--frobnicate"] {
+        let v = Options::parse(&args("--transport verbs --device rxe0 --gid-index 1")).unwrap().unwrap();
+        assert_eq!((v.transport.as_str(), v.device.as_deref(), v.gid_index), ("verbs", Some("rxe0"), Some(1)));
+        for bad in
+            ["--backend rdma", "--transport udp", "--gid-index x", "--runs 0", "--max", "--cpus 1", "--frobnicate"]
+        {
             assert!(Options::parse(&args(bad)).is_err(), "{bad}");
         }
     }

@@ -307,6 +307,7 @@ mod tests {
                 bytes: b,
                 ferrocomm: vec![1e-5 + b as f64 * 1e-9],
                 peers: vec![vec![2e-5 + b as f64 * 5e-10]],
+                ..Row::default()
             })
             .collect();
         let s = svg("t <1>", "s", &rows, &["NPtcp"]);

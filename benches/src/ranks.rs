@@ -68,6 +68,8 @@ pub struct JobSpec {
     pub recv_into: bool,
     /// Not 0: measure [`IDLE_PINGS`] single 8-byte round trips, this many microseconds apart.
     pub idle_gap_us: u64,
+    /// Extra environment of the job and its ranks (verbs device, GID index); not an argument.
+    pub env: Vec<(String, String)>,
 }
 
 /// Round trips measured with an idle gap.
@@ -102,6 +104,7 @@ impl JobSpec {
             cpus: [0, 1],
             recv_into: false,
             idle_gap_us: 0,
+            env: vec![],
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -129,8 +132,11 @@ pub struct Sample {
     pub bytes: usize,
     /// Timed iterations (round trips).
     pub iterations: u64,
-    /// Round trip / 2, seconds.
+    /// Round trip / 2, seconds: the batch's mean (NetPIPE).
     pub one_way: f64,
+    /// The median round trip of the batch / 2, seconds (insensitive to rare stalls of a noisy
+    /// or emulated machine).
+    pub median_one_way: f64,
 }
 
 /// One ferrocomm sweep.
@@ -164,7 +170,7 @@ pub fn run_idle(spec: &JobSpec) -> Result<Vec<f64>> {
 fn run_job(spec: &JobSpec) -> Result<String> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(&exe);
-    cmd.arg(JOB_COMMAND).args(spec.to_args()).stderr(Stdio::inherit());
+    cmd.arg(JOB_COMMAND).args(spec.to_args()).envs(spec.env.iter().map(|(k, v)| (k, v))).stderr(Stdio::inherit());
     let (status, lines) = process::run_lines(cmd, JOB_TIMEOUT).map_err(|e| {
         format!("the ferrocomm job ({}) failed or did not finish within {JOB_TIMEOUT:?}: {e}", exe.display())
     })?;
@@ -193,6 +199,7 @@ fn parse_result(line: &str) -> Result<SweepResult> {
                 bytes: r["bytes"].as_u64()? as usize,
                 iterations: r["iterations"].as_u64()?,
                 one_way: r["one_way_s"].as_f64()?,
+                median_one_way: r["median_one_way_s"].as_f64()?,
             })
         })
         .collect::<Option<Vec<_>>>()
@@ -203,10 +210,16 @@ fn parse_result(line: &str) -> Result<SweepResult> {
 /// `pingpong-job`: launches the two ranks and waits for them.
 pub fn job_main(args: &[String]) -> Result<()> {
     let spec = JobSpec::from_args(args)?;
+    let transports = match spec.backend.as_str() {
+        "shm" => "auto",
+        "verbs" => "verbs",
+        _ => "tcp",
+    };
     let env = vec![
-        // Both ranks share this host: they talk through shared memory unless TCP is forced.
-        ("FERROCOMM_TRANSPORTS".into(), if spec.backend == "shm" { "auto" } else { "tcp" }.into()),
-        ("FERROCOMM_TCP_BACKEND".into(), if spec.backend == "shm" { "auto" } else { &spec.backend }.into()),
+        // Both ranks share this host: they talk through shared memory unless TCP (or verbs) is
+        // forced.
+        ("FERROCOMM_TRANSPORTS".into(), transports.into()),
+        ("FERROCOMM_TCP_BACKEND".into(), if transports == "tcp" { &spec.backend } else { "auto" }.into()),
         ("FERROCOMM_PROGRESS".into(), spec.progress.clone()),
     ];
     launch(2, RANK_COMMAND, spec.to_args(), env)
@@ -251,7 +264,10 @@ pub fn rank_main(args: &[String]) -> Result<()> {
             let samples = measure(&world, &payload, &mut inbox, spec.max).await?;
             let rows: Vec<Value> = samples
                 .iter()
-                .map(|s| json!({"bytes": s.bytes, "iterations": s.iterations, "one_way_s": s.one_way}))
+                .map(|s| {
+                    json!({"bytes": s.bytes, "iterations": s.iterations, "one_way_s": s.one_way,
+                           "median_one_way_s": s.median_one_way})
+                })
                 .collect();
             // One line of a few KiB, well under the launcher's 64 KiB line limit.
             println!("{}", json!({"transport": world.transport_name(), "rows": rows}));
@@ -337,11 +353,12 @@ async fn measure(world: &World, payload: &Bytes, inbox: &mut Inbox, max: usize) 
     for bytes in sweep::sizes(max) {
         let data = payload.slice(..bytes);
         let warmup = sweep::iterations(round_trip, WARMUP, MIN_WARMUP);
-        round_trip = batch(world, payload, inbox, &data, warmup).await?.as_secs_f64() / warmup as f64;
+        round_trip = batch(world, payload, inbox, &data, warmup).await?.0.as_secs_f64() / warmup as f64;
         let iterations = sweep::iterations(round_trip, TARGET, MIN_ITERATIONS);
-        round_trip = batch(world, payload, inbox, &data, iterations).await?.as_secs_f64() / iterations as f64;
+        let (total, median) = batch(world, payload, inbox, &data, iterations).await?;
+        round_trip = total.as_secs_f64() / iterations as f64;
         let one_way = round_trip / 2.0;
-        samples.push(Sample { bytes, iterations, one_way });
+        samples.push(Sample { bytes, iterations, one_way, median_one_way: median / 2.0 });
         if one_way > STOP_AFTER.as_secs_f64() {
             break;
         }
@@ -370,17 +387,23 @@ async fn measure_idle(world: &World, payload: &Bytes, inbox: &mut Inbox, gap: Du
     Ok(samples)
 }
 
-/// Rank 0: `count` round trips of `data`, timed.
-async fn batch(world: &World, payload: &Bytes, inbox: &mut Inbox, data: &Bytes, count: u64) -> Result<Duration> {
+/// Rank 0: `count` round trips of `data`, timed: the whole batch, and the median round trip
+/// in seconds.
+async fn batch(world: &World, payload: &Bytes, inbox: &mut Inbox, data: &Bytes, count: u64) -> Result<(Duration, f64)> {
     world.send(1, TAG_CONTROL, control(data.len(), count)).await?;
     world.recv(1, TAG_ACK).await?;
     let start = Instant::now();
+    let mut each = Vec::with_capacity(count as usize);
+    let mut last = start;
     for _ in 0..count {
         world.send(1, TAG_DATA, data.clone()).await?;
         let posted = inbox.post(world, 1, data.len())?;
         inbox.wait(posted).await?.check(payload, data.len())?;
+        let now = Instant::now();
+        each.push((now - last).as_secs_f64());
+        last = now;
     }
-    Ok(start.elapsed())
+    Ok((start.elapsed(), sweep::median(&each).unwrap_or(0.0)))
 }
 
 /// Rank 1: echoes batches until told to stop.
@@ -443,6 +466,7 @@ mod tests {
             cpus: [1, 0],
             recv_into: true,
             idle_gap_us: 500,
+            env: vec![],
         };
         let back = JobSpec::from_args(&spec.to_args()).unwrap();
         assert_eq!(

@@ -13,6 +13,8 @@ pub struct Row {
     pub bytes: usize,
     /// ferrocomm's one-way times, seconds, one per run.
     pub ferrocomm: Vec<f64>,
+    /// ferrocomm's median one-way times within each run's batch, seconds, one per run.
+    pub ferrocomm_median: Vec<f64>,
     /// Each peer's one-way times, seconds, one per run (`peers[i]` is peer `i`).
     pub peers: Vec<Vec<f64>>,
 }
@@ -139,6 +141,51 @@ pub fn summary(rows: &[Row], peers: &[&str]) -> String {
 }
 
 /// Sizes whose throughput (per `mbps`) is over [`DIP`] below the previous size's, as text.
+/// The verbs comparison: ferrocomm's 8 B one-way latency over `ib_send_lat`'s, median against
+/// median (`t_typical`; the headline) and mean against mean (`t_avg`), and its 1 MiB ping-pong
+/// throughput over `ib_write_bw`'s streaming bandwidth (goals: at most 1.5, at least 0.8).
+/// perftest is peer `i`; `perf_median` holds `ib_send_lat`'s median of each run, seconds.
+/// A line of text and the JSON.
+pub fn verbs_summary(rows: &[Row], i: usize, perf_median: &[f64]) -> (String, Value) {
+    let (lat, bw) = (row(rows, 8), row(rows, 1 << 20));
+    let f_median = lat.and_then(|r| median(&r.ferrocomm_median)).map(|s| s * 1e6);
+    let p_median = median(perf_median).map(|s| s * 1e6);
+    let median_ratio = f_median.zip(p_median).map(|(f, p)| f / p);
+    let mean_ratio = lat.and_then(|r| r.latency_ratio(i));
+    let bw_ratio = bw.and_then(|r| r.bandwidth_ratio(i));
+    let line = format!(
+        "verbs vs perftest: 8 B latency, medians: ferrocomm {} us / ib_send_lat {} us = {} (goal <= 1.5); \
+         means: {} us / {} us = {}; 1 MiB bandwidth ferrocomm {} MB/s / ib_write_bw {} MB/s = {} (goal >= 0.8)",
+        num(f_median, 2),
+        num(p_median, 2),
+        num(median_ratio, 3),
+        num(lat.and_then(Row::ferrocomm_us), 2),
+        num(lat.and_then(|r| r.peer_us(i)), 2),
+        num(mean_ratio, 3),
+        num(bw.and_then(Row::ferrocomm_mbps), 1),
+        num(bw.and_then(|r| r.peer_mbps(i)), 1),
+        num(bw_ratio, 3),
+    );
+    let v = json!({
+        "latency_8B": {
+            "ferrocomm_median_us": f_median,
+            "ib_send_lat_median_us": p_median,
+            "ratio": median_ratio,
+            "ferrocomm_mean_us": lat.and_then(Row::ferrocomm_us),
+            "ib_send_lat_mean_us": lat.and_then(|r| r.peer_us(i)),
+            "mean_ratio": mean_ratio,
+            "goal": "<= 1.5",
+        },
+        "bandwidth_1MiB": {
+            "ferrocomm_MBps": bw.and_then(Row::ferrocomm_mbps),
+            "ib_write_bw_MBps": bw.and_then(|r| r.peer_mbps(i)),
+            "ratio": bw_ratio,
+            "goal": ">= 0.8",
+        },
+    });
+    (line, v)
+}
+
 pub fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<String> {
     let points: Vec<(usize, f64)> = rows.iter().filter_map(|r| Some((r.bytes, mbps(r)?))).collect();
     points
@@ -173,6 +220,7 @@ pub fn to_json(meta: &Meta, rows: &[Row]) -> Value {
                 "ferrocomm_us": r.ferrocomm_us(),
                 "ferrocomm_MBps": r.ferrocomm_mbps(),
                 "ferrocomm_runs_us": r.ferrocomm.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
+                "ferrocomm_median_runs_us": r.ferrocomm_median.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
                 "peers": peers,
             })
         })
@@ -203,7 +251,7 @@ mod tests {
     use super::*;
 
     fn r(bytes: usize, f: f64, p: f64) -> Row {
-        Row { bytes, ferrocomm: vec![f, f * 2.0, f / 2.0], peers: vec![vec![p], vec![p * 2.0]] }
+        Row { bytes, ferrocomm: vec![f, f * 2.0, f / 2.0], peers: vec![vec![p], vec![p * 2.0]], ..Row::default() }
     }
 
     #[test]

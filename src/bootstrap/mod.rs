@@ -1,7 +1,9 @@
 //! How N processes become one job: learn who we are ([`env`]), exchange addresses through a small
 //! key-value store ([`kv`]), then connect every pair of ranks with an authenticated handshake.
 //!
-//! Rank i connects to every lower rank and accepts every higher one. The listener keeps running for
+//! Rank i connects to every lower rank and accepts every higher one. With
+//! `FERROCOMM_TRANSPORTS=verbs` these TCP connections are made all the same and stay open as the
+//! verbs transport's liveness channels, while the frames travel over RDMA. The listener keeps running for
 //! the life of the rank: whatever else knocks (wrong token, random bytes, a second connection
 //! claiming a rank) is refused with a log line, a metric and an entry in
 //! [`World::refused_connections`](crate::World::refused_connections), and the rank keeps serving
@@ -141,7 +143,11 @@ pub async fn join(
     }
     awaited.lock().fill(false);
 
-    let tcp = {
+    let verbs = settings.transports == TransportChoice::Verbs;
+    let tcp = if verbs {
+        // Every peer over verbs; the TCP connections stay open as its liveness channels.
+        verbs_transport(&mut kv, rank, size, conns, &settings, limits, thread.handle()).await?
+    } else {
         let _rt = thread.handle().enter();
         tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit).map_err(Error::bootstrap)?
     };
@@ -236,6 +242,58 @@ async fn shared_memory(
     _: &tokio::runtime::Handle,
 ) -> Result<Box<dyn Transport>> {
     Err(Error::Bootstrap("shared memory needs Linux".into()))
+}
+
+/// Connects the verbs transport to every peer: queue pair addresses and ring keys through the
+/// store, then a barrier (a QP must be connected before anything is written to it).
+#[cfg(feature = "verbs")]
+async fn verbs_transport(
+    kv: &mut KvClient,
+    rank: Rank,
+    size: u32,
+    liveness: Vec<Option<std::net::TcpStream>>,
+    settings: &Settings,
+    limits: Limits,
+    rt: &tokio::runtime::Handle,
+) -> Result<Box<dyn Transport>> {
+    use ferrocomm_transports::verbs::{VerbsConfig, VerbsEndpoint};
+    let v = &settings.verbs;
+    let cfg = VerbsConfig {
+        device: v.device.clone(),
+        gid_index: v.gid_index,
+        slots: v.slots,
+        rendezvous: v.rendezvous,
+        ..VerbsConfig::default()
+    };
+    let (endpoint, descriptor) = VerbsEndpoint::create(rank, limits, cfg).map_err(Error::bootstrap)?;
+    kv.put(&format!("verbs/{rank}"), &descriptor).await.map_err(Error::bootstrap)?;
+    let mut theirs = Vec::new();
+    for p in (0..size).filter(|&p| p != rank) {
+        theirs.push((p, kv.get(&format!("verbs/{p}"), settings.connect_timeout).await.map_err(Error::bootstrap)?));
+    }
+    let transport = {
+        let _rt = rt.enter();
+        endpoint.connect(theirs, liveness, limits).map_err(Error::bootstrap)?
+    };
+    kv.put(&format!("verbs-up/{rank}"), b"1").await.map_err(Error::bootstrap)?;
+    for p in 0..size {
+        kv.get(&format!("verbs-up/{p}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
+    }
+    tracing::debug!(rank, device = transport.device(), "verbs connected");
+    Ok(Box::new(transport))
+}
+
+#[cfg(not(feature = "verbs"))]
+async fn verbs_transport(
+    _: &mut KvClient,
+    _: Rank,
+    _: u32,
+    _: Vec<Option<std::net::TcpStream>>,
+    _: &Settings,
+    _: Limits,
+    _: &tokio::runtime::Handle,
+) -> Result<Box<dyn Transport>> {
+    Err(Error::Bootstrap("the verbs transport needs the `verbs` cargo feature".into()))
 }
 
 /// What identifies this host: ranks with the same identity share memory. The boot id tells apart

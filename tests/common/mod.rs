@@ -185,9 +185,51 @@ pub async fn dup_isolation(w: &World) {
     d.barrier().timeout(T).await.unwrap();
 }
 
+/// Rendezvous in each of the three orders: the send before the receive is posted (the RTS
+/// waits as an unexpected message), the receive before the send, and both at once.
+pub async fn rendezvous_orders(w: &World) {
+    let (r, n) = (w.rank(), w.size());
+    if n < 2 || r > 1 {
+        for _ in 0..3 {
+            w.barrier().timeout(T).await.unwrap();
+        }
+        return;
+    }
+    const LEN: usize = 300_000;
+    // 1. Sender first: the receive is posted only once the RTS has arrived.
+    if r == 0 {
+        w.send(1, 21, pattern(LEN, 21)).timeout(T).await.unwrap();
+    } else {
+        let st = w.probe(0, 21u64).timeout(T).await.unwrap();
+        assert_eq!(st.len, LEN);
+        let (buf, _) = w.recv_into(0, 21u64, BytesMut::zeroed(LEN)).timeout(T).await.unwrap();
+        assert_eq!(&buf[..], &pattern(LEN, 21)[..], "sender first");
+    }
+    w.barrier().timeout(T).await.unwrap();
+    // 2. Receiver first: the receive is posted before the send starts.
+    if r == 1 {
+        let rx = w.recv_into(0, 22u64, BytesMut::zeroed(LEN));
+        w.barrier().timeout(T).await.unwrap();
+        let (buf, _) = rx.timeout(T).await.unwrap();
+        assert_eq!(&buf[..], &pattern(LEN, 22)[..], "receiver first");
+    } else {
+        w.barrier().timeout(T).await.unwrap();
+        w.send(1, 22, pattern(LEN, 22)).timeout(T).await.unwrap();
+    }
+    // 3. Both at once, in both directions: each rank posts its send and its receive together.
+    let other = 1 - r;
+    let rx = w.recv_into(other, 23u64, BytesMut::zeroed(LEN + 5));
+    let tx = w.send(other, 23, pattern(LEN + 5, 100 + r));
+    let (res, sent) = futures::join!(rx.timeout(T), tx.timeout(T));
+    sent.unwrap();
+    assert_eq!(&res.unwrap().0[..], &pattern(LEN + 5, 100 + other)[..], "both at once");
+    w.barrier().timeout(T).await.unwrap();
+}
+
 /// The whole suite, in order.
 pub async fn suite(w: &World) {
     ring_storm_rendezvous(w).await;
+    rendezvous_orders(w).await;
     matching_semantics(w).await;
     truncation(w).await;
     cancel_deadline_probe(w).await;

@@ -10,6 +10,7 @@ pub mod route;
 #[cfg(target_os = "linux")]
 pub mod shm;
 pub mod tcp;
+pub mod verbs;
 pub mod wire;
 
 use std::io;
@@ -68,6 +69,13 @@ pub unsafe trait Sink {
 }
 
 /// A way of moving frames to and from every peer of one rank.
+///
+/// Deliberately two-sided and frame-shaped. What RDMA adds beyond frames is meant to come as
+/// separate capability traits next to this one, implemented by the transports that can, not as
+/// new methods here: unreliable datagrams with multicast attach (for reliable multicast, with
+/// the windows and ACKs in a sans-IO core above) and one-sided put/get/atomics on registered
+/// segments. A verbs transport can serve both from the device, protection domain and completion
+/// queue it already has (see [`verbs`]).
 pub trait Transport: Send {
     /// Short name for logs and metrics (`tcp-uring`, `tcp-portable`, ...).
     fn name(&self) -> &'static str;

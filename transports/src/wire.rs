@@ -189,6 +189,9 @@ pub enum WireError {
     BadToken,
     #[error("unexpected {0:?} frame")]
     Unexpected(Kind),
+    /// A transport's own framing around the header is broken (verbs slots).
+    #[error("link protocol: {0}")]
+    Link(&'static str),
 }
 
 impl fmt::Display for Kind {

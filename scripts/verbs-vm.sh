@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# The verbs transport on a real verbs stack: Soft-RoCE (rdma_rxe) in a VM booted with virtme-ng
+# on this host's own file system (no RDMA device is needed on the host).
+#
+#   scripts/verbs-vm.sh          tests: the device tests (eager, credits, sleep, both rendezvous
+#                                protocols, a freed buffer never read through a stale
+#                                registration, peer loss) and the point-to-point suite with 2 and
+#                                4 ranks as processes (rendezvous in all three orders, by RDMA
+#                                write and by RDMA read) plus a rank killed mid-transfer
+#   scripts/verbs-vm.sh bench    ferrocomm verbs ping-pong vs ib_send_lat / ib_write_bw on rxe0;
+#                                JSON and SVG into results/
+#
+# Installs what it needs (idempotent: apt, pip), builds on the host with `--features verbs`,
+# boots the VM, brings up rxe0 on a dummy interface, runs, and reports pass/fail and timings.
+# Exits non-zero on any failure. Skips (exit 0, with a message saying so) only when the VM cannot
+# boot at all. Honors CARGO_TARGET_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+MODE=${1:-test}
+case "$MODE" in test | bench) ;; *) echo "usage: $0 [test|bench]" >&2; exit 2 ;; esac
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+MEM=${FERROCOMM_VM_MEMORY:-3G}
+t_start=$(date +%s)
+
+skip() {
+    echo "verbs-vm: SKIPPED: $*" >&2
+    echo "verbs-vm: the verbs transport was NOT tested on this machine" >&2
+    exit 0
+}
+
+# --- what the host needs -------------------------------------------------------------------
+missing=()
+command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+command -v ibv_devices >/dev/null || missing+=(ibverbs-utils)
+command -v ib_send_lat >/dev/null || missing+=(perftest)
+command -v cmake >/dev/null || missing+=(cmake)
+command -v busybox >/dev/null || missing+=(busybox-static)
+command -v jq >/dev/null || missing+=(jq)
+[ -e /usr/include/infiniband/verbs.h ] || missing+=(libibverbs-dev)
+ls /usr/lib/*/libibverbs/librxe-rdmav*.so >/dev/null 2>&1 || missing+=(rdma-core)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
+ls /boot/vmlinuz-* >/dev/null 2>&1 || missing+=(linux-image-amd64)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "verbs-vm: installing ${missing[*]}"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=900 "${missing[@]}" >/dev/null; }; then
+        # Without these the test binaries cannot even be built: that is a failure, unless it is
+        # the VM side (kernel, qemu) that is missing, which means no VM can boot here.
+        for p in "${missing[@]}"; do
+            case $p in qemu-system-x86 | linux-image-amd64 | busybox-static) skip "cannot install $p (needed to boot the VM)" ;; esac
+        done
+        echo "verbs-vm: FAILED to install ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+if ! command -v vng >/dev/null; then
+    echo "verbs-vm: installing virtme-ng"
+    pip install -q virtme-ng 2>/dev/null || pip install -q --break-system-packages virtme-ng || skip "cannot install virtme-ng"
+fi
+KERNEL=$(ls /boot/vmlinuz-* | sort -V | tail -1)
+
+# --- build on the host -----------------------------------------------------------------------
+executable() { # cargo args... -> path of the test executable built
+    cargo test --locked "$@" --no-run --message-format=json 2>/dev/null |
+        jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test) | .executable' | tail -1
+}
+echo "verbs-vm: building with --features verbs (target dir $TARGET)"
+t0=$(date +%s)
+if [ "$MODE" = test ]; then
+    cargo test --locked -p ferrocomm-transports --features verbs --test verbs --no-run
+    cargo test --locked -p ferrocomm --features verbs --test multiprocess --no-run
+    DEVICE_TESTS=$(executable -p ferrocomm-transports --features verbs --test verbs)
+    SUITE=$(executable -p ferrocomm --features verbs --test multiprocess)
+    [ -x "$DEVICE_TESTS" ] && [ -x "$SUITE" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
+else
+    cargo build --locked --release -p ferrocomm-bench --features verbs
+    BENCH=$TARGET/release/ferrocomm-bench
+fi
+echo "verbs-vm: build $(($(date +%s) - t0)) s"
+
+# --- the run inside the VM -------------------------------------------------------------------
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/ferrocomm-verbs-vm.XXXXXX")
+trap 'rm -rf "$OUT"' EXIT
+cat >"$OUT/inner.sh" <<EOF
+#!/bin/bash
+# Runs inside the VM; results go to $OUT (shared read-write with the host).
+echo booted >"$OUT/booted"
+cd "$ROOT"
+step() { # name command... : runs, logs, records "name rc seconds"
+    local name=\$1; shift
+    local t0=\$(date +%s%N)
+    "\$@" >"$OUT/\$name.log" 2>&1
+    local rc=\$?
+    echo "\$name \$rc \$(( (\$(date +%s%N) - t0) / 1000000 ))" >>"$OUT/steps"
+}
+setup() {
+    modprobe rdma_rxe &&
+    ip link set lo up &&
+    ip link add dummy0 type dummy && ip addr add 192.168.77.1/24 dev dummy0 && ip link set dummy0 up &&
+    rdma link add rxe0 type rxe netdev dummy0 &&
+    ibv_devices && ibv_devinfo -d rxe0
+}
+step soft-roce setup
+if grep -q '^soft-roce 0 ' "$OUT/steps"; then
+    export FERROCOMM_REQUIRE_VERBS=1 RUST_BACKTRACE=1
+    if [ "$MODE" = test ]; then
+        step device-tests timeout 600 "${DEVICE_TESTS:-}" --test-threads=1 --nocapture
+        step p2p-suite-2-and-4-ranks timeout 1200 "${SUITE:-}" --exact suite_over_verbs --test-threads=1 --nocapture
+        step killed-rank timeout 600 "${SUITE:-}" --exact killed_rank_over_verbs --test-threads=1 --nocapture
+    else
+        for p in busy blocking; do
+            step pingpong-\$p timeout 1800 "${BENCH:-}" pingpong --transport verbs --progress \$p --runs 3 --recv-into --max 4M \\
+                --json "$OUT/pingpong-verbs-\$p.json" --plot "$OUT/pingpong-verbs-\$p.svg"
+        done
+    fi
+fi
+echo done >"$OUT/done"
+EOF
+chmod +x "$OUT/inner.sh"
+
+accel=(--disable-kvm)
+if [ -w /dev/kvm ] && timeout 60 vng --run "$KERNEL" --user root --memory 512M --exec true >/dev/null 2>&1; then
+    accel=()
+fi
+echo "verbs-vm: booting $KERNEL (${accel[*]:-KVM}), $MEM, 2 CPUs"
+t0=$(date +%s)
+timeout 3600 vng --run "$KERNEL" "${accel[@]}" --user root --memory "$MEM" --cpus 2 --rwdir "$OUT" \
+    --exec "$OUT/inner.sh" >"$OUT/console.log" 2>&1 || true
+vm_time=$(($(date +%s) - t0))
+[ -e "$OUT/booted" ] || { tail -20 "$OUT/console.log" >&2; skip "the VM did not boot (see the console output above)"; }
+
+# --- report ----------------------------------------------------------------------------------
+status=0
+echo "verbs-vm: VM $vm_time s in all"
+while read -r name rc ms; do
+    secs=$(printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)))
+    if [ "$rc" = 0 ]; then
+        printf 'verbs-vm:   PASS %-28s %6s s\n' "$name" "$secs"
+    else
+        printf 'verbs-vm:   FAIL %-28s %6s s (exit %s)\n' "$name" "$secs" "$rc"
+        tail -60 "$OUT/$name.log" | sed 's/^/    /' >&2
+        status=1
+    fi
+    grep -hoE '(verbs suite|verbs kill|loss reported|new buffer|verbs vs perftest|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
+done <"$OUT/steps"
+[ -e "$OUT/done" ] || { echo "verbs-vm: FAILED: the run inside the VM did not finish" >&2; tail -20 "$OUT/console.log" >&2; status=1; }
+if [ "$MODE" = test ]; then
+    expected=4
+else
+    expected=3
+    mkdir -p results
+    cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg results/ 2>/dev/null || true
+    echo "verbs-vm: results in results/pingpong-verbs-{busy,blocking}.{json,svg}"
+fi
+[ "$(wc -l <"$OUT/steps" 2>/dev/null || echo 0)" -ge "$expected" ] || { echo "verbs-vm: FAILED: steps missing" >&2; status=1; }
+echo "verbs-vm: $([ $status = 0 ] && echo PASSED || echo FAILED) in $(($(date +%s) - t_start)) s"
+exit $status

@@ -1,0 +1,981 @@
+//! The verbs transport driver: set-up, completion handling, slot writing. The protocol rules
+//! live in [`super::link`] and [`super::regcache`]; this file only moves work between them, the
+//! device and the [`Sink`].
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use ibverbs_sys as ffi;
+use slab::Slab;
+use tokio::io::Interest;
+use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
+
+use super::link::{self, Credits, LinkKind, Remote, SLOT_HEADER};
+use super::regcache::{Pin, RegCache, Registrar};
+use super::sys::{self, Device, Mr, Op, Qp, QpAddr, access};
+use super::{Rendezvous, VerbsConfig};
+use crate::wire::{Header, Kind, Limits, Rank, WireError, flags};
+use crate::{Sink, Transport, TransportError};
+
+pub use super::sys::device_names;
+
+/// Descriptor magic, `"FCVB"`.
+const MAGIC: u32 = u32::from_le_bytes(*b"FCVB");
+const DESC_VERSION: u8 = 1;
+const DESC_HEAD: usize = 40;
+const DESC_PEER: usize = 24;
+/// Outstanding RDMA reads per QP (initiator and responder).
+const RD_ATOMIC: u8 = 16;
+/// Completions taken per poll.
+const POLL_BATCH: usize = 32;
+/// RTS lengths remembered per peer (a legitimate peer has at most its engine credits pending).
+const MAX_RTS_PENDING: usize = 1 << 16;
+const IDLE_WEIGHT: u32 = 16;
+
+/// `wr_id` = peer index << 40 | kind << 32 | token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wr {
+    Recv = 0,
+    Slot = 1,
+    Write = 2,
+    Read = 3,
+}
+
+fn wr_id(peer: usize, kind: Wr, token: u32) -> u64 {
+    ((peer as u64) << 40) | ((kind as u64) << 32) | u64::from(token)
+}
+
+fn split_wr(id: u64) -> (usize, u64, u32) {
+    ((id >> 40) as usize, (id >> 32) & 0xff, id as u32)
+}
+
+impl Registrar for Device {
+    type Region = Mr;
+    fn register(&mut self, addr: *const u8, len: usize, access: u32) -> io::Result<Mr> {
+        // SAFETY: the registration cache keeps the memory alive for the region's lifetime.
+        unsafe { Device::register(self, addr as *mut u8, len, access) }
+    }
+}
+
+/// Memory the device reads or writes: a heap block addressed only through raw pointers while
+/// it is registered.
+struct Block {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain heap memory.
+unsafe impl Send for Block {}
+
+impl Block {
+    fn new(len: usize) -> Block {
+        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        Block { len, ptr: Box::into_raw(b).cast() }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: made by `Block::new` from a boxed slice of `len` bytes, freed once.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+/// A registered block (region dropped before the memory).
+struct RegBlock {
+    mr: Mr,
+    block: Block,
+}
+
+/// Counters of one transport (for tests and tuning).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerbsStats {
+    pub slots_sent: u64,
+    pub slots_received: u64,
+    pub credit_updates: u64,
+    /// Rendezvous chunks moved by RDMA write / read.
+    pub rdma_writes: u64,
+    pub rdma_reads: u64,
+    /// Chunk-sized receive buffers registered for one operation.
+    pub recv_registrations: u64,
+    pub cache: super::regcache::CacheStats,
+}
+
+/// First set-up phase: device open, one QP and ring per peer; nothing connected yet.
+pub struct VerbsEndpoint {
+    me: Rank,
+    cfg: VerbsConfig,
+    slot_size: usize,
+    peers: Vec<Setup>,
+    dev: Device,
+}
+
+struct Setup {
+    rank: Rank,
+    qp: Qp,
+    psn: u32,
+    ring: RegBlock,
+    stage: RegBlock,
+}
+
+impl VerbsEndpoint {
+    /// Opens the device and prepares a connection to every other rank of `world_size`. Publish
+    /// the returned descriptor (job key-value store), then call [`VerbsEndpoint::connect`].
+    pub fn create(me: Rank, limits: Limits, cfg: VerbsConfig) -> io::Result<(VerbsEndpoint, Vec<u8>)> {
+        let slots = cfg.slots.clamp(2, 1 << 16);
+        let cfg = VerbsConfig { slots, ..cfg };
+        let slot_size = (SLOT_HEADER + limits.eager_limit).next_multiple_of(64);
+        let npeers = limits.world_size.saturating_sub(1) as usize;
+        // Per peer: `slots` receives, plus per slot one write, one RDMA write and reads.
+        let recv_wr = slots;
+        let send_wr = 2 * slots + 2 * u32::from(RD_ATOMIC) + 8;
+        let cq = ((recv_wr + send_wr) as usize * npeers.max(1)).min(32_000) as i32;
+        let dev = Device::open(cfg.device.as_deref(), cfg.gid_index, cq)?;
+        let ring_len = slot_size * slots as usize;
+        let mut peers = Vec::with_capacity(npeers);
+        for rank in (0..limits.world_size).filter(|&r| r != me) {
+            let qp = dev.create_qp(send_wr, recv_wr)?;
+            let psn = random_u32() & 0xff_ffff;
+            let ring = Block::new(ring_len);
+            // SAFETY: the block outlives its region (RegBlock drops the region first).
+            let ring = RegBlock { mr: unsafe { dev.register(ring.ptr, ring.len, access::REMOTE_WRITE)? }, block: ring };
+            let stage = Block::new(ring_len);
+            // SAFETY: as above.
+            let stage = RegBlock { mr: unsafe { dev.register(stage.ptr, stage.len, access::LOCAL)? }, block: stage };
+            peers.push(Setup { rank, qp, psn, ring, stage });
+        }
+        let mut d = Vec::with_capacity(DESC_HEAD + DESC_PEER * peers.len());
+        d.extend_from_slice(&MAGIC.to_le_bytes());
+        d.push(DESC_VERSION);
+        d.push(0);
+        d.extend_from_slice(&dev.lid.to_le_bytes());
+        d.extend_from_slice(&me.to_le_bytes());
+        d.extend_from_slice(&slots.to_le_bytes());
+        d.extend_from_slice(&(slot_size as u32).to_le_bytes());
+        d.extend_from_slice(&(peers.len() as u32).to_le_bytes());
+        d.extend_from_slice(&dev.gid);
+        for p in &peers {
+            d.extend_from_slice(&p.rank.to_le_bytes());
+            d.extend_from_slice(&p.qp.qpn().to_le_bytes());
+            d.extend_from_slice(&p.psn.to_le_bytes());
+            d.extend_from_slice(&p.ring.mr.rkey().to_le_bytes());
+            d.extend_from_slice(&(p.ring.block.ptr as u64).to_le_bytes());
+        }
+        tracing::debug!(rank = me, device = %dev.name, gid_index = dev.gid_index, roce = dev.roce, "verbs endpoint");
+        Ok((VerbsEndpoint { me, cfg, slot_size, peers, dev }, d))
+    }
+
+    /// Second phase: connects every QP given the peers' descriptors and their liveness channels
+    /// (`liveness[rank]`, the bootstrap TCP connections), posts the receives, and builds the
+    /// transport. Call every rank's `connect` before any sends (a barrier through the store):
+    /// a QP that is not yet connected drops what arrives. Must run inside the tokio runtime of
+    /// the progress loop.
+    pub fn connect(
+        self,
+        descs: Vec<(Rank, Vec<u8>)>,
+        mut liveness: Vec<Option<TcpStream>>,
+        limits: Limits,
+    ) -> io::Result<VerbsTransport> {
+        let VerbsEndpoint { me, cfg, slot_size, peers, mut dev } = self;
+        let mut conns = Vec::with_capacity(peers.len());
+        let bad = |r: Rank, what: &str| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("verbs descriptor of rank {r}: {what}"))
+        };
+        for (k, s) in peers.into_iter().enumerate() {
+            let (_, d) = descs.iter().find(|(r, _)| *r == s.rank).ok_or_else(|| bad(s.rank, "missing"))?;
+            let remote = parse_desc(d, s.rank, me, cfg.slots, slot_size).map_err(|w| bad(s.rank, w))?;
+            s.qp.connect(&dev, s.psn, &remote.qp, RD_ATOMIC)?;
+            for _ in 0..cfg.slots {
+                s.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
+            }
+            let sock = liveness.get_mut(s.rank as usize).and_then(Option::take);
+            let sock = match sock {
+                Some(t) => {
+                    t.set_nonblocking(true)?;
+                    // SAFETY: the stream owns its descriptor for the AsyncFd's lifetime.
+                    Some(unsafe { AsyncFd::register_with_interest(t, Interest::READABLE) }?)
+                }
+                None => None,
+            };
+            conns.push(Conn {
+                rank: s.rank,
+                qp: s.qp,
+                ring: s.ring,
+                stage: s.stage,
+                remote_ring: remote.ring,
+                credits: Credits::new(cfg.slots),
+                out: VecDeque::new(),
+                sq_used: 0,
+                rts_len: HashMap::new(),
+                exposed: HashMap::new(),
+                targets: HashMap::new(),
+                lent: Slab::new(),
+                writes: Slab::new(),
+                reads: Slab::new(),
+                sock,
+                failing: None,
+                dead: false,
+                bye: false,
+            });
+        }
+        let chan = dev.channel_fd();
+        // SAFETY: the channel's descriptor stays open while `Watch` (declared before the device
+        // in `VerbsTransport`) exists; the device owns it.
+        let channel = unsafe { AsyncFd::register_with_interest(Watch(chan), Interest::READABLE) }?;
+        dev.arm()?;
+        let send_wr = 2 * cfg.slots + 2 * u32::from(RD_ATOMIC) + 8;
+        Ok(VerbsTransport {
+            me,
+            eager_limit: limits.eager_limit,
+            limits,
+            slot_size,
+            sq_depth: send_wr,
+            rendezvous: cfg.rendezvous,
+            liveness_polls: cfg.liveness_polls.max(1),
+            conns,
+            cache: RegCache::new(cfg.cache_entries, cfg.cache_bytes),
+            lost: Vec::new(),
+            wcs: Vec::new(),
+            wc_buf: Box::new(sys::wc_array()),
+            tick: 0,
+            check_now: false,
+            stats: VerbsStats::default(),
+            channel,
+            dev,
+        })
+    }
+}
+
+/// A raw descriptor watched by tokio (owned elsewhere).
+struct Watch(i32);
+
+impl AsRawFd for Watch {
+    fn as_raw_fd(&self) -> i32 {
+        self.0
+    }
+}
+
+struct RemoteDesc {
+    qp: QpAddr,
+    ring: (u64, u32),
+}
+
+/// Finds `me`'s entry in `peer`'s descriptor and checks the ring geometry matches ours.
+fn parse_desc(d: &[u8], peer: Rank, me: Rank, slots: u32, slot_size: usize) -> Result<RemoteDesc, &'static str> {
+    if d.len() < DESC_HEAD {
+        return Err("too short");
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(d[i..i + 4].try_into().unwrap());
+    let u64_at = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().unwrap());
+    if u32_at(0) != MAGIC || d[4] != DESC_VERSION {
+        return Err("bad magic or version");
+    }
+    let lid = u16::from_le_bytes([d[6], d[7]]);
+    if u32_at(8) != peer {
+        return Err("names another rank");
+    }
+    if u32_at(12) != slots || u32_at(16) as usize != slot_size {
+        return Err("ring geometry differs (slots, eager limit): every rank needs the same settings");
+    }
+    let n = u32_at(20) as usize;
+    if d.len() != DESC_HEAD + n * DESC_PEER {
+        return Err("length does not match its peer count");
+    }
+    let gid: [u8; 16] = d[24..40].try_into().unwrap();
+    (0..n)
+        .map(|i| DESC_HEAD + i * DESC_PEER)
+        .find(|&o| u32_at(o) == me)
+        .map(|o| RemoteDesc {
+            qp: QpAddr { qpn: u32_at(o + 4), psn: u32_at(o + 8), lid, gid },
+            ring: (u64_at(o + 16), u32_at(o + 12)),
+        })
+        .ok_or("has no queue pair for this rank")
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: writes at most 4 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    if n == 4 { u32::from_ne_bytes(b) } else { std::process::id().wrapping_mul(2_654_435_761) }
+}
+
+/// Something waiting to be written to a peer.
+enum Out {
+    Frame(Header, Bytes),
+    ReadDone(u32),
+}
+
+/// A receive buffer registered for the peer to write into (write rendezvous).
+struct Exposed {
+    _mr: Mr,
+    len: u64,
+    remaining: u64,
+}
+
+/// A peer's buffer we write into.
+struct Target {
+    remote: Remote,
+    remaining: u64,
+}
+
+/// A chunk lent to the peer for reading, or the source of an RDMA write in flight.
+struct Lent {
+    pin: Pin,
+    _data: Bytes,
+}
+
+/// An RDMA read in flight into a sink buffer.
+struct Reading {
+    header: Header,
+    token: u32,
+    mr: Mr,
+}
+
+struct Conn {
+    rank: Rank,
+    // Declared before the rings: the QP goes first (no more device access to them).
+    qp: Qp,
+    ring: RegBlock,
+    stage: RegBlock,
+    remote_ring: (u64, u32),
+    credits: Credits,
+    out: VecDeque<Out>,
+    /// Send work requests posted and not yet completed.
+    sq_used: u32,
+    /// Receiver side: rendezvous lengths announced by the peer's RTS frames, by message id.
+    rts_len: HashMap<u64, u64>,
+    /// Receiver side (write rendezvous): our buffers the peer may write, by receive id.
+    exposed: HashMap<u64, Exposed>,
+    /// Sender side (write rendezvous): the peer's buffers, by its receive id.
+    targets: HashMap<u64, Target>,
+    /// Sender side (read rendezvous): chunks lent, by token.
+    lent: Slab<Lent>,
+    /// RDMA writes in flight, by token.
+    writes: Slab<Lent>,
+    /// RDMA reads in flight, by token.
+    reads: Slab<Reading>,
+    sock: Option<AsyncFd<TcpStream>>,
+    /// Why the connection is ending; reported once no work request is outstanding.
+    failing: Option<TransportError>,
+    /// Ended and reported: nothing more happens on it.
+    dead: bool,
+    bye: bool,
+}
+
+impl Conn {
+    fn live(&self) -> bool {
+        self.failing.is_none() && !self.dead
+    }
+
+    fn slot_ptr(&self, block: &RegBlock, slot: u32, slot_size: usize) -> *mut u8 {
+        // SAFETY: `slot < slots`, so the offset is inside the block.
+        unsafe { block.block.ptr.add(slot as usize * slot_size) }
+    }
+}
+
+/// The verbs transport of one rank.
+pub struct VerbsTransport {
+    me: Rank,
+    eager_limit: usize,
+    limits: Limits,
+    slot_size: usize,
+    sq_depth: u32,
+    rendezvous: Rendezvous,
+    liveness_polls: u32,
+    /// Declared before the cache and the device: QPs and receive registrations go first.
+    conns: Vec<Conn>,
+    cache: RegCache<Mr>,
+    lost: Vec<(Rank, TransportError)>,
+    /// Completions polled by `poll_ready`, handled by the next `progress`.
+    wcs: Vec<ffi::ibv_wc>,
+    /// Where the completion queue is polled into (not zeroed on every call).
+    wc_buf: Box<[ffi::ibv_wc; POLL_BATCH]>,
+    tick: u32,
+    check_now: bool,
+    stats: VerbsStats,
+    channel: AsyncFd<Watch>,
+    dev: Device,
+}
+
+impl VerbsTransport {
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.me
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> VerbsStats {
+        VerbsStats { cache: self.cache.stats(), ..self.stats }
+    }
+
+    /// Work still involving the device or a peer: posted requests, chunks lent or being
+    /// written, reads in flight (0 when quiet).
+    pub fn in_flight(&self) -> usize {
+        self.conns
+            .iter()
+            .filter(|c| !c.dead)
+            .map(|c| c.sq_used as usize + c.lent.len() + c.writes.len() + c.reads.len() + c.out.len())
+            .sum()
+    }
+
+    /// Invalidates now the cached registrations of buffers the program has freed (otherwise
+    /// done at the next registration).
+    pub fn sweep_registrations(&mut self) {
+        self.cache.sweep();
+    }
+
+    /// The device in use (`rxe0`, ...).
+    pub fn device(&self) -> &str {
+        &self.dev.name
+    }
+
+    fn index(&self, peer: Rank) -> Option<usize> {
+        let k = if peer < self.me { peer } else { peer.checked_sub(1)? } as usize;
+        (peer != self.me && k < self.conns.len()).then_some(k)
+    }
+
+    /// Starts ending connection `k`: no more traffic; outstanding work is flushed.
+    fn fail(&mut self, k: usize, err: TransportError) {
+        let c = &mut self.conns[k];
+        if c.failing.is_some() || c.dead {
+            return;
+        }
+        tracing::debug!(peer = c.rank, %err, "verbs connection ends");
+        c.qp.set_error();
+        if let Some(s) = &c.sock {
+            let _ = s.get_ref().shutdown(Shutdown::Both);
+        }
+        c.out.clear();
+        c.targets.clear();
+        c.rts_len.clear();
+        c.failing = Some(err);
+    }
+
+    /// Reports connections whose flushed work has all completed.
+    fn reap(&mut self) {
+        for c in &mut self.conns {
+            if c.sq_used == 0
+                && let Some(err) = c.failing.take()
+            {
+                // Nothing can touch the sink's buffers any more: drop their registrations first.
+                c.exposed.clear();
+                c.reads.clear();
+                for l in c.lent.drain().chain(c.writes.drain()) {
+                    self.cache.release(l.pin);
+                }
+                c.sock = None;
+                self.lost.push((c.rank, err));
+                c.dead = true;
+            }
+        }
+    }
+
+    fn handle_wc(&mut self, wc: &ffi::ibv_wc, sink: &mut dyn Sink) {
+        let (k, kind, token) = split_wr(wc.wr_id());
+        let Some(c) = self.conns.get_mut(k) else { return };
+        if kind != Wr::Recv as u64 {
+            c.sq_used = c.sq_used.saturating_sub(1);
+        }
+        let ok = wc.is_valid();
+        if kind == Wr::Write as u64 && c.writes.contains(token as usize) {
+            let l = c.writes.remove(token as usize);
+            self.cache.release(l.pin);
+        }
+        if kind == Wr::Read as u64 && c.reads.contains(token as usize) {
+            // Deregister before the engine may free the buffer.
+            let r = c.reads.remove(token as usize);
+            if ok && c.live() {
+                drop(r.mr);
+                self.stats.rdma_reads += 1;
+                sink.frame(c.rank, r.header, Bytes::new());
+                c.out.push_back(Out::ReadDone(r.token));
+            }
+        }
+        if !ok {
+            if c.live() {
+                let (status, vendor) = wc.error().unwrap_or_default();
+                tracing::debug!(peer = c.rank, status, vendor, "verbs work request failed");
+                let err = if c.bye { TransportError::Left } else { TransportError::Closed };
+                self.fail(k, err);
+            }
+            return;
+        }
+        if kind == Wr::Recv as u64
+            && c.live()
+            && let Err(e) = self.on_slot(k, wc.imm_data().map_or(u32::MAX, u32::from_be), sink)
+        {
+            self.fail(k, e);
+        }
+    }
+
+    /// A slot from peer `k` arrived.
+    fn on_slot(&mut self, k: usize, imm: u32, sink: &mut dyn Sink) -> Result<(), TransportError> {
+        let ss = self.slot_size;
+        let limits = self.limits;
+        let c = &mut self.conns[k];
+        let slot = c.credits.arrive(imm)?;
+        c.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
+        // SAFETY: the peer wrote this slot completely (its completion was polled) and writes it
+        // again only after we free it below and tell it.
+        let bytes = unsafe { std::slice::from_raw_parts(c.slot_ptr(&c.ring, slot, ss), ss) };
+        let p = link::decode(bytes, c.rank, &limits)?;
+        let payload = if p.payload_len > 0 {
+            Bytes::copy_from_slice(&bytes[SLOT_HEADER..SLOT_HEADER + p.payload_len])
+        } else {
+            Bytes::new()
+        };
+        c.credits.release();
+        c.credits.on_freed(p.freed)?;
+        self.stats.slots_received += 1;
+        let peer = c.rank;
+        match (p.kind, p.header) {
+            (LinkKind::Credit, _) => {}
+            (LinkKind::ReadDone, _) => {
+                let t = p.remote.token as usize;
+                if !c.lent.contains(t) {
+                    return Err(WireError::Link("DONE for nothing lent").into());
+                }
+                let l = c.lent.remove(t);
+                self.cache.release(l.pin);
+            }
+            (LinkKind::Frame, Some(h)) => {
+                match h.kind {
+                    Kind::Rts => {
+                        if c.rts_len.len() >= MAX_RTS_PENDING {
+                            return Err(WireError::Unexpected(Kind::Rts).into());
+                        }
+                        c.rts_len.insert(h.seq, h.aux);
+                    }
+                    Kind::Bye => c.bye = true,
+                    _ => {}
+                }
+                sink.frame(peer, h, payload);
+            }
+            (LinkKind::CtsBuf, Some(h)) => {
+                c.targets.insert(h.aux, Target { remote: p.remote, remaining: p.remote.len });
+                sink.frame(peer, h, Bytes::new());
+            }
+            (LinkKind::DataWritten, Some(h)) => {
+                let Some(e) = c.exposed.get_mut(&h.seq) else {
+                    return Err(WireError::Unexpected(Kind::Data).into());
+                };
+                let len = u64::from(h.len);
+                if h.aux.checked_add(len).is_none_or(|end| end > e.len) || len > e.remaining {
+                    return Err(
+                        WireError::Oversize { kind: Kind::Data, len: h.aux.saturating_add(len), max: e.len }.into()
+                    );
+                }
+                e.remaining -= len;
+                if e.remaining == 0 {
+                    // Deregister before the engine may free the buffer.
+                    c.exposed.remove(&h.seq);
+                }
+                sink.frame(peer, h, Bytes::new());
+            }
+            (LinkKind::DataRead, Some(h)) => {
+                let Some(dst) = sink.data_dest(peer, &h)? else {
+                    c.out.push_back(Out::ReadDone(p.remote.token));
+                    sink.frame(peer, h, Bytes::new());
+                    return Ok(());
+                };
+                let (ptr, len) = (dst.as_mut_ptr(), dst.len());
+                if len == 0 {
+                    c.out.push_back(Out::ReadDone(p.remote.token));
+                    sink.frame(peer, h, Bytes::new());
+                    return Ok(());
+                }
+                // SAFETY: the sink keeps the slice valid until it gets this frame or the loss.
+                let mr = unsafe { self.dev.register(ptr, len, access::LOCAL)? };
+                self.stats.recv_registrations += 1;
+                let lkey = mr.lkey();
+                let token = c.reads.insert(Reading { header: h, token: p.remote.token, mr }) as u32;
+                // SAFETY: the destination stays registered and valid until the completion.
+                unsafe {
+                    c.qp.post_send(
+                        wr_id(k, Wr::Read, token),
+                        Op::Read,
+                        ptr as u64,
+                        len as u32,
+                        lkey,
+                        p.remote.addr,
+                        p.remote.rkey,
+                    )?
+                };
+                c.sq_used += 1;
+            }
+            _ => return Err(WireError::Link("slot without header").into()),
+        }
+        Ok(())
+    }
+
+    /// Writes what is queued for peer `k` while slots and send queue allow.
+    fn flush(&mut self, k: usize, sink: &mut dyn Sink) -> Result<usize, TransportError> {
+        let mut work = 0;
+        loop {
+            let c = &mut self.conns[k];
+            if !c.live() || c.out.is_empty() || !c.credits.can_send(false) || c.sq_used + 2 > self.sq_depth {
+                break;
+            }
+            let out = c.out.pop_front().unwrap();
+            self.write_out(k, out, sink)?;
+            work += 1;
+        }
+        let c = &mut self.conns[k];
+        // An explicit update when nothing can carry the credit now: nothing queued, or the
+        // queue is stalled on slots (both sides stalled that way would otherwise wait forever;
+        // the reserved slot is for this).
+        if c.live()
+            && (c.out.is_empty() || !c.credits.can_send(false))
+            && c.credits.wants_update()
+            && c.credits.can_send(true)
+            && c.sq_used < self.sq_depth
+        {
+            self.write_slot(k, LinkKind::Credit, None, Remote::default(), &[])?;
+            self.stats.credit_updates += 1;
+            work += 1;
+        }
+        Ok(work)
+    }
+
+    fn write_out(&mut self, k: usize, out: Out, sink: &mut dyn Sink) -> Result<(), TransportError> {
+        let h = match out {
+            Out::ReadDone(token) => {
+                return self.write_slot(k, LinkKind::ReadDone, None, Remote { token, ..Remote::default() }, &[]);
+            }
+            Out::Frame(h, payload) => match h.kind {
+                Kind::Data => return self.send_data(k, h, payload),
+                Kind::Cts => h,
+                _ => return self.write_slot(k, LinkKind::Frame, Some(&h), Remote::default(), &payload),
+            },
+        };
+        // A CTS: announce the whole destination buffer with it (write rendezvous).
+        let c = &mut self.conns[k];
+        let total = c.rts_len.remove(&h.seq);
+        let (peer, want) = (c.rank, self.rendezvous == Rendezvous::Write && h.flags & flags::TRUNCATED == 0);
+        if let Some(total) = total.filter(|&t| want && t > 0 && t <= u64::from(u32::MAX)) {
+            let probe = Header {
+                kind: Kind::Data,
+                src: peer,
+                seq: h.aux,
+                aux: 0,
+                len: total as u32,
+                ..Header::new(Kind::Data)
+            };
+            if let Ok(Some(dst)) = sink.data_dest(peer, &probe) {
+                let (ptr, len) = (dst.as_mut_ptr(), dst.len());
+                // SAFETY: the sink keeps the buffer valid until the last data frame or the loss.
+                let mr = unsafe { self.dev.register(ptr, len, access::REMOTE_WRITE)? };
+                self.stats.recv_registrations += 1;
+                let remote = Remote { addr: ptr as u64, rkey: mr.rkey(), token: 0, len: len as u64 };
+                self.conns[k].exposed.insert(h.aux, Exposed { _mr: mr, len: len as u64, remaining: len as u64 });
+                return self.write_slot(k, LinkKind::CtsBuf, Some(&h), remote, &[]);
+            }
+        }
+        self.write_slot(k, LinkKind::Frame, Some(&h), Remote::default(), &[])
+    }
+
+    /// A rendezvous chunk: RDMA-write it into the peer's announced buffer, or lend it.
+    fn send_data(&mut self, k: usize, h: Header, payload: Bytes) -> Result<(), TransportError> {
+        let c = &mut self.conns[k];
+        let len = payload.len() as u64;
+        if let Some(t) = c.targets.get_mut(&h.seq) {
+            if h.aux.checked_add(len).is_none_or(|end| end > t.remote.len) || len > t.remaining {
+                // Our own engine never does this; treat as a broken connection.
+                return Err(WireError::Link("data beyond the announced buffer").into());
+            }
+            let dest = t.remote.addr + h.aux;
+            let rkey = t.remote.rkey;
+            t.remaining -= len;
+            if t.remaining == 0 {
+                c.targets.remove(&h.seq);
+            }
+            if len > 0 {
+                let extent = extent(c, &h, &payload);
+                let pin = self.cache.acquire_extent(&mut self.dev, &payload, extent, 0)?;
+                let lkey = self.cache.region(&pin).lkey();
+                let c = &mut self.conns[k];
+                let token = c.writes.insert(Lent { pin, _data: payload.clone() }) as u32;
+                // SAFETY: the source is kept alive (and registered) in `writes` until completion.
+                unsafe {
+                    c.qp.post_send(
+                        wr_id(k, Wr::Write, token),
+                        Op::Write,
+                        payload.as_ptr() as u64,
+                        len as u32,
+                        lkey,
+                        dest,
+                        rkey,
+                    )?
+                };
+                c.sq_used += 1;
+                self.stats.rdma_writes += 1;
+            }
+            return self.write_slot(k, LinkKind::DataWritten, Some(&h), Remote::default(), &[]);
+        }
+        let extent = extent(c, &h, &payload);
+        let pin = self.cache.acquire_extent(&mut self.dev, &payload, extent, access::REMOTE_READ)?;
+        let rkey = self.cache.region(&pin).rkey();
+        let addr = payload.as_ptr() as u64;
+        let token = self.conns[k].lent.insert(Lent { pin, _data: payload }) as u32;
+        let remote = Remote { addr, rkey, token, len };
+        self.write_slot(k, LinkKind::DataRead, Some(&h), remote, &[])
+    }
+
+    /// Fills the next slot of peer `k` and posts its write-with-immediate.
+    fn write_slot(
+        &mut self,
+        k: usize,
+        kind: LinkKind,
+        h: Option<&Header>,
+        remote: Remote,
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
+        let ss = self.slot_size;
+        let c = &mut self.conns[k];
+        let (slot, freed) = c.credits.take();
+        let ptr = c.slot_ptr(&c.stage, slot, ss);
+        // SAFETY: our staging copy of this slot; the device last read it for the previous write
+        // of this slot, which the peer has acknowledged by freeing it.
+        let buf = unsafe { std::slice::from_raw_parts_mut(ptr, ss) };
+        let h = h.map(|h| Header { src: self.me, ..*h });
+        let n = link::encode(buf, kind, freed, h.as_ref(), remote, payload);
+        let raddr = c.remote_ring.0 + (slot as usize * ss) as u64;
+        // SAFETY: the staging block lives as long as the QP.
+        unsafe {
+            c.qp.post_send(
+                wr_id(k, Wr::Slot, slot),
+                Op::WriteImm { imm: slot },
+                ptr as u64,
+                n as u32,
+                c.stage.mr.lkey(),
+                raddr,
+                c.remote_ring.1,
+            )?
+        };
+        c.sq_used += 1;
+        self.stats.slots_sent += 1;
+        Ok(())
+    }
+
+    /// Peers whose liveness socket reports end of file or an error.
+    fn check_peers(&mut self) {
+        self.tick = 0;
+        self.check_now = false;
+        let dead: Vec<usize> = (0..self.conns.len())
+            .filter(|&k| {
+                let c = &self.conns[k];
+                c.live() && c.sock.as_ref().is_some_and(|s| socket_closed(s.get_ref()))
+            })
+            .collect();
+        for k in dead {
+            let err = if self.conns[k].bye { TransportError::Left } else { TransportError::Closed };
+            self.fail(k, err);
+        }
+    }
+}
+
+/// Bytes from `payload`'s start through the following chunks of the same message queued for the
+/// peer, while they continue it in memory: the engine cuts one buffer into consecutive slices,
+/// so one registration can serve them all (see [`RegCache::acquire_extent`]).
+fn extent(c: &Conn, h: &Header, payload: &Bytes) -> usize {
+    let (mut end, mut off) = (payload.as_ptr() as usize + payload.len(), h.aux + payload.len() as u64);
+    for o in &c.out {
+        match o {
+            Out::Frame(n, p)
+                if n.kind == Kind::Data && n.seq == h.seq && n.aux == off && p.as_ptr() as usize == end =>
+            {
+                end += p.len();
+                off += p.len() as u64;
+            }
+            _ => break,
+        }
+    }
+    end - payload.as_ptr() as usize
+}
+
+/// A liveness socket is closed when it reads end of file or fails (the peer never writes).
+fn socket_closed(s: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: reads at most one byte into `b`.
+    let n = unsafe { libc::recv(s.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => {
+            let e = io::Error::last_os_error();
+            !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted)
+        }
+    }
+}
+
+impl Transport for VerbsTransport {
+    fn name(&self) -> &'static str {
+        "verbs"
+    }
+
+    fn eager_limit(&self) -> usize {
+        self.eager_limit
+    }
+
+    fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
+        if let Some(k) = self.index(peer)
+            && self.conns[k].live()
+        {
+            self.conns[k].out.push_back(Out::Frame(header, payload));
+        }
+    }
+
+    fn progress(&mut self, sink: &mut dyn Sink) -> usize {
+        let mut work = 0;
+        if !self.wcs.is_empty() {
+            for wc in std::mem::take(&mut self.wcs) {
+                self.handle_wc(&wc, sink);
+                work += 1;
+            }
+        }
+        loop {
+            let n = match self.dev.poll(&mut self.wc_buf[..]) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!("polling the verbs completion queue failed: {e}");
+                    for k in 0..self.conns.len() {
+                        self.fail(k, TransportError::Io(e.kind()));
+                    }
+                    0
+                }
+            };
+            for i in 0..n {
+                let wc = self.wc_buf[i];
+                self.handle_wc(&wc, sink);
+            }
+            work += n;
+            if n < POLL_BATCH {
+                break;
+            }
+        }
+        for k in 0..self.conns.len() {
+            match self.flush(k, sink) {
+                Ok(n) => work += n,
+                Err(e) => self.fail(k, e),
+            }
+        }
+        self.tick += if work == 0 { IDLE_WEIGHT } else { 1 };
+        if self.check_now || self.tick >= self.liveness_polls.saturating_mul(IDLE_WEIGHT) {
+            self.check_peers();
+        }
+        self.reap();
+        for (peer, err) in self.lost.drain(..) {
+            sink.peer_lost(peer, err);
+            work += 1;
+        }
+        work
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.lost.is_empty() || self.check_now || !self.wcs.is_empty() {
+            return Poll::Ready(());
+        }
+        let sendable = self
+            .conns
+            .iter()
+            .any(|c| c.live() && !c.out.is_empty() && c.credits.can_send(false) && c.sq_used + 2 <= self.sq_depth);
+        if sendable || self.conns.iter().any(|c| c.failing.is_some() && c.sq_used == 0) {
+            return Poll::Ready(());
+        }
+        loop {
+            match self.channel.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut g)) => {
+                    self.dev.drain_events();
+                    g.clear_ready();
+                }
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Pending => break,
+            }
+        }
+        // Arm, then look once more: a completion that came before arming raises no event.
+        if self.dev.arm().is_err() {
+            return Poll::Ready(());
+        }
+        if let Ok(n) = self.dev.poll(&mut self.wc_buf[..])
+            && n > 0
+        {
+            self.wcs.extend_from_slice(&self.wc_buf[..n]);
+            return Poll::Ready(());
+        }
+        let mut ready = false;
+        for c in self.conns.iter().filter(|c| c.live()) {
+            if let Some(s) = &c.sock {
+                match s.poll_read_ready(cx) {
+                    Poll::Ready(Ok(g)) => {
+                        ready |= closed_or_clear(g);
+                    }
+                    Poll::Ready(Err(_)) => ready = true,
+                    Poll::Pending => {}
+                }
+            }
+        }
+        if ready {
+            self.check_now = true;
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+
+    fn has_pending_output(&self) -> bool {
+        self.conns.iter().any(|c| c.live() && (!c.out.is_empty() || c.sq_used > 0))
+    }
+
+    fn disconnect(&mut self, peer: Rank, reason: TransportError) {
+        if let Some(k) = self.index(peer) {
+            self.fail(k, reason);
+        }
+    }
+}
+
+/// A readable liveness socket: closed (report), or spurious readiness (clear it).
+fn closed_or_clear(mut g: AsyncFdReadyGuard<'_, TcpStream>) -> bool {
+    if socket_closed(g.get_inner()) {
+        true
+    } else {
+        g.clear_ready();
+        false
+    }
+}
+
+impl Drop for VerbsTransport {
+    fn drop(&mut self) {
+        // Stop the device before buffers go: flush every QP, then drain the completions.
+        for c in &self.conns {
+            c.qp.set_error();
+        }
+        let mut wcs = sys::wc_array::<POLL_BATCH>();
+        for _ in 0..1000 {
+            if self.conns.iter().all(|c| c.sq_used == 0) {
+                break;
+            }
+            let n = self.dev.poll(&mut wcs).unwrap_or(0);
+            for wc in &wcs[..n] {
+                let (k, kind, _) = split_wr(wc.wr_id());
+                if let Some(c) = self.conns.get_mut(k)
+                    && kind != Wr::Recv as u64
+                {
+                    c.sq_used = c.sq_used.saturating_sub(1);
+                }
+            }
+            if n == 0 {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+        }
+        for c in &mut self.conns {
+            c.exposed.clear();
+            c.reads.clear();
+            for l in c.lent.drain().chain(c.writes.drain()) {
+                self.cache.release(l.pin);
+            }
+        }
+    }
+}
