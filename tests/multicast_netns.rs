@@ -1,7 +1,7 @@
 //! Reliable multicast between processes over real networks, with loss injected by iptables:
 //!
-//! * **bridge**: 9 ranks (root + 8 receivers), each in its own network namespace, joined by veth
-//!   pairs to a Linux bridge in a hub namespace (10.77.0.0/24);
+//! * **bridge**: 9 ranks (root + 8 receivers), each in its own network namespace (`ip netns add`),
+//!   joined by veth pairs to a Linux bridge in a hub namespace (10.77.0.0/24);
 //! * **loopback**: the same 9 ranks in one namespace, on its loopback interface.
 //!
 //! Each receiver's namespace drops incoming UDP at random (`iptables -A INPUT -p udp -m statistic
