@@ -220,6 +220,7 @@ impl Driver {
     }
 }
 
+#[derive(Clone, Copy)]
 enum OpKind {
     Send { dest: Rank },
     Recv { context: u32 },
@@ -228,18 +229,21 @@ enum OpKind {
 
 /// A started operation. Await it for the result; drop it to cancel.
 pub struct Op<T> {
-    inner: Arc<Inner>,
-    key: OpKey,
-    kind: OpKind,
-    spin_start: Option<Instant>,
-    done: bool,
+    state: OpState,
     /// Translates sources back to communicator ranks (sub-communicators only).
     group: Option<Arc<Group>>,
-    /// The completion, when the operation completed while it was started (an eager send with
-    /// credit, a receive of a message already there): awaiting it then takes no lock and no
-    /// progress round. Its slab slot is already freed.
-    ready: Option<Completion>,
     _t: PhantomData<fn() -> T>,
+}
+
+enum OpState {
+    /// Completed while it was started (an eager send with credit, a receive of a message already
+    /// there): awaiting it takes no lock and no progress round, and it holds no reference to the
+    /// world (whose reference count is an atomic read-modify-write on the latency path).
+    Ready(Completion),
+    /// In flight: its completion will land in slot `key` of the operation slab.
+    Pending { inner: Arc<Inner>, key: OpKey, kind: OpKind, spin_start: Option<Instant> },
+    /// The result was taken.
+    Done,
 }
 
 /// How an operation's completion becomes its result.
@@ -288,19 +292,24 @@ impl<T: FromCompletion> Future for Op<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
-        if this.done {
-            return Poll::Ready(Err(Error::Shutdown));
-        }
-        if let Some(c) = this.ready.take() {
-            this.done = true;
-            return Poll::Ready(T::from_completion(this.translate(c)));
-        }
-        let key = this.key;
-        let r = this.inner.reactor.poll_until(cx, &mut this.spin_start, |d, cx| d.ops.poll(key, cx));
-        r.map(|c| {
-            this.done = true;
-            T::from_completion(this.translate(c))
-        })
+        let c = match &mut this.state {
+            OpState::Ready(_) => match std::mem::replace(&mut this.state, OpState::Done) {
+                OpState::Ready(c) => c,
+                _ => unreachable!(),
+            },
+            OpState::Pending { inner, key, spin_start, .. } => {
+                let key = *key;
+                match inner.reactor.poll_until(cx, spin_start, |d, cx| d.ops.poll(key, cx)) {
+                    Poll::Ready(c) => {
+                        this.state = OpState::Done;
+                        c
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            OpState::Done => return Poll::Ready(Err(Error::Shutdown)),
+        };
+        Poll::Ready(T::from_completion(this.translate(c)))
     }
 }
 
@@ -320,15 +329,13 @@ impl<T> Op<T> {
 
 impl<T> Drop for Op<T> {
     fn drop(&mut self) {
-        if self.done || self.ready.is_some() {
-            return;
-        }
-        let mut d = self.inner.reactor.lock();
-        if d.ops.detach(self.key) {
-            match self.kind {
-                OpKind::Send { dest } => d.engine.cancel_send(self.key, dest),
-                OpKind::Recv { context } => d.engine.cancel_recv(self.key, context),
-                OpKind::Probe { context } => d.engine.cancel_probe(self.key, context),
+        let OpState::Pending { inner, key, kind, .. } = &self.state else { return };
+        let (key, mut d) = (*key, inner.reactor.lock());
+        if d.ops.detach(key) {
+            match *kind {
+                OpKind::Send { dest } => d.engine.cancel_send(key, dest),
+                OpKind::Recv { context } => d.engine.cancel_recv(key, context),
+                OpKind::Probe { context } => d.engine.cancel_probe(key, context),
             }
             d.flush();
         }
@@ -420,7 +427,7 @@ impl Comm {
 
     fn start<T>(&self, kind: OpKind, early: Option<Error>, post: impl FnOnce(&mut Driver, OpKey)) -> Op<T> {
         let early = early.or_else(|| self.inner.closed.load(Ordering::Acquire).then_some(Error::Shutdown));
-        let (key, ready) = {
+        let polled = {
             let mut d = self.inner.reactor.lock();
             let key = d.ops.insert();
             match early {
@@ -442,22 +449,13 @@ impl Comm {
                     }
                 }
             }
-            let ready = match d.ops.poll(key, None) {
-                Poll::Ready(c) => Some(c),
-                Poll::Pending => None,
-            };
-            (key, ready)
+            (key, d.ops.poll(key, None))
         };
-        Op {
-            inner: self.inner.clone(),
-            key,
-            kind,
-            spin_start: None,
-            done: false,
-            group: self.group.clone(),
-            ready,
-            _t: PhantomData,
-        }
+        let state = match polled {
+            (_, Poll::Ready(c)) => OpState::Ready(c),
+            (key, Poll::Pending) => OpState::Pending { inner: self.inner.clone(), key, kind, spin_start: None },
+        };
+        Op { state, group: self.group.clone(), _t: PhantomData }
     }
 
     fn check_rank(&self, r: Rank) -> Option<Error> {

@@ -1,7 +1,7 @@
 //! The completion engine: it knows nothing of networking.
 //!
 //! A rank's whole protocol state (transports, protocol cores, in-flight operations) sits behind one
-//! lock as a [`Progress`] implementation. Two kinds of callers drive it through the same routine,
+//! lock ([`lock`]: cheap to release) as a [`Progress`] implementation. Two kinds of callers drive it through the same routine,
 //! [`Progress::progress`]:
 //!
 //! * futures awaiting an operation, inline, according to the [`ProgressMode`]: busy-poll spins on
@@ -22,6 +22,7 @@
 //! [`YIELD_AFTER`] it yields every few dozen rounds, so that more busy ranks than cores still
 //! progress.
 
+pub mod lock;
 mod ops;
 
 use std::future::Future;
@@ -32,8 +33,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
-use parking_lot::{Mutex, MutexGuard};
-
+pub use lock::{Mutex, MutexGuard, RawLock};
 pub use ops::{OpKey, Ops};
 
 /// How an awaiting caller makes progress.
