@@ -18,13 +18,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use ferrocomm_collectives::select::Call;
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
 use ferrocomm_transports::Rank;
 
+use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::multicast::{Channel, TokenBarrier};
 use crate::p2p::Status;
@@ -35,6 +36,8 @@ use crate::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
 struct Slot {
     comm: Comm,
     seq: u64,
+    /// The calling communicator's buffer pool.
+    pool: Arc<Pool>,
 }
 
 /// A posted receive of a collective: of any length, or into a buffer of the announced length.
@@ -44,24 +47,47 @@ enum Incoming {
 }
 
 impl Incoming {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Bytes>> {
+    fn is_ready(&self) -> bool {
         match self {
-            Incoming::Plain(op) => Pin::new(op).poll(cx).map_ok(|m| m.data),
-            Incoming::Into(op) => Pin::new(op).poll(cx).map_ok(|(b, _)| b.freeze()),
+            Incoming::Plain(op) => op.is_ready(),
+            Incoming::Into(op) => op.is_ready(),
+        }
+    }
+
+    fn harvest(&mut self, d: &mut Driver, cx: Option<&mut Context<'_>>) -> bool {
+        match self {
+            Incoming::Plain(op) => op.harvest(d, cx),
+            Incoming::Into(op) => op.harvest(d, cx),
+        }
+    }
+
+    /// The received bytes of a ready receive ([`Incoming::is_ready`]).
+    fn take(&mut self) -> Result<Bytes> {
+        let mut cx = Context::from_waker(Waker::noop());
+        let r = match self {
+            Incoming::Plain(op) => Pin::new(op).poll(&mut cx).map_ok(|m| m.data),
+            Incoming::Into(op) => Pin::new(op).poll(&mut cx).map_ok(|(b, _)| b.freeze()),
+        };
+        match r {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(Error::Invalid("a collective receive taken before it completed".into())),
         }
     }
 }
 
-/// Polls the sends, dropping the completed ones; the first failure is returned.
-fn poll_sends(sends: &mut Vec<Op<()>>, cx: &mut Context<'_>) -> Result<()> {
+/// Drops the completed sends (their results were harvested: no lock is taken); the first failure
+/// is returned.
+fn take_sends(sends: &mut Vec<Op<()>>) -> Result<()> {
+    let mut cx = Context::from_waker(Waker::noop());
     let mut failed = None;
-    sends.retain_mut(|op| match Pin::new(op).poll(cx) {
-        Poll::Ready(Ok(())) => false,
-        Poll::Ready(Err(e)) => {
-            failed.get_or_insert(e);
-            false
+    sends.retain_mut(|op| {
+        if !op.is_ready() {
+            return true;
         }
-        Poll::Pending => true,
+        if let Poll::Ready(Err(e)) = Pin::new(op).poll(&mut cx) {
+            failed.get_or_insert(e);
+        }
+        false
     });
     failed.map_or(Ok(()), Err)
 }
@@ -185,7 +211,8 @@ impl Comm {
     /// Takes the next sequence number of this communicator for one collective call.
     fn slot(&self) -> Slot {
         let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
-        Slot { comm: self.with_context(self.context() | COLLECTIVE_BIT), seq }
+        let comm = self.sequence.collective.get_or_init(|| self.with_context(self.context() | COLLECTIVE_BIT));
+        Slot { comm: comm.clone(), seq, pool: self.sequence.pool.clone() }
     }
 
     /// The algorithm this communicator uses for `op` with `bytes` per rank (and a commutative
@@ -246,11 +273,15 @@ impl Comm {
 
     /// Runs `machine` on `slot`: posts what it asks, feeds it what arrives, until it is done and
     /// its sends have completed.
+    ///
+    /// One progress loop serves all of the call's operations: each wait spins once and looks at
+    /// every posted receive (an [`Op`] awaited alone would spin on itself only, for up to a few
+    /// hundred rounds, before the next one is looked at), and everything that arrived is delivered
+    /// before the next wait.
     async fn drive(slot: Slot, mut m: Machine) -> Result<Blocks> {
-        let Slot { comm, seq } = slot;
-        let pool = comm.sequence.pool.clone();
+        let Slot { comm, seq, pool } = slot;
         let tag = |round: u32| (seq << 16) | u64::from(round);
-        // A handful of operations at a time: plain vectors, polled in turn (no task allocations).
+        // A handful of operations at a time: plain vectors (no task allocations).
         let mut sends: Vec<Op<()>> = Vec::new();
         let mut recvs: Vec<(u32, u32, u32, Incoming)> = Vec::new();
         loop {
@@ -258,7 +289,7 @@ impl Comm {
                 match a {
                     Action::Send { to, round, data } => sends.push(comm.send(to, tag(round), data)),
                     Action::Recv { from, round, part, len: Some(len) } if len >= Pool::MIN => {
-                        // A detached block of known length: straight into a reused buffer.
+                        // A block of known length: straight into a reused buffer.
                         let op = comm.recv_into(from, tag(round), pool.take(len));
                         recvs.push((from, round, part, Incoming::Into(op)));
                     }
@@ -270,28 +301,49 @@ impl Comm {
             if m.is_done() {
                 break;
             }
-            let (i, data) = futures::future::poll_fn(|cx| {
-                poll_sends(&mut sends, cx)?;
-                for (i, (.., op)) in recvs.iter_mut().enumerate() {
-                    if let Poll::Ready(data) = op.poll(cx) {
-                        return Poll::Ready(Ok((i, data)));
-                    }
+            if recvs.is_empty() {
+                return Err(Error::Invalid("collective waits with nothing posted".into()));
+            }
+            if !recvs.iter().any(|r| r.3.is_ready()) {
+                let mut spin_start = None;
+                futures::future::poll_fn(|cx| {
+                    comm.poll_progress(cx, &mut spin_start, |d, mut cx| {
+                        let mut any = false;
+                        for r in recvs.iter_mut() {
+                            any |= r.3.harvest(d, cx.as_deref_mut());
+                        }
+                        sends.iter_mut().for_each(|s| _ = s.harvest(d, None));
+                        if any { Poll::Ready(()) } else { Poll::Pending }
+                    })
+                })
+                .await;
+            }
+            // Everything that has arrived, in posting order (the machine orders what it applies).
+            let mut i = 0;
+            while i < recvs.len() {
+                if !recvs[i].3.is_ready() {
+                    i += 1;
+                    continue;
                 }
-                if recvs.is_empty() {
-                    return Poll::Ready(Err(Error::Invalid("collective waits with nothing posted".into())));
-                }
-                Poll::Pending
-            })
-            .await?;
-            let (from, round, part, _) = recvs.swap_remove(i);
-            m.deliver(from, round, part, data?)?;
-            m.take_spare().into_iter().for_each(|b| pool.give(b));
+                let (from, round, part, mut op) = recvs.remove(i);
+                let data = op.take()?;
+                m.deliver(from, round, part, data)?;
+                m.take_spare().into_iter().for_each(|b| pool.give(b));
+            }
+            take_sends(&mut sends)?;
         }
-        futures::future::poll_fn(|cx| {
-            poll_sends(&mut sends, cx)?;
-            if sends.is_empty() { Poll::Ready(Ok::<_, Error>(())) } else { Poll::Pending }
-        })
-        .await?;
+        if !sends.iter().all(Op::is_ready) {
+            let mut spin_start = None;
+            futures::future::poll_fn(|cx| {
+                comm.poll_progress(cx, &mut spin_start, |d, mut cx| {
+                    // Every send is looked at (and, before a sleep, registers its waker).
+                    let pending = sends.iter_mut().map(|s| s.harvest(d, cx.as_deref_mut())).filter(|&r| !r).count();
+                    if pending == 0 { Poll::Ready(()) } else { Poll::Pending }
+                })
+            })
+            .await;
+        }
+        take_sends(&mut sends)?;
         Ok(m.into_blocks())
     }
 
@@ -316,8 +368,13 @@ impl Comm {
         async move {
             if let Some(comm) = multicast {
                 // The skew-tolerant token barrier of the reliable multicast layer.
-                let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
-                return barrier.wait().await;
+                // Boxed: its set-up future is large, and would otherwise inflate (and be copied
+                // with) every barrier's future.
+                return Box::pin(async move {
+                    let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
+                    barrier.wait().await
+                })
+                .await;
             }
             match plan {
                 Ok((slot, m)) => Comm::drive(slot, m?).await.map(drop),
@@ -339,13 +396,18 @@ impl Comm {
         buf: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         let bytes = size_of_val(buf);
-        let data = (self.rank() == root).then(|| self.sequence.pool.copy(buf));
+        let pool = self.sequence.pool.clone();
+        let data = (self.rank() == root).then(|| pool.copy(buf));
         let run = self.bcast_plan(root, data, bytes, size_of::<T>());
         let me = self.rank();
         async move {
             let out = run.await?;
             if me != root {
                 copy_into(buf, &out)?;
+            }
+            // The received (or sent) buffer serves the next large call.
+            if let Ok(b) = out.try_into_mut() {
+                pool.give(b);
             }
             Ok(())
         }
@@ -361,7 +423,7 @@ impl Comm {
             (None, true) => Some(Error::Invalid("the root must provide the data".into())),
             _ => None,
         };
-        let run = self.bcast_with(root, data.filter(|_| self.rank() == root), Algorithm::Binomial, 1);
+        let run = self.bcast_with(root, data.filter(|_| self.rank() == root), Algorithm::Binomial, 1, None);
         async move {
             match early {
                 Some(e) => Err(e),
@@ -378,15 +440,17 @@ impl Comm {
         elem: usize,
     ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
         let alg = self.choose(Operation::Bcast, bytes, true);
-        self.bcast_with(root, data, alg, elem)
+        self.bcast_with(root, data, alg, elem, Some(bytes))
     }
 
+    /// `len`: the length every rank knows the data has, if they do.
     fn bcast_with(
         &self,
         root: Rank,
         data: Option<Bytes>,
         alg: Algorithm,
         elem: usize,
+        len: Option<usize>,
     ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
         let (r, n) = (self.rank(), self.size());
         let early = self.check_root(root);
@@ -405,12 +469,20 @@ impl Comm {
             let last = (!mine).then(|| at(node, 0));
             Some(Err((data, [first, leaders, last])))
         } else {
-            Some(Ok((self.slot(), ops::bcast(r, n, root, alg, data, elem), alg, n)))
+            let m = ops::bcast(r, n, root, alg, data, elem).map(|m| match len {
+                Some(len) => m.with_block_len(len),
+                None => m,
+            });
+            Some(Ok((self.slot(), m, alg, n)))
         };
         async move {
             if let Some((comm, data)) = multicast {
-                let chan = comm.sequence.multicast.get_or_try_init(|| Channel::new(&comm)).await?;
-                return crate::multicast::broadcast(chan, root, data).await;
+                // Boxed, as in the barrier: a large future kept out of every broadcast's.
+                return Box::pin(async move {
+                    let chan = comm.sequence.multicast.get_or_try_init(|| Channel::new(&comm)).await?;
+                    crate::multicast::broadcast(chan, root, data).await
+                })
+                .await;
             }
             match plan {
                 None => Err(early.expect("set")),
@@ -443,7 +515,11 @@ impl Comm {
         let alg = self.choose(Operation::Reduce, size_of_val(data), op.is_commutative());
         let early = self.check_root(root).or_else(|| check_op(&op).err());
         let (r, n) = (self.rank(), self.size());
-        let plan = early.is_none().then(|| (self.slot(), ops::reduce(r, n, root, alg, to_bytes(data), op.erase())));
+        let len = size_of_val(data);
+        let plan = early.is_none().then(|| {
+            let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
+            (self.slot(), m)
+        });
         async move {
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
             let blocks = Comm::drive(slot, m?).await?;
@@ -479,7 +555,8 @@ impl Comm {
             let (nr, nn) = (node.rank(), node.size());
             Some(Err((up, mid, down, nr, nn, op.erase())))
         } else {
-            Some(Ok((self.slot(), ops::allreduce(r, n, alg, data, op.erase()))))
+            let bytes = size_of_val(buf);
+            Some(Ok((self.slot(), ops::allreduce(r, n, alg, data, op.erase()).map(|m| m.with_block_len(bytes)))))
         };
         async move {
             let out = match plan {
