@@ -75,6 +75,9 @@ impl Incoming {
     }
 }
 
+/// A collective's driving future ([`Comm::drive`]).
+type Drive = Pin<Box<dyn Future<Output = Result<Blocks>> + Send>>;
+
 /// Drops the completed sends (their results were harvested: no lock is taken); the first failure
 /// is returned.
 fn take_sends(sends: &mut Vec<Op<()>>) -> Result<()> {
@@ -278,7 +281,15 @@ impl Comm {
     /// every posted receive (an [`Op`] awaited alone would spin on itself only, for up to a few
     /// hundred rounds, before the next one is looked at), and everything that arrived is delivered
     /// before the next wait.
-    async fn drive(slot: Slot, mut m: Machine) -> Result<Blocks> {
+    ///
+    /// Boxed: the machine and the driving state stay put on the heap, so the futures of the calls
+    /// that await it stay small (they are moved, i.e. copied, on every call: several kilobytes
+    /// each before, a measurable share of a small collective).
+    fn drive(slot: Slot, m: Machine) -> Drive {
+        Box::pin(Comm::run(slot, m))
+    }
+
+    async fn run(slot: Slot, mut m: Machine) -> Result<Blocks> {
         let Slot { comm, seq, pool } = slot;
         let tag = |round: u32| (seq << 16) | u64::from(round);
         // A handful of operations at a time: plain vectors (no task allocations).
@@ -353,7 +364,9 @@ impl Comm {
         let alg = self.choose(Operation::Barrier, 0, true);
         let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
         let plan = if alg == Algorithm::Multicast {
-            Ok((self.slot(), ops::barrier(self.rank(), self.size(), Algorithm::Dissemination)))
+            // Takes its sequence number like any call, but runs on the multicast channel.
+            self.slot();
+            None
         } else if alg == Algorithm::Hierarchical {
             let h = self.hierarchy().expect("chosen");
             let (n, l) = (&h.node, h.leaders.as_ref());
@@ -361,9 +374,10 @@ impl Comm {
             let up = (n.slot(), ops::gather(nr, nn, 0, Algorithm::Binomial, Bytes::new()));
             let mid = l.map(|l| (l.slot(), ops::barrier(l.rank(), l.size(), Algorithm::Dissemination)));
             let down = (n.slot(), ops::bcast(nr, nn, 0, Algorithm::Binomial, (nr == 0).then(Bytes::new), 1));
-            Err((up, mid, down))
+            Some(Err(Box::new((up, mid, down))))
         } else {
-            Ok((self.slot(), ops::barrier(self.rank(), self.size(), alg)))
+            let slot = self.slot();
+            Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Comm::drive(slot, m))))
         };
         async move {
             if let Some(comm) = multicast {
@@ -377,13 +391,19 @@ impl Comm {
                 .await;
             }
             match plan {
-                Ok((slot, m)) => Comm::drive(slot, m?).await.map(drop),
-                Err((up, mid, down)) => {
-                    Comm::drive(up.0, up.1?).await?;
-                    if let Some((s, m)) = mid {
-                        Comm::drive(s, m?).await?;
-                    }
-                    Comm::drive(down.0, down.1?).await.map(drop)
+                None => Err(Error::Invalid("a multicast barrier without its channel".into())),
+                Some(Ok(run)) => run?.await.map(drop),
+                // Boxed, as every rare path here: kept out of the common call's future.
+                Some(Err(hier)) => {
+                    Box::pin(async move {
+                        let (up, mid, down) = *hier;
+                        Comm::drive(up.0, up.1?).await?;
+                        if let Some((s, m)) = mid {
+                            Comm::drive(s, m?).await?;
+                        }
+                        Comm::drive(down.0, down.1?).await.map(drop)
+                    })
+                    .await
                 }
             }
         }
@@ -467,13 +487,14 @@ impl Comm {
             let first = mine.then(|| at(node, node_root));
             let leaders = h.leaders.as_ref().map(|l| at(l, h.leader_position(root_node)));
             let last = (!mine).then(|| at(node, 0));
-            Some(Err((data, [first, leaders, last])))
+            Some(Err(Box::new((data, [first, leaders, last]))))
         } else {
             let m = ops::bcast(r, n, root, alg, data, elem).map(|m| match len {
                 Some(len) => m.with_block_len(len),
                 None => m,
             });
-            Some(Ok((self.slot(), m, alg, n)))
+            let slot = self.slot();
+            Some(Ok((m.map(|m| Comm::drive(slot, m)), alg, n)))
         };
         async move {
             if let Some((comm, data)) = multicast {
@@ -486,16 +507,20 @@ impl Comm {
             }
             match plan {
                 None => Err(early.expect("set")),
-                Some(Ok((slot, m, alg, n))) => Ok(ops::bcast_result(&Comm::drive(slot, m?).await?, n, alg)?),
-                Some(Err((mut have, steps))) => {
-                    // Root's node, then the leaders, then the other nodes; each step's root holds
-                    // the data by the time it starts.
-                    for (slot, r, n, root) in steps.into_iter().flatten() {
-                        let data = if r == root { have.clone() } else { None };
-                        let m = ops::bcast(r, n, root, Algorithm::Binomial, data, elem)?;
-                        have = Some(ops::bcast_result(&Comm::drive(slot, m).await?, n, Algorithm::Binomial)?);
-                    }
-                    have.ok_or_else(|| Error::Invalid("hierarchical broadcast ended without data".into()))
+                Some(Ok((run, alg, n))) => Ok(ops::bcast_result(&run?.await?, n, alg)?),
+                Some(Err(hier)) => {
+                    Box::pin(async move {
+                        // Root's node, then the leaders, then the other nodes; each step's root
+                        // holds the data by the time it starts.
+                        let (mut have, steps) = *hier;
+                        for (slot, r, n, root) in steps.into_iter().flatten() {
+                            let data = if r == root { have.clone() } else { None };
+                            let m = ops::bcast(r, n, root, Algorithm::Binomial, data, elem)?;
+                            have = Some(ops::bcast_result(&Comm::drive(slot, m).await?, n, Algorithm::Binomial)?);
+                        }
+                        have.ok_or_else(|| Error::Invalid("hierarchical broadcast ended without data".into()))
+                    })
+                    .await
                 }
             }
         }
@@ -553,32 +578,36 @@ impl Comm {
             });
             let down = node.slot();
             let (nr, nn) = (node.rank(), node.size());
-            Some(Err((up, mid, down, nr, nn, op.erase())))
+            Some(Err(Box::new((up, mid, down, nr, nn))))
         } else {
-            let bytes = size_of_val(buf);
-            Some(Ok((self.slot(), ops::allreduce(r, n, alg, data, op.erase()).map(|m| m.with_block_len(bytes)))))
+            let (bytes, slot) = (size_of_val(buf), self.slot());
+            Some(Ok(ops::allreduce(r, n, alg, data, op.erase()).map(|m| Comm::drive(slot, m.with_block_len(bytes)))))
         };
         async move {
             let out = match plan {
                 None => return Err(early.expect("set")),
-                Some(Ok((slot, m))) => {
-                    let blocks = Comm::drive(slot, m?).await?;
+                Some(Ok(run)) => {
+                    let blocks = run?.await?;
                     let out = ops::allreduce_result(&blocks, n, alg)?;
                     copy_into(buf, &out)?;
                     drop(out);
                     pool.recycle(blocks);
                     return Ok(());
                 }
-                Some(Err((up, mid, down, nr, nn, _))) => {
-                    let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
-                    let mut have = (nr == 0).then_some(partial);
-                    if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
-                        let lr = slot.comm.rank();
-                        let m = ops::allreduce(lr, ln, a, d, reducer)?;
-                        have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
-                    }
-                    let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
-                    ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?
+                Some(Err(hier)) => {
+                    Box::pin(async move {
+                        let (up, mid, down, nr, nn) = *hier;
+                        let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
+                        let mut have = (nr == 0).then_some(partial);
+                        if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
+                            let lr = slot.comm.rank();
+                            let m = ops::allreduce(lr, ln, a, d, reducer)?;
+                            have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
+                        }
+                        let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
+                        Ok::<_, Error>(ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?)
+                    })
+                    .await?
                 }
             };
             copy_into(buf, &out)
