@@ -18,13 +18,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use ferrocomm_collectives::select::Call;
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
 use ferrocomm_transports::Rank;
 
+use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::multicast::{Channel, TokenBarrier};
 use crate::p2p::Status;
@@ -35,6 +36,8 @@ use crate::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
 struct Slot {
     comm: Comm,
     seq: u64,
+    /// The calling communicator's buffer pool.
+    pool: Arc<Pool>,
 }
 
 /// A posted receive of a collective: of any length, or into a buffer of the announced length.
@@ -44,24 +47,50 @@ enum Incoming {
 }
 
 impl Incoming {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Bytes>> {
+    fn is_ready(&self) -> bool {
         match self {
-            Incoming::Plain(op) => Pin::new(op).poll(cx).map_ok(|m| m.data),
-            Incoming::Into(op) => Pin::new(op).poll(cx).map_ok(|(b, _)| b.freeze()),
+            Incoming::Plain(op) => op.is_ready(),
+            Incoming::Into(op) => op.is_ready(),
+        }
+    }
+
+    fn harvest(&mut self, d: &mut Driver, cx: Option<&mut Context<'_>>) -> bool {
+        match self {
+            Incoming::Plain(op) => op.harvest(d, cx),
+            Incoming::Into(op) => op.harvest(d, cx),
+        }
+    }
+
+    /// The received bytes of a ready receive ([`Incoming::is_ready`]).
+    fn take(&mut self) -> Result<Bytes> {
+        let mut cx = Context::from_waker(Waker::noop());
+        let r = match self {
+            Incoming::Plain(op) => Pin::new(op).poll(&mut cx).map_ok(|m| m.data),
+            Incoming::Into(op) => Pin::new(op).poll(&mut cx).map_ok(|(b, _)| b.freeze()),
+        };
+        match r {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(Error::Invalid("a collective receive taken before it completed".into())),
         }
     }
 }
 
-/// Polls the sends, dropping the completed ones; the first failure is returned.
-fn poll_sends(sends: &mut Vec<Op<()>>, cx: &mut Context<'_>) -> Result<()> {
+/// A collective's driving future ([`Comm::drive`]).
+type Drive = Pin<Box<dyn Future<Output = Result<Blocks>> + Send>>;
+
+/// Drops the completed sends (their results were harvested: no lock is taken); the first failure
+/// is returned.
+fn take_sends(sends: &mut Vec<Op<()>>) -> Result<()> {
+    let mut cx = Context::from_waker(Waker::noop());
     let mut failed = None;
-    sends.retain_mut(|op| match Pin::new(op).poll(cx) {
-        Poll::Ready(Ok(())) => false,
-        Poll::Ready(Err(e)) => {
-            failed.get_or_insert(e);
-            false
+    sends.retain_mut(|op| {
+        if !op.is_ready() {
+            return true;
         }
-        Poll::Pending => true,
+        if let Poll::Ready(Err(e)) = Pin::new(op).poll(&mut cx) {
+            failed.get_or_insert(e);
+        }
+        false
     });
     failed.map_or(Ok(()), Err)
 }
@@ -185,7 +214,8 @@ impl Comm {
     /// Takes the next sequence number of this communicator for one collective call.
     fn slot(&self) -> Slot {
         let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
-        Slot { comm: self.with_context(self.context() | COLLECTIVE_BIT), seq }
+        let comm = self.sequence.collective.get_or_init(|| self.with_context(self.context() | COLLECTIVE_BIT));
+        Slot { comm: comm.clone(), seq, pool: self.sequence.pool.clone() }
     }
 
     /// The algorithm this communicator uses for `op` with `bytes` per rank (and a commutative
@@ -246,11 +276,23 @@ impl Comm {
 
     /// Runs `machine` on `slot`: posts what it asks, feeds it what arrives, until it is done and
     /// its sends have completed.
-    async fn drive(slot: Slot, mut m: Machine) -> Result<Blocks> {
-        let Slot { comm, seq } = slot;
-        let pool = comm.sequence.pool.clone();
+    ///
+    /// One progress loop serves all of the call's operations: each wait spins once and looks at
+    /// every posted receive (an [`Op`] awaited alone would spin on itself only, for up to a few
+    /// hundred rounds, before the next one is looked at), and everything that arrived is delivered
+    /// before the next wait.
+    ///
+    /// Boxed: the machine and the driving state stay put on the heap, so the futures of the calls
+    /// that await it stay small (they are moved, i.e. copied, on every call: several kilobytes
+    /// each before, a measurable share of a small collective).
+    fn drive(slot: Slot, m: Machine) -> Drive {
+        Box::pin(Comm::run(slot, m))
+    }
+
+    async fn run(slot: Slot, mut m: Machine) -> Result<Blocks> {
+        let Slot { comm, seq, pool } = slot;
         let tag = |round: u32| (seq << 16) | u64::from(round);
-        // A handful of operations at a time: plain vectors, polled in turn (no task allocations).
+        // A handful of operations at a time: plain vectors (no task allocations).
         let mut sends: Vec<Op<()>> = Vec::new();
         let mut recvs: Vec<(u32, u32, u32, Incoming)> = Vec::new();
         loop {
@@ -258,7 +300,7 @@ impl Comm {
                 match a {
                     Action::Send { to, round, data } => sends.push(comm.send(to, tag(round), data)),
                     Action::Recv { from, round, part, len: Some(len) } if len >= Pool::MIN => {
-                        // A detached block of known length: straight into a reused buffer.
+                        // A block of known length: straight into a reused buffer.
                         let op = comm.recv_into(from, tag(round), pool.take(len));
                         recvs.push((from, round, part, Incoming::Into(op)));
                     }
@@ -270,28 +312,49 @@ impl Comm {
             if m.is_done() {
                 break;
             }
-            let (i, data) = futures::future::poll_fn(|cx| {
-                poll_sends(&mut sends, cx)?;
-                for (i, (.., op)) in recvs.iter_mut().enumerate() {
-                    if let Poll::Ready(data) = op.poll(cx) {
-                        return Poll::Ready(Ok((i, data)));
-                    }
+            if recvs.is_empty() {
+                return Err(Error::Invalid("collective waits with nothing posted".into()));
+            }
+            if !recvs.iter().any(|r| r.3.is_ready()) {
+                let mut spin_start = None;
+                futures::future::poll_fn(|cx| {
+                    comm.poll_progress(cx, &mut spin_start, |d, mut cx| {
+                        let mut any = false;
+                        for r in recvs.iter_mut() {
+                            any |= r.3.harvest(d, cx.as_deref_mut());
+                        }
+                        sends.iter_mut().for_each(|s| _ = s.harvest(d, None));
+                        if any { Poll::Ready(()) } else { Poll::Pending }
+                    })
+                })
+                .await;
+            }
+            // Everything that has arrived, in posting order (the machine orders what it applies).
+            let mut i = 0;
+            while i < recvs.len() {
+                if !recvs[i].3.is_ready() {
+                    i += 1;
+                    continue;
                 }
-                if recvs.is_empty() {
-                    return Poll::Ready(Err(Error::Invalid("collective waits with nothing posted".into())));
-                }
-                Poll::Pending
-            })
-            .await?;
-            let (from, round, part, _) = recvs.swap_remove(i);
-            m.deliver(from, round, part, data?)?;
-            m.take_spare().into_iter().for_each(|b| pool.give(b));
+                let (from, round, part, mut op) = recvs.remove(i);
+                let data = op.take()?;
+                m.deliver(from, round, part, data)?;
+                m.take_spare().into_iter().for_each(|b| pool.give(b));
+            }
+            take_sends(&mut sends)?;
         }
-        futures::future::poll_fn(|cx| {
-            poll_sends(&mut sends, cx)?;
-            if sends.is_empty() { Poll::Ready(Ok::<_, Error>(())) } else { Poll::Pending }
-        })
-        .await?;
+        if !sends.iter().all(Op::is_ready) {
+            let mut spin_start = None;
+            futures::future::poll_fn(|cx| {
+                comm.poll_progress(cx, &mut spin_start, |d, mut cx| {
+                    // Every send is looked at (and, before a sleep, registers its waker).
+                    let pending = sends.iter_mut().map(|s| s.harvest(d, cx.as_deref_mut())).filter(|&r| !r).count();
+                    if pending == 0 { Poll::Ready(()) } else { Poll::Pending }
+                })
+            })
+            .await;
+        }
+        take_sends(&mut sends)?;
         Ok(m.into_blocks())
     }
 
@@ -301,7 +364,9 @@ impl Comm {
         let alg = self.choose(Operation::Barrier, 0, true);
         let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
         let plan = if alg == Algorithm::Multicast {
-            Ok((self.slot(), ops::barrier(self.rank(), self.size(), Algorithm::Dissemination)))
+            // Takes its sequence number like any call, but runs on the multicast channel.
+            self.slot();
+            None
         } else if alg == Algorithm::Hierarchical {
             let h = self.hierarchy().expect("chosen");
             let (n, l) = (&h.node, h.leaders.as_ref());
@@ -309,24 +374,36 @@ impl Comm {
             let up = (n.slot(), ops::gather(nr, nn, 0, Algorithm::Binomial, Bytes::new()));
             let mid = l.map(|l| (l.slot(), ops::barrier(l.rank(), l.size(), Algorithm::Dissemination)));
             let down = (n.slot(), ops::bcast(nr, nn, 0, Algorithm::Binomial, (nr == 0).then(Bytes::new), 1));
-            Err((up, mid, down))
+            Some(Err(Box::new((up, mid, down))))
         } else {
-            Ok((self.slot(), ops::barrier(self.rank(), self.size(), alg)))
+            let slot = self.slot();
+            Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Comm::drive(slot, m))))
         };
         async move {
             if let Some(comm) = multicast {
                 // The skew-tolerant token barrier of the reliable multicast layer.
-                let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
-                return barrier.wait().await;
+                // Boxed: its set-up future is large, and would otherwise inflate (and be copied
+                // with) every barrier's future.
+                return Box::pin(async move {
+                    let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
+                    barrier.wait().await
+                })
+                .await;
             }
             match plan {
-                Ok((slot, m)) => Comm::drive(slot, m?).await.map(drop),
-                Err((up, mid, down)) => {
-                    Comm::drive(up.0, up.1?).await?;
-                    if let Some((s, m)) = mid {
-                        Comm::drive(s, m?).await?;
-                    }
-                    Comm::drive(down.0, down.1?).await.map(drop)
+                None => Err(Error::Invalid("a multicast barrier without its channel".into())),
+                Some(Ok(run)) => run?.await.map(drop),
+                // Boxed, as every rare path here: kept out of the common call's future.
+                Some(Err(hier)) => {
+                    Box::pin(async move {
+                        let (up, mid, down) = *hier;
+                        Comm::drive(up.0, up.1?).await?;
+                        if let Some((s, m)) = mid {
+                            Comm::drive(s, m?).await?;
+                        }
+                        Comm::drive(down.0, down.1?).await.map(drop)
+                    })
+                    .await
                 }
             }
         }
@@ -339,13 +416,18 @@ impl Comm {
         buf: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         let bytes = size_of_val(buf);
-        let data = (self.rank() == root).then(|| self.sequence.pool.copy(buf));
+        let pool = self.sequence.pool.clone();
+        let data = (self.rank() == root).then(|| pool.copy(buf));
         let run = self.bcast_plan(root, data, bytes, size_of::<T>());
         let me = self.rank();
         async move {
             let out = run.await?;
             if me != root {
                 copy_into(buf, &out)?;
+            }
+            // The received (or sent) buffer serves the next large call.
+            if let Ok(b) = out.try_into_mut() {
+                pool.give(b);
             }
             Ok(())
         }
@@ -361,7 +443,7 @@ impl Comm {
             (None, true) => Some(Error::Invalid("the root must provide the data".into())),
             _ => None,
         };
-        let run = self.bcast_with(root, data.filter(|_| self.rank() == root), Algorithm::Binomial, 1);
+        let run = self.bcast_with(root, data.filter(|_| self.rank() == root), Algorithm::Binomial, 1, None);
         async move {
             match early {
                 Some(e) => Err(e),
@@ -378,15 +460,17 @@ impl Comm {
         elem: usize,
     ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
         let alg = self.choose(Operation::Bcast, bytes, true);
-        self.bcast_with(root, data, alg, elem)
+        self.bcast_with(root, data, alg, elem, Some(bytes))
     }
 
+    /// `len`: the length every rank knows the data has, if they do.
     fn bcast_with(
         &self,
         root: Rank,
         data: Option<Bytes>,
         alg: Algorithm,
         elem: usize,
+        len: Option<usize>,
     ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
         let (r, n) = (self.rank(), self.size());
         let early = self.check_root(root);
@@ -403,27 +487,40 @@ impl Comm {
             let first = mine.then(|| at(node, node_root));
             let leaders = h.leaders.as_ref().map(|l| at(l, h.leader_position(root_node)));
             let last = (!mine).then(|| at(node, 0));
-            Some(Err((data, [first, leaders, last])))
+            Some(Err(Box::new((data, [first, leaders, last]))))
         } else {
-            Some(Ok((self.slot(), ops::bcast(r, n, root, alg, data, elem), alg, n)))
+            let m = ops::bcast(r, n, root, alg, data, elem).map(|m| match len {
+                Some(len) => m.with_block_len(len),
+                None => m,
+            });
+            let slot = self.slot();
+            Some(Ok((m.map(|m| Comm::drive(slot, m)), alg, n)))
         };
         async move {
             if let Some((comm, data)) = multicast {
-                let chan = comm.sequence.multicast.get_or_try_init(|| Channel::new(&comm)).await?;
-                return crate::multicast::broadcast(chan, root, data).await;
+                // Boxed, as in the barrier: a large future kept out of every broadcast's.
+                return Box::pin(async move {
+                    let chan = comm.sequence.multicast.get_or_try_init(|| Channel::new(&comm)).await?;
+                    crate::multicast::broadcast(chan, root, data).await
+                })
+                .await;
             }
             match plan {
                 None => Err(early.expect("set")),
-                Some(Ok((slot, m, alg, n))) => Ok(ops::bcast_result(&Comm::drive(slot, m?).await?, n, alg)?),
-                Some(Err((mut have, steps))) => {
-                    // Root's node, then the leaders, then the other nodes; each step's root holds
-                    // the data by the time it starts.
-                    for (slot, r, n, root) in steps.into_iter().flatten() {
-                        let data = if r == root { have.clone() } else { None };
-                        let m = ops::bcast(r, n, root, Algorithm::Binomial, data, elem)?;
-                        have = Some(ops::bcast_result(&Comm::drive(slot, m).await?, n, Algorithm::Binomial)?);
-                    }
-                    have.ok_or_else(|| Error::Invalid("hierarchical broadcast ended without data".into()))
+                Some(Ok((run, alg, n))) => Ok(ops::bcast_result(&run?.await?, n, alg)?),
+                Some(Err(hier)) => {
+                    Box::pin(async move {
+                        // Root's node, then the leaders, then the other nodes; each step's root
+                        // holds the data by the time it starts.
+                        let (mut have, steps) = *hier;
+                        for (slot, r, n, root) in steps.into_iter().flatten() {
+                            let data = if r == root { have.clone() } else { None };
+                            let m = ops::bcast(r, n, root, Algorithm::Binomial, data, elem)?;
+                            have = Some(ops::bcast_result(&Comm::drive(slot, m).await?, n, Algorithm::Binomial)?);
+                        }
+                        have.ok_or_else(|| Error::Invalid("hierarchical broadcast ended without data".into()))
+                    })
+                    .await
                 }
             }
         }
@@ -443,7 +540,11 @@ impl Comm {
         let alg = self.choose(Operation::Reduce, size_of_val(data), op.is_commutative());
         let early = self.check_root(root).or_else(|| check_op(&op).err());
         let (r, n) = (self.rank(), self.size());
-        let plan = early.is_none().then(|| (self.slot(), ops::reduce(r, n, root, alg, to_bytes(data), op.erase())));
+        let len = size_of_val(data);
+        let plan = early.is_none().then(|| {
+            let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
+            (self.slot(), m)
+        });
         async move {
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
             let blocks = Comm::drive(slot, m?).await?;
@@ -477,31 +578,36 @@ impl Comm {
             });
             let down = node.slot();
             let (nr, nn) = (node.rank(), node.size());
-            Some(Err((up, mid, down, nr, nn, op.erase())))
+            Some(Err(Box::new((up, mid, down, nr, nn))))
         } else {
-            Some(Ok((self.slot(), ops::allreduce(r, n, alg, data, op.erase()))))
+            let (bytes, slot) = (size_of_val(buf), self.slot());
+            Some(Ok(ops::allreduce(r, n, alg, data, op.erase()).map(|m| Comm::drive(slot, m.with_block_len(bytes)))))
         };
         async move {
             let out = match plan {
                 None => return Err(early.expect("set")),
-                Some(Ok((slot, m))) => {
-                    let blocks = Comm::drive(slot, m?).await?;
+                Some(Ok(run)) => {
+                    let blocks = run?.await?;
                     let out = ops::allreduce_result(&blocks, n, alg)?;
                     copy_into(buf, &out)?;
                     drop(out);
                     pool.recycle(blocks);
                     return Ok(());
                 }
-                Some(Err((up, mid, down, nr, nn, _))) => {
-                    let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
-                    let mut have = (nr == 0).then_some(partial);
-                    if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
-                        let lr = slot.comm.rank();
-                        let m = ops::allreduce(lr, ln, a, d, reducer)?;
-                        have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
-                    }
-                    let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
-                    ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?
+                Some(Err(hier)) => {
+                    Box::pin(async move {
+                        let (up, mid, down, nr, nn) = *hier;
+                        let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
+                        let mut have = (nr == 0).then_some(partial);
+                        if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
+                            let lr = slot.comm.rank();
+                            let m = ops::allreduce(lr, ln, a, d, reducer)?;
+                            have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
+                        }
+                        let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
+                        Ok::<_, Error>(ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?)
+                    })
+                    .await?
                 }
             };
             copy_into(buf, &out)

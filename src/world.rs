@@ -83,6 +83,9 @@ pub(crate) struct Sequence {
     pub token_barrier: tokio::sync::OnceCell<crate::multicast::TokenBarrier>,
     /// Sub-communicators for hierarchical collectives, made on first use.
     pub hierarchy: std::sync::OnceLock<crate::collective::Hierarchy>,
+    /// The handle on this communicator's collective context (every call's messages travel there),
+    /// made on first use rather than per call.
+    pub collective: std::sync::OnceLock<Comm>,
 }
 
 /// The members of a sub-communicator: `members[i]` is the world rank of its rank `i`.
@@ -314,6 +317,25 @@ impl<T: FromCompletion> Future for Op<T> {
 }
 
 impl<T> Op<T> {
+    /// Whether the result is here: the next poll returns it at once, taking no lock.
+    pub(crate) fn is_ready(&self) -> bool {
+        !matches!(self.state, OpState::Pending { .. })
+    }
+
+    /// Moves this operation's completion, if it has come, out of the locked driver into the
+    /// operation (see [`Op::is_ready`]); otherwise registers `cx`, when given. For callers that
+    /// wait on several operations under one spin loop ([`Comm::poll_progress`]).
+    pub(crate) fn harvest(&mut self, d: &mut Driver, cx: Option<&mut Context<'_>>) -> bool {
+        let OpState::Pending { key, .. } = &self.state else { return true };
+        match d.ops.poll(*key, cx) {
+            Poll::Ready(c) => {
+                self.state = OpState::Ready(c);
+                true
+            }
+            Poll::Pending => false,
+        }
+    }
+
     /// Sources in a sub-communicator's ranks.
     fn translate(&self, mut c: Completion) -> Completion {
         if let Some(g) = &self.group {
@@ -375,6 +397,17 @@ impl Comm {
     /// This communicator's rank of world rank `w` (`Rank::MAX` for a non-member).
     pub(crate) fn local_rank(&self, w: Rank) -> Rank {
         self.group.as_ref().map_or(w, |g| g.index.get(&w).copied().unwrap_or(Rank::MAX))
+    }
+
+    /// Drives progress until `check` is ready, as an awaited [`Op`] does, but under one spin loop
+    /// for whatever `check` looks at (several operations at once, through [`Op::harvest`]).
+    pub(crate) fn poll_progress<R>(
+        &self,
+        cx: &mut Context<'_>,
+        spin_start: &mut Option<Instant>,
+        check: impl FnMut(&mut Driver, Option<&mut Context<'_>>) -> Poll<R>,
+    ) -> Poll<R> {
+        self.inner.reactor.poll_until(cx, spin_start, check)
     }
 
     /// The world this communicator belongs to.

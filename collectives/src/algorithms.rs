@@ -10,7 +10,28 @@
 //! for rooted operations (`v = (rank - root) mod n`) and absolute otherwise; all-to-all blocks are
 //! `source * n + destination`.
 
+use std::ops::Range;
+
 use crate::schedule::{Apply, Schedule, Select};
+
+/// Sends the blocks `ids`: bare when it is one block (both ends of every caller know the range,
+/// see [`crate::schedule::Form::Bare`]), framed otherwise.
+fn send_range(s: &mut Schedule, round: u32, to: u32, ids: Range<u32>) {
+    if ids.len() == 1 {
+        s.send_bare(round, to, Some(ids.start));
+    } else {
+        s.send(round, to, ids);
+    }
+}
+
+/// The receive that matches [`send_range`] of the same `ids`.
+fn recv_range(s: &mut Schedule, round: u32, from: u32, ids: &Range<u32>, apply: Apply) {
+    if ids.len() == 1 {
+        s.recv_bare(round, from, Some(ids.start), apply);
+    } else {
+        s.recv(round, from, apply);
+    }
+}
 
 /// ceil(log2 n), 0 for n <= 1.
 pub fn log2_ceil(n: u32) -> u32 {
@@ -61,7 +82,7 @@ pub mod barrier {
         let mut s = Schedule::new();
         for k in 0..log2_ceil(n) {
             let d = 1u32 << k;
-            s.send(k, (r + d) % n, []).recv(k, (r + n - d) % n, Apply::Store);
+            s.send_bare(k, (r + d) % n, None).recv_bare(k, (r + n - d) % n, None, Apply::Store);
         }
         s
     }
@@ -73,10 +94,10 @@ pub mod barrier {
             return s;
         }
         if r == 0 {
-            (1..n).for_each(|i| _ = s.recv(0, i, Apply::Store));
-            (1..n).for_each(|i| _ = s.send(1, i, []));
+            (1..n).for_each(|i| _ = s.recv_bare(0, i, None, Apply::Store));
+            (1..n).for_each(|i| _ = s.send_bare(1, i, None));
         } else {
-            s.send(0, 0, []).recv(1, 0, Apply::Store);
+            s.send_bare(0, 0, None).recv_bare(1, 0, None, Apply::Store);
         }
         s
     }
@@ -90,10 +111,10 @@ pub mod bcast {
         let t = Binomial::new(rel(r, root, n), n);
         let mut s = Schedule::new();
         if let Some((p, round)) = t.parent {
-            s.recv(round, abs(p, root, n), Apply::Store);
+            s.recv_bare(round, abs(p, root, n), Some(0), Apply::Store);
         }
         for &(c, _, round) in &t.children {
-            s.send(round, abs(c, root, n), [0]);
+            s.send_bare(round, abs(c, root, n), Some(0));
         }
         s
     }
@@ -102,9 +123,9 @@ pub mod bcast {
     pub fn linear(r: u32, n: u32, root: u32) -> Schedule {
         let mut s = Schedule::new();
         if r == root {
-            (0..n).filter(|&i| i != root).for_each(|i| _ = s.send(0, i, [0]));
+            (0..n).filter(|&i| i != root).for_each(|i| _ = s.send_bare(0, i, Some(0)));
         } else {
-            s.recv(0, root, Apply::Store);
+            s.recv_bare(0, root, Some(0), Apply::Store);
         }
         s
     }
@@ -182,30 +203,30 @@ pub mod reduce {
 
     /// Binomial reduction of the listed blocks towards relative rank 0. Children hold higher
     /// relative ranks, so operands combine in relative rank order. ceil(log2 n) rounds.
-    pub fn binomial(r: u32, n: u32, root: u32, blocks: std::ops::Range<u32>) -> Schedule {
+    pub fn binomial(r: u32, n: u32, root: u32, blocks: Range<u32>) -> Schedule {
         let t = Binomial::new(rel(r, root, n), n);
         let up = |round: u32| t.levels - 1 - round;
         let mut s = Schedule::new();
         for &(c, _, round) in t.children.iter().rev() {
-            s.recv(up(round), abs(c, root, n), Apply::Reduce { incoming_first: false });
+            recv_range(&mut s, up(round), abs(c, root, n), &blocks, Apply::Reduce { incoming_first: false });
         }
         if let Some((p, round)) = t.parent {
-            s.send(up(round), abs(p, root, n), blocks);
+            send_range(&mut s, up(round), abs(p, root, n), blocks);
         }
         s
     }
 
     /// Binomial reduction in absolute rank order (rooted at 0), then a hand-off to `root`: correct
     /// for non-commutative operators. ceil(log2 n) rounds, plus one when root != 0.
-    pub fn binomial_ordered(r: u32, n: u32, root: u32, blocks: std::ops::Range<u32>) -> Schedule {
+    pub fn binomial_ordered(r: u32, n: u32, root: u32, blocks: Range<u32>) -> Schedule {
         let mut s = binomial(r, n, 0, blocks.clone());
         if root != 0 {
             let mut hand = Schedule::new();
             if r == 0 {
-                hand.send(0, root, blocks);
+                send_range(&mut hand, 0, root, blocks);
             } else if r == root {
                 // The root's own contribution must not be combined again: replace it.
-                hand.recv(0, 0, Apply::Store);
+                recv_range(&mut hand, 0, 0, &blocks, Apply::Store);
             }
             s.then(hand, log2_ceil(n));
         }
@@ -213,13 +234,13 @@ pub mod reduce {
     }
 
     /// Everyone sends to the root, which combines in rank order. One round.
-    pub fn linear(r: u32, n: u32, root: u32, blocks: std::ops::Range<u32>) -> Schedule {
+    pub fn linear(r: u32, n: u32, root: u32, blocks: Range<u32>) -> Schedule {
         let mut s = Schedule::new();
         if r == root {
-            (0..root).rev().for_each(|i| _ = s.recv(0, i, Apply::Reduce { incoming_first: true }));
-            (root + 1..n).for_each(|i| _ = s.recv(0, i, Apply::Reduce { incoming_first: false }));
+            (0..root).rev().for_each(|i| recv_range(&mut s, 0, i, &blocks, Apply::Reduce { incoming_first: true }));
+            (root + 1..n).for_each(|i| recv_range(&mut s, 0, i, &blocks, Apply::Reduce { incoming_first: false }));
         } else {
-            s.send(0, root, blocks);
+            send_range(&mut s, 0, root, blocks);
         }
         s
     }
@@ -249,23 +270,23 @@ pub mod allreduce {
         }
 
         /// Round 0: even ranks of the first 2*rem hand their data to their odd neighbour.
-        fn pre(&self, r: u32, s: &mut Schedule, blocks: std::ops::Range<u32>) {
+        fn pre(&self, r: u32, s: &mut Schedule, blocks: Range<u32>) {
             if r < 2 * self.rem {
                 if r.is_multiple_of(2) {
-                    s.send(0, r + 1, blocks);
+                    send_range(s, 0, r + 1, blocks);
                 } else {
-                    s.recv(0, r - 1, Apply::Reduce { incoming_first: true });
+                    recv_range(s, 0, r - 1, &blocks, Apply::Reduce { incoming_first: true });
                 }
             }
         }
 
         /// The last round: odd ranks give the result back.
-        fn post(&self, r: u32, s: &mut Schedule, round: u32, blocks: std::ops::Range<u32>) {
+        fn post(&self, r: u32, s: &mut Schedule, round: u32, blocks: Range<u32>) {
             if r < 2 * self.rem {
                 if r % 2 == 1 {
-                    s.send(round, r - 1, blocks);
+                    send_range(s, round, r - 1, blocks);
                 } else {
-                    s.recv(round, r + 1, Apply::Store);
+                    recv_range(s, round, r + 1, &blocks, Apply::Store);
                 }
             }
         }
@@ -281,7 +302,7 @@ pub mod allreduce {
         if let Some(v) = f.new_rank {
             for j in 0..k {
                 let p = f.real(v ^ (1 << j));
-                s.send(1 + j, p, [0]).recv(1 + j, p, Apply::Reduce { incoming_first: p < r });
+                s.send_bare(1 + j, p, Some(0)).recv_bare(1 + j, p, Some(0), Apply::Reduce { incoming_first: p < r });
             }
         }
         f.post(r, &mut s, k + 1, 0..1);
@@ -465,10 +486,10 @@ pub mod scan {
         for k in 0..log2_ceil(n) {
             let d = 1u32 << k;
             if r + d < n {
-                s.send(k, r + d, [0]);
+                s.send_bare(k, r + d, Some(0));
             }
             if r >= d {
-                s.recv(k, r - d, Apply::ReduceInto { into: vec![0, 1] });
+                s.recv_bare(k, r - d, Some(0), Apply::ReduceInto { into: vec![0, 1] });
             }
         }
         s

@@ -14,7 +14,7 @@ pub mod select;
 pub mod sim;
 
 pub use reduce::{Element, ReduceOp, Reducer};
-pub use schedule::{Action, Apply, Blocks, Machine, Schedule};
+pub use schedule::{Action, Apply, Blocks, Form, Machine, Schedule};
 pub use select::{Algorithm, Operation, Table};
 
 /// Why a collective could not proceed. Every variant names the peer at fault where there is one.

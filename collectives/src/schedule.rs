@@ -46,6 +46,22 @@ pub enum Select {
     /// Bruck's rule for all-to-all: the blocks whose destination (`id % n`) lies at a distance
     /// `(dest - me) mod n` with bit `bit` set. They are *moved*: the sender no longer holds them.
     DistanceBit { me: u32, n: u32, bit: u32 },
+    /// One block sent bare ([`Form::Bare`]): the message is its bytes (empty for `None`, a signal).
+    /// The receiving step must say [`Form::Bare`] with the same id.
+    Bare(Option<u32>),
+}
+
+/// How a received message is laid out: the receiver must know, since messages carry no marker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// A header naming the blocks (any number, any ids), long ones following as messages of their
+    /// own.
+    Framed,
+    /// No header: the message is exactly block `id`'s bytes, or empty for `None`. For algorithms
+    /// where both ends know what travels (a broadcast tree, recursive doubling, a barrier's
+    /// signals): it saves encoding and decoding, and a long block travels as one message that the
+    /// driver can receive straight into a buffer of its own (see [`Machine::with_block_len`]).
+    Bare(Option<u32>),
 }
 
 /// One step of a round.
@@ -53,8 +69,8 @@ pub enum Select {
 pub enum Step {
     /// Send the selected blocks to `to`.
     Send { to: u32, blocks: Select },
-    /// Expect one message from `from`, then apply it.
-    Recv { from: u32, apply: Apply },
+    /// Expect one message from `from`, laid out as `form`, then apply it.
+    Recv { from: u32, apply: Apply, form: Form },
 }
 
 /// A round: its global number and its steps.
@@ -89,7 +105,18 @@ impl Schedule {
 
     /// Adds a receive to round `number`.
     pub fn recv(&mut self, number: u32, from: u32, apply: Apply) -> &mut Self {
-        self.round(number).steps.push(Step::Recv { from, apply });
+        self.round(number).steps.push(Step::Recv { from, apply, form: Form::Framed });
+        self
+    }
+
+    /// Adds a bare send of block `id` (a signal for `None`): see [`Form::Bare`].
+    pub fn send_bare(&mut self, number: u32, to: u32, id: Option<u32>) -> &mut Self {
+        self.send_selected(number, to, Select::Bare(id))
+    }
+
+    /// Adds a receive of a bare message carrying block `id` (nothing for `None`).
+    pub fn recv_bare(&mut self, number: u32, from: u32, id: Option<u32>, apply: Apply) -> &mut Self {
+        self.round(number).steps.push(Step::Recv { from, apply, form: Form::Bare(id) });
         self
     }
 
@@ -152,6 +179,8 @@ pub struct Machine {
     max_message: usize,
     /// Buffers the machine is done with (reduced operands), for the driver to reuse.
     spare: Vec<BytesMut>,
+    /// The length of every bare block of this call, when the caller knows it.
+    block_len: Option<usize>,
 }
 
 impl Machine {
@@ -167,9 +196,26 @@ impl Machine {
             actions: Default::default(),
             max_message: usize::MAX,
             spare: Vec::new(),
+            block_len: None,
         };
         m.advance();
         m
+    }
+
+    /// Declares that every bare block of this call is `len` bytes long (all ranks pass the same
+    /// length): receives of bare blocks then say so ([`Action::Recv`]'s `len`), and a block of
+    /// another length is a [`CollError::Malformed`]. Must be given before the first
+    /// [`Machine::poll_action`].
+    pub fn with_block_len(mut self, len: usize) -> Machine {
+        self.block_len = Some(len);
+        for a in &mut self.actions {
+            if let Action::Recv { len: l @ None, part: 0, from, round } = a
+                && self.current.as_ref().is_some_and(|c| c.number == *round && bare_from(c, *from))
+            {
+                *l = Some(len);
+            }
+        }
+        self
     }
 
     /// Caps the size of a message this machine accepts.
@@ -220,7 +266,24 @@ impl Machine {
         let slot = (cur.steps.iter())
             .position(|s| matches!(s, Step::Recv { from: f, .. } if *f == from))
             .ok_or(CollError::Unexpected { from, round })?;
+        let bare = match &cur.steps[slot] {
+            Step::Recv { form: Form::Bare(id), .. } => Some(*id),
+            _ => None,
+        };
         match &mut self.arrived[slot] {
+            None if part == 0 && bare.is_some() => {
+                let blocks = match bare.flatten() {
+                    Some(id) => {
+                        if self.block_len.is_some_and(|l| l != data.len()) {
+                            return Err(CollError::Malformed { from, why: "block length differs from the call's" });
+                        }
+                        vec![(id, data)]
+                    }
+                    None if data.is_empty() => Vec::new(),
+                    None => return Err(CollError::Malformed { from, why: "a signal with a payload" }),
+                };
+                self.arrived[slot] = Some(Arrival { blocks, detached: Vec::new(), waiting: 0 });
+            }
             // The header: its detached blocks follow as messages of their own.
             None if part == 0 => {
                 let a = Arrival::new(decode(from, data)?);
@@ -246,7 +309,7 @@ impl Machine {
     fn apply_round(&mut self) -> Result<(), CollError> {
         let round = self.current.take().expect("a round is running");
         for (step, data) in round.steps.into_iter().zip(std::mem::take(&mut self.arrived)) {
-            let Step::Recv { from, apply } = step else { continue };
+            let Step::Recv { from, apply, .. } = step else { continue };
             let incoming = data.expect("all arrived").blocks;
             match apply {
                 Apply::Store => self.blocks.extend(incoming),
@@ -306,6 +369,14 @@ impl Machine {
         for round in self.schedule.by_ref() {
             for step in &round.steps {
                 let Step::Send { to, blocks } = step else { continue };
+                if let Select::Bare(id) = blocks {
+                    // A block the schedule says is held; an empty message if not (the receiver
+                    // then sees a block of the wrong length).
+                    let data = id.and_then(|id| self.blocks.get(&id).cloned()).unwrap_or_default();
+                    debug_assert!(id.is_none_or(|id| self.blocks.contains_key(&id)), "bare block {id:?} not held");
+                    self.actions.push_back(Action::Send { to: *to, round: round.number, data });
+                    continue;
+                }
                 let chosen: Vec<(u32, Bytes)> = match blocks {
                     Select::Ids(ids) => {
                         ids.iter().filter_map(|id| self.blocks.get(id).map(|b| (*id, b.clone()))).collect()
@@ -317,6 +388,7 @@ impl Machine {
                             .collect();
                         moving.iter().map(|id| (*id, self.blocks.remove(id).expect("held"))).collect()
                     }
+                    Select::Bare(_) => unreachable!("sent above"),
                 };
                 let (head, detached) = encode_detached(&chosen);
                 self.actions.push_back(Action::Send { to: *to, round: round.number, data: head });
@@ -324,29 +396,31 @@ impl Machine {
                     self.actions.push_back(Action::Send { to: *to, round: round.number, data });
                 }
             }
-            let recvs: Vec<u32> = round
-                .steps
-                .iter()
-                .filter_map(|s| match s {
-                    Step::Recv { from, .. } => Some(*from),
-                    _ => None,
-                })
-                .collect();
-            if recvs.is_empty() {
+            let mut recvs = 0;
+            for step in &round.steps {
+                let Step::Recv { from, form, .. } = step else { continue };
+                let len = match form {
+                    Form::Bare(Some(_)) => self.block_len,
+                    Form::Bare(None) => Some(0),
+                    Form::Framed => None,
+                };
+                self.actions.push_back(Action::Recv { from: *from, round: round.number, part: 0, len });
+                recvs += 1;
+            }
+            if recvs == 0 {
                 continue;
             }
-            self.actions.extend(recvs.iter().map(|&from| Action::Recv {
-                from,
-                round: round.number,
-                part: 0,
-                len: None,
-            }));
             self.arrived = round.steps.iter().map(|_| None).collect();
-            self.missing = recvs.len();
+            self.missing = recvs;
             self.current = Some(round);
             return;
         }
     }
+}
+
+/// Whether the receive from `from` in round `r` is of a bare block.
+fn bare_from(r: &Round, from: u32) -> bool {
+    r.steps.iter().any(|s| matches!(s, Step::Recv { from: f, form: Form::Bare(Some(_)), .. } if *f == from))
 }
 
 /// Blocks at least this long travel as messages of their own behind the header (no copy into a
@@ -543,6 +617,38 @@ mod tests {
         rx.deliver(0, 0, 1, one).unwrap();
         assert!(rx.is_done());
         assert_eq!(rx.blocks(), &Blocks::from([(0, big.clone()), (1, small), (2, big.slice(1..))]));
+    }
+
+    /// A bare block travels as its own bytes (no header, zero-copy), and a bare signal as an empty
+    /// message; the receiver knows the id from its schedule and checks the call's block length.
+    #[test]
+    fn bare_blocks_and_signals() {
+        let block = Bytes::from_static(b"12345678");
+        let mut send = Schedule::new();
+        send.send_bare(0, 1, Some(4)).send_bare(1, 1, None);
+        let mut tx = Machine::new(send, Blocks::from([(4, block.clone())]), None);
+        let Some(Action::Send { to: 1, round: 0, data }) = tx.poll_action() else { panic!("a send") };
+        assert_eq!(data.as_ptr(), block.as_ptr(), "the block itself, not a copy");
+        assert_eq!(tx.poll_action(), Some(Action::Send { to: 1, round: 1, data: Bytes::new() }));
+        assert!(tx.is_done());
+
+        let mut recv = Schedule::new();
+        recv.recv_bare(0, 0, Some(4), Apply::Store).recv_bare(1, 0, None, Apply::Store);
+        let mut rx = Machine::new(recv.clone(), Blocks::new(), None).with_block_len(8);
+        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 0, len: Some(8) }));
+        rx.deliver(0, 0, 0, block.clone()).unwrap();
+        assert_eq!(rx.poll_action(), Some(Action::Recv { from: 0, round: 1, part: 0, len: Some(0) }));
+        assert!(matches!(rx.deliver(0, 1, 0, block.clone()), Err(CollError::Malformed { .. })), "a signal with data");
+        rx.deliver(0, 1, 0, Bytes::new()).unwrap();
+        assert!(rx.is_done());
+        assert_eq!(rx.blocks(), &Blocks::from([(4, block.clone())]));
+
+        let mut short = Machine::new(recv.clone(), Blocks::new(), None).with_block_len(9);
+        assert!(matches!(short.deliver(0, 0, 0, block.clone()), Err(CollError::Malformed { .. })));
+        let mut unknown = Machine::new(recv, Blocks::new(), None);
+        assert_eq!(unknown.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 0, len: None }));
+        assert!(matches!(unknown.deliver(0, 0, 1, Bytes::new()), Err(CollError::Unexpected { .. })), "no parts");
+        unknown.deliver(0, 0, 0, block).unwrap();
     }
 
     #[test]

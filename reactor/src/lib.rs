@@ -315,7 +315,8 @@ impl<P: Progress> Reactor<P> {
             shared.spins.fetch_add(SPIN_ONE, Ordering::AcqRel);
             let _guard = SpinGuard(shared);
             let mut rounds = 0;
-            let mut next_look = CLOCK_ROUNDS;
+            let mut next_look =
+                if shared.yield_after_ns.load(Ordering::Relaxed) == 0 { LOCKED_ROUNDS } else { CLOCK_ROUNDS };
             while rounds < SPIN_ROUNDS {
                 match shared.state.try_lock() {
                     Some(mut st) => {
@@ -336,12 +337,15 @@ impl<P: Progress> Reactor<P> {
                     }
                 }
                 if rounds >= next_look {
-                    next_look = rounds + CLOCK_ROUNDS;
+                    let yield_after = shared.yield_after_ns.load(Ordering::Relaxed);
+                    // Oversubscribed: look (and yield) after every locked batch, so the rank this
+                    // one waits for gets the CPU within a few rounds, not a few microseconds.
+                    next_look = rounds + if yield_after == 0 { LOCKED_ROUNDS } else { CLOCK_ROUNDS };
                     let waited = spin_start.get_or_insert_with(Instant::now).elapsed();
                     if spin_for.is_some_and(|d| waited >= d) {
                         break;
                     }
-                    if waited.as_nanos() as u64 >= shared.yield_after_ns.load(Ordering::Relaxed) {
+                    if waited.as_nanos() as u64 >= yield_after {
                         // Let another rank on this core run (more ranks than cores must not livelock).
                         std::thread::yield_now();
                     }
