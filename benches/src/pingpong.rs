@@ -442,6 +442,9 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
             "busy_runs_us": medians[1],
             "ratio_adaptive_to_busy_idle": adaptive / busy,
             "ratio_adaptive_to_busy_back_to_back": back_to_back.map(|b| adaptive / b),
+            // A peer that has gone to sleep cannot answer before it is woken: the machine's floor.
+            "eventfd_wakeup_us": refs.wakeup_us,
+            "ratio_adaptive_to_wakeup_floor": adaptive / refs.wakeup_us,
         });
     }
     Ok(json!({
@@ -481,6 +484,12 @@ fn print_shm_extras(extra: &Value, rows: &[Row], names: &[&str]) {
             idle["busy_us"].as_f64().unwrap_or(f64::NAN),
             idle["ratio_adaptive_to_busy_idle"].as_f64().unwrap_or(f64::NAN),
             idle["ratio_adaptive_to_busy_back_to_back"].as_f64().unwrap_or(f64::NAN)
+        );
+        println!(
+            "reference: waking a thread asleep on an eventfd on the idle other CPU takes {:.1} us (median); \
+             the adaptive idle-peer latency is {:.2}x that floor",
+            r["eventfd_wakeup_idle_cpu_us"].as_f64().unwrap_or(f64::NAN),
+            idle["ratio_adaptive_to_wakeup_floor"].as_f64().unwrap_or(f64::NAN)
         );
     }
     let Some(ompi) = names.iter().position(|n| *n == "NPopenmpi") else { return };

@@ -7,6 +7,11 @@
 //! * single-thread `memcpy` bandwidth at 4 MiB (source and destination in the cache hierarchy as
 //!   a benchmark's reused buffers are): what one copy of a large message costs at best.
 //!
+//! * waking a thread asleep on an eventfd on the other, idle CPU: one thread sleeps for the
+//!   idle-peer gap, then writes the eventfd and spins until the sleeper, woken from its blocking
+//!   `read`, stores a flag. No peer that has gone to sleep can answer faster than this, so it is
+//!   the floor of the idle-peer latency in adaptive mode (which sleeps on such a doorbell).
+//!
 //! And one line that is not the machine's but ferrocomm's own floor: the API alone, a rank sending
 //! 8 bytes to itself and receiving them (`send` then `recv_into`, awaited, busy-poll mode): the
 //! operation slab, the lock, the engine's matching and the futures, without any transport.
@@ -27,6 +32,9 @@ const COPIES: usize = 200;
 const REPEAT: usize = 5;
 /// The memcpy size.
 pub const MEMCPY_BYTES: usize = 4 << 20;
+/// Wake-ups measured, and the sleep before each (the idle-peer measurement's default gap).
+const WAKEUPS: usize = 300;
+const WAKEUP_GAP: std::time::Duration = std::time::Duration::from_millis(1);
 /// Send/receive pairs per measurement of the API alone.
 const SELF_PAIRS: u32 = 200_000;
 
@@ -46,6 +54,8 @@ pub struct Reference {
     /// One 8-byte send to itself plus its `recv_into`, nanoseconds (median over repetitions).
     pub api_pair_ns: f64,
     pub api_pair_runs_ns: Vec<f64>,
+    /// Waking an eventfd sleeper on an idle CPU, microseconds (median over wake-ups).
+    pub wakeup_us: f64,
 }
 
 impl Reference {
@@ -58,6 +68,7 @@ impl Reference {
             "memcpy_runs_GBps": self.memcpy_runs_gbps,
             "api_self_send_recv_pair_ns": self.api_pair_ns,
             "api_self_runs_ns": self.api_pair_runs_ns,
+            "eventfd_wakeup_idle_cpu_us": self.wakeup_us,
         })
     }
 }
@@ -71,7 +82,9 @@ pub fn measure(cpus: [usize; 2]) -> Result<Reference> {
         memcpy_runs_gbps.push(memcpy_gbps(cpus[0])?);
     }
     let api_pair_runs_ns = api_alone(cpus[0])?;
+    let wakeups = eventfd_wakeups(cpus, WAKEUP_GAP, WAKEUPS)?;
     Ok(Reference {
+        wakeup_us: sweep::median(&wakeups).unwrap_or(f64::NAN) * 1e6,
         cacheline_us: sweep::median(&cacheline_runs_us).unwrap_or(f64::NAN),
         cacheline_runs_us,
         memcpy_gbps: sweep::median(&memcpy_runs_gbps).unwrap_or(f64::NAN),
@@ -111,6 +124,56 @@ fn cacheline_one_way(cpus: [usize; 2]) -> Result<f64> {
     let t = timed.join().map_err(|_| "the ping-pong thread panicked")??;
     peer.join().map_err(|_| "the ping-pong thread panicked")??;
     Ok(t)
+}
+
+/// `count` times: the thread on `cpus[0]` sleeps `gap`, writes an eventfd and spins until the
+/// thread on `cpus[1]`, blocked in `read` on it, has stored a flag; seconds per wake-up.
+fn eventfd_wakeups(cpus: [usize; 2], gap: std::time::Duration, count: usize) -> Result<Vec<f64>> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: eventfd returns a new descriptor or -1, checked below.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let efd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+    let flag = Arc::new(Padded(AtomicU64::new(0)));
+    let sleeper = {
+        let (efd, flag) = (efd.clone(), flag.clone());
+        std::thread::spawn(move || -> std::io::Result<()> {
+            affinity::pin_current_thread(cpus[1])?;
+            for i in 0..count as u64 {
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into `v` from a descriptor we keep open.
+                if unsafe { libc::read(efd.as_raw_fd(), (&raw mut v).cast(), 8) } != 8 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                flag.0.store(i + 1, Ordering::Release);
+            }
+            Ok(())
+        })
+    };
+    let timed = std::thread::spawn(move || -> std::io::Result<Vec<f64>> {
+        affinity::pin_current_thread(cpus[0])?;
+        let mut samples = Vec::with_capacity(count);
+        for i in 0..count as u64 {
+            std::thread::sleep(gap);
+            let start = Instant::now();
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from `one` to a descriptor we keep open.
+            if unsafe { libc::write(efd.as_raw_fd(), (&raw const one).cast(), 8) } != 8 {
+                return Err(std::io::Error::last_os_error());
+            }
+            while flag.0.load(Ordering::Acquire) != i + 1 {
+                std::hint::spin_loop();
+            }
+            samples.push(start.elapsed().as_secs_f64());
+        }
+        Ok(samples)
+    });
+    let samples = timed.join().map_err(|_| "the wake-up thread panicked")??;
+    sleeper.join().map_err(|_| "the sleeping thread panicked")??;
+    Ok(samples)
 }
 
 /// [`COPIES`] copies of [`MEMCPY_BYTES`] on `cpu`, after one warm-up copy; GB/s.
