@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -245,6 +245,7 @@ impl VerbsEndpoint {
             liveness_polls: cfg.liveness_polls.max(1),
             nap: Nap::new(cfg.nap_after),
             nap_max: cfg.nap_max,
+            sleeper: None,
             conns,
             cache: RegCache::new(cfg.cache_entries, cfg.cache_bytes),
             lost: Vec::new(),
@@ -397,6 +398,8 @@ pub struct VerbsTransport {
     liveness_polls: u32,
     nap: Nap,
     nap_max: Duration,
+    /// The task sleeping on the completion channel (set by `poll_ready`).
+    sleeper: Option<Waker>,
     /// Declared before the cache and the device: QPs and receive registrations go first.
     conns: Vec<Conn>,
     cache: RegCache<Mr>,
@@ -774,22 +777,31 @@ impl VerbsTransport {
 
     /// Sleeps on the completion channel until a completion or `nap_max` (a bulk wait).
     fn nap(&mut self) {
-        self.dev.drain_events();
+        let took = self.dev.drain_events() | self.nap_inner();
+        // The events taken may have been what a task sleeping in `poll_ready` waits for (its
+        // CQ armed, its readiness now gone with them): wake it, so that it looks and re-arms.
+        if took && let Some(w) = self.sleeper.take() {
+            w.wake();
+        }
+    }
+
+    /// Arms the CQ and waits on the channel; whether it took an event off the channel.
+    fn nap_inner(&mut self) -> bool {
         if self.dev.arm().is_err() {
-            return;
+            return false;
         }
         // A completion that came before arming raises no event: look once more.
         match self.dev.poll(&mut self.wc_buf[..]) {
             Ok(0) => {}
             Ok(n) => {
                 self.wcs.extend_from_slice(&self.wc_buf[..n]);
-                return;
+                return false;
             }
-            Err(_) => return,
+            Err(_) => return false,
         }
         self.dev.wait_event(self.nap_max);
-        self.dev.drain_events();
         self.stats.naps += 1;
+        self.dev.drain_events()
     }
 
     /// Peers whose liveness socket reports end of file or an error.
@@ -965,6 +977,8 @@ impl Transport for VerbsTransport {
             self.check_now = true;
             return Poll::Ready(());
         }
+        // Woken by a nap that takes the channel's events first (see `nap`).
+        self.sleeper = Some(cx.waker().clone());
         Poll::Pending
     }
 
