@@ -7,8 +7,11 @@
 #                                registration, peer loss) and the point-to-point suite with 2 and
 #                                4 ranks as processes (rendezvous in all three orders, by RDMA
 #                                write and by RDMA read) plus a rank killed mid-transfer
-#   scripts/verbs-vm.sh bench    ferrocomm verbs ping-pong vs ib_send_lat / ib_write_bw on rxe0;
-#                                JSON and SVG into results/
+#   scripts/verbs-vm.sh bench    ferrocomm verbs ping-pong and streaming bandwidth vs
+#                                ib_send_lat / ib_write_bw on rxe0; JSON, SVG and the full
+#                                output (.txt) into results/. For shorter runs while tuning:
+#                                VERBS_BENCH_MODES (default "busy blocking") and
+#                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M")
 #
 # Installs what it needs (idempotent: apt, pip), builds on the host with `--features verbs`,
 # boots the VM, brings up rxe0 on a dummy interface, runs, and reports pass/fail and timings.
@@ -108,8 +111,11 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         step p2p-suite-2-and-4-ranks timeout 1200 "${SUITE:-}" --exact suite_over_verbs --test-threads=1 --nocapture
         step killed-rank timeout 600 "${SUITE:-}" --exact killed_rank_over_verbs --test-threads=1 --nocapture
     else
-        for p in busy blocking; do
-            step pingpong-\$p timeout 1800 "${BENCH:-}" pingpong --transport verbs --progress \$p --runs 3 --recv-into --max 4M \\
+        # How busy the VM is before the bench (anything left spinning skews every figure).
+        { uptime; top -bn1 | head -15; } >"$OUT/vm-load.txt" 2>&1
+        for p in ${VERBS_BENCH_MODES:-busy blocking}; do
+            step pingpong-\$p timeout 1800 "${BENCH:-}" pingpong --transport verbs --progress \$p --recv-into \\
+                ${VERBS_BENCH_ARGS:---runs 3 --max 4M} \\
                 --json "$OUT/pingpong-verbs-\$p.json" --plot "$OUT/pingpong-verbs-\$p.svg"
         done
     fi
@@ -147,10 +153,13 @@ done <"$OUT/steps"
 if [ "$MODE" = test ]; then
     expected=4
 else
-    expected=3
+    set -- ${VERBS_BENCH_MODES:-busy blocking}
+    expected=$((1 + $#))
     mkdir -p results
     cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg results/ 2>/dev/null || true
-    echo "verbs-vm: results in results/pingpong-verbs-{busy,blocking}.{json,svg}"
+    for p in "$@"; do cp "$OUT/pingpong-$p.log" "results/pingpong-verbs-$p.txt" 2>/dev/null || true; done
+    echo "verbs-vm: VM load before the bench:" && sed 's/^/    /' "$OUT/vm-load.txt" 2>/dev/null || true
+    echo "verbs-vm: results in results/pingpong-verbs-{$(echo "$@" | tr ' ' ,)}.{json,svg,txt}"
 fi
 [ "$(wc -l <"$OUT/steps" 2>/dev/null || echo 0)" -ge "$expected" ] || { echo "verbs-vm: FAILED: steps missing" >&2; status=1; }
 echo "verbs-vm: $([ $status = 0 ] && echo PASSED || echo FAILED) in $(($(date +%s) - t_start)) s"

@@ -1,21 +1,24 @@
 //! The reference for `pingpong --transport verbs`: perftest's `ib_send_lat` and `ib_write_bw`
 //! on the same RDMA device and GID index, server and client on this host (the Soft-RoCE VM of
-//! scripts/verbs-bench-vm.sh).
+//! scripts/verbs-vm.sh), and ferrocomm's own streaming bandwidth, the like-for-like counterpart
+//! of `ib_write_bw`.
 //!
-//! `ib_send_lat` is perftest's ping-pong of sends with busy polling; its `t_avg` (mean one-way
-//! time) is compared with ferrocomm's one-way time at the same size, which is a mean too (a
-//! batch's time over its round trips). Under software emulation both suffer rare stalls of
-//! milliseconds (kernel work deferred behind a spinning process), so the mean is the fair
-//! statistic; the median `t_typical` is recorded as well. `ib_write_bw`
-//! streams RDMA writes (128 outstanding); its average bandwidth is compared with ferrocomm's
-//! ping-pong throughput at the same size, which is the harder comparison (a ping-pong cannot
-//! overlap one message with the next).
+//! `ib_send_lat` is perftest's ping-pong of sends with busy polling; its median `t_typical` and
+//! mean `t_avg` one-way times are compared with ferrocomm's median and mean at the same size.
+//! `ib_write_bw` streams RDMA writes (up to 128 outstanding, the receiving process idle), so a
+//! ping-pong (one message in flight, both sides working on every message) is not its
+//! counterpart: [`stream_bw`] measures ferrocomm the `osu_bw` way, a window of [`WINDOW`] sends
+//! outstanding, the receiver's receives posted ahead, one acknowledgement per window. Both
+//! figures are reported.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{Result, process};
+use bytes::{Bytes, BytesMut};
+use serde_json::{Value, json};
+
+use crate::{Result, process, ranks};
 
 /// Iterations of `ib_send_lat` and of `ib_write_bw`.
 const LAT_ITERS: u32 = 2000;
@@ -135,6 +138,108 @@ impl Perftest {
         let unit = if out.contains("BW average[MiB/sec]") { 1.048576 } else { 1.0 };
         Ok(column(&out, bytes, "BW average")? * unit)
     }
+}
+
+/// Hidden first arguments of `pingpong`: the streaming job, and one of its ranks.
+pub const STREAM_JOB: &str = "--verbs-stream-job";
+pub const STREAM_RANK: &str = "--verbs-stream-rank";
+/// Sends outstanding per window (`osu_bw`'s default).
+pub const WINDOW: usize = 32;
+/// Timed windows after one warm-up window: 192 messages, about `ib_write_bw -n 200`.
+const STREAM_WINDOWS: usize = 6;
+const TAG_DATA: u64 = 1;
+const TAG_ACK: u64 = 2;
+const STREAM_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// ferrocomm's streaming bandwidth, MB/s: rank 0 keeps [`WINDOW`] sends of `bytes` outstanding,
+/// rank 1 answers each window with one empty message (the `osu_bw` method). `env` holds the
+/// device settings; run as a job of two ranks pinned to `cpus`.
+pub fn stream_bw(progress: &str, cpus: [usize; 2], bytes: usize, env: &[(String, String)]) -> Result<f64> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(&exe);
+    cmd.args(["pingpong", STREAM_JOB])
+        .args(stream_args(progress, cpus, bytes))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stderr(Stdio::inherit());
+    let (status, lines) = process::run_lines(cmd, STREAM_TIMEOUT)?;
+    let mut mbps = None;
+    for line in lines {
+        match line.strip_prefix("[0] ").and_then(|l| serde_json::from_str::<Value>(l).ok()) {
+            Some(v) if mbps.is_none() => mbps = v["stream_MBps"].as_f64(),
+            _ => eprintln!("  {line}"),
+        }
+    }
+    if !status.success() {
+        return Err(format!("the streaming job failed ({status})").into());
+    }
+    mbps.ok_or_else(|| "the streaming job printed no result".into())
+}
+
+fn stream_args(progress: &str, cpus: [usize; 2], bytes: usize) -> Vec<String> {
+    vec![progress.to_string(), format!("{},{}", cpus[0], cpus[1]), bytes.to_string()]
+}
+
+fn parse_stream_args(args: &[String]) -> Result<(String, [usize; 2], usize)> {
+    match args {
+        [progress, cpus, bytes] => Ok((progress.clone(), crate::pingpong::parse_cpus(cpus)?, bytes.parse()?)),
+        _ => Err(format!("{STREAM_JOB}/{STREAM_RANK}: expected PROGRESS CPUS BYTES, got {args:?}").into()),
+    }
+}
+
+/// The streaming job: two verbs ranks of this binary.
+pub fn stream_job_main(args: &[String]) -> Result<()> {
+    let (progress, ..) = parse_stream_args(args)?;
+    let env = vec![("FERROCOMM_TRANSPORTS".into(), "verbs".into()), ("FERROCOMM_PROGRESS".into(), progress)];
+    let rank_args = std::iter::once(STREAM_RANK.to_string()).chain(args.iter().cloned()).collect();
+    ranks::launch(2, "pingpong", rank_args, env)
+}
+
+/// One rank of the streaming job; rank 0 prints `{"stream_MBps": ...}`.
+pub fn stream_rank_main(args: &[String]) -> Result<()> {
+    let (_, cpus, bytes) = parse_stream_args(args)?;
+    let rt = ranks::pinned_pair_runtime(&cpus)?;
+    rt.block_on(async {
+        let world = ranks::init_pair().await?;
+        world.barrier().await?;
+        if world.rank() == 0 {
+            let data = Bytes::from((0..bytes).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+            let mut start = Instant::now();
+            for w in 0..=STREAM_WINDOWS {
+                if w == 1 {
+                    start = Instant::now();
+                }
+                let sends: Vec<_> = (0..WINDOW).map(|_| world.send(1, TAG_DATA, data.clone())).collect();
+                for s in sends {
+                    s.await?;
+                }
+                world.recv(1, TAG_ACK).await?;
+            }
+            let secs = start.elapsed().as_secs_f64();
+            println!("{}", json!({"stream_MBps": (STREAM_WINDOWS * WINDOW * bytes) as f64 / secs / 1e6}));
+        } else {
+            let mut bufs: Vec<BytesMut> = (0..WINDOW).map(|_| BytesMut::zeroed(bytes)).collect();
+            let post = |bufs: &mut Vec<BytesMut>| -> Vec<_> {
+                bufs.drain(..).map(|b| world.recv_into(0, TAG_DATA, b)).collect()
+            };
+            // The next window's receives are posted before the acknowledgement that starts it.
+            let mut posted = post(&mut bufs);
+            for w in 0..=STREAM_WINDOWS {
+                for r in posted.drain(..) {
+                    let (b, _) = r.await?;
+                    if b.len() != bytes {
+                        return Err(format!("received {} bytes, expected {bytes}", b.len()).into());
+                    }
+                    bufs.push(b);
+                }
+                if w < STREAM_WINDOWS {
+                    posted = post(&mut bufs);
+                }
+                world.send(0, TAG_ACK, Bytes::new()).await?;
+            }
+        }
+        world.finalize().await?;
+        Ok(())
+    })
 }
 
 /// The value in column `name` of perftest's result row for `bytes`.

@@ -169,6 +169,12 @@ pub fn parse_bytes(s: &str) -> Result<usize> {
 
 /// `ferrocomm-bench pingpong`.
 pub fn main(args: &[String]) -> Result<()> {
+    // The verbs streaming measurement runs its ranks through this subcommand.
+    match args.first().map(String::as_str) {
+        Some(perftest::STREAM_JOB) => return perftest::stream_job_main(&args[1..]),
+        Some(perftest::STREAM_RANK) => return perftest::stream_rank_main(&args[1..]),
+        _ => {}
+    }
     let Some(opts) = Options::parse(args)? else {
         println!("{USAGE}");
         return Ok(());
@@ -252,6 +258,7 @@ pub fn main(args: &[String]) -> Result<()> {
 
     let mut transport_name = String::from("?");
     let mut perf_typical = Vec::new();
+    let mut stream_mbps = Vec::new();
     let mut busiest = 0.0_f64;
     let mut interference = Vec::new();
     // Other work on the benchmark's CPUs during one side's sweep, noted and warned about.
@@ -285,6 +292,17 @@ pub fn main(args: &[String]) -> Result<()> {
         );
         transport_name = result.transport;
         watch(meter, run, "ferrocomm");
+        if perf.is_some() && opts.max >= 1 << 20 {
+            let t = Instant::now();
+            let mbps = perftest::stream_bw(&opts.progress, opts.cpus, 1 << 20, &spec.env)?;
+            stream_mbps.push(mbps);
+            eprintln!(
+                "run {run}/{}: ferrocomm streaming 1 MiB, window {}: {mbps:.1} MB/s, {:.1} s",
+                opts.runs,
+                perftest::WINDOW,
+                t.elapsed().as_secs_f64()
+            );
+        }
         for (i, np) in peers.iter().enumerate() {
             let meter = process::Interference::start(&opts.cpus);
             let t = Instant::now();
@@ -338,7 +356,8 @@ pub fn main(args: &[String]) -> Result<()> {
     if shm {
         print_shm_extras(&extra, &rows, &names);
     }
-    let verbs_ratios = perf.as_ref().map(|_| report::verbs_summary(&rows, names.len() - 1, &perf_typical));
+    let verbs_ratios =
+        perf.as_ref().map(|_| report::verbs_summary(&rows, names.len() - 1, &perf_typical, &stream_mbps));
     if let Some((line, _)) = &verbs_ratios {
         println!("{line}");
     }

@@ -242,19 +242,9 @@ pub fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, S
 /// `pingpong-rank`: one rank of the job.
 pub fn rank_main(args: &[String]) -> Result<()> {
     let spec = JobSpec::from_args(args)?;
-    let rank: usize = std::env::var("FERROCOMM_RANK")
-        .map_err(|_| "FERROCOMM_RANK is not set: pingpong-rank runs under the benchmark's launcher")?
-        .parse()?;
-    let cpu = *spec.cpus.get(rank).ok_or("pingpong runs with exactly 2 ranks")?;
-    // First of all, so that every thread started from here on (tokio's, ferrocomm's progress
-    // thread) inherits the CPU.
-    affinity::pin_current_thread(cpu).map_err(|e| format!("rank {rank}: cannot pin to CPU {cpu}: {e}"))?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = pinned_pair_runtime(&spec.cpus)?;
     rt.block_on(async {
-        let world = ferrocomm::init().await?;
-        if world.size() != 2 {
-            return Err("pingpong runs with exactly 2 ranks".into());
-        }
+        let world = init_pair().await?;
         let payload = pattern(sweep::largest(spec.max));
         let mut inbox = Inbox::new(spec.recv_into, payload.len());
         world.barrier().await?;
@@ -282,6 +272,27 @@ pub fn rank_main(args: &[String]) -> Result<()> {
 }
 
 /// `len` bytes of a recognisable pattern.
+/// For one rank of a two-rank job under the benchmark's launcher: pins this thread to the rank's
+/// CPU of `cpus` (first of all, so that every thread started from here on, tokio's and
+/// ferrocomm's progress thread, inherits it) and builds the rank's runtime.
+pub fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runtime> {
+    let rank: usize = std::env::var("FERROCOMM_RANK")
+        .map_err(|_| "FERROCOMM_RANK is not set: this rank runs under the benchmark's launcher")?
+        .parse()?;
+    let cpu = *cpus.get(rank).ok_or("the job runs with exactly 2 ranks")?;
+    affinity::pin_current_thread(cpu).map_err(|e| format!("rank {rank}: cannot pin to CPU {cpu}: {e}"))?;
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+/// Joins the job, which must have exactly two ranks.
+pub async fn init_pair() -> Result<World> {
+    let world = ferrocomm::init().await?;
+    if world.size() != 2 {
+        return Err("the job runs with exactly 2 ranks".into());
+    }
+    Ok(world)
+}
+
 fn pattern(len: usize) -> Bytes {
     (0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into()
 }

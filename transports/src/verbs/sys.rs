@@ -214,6 +214,14 @@ impl Device {
         check(rc, "ibv_req_notify_cq")
     }
 
+    /// Sleeps until the completion channel has an event or `timeout` passes (arm first).
+    pub fn wait_event(&self, timeout: std::time::Duration) {
+        let mut fd = libc::pollfd { fd: self.channel_fd(), events: libc::POLLIN, revents: 0 };
+        let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+        // SAFETY: one valid pollfd; no signal mask change. Errors (EINTR) just end the sleep.
+        unsafe { libc::ppoll(&mut fd, 1, &ts, ptr::null()) };
+    }
+
     /// Takes every pending event off the channel (non-blocking); true if there was one.
     pub fn drain_events(&mut self) -> bool {
         let mut any = false;
@@ -254,8 +262,16 @@ impl Device {
         Ok(Mr { mr })
     }
 
-    /// Creates an RC queue pair on this device's CQ.
-    pub fn create_qp(&self, send_wr: u32, recv_wr: u32) -> io::Result<Qp> {
+    /// Creates an RC queue pair on this device's CQ, with room for `inline` bytes of inline
+    /// data per send if the device allows it (none otherwise).
+    pub fn create_qp(&self, send_wr: u32, recv_wr: u32, inline: u32) -> io::Result<Qp> {
+        match self.try_create_qp(send_wr, recv_wr, inline) {
+            Err(_) if inline > 0 => self.try_create_qp(send_wr, recv_wr, 0),
+            r => r,
+        }
+    }
+
+    fn try_create_qp(&self, send_wr: u32, recv_wr: u32, inline: u32) -> io::Result<Qp> {
         let mut attr = ffi::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
             send_cq: self.cq,
@@ -266,7 +282,7 @@ impl Device {
                 max_recv_wr: recv_wr,
                 max_send_sge: 1,
                 max_recv_sge: 1,
-                max_inline_data: 0,
+                max_inline_data: inline,
             },
             qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
             sq_sig_all: 0,
@@ -276,7 +292,8 @@ impl Device {
         if qp.is_null() {
             return Err(last_err("ibv_create_qp"));
         }
-        Ok(Qp { qp })
+        // The call wrote back what the device granted.
+        Ok(Qp { qp, max_inline: attr.cap.max_inline_data })
     }
 }
 
@@ -348,6 +365,8 @@ pub enum Op {
 /// An RC queue pair; destroyed on drop.
 pub struct Qp {
     qp: *mut ffi::ibv_qp,
+    /// Largest send whose data is copied into the work request at posting (`IBV_SEND_INLINE`).
+    max_inline: u32,
 }
 
 // SAFETY: see `Device`.
@@ -450,7 +469,9 @@ impl Qp {
     }
 
     /// Posts one signaled work request moving `len` bytes between local `(laddr, lkey)` and
-    /// remote `(raddr, rkey)`.
+    /// remote `(raddr, rkey)`. Writes of at most the QP's inline size go inline: the library
+    /// copies the bytes into the work request, so the device need not read them from the
+    /// registered buffer (what `ib_send_lat` does for small messages too).
     ///
     /// # Safety
     /// The local memory must stay valid (and, for reads, unaliased) until the completion of
@@ -480,6 +501,9 @@ impl Qp {
             send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
             ..Default::default()
         };
+        if !matches!(op, Op::Read) && len <= self.max_inline {
+            wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
         if let Op::WriteImm { imm } = op {
             wr.__bindgen_anon_1.imm_data = imm.to_be();
         }

@@ -6,7 +6,8 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ibverbs_sys as ffi;
@@ -15,6 +16,7 @@ use tokio::io::Interest;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
 use super::link::{self, Credits, LinkKind, Remote, SLOT_HEADER};
+use super::nap::Nap;
 use super::regcache::{Pin, RegCache, Registrar};
 use super::sys::{self, Device, Mr, Op, Qp, QpAddr, access};
 use super::{Rendezvous, VerbsConfig};
@@ -35,6 +37,9 @@ const POLL_BATCH: usize = 32;
 /// RTS lengths remembered per peer (a legitimate peer has at most its engine credits pending).
 const MAX_RTS_PENDING: usize = 1 << 16;
 const IDLE_WEIGHT: u32 = 16;
+/// Inline data asked of each QP: a slot header plus a small payload (`ib_send_lat` inlines up
+/// to 236 bytes too); the device may grant less, or none.
+const INLINE: u32 = 256;
 
 /// `wr_id` = peer index << 40 | kind << 32 | token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +107,8 @@ pub struct VerbsStats {
     pub rdma_reads: u64,
     /// Chunk-sized receive buffers registered for one operation.
     pub recv_registrations: u64,
+    /// Sleeps on the completion channel during bulk waits (see [`super::VerbsConfig::nap_after`]).
+    pub naps: u64,
     pub cache: super::regcache::CacheStats,
 }
 
@@ -138,7 +145,7 @@ impl VerbsEndpoint {
         let ring_len = slot_size * slots as usize;
         let mut peers = Vec::with_capacity(npeers);
         for rank in (0..limits.world_size).filter(|&r| r != me) {
-            let qp = dev.create_qp(send_wr, recv_wr)?;
+            let qp = dev.create_qp(send_wr, recv_wr, INLINE)?;
             let psn = random_u32() & 0xff_ffff;
             let ring = Block::new(ring_len);
             // SAFETY: the block outlives its region (RegBlock drops the region first).
@@ -236,6 +243,9 @@ impl VerbsEndpoint {
             sq_depth: send_wr,
             rendezvous: cfg.rendezvous,
             liveness_polls: cfg.liveness_polls.max(1),
+            nap: Nap::new(cfg.nap_after),
+            nap_max: cfg.nap_max,
+            sleeper: None,
             conns,
             cache: RegCache::new(cfg.cache_entries, cfg.cache_bytes),
             lost: Vec::new(),
@@ -386,6 +396,10 @@ pub struct VerbsTransport {
     sq_depth: u32,
     rendezvous: Rendezvous,
     liveness_polls: u32,
+    nap: Nap,
+    nap_max: Duration,
+    /// The task sleeping on the completion channel (set by `poll_ready`).
+    sleeper: Option<Waker>,
     /// Declared before the cache and the device: QPs and receive registrations go first.
     conns: Vec<Conn>,
     cache: RegCache<Mr>,
@@ -761,6 +775,35 @@ impl VerbsTransport {
         Ok(())
     }
 
+    /// Sleeps on the completion channel until a completion or `nap_max` (a bulk wait).
+    fn nap(&mut self) {
+        let took = self.dev.drain_events() | self.nap_inner();
+        // The events taken may have been what a task sleeping in `poll_ready` waits for (its
+        // CQ armed, its readiness now gone with them): wake it, so that it looks and re-arms.
+        if took && let Some(w) = self.sleeper.take() {
+            w.wake();
+        }
+    }
+
+    /// Arms the CQ and waits on the channel; whether it took an event off the channel.
+    fn nap_inner(&mut self) -> bool {
+        if self.dev.arm().is_err() {
+            return false;
+        }
+        // A completion that came before arming raises no event: look once more.
+        match self.dev.poll(&mut self.wc_buf[..]) {
+            Ok(0) => {}
+            Ok(n) => {
+                self.wcs.extend_from_slice(&self.wc_buf[..n]);
+                return false;
+            }
+            Err(_) => return false,
+        }
+        self.dev.wait_event(self.nap_max);
+        self.stats.naps += 1;
+        self.dev.drain_events()
+    }
+
     /// Peers whose liveness socket reports end of file or an error.
     fn check_peers(&mut self) {
         self.tick = 0;
@@ -795,6 +838,14 @@ fn extent(c: &Conn, h: &Header, payload: &Bytes) -> usize {
         }
     }
     end - payload.as_ptr() as usize
+}
+
+/// Whether the device is moving bulk data for us: a buffer exposed to a peer's writes, a chunk
+/// lent or being written, a read in flight.
+fn bulk_in_flight(conns: &[Conn]) -> bool {
+    conns
+        .iter()
+        .any(|c| c.live() && !(c.exposed.is_empty() && c.lent.is_empty() && c.writes.is_empty() && c.reads.is_empty()))
 }
 
 /// A liveness socket is closed when it reads end of file or fails (the peer never writes).
@@ -872,6 +923,10 @@ impl Transport for VerbsTransport {
             sink.peer_lost(peer, err);
             work += 1;
         }
+        let conns = &self.conns;
+        if self.nap.call(work > 0, || bulk_in_flight(conns), Instant::now) {
+            self.nap();
+        }
         work
     }
 
@@ -922,6 +977,8 @@ impl Transport for VerbsTransport {
             self.check_now = true;
             return Poll::Ready(());
         }
+        // Woken by a nap that takes the channel's events first (see `nap`).
+        self.sleeper = Some(cx.waker().clone());
         Poll::Pending
     }
 
