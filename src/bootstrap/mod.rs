@@ -185,8 +185,7 @@ pub async fn join(
     let reactor = thread.run(driver, settings.progress);
     // More ranks on this host than CPUs to run them: spinning ranks must give way at once.
     let here = nodes.iter().filter(|&&n| n == nodes[rank as usize]).count();
-    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
-    reactor.set_oversubscribed(here > cpus);
+    reactor.set_oversubscribed(here > host_cpus());
     Ok(World::from_inner(Arc::new(Inner {
         rank,
         size,
@@ -375,4 +374,14 @@ async fn accept_loop(
             }
         });
     }
+}
+
+/// The CPUs online on this host. Not `available_parallelism`, which counts this thread's affinity
+/// mask: a rank pinned to one CPU (as benchmarks and `--bind-to core` launchers do) would count
+/// one CPU and, with a second rank on the host, take itself for oversubscribed and yield its CPU
+/// all the time.
+fn host_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 { n as usize } else { std::thread::available_parallelism().map_or(1, |c| c.get()) }
 }
