@@ -24,6 +24,7 @@ use bytes::{Bytes, BytesMut};
 use ferrocomm_collectives::select::Call;
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
 use ferrocomm_transports::Rank;
+use smallvec::SmallVec;
 
 use crate::driver::Driver;
 use crate::error::{Error, Result};
@@ -34,7 +35,7 @@ use crate::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
 /// One call's place on its communicator: where its messages go and the sequence number that keeps
 /// them apart from other calls'.
 struct Slot {
-    comm: Comm,
+    comm: Arc<Comm>,
     seq: u64,
     /// The calling communicator's buffer pool.
     pool: Arc<Pool>,
@@ -78,12 +79,18 @@ impl Incoming {
 /// A collective's driving future ([`Comm::drive`]).
 type Drive = Pin<Box<dyn Future<Output = Result<Blocks>> + Send>>;
 
+/// A call's sends in flight: a handful at a time (inline, no allocation).
+type Sends = SmallVec<[Op<()>; 4]>;
+
+/// A call's posted receives: `(from, round, part, receive)`.
+type Recvs = SmallVec<[(u32, u32, u32, Incoming); 4]>;
+
 /// Drops the completed sends (their results were harvested: no lock is taken); the first failure
 /// is returned.
-fn take_sends(sends: &mut Vec<Op<()>>) -> Result<()> {
+fn take_sends(sends: &mut Sends) -> Result<()> {
     let mut cx = Context::from_waker(Waker::noop());
     let mut failed = None;
-    sends.retain_mut(|op| {
+    sends.retain(|op| {
         if !op.is_ready() {
             return true;
         }
@@ -214,7 +221,8 @@ impl Comm {
     /// Takes the next sequence number of this communicator for one collective call.
     fn slot(&self) -> Slot {
         let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
-        let comm = self.sequence.collective.get_or_init(|| self.with_context(self.context() | COLLECTIVE_BIT));
+        let comm =
+            self.sequence.collective.get_or_init(|| Arc::new(self.with_context(self.context() | COLLECTIVE_BIT)));
         Slot { comm: comm.clone(), seq, pool: self.sequence.pool.clone() }
     }
 
@@ -292,9 +300,9 @@ impl Comm {
     async fn run(slot: Slot, mut m: Machine) -> Result<Blocks> {
         let Slot { comm, seq, pool } = slot;
         let tag = |round: u32| (seq << 16) | u64::from(round);
-        // A handful of operations at a time: plain vectors (no task allocations).
-        let mut sends: Vec<Op<()>> = Vec::new();
-        let mut recvs: Vec<(u32, u32, u32, Incoming)> = Vec::new();
+        // A handful of operations at a time: inline vectors (no task allocations).
+        let mut sends = Sends::new();
+        let mut recvs = Recvs::new();
         loop {
             while let Some(a) = m.poll_action() {
                 match a {

@@ -84,8 +84,8 @@ pub(crate) struct Sequence {
     /// Sub-communicators for hierarchical collectives, made on first use.
     pub hierarchy: std::sync::OnceLock<crate::collective::Hierarchy>,
     /// The handle on this communicator's collective context (every call's messages travel there),
-    /// made on first use rather than per call.
-    pub collective: std::sync::OnceLock<Comm>,
+    /// made on first use rather than per call; shared by the calls (one reference count each).
+    pub collective: std::sync::OnceLock<Arc<Comm>>,
 }
 
 /// The members of a sub-communicator: `members[i]` is the world rank of its rank `i`.

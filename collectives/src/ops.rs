@@ -4,12 +4,15 @@
 //! algorithm, lays the caller's data out as blocks, and says how to read the result back. Data is
 //! shared (`Bytes`), never copied, on the way in; results are zero-copy when they are one block.
 
+use std::cell::RefCell;
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 
 use crate::algorithms::{
     allgather, allreduce, alltoall, barrier, bcast, gather, reduce, reduce_scatter, scan, scatter,
 };
-use crate::schedule::{Blocks, Machine};
+use crate::schedule::{Blocks, Machine, Schedule};
 use crate::select::Algorithm;
 use crate::{CollError, Reducer};
 
@@ -28,15 +31,47 @@ pub fn split(data: &Bytes, parts: u32, elem: usize) -> Vec<Bytes> {
         .collect()
 }
 
+/// How many planned schedules a thread keeps (calls of a few shapes repeat in a loop).
+const PLANNED: usize = 64;
+
+/// What a schedule depends on: (algorithm, rank, size, root).
+type Shape = (&'static str, u32, u32, u32);
+
+thread_local! {
+    /// The schedules this thread planned, most recent last.
+    static CACHE: RefCell<Vec<(Shape, Arc<Schedule>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The schedule of algorithm `name` for rank `r` of `n` with root `root`, planned by `plan` once
+/// per thread and shared by later calls of the same shape. A schedule is a pure function of those
+/// four, and planning one (a few small allocations) was about a fifth of an 8 B broadcast
+/// (`perf`, 2 ranks over shared memory).
+fn planned(name: &'static str, r: u32, n: u32, root: u32, plan: impl FnOnce() -> Schedule) -> Arc<Schedule> {
+    let key = (name, r, n, root);
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some((_, s)) = c.iter().rev().find(|(k, _)| *k == key) {
+            return s.clone();
+        }
+        let s = Arc::new(plan());
+        if c.len() == PLANNED {
+            c.remove(0);
+        }
+        c.push((key, s.clone()));
+        s
+    })
+}
+
 /// The blocks `ids` laid end to end (zero-copy for a single block).
 pub fn concat(blocks: &Blocks, ids: impl IntoIterator<Item = u32>) -> Result<Bytes, CollError> {
-    let parts: Vec<&Bytes> = ids
-        .into_iter()
-        .map(|id| blocks.get(&id).ok_or_else(|| CollError::Invalid(format!("block {id} missing at the end"))))
-        .collect::<Result<_, _>>()?;
-    if let [one] = parts[..] {
-        return Ok(one.clone());
+    let missing = |id: u32| CollError::Invalid(format!("block {id} missing at the end"));
+    let mut ids = ids.into_iter().peekable();
+    let first = ids.next();
+    if let (Some(id), None) = (first, ids.peek()) {
+        return blocks.get(&id).cloned().ok_or_else(|| missing(id));
     }
+    let parts: Vec<&Bytes> =
+        first.into_iter().chain(ids).map(|id| blocks.get(&id).ok_or_else(|| missing(id))).collect::<Result<_, _>>()?;
     let mut out = BytesMut::with_capacity(parts.iter().map(|p| p.len()).sum());
     parts.iter().for_each(|p| out.extend_from_slice(p));
     Ok(out.freeze())
@@ -52,8 +87,8 @@ fn rel(r: u32, root: u32, n: u32) -> u32 {
 
 pub fn barrier(r: u32, n: u32, alg: Algorithm) -> Result<Machine, CollError> {
     let s = match alg {
-        Algorithm::Dissemination => barrier::dissemination(r, n),
-        Algorithm::Linear => barrier::linear(r, n),
+        Algorithm::Dissemination => planned("barrier::dissemination", r, n, 0, || barrier::dissemination(r, n)),
+        Algorithm::Linear => planned("barrier::linear", r, n, 0, || barrier::linear(r, n)),
         _ => return Err(bad(alg, "barrier")),
     };
     Ok(Machine::new(s, Blocks::new(), None))
@@ -74,13 +109,17 @@ pub fn bcast(
             if let Some(d) = data {
                 blocks.insert(0, d);
             }
-            if alg == Algorithm::Linear { bcast::linear(r, n, root) } else { bcast::binomial(r, n, root) }
+            if alg == Algorithm::Linear {
+                planned("bcast::linear", r, n, root, || bcast::linear(r, n, root))
+            } else {
+                planned("bcast::binomial", r, n, root, || bcast::binomial(r, n, root))
+            }
         }
         Algorithm::ScatterAllgather => {
             if let Some(d) = data {
                 blocks.extend((0..n).zip(split(&d, n, elem)));
             }
-            bcast::scatter_allgather(r, n, root)
+            planned("bcast::scatter_allgather", r, n, root, || bcast::scatter_allgather(r, n, root))
         }
         _ => return Err(bad(alg, "bcast")),
     };
@@ -97,9 +136,13 @@ pub fn bcast_result(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Bytes, Co
 /// Reduction of `data` to `root`; the result is block 0 at the root.
 pub fn reduce(r: u32, n: u32, root: u32, alg: Algorithm, data: Bytes, op: Reducer) -> Result<Machine, CollError> {
     let s = match alg {
-        Algorithm::Binomial if op.is_commutative() => reduce::binomial(r, n, root, 0..1),
-        Algorithm::Binomial => reduce::binomial_ordered(r, n, root, 0..1),
-        Algorithm::Linear => reduce::linear(r, n, root, 0..1),
+        Algorithm::Binomial if op.is_commutative() => {
+            planned("reduce::binomial", r, n, root, || reduce::binomial(r, n, root, 0..1))
+        }
+        Algorithm::Binomial => {
+            planned("reduce::binomial_ordered", r, n, root, || reduce::binomial_ordered(r, n, root, 0..1))
+        }
+        Algorithm::Linear => planned("reduce::linear", r, n, root, || reduce::linear(r, n, root, 0..1)),
         _ => return Err(bad(alg, "reduce")),
     };
     Ok(Machine::new(s, Blocks::from([(0, data)]), Some(op)))
@@ -109,13 +152,21 @@ pub fn reduce(r: u32, n: u32, root: u32, alg: Algorithm, data: Bytes, op: Reduce
 pub fn allreduce(r: u32, n: u32, alg: Algorithm, data: Bytes, op: Reducer) -> Result<Machine, CollError> {
     let elem = op.element_size();
     let (s, blocks) = match alg {
-        Algorithm::RecursiveDoubling => (allreduce::recursive_doubling(r, n), Blocks::from([(0, data)])),
-        Algorithm::Linear => (allreduce::linear(r, n), Blocks::from([(0, data)])),
+        Algorithm::RecursiveDoubling => {
+            let s = planned("allreduce::recursive_doubling", r, n, 0, || allreduce::recursive_doubling(r, n));
+            (s, Blocks::from([(0, data)]))
+        }
+        Algorithm::Linear => {
+            (planned("allreduce::linear", r, n, 0, || allreduce::linear(r, n)), Blocks::from([(0, data)]))
+        }
         Algorithm::Rabenseifner => {
             let k = allreduce::rabenseifner_segments(n);
-            (allreduce::rabenseifner(r, n), (0..k).zip(split(&data, k, elem)).collect())
+            let s = planned("allreduce::rabenseifner", r, n, 0, || allreduce::rabenseifner(r, n));
+            (s, (0..k).zip(split(&data, k, elem)).collect())
         }
-        Algorithm::Ring => (allreduce::ring(r, n), (0..n).zip(split(&data, n, elem)).collect()),
+        Algorithm::Ring => {
+            (planned("allreduce::ring", r, n, 0, || allreduce::ring(r, n)), (0..n).zip(split(&data, n, elem)).collect())
+        }
         _ => return Err(bad(alg, "allreduce")),
     };
     Ok(Machine::new(s, blocks, Some(op)))
@@ -132,8 +183,8 @@ pub fn allreduce_result(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Bytes
 /// Gather of one block per rank (sizes may differ) to `root`; see [`gather_result`].
 pub fn gather(r: u32, n: u32, root: u32, alg: Algorithm, data: Bytes) -> Result<Machine, CollError> {
     let s = match alg {
-        Algorithm::Binomial => gather::binomial(r, n, root),
-        Algorithm::Linear => gather::linear(r, n, root),
+        Algorithm::Binomial => planned("gather::binomial", r, n, root, || gather::binomial(r, n, root)),
+        Algorithm::Linear => planned("gather::linear", r, n, root, || gather::linear(r, n, root)),
         _ => return Err(bad(alg, "gather")),
     };
     Ok(Machine::new(s, Blocks::from([(rel(r, root, n), data)]), None))
@@ -147,8 +198,8 @@ pub fn gather_result(blocks: &Blocks, n: u32, root: u32) -> Result<Vec<Bytes>, C
 /// Scatter of `parts` (one per rank, at the root); see [`scatter_result`].
 pub fn scatter(r: u32, n: u32, root: u32, alg: Algorithm, parts: Option<Vec<Bytes>>) -> Result<Machine, CollError> {
     let s = match alg {
-        Algorithm::Binomial => scatter::binomial(r, n, root),
-        Algorithm::Linear => scatter::linear(r, n, root),
+        Algorithm::Binomial => planned("scatter::binomial", r, n, root, || scatter::binomial(r, n, root)),
+        Algorithm::Linear => planned("scatter::linear", r, n, root, || scatter::linear(r, n, root)),
         _ => return Err(bad(alg, "scatter")),
     };
     let blocks = parts.map(|p| p.into_iter().enumerate().map(|(i, b)| (rel(i as u32, root, n), b)).collect());
@@ -162,10 +213,12 @@ pub fn scatter_result(blocks: &Blocks, r: u32, n: u32, root: u32) -> Result<Byte
 /// All-gather of one block per rank (sizes may differ); see [`allgather_result`].
 pub fn allgather(r: u32, n: u32, alg: Algorithm, data: Bytes) -> Result<Machine, CollError> {
     let s = match alg {
-        Algorithm::Bruck => allgather::bruck(r, n),
-        Algorithm::Ring => allgather::ring(r, n),
-        Algorithm::RecursiveDoubling if n.is_power_of_two() => allgather::recursive_doubling(r, n),
-        Algorithm::Linear => allgather::linear(r, n),
+        Algorithm::Bruck => planned("allgather::bruck", r, n, 0, || allgather::bruck(r, n)),
+        Algorithm::Ring => planned("allgather::ring", r, n, 0, || allgather::ring(r, n)),
+        Algorithm::RecursiveDoubling if n.is_power_of_two() => {
+            planned("allgather::recursive_doubling", r, n, 0, || allgather::recursive_doubling(r, n))
+        }
+        Algorithm::Linear => planned("allgather::linear", r, n, 0, || allgather::linear(r, n)),
         _ => return Err(bad(alg, "allgather")),
     };
     Ok(Machine::new(s, Blocks::from([(r, data)]), None))
@@ -181,9 +234,9 @@ pub fn alltoall(r: u32, n: u32, alg: Algorithm, parts: Vec<Bytes>) -> Result<Mac
         return Err(CollError::Invalid(format!("all-to-all needs {n} parts, got {}", parts.len())));
     }
     let s = match alg {
-        Algorithm::Bruck => alltoall::bruck(r, n),
-        Algorithm::Pairwise => alltoall::pairwise(r, n),
-        Algorithm::Linear => alltoall::linear(r, n),
+        Algorithm::Bruck => planned("alltoall::bruck", r, n, 0, || alltoall::bruck(r, n)),
+        Algorithm::Pairwise => planned("alltoall::pairwise", r, n, 0, || alltoall::pairwise(r, n)),
+        Algorithm::Linear => planned("alltoall::linear", r, n, 0, || alltoall::linear(r, n)),
         _ => return Err(bad(alg, "alltoall")),
     };
     Ok(Machine::new(s, (0..n).map(|i| r * n + i).zip(parts).collect(), None))
@@ -200,8 +253,12 @@ pub fn reduce_scatter(r: u32, n: u32, alg: Algorithm, segments: Vec<Bytes>, op: 
         return Err(CollError::Invalid(format!("reduce-scatter needs {n} segments, got {}", segments.len())));
     }
     let s = match alg {
-        Algorithm::Ring if op.is_commutative() => reduce_scatter::ring(r, n),
-        Algorithm::ReduceThenScatter => reduce_scatter::reduce_then_scatter(r, n),
+        Algorithm::Ring if op.is_commutative() => {
+            planned("reduce_scatter::ring", r, n, 0, || reduce_scatter::ring(r, n))
+        }
+        Algorithm::ReduceThenScatter => {
+            planned("reduce_scatter::reduce_then_scatter", r, n, 0, || reduce_scatter::reduce_then_scatter(r, n))
+        }
         _ => return Err(bad(alg, "reduce_scatter with this operator")),
     };
     Ok(Machine::new(s, (0..n).zip(segments).collect(), Some(op)))
@@ -217,10 +274,38 @@ pub fn scan(r: u32, n: u32, data: Bytes, op: Reducer, inclusive: bool) -> Machin
     if inclusive {
         blocks.insert(1, data);
     }
-    Machine::new(scan::recursive_doubling(r, n), blocks, Some(op))
+    Machine::new(planned("scan::recursive_doubling", r, n, 0, || scan::recursive_doubling(r, n)), blocks, Some(op))
 }
 
 /// The prefix result; `None` for rank 0 of an exclusive scan.
 pub fn scan_result(blocks: &Blocks) -> Option<Bytes> {
     blocks.get(&1).cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn planned_schedules_are_shared_per_shape_and_bounded() {
+        let a = planned("test::binomial", 1, 4, 0, || bcast::binomial(1, 4, 0));
+        let b = planned("test::binomial", 1, 4, 0, || unreachable!("planned already"));
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = planned("test::binomial", 2, 4, 0, || bcast::binomial(2, 4, 0));
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(*c, bcast::binomial(2, 4, 0));
+        for r in 0..2 * PLANNED as u32 {
+            planned("test::empty", r, 1 << 20, 0, Schedule::new);
+        }
+        CACHE.with(|c| assert_eq!(c.borrow().len(), PLANNED));
+    }
+
+    #[test]
+    fn concat_of_one_block_shares_it() {
+        let blocks = Blocks::from([(0, Bytes::from_static(b"abc")), (1, Bytes::from_static(b"de"))]);
+        assert_eq!(concat(&blocks, [1]).unwrap().as_ptr(), blocks[&1].as_ptr());
+        assert_eq!(&concat(&blocks, 0..2).unwrap()[..], b"abcde");
+        assert!(matches!(concat(&blocks, [2]), Err(CollError::Invalid(_))));
+        assert!(concat(&blocks, 0..0).unwrap().is_empty());
+    }
 }

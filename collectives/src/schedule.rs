@@ -18,6 +18,7 @@
 //!   reproducible bit for bit, and non-commutative operators see their operands in rank order.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -167,8 +168,13 @@ pub enum Action {
 /// Runs one rank's [`Schedule`]. Sans-IO: the driver posts what [`Machine::poll_action`] returns
 /// and hands every arrived message to [`Machine::deliver`].
 pub struct Machine {
-    schedule: std::vec::IntoIter<Round>,
-    current: Option<Round>,
+    /// Shared: a schedule depends only on the algorithm and the rank's place, so calls of the same
+    /// shape run one planned copy (see `ops`).
+    schedule: Arc<Schedule>,
+    /// The index of the next round to start.
+    next: usize,
+    /// The index of the round now waiting for messages.
+    current: Option<usize>,
     /// Messages of the current round, by step index, until all have come.
     arrived: Vec<Option<Arrival>>,
     missing: usize,
@@ -185,9 +191,10 @@ pub struct Machine {
 
 impl Machine {
     /// A machine holding `blocks` at the start. `reducer` is needed only by schedules that reduce.
-    pub fn new(schedule: Schedule, blocks: Blocks, reducer: Option<Reducer>) -> Machine {
+    pub fn new(schedule: impl Into<Arc<Schedule>>, blocks: Blocks, reducer: Option<Reducer>) -> Machine {
         let mut m = Machine {
-            schedule: schedule.rounds.into_iter(),
+            schedule: schedule.into(),
+            next: 0,
             current: None,
             arrived: Vec::new(),
             missing: 0,
@@ -208,9 +215,10 @@ impl Machine {
     /// [`Machine::poll_action`].
     pub fn with_block_len(mut self, len: usize) -> Machine {
         self.block_len = Some(len);
+        let current = self.current.map(|i| &self.schedule.rounds[i]);
         for a in &mut self.actions {
             if let Action::Recv { len: l @ None, part: 0, from, round } = a
-                && self.current.as_ref().is_some_and(|c| c.number == *round && bare_from(c, *from))
+                && current.is_some_and(|c| c.number == *round && bare_from(c, *from))
             {
                 *l = Some(len);
             }
@@ -236,7 +244,11 @@ impl Machine {
 
     /// The round now waiting for messages.
     pub fn round(&self) -> Option<u32> {
-        self.current.as_ref().map(|r| r.number)
+        self.current_round().map(|r| r.number)
+    }
+
+    fn current_round(&self) -> Option<&Round> {
+        self.current.map(|i| &self.schedule.rounds[i])
     }
 
     /// The blocks held now (the result, once done).
@@ -258,7 +270,7 @@ impl Machine {
         if data.len() > self.max_message {
             return Err(CollError::Malformed { from, why: "message larger than the collective allows" });
         }
-        let Some(cur) = &self.current else { return Err(CollError::Unexpected { from, round }) };
+        let Some(cur) = self.current_round() else { return Err(CollError::Unexpected { from, round }) };
         if cur.number != round {
             return Err(CollError::Unexpected { from, round });
         }
@@ -307,13 +319,15 @@ impl Machine {
     }
 
     fn apply_round(&mut self) -> Result<(), CollError> {
-        let round = self.current.take().expect("a round is running");
-        for (step, data) in round.steps.into_iter().zip(std::mem::take(&mut self.arrived)) {
-            let Step::Recv { from, apply, .. } = step else { continue };
+        let index = self.current.take().expect("a round is running");
+        let schedule = self.schedule.clone();
+        let mut arrived = std::mem::take(&mut self.arrived);
+        for (step, data) in schedule.rounds[index].steps.iter().zip(arrived.drain(..)) {
+            let &Step::Recv { from, ref apply, .. } = step else { continue };
             let incoming = data.expect("all arrived").blocks;
             match apply {
                 Apply::Store => self.blocks.extend(incoming),
-                Apply::Reduce { incoming_first } => {
+                &Apply::Reduce { incoming_first } => {
                     for (id, block) in incoming {
                         self.combine(from, id, block, incoming_first)?;
                     }
@@ -322,12 +336,14 @@ impl Machine {
                     let [(_, block)]: [(u32, Bytes); 1] = incoming
                         .try_into()
                         .map_err(|_| CollError::Malformed { from, why: "expected exactly one block" })?;
-                    for id in into {
+                    for &id in into {
                         self.combine(from, id, block.clone(), true)?;
                     }
                 }
             }
         }
+        // The vector serves the next round.
+        self.arrived = arrived;
         Ok(())
     }
 
@@ -366,7 +382,9 @@ impl Machine {
 
     /// Moves to the next round with receives, emitting the sends of every round on the way.
     fn advance(&mut self) {
-        for round in self.schedule.by_ref() {
+        let schedule = &*self.schedule;
+        while let Some(round) = schedule.rounds.get(self.next) {
+            self.next += 1;
             for step in &round.steps {
                 let Step::Send { to, blocks } = step else { continue };
                 if let Select::Bare(id) = blocks {
@@ -410,9 +428,10 @@ impl Machine {
             if recvs == 0 {
                 continue;
             }
-            self.arrived = round.steps.iter().map(|_| None).collect();
+            self.arrived.clear();
+            self.arrived.resize_with(round.steps.len(), || None);
             self.missing = recvs;
-            self.current = Some(round);
+            self.current = Some(self.next - 1);
             return;
         }
     }
