@@ -1,8 +1,9 @@
 //! From an operation call to a running [`Machine`], and from its final blocks to the result.
 //!
 //! Each function here plans one operation for one rank: it picks the schedule of the chosen
-//! algorithm, lays the caller's data out as blocks, and says how to read the result back. Data is
-//! shared (`Bytes`), never copied, on the way in; results are zero-copy when they are one block.
+//! algorithm (planned once per call shape and thread, then shared: see `planned`), lays the
+//! caller's data out as blocks, and says how to read the result back. Data is shared (`Bytes`),
+//! never copied, on the way in; results are zero-copy when they are one block.
 
 use std::cell::RefCell;
 use std::sync::Arc;
