@@ -803,7 +803,7 @@ impl Comm {
     /// rank sent to this one, in rank order.
     pub fn alltoall<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let mut out = vec![T::zeroed(); data.len()];
-        let run = self.alltoall_into_owned(data);
+        let run = self.alltoall_into_owned(data, &mut out);
         async move {
             run(&mut out).await?;
             Ok(out)
@@ -816,29 +816,69 @@ impl Comm {
         data: &[T],
         out: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
-        let run = self.alltoall_into_owned(data);
+        let run = self.alltoall_into_owned(data, out);
         run(out)
     }
 
+    /// Plans an all-to-all of `data` into `out`. This rank's own part goes from `data` to `out`
+    /// now, directly: only the parts that travel are copied into the call's buffers (and only
+    /// received ones copied out), one pass over the own part instead of two. The returned
+    /// closure runs the rest into the same `out`.
     fn alltoall_into_owned<T: Element>(
         &self,
         data: &[T],
+        out: &mut [T],
     ) -> impl FnOnce(&mut [T]) -> futures::future::BoxFuture<'_, Result<()>> + use<T> {
         let (r, n) = (self.rank(), self.size());
-        let early = (!data.len().is_multiple_of(n as usize))
-            .then(|| Error::Invalid(format!("{} elements do not split into {n} parts", data.len())));
-        let part = data.len() / n as usize * size_of::<T>();
+        let early = if !data.len().is_multiple_of(n as usize) {
+            Some(Error::Invalid(format!("{} elements do not split into {n} parts", data.len())))
+        } else if out.len() != data.len() {
+            Some(Error::Invalid(format!("all-to-all of {} elements into {}", data.len(), out.len())))
+        } else {
+            None
+        };
+        let elems = data.len() / n as usize;
+        let part = elems * size_of::<T>();
         let pool = self.sequence.pool.clone();
-        let all = pool.copy(data);
-        let parts: Vec<Bytes> = (0..n as usize).map(|i| all.slice(i * part..(i + 1) * part)).collect();
-        drop(all);
-        let alg = self.choose(Operation::Alltoall, part, true);
-        let plan = early.is_none().then(|| (self.slot(), ops::alltoall(r, n, alg, parts)));
+        let mine = r as usize * elems..(r as usize + 1) * elems;
+        let plan = early.is_none().then(|| {
+            out[mine.clone()].copy_from_slice(&data[mine.clone()]);
+            let travel = (0..n as usize).filter(|&i| i != r as usize).map(|i| &data[i * elems..(i + 1) * elems]);
+            let mut all = pool.take(part * (n as usize - 1));
+            for (chunk, src) in all.chunks_mut(part.max(1)).zip(travel) {
+                chunk.copy_from_slice(bytemuck::cast_slice(src));
+            }
+            let all = all.freeze();
+            // The own part is an empty block: it never travels (no algorithm sends a rank's own
+            // block) and is not read back.
+            let mut at = 0;
+            let parts = (0..n)
+                .map(|i| {
+                    if i == r {
+                        return Bytes::new();
+                    }
+                    at += part;
+                    all.slice(at - part..at)
+                })
+                .collect();
+            let alg = self.choose(Operation::Alltoall, part, true);
+            (self.slot(), ops::alltoall(r, n, alg, parts))
+        });
         move |out: &mut [T]| {
             Box::pin(async move {
                 let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
                 let blocks = Comm::drive(slot, m?).await?;
-                copy_parts(out, &ops::alltoall_result(&blocks, r, n)?)?;
+                let got = ops::alltoall_result(&blocks, r, n)?;
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+                for (i, b) in got.iter().enumerate().filter(|&(i, _)| i != r as usize) {
+                    if b.len() != part {
+                        return Err(Error::Invalid(format!(
+                            "all-to-all part of {} bytes from rank {i}, not {part}",
+                            b.len()
+                        )));
+                    }
+                    bytes[i * part..(i + 1) * part].copy_from_slice(b);
+                }
                 pool.recycle(blocks);
                 Ok(())
             })

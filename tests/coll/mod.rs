@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 use ferrocomm::Table;
-use ferrocomm::{Algorithm, Comm, Operation, ReduceOp};
+use ferrocomm::{Algorithm, Comm, Error, Operation, ReduceOp};
 
 /// Rank r's input of `count` elements.
 pub fn input(r: u32, count: usize) -> Vec<u64> {
@@ -59,6 +59,11 @@ pub async fn operations(c: &Comm, counts: &[usize], label: &str) {
         let mine: Vec<u64> = (0..n).flat_map(|d| input(r * 100 + d, per)).collect();
         let want: Vec<u64> = (0..n).flat_map(|s| input(s * 100 + r, per)).collect();
         assert_eq!(c.alltoall(&mine).await.unwrap(), want, "alltoall {ctx}");
+        let mut out = vec![u64::MAX; mine.len()];
+        c.alltoall_into(&mine, &mut out).await.unwrap();
+        assert_eq!(out, want, "alltoall_into {ctx}");
+        let mut short = vec![0u64; mine.len() + 1];
+        assert!(matches!(c.alltoall_into(&mine, &mut short).await, Err(Error::Invalid(_))), "alltoall_into {ctx}");
         // Reduce-scatter with uneven counts.
         let counts: Vec<usize> = (0..n as usize).map(|i| (count / n as usize) + (i % 2)).collect();
         let total: usize = counts.iter().sum();
