@@ -596,9 +596,8 @@ impl Comm {
                 None => return Err(early.expect("set")),
                 Some(Ok(run)) => {
                     let blocks = run?.await?;
-                    let out = ops::allreduce_result(&blocks, n, alg)?;
-                    copy_into(buf, &out)?;
-                    drop(out);
+                    // Segments straight into `buf` (not laid end to end first).
+                    copy_parts(buf, &ops::allreduce_parts(&blocks, n, alg)?)?;
                     pool.recycle(blocks);
                     return Ok(());
                 }
