@@ -429,14 +429,12 @@ impl Comm {
         let run = self.bcast_plan(root, data, bytes, size_of::<T>());
         let me = self.rank();
         async move {
-            let out = run.await?;
+            let parts = run.await?;
             if me != root {
-                copy_into(buf, &out)?;
+                copy_parts(buf, &parts)?;
             }
-            // The received (or sent) buffer serves the next large call.
-            if let Ok(b) = out.try_into_mut() {
-                pool.give(b);
-            }
+            // The received (or sent) buffers serve the next large calls.
+            parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
             Ok(())
         }
     }
@@ -455,7 +453,11 @@ impl Comm {
         async move {
             match early {
                 Some(e) => Err(e),
-                None => run.await,
+                None => {
+                    let mut parts = run.await?;
+                    // Binomial: one part, shared as it came.
+                    if parts.len() == 1 { Ok(parts.remove(0)) } else { Ok(parts.concat().into()) }
+                }
             }
         }
     }
@@ -466,12 +468,13 @@ impl Comm {
         data: Option<Bytes>,
         bytes: usize,
         elem: usize,
-    ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
         let alg = self.choose(Operation::Bcast, bytes, true);
         self.bcast_with(root, data, alg, elem, Some(bytes))
     }
 
-    /// `len`: the length every rank knows the data has, if they do.
+    /// `len`: the length every rank knows the data has, if they do. The data comes back in pieces
+    /// (one, except for scatter + all-gather), to be copied out or joined by the caller.
     fn bcast_with(
         &self,
         root: Rank,
@@ -479,7 +482,7 @@ impl Comm {
         alg: Algorithm,
         elem: usize,
         len: Option<usize>,
-    ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
         let (r, n) = (self.rank(), self.size());
         let early = self.check_root(root);
         let multicast = (alg == Algorithm::Multicast && early.is_none()).then(|| (self.clone(), data.clone()));
@@ -509,13 +512,13 @@ impl Comm {
                 // Boxed, as in the barrier: a large future kept out of every broadcast's.
                 return Box::pin(async move {
                     let chan = comm.sequence.multicast.get_or_try_init(|| Channel::new(&comm)).await?;
-                    crate::multicast::broadcast(chan, root, data).await
+                    crate::multicast::broadcast(chan, root, data).await.map(|b| vec![b])
                 })
                 .await;
             }
             match plan {
                 None => Err(early.expect("set")),
-                Some(Ok((run, alg, n))) => Ok(ops::bcast_result(&run?.await?, n, alg)?),
+                Some(Ok((run, alg, n))) => Ok(ops::bcast_parts(&run?.await?, n, alg)?),
                 Some(Err(hier)) => {
                     Box::pin(async move {
                         // Root's node, then the leaders, then the other nodes; each step's root
@@ -526,7 +529,8 @@ impl Comm {
                             let m = ops::bcast(r, n, root, Algorithm::Binomial, data, elem)?;
                             have = Some(ops::bcast_result(&Comm::drive(slot, m).await?, n, Algorithm::Binomial)?);
                         }
-                        have.ok_or_else(|| Error::Invalid("hierarchical broadcast ended without data".into()))
+                        have.map(|b| vec![b])
+                            .ok_or_else(|| Error::Invalid("hierarchical broadcast ended without data".into()))
                     })
                     .await
                 }

@@ -128,10 +128,26 @@ pub fn bcast(
 }
 
 pub fn bcast_result(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Bytes, CollError> {
+    concat(blocks, bcast_ids(n, alg))
+}
+
+/// The pieces of the broadcast data in order, shared (not laid end to end): for a caller that
+/// copies them out anyway, one pass over the data instead of two.
+pub fn bcast_parts(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Vec<Bytes>, CollError> {
+    parts(blocks, bcast_ids(n, alg))
+}
+
+fn bcast_ids(n: u32, alg: Algorithm) -> std::ops::Range<u32> {
     match alg {
-        Algorithm::ScatterAllgather => concat(blocks, 0..n),
-        _ => concat(blocks, [0]),
+        Algorithm::ScatterAllgather => 0..n,
+        _ => 0..1,
     }
+}
+
+/// The blocks `ids`, in order, shared.
+fn parts(blocks: &Blocks, ids: std::ops::Range<u32>) -> Result<Vec<Bytes>, CollError> {
+    ids.map(|id| blocks.get(&id).cloned().ok_or_else(|| CollError::Invalid(format!("block {id} missing at the end"))))
+        .collect()
 }
 
 /// Reduction of `data` to `root`; the result is block 0 at the root.
@@ -180,9 +196,7 @@ pub fn allreduce_result(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Bytes
 /// The pieces of the all-reduce result in order, shared (not laid end to end): for a caller that
 /// copies them out anyway, one pass over the data instead of two.
 pub fn allreduce_parts(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Vec<Bytes>, CollError> {
-    allreduce_ids(n, alg)
-        .map(|id| blocks.get(&id).cloned().ok_or_else(|| CollError::Invalid(format!("block {id} missing at the end"))))
-        .collect()
+    parts(blocks, allreduce_ids(n, alg))
 }
 
 /// The blocks that make up the all-reduce result, in order.
