@@ -16,7 +16,8 @@
 //! a group that never confirms (multicast filtered, no multicast route) stays on point-to-point
 //! with a warning and the `ferrocomm_mcast_groups_degraded` metric. The API works either way.
 //!
-//! A channel holds a handle on the communicator: drop channels before finalizing the world.
+//! A channel holds a handle on the communicator: drop channels before finalizing the world, and
+//! [`Channel::flush`] them first: a dropped channel abandons what it has not delivered yet.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::pin;
@@ -444,6 +445,12 @@ impl Channel {
         Ok(())
     }
 
+    /// Waits until this rank may leave without abandoning anything: every live rank consumed what
+    /// it sent, and it acknowledged what it consumed (as a co-root, with its sub-group).
+    async fn settle(&self) {
+        self.shared.wait_for(|core| (core.in_flight() == 0 && core.settled()).then_some(())).await
+    }
+
     /// Waits (at most `limit`) for this rank's multicast test to finish: true if the group
     /// works, false if it degraded to point-to-point or is still testing.
     pub async fn wait_group(&self, limit: Duration) -> bool {
@@ -552,6 +559,18 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
     }
     shared.closed.store(true, Ordering::Release);
     shared.ready.notify_waiters();
+}
+
+/// Waits (at most `limit`) until the channels of `comm`'s pinned multicast collectives, which
+/// `comm` owns and finalize drops, have settled (see [`Channel::settle`]). Before the goodbye: a
+/// rank that hears it ends this rank's stream at once, dropping a datagram still on the way
+/// (multicast is not ordered with point-to-point), and nobody would retransmit a lost one.
+pub(crate) async fn drain(comm: &Comm, limit: Duration) {
+    let barrier = comm.sequence.token_barrier.get().map(TokenBarrier::channel);
+    let settled = [comm.sequence.multicast.get(), barrier].into_iter().flatten().map(Channel::settle);
+    if tokio::time::timeout(limit, futures::future::join_all(settled)).await.is_err() {
+        tracing::warn!(rank = comm.rank(), "multicast channels not settled within {limit:?}: leaving anyway");
+    }
 }
 
 /// Broadcast over a multicast channel: `root` passes `Some(data)`, everyone else `None`; every

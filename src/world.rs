@@ -165,8 +165,10 @@ impl World {
         self.inner.reactor.with(|d| d.engine.unexpected_from(peer))
     }
 
-    /// Leaves the job in order: flushes what was sent, says goodbye, stops progress.
+    /// Leaves the job in order: flushes what was sent (and waits until the multicast collectives'
+    /// messages are consumed and acknowledged), says goodbye, stops progress.
     pub async fn finalize(self) -> Result<()> {
+        crate::multicast::drain(&self.comm, Duration::from_secs(10)).await;
         let inner = self.inner.clone();
         drop(self);
         tokio::task::spawn_blocking(move || inner.shut_down(Duration::from_secs(10))).await.map_err(Error::bootstrap)

@@ -166,3 +166,31 @@ async fn multicast_broadcast_and_barrier_from_the_table() {
     .await
     .unwrap();
 }
+
+/// A root that finalizes right after a multicast broadcast does not leave before the others have
+/// it: once they hear its goodbye they drop its datagrams still on the way, and nobody would be
+/// left to retransmit a lost one. So its finalize returns only after the late ranks consumed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_waits_until_multicast_broadcast_is_consumed() {
+    let out = testing::run(3, shm(), |w| async move {
+        let table = ferrocomm::Table::default().with_overrides("bcast=multicast").unwrap();
+        let c = w.with_collective_table(table);
+        let me = c.rank();
+        if me != 0 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let started = Instant::now();
+        let mut buf = if me == 0 { coll::input(0, 1000) } else { vec![0; 1000] };
+        c.broadcast(0, &mut buf).timeout(Duration::from_secs(30)).await.unwrap();
+        assert_eq!(buf, coll::input(0, 1000));
+        drop(c);
+        w.finalize().await.unwrap();
+        (me, started, Instant::now())
+    })
+    .await
+    .unwrap();
+    let root_left = out.iter().find(|o| o.0 == 0).unwrap().2;
+    for &(r, started, _) in out.iter().filter(|o| o.0 != 0) {
+        assert!(root_left > started, "rank 0 left before rank {r} started receiving");
+    }
+}

@@ -206,6 +206,9 @@ pub enum Event {
     RootLost { root: Rank },
     /// Receiver `rank` died: it no longer holds up the window.
     ReceiverLost { rank: Rank },
+    /// This rank reported to `root`'s stream that it consumed everything below `upto` (its whole
+    /// sub-group, as a co-root): what [`McastCore::settled`] waits for.
+    Acknowledged { root: Rank, upto: u32 },
 }
 
 /// Why a send was not taken.
@@ -906,6 +909,7 @@ impl Receiver {
             Control::Ack { root: self.root, upto }
         };
         out.unicast(self.target, c);
+        out.events.push_back(Event::Acknowledged { root: self.root, upto });
         self.acked = upto;
         self.ack_since = None;
     }
@@ -1027,6 +1031,14 @@ impl McastCore {
     /// Messages this rank has sent that some live receiver has not consumed yet.
     pub fn in_flight(&self) -> usize {
         self.root.collector.store.len()
+    }
+
+    /// True once this rank owes the other roots nothing: it has acknowledged everything it
+    /// consumed, as a co-root with its sub-group. A rank must not leave before (nor before
+    /// [`McastCore::in_flight`] is 0): the others would learn nothing more from it, and a root
+    /// that hears of its departure drops its datagrams still on the way.
+    pub fn settled(&self) -> bool {
+        self.receivers.iter().flatten().all(|r| r.root_lost || r.acked == r.consumed)
     }
 
     /// Sequence number the next message of this rank will get.

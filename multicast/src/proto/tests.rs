@@ -507,3 +507,44 @@ fn leaves_ahead_of_their_coroot_do_not_stall_the_stream() {
         assert_eq!(malformed, 0, "k {k}: ACKs refused");
     }
 }
+
+/// What a rank must wait for before leaving (the driver's drain at finalize): a co-root that
+/// consumed a message is not settled until its leaf acknowledged it and its own report went out,
+/// since the root hears nothing more from it once it left.
+#[test]
+fn coroot_is_settled_only_once_its_report_covers_its_leaves() {
+    let t0 = Instant::now();
+    let c = |me| Config { multicast: false, ..cfg(me, 4) };
+    let mut root = McastCore::new(c(0), t0);
+    let mut coroot = McastCore::new(c(1), t0);
+    assert_eq!(root.layout().coroots, [1]);
+    let leaf = *root.layout().members_of(1).first().expect("the co-root has a leaf");
+    assert!(coroot.settled());
+    root.send(t0, message(0, 0)).unwrap();
+    while let Some(t) = root.poll_transmit() {
+        if let Transmit::Unicast { to: 1, msg } = t {
+            coroot.handle_control(t0, 0, msg).unwrap();
+        }
+    }
+    assert!(coroot.settled(), "nothing consumed yet: nothing owed");
+    assert_eq!(coroot.pop(0, t0), Ok(Some(message(0, 0))));
+    let later = t0 + Duration::from_millis(10);
+    coroot.handle_timeout(later);
+    assert!(!coroot.settled(), "consumed, but its leaf has not acknowledged");
+    let ack = Control::Ack { root: 0, upto: 1 }.encode();
+    coroot.handle_control(later, leaf, ack).unwrap();
+    assert!(!coroot.settled(), "its report is not out yet");
+    coroot.handle_timeout(later + Duration::from_millis(1));
+    assert!(coroot.settled());
+    let mut events = Vec::new();
+    while let Some(e) = coroot.poll_event() {
+        events.push(e);
+    }
+    assert!(events.contains(&Event::Acknowledged { root: 0, upto: 1 }), "{events:?}");
+    let report = std::iter::from_fn(|| coroot.poll_transmit()).find_map(|t| match t {
+        Transmit::Unicast { to: 0, msg } => Some(msg),
+        _ => None,
+    });
+    root.handle_control(later, 1, report.expect("a report to the root")).unwrap();
+    assert_eq!(root.in_flight(), 1, "the root's own leaf has not acknowledged yet");
+}
