@@ -806,7 +806,7 @@ impl Comm {
     /// rank sent to this one, in rank order.
     pub fn alltoall<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let mut out = vec![T::zeroed(); data.len()];
-        let run = self.alltoall_into_owned(data, &mut out);
+        let run = self.alltoall_plan(data, &mut out);
         async move {
             run(&mut out).await?;
             Ok(out)
@@ -819,7 +819,7 @@ impl Comm {
         data: &[T],
         out: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
-        let run = self.alltoall_into_owned(data, out);
+        let run = self.alltoall_plan(data, out);
         run(out)
     }
 
@@ -827,7 +827,7 @@ impl Comm {
     /// now, directly: only the parts that travel are copied into the call's buffers (and only
     /// received ones copied out), one pass over the own part instead of two. The returned
     /// closure runs the rest into the same `out`.
-    fn alltoall_into_owned<T: Element>(
+    fn alltoall_plan<T: Element>(
         &self,
         data: &[T],
         out: &mut [T],
@@ -853,15 +853,12 @@ impl Comm {
             }
             let all = all.freeze();
             // The own part is an empty block: it never travels (no algorithm sends a rank's own
-            // block) and is not read back.
-            let mut at = 0;
-            let parts = (0..n)
-                .map(|i| {
-                    if i == r {
-                        return Bytes::new();
-                    }
-                    at += part;
-                    all.slice(at - part..at)
+            // block) and is not read back. Part i > r sits at i - 1 in `all`.
+            let parts = (0..n as usize)
+                .map(|i| match i.cmp(&(r as usize)) {
+                    std::cmp::Ordering::Less => all.slice(i * part..(i + 1) * part),
+                    std::cmp::Ordering::Equal => Bytes::new(),
+                    std::cmp::Ordering::Greater => all.slice((i - 1) * part..i * part),
                 })
                 .collect();
             let alg = self.choose(Operation::Alltoall, part, true);

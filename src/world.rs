@@ -297,24 +297,15 @@ impl<T: FromCompletion> Future for Op<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
-        let c = match &mut this.state {
-            OpState::Ready(_) => match std::mem::replace(&mut this.state, OpState::Done) {
-                OpState::Ready(c) => c,
-                _ => unreachable!(),
-            },
-            OpState::Pending { inner, key, spin_start, .. } => {
-                let key = *key;
-                match inner.reactor.poll_until(cx, spin_start, |d, cx| d.ops.poll(key, cx)) {
-                    Poll::Ready(c) => {
-                        this.state = OpState::Done;
-                        c
-                    }
-                    Poll::Pending => return Poll::Pending,
-                }
-            }
-            OpState::Done => return Poll::Ready(Err(Error::Shutdown)),
-        };
-        Poll::Ready(T::from_completion(this.translate(c)))
+        if let OpState::Pending { inner, key, spin_start, .. } = &mut this.state {
+            let key = *key;
+            let c = std::task::ready!(inner.reactor.poll_until(cx, spin_start, |d, cx| d.ops.poll(key, cx)));
+            this.state = OpState::Ready(c);
+        }
+        match std::mem::replace(&mut this.state, OpState::Done) {
+            OpState::Ready(c) => Poll::Ready(T::from_completion(this.translate(c))),
+            _ => Poll::Ready(Err(Error::Shutdown)),
+        }
     }
 }
 

@@ -65,14 +65,12 @@ fn planned(name: &'static str, r: u32, n: u32, root: u32, plan: impl FnOnce() ->
 
 /// The blocks `ids` laid end to end (zero-copy for a single block).
 pub fn concat(blocks: &Blocks, ids: impl IntoIterator<Item = u32>) -> Result<Bytes, CollError> {
-    let missing = |id: u32| CollError::Invalid(format!("block {id} missing at the end"));
     let mut ids = ids.into_iter().peekable();
     let first = ids.next();
     if let (Some(id), None) = (first, ids.peek()) {
-        return blocks.get(&id).cloned().ok_or_else(|| missing(id));
+        return block(blocks, id).cloned();
     }
-    let parts: Vec<&Bytes> =
-        first.into_iter().chain(ids).map(|id| blocks.get(&id).ok_or_else(|| missing(id))).collect::<Result<_, _>>()?;
+    let parts: Vec<&Bytes> = first.into_iter().chain(ids).map(|id| block(blocks, id)).collect::<Result<_, _>>()?;
     let mut out = BytesMut::with_capacity(parts.iter().map(|p| p.len()).sum());
     parts.iter().for_each(|p| out.extend_from_slice(p));
     Ok(out.freeze())
@@ -146,8 +144,12 @@ fn bcast_ids(n: u32, alg: Algorithm) -> std::ops::Range<u32> {
 
 /// The blocks `ids`, in order, shared.
 fn parts(blocks: &Blocks, ids: std::ops::Range<u32>) -> Result<Vec<Bytes>, CollError> {
-    ids.map(|id| blocks.get(&id).cloned().ok_or_else(|| CollError::Invalid(format!("block {id} missing at the end"))))
-        .collect()
+    ids.map(|id| block(blocks, id).cloned()).collect()
+}
+
+/// Block `id` of a finished call's result.
+fn block(blocks: &Blocks, id: u32) -> Result<&Bytes, CollError> {
+    blocks.get(&id).ok_or_else(|| CollError::Invalid(format!("block {id} missing at the end")))
 }
 
 /// Reduction of `data` to `root`; the result is block 0 at the root.

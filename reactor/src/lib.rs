@@ -1,8 +1,8 @@
 //! The completion engine: it knows nothing of networking.
 //!
 //! A rank's whole protocol state (transports, protocol cores, in-flight operations) sits behind one
-//! lock ([`lock`]: cheap to release) as a [`Progress`] implementation. Two kinds of callers drive it through the same routine,
-//! [`Progress::progress`]:
+//! lock ([`lock`]: cheap to release) as a [`Progress`] implementation. Two kinds of callers drive
+//! it through the same routine, [`Progress::progress`]:
 //!
 //! * futures awaiting an operation, inline, according to the [`ProgressMode`]: busy-poll spins on
 //!   the completion sources (lowest latency, burns a core), adaptive spins for a bounded time and
@@ -315,8 +315,11 @@ impl<P: Progress> Reactor<P> {
             shared.spins.fetch_add(SPIN_ONE, Ordering::AcqRel);
             let _guard = SpinGuard(shared);
             let mut rounds = 0;
-            let mut next_look =
-                if shared.yield_after_ns.load(Ordering::Relaxed) == 0 { LOCKED_ROUNDS } else { CLOCK_ROUNDS };
+            let yield_after = shared.yield_after_ns.load(Ordering::Relaxed);
+            // Oversubscribed: look (and yield) after every locked batch, so the rank this one
+            // waits for gets the CPU within a few rounds, not a few microseconds.
+            let look_every = if yield_after == 0 { LOCKED_ROUNDS } else { CLOCK_ROUNDS };
+            let mut next_look = look_every;
             while rounds < SPIN_ROUNDS {
                 match shared.state.try_lock() {
                     Some(mut st) => {
@@ -337,10 +340,7 @@ impl<P: Progress> Reactor<P> {
                     }
                 }
                 if rounds >= next_look {
-                    let yield_after = shared.yield_after_ns.load(Ordering::Relaxed);
-                    // Oversubscribed: look (and yield) after every locked batch, so the rank this
-                    // one waits for gets the CPU within a few rounds, not a few microseconds.
-                    next_look = rounds + if yield_after == 0 { LOCKED_ROUNDS } else { CLOCK_ROUNDS };
+                    next_look = rounds + look_every;
                     let waited = spin_start.get_or_insert_with(Instant::now).elapsed();
                     if spin_for.is_some_and(|d| waited >= d) {
                         break;

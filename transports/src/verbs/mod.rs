@@ -1,7 +1,7 @@
 //! RDMA verbs (InfiniBand, RoCE, Soft-RoCE) between ranks: cargo feature `verbs`.
 //!
-//! The protocol pieces ([`link`]: slots and slot credits; [`regcache`]: the registration cache;
-//! [`nap`]: when a bulk wait sleeps) are plain Rust and always compiled and tested; the transport itself needs the feature (it
+//! The protocol pieces ([`link`]: slots and slot credits; [`regcache`]: the registration cache)
+//! are plain Rust and always compiled and tested; the transport itself needs the feature (it
 //! links the system `libibverbs.so.1` through the `ibverbs` crate; see `sys` for why its raw
 //! `ffi` bindings are used rather than its safe types).
 //!
@@ -38,12 +38,6 @@
 //! * **Progress**: [`Transport::progress`] polls the one completion queue (no system call when
 //!   idle) and writes queued slots. For sleeping, [`Transport::poll_ready`] arms the CQ and
 //!   registers the completion channel's fd with tokio, as shared memory does with its eventfd.
-//!   Bulk waits can nap ([`VerbsConfig::nap_after`], off by default): once a rendezvous transfer
-//!   has kept the CQ empty for a while, progress sleeps on the completion channel (bounded)
-//!   rather than spin. The idea: on Soft-RoCE the "NIC" is the kernel on the same CPUs, and in
-//!   the emulated test VM a busy-polling rank got about half the 1 MiB ping-pong throughput of a
-//!   blocking one. Measured in that VM, napping did not move the busy figures beyond the noise,
-//!   so it stays off until hardware or a quieter VM says otherwise.
 //! * **Peer loss**: a peer's bootstrap TCP connection stays open as a liveness channel (its
 //!   kernel closes it when the process dies, at once), watched while sleeping and polled every
 //!   [`VerbsConfig::liveness_polls`] idle progress calls; failed work completions (retry
@@ -59,7 +53,6 @@
 //! [`VerbsTransport`], so the [`Transport`] trait itself does not change.
 
 pub mod link;
-pub mod nap;
 pub mod regcache;
 
 #[cfg(feature = "verbs")]
@@ -69,8 +62,6 @@ mod transport;
 
 #[cfg(feature = "verbs")]
 pub use transport::{VerbsEndpoint, VerbsStats, VerbsTransport, device_names};
-
-use std::time::Duration;
 
 #[cfg(feature = "verbs")]
 #[allow(unused_imports)]
@@ -111,13 +102,6 @@ pub struct VerbsConfig {
     pub cache_bytes: usize,
     /// Idle progress calls between two liveness checks of the peers (busy calls count 1/16).
     pub liveness_polls: u32,
-    /// Bulk waits: while RDMA moves bulk data for this rank (a buffer exposed to a peer's
-    /// writes, a chunk lent or being written, a read in flight) and no completion has come for
-    /// this long, [`Transport::progress`] sleeps on the completion channel (up to
-    /// [`VerbsConfig::nap_max`], any completion ends it) instead of spinning. `None` (the
-    /// default): always spin.
-    pub nap_after: Option<Duration>,
-    pub nap_max: Duration,
 }
 
 impl Default for VerbsConfig {
@@ -130,8 +114,6 @@ impl Default for VerbsConfig {
             cache_entries: 64,
             cache_bytes: 256 << 20,
             liveness_polls: 4096,
-            nap_after: None,
-            nap_max: Duration::from_millis(1),
         }
     }
 }

@@ -214,14 +214,6 @@ impl Device {
         check(rc, "ibv_req_notify_cq")
     }
 
-    /// Sleeps until the completion channel has an event or `timeout` passes (arm first).
-    pub fn wait_event(&self, timeout: std::time::Duration) {
-        let mut fd = libc::pollfd { fd: self.channel_fd(), events: libc::POLLIN, revents: 0 };
-        let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
-        // SAFETY: one valid pollfd; no signal mask change. Errors (EINTR) just end the sleep.
-        unsafe { libc::ppoll(&mut fd, 1, &ts, ptr::null()) };
-    }
-
     /// Takes every pending event off the channel (non-blocking); true if there was one.
     pub fn drain_events(&mut self) -> bool {
         let mut any = false;

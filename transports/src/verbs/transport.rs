@@ -6,8 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
-use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use ibverbs_sys as ffi;
@@ -16,7 +15,6 @@ use tokio::io::Interest;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
 use super::link::{self, Credits, LinkKind, Remote, SLOT_HEADER};
-use super::nap::Nap;
 use super::regcache::{Pin, RegCache, Registrar};
 use super::sys::{self, Device, Mr, Op, Qp, QpAddr, access};
 use super::{Rendezvous, VerbsConfig};
@@ -107,8 +105,6 @@ pub struct VerbsStats {
     pub rdma_reads: u64,
     /// Chunk-sized receive buffers registered for one operation.
     pub recv_registrations: u64,
-    /// Sleeps on the completion channel during bulk waits (see [`super::VerbsConfig::nap_after`]).
-    pub naps: u64,
     pub cache: super::regcache::CacheStats,
 }
 
@@ -243,9 +239,6 @@ impl VerbsEndpoint {
             sq_depth: send_wr,
             rendezvous: cfg.rendezvous,
             liveness_polls: cfg.liveness_polls.max(1),
-            nap: Nap::new(cfg.nap_after),
-            nap_max: cfg.nap_max,
-            sleeper: None,
             conns,
             cache: RegCache::new(cfg.cache_entries, cfg.cache_bytes),
             lost: Vec::new(),
@@ -396,10 +389,6 @@ pub struct VerbsTransport {
     sq_depth: u32,
     rendezvous: Rendezvous,
     liveness_polls: u32,
-    nap: Nap,
-    nap_max: Duration,
-    /// The task sleeping on the completion channel (set by `poll_ready`).
-    sleeper: Option<Waker>,
     /// Declared before the cache and the device: QPs and receive registrations go first.
     conns: Vec<Conn>,
     cache: RegCache<Mr>,
@@ -775,35 +764,6 @@ impl VerbsTransport {
         Ok(())
     }
 
-    /// Sleeps on the completion channel until a completion or `nap_max` (a bulk wait).
-    fn nap(&mut self) {
-        let took = self.dev.drain_events() | self.nap_inner();
-        // The events taken may have been what a task sleeping in `poll_ready` waits for (its
-        // CQ armed, its readiness now gone with them): wake it, so that it looks and re-arms.
-        if took && let Some(w) = self.sleeper.take() {
-            w.wake();
-        }
-    }
-
-    /// Arms the CQ and waits on the channel; whether it took an event off the channel.
-    fn nap_inner(&mut self) -> bool {
-        if self.dev.arm().is_err() {
-            return false;
-        }
-        // A completion that came before arming raises no event: look once more.
-        match self.dev.poll(&mut self.wc_buf[..]) {
-            Ok(0) => {}
-            Ok(n) => {
-                self.wcs.extend_from_slice(&self.wc_buf[..n]);
-                return false;
-            }
-            Err(_) => return false,
-        }
-        self.dev.wait_event(self.nap_max);
-        self.stats.naps += 1;
-        self.dev.drain_events()
-    }
-
     /// Peers whose liveness socket reports end of file or an error.
     fn check_peers(&mut self) {
         self.tick = 0;
@@ -838,14 +798,6 @@ fn extent(c: &Conn, h: &Header, payload: &Bytes) -> usize {
         }
     }
     end - payload.as_ptr() as usize
-}
-
-/// Whether the device is moving bulk data for us: a buffer exposed to a peer's writes, a chunk
-/// lent or being written, a read in flight.
-fn bulk_in_flight(conns: &[Conn]) -> bool {
-    conns
-        .iter()
-        .any(|c| c.live() && !(c.exposed.is_empty() && c.lent.is_empty() && c.writes.is_empty() && c.reads.is_empty()))
 }
 
 /// A liveness socket is closed when it reads end of file or fails (the peer never writes).
@@ -923,10 +875,6 @@ impl Transport for VerbsTransport {
             sink.peer_lost(peer, err);
             work += 1;
         }
-        let conns = &self.conns;
-        if self.nap.call(work > 0, || bulk_in_flight(conns), Instant::now) {
-            self.nap();
-        }
         work
     }
 
@@ -977,8 +925,6 @@ impl Transport for VerbsTransport {
             self.check_now = true;
             return Poll::Ready(());
         }
-        // Woken by a nap that takes the channel's events first (see `nap`).
-        self.sleeper = Some(cx.waker().clone());
         Poll::Pending
     }
 
