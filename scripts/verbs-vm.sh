@@ -2,15 +2,18 @@
 # The verbs transport on a real verbs stack: Soft-RoCE (rdma_rxe) in a VM booted with virtme-ng
 # on this host's own file system (no RDMA device is needed on the host).
 #
-#   scripts/verbs-vm.sh          tests: the device tests (eager, credits, sleep, both rendezvous
-#                                protocols, a freed buffer never read through a stale
-#                                registration, peer loss) and the point-to-point suite with 2 and
-#                                4 ranks as processes (rendezvous in all three orders, by RDMA
-#                                write and by RDMA read) plus a rank killed mid-transfer
+#   scripts/verbs-vm.sh          tests: the device tests (eager over rings and over a shared
+#                                receive queue, credits, sleep, both rendezvous protocols, a
+#                                freed buffer never read through a stale registration, peer
+#                                loss) and the point-to-point suite with 2 and 4 ranks as
+#                                processes (each eager path; rendezvous in all three orders, by
+#                                RDMA write and by RDMA read) plus a rank killed mid-transfer
 #   scripts/verbs-vm.sh bench    ferrocomm verbs ping-pong and streaming bandwidth vs
-#                                ib_send_lat / ib_write_bw on rxe0; JSON, SVG and the full
-#                                output (.txt) into results/. For shorter runs while tuning:
-#                                VERBS_BENCH_MODES (default "busy blocking") and
+#                                ib_send_lat / ib_write_bw on rxe0, and the transport alone;
+#                                JSON, SVG and the full output (.txt) into results/. For
+#                                shorter runs while tuning:
+#                                VERBS_BENCH_MODES (default "busy blocking busy-srq": progress
+#                                mode, -srq for eager slots through the shared receive queue) and
 #                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M")
 #
 # Installs what it needs (idempotent: apt, pip), builds on the host with `--features verbs`,
@@ -113,9 +116,13 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
     else
         # How busy the VM is before the bench (anything left spinning skews every figure).
         { uptime; top -bn1 | head -15; } >"$OUT/vm-load.txt" 2>&1
-        for p in ${VERBS_BENCH_MODES:-busy blocking}; do
-            step pingpong-\$p timeout 1800 "${BENCH:-}" pingpong --transport verbs --progress \$p --recv-into \\
-                ${VERBS_BENCH_ARGS:---runs 3 --max 4M} \\
+        # The transport alone, each eager path: what the layers above it cost, by difference.
+        step verbs-transport timeout 600 "${BENCH:-}" verbs-transport --json "$OUT/verbs-transport.json"
+        for p in ${VERBS_BENCH_MODES:-busy blocking busy-srq}; do
+            # MODE[-srq]: progress mode, eager slots through the shared receive queue with -srq.
+            progress=\${p%-srq}; eager=ring; [ "\$progress" = "\$p" ] || eager=srq
+            step pingpong-\$p env FERROCOMM_VERBS_EAGER=\$eager timeout 1800 "${BENCH:-}" pingpong --transport verbs \\
+                --progress \$progress --recv-into ${VERBS_BENCH_ARGS:---runs 3 --max 4M} \\
                 --json "$OUT/pingpong-verbs-\$p.json" --plot "$OUT/pingpong-verbs-\$p.svg"
         done
     fi
@@ -147,16 +154,16 @@ while read -r name rc ms; do
         tail -60 "$OUT/$name.log" | sed 's/^/    /' >&2
         status=1
     fi
-    grep -hoE '(verbs suite|verbs kill|loss reported|new buffer|verbs vs perftest|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
+    grep -hoE '(verbs suite|verbs kill|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
 done <"$OUT/steps"
 [ -e "$OUT/done" ] || { echo "verbs-vm: FAILED: the run inside the VM did not finish" >&2; tail -20 "$OUT/console.log" >&2; status=1; }
 if [ "$MODE" = test ]; then
     expected=4
 else
-    set -- ${VERBS_BENCH_MODES:-busy blocking}
-    expected=$((1 + $#))
+    set -- ${VERBS_BENCH_MODES:-busy blocking busy-srq}
+    expected=$((2 + $#))
     mkdir -p results
-    cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg results/ 2>/dev/null || true
+    cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg "$OUT"/verbs-transport.json results/ 2>/dev/null || true
     for p in "$@"; do cp "$OUT/pingpong-$p.log" "results/pingpong-verbs-$p.txt" 2>/dev/null || true; done
     echo "verbs-vm: VM load before the bench:" && sed 's/^/    /' "$OUT/vm-load.txt" 2>/dev/null || true
     echo "verbs-vm: results in results/pingpong-verbs-{$(echo "$@" | tr ' ' ,)}.{json,svg,txt}"

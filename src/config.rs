@@ -5,6 +5,7 @@ use std::time::Duration;
 
 pub use ferrocomm_reactor::ProgressMode;
 pub use ferrocomm_transports::tcp::Backend as TcpBackend;
+pub use ferrocomm_transports::verbs::Eager as VerbsEager;
 pub use ferrocomm_transports::verbs::Rendezvous as VerbsRendezvous;
 
 use crate::error::{Error, Result};
@@ -77,9 +78,16 @@ pub struct VerbsSettings {
     pub device: Option<String>,
     /// `FERROCOMM_VERBS_GID_INDEX`: GID table index. Default: the first RoCE v2 IPv4 entry.
     pub gid_index: Option<u8>,
-    /// `FERROCOMM_VERBS_SLOTS`: eager ring slots per peer and direction (one kept for credit
-    /// updates). Default 32, like the engine's credits.
+    /// `FERROCOMM_VERBS_SLOTS`: eager slot credits (with rings: ring slots) per peer and
+    /// direction (one kept for credit updates). Default 32, like the engine's credits.
     pub slots: u32,
+    /// `FERROCOMM_VERBS_EAGER`: `ring` (RDMA write-with-immediate into a ring per peer) or `srq`
+    /// (send-with-immediate into one shared receive queue's pool of buffers). Default `ring`.
+    pub eager: VerbsEager,
+    /// `FERROCOMM_VERBS_SRQ_BUFFERS`: buffers in the shared receive queue's pool (`srq` only);
+    /// 0, the default, for `slots` per peer. Fewer bound the receive memory; a burst that finds
+    /// the pool empty is held back by the device until buffers are reposted.
+    pub srq_buffers: u32,
     /// `FERROCOMM_VERBS_RENDEZVOUS`: `write` (the receiver announces its buffer with the CTS and
     /// the sender RDMA-writes, one round trip less) or `read` (the receiver RDMA-reads the
     /// chunks the sender lends). Default `write`.
@@ -88,7 +96,14 @@ pub struct VerbsSettings {
 
 impl Default for VerbsSettings {
     fn default() -> Self {
-        VerbsSettings { device: None, gid_index: None, slots: 32, rendezvous: VerbsRendezvous::Write }
+        VerbsSettings {
+            device: None,
+            gid_index: None,
+            slots: 32,
+            eager: VerbsEager::Ring,
+            srq_buffers: 0,
+            rendezvous: VerbsRendezvous::Write,
+        }
     }
 }
 
@@ -178,6 +193,12 @@ impl Settings {
         if let Some(v) = parse("FERROCOMM_VERBS_SLOTS", &get)? {
             s.verbs.slots = v;
         }
+        if let Some(v) = parse("FERROCOMM_VERBS_EAGER", &get)? {
+            s.verbs.eager = v;
+        }
+        if let Some(v) = parse("FERROCOMM_VERBS_SRQ_BUFFERS", &get)? {
+            s.verbs.srq_buffers = v;
+        }
         if let Some(v) = parse("FERROCOMM_VERBS_RENDEZVOUS", &get)? {
             s.verbs.rendezvous = v;
         }
@@ -230,13 +251,24 @@ mod tests {
             "FERROCOMM_VERBS_RENDEZVOUS" => Some("read".into()),
             "FERROCOMM_VERBS_SLOTS" => Some("8".into()),
             "FERROCOMM_VERBS_DEVICE" => Some("rxe0".into()),
+            "FERROCOMM_VERBS_EAGER" => Some("srq".into()),
+            "FERROCOMM_VERBS_SRQ_BUFFERS" => Some("64".into()),
             _ => None,
         })
         .unwrap();
         assert_eq!(
             s.verbs,
-            VerbsSettings { device: Some("rxe0".into()), gid_index: None, slots: 8, rendezvous: VerbsRendezvous::Read }
+            VerbsSettings {
+                device: Some("rxe0".into()),
+                gid_index: None,
+                slots: 8,
+                eager: VerbsEager::SharedQueue,
+                srq_buffers: 64,
+                rendezvous: VerbsRendezvous::Read
+            }
         );
+        let e = Settings::from_vars(|k| (k == "FERROCOMM_VERBS_EAGER").then(|| "rings".into())).unwrap_err();
+        assert!(matches!(e, Error::Config { name: "FERROCOMM_VERBS_EAGER", .. }), "{e}");
         let verbs = Settings::from_vars(|k| (k == "FERROCOMM_TRANSPORTS").then(|| "verbs".into()));
         assert_eq!(verbs.is_ok(), cfg!(feature = "verbs"), "{verbs:?}");
     }

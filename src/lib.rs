@@ -26,7 +26,7 @@ pub mod testing;
 mod world;
 
 pub use bootstrap::{init, init_with};
-pub use config::{ProgressMode, Settings, TcpBackend, TransportChoice, VerbsRendezvous, VerbsSettings};
+pub use config::{ProgressMode, Settings, TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous, VerbsSettings};
 pub use error::{Error, Result};
 pub use ferrocomm_collectives::{Algorithm, Element, Operation, ReduceOp, Table};
 pub use ferrocomm_transports as transports;

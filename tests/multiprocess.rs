@@ -115,22 +115,27 @@ fn verbs_here(test: &str) -> bool {
     present
 }
 
-/// The point-to-point suite over RDMA verbs, 2 and 4 ranks, with each rendezvous protocol
-/// (RDMA write into the receiver's announced buffer, RDMA read of the sender's lent chunks).
+/// The point-to-point suite over RDMA verbs, 2 and 4 ranks, with each eager path (rings written
+/// by RDMA, a shared receive queue) and each rendezvous protocol (RDMA write into the
+/// receiver's announced buffer, RDMA read of the sender's lent chunks).
 #[cfg(feature = "verbs")]
 #[test]
 fn suite_over_verbs() {
     if !verbs_here("suite_over_verbs") {
         return;
     }
-    for rndv in ["write", "read"] {
-        for n in [2, 4] {
-            let (code, text, took) = launch_env(n, "suite", "verbs", &[&format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")]);
-            assert_eq!(code, Some(0), "verbs ({rndv}), {n} ranks:\n{text}");
-            for r in 0..n {
-                assert!(said(&text, r, "RANK-OK verbs"), "verbs ({rndv}) rank {r}:\n{text}");
+    for eager in ["ring", "srq"] {
+        for rndv in ["write", "read"] {
+            for n in [2, 4] {
+                let env =
+                    [&format!("FERROCOMM_VERBS_EAGER={eager}") as &str, &format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")];
+                let (code, text, took) = launch_env(n, "suite", "verbs", &env);
+                assert_eq!(code, Some(0), "verbs ({eager}, {rndv}), {n} ranks:\n{text}");
+                for r in 0..n {
+                    assert!(said(&text, r, "RANK-OK verbs"), "verbs ({eager}, {rndv}) rank {r}:\n{text}");
+                }
+                println!("verbs suite, eager by {eager}, rendezvous by {rndv}, {n} ranks: {took:?}");
             }
-            println!("verbs suite, rendezvous by {rndv}, {n} ranks: {took:?}");
         }
     }
 }
@@ -169,22 +174,24 @@ fn hierarchical_collectives_across_pretend_hosts() {
     assert!((0..6).all(|r| said(&text, r, "RANK-OK hierarchical")), "{text}");
 }
 
-/// A rank killed with SIGKILL in the middle of an RDMA transfer, for each rendezvous protocol.
+/// A rank killed with SIGKILL in the middle of an RDMA transfer, for each rendezvous protocol
+/// (and the shared receive queue with RDMA write).
 #[cfg(feature = "verbs")]
 #[test]
 fn killed_rank_over_verbs() {
     if !verbs_here("killed_rank_over_verbs") {
         return;
     }
-    for rndv in ["write", "read"] {
-        let (code, text, took) = launch_env(4, "kill", "verbs", &[&format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")]);
+    for (eager, rndv) in [("ring", "write"), ("ring", "read"), ("srq", "write")] {
+        let env = [&format!("FERROCOMM_VERBS_EAGER={eager}") as &str, &format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")];
+        let (code, text, took) = launch_env(4, "kill", "verbs", &env);
         assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
         for r in [0, 1, 3] {
-            assert!(said(&text, r, "PEER-LOST-OK"), "verbs ({rndv}) rank {r}:\n{text}");
+            assert!(said(&text, r, "PEER-LOST-OK"), "verbs ({eager}, {rndv}) rank {r}:\n{text}");
         }
         assert!(!said(&text, 2, "RANK-OK"), "{text}");
         assert!(took < Duration::from_secs(60), "{took:?}");
-        println!("verbs kill ({rndv}): {took:?}");
+        println!("verbs kill ({eager}, {rndv}): {took:?}");
     }
 }
 

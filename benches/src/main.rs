@@ -58,6 +58,8 @@ mod reference;
 mod report;
 mod sweep;
 mod transport;
+#[cfg(feature = "verbs")]
+mod verbs_transport;
 
 use std::process::ExitCode;
 
@@ -74,6 +76,9 @@ benchmarks:
   shm-transport
               the shared-memory transport alone (no engine, no futures): 8 B latency and
               bandwidth between two pinned processes
+  verbs-transport
+              the verbs transport alone (build with --features verbs): 8 B latency of each
+              eager path (rings, shared receive queue) between two pinned endpoints
   collectives ferrocomm vs Open MPI and MPICH collective latency (OSU method, shared memory);
               `ferrocomm-bench collectives --help` for its options
   multicast   reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers, token
@@ -97,6 +102,8 @@ fn main() -> ExitCode {
         ranks::RANK_COMMAND => ranks::rank_main(rest),
         "shm-transport" => transport::main(rest),
         transport::RANK_COMMAND => transport::rank_main(rest),
+        #[cfg(feature = "verbs")]
+        "verbs-transport" => verbs_transport::main(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

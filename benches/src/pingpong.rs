@@ -238,7 +238,9 @@ pub fn main(args: &[String]) -> Result<()> {
     let backend = if shm {
         "FERROCOMM_TRANSPORTS=auto (shm)".to_string()
     } else if verbs {
-        "FERROCOMM_TRANSPORTS=verbs".to_string()
+        // Inherited by the ranks, as every FERROCOMM_ variable.
+        let eager = std::env::var("FERROCOMM_VERBS_EAGER").unwrap_or_else(|_| "ring".into());
+        format!("FERROCOMM_TRANSPORTS=verbs FERROCOMM_VERBS_EAGER={eager}")
     } else {
         format!("FERROCOMM_TCP_BACKEND={}", opts.backend)
     };

@@ -160,10 +160,10 @@ pub fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResul
 }
 
 /// Counts frames; `Data` payloads land in one buffer at their offset.
-struct CountSink {
-    frames: usize,
-    data: Vec<u8>,
-    lost: Option<TransportError>,
+pub(crate) struct CountSink {
+    pub frames: usize,
+    pub data: Vec<u8>,
+    pub lost: Option<TransportError>,
 }
 
 // SAFETY: `data` is allocated once and never resized while the transport may write into it.
@@ -187,15 +187,16 @@ unsafe impl Sink for CountSink {
     }
 }
 
-struct Node {
-    t: ShmTransport,
-    s: CountSink,
-    me: Rank,
+/// One side of a two-rank transport benchmark (any transport).
+pub(crate) struct Node<T> {
+    pub t: T,
+    pub s: CountSink,
+    pub me: Rank,
 }
 
-impl Node {
+impl<T: Transport> Node<T> {
     /// Busy-polls until `frames` frames have arrived.
-    fn spin_until(&mut self, frames: usize) -> Result<()> {
+    pub fn spin_until(&mut self, frames: usize) -> Result<()> {
         let mut n = 0u32;
         // The clock is read only on long waits: it costs about as much as a ring round trip.
         let mut start = None;
@@ -212,13 +213,14 @@ impl Node {
         Ok(())
     }
 
-    fn eager(&mut self, tag: u64) {
+    /// Sends an 8-byte eager frame to the other rank.
+    pub fn eager(&mut self, tag: u64) {
         let h = Header { src: self.me, tag, len: 8, ..Header::new(Kind::Eager) };
         self.t.send(1 - self.me, h, Bytes::from_static(&[7; 8]));
     }
 
     /// Says goodbye (a `Credit` frame) and waits until our output is out and the peer's goodbye in.
-    fn finish(&mut self) -> Result<()> {
+    pub fn finish(&mut self) -> Result<()> {
         self.t.send(1 - self.me, Header { src: self.me, ..Header::new(Kind::Credit) }, Bytes::new());
         let start = Instant::now();
         while self.t.has_pending_output() && start.elapsed() < STALL {
@@ -255,7 +257,7 @@ pub fn rank_main(args: &[String]) -> Result<()> {
         let _g = rt.enter();
         ep.connect(vec![(1 - me, theirs)], limits)?
     };
-    let mut node = Node { t, s: CountSink { frames: 0, data: vec![0; message], lost: None }, me };
+    let mut node: Node<ShmTransport> = Node { t, s: CountSink { frames: 0, data: vec![0; message], lost: None }, me };
     let pings = PINGS * (BATCHES + 1);
     if me == 0 {
         let mut batches_us = Vec::new();

@@ -261,6 +261,8 @@ async fn verbs_transport(
         device: v.device.clone(),
         gid_index: v.gid_index,
         slots: v.slots,
+        eager: v.eager,
+        srq_buffers: v.srq_buffers,
         rendezvous: v.rendezvous,
         ..VerbsConfig::default()
     };

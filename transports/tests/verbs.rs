@@ -11,7 +11,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferrocomm_transports::verbs::{Rendezvous, VerbsConfig, VerbsEndpoint, VerbsTransport, device_names};
+use ferrocomm_transports::verbs::{Eager, Rendezvous, VerbsConfig, VerbsEndpoint, VerbsTransport, device_names};
 use ferrocomm_transports::{Header, Kind, Limits, Rank, Sink, Transport, TransportError, WireError};
 
 const KIB: usize = 1024;
@@ -78,8 +78,11 @@ struct Pair {
 }
 
 fn pair(rendezvous: Rendezvous, slots: u32) -> Pair {
+    pair_with(VerbsConfig { rendezvous, slots, ..VerbsConfig::default() })
+}
+
+fn pair_with(cfg: VerbsConfig) -> Pair {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let cfg = VerbsConfig { rendezvous, slots, ..VerbsConfig::default() };
     let (e0, d0) = VerbsEndpoint::create(0, limits(), cfg.clone()).unwrap();
     let (e1, d1) = VerbsEndpoint::create(1, limits(), cfg).unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -172,12 +175,9 @@ fn rendezvous(p: &mut Pair, msg: u64, src: &Bytes) {
     }
 }
 
-#[test]
-fn eager_frames_in_order_with_credits_and_sleep() {
-    if !device_here("eager_frames_in_order_with_credits_and_sleep") {
-        return;
-    }
-    let mut p = pair(Rendezvous::Write, 4);
+/// Eager frames over `p`: far more than slot credits one way while the receiver idles, then
+/// both ways at once, all in order and intact.
+fn eager_traffic(p: &mut Pair, slots: u64) {
     // Far more frames than slots, while the receiver is idle: the sender stalls on slot credits.
     let sent: Vec<_> = (0..200u64).map(|i| eager(0, i, [0, 1, 100, EAGER][i as usize % 4])).collect();
     for (h, b) in &sent {
@@ -186,8 +186,8 @@ fn eager_frames_in_order_with_credits_and_sleep() {
     for _ in 0..50 {
         p.t[0].progress(&mut p.s[0]);
     }
-    assert!(p.t[0].has_pending_output(), "4 slots cannot hold 200 frames");
-    assert!(p.t[0].stats().slots_sent <= 4);
+    assert!(p.t[0].has_pending_output(), "{slots} slots cannot hold 200 frames");
+    assert!(p.t[0].stats().slots_sent <= slots);
     p.run_until("200 frames", |s| s[1].frames.len() == 200);
     for (i, ((peer, h, b), (wh, wb))) in p.s[1].frames.iter().zip(&sent).enumerate() {
         assert_eq!((*peer, h, b), (0, wh, wb), "frame {i}");
@@ -205,7 +205,41 @@ fn eager_frames_in_order_with_credits_and_sleep() {
     for (i, (_, h, _)) in p.s[0].frames[n0..].iter().enumerate() {
         assert_eq!((h.src, h.tag), (1, 1000 + i as u64), "order, 1 to 0");
     }
-    // Sleeping on the completion channel: 1 sleeps, 0 sends.
+}
+
+#[test]
+fn eager_frames_in_order_with_credits_and_sleep() {
+    if !device_here("eager_frames_in_order_with_credits_and_sleep") {
+        return;
+    }
+    for eager in [Eager::Ring, Eager::SharedQueue] {
+        let mut p = pair_with(VerbsConfig { slots: 4, eager, ..VerbsConfig::default() });
+        eager_traffic(&mut p, 4);
+        sleep_and_wake(&mut p);
+        let (s0, s1) = (p.t[0].stats(), p.t[1].stats());
+        assert_eq!(s1.srq_buffers, if eager == Eager::Ring { 0 } else { 4 }, "{eager:?}");
+        println!("{eager:?}: sender {s0:?}\nreceiver {s1:?}");
+    }
+}
+
+/// A shared receive queue with fewer buffers than the sender has credits: bursts find the pool
+/// empty, the device holds the sender back (RNR) until buffers are reposted, nothing is lost.
+#[test]
+fn shared_queue_smaller_than_the_credits_delays_but_loses_nothing() {
+    if !device_here("shared_queue_smaller_than_the_credits_delays_but_loses_nothing") {
+        return;
+    }
+    let mut p =
+        pair_with(VerbsConfig { slots: 16, eager: Eager::SharedQueue, srq_buffers: 2, ..VerbsConfig::default() });
+    assert_eq!(p.t[1].stats().srq_buffers, 2);
+    let t = Instant::now();
+    eager_traffic(&mut p, 16);
+    println!("700 frames through a pool of 2 buffers (16 credits) in {:?}", t.elapsed());
+    assert!(p.s[0].lost.is_empty() && p.s[1].lost.is_empty());
+}
+
+/// Sleeping on the completion channel: 1 sleeps, 0 sends.
+fn sleep_and_wake(p: &mut Pair) {
     let (h, b) = eager(0, 999, 10);
     p.t[0].send(1, h, b);
     p.t[0].progress(&mut p.s[0]);
@@ -219,8 +253,13 @@ fn rendezvous_by_rdma_write_and_by_rdma_read() {
     if !device_here("rendezvous_by_rdma_write_and_by_rdma_read") {
         return;
     }
-    for mode in [Rendezvous::Write, Rendezvous::Read] {
-        let mut p = pair(mode, 8);
+    for (mode, eager) in [
+        (Rendezvous::Write, Eager::Ring),
+        (Rendezvous::Read, Eager::Ring),
+        (Rendezvous::Write, Eager::SharedQueue),
+        (Rendezvous::Read, Eager::SharedQueue),
+    ] {
+        let mut p = pair_with(VerbsConfig { rendezvous: mode, slots: 8, eager, ..VerbsConfig::default() });
         for (msg, len) in [(1u64, EAGER + 1), (2, CHUNK), (3, 3 * MIB + 3)] {
             let src = Bytes::from(pattern(msg, len));
             rendezvous(&mut p, msg, &src);
@@ -231,7 +270,7 @@ fn rendezvous_by_rdma_write_and_by_rdma_read() {
             Rendezvous::Write => assert_eq!((s0.rdma_writes, s1.rdma_reads), (chunks, 0), "{mode:?}"),
             Rendezvous::Read => assert_eq!((s0.rdma_writes, s1.rdma_reads), (0, chunks), "{mode:?}"),
         }
-        println!("{mode:?}: sender {s0:?}\nreceiver {s1:?}");
+        println!("{mode:?}, {eager:?}: sender {s0:?}\nreceiver {s1:?}");
     }
 }
 
@@ -273,7 +312,12 @@ fn a_peer_that_goes_away_is_reported() {
     if !device_here("a_peer_that_goes_away_is_reported") {
         return;
     }
-    let mut p = pair(Rendezvous::Write, 8);
+    for eager in [Eager::Ring, Eager::SharedQueue] {
+        peer_goes_away(pair_with(VerbsConfig { slots: 8, eager, ..VerbsConfig::default() }));
+    }
+}
+
+fn peer_goes_away(mut p: Pair) {
     let (h, b) = eager(0, 1, 10);
     p.t[0].send(1, h, b);
     p.run_until("a frame", |s| s[1].frames.len() == 1);
@@ -296,4 +340,20 @@ fn a_peer_that_goes_away_is_reported() {
     assert!(matches!(s1.lost[..], [(0, TransportError::Closed)]), "{:?}", s1.lost);
     println!("loss reported after {:?}", t0_start.elapsed());
     drop(t1);
+}
+
+/// Ranks that disagree on the eager path cannot talk: connecting says so instead of hanging.
+#[test]
+fn ranks_with_different_eager_paths_are_refused() {
+    if !device_here("ranks_with_different_eager_paths_are_refused") {
+        return;
+    }
+    let _rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let _g = _rt.enter();
+    let (e0, _) = VerbsEndpoint::create(0, limits(), VerbsConfig::default()).unwrap();
+    let srq = VerbsConfig { eager: Eager::SharedQueue, ..VerbsConfig::default() };
+    let (_e1, d1) = VerbsEndpoint::create(1, limits(), srq).unwrap();
+    let e = e0.connect(vec![(1, d1)], vec![None, None], limits()).err().expect("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+    assert!(e.to_string().contains("eager path differs"), "{e}");
 }

@@ -11,10 +11,18 @@
 //!   store (or a connection manager) after start-up, and the store lives only during
 //!   bootstrap; a QP and two small rings per peer are cheap at the job sizes where every pair
 //!   talks over RC anyway (UD will carry the large-scale cases, see below).
-//! * **Eager path**: per-peer rings of fixed slots written by RDMA write-with-immediate
-//!   ([`link`]), slot credits with monotonic counters piggybacked on every slot, the last slot
-//!   reserved for credit updates. The receiver copies a slot out when its completion is polled
-//!   (the engine's own credits bound what it keeps).
+//! * **Eager path**, two ways ([`Eager`]), one slot format and one credit scheme ([`link`]: slot
+//!   credits with monotonic counters piggybacked on every slot, the last slot reserved for credit
+//!   updates). The receiver copies a slot out when its completion is polled (the engine's own
+//!   credits bound what it keeps).
+//!   - *Rings* ([`Eager::Ring`], default): per-peer rings of fixed slots in the receiver's
+//!     memory, written by RDMA write-with-immediate (DCFA's eager ring).
+//!   - *Shared receive queue* ([`Eager::SharedQueue`]): the slot travels by send-with-immediate
+//!     into whichever buffer the receiver's one SRQ hands out; the buffers are a pool shared by
+//!     all peers, reposted as soon as they are copied out. Receive memory then grows with the
+//!     pool, not with peers x slots: a pool smaller than that is allowed, and when a burst
+//!     finds it empty the device holds the sender back (RNR retry, without limit) until a
+//!     buffer is reposted, so nothing is lost, only delayed.
 //! * **Rendezvous without copies**. The engine always runs RTS -> CTS -> data; the transport maps
 //!   this onto DCFA's two zero-copy protocols:
 //!   - *RTR / RDMA write* ([`Rendezvous::Write`], default): when the receiver's CTS leaves, the
@@ -87,6 +95,26 @@ impl std::str::FromStr for Rendezvous {
     }
 }
 
+/// How eager slots travel (see the module documentation). Every rank needs the same choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eager {
+    /// RDMA write-with-immediate into a ring per peer.
+    Ring,
+    /// Send-with-immediate into a shared receive queue's pool of buffers.
+    SharedQueue,
+}
+
+impl std::str::FromStr for Eager {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ring" => Ok(Eager::Ring),
+            "srq" => Ok(Eager::SharedQueue),
+            _ => Err(format!("unknown eager path {s:?} (ring, srq)")),
+        }
+    }
+}
+
 /// Settings of the verbs transport.
 #[derive(Clone, Debug)]
 pub struct VerbsConfig {
@@ -94,8 +122,13 @@ pub struct VerbsConfig {
     pub device: Option<String>,
     /// GID table index; by default the first RoCE v2 entry with an IPv4 address.
     pub gid_index: Option<u8>,
-    /// Slots per ring (each direction of each connection); one is reserved for credit updates.
+    /// Slot credits per connection and direction (with rings: slots per ring); one is reserved
+    /// for credit updates.
     pub slots: u32,
+    pub eager: Eager,
+    /// With [`Eager::SharedQueue`]: receive buffers in the pool; 0 for `slots` per peer (a
+    /// sender never waits on the pool then). Capped by what the device allows.
+    pub srq_buffers: u32,
     pub rendezvous: Rendezvous,
     /// Registration cache budget.
     pub cache_entries: usize,
@@ -110,6 +143,8 @@ impl Default for VerbsConfig {
             device: None,
             gid_index: None,
             slots: 32,
+            eager: Eager::Ring,
+            srq_buffers: 0,
             rendezvous: Rendezvous::Write,
             cache_entries: 64,
             cache_bytes: 256 << 20,

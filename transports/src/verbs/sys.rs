@@ -254,24 +254,47 @@ impl Device {
         Ok(Mr { mr })
     }
 
+    /// The most receive requests a shared receive queue of this device may hold.
+    pub fn max_srq_wr(&self) -> io::Result<u32> {
+        let mut attr = ffi::ibv_device_attr::default();
+        // SAFETY: valid context; `attr` is the struct the call fills.
+        check(unsafe { ffi::ibv_query_device(self.ctx, &mut attr) }, "ibv_query_device")?;
+        Ok(attr.max_srq_wr.max(0) as u32)
+    }
+
+    /// Creates a shared receive queue for `max_wr` receives of one buffer each.
+    pub fn create_srq(&self, max_wr: u32) -> io::Result<Srq> {
+        let mut attr = ffi::ibv_srq_init_attr {
+            srq_context: ptr::null_mut(),
+            attr: ffi::ibv_srq_attr { max_wr, max_sge: 1, srq_limit: 0 },
+        };
+        // SAFETY: valid PD; the attributes are read (and written back) during the call only.
+        let srq = unsafe { ffi::ibv_create_srq(self.pd, &mut attr) };
+        if srq.is_null() {
+            return Err(last_err("ibv_create_srq"));
+        }
+        Ok(Srq { srq })
+    }
+
     /// Creates an RC queue pair on this device's CQ, with room for `inline` bytes of inline
-    /// data per send if the device allows it (none otherwise).
-    pub fn create_qp(&self, send_wr: u32, recv_wr: u32, inline: u32) -> io::Result<Qp> {
-        match self.try_create_qp(send_wr, recv_wr, inline) {
-            Err(_) if inline > 0 => self.try_create_qp(send_wr, recv_wr, 0),
+    /// data per send if the device allows it (none otherwise). With `srq`, its receives come
+    /// from that shared queue (and `recv_wr` is ignored).
+    pub fn create_qp(&self, send_wr: u32, recv_wr: u32, inline: u32, srq: Option<&Srq>) -> io::Result<Qp> {
+        match self.try_create_qp(send_wr, recv_wr, inline, srq) {
+            Err(_) if inline > 0 => self.try_create_qp(send_wr, recv_wr, 0, srq),
             r => r,
         }
     }
 
-    fn try_create_qp(&self, send_wr: u32, recv_wr: u32, inline: u32) -> io::Result<Qp> {
+    fn try_create_qp(&self, send_wr: u32, recv_wr: u32, inline: u32, srq: Option<&Srq>) -> io::Result<Qp> {
         let mut attr = ffi::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
             send_cq: self.cq,
             recv_cq: self.cq,
-            srq: ptr::null_mut(),
+            srq: srq.map_or(ptr::null_mut(), |s| s.srq),
             cap: ffi::ibv_qp_cap {
                 max_send_wr: send_wr,
-                max_recv_wr: recv_wr,
+                max_recv_wr: if srq.is_some() { 0 } else { recv_wr },
                 max_send_sge: 1,
                 max_recv_sge: 1,
                 max_inline_data: inline,
@@ -348,6 +371,11 @@ pub struct QpAddr {
 pub enum Op {
     /// RDMA write with immediate from local (addr, len, lkey) to remote (addr, rkey).
     WriteImm {
+        imm: u32,
+    },
+    /// Send with immediate from local (addr, len, lkey) into the peer's next receive buffer
+    /// (remote address and key unused).
+    SendImm {
         imm: u32,
     },
     Write,
@@ -487,6 +515,7 @@ impl Qp {
             num_sge: if len == 0 { 0 } else { 1 },
             opcode: match op {
                 Op::WriteImm { .. } => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                Op::SendImm { .. } => ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
                 Op::Write => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
                 Op::Read => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
             },
@@ -496,7 +525,7 @@ impl Qp {
         if !matches!(op, Op::Read) && len <= self.max_inline {
             wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         }
-        if let Op::WriteImm { imm } = op {
+        if let Op::WriteImm { imm } | Op::SendImm { imm } = op {
             wr.__bindgen_anon_1.imm_data = imm.to_be();
         }
         wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: raddr, rkey };
@@ -515,6 +544,40 @@ impl Drop for Qp {
     fn drop(&mut self) {
         // SAFETY: created by `Device::create_qp`, destroyed once.
         unsafe { ffi::ibv_destroy_qp(self.qp) };
+    }
+}
+
+/// A shared receive queue; destroyed on drop (after every QP that uses it).
+pub struct Srq {
+    srq: *mut ffi::ibv_srq,
+}
+
+// SAFETY: see `Device`.
+unsafe impl Send for Srq {}
+
+impl Srq {
+    /// Posts one receive into local `(addr, len, lkey)`.
+    ///
+    /// # Safety
+    /// The buffer must stay valid, registered and otherwise untouched until its completion has
+    /// been polled or the queue has been destroyed.
+    pub unsafe fn post_recv(&self, wr_id: u64, addr: u64, len: u32, lkey: u32) -> io::Result<()> {
+        let mut sge = ffi::ibv_sge { addr, length: len, lkey };
+        let mut wr = ffi::ibv_recv_wr { wr_id, next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid SRQ; the WR and SGE are read during the call only.
+        let rc = unsafe {
+            let post = (*(*self.srq).context).ops.post_srq_recv.expect("provider has post_srq_recv");
+            post(self.srq, &mut wr, &mut bad)
+        };
+        check(rc, "ibv_post_srq_recv")
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        // SAFETY: created by `Device::create_srq`, destroyed once, after its QPs (owner's order).
+        unsafe { ffi::ibv_destroy_srq(self.srq) };
     }
 }
 

@@ -16,8 +16,8 @@ use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
 use super::link::{self, Credits, LinkKind, Remote, SLOT_HEADER};
 use super::regcache::{Pin, RegCache, Registrar};
-use super::sys::{self, Device, Mr, Op, Qp, QpAddr, access};
-use super::{Rendezvous, VerbsConfig};
+use super::sys::{self, Device, Mr, Op, Qp, QpAddr, Srq, access};
+use super::{Eager, Rendezvous, VerbsConfig};
 use crate::wire::{Header, Kind, Limits, Rank, WireError, flags};
 use crate::{Sink, Transport, TransportError};
 
@@ -25,7 +25,7 @@ pub use super::sys::device_names;
 
 /// Descriptor magic, `"FCVB"`.
 const MAGIC: u32 = u32::from_le_bytes(*b"FCVB");
-const DESC_VERSION: u8 = 1;
+const DESC_VERSION: u8 = 2;
 const DESC_HEAD: usize = 40;
 const DESC_PEER: usize = 24;
 /// Outstanding RDMA reads per QP (initiator and responder).
@@ -42,10 +42,14 @@ const INLINE: u32 = 256;
 /// `wr_id` = peer index << 40 | kind << 32 | token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Wr {
+    /// A ring's receive (no buffer: write-with-immediate only consumes it).
     Recv = 0,
     Slot = 1,
     Write = 2,
     Read = 3,
+    /// A pool buffer in the shared receive queue (token: its index; the peer is told by the
+    /// completion's QP number).
+    SharedRecv = 4,
 }
 
 fn wr_id(peer: usize, kind: Wr, token: u32) -> u64 {
@@ -94,11 +98,58 @@ struct RegBlock {
     block: Block,
 }
 
+impl RegBlock {
+    fn new(dev: &Device, len: usize, access: u32) -> io::Result<RegBlock> {
+        let block = Block::new(len);
+        // SAFETY: the block outlives its region (the region is dropped first).
+        Ok(RegBlock { mr: unsafe { dev.register(block.ptr, block.len, access)? }, block })
+    }
+
+    /// Slot `i` of `size` bytes.
+    fn slot(&self, i: u32, size: usize) -> *mut u8 {
+        assert!((i as usize + 1) * size <= self.block.len, "slot {i} outside its block");
+        // SAFETY: inside the block, as just checked.
+        unsafe { self.block.ptr.add(i as usize * size) }
+    }
+}
+
+/// The shared receive queue and its pool of slot-sized buffers ([`Eager::SharedQueue`]).
+/// Dropped after every QP that uses it (field order of its owners), the queue before the pool.
+struct SharedRecv {
+    srq: Srq,
+    pool: RegBlock,
+    buffers: u32,
+    /// QP number -> connection index, sorted by QP number.
+    by_qpn: Vec<(u32, usize)>,
+}
+
+impl SharedRecv {
+    /// Hands pool buffer `i` (back) to the device.
+    fn post(&self, i: u32, slot_size: usize) -> io::Result<()> {
+        // SAFETY: the pool lives as long as the queue; the buffer is not read again before its
+        // next completion.
+        unsafe {
+            self.srq.post_recv(
+                wr_id(0, Wr::SharedRecv, i),
+                self.pool.slot(i, slot_size) as u64,
+                slot_size as u32,
+                self.pool.mr.lkey(),
+            )
+        }
+    }
+
+    fn conn_of(&self, qpn: u32) -> Option<usize> {
+        self.by_qpn.binary_search_by_key(&qpn, |&(q, _)| q).ok().map(|i| self.by_qpn[i].1)
+    }
+}
+
 /// Counters of one transport (for tests and tuning).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VerbsStats {
     pub slots_sent: u64,
     pub slots_received: u64,
+    /// Buffers in the shared receive queue's pool (0 with rings).
+    pub srq_buffers: u32,
     pub credit_updates: u64,
     /// Rendezvous chunks moved by RDMA write / read.
     pub rdma_writes: u64,
@@ -114,6 +165,7 @@ pub struct VerbsEndpoint {
     cfg: VerbsConfig,
     slot_size: usize,
     peers: Vec<Setup>,
+    shared: Option<SharedRecv>,
     dev: Device,
 }
 
@@ -121,7 +173,8 @@ struct Setup {
     rank: Rank,
     qp: Qp,
     psn: u32,
-    ring: RegBlock,
+    /// Where the peer writes (rings only).
+    ring: Option<RegBlock>,
     stage: RegBlock,
 }
 
@@ -139,22 +192,31 @@ impl VerbsEndpoint {
         let cq = ((recv_wr + send_wr) as usize * npeers.max(1)).min(32_000) as i32;
         let dev = Device::open(cfg.device.as_deref(), cfg.gid_index, cq)?;
         let ring_len = slot_size * slots as usize;
+        let shared = match cfg.eager {
+            Eager::Ring => None,
+            Eager::SharedQueue => {
+                let want = if cfg.srq_buffers == 0 { slots.saturating_mul(npeers as u32) } else { cfg.srq_buffers };
+                let buffers = want.clamp(1, dev.max_srq_wr()?.max(1));
+                let srq = dev.create_srq(buffers)?;
+                let pool = RegBlock::new(&dev, slot_size * buffers as usize, access::LOCAL)?;
+                Some(SharedRecv { srq, pool, buffers, by_qpn: Vec::new() })
+            }
+        };
         let mut peers = Vec::with_capacity(npeers);
         for rank in (0..limits.world_size).filter(|&r| r != me) {
-            let qp = dev.create_qp(send_wr, recv_wr, INLINE)?;
+            let qp = dev.create_qp(send_wr, recv_wr, INLINE, shared.as_ref().map(|s| &s.srq))?;
             let psn = random_u32() & 0xff_ffff;
-            let ring = Block::new(ring_len);
-            // SAFETY: the block outlives its region (RegBlock drops the region first).
-            let ring = RegBlock { mr: unsafe { dev.register(ring.ptr, ring.len, access::REMOTE_WRITE)? }, block: ring };
-            let stage = Block::new(ring_len);
-            // SAFETY: as above.
-            let stage = RegBlock { mr: unsafe { dev.register(stage.ptr, stage.len, access::LOCAL)? }, block: stage };
+            let ring = match shared {
+                None => Some(RegBlock::new(&dev, ring_len, access::REMOTE_WRITE)?),
+                Some(_) => None,
+            };
+            let stage = RegBlock::new(&dev, ring_len, access::LOCAL)?;
             peers.push(Setup { rank, qp, psn, ring, stage });
         }
         let mut d = Vec::with_capacity(DESC_HEAD + DESC_PEER * peers.len());
         d.extend_from_slice(&MAGIC.to_le_bytes());
         d.push(DESC_VERSION);
-        d.push(0);
+        d.push(eager_code(cfg.eager));
         d.extend_from_slice(&dev.lid.to_le_bytes());
         d.extend_from_slice(&me.to_le_bytes());
         d.extend_from_slice(&slots.to_le_bytes());
@@ -165,11 +227,12 @@ impl VerbsEndpoint {
             d.extend_from_slice(&p.rank.to_le_bytes());
             d.extend_from_slice(&p.qp.qpn().to_le_bytes());
             d.extend_from_slice(&p.psn.to_le_bytes());
-            d.extend_from_slice(&p.ring.mr.rkey().to_le_bytes());
-            d.extend_from_slice(&(p.ring.block.ptr as u64).to_le_bytes());
+            d.extend_from_slice(&p.ring.as_ref().map_or(0, |r| r.mr.rkey()).to_le_bytes());
+            d.extend_from_slice(&p.ring.as_ref().map_or(0, |r| r.block.ptr as u64).to_le_bytes());
         }
-        tracing::debug!(rank = me, device = %dev.name, gid_index = dev.gid_index, roce = dev.roce, "verbs endpoint");
-        Ok((VerbsEndpoint { me, cfg, slot_size, peers, dev }, d))
+        tracing::debug!(rank = me, device = %dev.name, gid_index = dev.gid_index, roce = dev.roce,
+                        eager = ?cfg.eager, srq_buffers = shared.as_ref().map(|s| s.buffers), "verbs endpoint");
+        Ok((VerbsEndpoint { me, cfg, slot_size, peers, shared, dev }, d))
     }
 
     /// Second phase: connects every QP given the peers' descriptors and their liveness channels
@@ -183,17 +246,22 @@ impl VerbsEndpoint {
         mut liveness: Vec<Option<TcpStream>>,
         limits: Limits,
     ) -> io::Result<VerbsTransport> {
-        let VerbsEndpoint { me, cfg, slot_size, peers, mut dev } = self;
+        let VerbsEndpoint { me, cfg, slot_size, peers, mut shared, mut dev } = self;
         let mut conns = Vec::with_capacity(peers.len());
         let bad = |r: Rank, what: &str| {
             io::Error::new(io::ErrorKind::InvalidData, format!("verbs descriptor of rank {r}: {what}"))
         };
         for (k, s) in peers.into_iter().enumerate() {
             let (_, d) = descs.iter().find(|(r, _)| *r == s.rank).ok_or_else(|| bad(s.rank, "missing"))?;
-            let remote = parse_desc(d, s.rank, me, cfg.slots, slot_size).map_err(|w| bad(s.rank, w))?;
+            let remote = parse_desc(d, s.rank, me, (cfg.slots, slot_size, cfg.eager)).map_err(|w| bad(s.rank, w))?;
             s.qp.connect(&dev, s.psn, &remote.qp, RD_ATOMIC)?;
-            for _ in 0..cfg.slots {
-                s.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
+            match &mut shared {
+                None => {
+                    for _ in 0..cfg.slots {
+                        s.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
+                    }
+                }
+                Some(sh) => sh.by_qpn.push((s.qp.qpn(), k)),
             }
             let sock = liveness.get_mut(s.rank as usize).and_then(Option::take);
             let sock = match sock {
@@ -225,6 +293,12 @@ impl VerbsEndpoint {
                 bye: false,
             });
         }
+        if let Some(sh) = &mut shared {
+            sh.by_qpn.sort_unstable();
+            for i in 0..sh.buffers {
+                sh.post(i, slot_size)?;
+            }
+        }
         let chan = dev.channel_fd();
         // SAFETY: the channel's descriptor stays open while `Watch` (declared before the device
         // in `VerbsTransport`) exists; the device owns it.
@@ -240,13 +314,14 @@ impl VerbsEndpoint {
             rendezvous: cfg.rendezvous,
             liveness_polls: cfg.liveness_polls.max(1),
             conns,
+            stats: VerbsStats { srq_buffers: shared.as_ref().map_or(0, |s| s.buffers), ..VerbsStats::default() },
+            shared,
             cache: RegCache::new(cfg.cache_entries, cfg.cache_bytes),
             lost: Vec::new(),
             wcs: Vec::new(),
             wc_buf: Box::new(sys::wc_array()),
             tick: 0,
             check_now: false,
-            stats: VerbsStats::default(),
             channel,
             dev,
         })
@@ -267,8 +342,21 @@ struct RemoteDesc {
     ring: (u64, u32),
 }
 
-/// Finds `me`'s entry in `peer`'s descriptor and checks the ring geometry matches ours.
-fn parse_desc(d: &[u8], peer: Rank, me: Rank, slots: u32, slot_size: usize) -> Result<RemoteDesc, &'static str> {
+fn eager_code(e: Eager) -> u8 {
+    match e {
+        Eager::Ring => 0,
+        Eager::SharedQueue => 1,
+    }
+}
+
+/// Finds `me`'s entry in `peer`'s descriptor and checks the slot geometry and eager path match
+/// ours.
+fn parse_desc(
+    d: &[u8],
+    peer: Rank,
+    me: Rank,
+    (slots, slot_size, eager): (u32, usize, Eager),
+) -> Result<RemoteDesc, &'static str> {
     if d.len() < DESC_HEAD {
         return Err("too short");
     }
@@ -282,7 +370,10 @@ fn parse_desc(d: &[u8], peer: Rank, me: Rank, slots: u32, slot_size: usize) -> R
         return Err("names another rank");
     }
     if u32_at(12) != slots || u32_at(16) as usize != slot_size {
-        return Err("ring geometry differs (slots, eager limit): every rank needs the same settings");
+        return Err("slot geometry differs (slots, eager limit): every rank needs the same settings");
+    }
+    if d[5] != eager_code(eager) {
+        return Err("eager path differs (ring or srq): every rank needs the same setting");
     }
     let n = u32_at(20) as usize;
     if d.len() != DESC_HEAD + n * DESC_PEER {
@@ -342,7 +433,7 @@ struct Conn {
     rank: Rank,
     // Declared before the rings: the QP goes first (no more device access to them).
     qp: Qp,
-    ring: RegBlock,
+    ring: Option<RegBlock>,
     stage: RegBlock,
     remote_ring: (u64, u32),
     credits: Credits,
@@ -373,11 +464,6 @@ impl Conn {
     fn live(&self) -> bool {
         self.failing.is_none() && !self.dead
     }
-
-    fn slot_ptr(&self, block: &RegBlock, slot: u32, slot_size: usize) -> *mut u8 {
-        // SAFETY: `slot < slots`, so the offset is inside the block.
-        unsafe { block.block.ptr.add(slot as usize * slot_size) }
-    }
 }
 
 /// The verbs transport of one rank.
@@ -391,6 +477,8 @@ pub struct VerbsTransport {
     liveness_polls: u32,
     /// Declared before the cache and the device: QPs and receive registrations go first.
     conns: Vec<Conn>,
+    /// After the QPs that use it.
+    shared: Option<SharedRecv>,
     cache: RegCache<Mr>,
     lost: Vec<(Rank, TransportError)>,
     /// Completions polled by `poll_ready`, handled by the next `progress`.
@@ -479,6 +567,9 @@ impl VerbsTransport {
 
     fn handle_wc(&mut self, wc: &ffi::ibv_wc, sink: &mut dyn Sink) {
         let (k, kind, token) = split_wr(wc.wr_id());
+        if kind == Wr::SharedRecv as u64 {
+            return self.on_shared_recv(wc, token, sink);
+        }
         let Some(c) = self.conns.get_mut(k) else { return };
         if kind != Wr::Recv as u64 {
             c.sq_used = c.sq_used.saturating_sub(1);
@@ -507,24 +598,63 @@ impl VerbsTransport {
             }
             return;
         }
-        if kind == Wr::Recv as u64
-            && c.live()
-            && let Err(e) = self.on_slot(k, wc.imm_data().map_or(u32::MAX, u32::from_be), sink)
-        {
-            self.fail(k, e);
+        if kind == Wr::Recv as u64 && c.live() {
+            let r = (|| {
+                let slot = c.credits.arrive(imm_of(wc))?;
+                c.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
+                let ring = c.ring.as_ref().ok_or(WireError::Link("ring slot without a ring"))?;
+                // SAFETY: `slot < slots`; the peer wrote it completely (its completion was
+                // polled) and writes it again only after `on_slot` frees it and tells it.
+                Ok(unsafe { std::slice::from_raw_parts(ring.slot(slot, self.slot_size), self.slot_size) })
+            })();
+            if let Err(e) = r.and_then(|bytes| self.on_slot(k, bytes, sink)) {
+                self.fail(k, e);
+            }
         }
     }
 
-    /// A slot from peer `k` arrived.
-    fn on_slot(&mut self, k: usize, imm: u32, sink: &mut dyn Sink) -> Result<(), TransportError> {
+    /// A pool buffer of the shared receive queue completed: a slot from the peer whose QP
+    /// took it, or a flush. The buffer goes back to the queue in any case, once read.
+    fn on_shared_recv(&mut self, wc: &ffi::ibv_wc, buf: u32, sink: &mut dyn Sink) {
         let ss = self.slot_size;
+        let Some(sh) = &self.shared else { return };
+        if buf >= sh.buffers {
+            return;
+        }
+        let k = sh.conn_of(wc.qp_num);
+        let ptr = sh.pool.slot(buf, ss);
+        if let Some(k) = k.filter(|&k| self.conns[k].live()) {
+            let r = if wc.is_valid() {
+                self.conns[k].credits.arrive(imm_of(wc)).map_err(TransportError::from).and_then(|_| {
+                    // SAFETY: the device placed `wc.len()` bytes (at most the buffer) and the
+                    // buffer is not posted again before this call returns.
+                    let bytes = unsafe { std::slice::from_raw_parts(ptr, wc.len().min(ss)) };
+                    self.on_slot(k, bytes, sink)
+                })
+            } else {
+                let (status, vendor) = wc.error().unwrap_or_default();
+                tracing::debug!(peer = self.conns[k].rank, status, vendor, "verbs shared receive failed");
+                Err(if self.conns[k].bye { TransportError::Left } else { TransportError::Closed })
+            };
+            if let Err(e) = r {
+                self.fail(k, e);
+            }
+        }
+        let sh = self.shared.as_ref().expect("checked above");
+        if let Err(e) = sh.post(buf, ss) {
+            // Only a broken device refuses a buffer it just gave back: every peer is lost.
+            tracing::error!("reposting a shared receive buffer failed: {e}");
+            for k in 0..self.conns.len() {
+                self.fail(k, TransportError::Io(e.kind()));
+            }
+        }
+    }
+
+    /// A slot from peer `k` arrived (already counted against its credits), in `bytes`, which
+    /// stay valid until this returns.
+    fn on_slot(&mut self, k: usize, bytes: &[u8], sink: &mut dyn Sink) -> Result<(), TransportError> {
         let limits = self.limits;
         let c = &mut self.conns[k];
-        let slot = c.credits.arrive(imm)?;
-        c.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
-        // SAFETY: the peer wrote this slot completely (its completion was polled) and writes it
-        // again only after we free it below and tell it.
-        let bytes = unsafe { std::slice::from_raw_parts(c.slot_ptr(&c.ring, slot, ss), ss) };
         let p = link::decode(bytes, c.rank, &limits)?;
         let payload = if p.payload_len > 0 {
             Bytes::copy_from_slice(&bytes[SLOT_HEADER..SLOT_HEADER + p.payload_len])
@@ -740,18 +870,19 @@ impl VerbsTransport {
         let ss = self.slot_size;
         let c = &mut self.conns[k];
         let (slot, freed) = c.credits.take();
-        let ptr = c.slot_ptr(&c.stage, slot, ss);
+        let ptr = c.stage.slot(slot, ss);
         // SAFETY: our staging copy of this slot; the device last read it for the previous write
         // of this slot, which the peer has acknowledged by freeing it.
         let buf = unsafe { std::slice::from_raw_parts_mut(ptr, ss) };
         let h = h.map(|h| Header { src: self.me, ..*h });
         let n = link::encode(buf, kind, freed, h.as_ref(), remote, payload);
         let raddr = c.remote_ring.0 + (slot as usize * ss) as u64;
+        let op = if self.shared.is_some() { Op::SendImm { imm: slot } } else { Op::WriteImm { imm: slot } };
         // SAFETY: the staging block lives as long as the QP.
         unsafe {
             c.qp.post_send(
                 wr_id(k, Wr::Slot, slot),
-                Op::WriteImm { imm: slot },
+                op,
                 ptr as u64,
                 n as u32,
                 c.stage.mr.lkey(),
@@ -798,6 +929,11 @@ fn extent(c: &Conn, h: &Header, payload: &Bytes) -> usize {
         }
     }
     end - payload.as_ptr() as usize
+}
+
+/// The immediate of a receive completion (the slot index); out of range when it has none.
+fn imm_of(wc: &ffi::ibv_wc) -> u32 {
+    wc.imm_data().map_or(u32::MAX, u32::from_be)
 }
 
 /// A liveness socket is closed when it reads end of file or fails (the peer never writes).
@@ -965,6 +1101,7 @@ impl Drop for VerbsTransport {
                 let (k, kind, _) = split_wr(wc.wr_id());
                 if let Some(c) = self.conns.get_mut(k)
                     && kind != Wr::Recv as u64
+                    && kind != Wr::SharedRecv as u64
                 {
                     c.sq_used = c.sq_used.saturating_sub(1);
                 }

@@ -1,0 +1,124 @@
+//! `verbs-transport`: the verbs transport alone, without the protocol engine and the async API
+//! (cargo feature `verbs`).
+//!
+//! Why: `pingpong --transport verbs` compares the whole async API with `ib_send_lat`; this
+//! splits the gap. Its ping-pong against `ib_send_lat` is what the transport's eager path costs
+//! (a slot of header and payload by write-with-immediate or send, the receive reposted, credits),
+//! and the difference to `pingpong` is what the layers above cost.
+//!
+//! Two endpoints in one process (as the device tests), each on its own thread pinned to its CPU,
+//! connected through the device: rank 0 sends an 8-byte eager frame, rank 1 answers with one;
+//! after a warm-up batch, `--batches` timed batches of `--pings` round trips, one-way = batch
+//! time / (2 x pings), median over batches. Once per eager path asked for (`--eager`).
+
+use std::time::Instant;
+
+use ferrocomm::transports::verbs::{Eager, VerbsConfig, VerbsEndpoint};
+use ferrocomm::transports::{Limits, Rank};
+use serde_json::json;
+
+use crate::transport::{CountSink, Node};
+use crate::{Result, affinity, sweep};
+
+pub const USAGE: &str = "\
+usage: ferrocomm-bench verbs-transport [options]
+
+The verbs transport alone (no engine, no futures): 8-byte eager frame ping-pong latency between
+two endpoints of one process on two pinned threads, over the RDMA device.
+
+options:
+  --cpus A,B          CPUs of the two endpoints (default 0,1)
+  --device D          RDMA device (default: the first one)
+  --eager P           ring, srq or both (default both)
+  --pings N           round trips per timed batch (default 2000)
+  --batches N         timed batches; the median is reported (default 11)
+  --json FILE         write the results as JSON";
+
+/// `ferrocomm-bench verbs-transport`.
+pub fn main(args: &[String]) -> Result<()> {
+    let mut cpus = [0, 1];
+    let mut device = None;
+    let mut paths = vec![Eager::Ring, Eager::SharedQueue];
+    let (mut pings, mut batches) = (2000, 11);
+    let mut json_path = None;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            "--cpus" => cpus = crate::pingpong::parse_cpus(&value()?)?,
+            "--device" => device = Some(value()?),
+            "--eager" => {
+                paths = match value()?.as_str() {
+                    "both" => vec![Eager::Ring, Eager::SharedQueue],
+                    p => vec![p.parse::<Eager>()?],
+                }
+            }
+            "--pings" => pings = value()?.parse::<usize>()?.max(1),
+            "--batches" => batches = value()?.parse::<usize>()?.max(1),
+            "--json" => json_path = Some(value()?),
+            other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
+        }
+    }
+    let mut runs = Vec::new();
+    for eager in paths {
+        let cfg = VerbsConfig { device: device.clone(), eager, ..VerbsConfig::default() };
+        let batches_us = run(cpus, cfg, pings, batches)?;
+        let median = sweep::median(&batches_us).ok_or("no batches")?;
+        println!(
+            "verbs transport alone (eager {eager:?}): 8 B one-way {median:.2} us (median of {batches} batches of {pings})"
+        );
+        runs.push(json!({"eager": format!("{eager:?}"), "one_way_8B_us": median, "batches_us": batches_us}));
+    }
+    if let Some(path) = json_path {
+        let doc = json!({"bench": "verbs-transport", "cpus": cpus, "pings": pings, "runs": runs});
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n").map_err(|e| format!("{path}: {e}"))?;
+        println!("wrote {path}");
+    }
+    Ok(())
+}
+
+/// One ping-pong run; returns rank 0's one-way time per batch, in microseconds.
+fn run(cpus: [usize; 2], cfg: VerbsConfig, pings: usize, batches: usize) -> Result<Vec<f64>> {
+    let limits = Limits { world_size: 2, eager_limit: 64 << 10, chunk: 512 << 10, max_message: 1 << 30 };
+    // The completion channel is registered with a runtime, though nobody sleeps here.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (e0, d0) = VerbsEndpoint::create(0, limits, cfg.clone())?;
+    let (e1, d1) = VerbsEndpoint::create(1, limits, cfg)?;
+    let (t0, t1) = {
+        let _g = rt.enter();
+        (e0.connect(vec![(1, d1)], vec![None, None], limits)?, e1.connect(vec![(0, d0)], vec![None, None], limits)?)
+    };
+    let node = |t, me: Rank| Node { t, s: CountSink { frames: 0, data: Vec::new(), lost: None }, me };
+    let (mut n0, mut n1) = (node(t0, 0), node(t1, 1));
+    let total = pings * (batches + 1);
+    std::thread::scope(|scope| -> Result<Vec<f64>> {
+        let answer = scope.spawn(move || -> std::result::Result<(), String> {
+            affinity::pin_current_thread(cpus[1]).map_err(|e| e.to_string())?;
+            for i in 0..total {
+                n1.spin_until(i + 1).map_err(|e| e.to_string())?;
+                n1.eager(i as u64);
+            }
+            n1.finish().map_err(|e| e.to_string())
+        });
+        affinity::pin_current_thread(cpus[0])?;
+        let mut out = Vec::new();
+        for b in 0..=batches {
+            let start = Instant::now();
+            for i in b * pings..(b + 1) * pings {
+                n0.eager(i as u64);
+                n0.spin_until(i + 1)?;
+            }
+            // Batch 0 is the warm-up.
+            if b > 0 {
+                out.push(start.elapsed().as_secs_f64() * 1e6 / (2 * pings) as f64);
+            }
+        }
+        n0.finish()?;
+        answer.join().map_err(|_| "the answering thread panicked")??;
+        Ok(out)
+    })
+}
