@@ -14,7 +14,7 @@
 #                                shorter runs while tuning:
 #                                VERBS_BENCH_MODES (default "busy blocking busy-srq": progress
 #                                mode, -srq for eager slots through the shared receive queue) and
-#                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M")
+#                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M --target-ms 300")
 #
 # Installs what it needs (idempotent: apt, pip), builds on the host with `--features verbs`,
 # boots the VM, brings up rxe0 on a dummy interface, runs, and reports pass/fail and timings.
@@ -122,7 +122,7 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
             # MODE[-srq]: progress mode, eager slots through the shared receive queue with -srq.
             progress=\${p%-srq}; eager=ring; [ "\$progress" = "\$p" ] || eager=srq
             step pingpong-\$p env FERROCOMM_VERBS_EAGER=\$eager timeout 1800 "${BENCH:-}" pingpong --transport verbs \\
-                --progress \$progress --recv-into ${VERBS_BENCH_ARGS:---runs 3 --max 4M} \\
+                --progress \$progress --recv-into ${VERBS_BENCH_ARGS:---runs 3 --max 4M --target-ms 300} \\
                 --json "$OUT/pingpong-verbs-\$p.json" --plot "$OUT/pingpong-verbs-\$p.svg"
         done
     fi

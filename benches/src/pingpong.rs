@@ -45,7 +45,9 @@ options:
   --recv-into               ferrocomm receives with recv_into into one reused buffer per rank
                             instead of recv (a buffer per message)
   --idle-gap US             shm: microseconds between the pings of the idle-peer measurement
-                            (default 1000; 0 skips it)";
+                            (default 1000; 0 skips it)
+  --target-ms MS            how long ferrocomm's timed batch of each size lasts (default 30;
+                            more where round trips are slow, as under emulation)";
 
 /// The options of `pingpong`.
 #[derive(Clone, Debug)]
@@ -62,6 +64,7 @@ pub struct Options {
     pub peer: bool,
     pub recv_into: bool,
     pub idle_gap_us: u64,
+    pub target_ms: u64,
     pub device: Option<String>,
     pub gid_index: Option<u32>,
 }
@@ -80,6 +83,7 @@ impl Default for Options {
             peer: true,
             recv_into: false,
             idle_gap_us: 1000,
+            target_ms: sweep::TARGET.as_millis() as u64,
             device: None,
             gid_index: None,
         }
@@ -128,6 +132,12 @@ impl Options {
                 "--gid-index" => o.gid_index = Some(value()?.parse().map_err(|e| format!("--gid-index: {e}"))?),
                 "--recv-into" => o.recv_into = true,
                 "--idle-gap" => o.idle_gap_us = value()?.parse().map_err(|e| format!("--idle-gap: {e}"))?,
+                "--target-ms" => {
+                    o.target_ms = value()?.parse().map_err(|e| format!("--target-ms: {e}"))?;
+                    if o.target_ms == 0 {
+                        return Err("--target-ms must be at least 1".into());
+                    }
+                }
                 other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
             }
         }
@@ -216,6 +226,7 @@ pub fn main(args: &[String]) -> Result<()> {
         cpus: opts.cpus,
         recv_into: opts.recv_into,
         idle_gap_us: 0,
+        target_ms: opts.target_ms,
         env,
     };
     let sizes = sweep::sizes(opts.max);
@@ -438,6 +449,7 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
                     cpus: opts.cpus,
                     recv_into: opts.recv_into,
                     idle_gap_us: opts.idle_gap_us,
+                    target_ms: opts.target_ms,
                     env: vec![],
                 };
                 let t = Instant::now();

@@ -33,7 +33,7 @@ use ferrocomm::launch::{LaunchOptions, run_local};
 use ferrocomm::{Message, Op, Rank, Status, World};
 use serde_json::{Value, json};
 
-use crate::sweep::{self, MIN_ITERATIONS, MIN_WARMUP, STOP_AFTER, TARGET, WARMUP};
+use crate::sweep::{self, MIN_ITERATIONS, MIN_WARMUP, STOP_AFTER, WARMUP};
 use crate::{Result, affinity, process};
 
 /// Hidden subcommand: the job, which launches the ranks.
@@ -70,6 +70,9 @@ pub struct JobSpec {
     pub recv_into: bool,
     /// Not 0: measure [`IDLE_PINGS`] single 8-byte round trips, this many microseconds apart.
     pub idle_gap_us: u64,
+    /// How long the timed batch of each size lasts, milliseconds ([`sweep::TARGET`] by default;
+    /// longer where a round trip is slow, as under emulation, for enough round trips per size).
+    pub target_ms: u64,
     /// Extra environment of the job and its ranks (verbs device, GID index); not an argument.
     pub env: Vec<(String, String)>,
 }
@@ -91,6 +94,8 @@ impl JobSpec {
             format!("{},{}", self.cpus[0], self.cpus[1]),
             s("--idle-gap"),
             self.idle_gap_us.to_string(),
+            s("--target-ms"),
+            self.target_ms.to_string(),
         ];
         if self.recv_into {
             args.push(s("--recv-into"));
@@ -106,6 +111,7 @@ impl JobSpec {
             cpus: [0, 1],
             recv_into: false,
             idle_gap_us: 0,
+            target_ms: sweep::TARGET.as_millis() as u64,
             env: vec![],
         };
         let mut it = args.iter();
@@ -121,6 +127,7 @@ impl JobSpec {
                 "--max" => spec.max = value.parse()?,
                 "--cpus" => spec.cpus = crate::pingpong::parse_cpus(value)?,
                 "--idle-gap" => spec.idle_gap_us = value.parse()?,
+                "--target-ms" => spec.target_ms = value.parse()?,
                 _ => return Err(format!("unknown option {flag}").into()),
             }
         }
@@ -253,7 +260,8 @@ pub fn rank_main(args: &[String]) -> Result<()> {
             let samples = measure_idle(&world, &payload, &mut inbox, gap).await?;
             println!("{}", json!({"transport": world.transport_name(), "idle_one_way_s": samples}));
         } else if world.rank() == 0 {
-            let samples = measure(&world, &payload, &mut inbox, spec.max).await?;
+            let target = Duration::from_millis(spec.target_ms.max(1));
+            let samples = measure(&world, &payload, &mut inbox, spec.max, target).await?;
             let rows: Vec<Value> = samples
                 .iter()
                 .map(|s| {
@@ -360,14 +368,20 @@ impl Inbox {
 }
 
 /// Rank 0: the sweep. Returns one sample per size measured.
-async fn measure(world: &World, payload: &Bytes, inbox: &mut Inbox, max: usize) -> Result<Vec<Sample>> {
+async fn measure(
+    world: &World,
+    payload: &Bytes,
+    inbox: &mut Inbox,
+    max: usize,
+    target: Duration,
+) -> Result<Vec<Sample>> {
     let mut samples = Vec::new();
     let mut round_trip = FIRST_GUESS.as_secs_f64();
     for bytes in sweep::sizes(max) {
         let data = payload.slice(..bytes);
         let warmup = sweep::iterations(round_trip, WARMUP, MIN_WARMUP);
         round_trip = batch(world, payload, inbox, &data, warmup).await?.0.as_secs_f64() / warmup as f64;
-        let iterations = sweep::iterations(round_trip, TARGET, MIN_ITERATIONS);
+        let iterations = sweep::iterations(round_trip, target, MIN_ITERATIONS);
         let (total, median) = batch(world, payload, inbox, &data, iterations).await?;
         round_trip = total.as_secs_f64() / iterations as f64;
         let one_way = round_trip / 2.0;
@@ -487,6 +501,7 @@ mod tests {
             cpus: [1, 0],
             recv_into: true,
             idle_gap_us: 500,
+            target_ms: 300,
             env: vec![],
         };
         let back = JobSpec::from_args(&spec.to_args()).unwrap();
@@ -494,5 +509,6 @@ mod tests {
             (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus, back.recv_into, back.idle_gap_us),
             ("uring", "adaptive:20", 4096, [1, 0], true, 500)
         );
+        assert_eq!(back.target_ms, 300);
     }
 }
