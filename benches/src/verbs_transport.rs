@@ -9,7 +9,10 @@
 //! Two endpoints in one process (as the device tests), each on its own thread pinned to its CPU,
 //! connected through the device: rank 0 sends an 8-byte eager frame, rank 1 answers with one;
 //! after a warm-up batch, `--batches` timed batches of `--pings` round trips, one-way = batch
-//! time / (2 x pings), median over batches. Once per eager path asked for (`--eager`).
+//! time / (2 x pings), median over batches. Once per eager path asked for (`--eager`), `--runs`
+//! times, each run followed by `ib_send_lat` at 8 B on the same device and CPUs (unless
+//! `--no-peer`): under emulation the VM's speed drifts within minutes, so only ratios of runs
+//! taken side by side mean anything. Reported: medians over runs, and their ratio.
 
 use std::time::Instant;
 
@@ -17,6 +20,7 @@ use ferrocomm::transports::verbs::{Eager, VerbsConfig, VerbsEndpoint};
 use ferrocomm::transports::{Limits, Rank};
 use serde_json::json;
 
+use crate::perftest::{self, Perftest};
 use crate::transport::{CountSink, Node};
 use crate::{Result, affinity, sweep};
 
@@ -32,6 +36,8 @@ options:
   --eager P           ring, srq or both (default both)
   --pings N           round trips per timed batch (default 2000)
   --batches N         timed batches; the median is reported (default 11)
+  --runs K            runs, each followed by ib_send_lat (default 3)
+  --no-peer           without ib_send_lat
   --json FILE         write the results as JSON";
 
 /// `ferrocomm-bench verbs-transport`.
@@ -39,7 +45,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut cpus = [0, 1];
     let mut device = None;
     let mut paths = vec![Eager::Ring, Eager::SharedQueue];
-    let (mut pings, mut batches) = (2000, 11);
+    let (mut pings, mut batches, mut runs_wanted, mut peer) = (2000, 11, 3, true);
     let mut json_path = None;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -59,22 +65,56 @@ pub fn main(args: &[String]) -> Result<()> {
             }
             "--pings" => pings = value()?.parse::<usize>()?.max(1),
             "--batches" => batches = value()?.parse::<usize>()?.max(1),
+            "--runs" => runs_wanted = value()?.parse::<usize>()?.max(1),
+            "--no-peer" => peer = false,
             "--json" => json_path = Some(value()?),
             other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
         }
     }
-    let mut runs = Vec::new();
-    for eager in paths {
-        let cfg = VerbsConfig { device: device.clone(), eager, ..VerbsConfig::default() };
-        let batches_us = run(cpus, cfg, pings, batches)?;
-        let median = sweep::median(&batches_us).ok_or("no batches")?;
-        println!(
-            "verbs transport alone (eager {eager:?}): 8 B one-way {median:.2} us (median of {batches} batches of {pings})"
-        );
-        runs.push(json!({"eager": format!("{eager:?}"), "one_way_8B_us": median, "batches_us": batches_us}));
+    let perf = match peer {
+        true => {
+            let dev = device.clone().or_else(perftest::first_device).ok_or("no RDMA device")?;
+            let gid = perftest::default_gid_index(&dev);
+            Some(Perftest::find(&dev, gid)?)
+        }
+        false => None,
+    };
+    // Per eager path, then ib_send_lat: one-way medians (us) of each run.
+    let mut alone = vec![Vec::new(); paths.len()];
+    let mut reference = Vec::new();
+    for run_no in 1..=runs_wanted {
+        for (k, &eager) in paths.iter().enumerate() {
+            let cfg = VerbsConfig { device: device.clone(), eager, ..VerbsConfig::default() };
+            let batches_us = run(cpus, cfg, pings, batches)?;
+            let median = sweep::median(&batches_us).ok_or("no batches")?;
+            println!("run {run_no}: transport alone, eager {eager:?}: 8 B one-way {median:.2} us");
+            alone[k].push(median);
+        }
+        if let Some(p) = &perf {
+            let (_, typical) = p.send_lat(8, cpus)?;
+            println!("run {run_no}: ib_send_lat 8 B t_typical {:.2} us", typical * 1e6);
+            reference.push(typical * 1e6);
+        }
+    }
+    let reference_us = sweep::median(&reference);
+    let mut results = Vec::new();
+    for (k, eager) in paths.iter().enumerate() {
+        let median = sweep::median(&alone[k]).ok_or("no runs")?;
+        let ratio = reference_us.map(|r| median / r);
+        match (reference_us, ratio) {
+            (Some(r), Some(q)) => println!(
+                "verbs transport alone (eager {eager:?}): 8 B one-way {median:.2} us / ib_send_lat {r:.2} us = \
+                 {q:.2} (medians of {runs_wanted} runs side by side)"
+            ),
+            _ => println!("verbs transport alone (eager {eager:?}): 8 B one-way {median:.2} us"),
+        }
+        results.push(json!({"eager": format!("{eager:?}"), "one_way_8B_us": median, "runs_us": alone[k],
+                            "ratio_to_ib_send_lat": ratio}));
     }
     if let Some(path) = json_path {
-        let doc = json!({"bench": "verbs-transport", "cpus": cpus, "pings": pings, "runs": runs});
+        let doc = json!({"bench": "verbs-transport", "cpus": cpus, "pings": pings, "batches": batches,
+                         "ib_send_lat_us": reference_us, "ib_send_lat_runs_us": reference,
+                         "ib_send_lat_command": perf.as_ref().map(|p| p.describe()), "runs": results});
         std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n").map_err(|e| format!("{path}: {e}"))?;
         println!("wrote {path}");
     }
