@@ -34,9 +34,11 @@ cargo test --workspace --doc --locked
 
 # The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so
 # they run over Soft-RoCE inside a VM (installs what it needs; skips with a message only if no VM
-# can boot here). Then the lints with the feature, whose system libraries the VM script installed.
+# can boot here). Then the lints with the feature, whose system libraries the VM script installed,
+# and the transport's unit tests that need no device (descriptor parsing).
 bash scripts/verbs-vm.sh
 cargo clippy --workspace --all-targets --locked --features verbs -- -D warnings
+cargo test --locked -p ferrocomm-transports --lib --features verbs
 
 # The portable (laptop) build must keep compiling off Linux: check it for macOS when the target
 # can be installed here.

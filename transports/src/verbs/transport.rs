@@ -213,23 +213,16 @@ impl VerbsEndpoint {
             let stage = RegBlock::new(&dev, ring_len, access::LOCAL)?;
             peers.push(Setup { rank, qp, psn, ring, stage });
         }
-        let mut d = Vec::with_capacity(DESC_HEAD + DESC_PEER * peers.len());
-        d.extend_from_slice(&MAGIC.to_le_bytes());
-        d.push(DESC_VERSION);
-        d.push(eager_code(cfg.eager));
-        d.extend_from_slice(&dev.lid.to_le_bytes());
-        d.extend_from_slice(&me.to_le_bytes());
-        d.extend_from_slice(&slots.to_le_bytes());
-        d.extend_from_slice(&(slot_size as u32).to_le_bytes());
-        d.extend_from_slice(&(peers.len() as u32).to_le_bytes());
-        d.extend_from_slice(&dev.gid);
-        for p in &peers {
-            d.extend_from_slice(&p.rank.to_le_bytes());
-            d.extend_from_slice(&p.qp.qpn().to_le_bytes());
-            d.extend_from_slice(&p.psn.to_le_bytes());
-            d.extend_from_slice(&p.ring.as_ref().map_or(0, |r| r.mr.rkey()).to_le_bytes());
-            d.extend_from_slice(&p.ring.as_ref().map_or(0, |r| r.block.ptr as u64).to_le_bytes());
-        }
+        let entries: Vec<DescEntry> = peers
+            .iter()
+            .map(|p| DescEntry {
+                rank: p.rank,
+                qpn: p.qp.qpn(),
+                psn: p.psn,
+                ring: p.ring.as_ref().map_or((0, 0), |r| (r.block.ptr as u64, r.mr.rkey())),
+            })
+            .collect();
+        let d = encode_desc(me, (dev.lid, dev.gid), (slots, slot_size, cfg.eager), &entries);
         tracing::debug!(rank = me, device = %dev.name, gid_index = dev.gid_index, roce = dev.roce,
                         eager = ?cfg.eager, srq_buffers = shared.as_ref().map(|s| s.buffers), "verbs endpoint");
         Ok((VerbsEndpoint { me, cfg, slot_size, peers, shared, dev }, d))
@@ -349,8 +342,41 @@ fn eager_code(e: Eager) -> u8 {
     }
 }
 
+/// One peer's queue pair and ring in a descriptor.
+struct DescEntry {
+    rank: Rank,
+    qpn: u32,
+    psn: u32,
+    /// Ring address and key (zero without rings).
+    ring: (u64, u32),
+}
+
+/// A rank's descriptor, published through the store: its address (LID, GID), its slot geometry
+/// and eager path, and one entry per peer.
+fn encode_desc(me: Rank, (lid, gid): (u16, [u8; 16]), geometry: (u32, usize, Eager), peers: &[DescEntry]) -> Vec<u8> {
+    let (slots, slot_size, eager) = geometry;
+    let mut d = Vec::with_capacity(DESC_HEAD + DESC_PEER * peers.len());
+    d.extend_from_slice(&MAGIC.to_le_bytes());
+    d.push(DESC_VERSION);
+    d.push(eager_code(eager));
+    d.extend_from_slice(&lid.to_le_bytes());
+    d.extend_from_slice(&me.to_le_bytes());
+    d.extend_from_slice(&slots.to_le_bytes());
+    d.extend_from_slice(&(slot_size as u32).to_le_bytes());
+    d.extend_from_slice(&(peers.len() as u32).to_le_bytes());
+    d.extend_from_slice(&gid);
+    for p in peers {
+        d.extend_from_slice(&p.rank.to_le_bytes());
+        d.extend_from_slice(&p.qpn.to_le_bytes());
+        d.extend_from_slice(&p.psn.to_le_bytes());
+        d.extend_from_slice(&p.ring.1.to_le_bytes());
+        d.extend_from_slice(&p.ring.0.to_le_bytes());
+    }
+    d
+}
+
 /// Finds `me`'s entry in `peer`'s descriptor and checks the slot geometry and eager path match
-/// ours.
+/// ours. Never trusts a length it has not checked: a bad descriptor is an error, not a panic.
 fn parse_desc(
     d: &[u8],
     peer: Rank,
@@ -1117,5 +1143,50 @@ impl Drop for VerbsTransport {
                 self.cache.release(l.pin);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GEOMETRY: (u32, usize, Eager) = (32, 4096, Eager::Ring);
+
+    fn desc_of(rank: Rank, peers: &[Rank]) -> Vec<u8> {
+        let entries: Vec<DescEntry> = peers
+            .iter()
+            .map(|&r| DescEntry { rank: r, qpn: 100 + r, psn: 7, ring: (0x1000 * u64::from(r), 50 + r) })
+            .collect();
+        encode_desc(rank, (3, [9; 16]), GEOMETRY, &entries)
+    }
+
+    #[test]
+    fn descriptors_round_trip() {
+        let d = desc_of(2, &[0, 1, 3]);
+        let r = parse_desc(&d, 2, 3, GEOMETRY).unwrap();
+        assert_eq!(r.qp, QpAddr { qpn: 103, psn: 7, lid: 3, gid: [9; 16] });
+        assert_eq!(r.ring, (0x3000, 53));
+    }
+
+    #[test]
+    fn bad_descriptors_are_refused_with_a_reason() {
+        let d = desc_of(2, &[0, 1, 3]);
+        let refused = |d: &[u8], peer: Rank, me: Rank, g: (u32, usize, Eager)| parse_desc(d, peer, me, g).err();
+        assert_eq!(refused(&d[..10], 2, 3, GEOMETRY), Some("too short"));
+        let mut bad = d.clone();
+        bad[0] ^= 1;
+        assert_eq!(refused(&bad, 2, 3, GEOMETRY), Some("bad magic or version"));
+        let mut old = d.clone();
+        old[4] = 1;
+        assert_eq!(refused(&old, 2, 3, GEOMETRY), Some("bad magic or version"));
+        assert_eq!(refused(&d, 1, 3, GEOMETRY), Some("names another rank"));
+        assert!(refused(&d, 2, 3, (16, 4096, Eager::Ring)).unwrap().starts_with("slot geometry differs"));
+        assert!(refused(&d, 2, 3, (32, 8192, Eager::Ring)).unwrap().starts_with("slot geometry differs"));
+        assert!(refused(&d, 2, 3, (32, 4096, Eager::SharedQueue)).unwrap().starts_with("eager path differs"));
+        assert_eq!(refused(&d[..d.len() - 1], 2, 3, GEOMETRY), Some("length does not match its peer count"));
+        let mut many = d.clone();
+        many[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(refused(&many, 2, 3, GEOMETRY), Some("length does not match its peer count"));
+        assert_eq!(refused(&d, 2, 4, GEOMETRY), Some("has no queue pair for this rank"));
     }
 }
