@@ -682,11 +682,9 @@ impl VerbsTransport {
         let limits = self.limits;
         let c = &mut self.conns[k];
         let p = link::decode(bytes, c.rank, &limits)?;
-        let payload = if p.payload_len > 0 {
-            Bytes::copy_from_slice(&bytes[SLOT_HEADER..SLOT_HEADER + p.payload_len])
-        } else {
-            Bytes::new()
-        };
+        // Lent to the sink: the slot is neither rewritten (the peer hears of its release only
+        // with our next slot) nor reposted before this returns.
+        let payload = &bytes[SLOT_HEADER..SLOT_HEADER + p.payload_len];
         c.credits.release();
         c.credits.on_freed(p.freed)?;
         self.stats.slots_received += 1;
@@ -712,7 +710,7 @@ impl VerbsTransport {
                     Kind::Bye => c.bye = true,
                     _ => {}
                 }
-                sink.frame(peer, h, payload);
+                sink.frame_ref(peer, h, payload);
             }
             (LinkKind::CtsBuf, Some(h)) => {
                 c.targets.insert(h.aux, Target { remote: p.remote, remaining: p.remote.len });
