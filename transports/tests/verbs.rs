@@ -234,7 +234,7 @@ fn shared_queue_smaller_than_the_credits_delays_but_loses_nothing() {
     assert_eq!(p.t[1].stats().srq_buffers, 2);
     let t = Instant::now();
     eager_traffic(&mut p, 16);
-    println!("700 frames through a pool of 2 buffers (16 credits) in {:?}", t.elapsed());
+    println!("800 frames through a pool of 2 buffers (16 credits) in {:?}", t.elapsed());
     assert!(p.s[0].lost.is_empty() && p.s[1].lost.is_empty());
 }
 
