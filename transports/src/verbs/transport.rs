@@ -197,6 +197,9 @@ impl VerbsEndpoint {
             Eager::SharedQueue => {
                 let want = if cfg.srq_buffers == 0 { slots.saturating_mul(npeers as u32) } else { cfg.srq_buffers };
                 let buffers = want.clamp(1, dev.max_srq_wr()?.max(1));
+                if buffers < want {
+                    tracing::warn!(want, buffers, device = %dev.name, "shared receive queue capped by the device");
+                }
                 let srq = dev.create_srq(buffers)?;
                 let pool = RegBlock::new(&dev, slot_size * buffers as usize, access::LOCAL)?;
                 Some(SharedRecv { srq, pool, buffers, by_qpn: Vec::new() })
