@@ -544,9 +544,16 @@ fn killed_mid_transfer(cfg: &str, single_copy: bool) {
     two_processes("flood", cfg, cfg, |node, child| {
         node.run_until("a few frames", |_, s| s.frames.len() >= 9);
         if single_copy {
-            // Let the child put its next frames (with descriptors) in the ring, then make it
-            // disappear: the single copy fails at once, before any periodic liveness check.
-            std::thread::sleep(Duration::from_millis(50));
+            // Wait until the child has put its next frames (with descriptors) in the ring (on a
+            // loaded machine it may take a while to be scheduled), then make it disappear: the
+            // single copy fails at once, before any periodic liveness check.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            while node.t.poll_ready(&mut cx).is_pending() {
+                assert!(Instant::now() < deadline, "the child put nothing more in the ring");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            node.t.awake();
             child.kill().unwrap();
             child.wait().unwrap();
             let checks = node.t.stats().liveness_checks;
