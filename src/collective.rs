@@ -453,11 +453,8 @@ impl Comm {
         async move {
             match early {
                 Some(e) => Err(e),
-                None => {
-                    let mut parts = run.await?;
-                    // Binomial: one part, shared as it came.
-                    if parts.len() == 1 { Ok(parts.remove(0)) } else { Ok(parts.concat().into()) }
-                }
+                // Binomial: one part, shared as it came.
+                None => Ok(ops::join(run.await?)),
             }
         }
     }

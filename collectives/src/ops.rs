@@ -67,13 +67,21 @@ fn planned(name: &'static str, r: u32, n: u32, root: u32, plan: impl FnOnce() ->
 pub fn concat(blocks: &Blocks, ids: impl IntoIterator<Item = u32>) -> Result<Bytes, CollError> {
     let mut ids = ids.into_iter().peekable();
     let first = ids.next();
+    // One block (the common case of small calls): no list of parts either.
     if let (Some(id), None) = (first, ids.peek()) {
         return block(blocks, id).cloned();
     }
-    let parts: Vec<&Bytes> = first.into_iter().chain(ids).map(|id| block(blocks, id)).collect::<Result<_, _>>()?;
-    let mut out = BytesMut::with_capacity(parts.iter().map(|p| p.len()).sum());
+    Ok(join(parts(blocks, first.into_iter().chain(ids))?))
+}
+
+/// `parts` laid end to end (zero-copy for a single part).
+pub fn join(mut parts: Vec<Bytes>) -> Bytes {
+    if parts.len() == 1 {
+        return parts.pop().expect("one part");
+    }
+    let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
     parts.iter().for_each(|p| out.extend_from_slice(p));
-    Ok(out.freeze())
+    out.freeze()
 }
 
 fn bad(alg: Algorithm, what: &str) -> CollError {
@@ -143,8 +151,8 @@ fn bcast_ids(n: u32, alg: Algorithm) -> std::ops::Range<u32> {
 }
 
 /// The blocks `ids`, in order, shared.
-fn parts(blocks: &Blocks, ids: std::ops::Range<u32>) -> Result<Vec<Bytes>, CollError> {
-    ids.map(|id| block(blocks, id).cloned()).collect()
+fn parts(blocks: &Blocks, ids: impl IntoIterator<Item = u32>) -> Result<Vec<Bytes>, CollError> {
+    ids.into_iter().map(|id| block(blocks, id).cloned()).collect()
 }
 
 /// Block `id` of a finished call's result.

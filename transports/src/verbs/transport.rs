@@ -60,6 +60,20 @@ fn split_wr(id: u64) -> (usize, u64, u32) {
     ((id >> 40) as usize, (id >> 32) & 0xff, id as u32)
 }
 
+/// Whether a completion of this kind frees a send queue entry (receives do not).
+fn is_send(kind: u64) -> bool {
+    kind != Wr::Recv as u64 && kind != Wr::SharedRecv as u64
+}
+
+/// Where an arrived slot lies.
+#[derive(Clone, Copy)]
+enum Landed {
+    /// In the connection's ring, at the slot the immediate names.
+    Ring,
+    /// In pool buffer `buf` of the shared receive queue, `len` bytes.
+    Pool { buf: u32, len: usize },
+}
+
 impl Registrar for Device {
     type Region = Mr;
     fn register(&mut self, addr: *const u8, len: usize, access: u32) -> io::Result<Mr> {
@@ -493,6 +507,11 @@ impl Conn {
     fn live(&self) -> bool {
         self.failing.is_none() && !self.dead
     }
+
+    /// How the connection ends when the peer goes: it left (said goodbye) or it was lost.
+    fn ending(&self) -> TransportError {
+        if self.bye { TransportError::Left } else { TransportError::Closed }
+    }
 }
 
 /// The verbs transport of one rank.
@@ -600,7 +619,7 @@ impl VerbsTransport {
             return self.on_shared_recv(wc, token, sink);
         }
         let Some(c) = self.conns.get_mut(k) else { return };
-        if kind != Wr::Recv as u64 {
+        if is_send(kind) {
             c.sq_used = c.sq_used.saturating_sub(1);
         }
         let ok = wc.is_valid();
@@ -619,26 +638,22 @@ impl VerbsTransport {
             }
         }
         if !ok {
-            if c.live() {
-                let (status, vendor) = wc.error().unwrap_or_default();
-                tracing::debug!(peer = c.rank, status, vendor, "verbs work request failed");
-                let err = if c.bye { TransportError::Left } else { TransportError::Closed };
-                self.fail(k, err);
-            }
-            return;
+            self.failed(k, wc);
+        } else if kind == Wr::Recv as u64
+            && c.live()
+            && let Err(e) = self.on_slot(k, imm_of(wc), Landed::Ring, sink)
+        {
+            self.fail(k, e);
         }
-        if kind == Wr::Recv as u64 && c.live() {
-            let r = (|| {
-                let slot = c.credits.arrive(imm_of(wc))?;
-                c.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
-                let ring = c.ring.as_ref().ok_or(WireError::Link("ring slot without a ring"))?;
-                // SAFETY: `slot < slots`; the peer wrote it completely (its completion was
-                // polled) and writes it again only after `on_slot` frees it and tells it.
-                Ok(unsafe { std::slice::from_raw_parts(ring.slot(slot, self.slot_size), self.slot_size) })
-            })();
-            if let Err(e) = r.and_then(|bytes| self.on_slot(k, bytes, sink)) {
-                self.fail(k, e);
-            }
+    }
+
+    /// A work request of connection `k` failed (or was flushed): the connection ends.
+    fn failed(&mut self, k: usize, wc: &ffi::ibv_wc) {
+        let c = &self.conns[k];
+        if c.live() {
+            let (status, vendor) = wc.error().unwrap_or_default();
+            tracing::debug!(peer = c.rank, status, vendor, "verbs work request failed");
+            self.fail(k, c.ending());
         }
     }
 
@@ -650,24 +665,15 @@ impl VerbsTransport {
         if buf >= sh.buffers {
             return;
         }
-        let k = sh.conn_of(wc.qp_num);
-        let ptr = sh.pool.slot(buf, ss);
-        if let Some(k) = k.filter(|&k| self.conns[k].live()) {
-            let r = if wc.is_valid() {
-                self.conns[k].credits.arrive(imm_of(wc)).map_err(TransportError::from).and_then(|_| {
-                    // SAFETY: the device placed `wc.len()` bytes (at most the buffer) and the
-                    // buffer is not posted again before this call returns.
-                    let bytes = unsafe { std::slice::from_raw_parts(ptr, wc.len().min(ss)) };
-                    self.on_slot(k, bytes, sink)
-                })
-            } else {
-                let (status, vendor) = wc.error().unwrap_or_default();
-                tracing::debug!(peer = self.conns[k].rank, status, vendor, "verbs shared receive failed");
-                Err(if self.conns[k].bye { TransportError::Left } else { TransportError::Closed })
-            };
-            if let Err(e) = r {
-                self.fail(k, e);
+        match sh.conn_of(wc.qp_num) {
+            Some(k) if !wc.is_valid() => self.failed(k, wc),
+            Some(k) if self.conns[k].live() => {
+                let landed = Landed::Pool { buf, len: wc.len().min(ss) };
+                if let Err(e) = self.on_slot(k, imm_of(wc), landed, sink) {
+                    self.fail(k, e);
+                }
             }
+            _ => {}
         }
         let sh = self.shared.as_ref().expect("checked above");
         if let Err(e) = sh.post(buf, ss) {
@@ -679,14 +685,26 @@ impl VerbsTransport {
         }
     }
 
-    /// A slot from peer `k` arrived (already counted against its credits), in `bytes`, which
-    /// stay valid until this returns.
-    fn on_slot(&mut self, k: usize, bytes: &[u8], sink: &mut dyn Sink) -> Result<(), TransportError> {
-        let limits = self.limits;
+    /// Slot `imm` from peer `k` arrived where `landed` says.
+    fn on_slot(&mut self, k: usize, imm: u32, landed: Landed, sink: &mut dyn Sink) -> Result<(), TransportError> {
+        let (limits, ss) = (self.limits, self.slot_size);
         let c = &mut self.conns[k];
+        let slot = c.credits.arrive(imm)?;
+        let (ptr, len) = match (landed, &c.ring, &self.shared) {
+            (Landed::Ring, Some(ring), _) => {
+                // Its receive request is used up: post the next (no buffer, no system call).
+                c.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
+                (ring.slot(slot, ss), ss)
+            }
+            (Landed::Pool { buf, len }, _, Some(sh)) => (sh.pool.slot(buf, ss), len),
+            _ => return Err(WireError::Link("slot where this transport has no buffer").into()),
+        };
+        // SAFETY: the device placed the slot completely (its completion was polled). Neither
+        // does the peer rewrite it (it hears of the release below only with our next slot) nor
+        // is the pool buffer reposted before this returns.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
         let p = link::decode(bytes, c.rank, &limits)?;
-        // Lent to the sink: the slot is neither rewritten (the peer hears of its release only
-        // with our next slot) nor reposted before this returns.
+        // Lent to the sink, for as long as this call (see above).
         let payload = &bytes[SLOT_HEADER..SLOT_HEADER + p.payload_len];
         c.credits.release();
         c.credits.on_freed(p.freed)?;
@@ -933,7 +951,7 @@ impl VerbsTransport {
             })
             .collect();
         for k in dead {
-            let err = if self.conns[k].bye { TransportError::Left } else { TransportError::Closed };
+            let err = self.conns[k].ending();
             self.fail(k, err);
         }
     }
@@ -1127,8 +1145,7 @@ impl Drop for VerbsTransport {
             for wc in &wcs[..n] {
                 let (k, kind, _) = split_wr(wc.wr_id());
                 if let Some(c) = self.conns.get_mut(k)
-                    && kind != Wr::Recv as u64
-                    && kind != Wr::SharedRecv as u64
+                    && is_send(kind)
                 {
                     c.sq_used = c.sq_used.saturating_sub(1);
                 }
