@@ -42,6 +42,8 @@ pub(crate) struct Inner {
     pub nodes: Vec<u32>,
     /// A hash of the job token: tells this job's multicast datagrams from another's.
     pub job_id: u64,
+    /// The name of this job's shared-memory files, when this rank has peers over shared memory.
+    pub shm_job: Option<String>,
     pub closed: AtomicBool,
     pub thread: Mutex<Option<ReactorThread>>,
 }
@@ -86,6 +88,10 @@ pub(crate) struct Sequence {
     /// The handle on this communicator's collective context (every call's messages travel there),
     /// made on first use rather than per call; shared by the calls (one reference count each).
     pub collective: std::sync::OnceLock<Arc<Comm>>,
+    /// Whether every member shares this host over shared memory (the board can serve).
+    pub on_one_host: std::sync::OnceLock<bool>,
+    /// The shared-memory board of small collectives, opened on first use.
+    pub board: std::sync::OnceLock<Result<Arc<crate::collective::shared::Segment>>>,
 }
 
 /// The members of a sub-communicator: `members[i]` is the world rank of its rank `i`.

@@ -6,7 +6,9 @@ mod coll;
 
 use std::time::{Duration, Instant};
 
-use ferrocomm::{Deadline, Error, ProgressMode, ReduceOp, Settings, TransportChoice, testing};
+use ferrocomm::{
+    Algorithm, Deadline, Error, Operation, ProgressMode, ReduceOp, Settings, Table, TransportChoice, testing,
+};
 
 fn shm() -> Settings {
     Settings { progress: ProgressMode::Adaptive(Duration::from_micros(20)), ..Settings::default() }
@@ -42,6 +44,94 @@ async fn table_over_tcp() {
     for n in [2, 3, 5] {
         suite(n, tcp(), false).await;
     }
+}
+
+/// Busy-polling ranks on one host take the shared-memory board for small barriers, broadcasts
+/// and all-reduces by default, with right results on every rank count; larger calls keep the
+/// table's algorithms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_memory_board_by_default_when_busy() {
+    let busy = Settings { progress: ProgressMode::BusyPoll, ..Settings::default() };
+    for n in (1..=9).chain([16]) {
+        testing::run(n, busy.clone(), move |w| async move {
+            let board = if n > 1 { Algorithm::SharedMemory } else { Algorithm::RecursiveDoubling };
+            assert_eq!(w.collective_algorithm(Operation::Allreduce, 8), board);
+            assert_eq!(
+                w.collective_algorithm(Operation::Barrier, 0),
+                if n > 1 { board } else { Algorithm::Dissemination }
+            );
+            assert_eq!(w.collective_algorithm(Operation::Allreduce, 4097), Algorithm::RecursiveDoubling);
+            coll::operations(&w, &coll::BOARD_COUNTS, "board").await;
+            w.finalize().await.unwrap();
+        })
+        .await
+        .unwrap();
+    }
+    // Adaptive ranks keep the message-based algorithms unless pinned.
+    testing::run(2, shm(), |w| async move {
+        assert_eq!(w.collective_algorithm(Operation::Allreduce, 8), Algorithm::RecursiveDoubling);
+        w.finalize().await.unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+/// The shared-memory board (pinned; adaptive ranks): calls held unpolled, dropped before or after
+/// their first poll, more in flight than the board has slots, and a rank that joins late. A call
+/// on the board is carried out by its rank even when its future is gone (defined behaviour: the
+/// others get their result as long as that rank keeps using the communicator).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn board_calls_held_dropped_and_late() {
+    testing::run(4, shm(), |w| async move {
+        let c = w.with_collective_table(Table::default().with_overrides(coll::BOARD).unwrap());
+        let r = c.rank();
+        let ten = Duration::from_secs(10);
+        assert_eq!(c.collective_algorithm(Operation::Allreduce, 8), Algorithm::SharedMemory);
+        // Held: the first all-reduce is polled only after the barrier behind it completed.
+        let mut a = vec![r as u64; 4];
+        let held = c.allreduce(&mut a, ReduceOp::Sum);
+        c.barrier().timeout(ten).await.unwrap();
+        held.timeout(ten).await.unwrap();
+        assert_eq!(a, vec![6; 4]);
+        // Rank 0 drops one all-reduce after its first poll and another before any: the others
+        // still get both results.
+        for polled in [true, false] {
+            let mut v = vec![r as u64 + 1; 10];
+            if r == 0 {
+                let call = c.allreduce(&mut v, ReduceOp::Sum);
+                if polled {
+                    // Complete if the others were quicker; dropped unfinished otherwise.
+                    let _ = futures::FutureExt::now_or_never(call);
+                }
+            } else {
+                c.allreduce(&mut v, ReduceOp::Sum).timeout(ten).await.unwrap();
+                assert_eq!(v, vec![10; 10], "polled {polled}");
+            }
+        }
+        // More calls in flight than slots, awaited newest first.
+        let mut bufs: Vec<Vec<u64>> = (0..20).map(|k| vec![k + r as u64; 2]).collect();
+        let calls: Vec<_> = bufs.iter_mut().map(|b| c.allreduce(b, ReduceOp::Sum)).collect();
+        for call in calls.into_iter().rev() {
+            call.timeout(ten).await.unwrap();
+        }
+        assert!(bufs.iter().enumerate().all(|(k, b)| *b == vec![4 * k as u64 + 6; 2]), "{bufs:?}");
+        // Rank 3 joins a barrier 500 ms late: the others time out with a typed error, rank 3 then
+        // finds their parts on the board, and the next calls work for everyone.
+        if r != 3 {
+            let e = c.barrier().timeout(Duration::from_millis(200)).await;
+            assert!(matches!(e, Err(Error::Timeout)), "{e:?}");
+        } else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            c.barrier().timeout(ten).await.unwrap();
+        }
+        c.barrier().timeout(ten).await.unwrap();
+        let mut v = [r as f64];
+        c.allreduce(&mut v, ReduceOp::Max).timeout(ten).await.unwrap();
+        assert_eq!(v, [3.0]);
+        w.finalize().await.unwrap();
+    })
+    .await
+    .unwrap();
 }
 
 /// One rank enters 200 ms late; everyone still gets the right result.

@@ -142,11 +142,14 @@ fn suite_over_verbs() {
 
 /// A rank killed with SIGKILL as a collective starts: the others' all-reduce fails with a typed
 /// peer-lost error (naming rank 2, or a rank that left after its own call failed) instead of
-/// hanging, on TCP and on shared memory.
+/// hanging, on TCP, on shared memory, and on the shared-memory board (small all-reduce pinned).
 #[test]
 fn killed_rank_fails_the_collective() {
-    for transport in ["uring", "shm"] {
-        let (code, text, took) = launch(4, "coll-kill", transport);
+    let board = format!("FERROCOMM_COLL={}", coll::BOARD);
+    for (transport, scenario, env) in
+        [("uring", "coll-kill", &[][..]), ("shm", "coll-kill", &[]), ("shm", "coll-kill-board", &[&board as &str])]
+    {
+        let (code, text, took) = launch_env(4, scenario, transport, env);
         assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
         for r in [0, 1, 3] {
             assert!(said(&text, r, "COLL-PEER-LOST-OK"), "{transport} rank {r}:\n{text}");
@@ -224,12 +227,16 @@ fn rank_process() {
                 println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
                 w.finalize().await.unwrap();
             }
-            "coll-kill" => {
+            "coll-kill" | "coll-kill-board" => {
+                let len = if scenario == "coll-kill" { 1 << 17 } else { 8 };
+                if scenario == "coll-kill-board" {
+                    assert_eq!(w.collective_algorithm(Operation::Allreduce, len * 8), Algorithm::SharedMemory);
+                }
                 w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
                 if w.rank() == 2 {
                     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
                 }
-                let mut v = vec![1.0f64; 1 << 17];
+                let mut v = vec![1.0f64; len];
                 let res = w.allreduce(&mut v, ferrocomm::ReduceOp::Sum).timeout(Duration::from_secs(30)).await;
                 // Rank 2's death, or a peer that gave up because of it (and left), fails the call.
                 assert!(matches!(res, Err(Error::PeerLost { .. })), "{res:?}");

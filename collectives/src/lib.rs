@@ -11,6 +11,7 @@ pub mod ops;
 pub mod reduce;
 pub mod schedule;
 pub mod select;
+pub mod shared;
 pub mod sim;
 
 pub use reduce::{Element, ReduceOp, Reducer};

@@ -76,10 +76,12 @@ pub enum Algorithm {
     Hierarchical,
     /// Reliable multicast (when a multicast group is confirmed).
     Multicast,
+    /// Flags and data on a board in shared memory (every rank on one host; see [`crate::shared`]).
+    SharedMemory,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 12] = [
+    pub const ALL: [Algorithm; 13] = [
         Algorithm::Linear,
         Algorithm::Dissemination,
         Algorithm::Binomial,
@@ -92,6 +94,7 @@ impl Algorithm {
         Algorithm::ReduceThenScatter,
         Algorithm::Hierarchical,
         Algorithm::Multicast,
+        Algorithm::SharedMemory,
     ];
 
     /// The flat (non-hierarchical) algorithms implemented for `op`.
@@ -113,6 +116,11 @@ impl Algorithm {
     pub fn serves(self, op: Operation) -> bool {
         Algorithm::for_operation(op).contains(&self)
     }
+
+    /// The operations the shared-memory board serves (small vectors, every rank on one host).
+    pub fn shared_memory_serves(op: Operation) -> bool {
+        matches!(op, Operation::Barrier | Operation::Bcast | Operation::Allreduce)
+    }
 }
 
 impl fmt::Display for Algorithm {
@@ -130,6 +138,7 @@ impl fmt::Display for Algorithm {
             Algorithm::ReduceThenScatter => "reduce-scatter-linear",
             Algorithm::Hierarchical => "hierarchical",
             Algorithm::Multicast => "multicast",
+            Algorithm::SharedMemory => "shared-memory",
         };
         f.write_str(s)
     }
@@ -197,6 +206,10 @@ pub struct Table {
     pub alltoall_small: usize,
     /// Groups up to this size use the linear algorithms for gather and scatter.
     pub linear_ranks: u32,
+    /// Barrier, broadcast and all-reduce up to this many bytes use the shared-memory board when
+    /// every rank of the communicator is on one host and the ranks busy-poll (at most
+    /// [`crate::shared::CAPACITY`]).
+    pub shared_max: usize,
     /// Operations pinned to one algorithm.
     pub overrides: HashMap<Operation, Algorithm>,
 }
@@ -210,6 +223,7 @@ impl Default for Table {
             allgather_large: 64 << 10,
             alltoall_small: 8 << 10,
             linear_ranks: 2,
+            shared_max: crate::shared::CAPACITY,
             overrides: HashMap::new(),
         }
     }
@@ -221,7 +235,9 @@ impl Table {
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (op, alg) = item.split_once('=').ok_or_else(|| format!("expected op=algorithm, got {item:?}"))?;
             let (op, alg): (Operation, Algorithm) = (op.trim().parse()?, alg.trim().parse()?);
-            if !alg.serves(op) && !matches!(alg, Algorithm::Hierarchical | Algorithm::Multicast) {
+            let special = matches!(alg, Algorithm::Hierarchical | Algorithm::Multicast)
+                || (alg == Algorithm::SharedMemory && Algorithm::shared_memory_serves(op));
+            if !alg.serves(op) && !special {
                 return Err(format!("{alg} does not implement {op}"));
             }
             self.overrides.insert(op, alg);

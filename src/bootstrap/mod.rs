@@ -195,6 +195,7 @@ pub async fn join(
         listen_addr,
         nodes,
         job_id: job_id(&token),
+        shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
         thread: Mutex::new(Some(thread)),
     })))
@@ -203,6 +204,11 @@ pub async fn join(
 /// FNV-1a of the job token: the same at every rank, different between jobs.
 fn job_id(token: &[u8; TOKEN_LEN]) -> u64 {
     token.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// The name of the job's shared-memory files (segments, boards).
+fn shm_job(token: &[u8; TOKEN_LEN]) -> String {
+    token[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Connects the shared-memory transport to the ranks on this host (`local[r]`).
@@ -217,7 +223,7 @@ async fn shared_memory(
     rt: &tokio::runtime::Handle,
 ) -> Result<Box<dyn Transport>> {
     use ferrocomm_transports::shm::{ShmConfig, ShmEndpoint};
-    let job: String = token[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let job = shm_job(token);
     let peers: Vec<Rank> = (0..local.len() as Rank).filter(|&r| local[r as usize]).collect();
     let cfg = ShmConfig { eager_limit: settings.eager_limit, ..ShmConfig::default() };
     let (endpoint, descriptor) = ShmEndpoint::create(&job, rank, &peers, cfg).map_err(Error::bootstrap)?;

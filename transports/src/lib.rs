@@ -6,6 +6,7 @@
 //! can sleep until there is something to do. Payloads of rendezvous data frames are written straight
 //! into the receiver's posted buffer ([`Sink::data_dest`]), so large messages are not copied twice.
 
+pub mod mapping;
 pub mod route;
 #[cfg(target_os = "linux")]
 pub mod shm;

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 
 use super::ring::{Line, RING_HDR_LEN, Ring, RingHdr, Std};
-use super::sys::Mapping;
+use crate::mapping::Mapping;
 use crate::wire::Rank;
 
 /// Why set-up failed; carried inside the `io::Error` the set-up calls return.

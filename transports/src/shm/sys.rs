@@ -15,56 +15,6 @@ pub(crate) fn is_denied(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES | libc::ENOSYS))
 }
 
-/// A shared, read-write mapping of a whole file; unmapped on drop.
-pub(crate) struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory; concurrent access is governed by the ring protocol.
-unsafe impl Send for Mapping {}
-
-impl Mapping {
-    pub fn new(file: &File, len: usize) -> io::Result<Mapping> {
-        // SAFETY: a fresh mapping of `len` bytes of `file`; nothing else refers to that range.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: ptr.cast(), len })
-    }
-
-    pub fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// Pre-faults `off..off + len` for writing, so the first pass through a ring takes no page
-    /// faults (best effort: older kernels lack it).
-    pub fn populate(&self, off: usize, len: usize) {
-        let page = 4096;
-        let start = off / page * page;
-        let end = (off + len).min(self.len);
-        // SAFETY: the range lies inside the mapping; the advice does not change its contents.
-        unsafe { libc::madvise(self.ptr.add(start).cast(), end - start, libc::MADV_POPULATE_WRITE) };
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `new` mapped; the owner keeps no reference past this point.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// A non-blocking eventfd.
 pub(crate) fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: plain syscall; the returned descriptor is owned by the caller.

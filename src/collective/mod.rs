@@ -14,6 +14,8 @@
 //! have later sequence numbers, and the cancelled call's stray messages are never matched (they stay
 //! in the unexpected queue, bounded by that call's size, until the communicator's world ends).
 
+pub(crate) mod shared;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,7 +24,9 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use ferrocomm_collectives::select::Call;
+use ferrocomm_collectives::shared::{CAPACITY as BOARD_CAPACITY, Kind, MAX_RANKS as BOARD_RANKS};
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
+use ferrocomm_reactor::ProgressMode;
 use ferrocomm_transports::Rank;
 use smallvec::SmallVec;
 
@@ -243,6 +247,15 @@ impl Comm {
         {
             return Algorithm::Multicast;
         }
+        // The shared-memory board: small calls on one host; by default only for busy-polling ranks
+        // (a sleeping rank is not woken by the board, see `shared`).
+        if Algorithm::shared_memory_serves(op) && bytes <= BOARD_CAPACITY && self.on_one_host() {
+            let pinned = table.overrides.get(&op);
+            let busy = self.settings().progress == ProgressMode::BusyPoll;
+            if pinned == Some(&Algorithm::SharedMemory) || (pinned.is_none() && busy && bytes <= table.shared_max) {
+                return Algorithm::SharedMemory;
+            }
+        }
         let forced = table.overrides.get(&op) == Some(&Algorithm::Hierarchical);
         let hierarchical = matches!(op, Operation::Barrier | Operation::Bcast | Operation::Allreduce)
             && commutative
@@ -251,6 +264,26 @@ impl Comm {
             return Algorithm::Hierarchical;
         }
         table.choose(call)
+    }
+
+    /// Whether every member is on this host and reached through shared memory.
+    fn on_one_host(&self) -> bool {
+        *self.sequence.on_one_host.get_or_init(|| {
+            let inner = self.inner();
+            let here = inner.nodes[inner.rank as usize];
+            inner.shm_job.is_some()
+                && (2..=BOARD_RANKS as u32).contains(&self.size())
+                && (0..self.size()).all(|r| inner.nodes[self.world_rank(r) as usize] == here)
+        })
+    }
+
+    /// Enqueues a call on this communicator's shared-memory board (opened on first use).
+    fn board_call(&self, kind: Kind, len: usize, input: Vec<u8>) -> Result<shared::BoardCall> {
+        let seg = self.sequence.board.get_or_init(|| {
+            let job = self.inner().shm_job.as_deref().ok_or_else(|| Error::Invalid("no shared memory".into()))?;
+            shared::Segment::open(self, job).map(Arc::new)
+        });
+        seg.as_ref().map_err(Clone::clone)?.call(kind, len, input)
     }
 
     /// The node-leader decomposition, if this communicator spans more than one host.
@@ -370,10 +403,13 @@ impl Comm {
     /// ceil(log2 n) rounds; node-leader when the communicator spans several hosts).
     pub fn barrier(&self) -> impl Future<Output = Result<()>> + Send + use<> {
         let alg = self.choose(Operation::Barrier, 0, true);
+        let board = (alg == Algorithm::SharedMemory).then(|| self.board_call(Kind::Barrier, 0, Vec::new()));
         let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
-        let plan = if alg == Algorithm::Multicast {
+        let plan = if alg == Algorithm::Multicast || board.is_some() {
             // Takes its sequence number like any call, but runs on the multicast channel.
-            self.slot();
+            if board.is_none() {
+                self.slot();
+            }
             None
         } else if alg == Algorithm::Hierarchical {
             let h = self.hierarchy().expect("chosen");
@@ -388,6 +424,9 @@ impl Comm {
             Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Comm::drive(slot, m))))
         };
         async move {
+            if let Some(call) = board {
+                return call?.await.map(drop);
+            }
             if let Some(comm) = multicast {
                 // The skew-tolerant token barrier of the reliable multicast layer.
                 // Boxed: its set-up future is large, and would otherwise inflate (and be copied
@@ -424,11 +463,20 @@ impl Comm {
         buf: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         let bytes = size_of_val(buf);
-        let pool = self.sequence.pool.clone();
-        let data = (self.rank() == root).then(|| pool.copy(buf));
-        let run = self.bcast_plan(root, data, bytes, size_of::<T>());
         let me = self.rank();
+        let board =
+            (root < self.size() && self.choose(Operation::Bcast, bytes, true) == Algorithm::SharedMemory).then(|| {
+                let input = if me == root { bytemuck::cast_slice(buf).to_vec() } else { Vec::new() };
+                self.board_call(Kind::Bcast { root }, bytes, input)
+            });
+        let pool = self.sequence.pool.clone();
+        let data = (board.is_none() && me == root).then(|| pool.copy(buf));
+        let run = board.is_none().then(|| self.bcast_plan(root, data, bytes, size_of::<T>()));
         async move {
+            let Some(run) = run else {
+                let out = board.expect("one of the two")?.await?;
+                return if me == root { Ok(()) } else { copy_into(buf, &Bytes::from(out)) };
+            };
             let parts = run.await?;
             if me != root {
                 copy_parts(buf, &parts)?;
@@ -574,8 +622,11 @@ impl Comm {
         let early = check_op(&op).err();
         let (r, n) = (self.rank(), self.size());
         let pool = self.sequence.pool.clone();
-        let data = pool.copy(buf);
-        let plan = if early.is_some() {
+        let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
+            self.board_call(Kind::Allreduce(op.erase()), size_of_val(buf), bytemuck::cast_slice(buf).to_vec())
+        });
+        let data = if board.is_some() { Bytes::new() } else { pool.copy(buf) };
+        let plan = if early.is_some() || board.is_some() {
             None
         } else if alg == Algorithm::Hierarchical {
             let h = self.hierarchy().expect("chosen");
@@ -593,6 +644,9 @@ impl Comm {
             Some(Ok(ops::allreduce(r, n, alg, data, op.erase()).map(|m| Comm::drive(slot, m.with_block_len(bytes)))))
         };
         async move {
+            if let Some(call) = board {
+                return copy_into(buf, &Bytes::from(call?.await?));
+            }
             let out = match plan {
                 None => return Err(early.expect("set")),
                 Some(Ok(run)) => {

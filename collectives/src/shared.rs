@@ -1,0 +1,484 @@
+//! Small collectives through one shared segment per communicator, when all its ranks share a host.
+//!
+//! Why: a message-based collective pays, per step, a frame through a ring, the point-to-point
+//! engine's matching and an operation's completion on each side; that is most of a small
+//! collective's cost (about 2 us for an 8 B broadcast on 2 ranks, where the transport alone moves
+//! 8 B in 0.1-0.3 us). Here a rank publishes its part in its own cache line of a shared *board* and
+//! the others read it there: a barrier, an 8 B broadcast or an 8 B all-reduce costs a few
+//! cache-line transfers, as in the shared-memory collectives of MPI libraries (Open MPI's coll/sm,
+//! UCC's shared-memory team).
+//!
+//! The board has [`SLOTS`] slots used in turn by the communicator's calls (call `s` uses slot
+//! `s % SLOTS`). In each slot every rank owns a part that starts on a cache line: two counters, a
+//! length and [`CAPACITY`] bytes of data (the first 40 in the counters' line):
+//! * `posted = s + 1`: the rank's part of call `s` is in place (release; readers acquire);
+//! * `done = s + 1`: the rank has finished reading call `s`'s slot, which may then be reused.
+//!
+//! Rules, each rank for itself, which make a slot's reuse safe without locks:
+//! 1. a rank posts and finishes the calls of one slot in call order (`posted` and `done` step from
+//!    `s + 1 - SLOTS` to `s + 1`), so `posted >= s + 1` means "posted call `s`";
+//! 2. a rank writes data into a slot only once every rank's `done` says the slot's previous call
+//!    is finished everywhere.
+//!
+//! Calls are described in full when they are made ([`Call`]: the root's data, the rank's
+//! contribution) and kept in a [`Queue`] that any poll advances, so a call whose future is held
+//! but not polled, or dropped, still does its part as long as the rank drives any later call of
+//! the communicator: nothing waits on a future nobody polls. Nothing here blocks or does I/O: the
+//! root crate maps the segment and drives [`Queue::advance`].
+//!
+//! Reductions combine the ranks' contributions in rank order on every rank, so non-commutative
+//! operators work and every rank gets bit-identical floating-point results.
+
+use std::collections::VecDeque;
+use std::ops::Deref;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+use crate::{CollError, Reducer};
+
+/// Slots of the board: calls that may be in flight on one communicator before the next waits for
+/// the oldest to finish everywhere.
+pub const SLOTS: u64 = 8;
+/// Bytes each rank may publish per call: the largest broadcast or all-reduce vector served here.
+pub const CAPACITY: usize = 4096;
+/// Largest communicator served (the board grows with the rank count).
+pub const MAX_RANKS: usize = 256;
+
+const LINE: usize = 8;
+/// Where a part's data starts: right after its counters, so that up to 40 bytes travel in the
+/// counters' cache line (one line transfer for a small broadcast or all-reduce).
+const DATA_AT: usize = 3;
+/// Words of one rank's part of a slot: counters and data, padded to whole cache lines.
+const PART: usize = (DATA_AT + CAPACITY / 8).div_ceil(LINE) * LINE;
+/// Header words: magic, rank count, attach count, padding to a line.
+const HEADER: usize = LINE;
+const MAGIC: u64 = u64::from_le_bytes(*b"FCBOARD1");
+
+const POSTED: usize = 0;
+const DONE: usize = 1;
+const LEN: usize = 2;
+
+/// Size in bytes of the board of `ranks` ranks.
+pub fn board_bytes(ranks: usize) -> usize {
+    8 * (HEADER + SLOTS as usize * ranks * PART)
+}
+
+/// One rank's view of a board: `words` is the shared memory (zeroed when created).
+pub struct Board<M> {
+    words: M,
+    ranks: usize,
+    me: usize,
+}
+
+impl<M: Deref<Target = [AtomicU64]>> Board<M> {
+    /// Checks (or, on fresh zeroed memory, writes) the header; returns how many ranks have attached,
+    /// this one included (the last one may remove the segment's name).
+    pub fn attach(words: M, ranks: usize, me: usize) -> Result<(Board<M>, usize), CollError> {
+        if ranks == 0 || ranks > MAX_RANKS || me >= ranks || words.len() * 8 < board_bytes(ranks) {
+            return Err(CollError::Invalid(format!("a board of {} bytes for rank {me} of {ranks}", words.len() * 8)));
+        }
+        let found = match words[0].compare_exchange(0, MAGIC, Relaxed, Relaxed) {
+            Ok(_) => MAGIC,
+            Err(v) => v,
+        };
+        let n = match words[1].compare_exchange(0, ranks as u64, Relaxed, Relaxed) {
+            Ok(_) => ranks as u64,
+            Err(v) => v,
+        };
+        if found != MAGIC || n != ranks as u64 {
+            return Err(CollError::Invalid(format!("the shared board holds {n:#x} ranks under magic {found:#x}")));
+        }
+        let attached = words[2].fetch_add(1, Relaxed) as usize + 1;
+        Ok((Board { words, ranks, me }, attached))
+    }
+
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    fn part(&self, seq: u64, rank: usize) -> &[AtomicU64] {
+        let at = HEADER + ((seq % SLOTS) as usize * self.ranks + rank) * PART;
+        &self.words[at..at + PART]
+    }
+
+    fn write(&self, seq: u64, data: &[u8]) {
+        let part = self.part(seq, self.me);
+        let mut words = part[DATA_AT..].iter();
+        for chunk in data.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            words.next().expect("checked against CAPACITY").store(u64::from_le_bytes(w), Relaxed);
+        }
+        part[LEN].store(data.len() as u64, Relaxed);
+    }
+
+    /// Rank `rank`'s data of call `seq` (after its `posted` was acquired).
+    fn read(&self, seq: u64, rank: usize, out: &mut Vec<u8>) -> Result<(), CollError> {
+        let part = self.part(seq, rank);
+        let len = part[LEN].load(Relaxed) as usize;
+        if len > CAPACITY {
+            return Err(CollError::Malformed { from: rank as u32, why: "length beyond the board's capacity" });
+        }
+        out.clear();
+        for w in &part[DATA_AT..DATA_AT + len.div_ceil(8)] {
+            out.extend_from_slice(&w.load(Relaxed).to_le_bytes());
+        }
+        out.truncate(len);
+        Ok(())
+    }
+}
+
+/// What a call does.
+#[derive(Clone, Debug)]
+pub enum Kind {
+    Barrier,
+    /// The root's data travels in [`Call::input`] (empty elsewhere).
+    Bcast {
+        root: u32,
+    },
+    Allreduce(Reducer),
+}
+
+/// Where a call stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Post,
+    Wait,
+    Finish,
+    Done,
+}
+
+/// One collective call on the board.
+#[derive(Debug)]
+pub struct Call {
+    seq: u64,
+    kind: Kind,
+    /// Bytes every rank expects (the broadcast's and all-reduce's length).
+    len: usize,
+    /// What this rank publishes.
+    input: Vec<u8>,
+    phase: Phase,
+    result: Result<Vec<u8>, CollError>,
+    /// Its future is gone: drop the result when done.
+    abandoned: bool,
+}
+
+/// What a waiting call waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waiting {
+    /// Rank `r` has not posted its part yet, or not finished with the slot's previous call.
+    Rank(u32),
+    /// This rank's own earlier call on the same slot.
+    Earlier,
+}
+
+impl Call {
+    /// Whether rank `me` publishes data in this call (else only its `posted` counter moves).
+    fn writes(&self, me: usize) -> bool {
+        match &self.kind {
+            Kind::Barrier => false,
+            Kind::Bcast { root } => *root as usize == me,
+            Kind::Allreduce(_) => true,
+        }
+    }
+}
+
+/// The calls of one communicator on this rank, oldest first.
+#[derive(Debug, Default)]
+pub struct Queue {
+    next: u64,
+    calls: VecDeque<Call>,
+    /// Some abandoned call may have finished: sweep it out.
+    sweep: bool,
+}
+
+impl Queue {
+    /// Enqueues a call and returns its number. `input` is the root's data (broadcast) or this rank's
+    /// contribution (all-reduce), `len` bytes that every rank must agree on.
+    pub fn push(&mut self, kind: Kind, len: usize, input: Vec<u8>) -> Result<u64, CollError> {
+        if len > CAPACITY || input.len() > CAPACITY {
+            return Err(CollError::Invalid(format!("{len} bytes do not fit the shared board ({CAPACITY})")));
+        }
+        let seq = self.next;
+        self.next += 1;
+        let phase = Phase::Post;
+        self.calls.push_back(Call { seq, kind, len, input, phase, result: Ok(Vec::new()), abandoned: false });
+        Ok(seq)
+    }
+
+    /// Advances every call as far as the board allows.
+    pub fn advance<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>) {
+        for call in self.calls.iter_mut() {
+            step(board, call);
+        }
+        if self.sweep {
+            self.sweep_abandoned();
+        }
+    }
+
+    /// Drops finished calls nobody will collect.
+    fn sweep_abandoned(&mut self) {
+        self.calls.retain(|c| !(c.abandoned && c.phase == Phase::Done));
+        self.sweep = self.calls.iter().any(|c| c.abandoned);
+    }
+
+    /// The result of call `seq` once done (it leaves the queue).
+    pub fn take(&mut self, seq: u64) -> Option<Result<Vec<u8>, CollError>> {
+        let i = self.calls.iter().position(|c| c.seq == seq && c.phase == Phase::Done)?;
+        self.calls.remove(i).map(|c| c.result)
+    }
+
+    /// What call `seq` waits for, if it is not done.
+    pub fn waiting<M: Deref<Target = [AtomicU64]>>(&self, board: &Board<M>, seq: u64) -> Option<Waiting> {
+        let call = self.calls.iter().find(|c| c.seq == seq && c.phase != Phase::Done)?;
+        Some(blocker(board, call).unwrap_or(Waiting::Earlier))
+    }
+
+    /// Call `seq`'s future was dropped: the call still does its part (other ranks may depend on
+    /// it), and its result is dropped.
+    pub fn abandon(&mut self, seq: u64) {
+        if let Some(c) = self.calls.iter_mut().find(|c| c.seq == seq) {
+            c.abandoned = true;
+        }
+        self.sweep_abandoned();
+    }
+
+    /// Calls not collected yet (abandoned ones included).
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+}
+
+/// The previous call's number on the same slot plus one (what `posted`/`done` hold before `seq`).
+fn before(seq: u64) -> u64 {
+    (seq + 1).saturating_sub(SLOTS)
+}
+
+/// The first thing call `c` waits for in its current phase, or `None` if it can move.
+fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<Waiting> {
+    let mine = b.part(c.seq, b.me);
+    match c.phase {
+        Phase::Post => {
+            if mine[POSTED].load(Relaxed) != before(c.seq) {
+                return Some(Waiting::Earlier);
+            }
+            if c.writes(b.me) {
+                // Rule 2: the slot's previous call is finished everywhere.
+                let busy = (0..b.ranks).find(|&r| b.part(c.seq, r)[DONE].load(Acquire) < before(c.seq));
+                return busy.map(|r| Waiting::Rank(r as u32));
+            }
+            None
+        }
+        Phase::Wait => {
+            let need = c.seq + 1;
+            let late = |r: usize| b.part(c.seq, r)[POSTED].load(Acquire) < need;
+            let r = match c.kind {
+                Kind::Bcast { root } => late(root as usize).then_some(root as usize),
+                Kind::Barrier | Kind::Allreduce(_) => (0..b.ranks).find(|&r| late(r)),
+            };
+            r.map(|r| Waiting::Rank(r as u32))
+        }
+        Phase::Finish => (mine[DONE].load(Relaxed) != before(c.seq)).then_some(Waiting::Earlier),
+        Phase::Done => None,
+    }
+}
+
+fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call) {
+    while c.phase != Phase::Done && blocker(b, c).is_none() {
+        let mine = b.part(c.seq, b.me);
+        match c.phase {
+            Phase::Post => {
+                if c.writes(b.me) {
+                    b.write(c.seq, &c.input);
+                }
+                mine[POSTED].store(c.seq + 1, Release);
+                c.phase = Phase::Wait;
+            }
+            Phase::Wait => {
+                c.result = gather(b, c);
+                c.phase = Phase::Finish;
+            }
+            Phase::Finish => {
+                mine[DONE].store(c.seq + 1, Release);
+                c.phase = Phase::Done;
+            }
+            Phase::Done => {}
+        }
+    }
+}
+
+/// Reads what call `c` needs from the board, once every part it needs is posted.
+fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<u8>, CollError> {
+    let mut out = Vec::new();
+    match &c.kind {
+        Kind::Barrier => {}
+        Kind::Bcast { root } => {
+            if *root as usize != b.me {
+                b.read(c.seq, *root as usize, &mut out)?;
+            } else {
+                out.extend_from_slice(&c.input);
+            }
+        }
+        Kind::Allreduce(op) => {
+            b.read(c.seq, 0, &mut out)?;
+            let mut x = Vec::with_capacity(out.len());
+            for r in 1..b.ranks {
+                b.read(c.seq, r, &mut x)?;
+                if x.len() != out.len() {
+                    return Err(CollError::Malformed { from: r as u32, why: "all-reduce length differs" });
+                }
+                op.apply(&mut out, &x, false);
+            }
+        }
+    }
+    if out.len() != c.len {
+        let from = match c.kind {
+            Kind::Bcast { root } => root,
+            _ => 0,
+        };
+        return Err(CollError::Malformed { from, why: "length differs from this rank's" });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::ReduceOp;
+
+    /// A board in this process's memory, shared by threads posing as ranks.
+    #[derive(Clone)]
+    struct Mem(Arc<[AtomicU64]>);
+
+    impl Deref for Mem {
+        type Target = [AtomicU64];
+        fn deref(&self) -> &[AtomicU64] {
+            &self.0
+        }
+    }
+
+    fn mem(ranks: usize) -> Mem {
+        Mem((0..board_bytes(ranks) / 8).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// Runs `rank(me, board)` for every rank of an `n`-rank board, each on its own thread.
+    fn on_ranks(n: usize, rank: impl Fn(usize, Board<Mem>) + Send + Sync + 'static) {
+        let (m, rank) = (mem(n), Arc::new(rank));
+        let threads: Vec<_> = (0..n)
+            .map(|me| {
+                let (m, rank) = (m.clone(), rank.clone());
+                std::thread::spawn(move || rank(me, Board::attach(m, n, me).unwrap().0))
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+    }
+
+    fn run(q: &mut Queue, b: &Board<Mem>, seq: u64) -> Result<Vec<u8>, CollError> {
+        loop {
+            q.advance(b);
+            if let Some(r) = q.take(seq) {
+                return r;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn sum() -> Reducer {
+        ReduceOp::<u64>::Sum.erase()
+    }
+
+    fn words(v: &[u64]) -> Vec<u8> {
+        bytemuck::cast_slice(v).to_vec()
+    }
+
+    /// Every rank count 1..=9: many rounds of barrier, broadcast from every root and all-reduce
+    /// (more calls than slots, so slots are reused), checked against the sequential result.
+    #[test]
+    fn rounds_on_threads_match_the_reference() {
+        for n in 1..=9usize {
+            on_ranks(n, move |me, b| {
+                let mut q = Queue::default();
+                for round in 0..40u64 {
+                    let s = q.push(Kind::Barrier, 0, Vec::new()).unwrap();
+                    assert!(run(&mut q, &b, s).unwrap().is_empty());
+                    let root = (round as usize) % n;
+                    let data = words(&[round * 1000 + root as u64, round]);
+                    let input = if me == root { data.clone() } else { Vec::new() };
+                    let s = q.push(Kind::Bcast { root: root as u32 }, 16, input).unwrap();
+                    assert_eq!(run(&mut q, &b, s).unwrap(), data, "n={n} round={round}");
+                    let len = (round as usize * 37) % (CAPACITY / 8);
+                    let mine: Vec<u64> = (0..len as u64).map(|i| i * (me as u64 + 1) + round).collect();
+                    let s = q.push(Kind::Allreduce(sum()), len * 8, words(&mine)).unwrap();
+                    let want: Vec<u64> =
+                        (0..len as u64).map(|i| (0..n as u64).map(|r| i * (r + 1) + round).sum::<u64>()).collect();
+                    assert_eq!(run(&mut q, &b, s).unwrap(), words(&want), "n={n} round={round}");
+                }
+                assert!(q.is_empty());
+            });
+        }
+    }
+
+    /// More calls in flight than slots, completed in reverse order, one of them dropped unpolled:
+    /// advancing any call advances them all, in order, and every result is right.
+    #[test]
+    fn held_and_abandoned_calls_still_do_their_part() {
+        let n = 3;
+        on_ranks(n, move |me, b| {
+            let mut q = Queue::default();
+            let calls = 3 * SLOTS as usize + 1;
+            let seqs: Vec<u64> = (0..calls)
+                .map(|k| q.push(Kind::Allreduce(sum()), 8, words(&[(me * calls + k) as u64])).unwrap())
+                .collect();
+            q.abandon(seqs[5]);
+            for (k, &s) in seqs.iter().enumerate().rev().filter(|(k, _)| *k != 5) {
+                let want: u64 = (0..n).map(|r| (r * calls + k) as u64).sum();
+                assert_eq!(run(&mut q, &b, s).unwrap(), words(&[want]));
+            }
+            assert!(q.is_empty(), "the abandoned call finished and left: {q:?}");
+        });
+    }
+
+    /// A user operator that is not commutative is applied in rank order on every rank.
+    #[test]
+    fn rank_order_for_non_commutative_operators() {
+        let concat = || ReduceOp::<u64>::custom(|a, x| a.iter_mut().zip(x).for_each(|(a, x)| *a = *a * 10 + x), false);
+        on_ranks(4, move |me, b| {
+            let mut q = Queue::default();
+            let s = q.push(Kind::Allreduce(concat().erase()), 8, words(&[me as u64 + 1])).unwrap();
+            assert_eq!(run(&mut q, &b, s).unwrap(), words(&[1234]));
+        });
+    }
+
+    #[test]
+    fn refusals() {
+        let m = mem(2);
+        assert!(Board::attach(m.clone(), 3, 0).is_err(), "too small for 3 ranks");
+        let (b, attached) = Board::attach(m.clone(), 2, 0).unwrap();
+        assert_eq!(attached, 1);
+        assert!(Board::attach(m.clone(), 1, 0).is_err(), "rank count differs from the board's");
+        assert!(Board::attach(m.clone(), 2, 2).is_err(), "no such rank");
+        let mut q = Queue::default();
+        assert!(q.push(Kind::Barrier, CAPACITY + 1, Vec::new()).is_err());
+        // The root publishes 8 bytes, rank 1 expects 16: a typed error, the slot still finishes.
+        let (b1, _) = Board::attach(m.clone(), 2, 1).unwrap();
+        let mut q1 = Queue::default();
+        let s0 = q.push(Kind::Bcast { root: 0 }, 8, vec![1; 8]).unwrap();
+        let s1 = q1.push(Kind::Bcast { root: 0 }, 16, Vec::new()).unwrap();
+        assert_eq!(run(&mut q, &b, s0).unwrap(), vec![1; 8]);
+        assert!(matches!(run(&mut q1, &b1, s1), Err(CollError::Malformed { from: 0, .. })));
+        // A length word beyond the capacity (a corrupt board) is refused, not followed.
+        b.part(s0 + 1, 0)[LEN].store(u64::MAX, Relaxed);
+        let mut out = Vec::new();
+        assert!(b1.read(s0 + 1, 0, &mut out).is_err());
+        // Waiting names the rank that has not posted.
+        let s = q1.push(Kind::Barrier, 0, Vec::new()).unwrap();
+        q1.advance(&b1);
+        assert_eq!(q1.waiting(&b1, s), Some(Waiting::Rank(0)));
+    }
+}

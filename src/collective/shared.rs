@@ -1,0 +1,178 @@
+//! The driver of the shared-memory board (`ferrocomm_collectives::shared`): it maps one segment
+//! per communicator and turns the board's calls into futures.
+//!
+//! The segment is a file in /dev/shm named after the job, the communicator's first member and its
+//! context (`ferrocomm-<job>-<rank>-c011…<context>`, the shared-memory transport's pattern, so
+//! `shm::remove_leftovers` covers it). Every member opens it with `O_CREAT` and gives it the same
+//! length, so whoever comes first creates it and nobody has to initialise it (fresh pages are zero:
+//! "nothing posted"); the last member to attach removes the name, so no file outlives a job whose
+//! ranks all made a call there.
+//!
+//! A waiting call spins inside the reactor's loop ([`Reactor::poll_until`]): transports keep
+//! progressing, spinning ranks yield when the host is oversubscribed, and a lost peer that the
+//! call waits for fails it with [`Error::PeerLost`]. Nothing rings a rank when a board counter
+//! moves, so a rank that would sleep (adaptive and blocking modes) looks again every [`NAP`]; the
+//! default table therefore picks the board only for busy-polling ranks.
+
+use std::fs::OpenOptions;
+use std::future::Future;
+use std::ops::Deref;
+use std::os::unix::fs::OpenOptionsExt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use ferrocomm_collectives::CollError;
+use ferrocomm_collectives::shared::{Board, Kind, Queue, Waiting, board_bytes};
+use ferrocomm_reactor::{ProgressMode, Reactor};
+use ferrocomm_transports::Rank;
+use ferrocomm_transports::mapping::Mapping;
+
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::world::Comm;
+
+/// How often a rank that does not spin looks at the board again.
+const NAP: Duration = Duration::from_millis(1);
+/// Looks at the board alone (no reactor lock, no transport) before the reactor's spin loop takes
+/// over: the partner's post usually lands within these (a look costs tens of nanoseconds).
+const BOARD_LOOKS: u32 = 64;
+
+/// A shared mapping of a board's file, seen as words.
+struct Words(Mapping);
+
+impl Deref for Words {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        // SAFETY: page-aligned and alive as long as `self`; atomics tolerate the other processes'
+        // concurrent access.
+        unsafe { std::slice::from_raw_parts(self.0.ptr().cast::<AtomicU64>(), self.0.len() / 8) }
+    }
+}
+
+/// A communicator's board and this rank's calls on it.
+pub(crate) struct Segment {
+    board: Board<Words>,
+    queue: parking_lot::Mutex<Queue>,
+    /// World rank of each member (lost peers are known by world rank).
+    members: Vec<Rank>,
+    reactor: Reactor<Driver>,
+    mode: ProgressMode,
+}
+
+impl Segment {
+    /// Opens (or creates) the board of `comm`; `job` names the job's shared-memory files.
+    pub(crate) fn open(comm: &Comm, job: &str) -> Result<Segment> {
+        let n = comm.size() as usize;
+        let members: Vec<Rank> = (0..comm.size()).map(|r| comm.world_rank(r)).collect();
+        let path =
+            format!("/dev/shm/ferrocomm-{job}-{}-{:016x}", members[0], 0xc011_0000_0000_0000 | comm.context() as u64);
+        let fail =
+            |e: &dyn std::fmt::Display| Error::Collective(CollError::Invalid(format!("shared board {path}: {e}")));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| fail(&e))?;
+        let bytes = board_bytes(n);
+        // Every member sets the same length; growing a file adds zeroed pages.
+        if file.metadata().map_err(|e| fail(&e))?.len() < bytes as u64 {
+            file.set_len(bytes as u64).map_err(|e| fail(&e))?;
+        }
+        let map = Words(Mapping::new(&file, bytes).map_err(|e| fail(&e))?);
+        let (board, attached) = Board::attach(map, n, comm.rank() as usize).map_err(|e| fail(&e))?;
+        if attached == n {
+            // Everyone has it mapped: the name is no longer needed.
+            let _ = std::fs::remove_file(&path);
+        }
+        let inner = comm.inner();
+        Ok(Segment {
+            board,
+            queue: Default::default(),
+            members,
+            reactor: inner.reactor.clone(),
+            mode: inner.settings.progress,
+        })
+    }
+
+    /// Enqueues a call (described in full: it may run before its future is first polled).
+    pub(crate) fn call(self: &Arc<Segment>, kind: Kind, len: usize, input: Vec<u8>) -> Result<BoardCall> {
+        let seq = self.queue.lock().push(kind, len, input)?;
+        Ok(BoardCall { seg: self.clone(), seq, spin_start: None, nap: None, done: false })
+    }
+
+    /// Advances every call; call `seq`'s result if it is done, or the loss of a peer it waits for.
+    fn check(&self, seq: u64, driver: Option<&Driver>) -> Poll<Result<Vec<u8>>> {
+        let mut q = self.queue.lock();
+        q.advance(&self.board);
+        if let Some(r) = q.take(seq) {
+            return Poll::Ready(r.map_err(Error::from));
+        }
+        if let (Some(d), Some(Waiting::Rank(r))) = (driver, q.waiting(&self.board, seq)) {
+            let rank = self.members[r as usize];
+            if let Some(reason) = d.engine.lost(rank) {
+                // Never completes now; it leaves the queue with the segment.
+                q.abandon(seq);
+                return Poll::Ready(Err(Error::PeerLost { rank, reason: reason.clone() }));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// The future of one call on the board. Dropping it abandons the call: this rank still does its
+/// part whenever a later call of the communicator is driven, and the result is discarded.
+pub(crate) struct BoardCall {
+    seg: Arc<Segment>,
+    seq: u64,
+    spin_start: Option<Instant>,
+    nap: Option<Pin<Box<tokio::time::Sleep>>>,
+    done: bool,
+}
+
+impl Future for BoardCall {
+    type Output = Result<Vec<u8>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
+        let this = &mut *self;
+        let seg = &*this.seg;
+        // The board alone first: the latency-critical wait.
+        let looks = if this.spin_start.is_none() && seg.mode == ProgressMode::BusyPoll { BOARD_LOOKS } else { 1 };
+        let mut r = Poll::Pending;
+        for _ in 0..looks {
+            r = seg.check(this.seq, None);
+            if r.is_ready() {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if r.is_pending() {
+            r = seg.reactor.poll_until(cx, &mut this.spin_start, |d, _| seg.check(this.seq, Some(d)));
+        }
+        if r.is_ready() {
+            this.done = true;
+            return r;
+        }
+        if seg.mode != ProgressMode::BusyPoll {
+            let nap = this.nap.get_or_insert_with(|| Box::pin(tokio::time::sleep(NAP)));
+            if nap.as_mut().poll(cx).is_ready() {
+                this.nap = None;
+                cx.waker().wake_by_ref();
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for BoardCall {
+    fn drop(&mut self) {
+        if !self.done {
+            self.seg.queue.lock().abandon(self.seq);
+        }
+    }
+}
