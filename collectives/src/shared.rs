@@ -103,11 +103,17 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
 
     fn write(&self, seq: u64, data: &[u8]) {
         let part = self.part(seq, self.me);
-        let mut words = part[DATA_AT..].iter();
-        for chunk in data.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            words.next().expect("checked against CAPACITY").store(u64::from_le_bytes(w), Relaxed);
+        let words = &part[DATA_AT..];
+        let chunks = data.chunks_exact(8);
+        let tail = chunks.remainder();
+        let full = chunks.len();
+        for (w, c) in words.iter().zip(chunks) {
+            w.store(u64::from_le_bytes(c.try_into().expect("8 bytes")), Relaxed);
+        }
+        if !tail.is_empty() {
+            let mut last = [0u8; 8];
+            last[..tail.len()].copy_from_slice(tail);
+            words[full].store(u64::from_le_bytes(last), Relaxed);
         }
         part[LEN].store(data.len() as u64, Relaxed);
     }
@@ -120,10 +126,17 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
             return Err(CollError::Malformed { from: rank as u32, why: "length beyond the board's capacity" });
         }
         out.clear();
-        for w in &part[DATA_AT..DATA_AT + len.div_ceil(8)] {
-            out.extend_from_slice(&w.load(Relaxed).to_le_bytes());
+        out.resize(len, 0);
+        let words = &part[DATA_AT..];
+        let mut chunks = out.chunks_exact_mut(8);
+        for (w, c) in words.iter().zip(&mut chunks) {
+            c.copy_from_slice(&w.load(Relaxed).to_le_bytes());
         }
-        out.truncate(len);
+        let tail = chunks.into_remainder();
+        if !tail.is_empty() {
+            let n = tail.len();
+            tail.copy_from_slice(&words[len / 8].load(Relaxed).to_le_bytes()[..n]);
+        }
         Ok(())
     }
 }

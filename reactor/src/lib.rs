@@ -272,6 +272,11 @@ impl<P: Progress> Reactor<P> {
         self.shared.yield_after_ns.store(ns, Ordering::Relaxed);
     }
 
+    /// Whether this host runs more busy ranks than it has CPUs ([`Reactor::set_oversubscribed`]).
+    pub fn is_oversubscribed(&self) -> bool {
+        self.shared.yield_after_ns.load(Ordering::Relaxed) == 0
+    }
+
     /// The progress mode awaiting callers use.
     pub fn mode(&self) -> ProgressMode {
         self.shared.mode

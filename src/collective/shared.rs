@@ -142,14 +142,21 @@ impl Future for BoardCall {
         let this = &mut *self;
         let seg = &*this.seg;
         // The board alone first: the latency-critical wait.
-        let looks = if this.spin_start.is_none() && seg.mode == ProgressMode::BusyPoll { BOARD_LOOKS } else { 1 };
+        // (Not when ranks share CPUs: the rank this one waits for may need this CPU.)
+        let spin = this.spin_start.is_none() && seg.mode == ProgressMode::BusyPoll && !seg.reactor.is_oversubscribed();
+        let crowded = seg.mode == ProgressMode::BusyPoll && seg.reactor.is_oversubscribed();
+        let looks = if spin || crowded { BOARD_LOOKS } else { 1 };
         let mut r = Poll::Pending;
         for _ in 0..looks {
             r = seg.check(this.seq, None);
             if r.is_ready() {
                 break;
             }
-            std::hint::spin_loop();
+            if crowded {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
         if r.is_pending() {
             r = seg.reactor.poll_until(cx, &mut this.spin_start, |d, _| seg.check(this.seq, Some(d)));
