@@ -4,7 +4,9 @@
 //! [`schedule`]), chosen from the algorithm menu in [`algorithms`] by the [`select::Table`], and run
 //! by a [`Machine`] that consumes "message arrived" events and emits sends. Nothing here does I/O:
 //! the same machines run over every transport through the root crate's driver, and in the seeded
-//! in-memory simulator of [`sim`] with a thousand ranks in one process.
+//! in-memory simulator of [`sim`] with a thousand ranks in one process. Small barriers,
+//! broadcasts and all-reduces among ranks of one host can instead go through the shared-memory
+//! board of [`shared`]: flags and data in shared memory, no messages.
 
 pub mod algorithms;
 pub mod ops;

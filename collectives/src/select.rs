@@ -36,6 +36,15 @@
 //! - all-to-all: Bruck beat pairwise exchange up to 8 KiB blocks in both runs (15.0 against
 //!   19.6 us, tuned): Bruck up to 8 KiB.
 //!
+//! - the shared-memory board ([`crate::shared`], only where every rank shares the host and
+//!   busy-polls) beat binomial broadcast and recursive-doubling all-reduce at every size up to its
+//!   4 KiB capacity (defaults against pinned, `collectives --ranks N --runs 3 --iters 1000
+//!   --warmup 100 --ops bcast,allreduce --max 4096 --step 8 --no-mpi`, then the same with
+//!   `--env FERROCOMM_COLL=bcast=binomial,allreduce=recursive-doubling`): 2 ranks, 8 B to 4 KiB,
+//!   broadcast 0.52-1.92 against 2.59-4.12 us, all-reduce 0.79-4.14 against 3.22-5.30 us;
+//!   4 ranks 3.5-5.3 against 10.7-15.2 us and 6.4-12.1 against 22.2-27.7 us. So
+//!   [`Table::shared_max`] is the whole capacity.
+//!
 //! Re-measure on the target machine with more ranks than this one has: the 4-rank figures are
 //! oversubscribed, and scatter + all-gather broadcast is expected to win at large sizes with more
 //! ranks.

@@ -13,6 +13,9 @@
 //! deadline ([`Error::Timeout`]) or are dropped in turn. The communicator stays usable: later calls
 //! have later sequence numbers, and the cancelled call's stray messages are never matched (they stay
 //! in the unexpected queue, bounded by that call's size, until the communicator's world ends).
+//! Calls on the shared-memory board ([`shared`]) differ: they are described in full when made, so
+//! a dropped call still does this rank's part whenever a later call of the communicator is driven,
+//! and the other ranks complete it.
 
 pub(crate) mod shared;
 
