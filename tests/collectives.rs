@@ -47,8 +47,8 @@ async fn table_over_tcp() {
 }
 
 /// Busy-polling ranks on one host take the shared-memory board for small barriers, broadcasts
-/// and all-reduces by default, with right results on every rank count; larger calls keep the
-/// table's algorithms.
+/// and all-reduces by default, with right results on every rank count (calls split into pieces
+/// included); larger calls keep the table's algorithms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_memory_board_by_default_when_busy() {
     let busy = Settings { progress: ProgressMode::BusyPoll, ..Settings::default() };
@@ -60,8 +60,13 @@ async fn shared_memory_board_by_default_when_busy() {
                 w.collective_algorithm(Operation::Barrier, 0),
                 if n > 1 { board } else { Algorithm::Dissemination }
             );
-            assert_eq!(w.collective_algorithm(Operation::Allreduce, 4097), Algorithm::RecursiveDoubling);
+            let above = w.collective_table().shared_limit(Operation::Allreduce, n) + 1;
+            assert_ne!(w.collective_algorithm(Operation::Allreduce, above), Algorithm::SharedMemory);
             coll::operations(&w, &coll::BOARD_COUNTS, "board").await;
+            // An all-gather of 72 KB per rank: two pieces on the board.
+            let c = w.with_collective_table(Table::default().with_overrides(coll::BOARD).unwrap());
+            let all: Vec<u64> = (0..n).flat_map(|r| coll::input(r, 9_000)).collect();
+            assert_eq!(c.allgather(&coll::input(w.rank(), 9_000)).await.unwrap(), all);
             w.finalize().await.unwrap();
         })
         .await

@@ -37,13 +37,16 @@
 //!   19.6 us, tuned): Bruck up to 8 KiB.
 //!
 //! - the shared-memory board ([`crate::shared`], only where every rank shares the host and
-//!   busy-polls) beat binomial broadcast and recursive-doubling all-reduce at every size up to its
-//!   4 KiB capacity (defaults against pinned, `collectives --ranks N --runs 3 --iters 1000
-//!   --warmup 100 --ops bcast,allreduce --max 4096 --step 8 --no-mpi`, then the same with
-//!   `--env FERROCOMM_COLL=bcast=binomial,allreduce=recursive-doubling`): 2 ranks, 8 B to 4 KiB,
-//!   broadcast 0.52-1.92 against 2.59-4.12 us, all-reduce 0.79-4.14 against 3.22-5.30 us;
-//!   4 ranks 3.5-5.3 against 10.7-15.2 us and 6.4-12.1 against 22.2-27.7 us. So
-//!   [`Table::shared_max`] is the whole capacity.
+//!   busy-polls) against binomial broadcast, recursive-doubling all-reduce and Bruck all-gather,
+//!   pinned in turn (`collectives --ranks N --runs 3 --ops bcast,allreduce,allgather --max 64K
+//!   --step 4 --iters 500 --warmup 50 --iters-large 300 --warmup-large 30 --no-mpi --env
+//!   FERROCOMM_COLL=bcast=shared-memory,...`, then `...=binomial,...`). 2 ranks: the board won
+//!   up to 2 KiB and tied at 8 KiB for all three (broadcast 3.35 against 3.39 us, all-reduce 5.2
+//!   against 5.0, all-gather 4.2 against 5.3), and lost from 32 KiB (7.8 against 6.7 us, 17.5
+//!   against 10.3, 14.0 against 11.3); 4 ranks: broadcast won at every size to 64 KiB (19 against
+//!   46 us), all-reduce to 32 KiB (40 against 65 us; 145 against 104 at 64 KiB), all-gather to
+//!   8 KiB (16.7 against 39.7 us; 110 against 82 at 32 KiB). Hence [`Table::shared_max`] 8 KiB,
+//!   [`Table::shared_bcast_max`] 64 KiB and [`Table::shared_allreduce_max`] 32 KiB.
 //!
 //! Re-measure on the target machine with more ranks than this one has: the 4-rank figures are
 //! oversubscribed, and scatter + all-gather broadcast is expected to win at large sizes with more
@@ -126,9 +129,9 @@ impl Algorithm {
         Algorithm::for_operation(op).contains(&self)
     }
 
-    /// The operations the shared-memory board serves (small vectors, every rank on one host).
+    /// The operations the shared-memory board serves (every rank on one host).
     pub fn shared_memory_serves(op: Operation) -> bool {
-        matches!(op, Operation::Barrier | Operation::Bcast | Operation::Allreduce)
+        matches!(op, Operation::Barrier | Operation::Bcast | Operation::Allreduce | Operation::Allgather)
     }
 }
 
@@ -215,10 +218,14 @@ pub struct Table {
     pub alltoall_small: usize,
     /// Groups up to this size use the linear algorithms for gather and scatter.
     pub linear_ranks: u32,
-    /// Barrier, broadcast and all-reduce up to this many bytes use the shared-memory board when
-    /// every rank of the communicator is on one host and the ranks busy-poll (at most
-    /// [`crate::shared::CAPACITY`]).
+    /// Broadcast, all-reduce and all-gather up to this many bytes (per rank) use the shared-memory
+    /// board when every rank of the communicator is on one host and the ranks busy-poll (barrier
+    /// always does); see [`Table::shared_limit`].
     pub shared_max: usize,
+    /// ... broadcast up to this many with more than 2 ranks ...
+    pub shared_bcast_max: usize,
+    /// ... and all-reduce up to this many with more than 2 ranks.
+    pub shared_allreduce_max: usize,
     /// Operations pinned to one algorithm.
     pub overrides: HashMap<Operation, Algorithm>,
 }
@@ -232,7 +239,9 @@ impl Default for Table {
             allgather_large: 64 << 10,
             alltoall_small: 8 << 10,
             linear_ranks: 2,
-            shared_max: crate::shared::CAPACITY,
+            shared_max: 8 << 10,
+            shared_bcast_max: 64 << 10,
+            shared_allreduce_max: 32 << 10,
             overrides: HashMap::new(),
         }
     }
@@ -252,6 +261,18 @@ impl Table {
             self.overrides.insert(op, alg);
         }
         Ok(self)
+    }
+
+    /// Up to how many bytes (per rank) `op` on `ranks` ranks uses the shared-memory board by
+    /// default, where it can.
+    pub fn shared_limit(&self, op: Operation, ranks: u32) -> usize {
+        match op {
+            Operation::Barrier => usize::MAX,
+            Operation::Bcast if ranks > 2 => self.shared_bcast_max,
+            Operation::Allreduce if ranks > 2 => self.shared_allreduce_max,
+            _ if Algorithm::shared_memory_serves(op) => self.shared_max,
+            _ => 0,
+        }
     }
 
     /// The algorithm for a call: the override if it can serve the call, else the table's choice.
@@ -330,5 +351,14 @@ mod tests {
         assert_eq!(t.choose(c(Operation::Alltoall, 8)), Algorithm::Bruck);
         assert_eq!(t.choose(c(Operation::Alltoall, 4096)), Algorithm::Bruck);
         assert_eq!(t.choose(c(Operation::Alltoall, 16384)), Algorithm::Pairwise);
+        // The board's limits (where the communicator can use it).
+        assert_eq!(t.shared_limit(Operation::Barrier, 2), usize::MAX);
+        assert_eq!(t.shared_limit(Operation::Bcast, 2), 8 << 10);
+        assert_eq!(t.shared_limit(Operation::Bcast, 4), 64 << 10);
+        assert_eq!(t.shared_limit(Operation::Allreduce, 4), 32 << 10);
+        assert_eq!(t.shared_limit(Operation::Allgather, 4), 8 << 10);
+        assert_eq!(t.shared_limit(Operation::Alltoall, 4), 0);
+        assert!(Table::default().with_overrides("allgather=shared-memory").is_ok());
+        assert!(Table::default().with_overrides("alltoall=shared-memory").is_err());
     }
 }

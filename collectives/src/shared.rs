@@ -10,7 +10,8 @@
 //!
 //! The board has [`SLOTS`] slots used in turn by the communicator's calls (call `s` uses slot
 //! `s % SLOTS`). In each slot every rank owns a part that starts on a cache line: two counters, a
-//! length and [`CAPACITY`] bytes of data (the first 40 in the counters' line):
+//! length and [`capacity`] bytes of data (the first 40 in the counters' line; a larger call is
+//! split into several):
 //! * `posted = s + 1`: the rank's part of call `s` is in place (release; readers acquire);
 //! * `done = s + 1`: the rank has finished reading call `s`'s slot, which may then be reused.
 //!
@@ -39,17 +40,19 @@ use crate::{CollError, Reducer};
 /// Slots of the board: calls that may be in flight on one communicator before the next waits for
 /// the oldest to finish everywhere.
 pub const SLOTS: u64 = 8;
-/// Bytes each rank may publish per call: the largest broadcast or all-reduce vector served here.
-pub const CAPACITY: usize = 4096;
 /// Largest communicator served (the board grows with the rank count).
 pub const MAX_RANKS: usize = 256;
+/// Bytes each rank may publish per call (see [`capacity`]): at most this much...
+const MAX_CAPACITY: usize = 64 << 10;
+/// ... at least this much ...
+const MIN_CAPACITY: usize = 4 << 10;
+/// ... and all slots of all ranks together at most this much.
+const BUDGET: usize = 16 << 20;
 
 const LINE: usize = 8;
 /// Where a part's data starts: right after its counters, so that up to 40 bytes travel in the
 /// counters' cache line (one line transfer for a small broadcast or all-reduce).
 const DATA_AT: usize = 3;
-/// Words of one rank's part of a slot: counters and data, padded to whole cache lines.
-const PART: usize = (DATA_AT + CAPACITY / 8).div_ceil(LINE) * LINE;
 /// Header words: magic, rank count, attach count, padding to a line.
 const HEADER: usize = LINE;
 const MAGIC: u64 = u64::from_le_bytes(*b"FCBOARD1");
@@ -58,9 +61,20 @@ const POSTED: usize = 0;
 const DONE: usize = 1;
 const LEN: usize = 2;
 
+/// Bytes each of `ranks` ranks may publish per call: 64 KiB up to 32 ranks, less beyond (the
+/// board stays within 16 MiB), never below 4 KiB. A larger call is split into calls of this size.
+pub fn capacity(ranks: usize) -> usize {
+    (BUDGET / (SLOTS as usize * ranks.max(1))).clamp(MIN_CAPACITY, MAX_CAPACITY) / MIN_CAPACITY * MIN_CAPACITY
+}
+
+/// Words of one rank's part of a slot: counters and data, padded to whole cache lines.
+fn part_words(ranks: usize) -> usize {
+    (DATA_AT + capacity(ranks) / 8).div_ceil(LINE) * LINE
+}
+
 /// Size in bytes of the board of `ranks` ranks.
 pub fn board_bytes(ranks: usize) -> usize {
-    8 * (HEADER + SLOTS as usize * ranks * PART)
+    8 * (HEADER + SLOTS as usize * ranks * part_words(ranks))
 }
 
 /// One rank's view of a board: `words` is the shared memory (zeroed when created).
@@ -68,6 +82,9 @@ pub struct Board<M> {
     words: M,
     ranks: usize,
     me: usize,
+    /// [`capacity`] and [`part_words`] of `ranks`.
+    capacity: usize,
+    part: usize,
 }
 
 impl<M: Deref<Target = [AtomicU64]>> Board<M> {
@@ -89,32 +106,27 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
             return Err(CollError::Invalid(format!("the shared board holds {n:#x} ranks under magic {found:#x}")));
         }
         let attached = words[2].fetch_add(1, Relaxed) as usize + 1;
-        Ok((Board { words, ranks, me }, attached))
+        let (capacity, part) = (capacity(ranks), part_words(ranks));
+        Ok((Board { words, ranks, me, capacity, part }, attached))
     }
 
     pub fn ranks(&self) -> usize {
         self.ranks
     }
 
+    /// Bytes a rank may publish per call ([`capacity`]).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     fn part(&self, seq: u64, rank: usize) -> &[AtomicU64] {
-        let at = HEADER + ((seq % SLOTS) as usize * self.ranks + rank) * PART;
-        &self.words[at..at + PART]
+        let at = HEADER + ((seq % SLOTS) as usize * self.ranks + rank) * self.part;
+        &self.words[at..at + self.part]
     }
 
     fn write(&self, seq: u64, data: &[u8]) {
         let part = self.part(seq, self.me);
-        let words = &part[DATA_AT..];
-        let chunks = data.chunks_exact(8);
-        let tail = chunks.remainder();
-        let full = chunks.len();
-        for (w, c) in words.iter().zip(chunks) {
-            w.store(u64::from_le_bytes(c.try_into().expect("8 bytes")), Relaxed);
-        }
-        if !tail.is_empty() {
-            let mut last = [0u8; 8];
-            last[..tail.len()].copy_from_slice(tail);
-            words[full].store(u64::from_le_bytes(last), Relaxed);
-        }
+        copy_in(&part[DATA_AT..], data);
         part[LEN].store(data.len() as u64, Relaxed);
     }
 
@@ -122,23 +134,35 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
     fn read(&self, seq: u64, rank: usize, out: &mut Vec<u8>) -> Result<(), CollError> {
         let part = self.part(seq, rank);
         let len = part[LEN].load(Relaxed) as usize;
-        if len > CAPACITY {
+        if len > self.capacity {
             return Err(CollError::Malformed { from: rank as u32, why: "length beyond the board's capacity" });
         }
         out.clear();
         out.resize(len, 0);
-        let words = &part[DATA_AT..];
-        let mut chunks = out.chunks_exact_mut(8);
-        for (w, c) in words.iter().zip(&mut chunks) {
-            c.copy_from_slice(&w.load(Relaxed).to_le_bytes());
-        }
-        let tail = chunks.into_remainder();
-        if !tail.is_empty() {
-            let n = tail.len();
-            tail.copy_from_slice(&words[len / 8].load(Relaxed).to_le_bytes()[..n]);
-        }
+        copy_out(&part[DATA_AT..], out);
         Ok(())
     }
+}
+
+/// Copies `data` into the memory of `words` with `memcpy`. Word by word atomic stores cost a
+/// read-for-ownership per cache line, which the other core holds from its last read; a bulk copy
+/// writes whole lines (a 32 KiB broadcast took 4x longer word by word).
+fn copy_in(words: &[AtomicU64], data: &[u8]) {
+    assert!(data.len() <= words.len() * 8, "checked against the capacity");
+    // SAFETY: the destination is `words`' own memory, valid for `words.len() * 8` bytes, and
+    // atomics are `UnsafeCell`s, so it may be written through a pointer taken from `&[AtomicU64]`.
+    // No other access overlaps: a rank writes its part of a slot only once every rank is done with
+    // the slot's previous call (rule 2), and readers look only after the release of `posted`.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), words.as_ptr().cast::<u8>().cast_mut(), data.len()) }
+}
+
+/// Copies the first `out.len()` bytes of `words` into `out` with `memcpy`.
+fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
+    assert!(out.len() <= words.len() * 8, "checked against the capacity");
+    // SAFETY: the source is valid for `words.len() * 8` bytes; its writer finished before the
+    // release of `posted` that the caller acquired, and does not write again before this rank is
+    // done with the slot (rule 2).
+    unsafe { std::ptr::copy_nonoverlapping(words.as_ptr().cast::<u8>(), out.as_mut_ptr(), out.len()) }
 }
 
 /// What a call does.
@@ -150,6 +174,8 @@ pub enum Kind {
         root: u32,
     },
     Allreduce(Reducer),
+    /// Every rank's part (all of one length), laid end to end in rank order.
+    Allgather,
 }
 
 /// Where a call stands.
@@ -191,7 +217,7 @@ impl Call {
         match &self.kind {
             Kind::Barrier => false,
             Kind::Bcast { root } => *root as usize == me,
-            Kind::Allreduce(_) => true,
+            Kind::Allreduce(_) | Kind::Allgather => true,
         }
     }
 }
@@ -206,11 +232,13 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Enqueues a call and returns its number. `input` is the root's data (broadcast) or this rank's
-    /// contribution (all-reduce), `len` bytes that every rank must agree on.
-    pub fn push(&mut self, kind: Kind, len: usize, input: Vec<u8>) -> Result<u64, CollError> {
-        if len > CAPACITY || input.len() > CAPACITY {
-            return Err(CollError::Invalid(format!("{len} bytes do not fit the shared board ({CAPACITY})")));
+    /// Enqueues a call on `board` and returns its number. `input` is the root's data (broadcast) or
+    /// this rank's contribution (all-reduce), `len` bytes that every rank must agree on, at most
+    /// the board's [`capacity`].
+    pub fn push<M>(&mut self, board: &Board<M>, kind: Kind, len: usize, input: Vec<u8>) -> Result<u64, CollError> {
+        let cap = board.capacity;
+        if len > cap || input.len() > cap {
+            return Err(CollError::Invalid(format!("{len} bytes do not fit the shared board ({cap})")));
         }
         let seq = self.next;
         self.next += 1;
@@ -291,7 +319,7 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<Wai
             let late = |r: usize| b.part(c.seq, r)[POSTED].load(Acquire) < need;
             let r = match c.kind {
                 Kind::Bcast { root } => late(root as usize).then_some(root as usize),
-                Kind::Barrier | Kind::Allreduce(_) => (0..b.ranks).find(|&r| late(r)),
+                Kind::Barrier | Kind::Allreduce(_) | Kind::Allgather => (0..b.ranks).find(|&r| late(r)),
             };
             r.map(|r| Waiting::Rank(r as u32))
         }
@@ -329,13 +357,9 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<
     let mut out = Vec::new();
     match &c.kind {
         Kind::Barrier => {}
-        Kind::Bcast { root } => {
-            if *root as usize != b.me {
-                b.read(c.seq, *root as usize, &mut out)?;
-            } else {
-                out.extend_from_slice(&c.input);
-            }
-        }
+        // The root has its data: it gets nothing back.
+        Kind::Bcast { root } if *root as usize == b.me => return Ok(out),
+        Kind::Bcast { root } => b.read(c.seq, *root as usize, &mut out)?,
         Kind::Allreduce(op) => {
             b.read(c.seq, 0, &mut out)?;
             let mut x = Vec::with_capacity(out.len());
@@ -346,6 +370,17 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<
                 }
                 op.apply(&mut out, &x, false);
             }
+        }
+        Kind::Allgather => {
+            let mut x = Vec::with_capacity(c.len);
+            for r in 0..b.ranks {
+                b.read(c.seq, r, &mut x)?;
+                if x.len() != c.len {
+                    return Err(CollError::Malformed { from: r as u32, why: "all-gather length differs" });
+                }
+                out.extend_from_slice(&x);
+            }
+            return Ok(out);
         }
     }
     if out.len() != c.len {
@@ -410,7 +445,7 @@ mod tests {
         bytemuck::cast_slice(v).to_vec()
     }
 
-    /// Every rank count 1..=9: many rounds of barrier, broadcast from every root and all-reduce
+    /// Every rank count 1..=9: many rounds of barrier, broadcast from every root, all-reduce and all-gather
     /// (more calls than slots, so slots are reused), checked against the sequential result.
     #[test]
     fn rounds_on_threads_match_the_reference() {
@@ -418,19 +453,23 @@ mod tests {
             on_ranks(n, move |me, b| {
                 let mut q = Queue::default();
                 for round in 0..40u64 {
-                    let s = q.push(Kind::Barrier, 0, Vec::new()).unwrap();
+                    let s = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
                     assert!(run(&mut q, &b, s).unwrap().is_empty());
                     let root = (round as usize) % n;
                     let data = words(&[round * 1000 + root as u64, round]);
                     let input = if me == root { data.clone() } else { Vec::new() };
-                    let s = q.push(Kind::Bcast { root: root as u32 }, 16, input).unwrap();
-                    assert_eq!(run(&mut q, &b, s).unwrap(), data, "n={n} round={round}");
-                    let len = (round as usize * 37) % (CAPACITY / 8);
+                    let s = q.push(&b, Kind::Bcast { root: root as u32 }, 16, input).unwrap();
+                    let want = if me == root { Vec::new() } else { data };
+                    assert_eq!(run(&mut q, &b, s).unwrap(), want, "n={n} round={round}");
+                    let len = (round as usize * 37) % (capacity(n) / 8);
                     let mine: Vec<u64> = (0..len as u64).map(|i| i * (me as u64 + 1) + round).collect();
-                    let s = q.push(Kind::Allreduce(sum()), len * 8, words(&mine)).unwrap();
+                    let s = q.push(&b, Kind::Allreduce(sum()), len * 8, words(&mine)).unwrap();
                     let want: Vec<u64> =
                         (0..len as u64).map(|i| (0..n as u64).map(|r| i * (r + 1) + round).sum::<u64>()).collect();
                     assert_eq!(run(&mut q, &b, s).unwrap(), words(&want), "n={n} round={round}");
+                    let s = q.push(&b, Kind::Allgather, 16, words(&[me as u64, round])).unwrap();
+                    let all: Vec<u64> = (0..n as u64).flat_map(|r| [r, round]).collect();
+                    assert_eq!(run(&mut q, &b, s).unwrap(), words(&all), "n={n} round={round}");
                 }
                 assert!(q.is_empty());
             });
@@ -446,7 +485,7 @@ mod tests {
             let mut q = Queue::default();
             let calls = 3 * SLOTS as usize + 1;
             let seqs: Vec<u64> = (0..calls)
-                .map(|k| q.push(Kind::Allreduce(sum()), 8, words(&[(me * calls + k) as u64])).unwrap())
+                .map(|k| q.push(&b, Kind::Allreduce(sum()), 8, words(&[(me * calls + k) as u64])).unwrap())
                 .collect();
             q.abandon(seqs[5]);
             for (k, &s) in seqs.iter().enumerate().rev().filter(|(k, _)| *k != 5) {
@@ -463,7 +502,7 @@ mod tests {
         let concat = || ReduceOp::<u64>::custom(|a, x| a.iter_mut().zip(x).for_each(|(a, x)| *a = *a * 10 + x), false);
         on_ranks(4, move |me, b| {
             let mut q = Queue::default();
-            let s = q.push(Kind::Allreduce(concat().erase()), 8, words(&[me as u64 + 1])).unwrap();
+            let s = q.push(&b, Kind::Allreduce(concat().erase()), 8, words(&[me as u64 + 1])).unwrap();
             assert_eq!(run(&mut q, &b, s).unwrap(), words(&[1234]));
         });
     }
@@ -477,20 +516,20 @@ mod tests {
         assert!(Board::attach(m.clone(), 1, 0).is_err(), "rank count differs from the board's");
         assert!(Board::attach(m.clone(), 2, 2).is_err(), "no such rank");
         let mut q = Queue::default();
-        assert!(q.push(Kind::Barrier, CAPACITY + 1, Vec::new()).is_err());
+        assert!(q.push(&b, Kind::Barrier, capacity(2) + 1, Vec::new()).is_err());
         // The root publishes 8 bytes, rank 1 expects 16: a typed error, the slot still finishes.
         let (b1, _) = Board::attach(m.clone(), 2, 1).unwrap();
         let mut q1 = Queue::default();
-        let s0 = q.push(Kind::Bcast { root: 0 }, 8, vec![1; 8]).unwrap();
-        let s1 = q1.push(Kind::Bcast { root: 0 }, 16, Vec::new()).unwrap();
-        assert_eq!(run(&mut q, &b, s0).unwrap(), vec![1; 8]);
+        let s0 = q.push(&b, Kind::Bcast { root: 0 }, 8, vec![1; 8]).unwrap();
+        let s1 = q1.push(&b1, Kind::Bcast { root: 0 }, 16, Vec::new()).unwrap();
+        assert!(run(&mut q, &b, s0).unwrap().is_empty(), "the root gets nothing back");
         assert!(matches!(run(&mut q1, &b1, s1), Err(CollError::Malformed { from: 0, .. })));
         // A length word beyond the capacity (a corrupt board) is refused, not followed.
         b.part(s0 + 1, 0)[LEN].store(u64::MAX, Relaxed);
         let mut out = Vec::new();
         assert!(b1.read(s0 + 1, 0, &mut out).is_err());
         // Waiting names the rank that has not posted.
-        let s = q1.push(Kind::Barrier, 0, Vec::new()).unwrap();
+        let s = q1.push(&b1, Kind::Barrier, 0, Vec::new()).unwrap();
         q1.advance(&b1);
         assert_eq!(q1.waiting(&b1, s), Some(Waiting::Rank(0)));
     }

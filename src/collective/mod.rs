@@ -27,7 +27,7 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use ferrocomm_collectives::select::Call;
-use ferrocomm_collectives::shared::{CAPACITY as BOARD_CAPACITY, Kind, MAX_RANKS as BOARD_RANKS};
+use ferrocomm_collectives::shared::{Kind, MAX_RANKS as BOARD_RANKS};
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
 use ferrocomm_reactor::ProgressMode;
 use ferrocomm_transports::Rank;
@@ -206,16 +206,37 @@ fn copy_into<T: Element>(out: &mut [T], b: &Bytes) -> Result<()> {
 }
 
 /// Lays `parts` end to end into `out`, which must be exactly as long.
-fn copy_parts<T: Element>(out: &mut [T], parts: &[Bytes]) -> Result<()> {
+fn copy_parts<T: Element, P: AsRef<[u8]>>(out: &mut [T], parts: &[P]) -> Result<()> {
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-    let total: usize = parts.iter().map(Bytes::len).sum();
+    let total: usize = parts.iter().map(|p| p.as_ref().len()).sum();
     if total != bytes.len() {
         return Err(Error::Invalid(format!("expected {} bytes, the collective produced {total}", bytes.len())));
     }
     let mut at = 0;
     for p in parts {
+        let p = p.as_ref();
         bytes[at..at + p.len()].copy_from_slice(p);
         at += p.len();
+    }
+    Ok(())
+}
+
+/// Lays out an all-gather that came in pieces: piece `k` holds every rank's `k`-th piece in rank
+/// order; `out` gets every rank's whole part in rank order.
+fn copy_gathered<T: Element>(out: &mut [T], pieces: &[Vec<u8>], ranks: usize) -> Result<()> {
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+    let total: usize = pieces.iter().map(Vec::len).sum();
+    if total != bytes.len() || pieces.iter().any(|p| !p.len().is_multiple_of(ranks)) {
+        return Err(Error::Invalid(format!("expected {} bytes, the all-gather produced {total}", bytes.len())));
+    }
+    let block = total / ranks;
+    let mut at = 0;
+    for p in pieces.iter().filter(|p| !p.is_empty()) {
+        let len = p.len() / ranks;
+        for (r, part) in p.chunks_exact(len).enumerate() {
+            bytes[r * block + at..r * block + at + len].copy_from_slice(part);
+        }
+        at += len;
     }
     Ok(())
 }
@@ -250,12 +271,13 @@ impl Comm {
         {
             return Algorithm::Multicast;
         }
-        // The shared-memory board: small calls on one host; by default only for busy-polling ranks
+        // The shared-memory board: calls on one host, by default small ones of busy-polling ranks
         // (a sleeping rank is not woken by the board, see `shared`).
-        if Algorithm::shared_memory_serves(op) && bytes <= BOARD_CAPACITY && self.on_one_host() {
+        if Algorithm::shared_memory_serves(op) && self.on_one_host() {
             let pinned = table.overrides.get(&op);
             let busy = self.settings().progress == ProgressMode::BusyPoll;
-            if pinned == Some(&Algorithm::SharedMemory) || (pinned.is_none() && busy && bytes <= table.shared_max) {
+            let small = bytes <= table.shared_limit(op, self.size());
+            if pinned == Some(&Algorithm::SharedMemory) || (pinned.is_none() && busy && small) {
                 return Algorithm::SharedMemory;
             }
         }
@@ -280,13 +302,14 @@ impl Comm {
         })
     }
 
-    /// Enqueues a call on this communicator's shared-memory board (opened on first use).
-    fn board_call(&self, kind: Kind, len: usize, input: Vec<u8>) -> Result<shared::BoardCall> {
+    /// Enqueues a call on this communicator's shared-memory board (opened on first use); see
+    /// [`shared::Segment::call`].
+    fn board_call(&self, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<shared::BoardCall> {
         let seg = self.sequence.board.get_or_init(|| {
             let job = self.inner().shm_job.as_deref().ok_or_else(|| Error::Invalid("no shared memory".into()))?;
             shared::Segment::open(self, job).map(Arc::new)
         });
-        seg.as_ref().map_err(Clone::clone)?.call(kind, len, input)
+        seg.as_ref().map_err(Clone::clone)?.call(kind, len, input, elem)
     }
 
     /// The node-leader decomposition, if this communicator spans more than one host.
@@ -406,7 +429,7 @@ impl Comm {
     /// ceil(log2 n) rounds; node-leader when the communicator spans several hosts).
     pub fn barrier(&self) -> impl Future<Output = Result<()>> + Send + use<> {
         let alg = self.choose(Operation::Barrier, 0, true);
-        let board = (alg == Algorithm::SharedMemory).then(|| self.board_call(Kind::Barrier, 0, Vec::new()));
+        let board = (alg == Algorithm::SharedMemory).then(|| self.board_call(Kind::Barrier, 0, &[], 1));
         let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
         let plan = if alg == Algorithm::Multicast || board.is_some() {
             // Takes its sequence number like any call, but runs on the multicast channel.
@@ -469,16 +492,16 @@ impl Comm {
         let me = self.rank();
         let board =
             (root < self.size() && self.choose(Operation::Bcast, bytes, true) == Algorithm::SharedMemory).then(|| {
-                let input = if me == root { bytemuck::cast_slice(buf).to_vec() } else { Vec::new() };
-                self.board_call(Kind::Bcast { root }, bytes, input)
+                let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
+                self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>())
             });
         let pool = self.sequence.pool.clone();
         let data = (board.is_none() && me == root).then(|| pool.copy(buf));
         let run = board.is_none().then(|| self.bcast_plan(root, data, bytes, size_of::<T>()));
         async move {
             let Some(run) = run else {
-                let out = board.expect("one of the two")?.await?;
-                return if me == root { Ok(()) } else { copy_into(buf, &Bytes::from(out)) };
+                let parts = board.expect("one of the two")?.await?;
+                return if me == root { Ok(()) } else { copy_parts(buf, &parts) };
             };
             let parts = run.await?;
             if me != root {
@@ -626,7 +649,7 @@ impl Comm {
         let (r, n) = (self.rank(), self.size());
         let pool = self.sequence.pool.clone();
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
-            self.board_call(Kind::Allreduce(op.erase()), size_of_val(buf), bytemuck::cast_slice(buf).to_vec())
+            self.board_call(Kind::Allreduce(op.erase()), size_of_val(buf), bytemuck::cast_slice(buf), size_of::<T>())
         });
         let data = if board.is_some() { Bytes::new() } else { pool.copy(buf) };
         let plan = if early.is_some() || board.is_some() {
@@ -648,7 +671,7 @@ impl Comm {
         };
         async move {
             if let Some(call) = board {
-                return copy_into(buf, &Bytes::from(call?.await?));
+                return copy_parts(buf, &call?.await?);
             }
             let out = match plan {
                 None => return Err(early.expect("set")),
@@ -827,9 +850,16 @@ impl Comm {
         let alg = self.choose(Operation::Allgather, size_of_val(data), true);
         let (r, n) = (self.rank(), self.size());
         let pool = self.sequence.pool.clone();
-        let plan = (self.slot(), ops::allgather(r, n, alg, pool.copy(data)));
+        let bytes = bytemuck::cast_slice(data);
+        let board = (alg == Algorithm::SharedMemory)
+            .then(|| self.board_call(Kind::Allgather, bytes.len(), bytes, size_of::<T>()));
+        let plan = board.is_none().then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
         move |out: &mut [T]| {
             Box::pin(async move {
+                let Some(plan) = plan else {
+                    let pieces = board.expect("one of the two")?.await?;
+                    return copy_gathered(out, &pieces, n as usize);
+                };
                 let blocks = Comm::drive(plan.0, plan.1?).await?;
                 copy_parts(out, &ops::allgather_result(&blocks, n)?)?;
                 pool.recycle(blocks);
@@ -846,7 +876,14 @@ impl Comm {
 
     /// Every rank's message (any lengths) at every rank.
     pub fn allgather_bytes(&self, data: Bytes) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
-        let alg = self.choose(Operation::Allgather, 0, true);
+        // Lengths differ between ranks: not for the board, whose all-gather parts are all alike.
+        let alg = match self.choose(Operation::Allgather, 0, true) {
+            Algorithm::SharedMemory => {
+                let call = Call { op: Operation::Allgather, ranks: self.size(), bytes: 0, commutative: true };
+                self.collective_table().choose(call)
+            }
+            alg => alg,
+        };
         self.allgather_with(data, alg)
     }
 

@@ -16,7 +16,7 @@
 
 use std::fs::OpenOptions;
 use std::future::Future;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::os::unix::fs::OpenOptionsExt;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -100,24 +100,47 @@ impl Segment {
         })
     }
 
-    /// Enqueues a call (described in full: it may run before its future is first polled).
-    pub(crate) fn call(self: &Arc<Segment>, kind: Kind, len: usize, input: Vec<u8>) -> Result<BoardCall> {
-        let seq = self.queue.lock().push(kind, len, input)?;
-        Ok(BoardCall { seg: self.clone(), seq, spin_start: None, nap: None, done: false })
+    /// Enqueues a call (described in full: it may run before its future is first polled), split
+    /// into pieces of at most the board's capacity, cut on `elem`-byte element boundaries.
+    /// `input`: the root's data (broadcast), this rank's contribution (all-reduce), or nothing.
+    pub(crate) fn call(self: &Arc<Segment>, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<BoardCall> {
+        let piece = (self.board.capacity() / elem.max(1) * elem.max(1)).max(1);
+        let pieces = len.div_ceil(piece).max(1);
+        let mut q = self.queue.lock();
+        let mut seqs: Option<Range<u64>> = None;
+        for k in 0..pieces {
+            let range = k * piece..((k + 1) * piece).min(len);
+            let data = input.get(range.clone()).map_or_else(Vec::new, <[u8]>::to_vec);
+            match q.push(&self.board, kind.clone(), range.len(), data) {
+                Ok(seq) => seqs.get_or_insert(seq..seq).end = seq + 1,
+                Err(e) => {
+                    seqs.into_iter().flatten().for_each(|seq| q.abandon(seq));
+                    return Err(e.into());
+                }
+            }
+        }
+        let seqs = seqs.expect("at least one piece");
+        Ok(BoardCall { seg: self.clone(), seqs, parts: Vec::new(), spin_start: None, nap: None })
     }
 
-    /// Advances every call; call `seq`'s result if it is done, or the loss of a peer it waits for.
-    fn check(&self, seq: u64, driver: Option<&Driver>) -> Poll<Result<Vec<u8>>> {
+    /// Advances every call; collects the finished pieces of `seqs` in order into `parts`; ready
+    /// when all are in, or on the loss of a peer the next piece waits for.
+    fn check(&self, seqs: &mut Range<u64>, parts: &mut Vec<Vec<u8>>, driver: Option<&Driver>) -> Poll<Result<()>> {
         let mut q = self.queue.lock();
         q.advance(&self.board);
-        if let Some(r) = q.take(seq) {
-            return Poll::Ready(r.map_err(Error::from));
+        while let Some(r) = q.take(seqs.start) {
+            seqs.start += 1;
+            match r {
+                Ok(part) => parts.push(part),
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+            if seqs.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
         }
-        if let (Some(d), Some(Waiting::Rank(r))) = (driver, q.waiting(&self.board, seq)) {
+        if let (Some(d), Some(Waiting::Rank(r))) = (driver, q.waiting(&self.board, seqs.start)) {
             let rank = self.members[r as usize];
             if let Some(reason) = d.engine.lost(rank) {
-                // Never completes now; it leaves the queue with the segment.
-                q.abandon(seq);
                 return Poll::Ready(Err(Error::PeerLost { rank, reason: reason.clone() }));
             }
         }
@@ -125,20 +148,22 @@ impl Segment {
     }
 }
 
-/// The future of one call on the board. Dropping it abandons the call: this rank still does its
-/// part whenever a later call of the communicator is driven, and the result is discarded.
+/// The future of one call on the board: its pieces' results, in order. Dropping it abandons
+/// what is left of the call: this rank still does its part whenever a later call of the
+/// communicator is driven, and the results are discarded.
 pub(crate) struct BoardCall {
     seg: Arc<Segment>,
-    seq: u64,
+    /// The pieces not collected yet.
+    seqs: Range<u64>,
+    parts: Vec<Vec<u8>>,
     spin_start: Option<Instant>,
     nap: Option<Pin<Box<tokio::time::Sleep>>>,
-    done: bool,
 }
 
 impl Future for BoardCall {
-    type Output = Result<Vec<u8>>;
+    type Output = Result<Vec<Vec<u8>>>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Vec<Vec<u8>>>> {
         let this = &mut *self;
         let seg = &*this.seg;
         // The board alone first: the latency-critical wait.
@@ -148,7 +173,7 @@ impl Future for BoardCall {
         let looks = if spin || crowded { BOARD_LOOKS } else { 1 };
         let mut r = Poll::Pending;
         for _ in 0..looks {
-            r = seg.check(this.seq, None);
+            r = seg.check(&mut this.seqs, &mut this.parts, None);
             if r.is_ready() {
                 break;
             }
@@ -159,11 +184,12 @@ impl Future for BoardCall {
             }
         }
         if r.is_pending() {
-            r = seg.reactor.poll_until(cx, &mut this.spin_start, |d, _| seg.check(this.seq, Some(d)));
+            let (seqs, parts) = (&mut this.seqs, &mut this.parts);
+            r = seg.reactor.poll_until(cx, &mut this.spin_start, |d, _| seg.check(seqs, parts, Some(d)));
         }
-        if r.is_ready() {
-            this.done = true;
-            return r;
+        if let Poll::Ready(r) = r {
+            // Failed: what is left is abandoned (on drop).
+            return Poll::Ready(r.map(|()| std::mem::take(&mut this.parts)));
         }
         if seg.mode != ProgressMode::BusyPoll {
             let nap = this.nap.get_or_insert_with(|| Box::pin(tokio::time::sleep(NAP)));
@@ -178,8 +204,9 @@ impl Future for BoardCall {
 
 impl Drop for BoardCall {
     fn drop(&mut self) {
-        if !self.done {
-            self.seg.queue.lock().abandon(self.seq);
+        if !self.seqs.is_empty() {
+            let mut q = self.seg.queue.lock();
+            self.seqs.clone().for_each(|seq| q.abandon(seq));
         }
     }
 }

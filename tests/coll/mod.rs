@@ -27,11 +27,11 @@ fn sum_ref(n: u32, count: usize, ranks: std::ops::Range<u32>) -> Vec<u64> {
 pub const TABLE_COUNTS: [usize; 7] = [0, 1, 31, 2_500, 9_000, 20_000, 300_000];
 /// Element counts for runs with a pinned algorithm.
 pub const PINNED_COUNTS: [usize; 4] = [0, 1, 100, 12_000];
-/// Element counts for the shared-memory board: up to its capacity (512 u64) and just beyond it,
-/// where the table's algorithm takes over.
-pub const BOARD_COUNTS: [usize; 5] = [0, 1, 100, 512, 513];
-/// Pins barrier, broadcast and all-reduce to the shared-memory board.
-pub const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,allreduce=shared-memory";
+/// Element counts for the shared-memory board: up to its capacity per call (64 KiB: 8192 u64 up
+/// to 32 ranks) and beyond it, where a call is split into several.
+pub const BOARD_COUNTS: [usize; 6] = [0, 1, 100, 8_192, 8_193, 20_000];
+/// Pins barrier, broadcast, all-reduce and all-gather to the shared-memory board.
+pub const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,allreduce=shared-memory,allgather=shared-memory";
 
 /// Runs every operation with the communicator's current table on each count.
 pub async fn operations(c: &Comm, counts: &[usize], label: &str) {
