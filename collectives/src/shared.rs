@@ -9,9 +9,9 @@
 //! UCC's shared-memory team).
 //!
 //! The board has [`SLOTS`] slots used in turn by the communicator's calls (call `s` uses slot
-//! `s % SLOTS`). In each slot every rank owns a part that starts on a cache line: two counters, a
-//! length and [`capacity`] bytes of data (the first 40 in the counters' line; a larger call is
-//! split into several):
+//! `s % SLOTS`). In each slot every rank owns a cache line (two counters, a length and up to 40
+//! bytes of data; the lines of all slots sit together) and a data area of [`capacity`] bytes for
+//! larger data (a call larger still is split into several):
 //! * `posted = s + 1`: the rank's part of call `s` is in place (release; readers acquire);
 //! * `done = s + 1`: the rank has finished reading call `s`'s slot, which may then be reused.
 //!
@@ -50,11 +50,14 @@ const MIN_CAPACITY: usize = 4 << 10;
 const BUDGET: usize = 16 << 20;
 
 const LINE: usize = 8;
-/// Where a part's data starts: right after its counters, so that up to 40 bytes travel in the
-/// counters' cache line (one line transfer for a small broadcast or all-reduce).
-const DATA_AT: usize = 3;
+/// Where data of up to [`INLINE`] bytes sits in a rank's line: right after its counters (one line
+/// transfer for a small call; the lines of all slots and ranks are packed together).
+const INLINE_AT: usize = 3;
+const INLINE: usize = (LINE - INLINE_AT) * 8;
 /// Header words: magic, rank count, attach count, padding to a line.
 const HEADER: usize = LINE;
+/// Larger data goes to the data areas, which start on a page.
+const PAGE: usize = 512;
 const MAGIC: u64 = u64::from_le_bytes(*b"FCBOARD1");
 
 const POSTED: usize = 0;
@@ -67,14 +70,14 @@ pub fn capacity(ranks: usize) -> usize {
     (BUDGET / (SLOTS as usize * ranks.max(1))).clamp(MIN_CAPACITY, MAX_CAPACITY) / MIN_CAPACITY * MIN_CAPACITY
 }
 
-/// Words of one rank's part of a slot: counters and data, padded to whole cache lines.
-fn part_words(ranks: usize) -> usize {
-    (DATA_AT + capacity(ranks) / 8).div_ceil(LINE) * LINE
+/// Where the data areas start (in words): after the header and every slot's and rank's line.
+fn data_start(ranks: usize) -> usize {
+    (HEADER + SLOTS as usize * ranks * LINE).div_ceil(PAGE) * PAGE
 }
 
 /// Size in bytes of the board of `ranks` ranks.
 pub fn board_bytes(ranks: usize) -> usize {
-    8 * (HEADER + SLOTS as usize * ranks * part_words(ranks))
+    8 * data_start(ranks) + SLOTS as usize * ranks * capacity(ranks)
 }
 
 /// One rank's view of a board: `words` is the shared memory (zeroed when created).
@@ -82,9 +85,9 @@ pub struct Board<M> {
     words: M,
     ranks: usize,
     me: usize,
-    /// [`capacity`] and [`part_words`] of `ranks`.
+    /// [`capacity`] and [`data_start`] of `ranks`.
     capacity: usize,
-    part: usize,
+    data_start: usize,
 }
 
 impl<M: Deref<Target = [AtomicU64]>> Board<M> {
@@ -106,8 +109,8 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
             return Err(CollError::Invalid(format!("the shared board holds {n:#x} ranks under magic {found:#x}")));
         }
         let attached = words[2].fetch_add(1, Relaxed) as usize + 1;
-        let (capacity, part) = (capacity(ranks), part_words(ranks));
-        Ok((Board { words, ranks, me, capacity, part }, attached))
+        let (capacity, data_start) = (capacity(ranks), data_start(ranks));
+        Ok((Board { words, ranks, me, capacity, data_start }, attached))
     }
 
     pub fn ranks(&self) -> usize {
@@ -119,27 +122,49 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
         self.capacity
     }
 
-    fn part(&self, seq: u64, rank: usize) -> &[AtomicU64] {
-        let at = HEADER + ((seq % SLOTS) as usize * self.ranks + rank) * self.part;
-        &self.words[at..at + self.part]
+    /// Rank `rank`'s line in call `seq`'s slot: counters and inline data.
+    fn line(&self, seq: u64, rank: usize) -> &[AtomicU64] {
+        let at = HEADER + ((seq % SLOTS) as usize * self.ranks + rank) * LINE;
+        &self.words[at..at + LINE]
+    }
+
+    /// Rank `rank`'s data area in call `seq`'s slot.
+    fn area(&self, seq: u64, rank: usize) -> &[AtomicU64] {
+        let words = self.capacity / 8;
+        let at = self.data_start + ((seq % SLOTS) as usize * self.ranks + rank) * words;
+        &self.words[at..at + words]
     }
 
     fn write(&self, seq: u64, data: &[u8]) {
-        let part = self.part(seq, self.me);
-        copy_in(&part[DATA_AT..], data);
-        part[LEN].store(data.len() as u64, Relaxed);
+        let line = self.line(seq, self.me);
+        if data.len() <= INLINE {
+            for (w, c) in line[INLINE_AT..].iter().zip(data.chunks(8)) {
+                let mut b = [0u8; 8];
+                b[..c.len()].copy_from_slice(c);
+                w.store(u64::from_le_bytes(b), Relaxed);
+            }
+        } else {
+            copy_in(self.area(seq, self.me), data);
+        }
+        line[LEN].store(data.len() as u64, Relaxed);
     }
 
     /// Rank `rank`'s data of call `seq` (after its `posted` was acquired).
     fn read(&self, seq: u64, rank: usize, out: &mut Vec<u8>) -> Result<(), CollError> {
-        let part = self.part(seq, rank);
-        let len = part[LEN].load(Relaxed) as usize;
+        let line = self.line(seq, rank);
+        let len = line[LEN].load(Relaxed) as usize;
         if len > self.capacity {
             return Err(CollError::Malformed { from: rank as u32, why: "length beyond the board's capacity" });
         }
         out.clear();
         out.resize(len, 0);
-        copy_out(&part[DATA_AT..], out);
+        if len <= INLINE {
+            for (w, c) in line[INLINE_AT..].iter().zip(out.chunks_mut(8)) {
+                c.copy_from_slice(&w.load(Relaxed).to_le_bytes()[..c.len()]);
+            }
+        } else {
+            copy_out(self.area(seq, rank), out);
+        }
         Ok(())
     }
 }
@@ -301,7 +326,7 @@ fn before(seq: u64) -> u64 {
 
 /// The first thing call `c` waits for in its current phase, or `None` if it can move.
 fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<Waiting> {
-    let mine = b.part(c.seq, b.me);
+    let mine = b.line(c.seq, b.me);
     match c.phase {
         Phase::Post => {
             if mine[POSTED].load(Relaxed) != before(c.seq) {
@@ -309,14 +334,14 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<Wai
             }
             if c.writes(b.me) {
                 // Rule 2: the slot's previous call is finished everywhere.
-                let busy = (0..b.ranks).find(|&r| b.part(c.seq, r)[DONE].load(Acquire) < before(c.seq));
+                let busy = (0..b.ranks).find(|&r| b.line(c.seq, r)[DONE].load(Acquire) < before(c.seq));
                 return busy.map(|r| Waiting::Rank(r as u32));
             }
             None
         }
         Phase::Wait => {
             let need = c.seq + 1;
-            let late = |r: usize| b.part(c.seq, r)[POSTED].load(Acquire) < need;
+            let late = |r: usize| b.line(c.seq, r)[POSTED].load(Acquire) < need;
             let r = match c.kind {
                 Kind::Bcast { root } => late(root as usize).then_some(root as usize),
                 Kind::Barrier | Kind::Allreduce(_) | Kind::Allgather => (0..b.ranks).find(|&r| late(r)),
@@ -330,7 +355,7 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<Wai
 
 fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call) {
     while c.phase != Phase::Done && blocker(b, c).is_none() {
-        let mine = b.part(c.seq, b.me);
+        let mine = b.line(c.seq, b.me);
         match c.phase {
             Phase::Post => {
                 if c.writes(b.me) {
@@ -467,8 +492,9 @@ mod tests {
                     let want: Vec<u64> =
                         (0..len as u64).map(|i| (0..n as u64).map(|r| i * (r + 1) + round).sum::<u64>()).collect();
                     assert_eq!(run(&mut q, &b, s).unwrap(), words(&want), "n={n} round={round}");
-                    let s = q.push(&b, Kind::Allgather, 16, words(&[me as u64, round])).unwrap();
-                    let all: Vec<u64> = (0..n as u64).flat_map(|r| [r, round]).collect();
+                    // 48 bytes: past the 40 that fit in a rank's line.
+                    let s = q.push(&b, Kind::Allgather, 48, words(&[me as u64, round, 1, 2, 3, 4])).unwrap();
+                    let all: Vec<u64> = (0..n as u64).flat_map(|r| [r, round, 1, 2, 3, 4]).collect();
                     assert_eq!(run(&mut q, &b, s).unwrap(), words(&all), "n={n} round={round}");
                 }
                 assert!(q.is_empty());
@@ -525,7 +551,7 @@ mod tests {
         assert!(run(&mut q, &b, s0).unwrap().is_empty(), "the root gets nothing back");
         assert!(matches!(run(&mut q1, &b1, s1), Err(CollError::Malformed { from: 0, .. })));
         // A length word beyond the capacity (a corrupt board) is refused, not followed.
-        b.part(s0 + 1, 0)[LEN].store(u64::MAX, Relaxed);
+        b.line(s0 + 1, 0)[LEN].store(u64::MAX, Relaxed);
         let mut out = Vec::new();
         assert!(b1.read(s0 + 1, 0, &mut out).is_err());
         // Waiting names the rank that has not posted.

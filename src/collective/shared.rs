@@ -29,6 +29,7 @@ use ferrocomm_collectives::shared::{Board, Kind, Queue, Waiting, board_bytes};
 use ferrocomm_reactor::{ProgressMode, Reactor};
 use ferrocomm_transports::Rank;
 use ferrocomm_transports::mapping::Mapping;
+use smallvec::SmallVec;
 
 use crate::driver::Driver;
 use crate::error::{Error, Result};
@@ -120,12 +121,12 @@ impl Segment {
             }
         }
         let seqs = seqs.expect("at least one piece");
-        Ok(BoardCall { seg: self.clone(), seqs, parts: Vec::new(), spin_start: None, nap: None })
+        Ok(BoardCall { seg: self.clone(), seqs, parts: Pieces::new(), spin_start: None, nap: None })
     }
 
     /// Advances every call; collects the finished pieces of `seqs` in order into `parts`; ready
     /// when all are in, or on the loss of a peer the next piece waits for.
-    fn check(&self, seqs: &mut Range<u64>, parts: &mut Vec<Vec<u8>>, driver: Option<&Driver>) -> Poll<Result<()>> {
+    fn check(&self, seqs: &mut Range<u64>, parts: &mut Pieces, driver: Option<&Driver>) -> Poll<Result<()>> {
         let mut q = self.queue.lock();
         q.advance(&self.board);
         while let Some(r) = q.take(seqs.start) {
@@ -155,15 +156,18 @@ pub(crate) struct BoardCall {
     seg: Arc<Segment>,
     /// The pieces not collected yet.
     seqs: Range<u64>,
-    parts: Vec<Vec<u8>>,
+    parts: Pieces,
     spin_start: Option<Instant>,
     nap: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl Future for BoardCall {
-    type Output = Result<Vec<Vec<u8>>>;
+/// The results of a call's pieces, in order: usually one (inline, no allocation).
+pub(crate) type Pieces = SmallVec<[Vec<u8>; 1]>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Vec<Vec<u8>>>> {
+impl Future for BoardCall {
+    type Output = Result<Pieces>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Pieces>> {
         let this = &mut *self;
         let seg = &*this.seg;
         // The board alone first: the latency-critical wait.
