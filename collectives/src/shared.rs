@@ -9,17 +9,23 @@
 //! UCC's shared-memory team).
 //!
 //! The board has [`SLOTS`] slots used in turn by the communicator's calls (call `s` uses slot
-//! `s % SLOTS`). In each slot every rank owns a cache line (two counters, a length and up to 40
-//! bytes of data; the lines of all slots sit together) and a data area of [`capacity`] bytes for
-//! larger data (a call larger still is split into several):
-//! * `posted = s + 1`: the rank's part of call `s` is in place (release; readers acquire);
-//! * `done = s + 1`: the rank has finished reading call `s`'s slot, which may then be reused.
+//! `s % SLOTS`). In each slot every rank owns a cache line (a counter, a length and up to 48 bytes
+//! of data; the lines of all slots sit together) and a data area of [`capacity`] bytes for larger
+//! data (a call larger still is split into several). Each rank also owns one more line:
+//! * `posted = s + 1` in its slot line: the rank's part of call `s` is in place (release; readers
+//!   acquire);
+//! * `finished = s + 1` in its own line: the rank is done with calls `0..=s` and reads none of
+//!   their slots again.
 //!
 //! Rules, each rank for itself, which make a slot's reuse safe without locks:
-//! 1. a rank posts and finishes the calls of one slot in call order (`posted` and `done` step from
-//!    `s + 1 - SLOTS` to `s + 1`), so `posted >= s + 1` means "posted call `s`";
-//! 2. a rank writes data into a slot only once every rank's `done` says the slot's previous call
-//!    is finished everywhere.
+//! 1. a rank posts its calls in call order and finishes them in call order, so `posted >= s + 1`
+//!    in slot `s % SLOTS` means "posted call `s`", and `finished` is one number;
+//! 2. a rank writes data into a slot only once every rank's `finished` has passed the slot's
+//!    previous call. It remembers the `finished` values it has seen, so it reads another rank's
+//!    line only every few calls, not on every call.
+//!
+//! A broadcast's receivers post nothing (nobody reads their part of it): an 8 B broadcast costs
+//! the root one line written and each receiver one line read.
 //!
 //! Calls are described in full when they are made ([`Call`]: the root's data, the rank's
 //! contribution) and kept in a [`Queue`] that any poll advances, so a call whose future is held
@@ -50,9 +56,9 @@ const MIN_CAPACITY: usize = 4 << 10;
 const BUDGET: usize = 16 << 20;
 
 const LINE: usize = 8;
-/// Where data of up to [`INLINE`] bytes sits in a rank's line: right after its counters (one line
-/// transfer for a small call; the lines of all slots and ranks are packed together).
-const INLINE_AT: usize = 3;
+/// Where data of up to [`INLINE`] bytes sits in a rank's line: right after its counter and length
+/// (one line transfer for a small call; the lines of all slots and ranks are packed together).
+const INLINE_AT: usize = 2;
 const INLINE: usize = (LINE - INLINE_AT) * 8;
 /// Header words: magic, rank count, attach count, padding to a line.
 const HEADER: usize = LINE;
@@ -61,8 +67,7 @@ const PAGE: usize = 512;
 const MAGIC: u64 = u64::from_le_bytes(*b"FCBOARD1");
 
 const POSTED: usize = 0;
-const DONE: usize = 1;
-const LEN: usize = 2;
+const LEN: usize = 1;
 
 /// Bytes each of `ranks` ranks may publish per call: 64 KiB up to 32 ranks, less beyond (the
 /// board stays within 16 MiB), never below 4 KiB. A larger call is split into calls of this size.
@@ -70,9 +75,10 @@ pub fn capacity(ranks: usize) -> usize {
     (BUDGET / (SLOTS as usize * ranks.max(1))).clamp(MIN_CAPACITY, MAX_CAPACITY) / MIN_CAPACITY * MIN_CAPACITY
 }
 
-/// Where the data areas start (in words): after the header and every slot's and rank's line.
+/// Where the data areas start (in words): after the header, every rank's `finished` line and
+/// every slot's and rank's line.
 fn data_start(ranks: usize) -> usize {
-    (HEADER + SLOTS as usize * ranks * LINE).div_ceil(PAGE) * PAGE
+    (HEADER + ranks * LINE + SLOTS as usize * ranks * LINE).div_ceil(PAGE) * PAGE
 }
 
 /// Size in bytes of the board of `ranks` ranks.
@@ -122,9 +128,14 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
         self.capacity
     }
 
-    /// Rank `rank`'s line in call `seq`'s slot: counters and inline data.
+    /// Rank `rank`'s `finished` counter.
+    fn finished(&self, rank: usize) -> &AtomicU64 {
+        &self.words[HEADER + rank * LINE]
+    }
+
+    /// Rank `rank`'s line in call `seq`'s slot: `posted`, length and inline data.
     fn line(&self, seq: u64, rank: usize) -> &[AtomicU64] {
-        let at = HEADER + ((seq % SLOTS) as usize * self.ranks + rank) * LINE;
+        let at = HEADER + (self.ranks + (seq % SLOTS) as usize * self.ranks + rank) * LINE;
         &self.words[at..at + LINE]
     }
 
@@ -237,7 +248,7 @@ pub enum Waiting {
 }
 
 impl Call {
-    /// Whether rank `me` publishes data in this call (else only its `posted` counter moves).
+    /// Whether rank `me` publishes data in this call.
     fn writes(&self, me: usize) -> bool {
         match &self.kind {
             Kind::Barrier => false,
@@ -245,6 +256,22 @@ impl Call {
             Kind::Allreduce(_) | Kind::Allgather => true,
         }
     }
+
+    /// Whether rank `me` posts in this call (everyone but a broadcast's receivers).
+    fn posts(&self, me: usize) -> bool {
+        !matches!(self.kind, Kind::Bcast { root } if root as usize != me)
+    }
+}
+
+/// This rank's own progress through the calls (rule 1) and what it knows of the others' (rule 2).
+#[derive(Debug, Default)]
+struct Order {
+    /// Calls before this one have posted.
+    posted: u64,
+    /// Calls before this one have finished.
+    finished: u64,
+    /// The highest `finished` seen of each rank.
+    seen: Vec<u64>,
 }
 
 /// The calls of one communicator on this rank, oldest first.
@@ -252,14 +279,15 @@ impl Call {
 pub struct Queue {
     next: u64,
     calls: VecDeque<Call>,
+    order: Order,
     /// Some abandoned call may have finished: sweep it out.
     sweep: bool,
 }
 
 impl Queue {
     /// Enqueues a call on `board` and returns its number. `input` is the root's data (broadcast) or
-    /// this rank's contribution (all-reduce), `len` bytes that every rank must agree on, at most
-    /// the board's [`capacity`].
+    /// this rank's contribution (all-reduce, all-gather), `len` bytes that every rank must agree
+    /// on, at most the board's [`capacity`].
     pub fn push<M>(&mut self, board: &Board<M>, kind: Kind, len: usize, input: Vec<u8>) -> Result<u64, CollError> {
         let cap = board.capacity;
         if len > cap || input.len() > cap {
@@ -275,7 +303,7 @@ impl Queue {
     /// Advances every call as far as the board allows.
     pub fn advance<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>) {
         for call in self.calls.iter_mut() {
-            step(board, call);
+            step(board, call, &mut self.order);
         }
         if self.sweep {
             self.sweep_abandoned();
@@ -295,9 +323,9 @@ impl Queue {
     }
 
     /// What call `seq` waits for, if it is not done.
-    pub fn waiting<M: Deref<Target = [AtomicU64]>>(&self, board: &Board<M>, seq: u64) -> Option<Waiting> {
+    pub fn waiting<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, seq: u64) -> Option<Waiting> {
         let call = self.calls.iter().find(|c| c.seq == seq && c.phase != Phase::Done)?;
-        Some(blocker(board, call).unwrap_or(Waiting::Earlier))
+        Some(blocker(board, call, &mut self.order).unwrap_or(Waiting::Earlier))
     }
 
     /// Call `seq`'s future was dropped: the call still does its part (other ranks may depend on
@@ -319,23 +347,25 @@ impl Queue {
     }
 }
 
-/// The previous call's number on the same slot plus one (what `posted`/`done` hold before `seq`).
-fn before(seq: u64) -> u64 {
-    (seq + 1).saturating_sub(SLOTS)
-}
-
 /// The first thing call `c` waits for in its current phase, or `None` if it can move.
-fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<Waiting> {
-    let mine = b.line(c.seq, b.me);
+fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order) -> Option<Waiting> {
     match c.phase {
         Phase::Post => {
-            if mine[POSTED].load(Relaxed) != before(c.seq) {
+            if o.posted != c.seq {
                 return Some(Waiting::Earlier);
             }
             if c.writes(b.me) {
-                // Rule 2: the slot's previous call is finished everywhere.
-                let busy = (0..b.ranks).find(|&r| b.line(c.seq, r)[DONE].load(Acquire) < before(c.seq));
-                return busy.map(|r| Waiting::Rank(r as u32));
+                // Rule 2: every rank is done with the slot's previous call.
+                let need = (c.seq + 1).saturating_sub(SLOTS);
+                o.seen.resize(b.ranks, 0);
+                for r in 0..b.ranks {
+                    if o.seen[r] < need {
+                        o.seen[r] = b.finished(r).load(Acquire);
+                        if o.seen[r] < need {
+                            return Some(Waiting::Rank(r as u32));
+                        }
+                    }
+                }
             }
             None
         }
@@ -348,20 +378,22 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<Wai
             };
             r.map(|r| Waiting::Rank(r as u32))
         }
-        Phase::Finish => (mine[DONE].load(Relaxed) != before(c.seq)).then_some(Waiting::Earlier),
+        Phase::Finish => (o.finished != c.seq).then_some(Waiting::Earlier),
         Phase::Done => None,
     }
 }
 
-fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call) {
-    while c.phase != Phase::Done && blocker(b, c).is_none() {
-        let mine = b.line(c.seq, b.me);
+fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Order) {
+    while c.phase != Phase::Done && blocker(b, c, o).is_none() {
         match c.phase {
             Phase::Post => {
                 if c.writes(b.me) {
                     b.write(c.seq, &c.input);
                 }
-                mine[POSTED].store(c.seq + 1, Release);
+                if c.posts(b.me) {
+                    b.line(c.seq, b.me)[POSTED].store(c.seq + 1, Release);
+                }
+                o.posted = c.seq + 1;
                 c.phase = Phase::Wait;
             }
             Phase::Wait => {
@@ -369,7 +401,8 @@ fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call) {
                 c.phase = Phase::Finish;
             }
             Phase::Finish => {
-                mine[DONE].store(c.seq + 1, Release);
+                o.finished = c.seq + 1;
+                b.finished(b.me).store(o.finished, Release);
                 c.phase = Phase::Done;
             }
             Phase::Done => {}
