@@ -431,11 +431,11 @@ impl Comm {
         let alg = self.choose(Operation::Barrier, 0, true);
         let board = (alg == Algorithm::SharedMemory).then(|| self.board_call(Kind::Barrier, 0, &[], 1));
         let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
-        let plan = if alg == Algorithm::Multicast || board.is_some() {
+        let plan = if board.is_some() {
+            None
+        } else if alg == Algorithm::Multicast {
             // Takes its sequence number like any call, but runs on the multicast channel.
-            if board.is_none() {
-                self.slot();
-            }
+            self.slot();
             None
         } else if alg == Algorithm::Hierarchical {
             let h = self.hierarchy().expect("chosen");
