@@ -15,8 +15,9 @@
  *
  * usage: osu_coll [-o op,op,...] [-s size,size,...] [-i iters] [-w warmup] [-I iters_large]
  *                 [-W warmup_large] [-L large_bytes] [-p cpu,cpu,...]
- *   ops: barrier, bcast, allreduce, allgather, alltoall (default all); also sendrecv, the
- *        point-to-point baseline (not in the default set): MPI_Sendrecv of `bytes` with rank r^1
+ *   ops: barrier, bcast, allreduce, allgather, alltoall (default all); also reduce (f32 sum at
+ *        rank 0) and sendrecv, the point-to-point baseline (not in the default set):
+ *        MPI_Sendrecv of `bytes` with rank r^1
  *   sizes above large_bytes (default 8192) use the _large counts (defaults 1000/200, 100/10, OSU's)
  *   -p pins rank r to the (r mod count)-th CPU of the list, as the ferrocomm ranks pin themselves.
  *
@@ -86,6 +87,8 @@ static double run(const char *op, long bytes, long iters, long warmup, char *a, 
             MPI_Bcast(a, (int)bytes, MPI_CHAR, 0, MPI_COMM_WORLD);
         else if (!strcmp(op, "allreduce"))
             MPI_Allreduce(a, b, (int)(bytes / sizeof(float)), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        else if (!strcmp(op, "reduce"))
+            MPI_Reduce(a, b, (int)(bytes / sizeof(float)), MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
         else if (!strcmp(op, "allgather"))
             MPI_Allgather(a, (int)bytes, MPI_CHAR, b, (int)bytes, MPI_CHAR, MPI_COMM_WORLD);
         else if (!strcmp(op, "alltoall"))
@@ -172,8 +175,8 @@ int main(int argc, char **argv) {
             MPI_Barrier(MPI_COMM_WORLD);
         report("barrier", 0, o.iters, MPI_Wtime() - t, MPI_COMM_WORLD);
     }
-    const char *sized[] = {"bcast", "allreduce", "allgather", "alltoall", "sendrecv"};
-    for (int k = 0; k < 5; k++) {
+    const char *sized[] = {"bcast", "reduce", "allreduce", "allgather", "alltoall", "sendrecv"};
+    for (int k = 0; k < 6; k++) {
         if (!has_op(o.ops, sized[k]))
             continue;
         for (int s = 0; s < o.nsizes; s++) {

@@ -177,7 +177,7 @@ async fn measure(comm: &Comm, s: &Schedule) -> Result<()> {
         let alg = comm.collective_algorithm(Operation::Barrier, 0).to_string();
         report(comm, "barrier", 0, s.iters, t.elapsed().as_secs_f64(), alg).await?;
     }
-    for op in ["bcast", "allreduce", "allgather", "alltoall", "sendrecv"] {
+    for op in ["bcast", "reduce", "allreduce", "allgather", "alltoall", "sendrecv"] {
         if !s.ops.iter().any(|o| o == op) {
             continue;
         }
@@ -211,6 +211,7 @@ async fn once(comm: &Comm, op: &str, bytes: usize, b: &mut Buffers) -> Result<f6
     match op {
         "bcast" => comm.broadcast(0, &mut b.bytes[..bytes]).await?,
         "allreduce" => comm.allreduce(&mut b.floats[..floats], ReduceOp::Sum).await?,
+        "reduce" => _ = comm.reduce(0, &b.input[..floats], ReduceOp::Sum).await?,
         // Into a preallocated receive buffer, as the MPI side does.
         "allgather" => comm.allgather_into(&b.bytes[..bytes], &mut b.out[..bytes * n]).await?,
         "alltoall" => comm.alltoall_into(&b.bytes[..bytes * n], &mut b.out[..bytes * n]).await?,

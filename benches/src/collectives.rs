@@ -37,7 +37,8 @@ with mpicc.openmpi and mpicc.mpich), alternating, medians over --runs runs.
 
 options:
   --ranks N,M,...      rank counts (default 2,4)
-  --ops OP,...         of barrier,bcast,allreduce,allgather,alltoall (default all)
+  --ops OP,...         of barrier,bcast,allreduce,allgather,alltoall (default all), also reduce
+                       and sendrecv
   --max BYTES          largest size (default 1M); sizes are 8 B times --step while below, and --max
   --step K             size factor (default 4; 2 for every power of two)
   --iters N --warmup N             per size up to --large bytes (default 1000, 200: OSU's)
@@ -492,9 +493,10 @@ mod tests {
         let mut r = Row::default();
         r.runs.insert(OURS.into(), vec![1.0, 3.0, 2.0]);
         r.runs.insert("openmpi".into(), vec![4.0]);
-        rows.insert((2, 2, 8), r);
-        assert_eq!(rows[&(2, 2, 8)].ratio("openmpi"), Some(0.5));
-        assert_eq!(rows[&(2, 2, 8)].ratio("mpich"), None);
+        let allreduce = osu::OPS.iter().position(|o| *o == "allreduce").unwrap();
+        rows.insert((2, allreduce, 8), r);
+        assert_eq!(rows[&(2, allreduce, 8)].ratio("openmpi"), Some(0.5));
+        assert_eq!(rows[&(2, allreduce, 8)].ratio("mpich"), None);
         let g = goal(&rows, &[2]);
         assert_eq!(g.len(), 1);
         assert!(g[0].contains("allreduce 8 B") && g[0].ends_with("(met)"), "{g:?}");

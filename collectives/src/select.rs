@@ -46,7 +46,13 @@
 //!   against 10.3, 14.0 against 11.3); 4 ranks: broadcast won at every size to 64 KiB (19 against
 //!   46 us), all-reduce to 32 KiB (40 against 65 us; 145 against 104 at 64 KiB), all-gather to
 //!   8 KiB (16.7 against 39.7 us; 110 against 82 at 32 KiB). Hence [`Table::shared_max`] 8 KiB,
-//!   [`Table::shared_bcast_max`] 64 KiB and [`Table::shared_allreduce_max`] 32 KiB.
+//!   [`Table::shared_bcast_max`] 64 KiB and [`Table::shared_allreduce_max`] 32 KiB. The same runs
+//!   for reduce (against binomial) and all-to-all (against Bruck; sizes are one rank's block):
+//!   reduce won to 32 KiB on 2 and 4 ranks (7.9 against 10.1 us, 10.9 against 19.9) and lost or
+//!   tied at 64 KiB (32.9 against 17.1, 29.7 against 28.7): [`Table::shared_reduce_max`] 32 KiB;
+//!   all-to-all won to 2 KiB blocks on 2 ranks (2.1 against 3.8 us), tied at 8 KiB (5.9 against
+//!   5.5), and won to 8 KiB on 4 (31.7 against 42.2 us): [`Table::shared_max`] as well (the
+//!   whole of a rank's data must fit one call of the board).
 //!
 //! Re-measure on the target machine with more ranks than this one has: the 4-rank figures are
 //! oversubscribed, and scatter + all-gather broadcast is expected to win at large sizes with more
@@ -131,7 +137,15 @@ impl Algorithm {
 
     /// The operations the shared-memory board serves (every rank on one host).
     pub fn shared_memory_serves(op: Operation) -> bool {
-        matches!(op, Operation::Barrier | Operation::Bcast | Operation::Allreduce | Operation::Allgather)
+        matches!(
+            op,
+            Operation::Barrier
+                | Operation::Bcast
+                | Operation::Reduce
+                | Operation::Allreduce
+                | Operation::Allgather
+                | Operation::Alltoall
+        )
     }
 }
 
@@ -218,14 +232,16 @@ pub struct Table {
     pub alltoall_small: usize,
     /// Groups up to this size use the linear algorithms for gather and scatter.
     pub linear_ranks: u32,
-    /// Broadcast, all-reduce and all-gather up to this many bytes (per rank) use the shared-memory
-    /// board when every rank of the communicator is on one host and the ranks busy-poll (barrier
-    /// always does); see [`Table::shared_limit`].
+    /// Broadcast, all-reduce, all-gather and all-to-all up to this many bytes (per rank; a block
+    /// for all-to-all) use the shared-memory board when every rank of the communicator is on one
+    /// host and the ranks busy-poll (barrier always does); see [`Table::shared_limit`].
     pub shared_max: usize,
     /// ... broadcast up to this many with more than 2 ranks ...
     pub shared_bcast_max: usize,
-    /// ... and all-reduce up to this many with more than 2 ranks.
+    /// ... all-reduce up to this many with more than 2 ranks ...
     pub shared_allreduce_max: usize,
+    /// ... and reduce up to this many.
+    pub shared_reduce_max: usize,
     /// Operations pinned to one algorithm.
     pub overrides: HashMap<Operation, Algorithm>,
 }
@@ -242,6 +258,7 @@ impl Default for Table {
             shared_max: 8 << 10,
             shared_bcast_max: 64 << 10,
             shared_allreduce_max: 32 << 10,
+            shared_reduce_max: 32 << 10,
             overrides: HashMap::new(),
         }
     }
@@ -270,6 +287,7 @@ impl Table {
             Operation::Barrier => usize::MAX,
             Operation::Bcast if ranks > 2 => self.shared_bcast_max,
             Operation::Allreduce if ranks > 2 => self.shared_allreduce_max,
+            Operation::Reduce => self.shared_reduce_max,
             _ if Algorithm::shared_memory_serves(op) => self.shared_max,
             _ => 0,
         }
@@ -357,8 +375,10 @@ mod tests {
         assert_eq!(t.shared_limit(Operation::Bcast, 4), 64 << 10);
         assert_eq!(t.shared_limit(Operation::Allreduce, 4), 32 << 10);
         assert_eq!(t.shared_limit(Operation::Allgather, 4), 8 << 10);
-        assert_eq!(t.shared_limit(Operation::Alltoall, 4), 0);
-        assert!(Table::default().with_overrides("allgather=shared-memory").is_ok());
-        assert!(Table::default().with_overrides("alltoall=shared-memory").is_err());
+        assert_eq!(t.shared_limit(Operation::Reduce, 2), 32 << 10);
+        assert_eq!(t.shared_limit(Operation::Alltoall, 2), 8 << 10);
+        assert_eq!(t.shared_limit(Operation::Gather, 4), 0);
+        assert!(Table::default().with_overrides("alltoall=shared-memory").is_ok());
+        assert!(Table::default().with_overrides("gather=shared-memory").is_err());
     }
 }

@@ -6,7 +6,8 @@
 //! 8 B in 0.1-0.3 us). Here a rank publishes its part in its own cache line of a shared *board* and
 //! the others read it there: a barrier, an 8 B broadcast or an 8 B all-reduce costs a few
 //! cache-line transfers, as in the shared-memory collectives of MPI libraries (Open MPI's coll/sm,
-//! UCC's shared-memory team).
+//! UCC's shared-memory team). Served: barrier, broadcast, reduce, all-reduce, all-gather and
+//! all-to-all ([`Kind`]).
 //!
 //! The board has [`SLOTS`] slots used in turn by the communicator's calls (call `s` uses slot
 //! `s % SLOTS`). In each slot every rank owns a cache line (a counter, a length and up to 48 bytes
@@ -212,6 +213,14 @@ pub enum Kind {
     Allreduce(Reducer),
     /// Every rank's part (all of one length), laid end to end in rank order.
     Allgather,
+    /// Every rank's data holds one block per rank; the result is this rank's block of every rank's
+    /// data, in rank order. Not split into pieces: the whole data must fit one call.
+    Alltoall,
+    /// Combined in rank order at the root (empty result elsewhere).
+    Reduce {
+        root: u32,
+        op: Reducer,
+    },
 }
 
 /// Where a call stands.
@@ -253,7 +262,7 @@ impl Call {
         match &self.kind {
             Kind::Barrier => false,
             Kind::Bcast { root } => *root as usize == me,
-            Kind::Allreduce(_) | Kind::Allgather => true,
+            Kind::Allreduce(_) | Kind::Allgather | Kind::Alltoall | Kind::Reduce { .. } => true,
         }
     }
 
@@ -374,7 +383,11 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order
             let late = |r: usize| b.line(c.seq, r)[POSTED].load(Acquire) < need;
             let r = match c.kind {
                 Kind::Bcast { root } => late(root as usize).then_some(root as usize),
-                Kind::Barrier | Kind::Allreduce(_) | Kind::Allgather => (0..b.ranks).find(|&r| late(r)),
+                // Only the root reads a reduction.
+                Kind::Reduce { root, .. } if root as usize != b.me => None,
+                Kind::Barrier | Kind::Allreduce(_) | Kind::Allgather | Kind::Alltoall | Kind::Reduce { .. } => {
+                    (0..b.ranks).find(|&r| late(r))
+                }
             };
             r.map(|r| Waiting::Rank(r as u32))
         }
@@ -418,7 +431,8 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<
         // The root has its data: it gets nothing back.
         Kind::Bcast { root } if *root as usize == b.me => return Ok(out),
         Kind::Bcast { root } => b.read(c.seq, *root as usize, &mut out)?,
-        Kind::Allreduce(op) => {
+        Kind::Reduce { root, .. } if *root as usize != b.me => return Ok(out),
+        Kind::Allreduce(op) | Kind::Reduce { op, .. } => {
             b.read(c.seq, 0, &mut out)?;
             let mut x = Vec::with_capacity(out.len());
             for r in 1..b.ranks {
@@ -437,6 +451,21 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<
                     return Err(CollError::Malformed { from: r as u32, why: "all-gather length differs" });
                 }
                 out.extend_from_slice(&x);
+            }
+            return Ok(out);
+        }
+        Kind::Alltoall => {
+            if !c.len.is_multiple_of(b.ranks) {
+                return Err(CollError::Invalid(format!("{} bytes do not split into {} blocks", c.len, b.ranks)));
+            }
+            let block = c.len / b.ranks;
+            let mut x = Vec::with_capacity(c.len);
+            for r in 0..b.ranks {
+                b.read(c.seq, r, &mut x)?;
+                if x.len() != c.len {
+                    return Err(CollError::Malformed { from: r as u32, why: "all-to-all length differs" });
+                }
+                out.extend_from_slice(&x[b.me * block..(b.me + 1) * block]);
             }
             return Ok(out);
         }
@@ -503,7 +532,7 @@ mod tests {
         bytemuck::cast_slice(v).to_vec()
     }
 
-    /// Every rank count 1..=9: many rounds of barrier, broadcast from every root, all-reduce and all-gather
+    /// Every rank count 1..=9: many rounds of every kind of call
     /// (more calls than slots, so slots are reused), checked against the sequential result.
     #[test]
     fn rounds_on_threads_match_the_reference() {
@@ -529,6 +558,17 @@ mod tests {
                     let s = q.push(&b, Kind::Allgather, 48, words(&[me as u64, round, 1, 2, 3, 4])).unwrap();
                     let all: Vec<u64> = (0..n as u64).flat_map(|r| [r, round, 1, 2, 3, 4]).collect();
                     assert_eq!(run(&mut q, &b, s).unwrap(), words(&all), "n={n} round={round}");
+                    // Block d of rank s's data: s * 100 + d.
+                    let mine: Vec<u64> = (0..n as u64).map(|d| me as u64 * 100 + d + round).collect();
+                    let s = q.push(&b, Kind::Alltoall, 8 * n, words(&mine)).unwrap();
+                    let want: Vec<u64> = (0..n as u64).map(|s| s * 100 + me as u64 + round).collect();
+                    assert_eq!(run(&mut q, &b, s).unwrap(), words(&want), "n={n} round={round}");
+                    let root = (round as usize + 1) % n;
+                    let op = sum();
+                    let s = q.push(&b, Kind::Reduce { root: root as u32, op }, 8, words(&[me as u64 + round])).unwrap();
+                    let total: u64 = (0..n as u64).map(|r| r + round).sum();
+                    let want = if me == root { words(&[total]) } else { Vec::new() };
+                    assert_eq!(run(&mut q, &b, s).unwrap(), want, "n={n} round={round}");
                 }
                 assert!(q.is_empty());
             });

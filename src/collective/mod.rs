@@ -273,7 +273,11 @@ impl Comm {
         }
         // The shared-memory board: calls on one host, by default small ones of busy-polling ranks
         // (a sleeping rank is not woken by the board, see `shared`).
-        if Algorithm::shared_memory_serves(op) && self.on_one_host() {
+        // (An all-to-all is not split into pieces: all of a rank's data must fit one.)
+        let fits = op != Operation::Alltoall
+            || bytes.saturating_mul(self.size() as usize)
+                <= ferrocomm_collectives::shared::capacity(self.size() as usize);
+        if Algorithm::shared_memory_serves(op) && fits && self.on_one_host() {
             let pinned = table.overrides.get(&op);
             let busy = self.settings().progress == ProgressMode::BusyPoll;
             let small = bytes <= table.shared_limit(op, self.size());
@@ -624,11 +628,24 @@ impl Comm {
         let early = self.check_root(root).or_else(|| check_op(&op).err());
         let (r, n) = (self.rank(), self.size());
         let len = size_of_val(data);
-        let plan = early.is_none().then(|| {
+        let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
+            let kind = Kind::Reduce { root, op: op.erase() };
+            self.board_call(kind, len, bytemuck::cast_slice(data), size_of::<T>())
+        });
+        let plan = (early.is_none() && board.is_none()).then(|| {
             let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
             (self.slot(), m)
         });
         async move {
+            if let Some(call) = board {
+                let pieces = call?.await?;
+                if r != root {
+                    return Ok(None);
+                }
+                let mut out = vec![T::zeroed(); len / size_of::<T>()];
+                copy_parts(&mut out, &pieces)?;
+                return Ok(Some(out));
+            }
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
             let blocks = Comm::drive(slot, m?).await?;
             if r != root {
@@ -935,7 +952,9 @@ impl Comm {
         let part = elems * size_of::<T>();
         let pool = self.sequence.pool.clone();
         let mine = r as usize * elems..(r as usize + 1) * elems;
-        let plan = early.is_none().then(|| {
+        let board = (early.is_none() && self.choose(Operation::Alltoall, part, true) == Algorithm::SharedMemory)
+            .then(|| self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>()));
+        let plan = (early.is_none() && board.is_none()).then(|| {
             out[mine.clone()].copy_from_slice(&data[mine.clone()]);
             let travel = (0..n as usize).filter(|&i| i != r as usize).map(|i| &data[i * elems..(i + 1) * elems]);
             let mut all = pool.take(part * (n as usize - 1));
@@ -957,6 +976,9 @@ impl Comm {
         });
         move |out: &mut [T]| {
             Box::pin(async move {
+                if let Some(call) = board {
+                    return copy_parts(out, &call?.await?);
+                }
                 let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
                 let blocks = Comm::drive(slot, m?).await?;
                 let got = ops::alltoall_result(&blocks, r, n)?;
@@ -985,7 +1007,9 @@ impl Comm {
     /// All-to-all of messages: `parts[i]` goes to rank i (pairwise exchange: lengths may differ).
     pub fn alltoall_bytes(&self, parts: Vec<Bytes>) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
         let table = self.collective_table();
-        let alg = table.overrides.get(&Operation::Alltoall).copied().unwrap_or(Algorithm::Pairwise);
+        // Lengths differ between ranks: a pinned algorithm if it can take that, pairwise otherwise.
+        let pinned = table.overrides.get(&Operation::Alltoall).copied();
+        let alg = pinned.filter(|a| a.serves(Operation::Alltoall)).unwrap_or(Algorithm::Pairwise);
         self.alltoall_with(parts, alg)
     }
 

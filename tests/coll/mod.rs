@@ -30,8 +30,9 @@ pub const PINNED_COUNTS: [usize; 4] = [0, 1, 100, 12_000];
 /// Element counts for the shared-memory board: up to its capacity per call (64 KiB: 8192 u64 up
 /// to 32 ranks) and beyond it, where a call is split into several.
 pub const BOARD_COUNTS: [usize; 6] = [0, 1, 100, 8_192, 8_193, 20_000];
-/// Pins barrier, broadcast, all-reduce and all-gather to the shared-memory board.
-pub const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,allreduce=shared-memory,allgather=shared-memory";
+/// Pins every operation the shared-memory board serves to it.
+pub const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,reduce=shared-memory,allreduce=shared-memory,\
+                         allgather=shared-memory,alltoall=shared-memory";
 
 /// Runs every operation with the communicator's current table on each count.
 pub async fn operations(c: &Comm, counts: &[usize], label: &str) {
