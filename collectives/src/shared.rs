@@ -595,6 +595,102 @@ mod tests {
         });
     }
 
+    /// A small deterministic generator (the same sequence on every rank for the same seed).
+    fn next(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    /// Random schedules: every rank enqueues the same random calls (every kind, roots, lengths
+    /// from inline to several pages) in random batches of up to 12 (more than the slots),
+    /// collects each batch in its own random order and abandons some calls; every collected result
+    /// matches the sequential reference, and the abandoned calls finish.
+    #[test]
+    fn random_schedules_in_random_orders() {
+        for (n, seed) in [(2, 1u64), (3, 7), (5, 11), (8, 23)] {
+            on_ranks(n, move |me, b| {
+                let mut shared = seed; // same on every rank: the calls
+                let mut local = seed * 1000 + me as u64 + 1; // this rank's order and abandons
+                let mut q = Queue::default();
+                for _ in 0..30 {
+                    let batch = 1 + (next(&mut shared) % 12) as usize;
+                    let mut calls = Vec::new();
+                    for _ in 0..batch {
+                        let words_n = [0usize, 1, 6, 7, 100, 1500][(next(&mut shared) % 6) as usize];
+                        let root = (next(&mut shared) % n as u64) as usize;
+                        let salt = next(&mut shared);
+                        let part = |r: usize| -> Vec<u64> {
+                            (0..words_n as u64).map(|i| salt ^ (r as u64 * 31 + i)).collect()
+                        };
+                        let (kind, input, want) = match next(&mut shared) % 6 {
+                            0 => (Kind::Barrier, Vec::new(), Vec::new()),
+                            1 => {
+                                let want = if me == root { Vec::new() } else { words(&part(root)) };
+                                let input = if me == root { words(&part(root)) } else { Vec::new() };
+                                (Kind::Bcast { root: root as u32 }, input, want)
+                            }
+                            2 => {
+                                let total: Vec<u64> = (0..words_n)
+                                    .map(|i| (0..n).map(|r| part(r)[i]).fold(0u64, u64::wrapping_add))
+                                    .collect();
+                                (Kind::Allreduce(sum()), words(&part(me)), words(&total))
+                            }
+                            3 => {
+                                let all: Vec<u64> = (0..n).flat_map(part).collect();
+                                (Kind::Allgather, words(&part(me)), words(&all))
+                            }
+                            4 => {
+                                // Block d of rank r's data: part(r * n + d), cut so that all blocks fit
+                                // one call.
+                                let block = |r: usize, d: usize| part(r * n + d)[..words_n.min(500)].to_vec();
+                                let mine: Vec<u64> = (0..n).flat_map(|d| block(me, d)).collect();
+                                let got: Vec<u64> = (0..n).flat_map(|r| block(r, me)).collect();
+                                (Kind::Alltoall, words(&mine), words(&got))
+                            }
+                            _ => {
+                                let op = sum();
+                                let total: Vec<u64> = (0..words_n)
+                                    .map(|i| (0..n).map(|r| part(r)[i]).fold(0u64, u64::wrapping_add))
+                                    .collect();
+                                let want = if me == root { words(&total) } else { Vec::new() };
+                                (Kind::Reduce { root: root as u32, op }, words(&part(me)), want)
+                            }
+                        };
+                        let len = match kind {
+                            Kind::Barrier => 0,
+                            Kind::Alltoall => words_n.min(500) * 8 * n,
+                            _ => words_n * 8,
+                        };
+                        let seq = q.push(&b, kind, len, input).unwrap();
+                        calls.push((seq, want));
+                    }
+                    // This rank's own order; about one call in six abandoned.
+                    while !calls.is_empty() {
+                        let (seq, want) = calls.swap_remove((next(&mut local) % calls.len() as u64) as usize);
+                        if next(&mut local) % 6 == 0 {
+                            q.abandon(seq);
+                        } else {
+                            assert_eq!(run(&mut q, &b, seq), Ok(want), "n={n} seed={seed} seq={seq} rank {me}");
+                        }
+                    }
+                }
+                // Abandoned calls finish as later ones are driven; the last ones with a barrier.
+                let s = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
+                run(&mut q, &b, s).unwrap();
+                for _ in 0..1000 {
+                    q.advance(&b);
+                    if q.is_empty() {
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+                assert!(q.is_empty(), "abandoned calls finish: {q:?}");
+            });
+        }
+    }
+
     /// A user operator that is not commutative is applied in rank order on every rank.
     #[test]
     fn rank_order_for_non_commutative_operators() {
