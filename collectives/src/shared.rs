@@ -206,7 +206,7 @@ fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
 #[derive(Clone, Debug)]
 pub enum Kind {
     Barrier,
-    /// The root's data travels in [`Call::input`] (empty elsewhere).
+    /// The root's data is its input (the other ranks give none); the root's result is empty.
     Bcast {
         root: u32,
     },
@@ -237,7 +237,7 @@ enum Phase {
 pub struct Call {
     seq: u64,
     kind: Kind,
-    /// Bytes every rank expects (the broadcast's and all-reduce's length).
+    /// Bytes of the call's data (per rank; all of an all-to-all's blocks), the same on every rank.
     len: usize,
     /// What this rank publishes.
     input: Vec<u8>,
@@ -252,7 +252,7 @@ pub struct Call {
 pub enum Waiting {
     /// Rank `r` has not posted its part yet, or not finished with the slot's previous call.
     Rank(u32),
-    /// This rank's own earlier call on the same slot.
+    /// An earlier call of this rank (calls post and finish in call order).
     Earlier,
 }
 
@@ -669,7 +669,7 @@ mod tests {
                     // This rank's own order; about one call in six abandoned.
                     while !calls.is_empty() {
                         let (seq, want) = calls.swap_remove((next(&mut local) % calls.len() as u64) as usize);
-                        if next(&mut local) % 6 == 0 {
+                        if next(&mut local).is_multiple_of(6) {
                             q.abandon(seq);
                         } else {
                             assert_eq!(run(&mut q, &b, seq), Ok(want), "n={n} seed={seed} seq={seq} rank {me}");

@@ -1,4 +1,4 @@
-//! How N processes become one job: learn who we are ([`env`]), exchange addresses through a small
+//! How N processes become one job: learn who we are ([`env`](mod@env)), exchange addresses through a small
 //! key-value store ([`kv`]), then connect every pair of ranks with an authenticated handshake.
 //!
 //! Rank i connects to every lower rank and accepts every higher one. With
