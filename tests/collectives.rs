@@ -6,9 +6,7 @@ mod coll;
 
 use std::time::{Duration, Instant};
 
-use ferrocomm::{
-    Algorithm, Deadline, Error, Operation, ProgressMode, ReduceOp, Settings, Table, TransportChoice, testing,
-};
+use ferrocomm::{Algorithm, Deadline, Error, Operation, ProgressMode, ReduceOp, Settings, TransportChoice, testing};
 
 fn shm() -> Settings {
     Settings { progress: ProgressMode::Adaptive(Duration::from_micros(20)), ..Settings::default() }
@@ -64,7 +62,7 @@ async fn shared_memory_board_by_default_when_busy() {
             assert_ne!(w.collective_algorithm(Operation::Allreduce, above), Algorithm::SharedMemory);
             coll::operations(&w, &coll::BOARD_COUNTS, "board").await;
             // An all-gather of 72 KB per rank: two pieces on the board.
-            let c = w.with_collective_table(Table::default().with_overrides(coll::BOARD).unwrap());
+            let c = coll::on_board(&w);
             let all: Vec<u64> = (0..n).flat_map(|r| coll::input(r, 9_000)).collect();
             assert_eq!(c.allgather(&coll::input(w.rank(), 9_000)).await.unwrap(), all);
             w.finalize().await.unwrap();
@@ -88,7 +86,7 @@ async fn shared_memory_board_by_default_when_busy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn board_calls_held_dropped_and_late() {
     testing::run(4, shm(), |w| async move {
-        let c = w.with_collective_table(Table::default().with_overrides(coll::BOARD).unwrap());
+        let c = coll::on_board(&w);
         let r = c.rank();
         let ten = Duration::from_secs(10);
         assert_eq!(c.collective_algorithm(Operation::Allreduce, 8), Algorithm::SharedMemory);

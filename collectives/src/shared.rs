@@ -38,7 +38,7 @@
 //! operators work and every rank gets bit-identical floating-point results.
 
 use std::collections::VecDeque;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
@@ -337,12 +337,10 @@ impl Queue {
         Some(blocker(board, call, &mut self.order).unwrap_or(Waiting::Earlier))
     }
 
-    /// Call `seq`'s future was dropped: the call still does its part (other ranks may depend on
-    /// it), and its result is dropped.
-    pub fn abandon(&mut self, seq: u64) {
-        if let Some(c) = self.calls.iter_mut().find(|c| c.seq == seq) {
-            c.abandoned = true;
-        }
+    /// The future of calls `seqs` was dropped: the calls still do their part (other ranks may
+    /// depend on it), and their results are dropped.
+    pub fn abandon(&mut self, seqs: Range<u64>) {
+        self.calls.iter_mut().filter(|c| seqs.contains(&c.seq)).for_each(|c| c.abandoned = true);
         self.sweep_abandoned();
     }
 
@@ -586,7 +584,7 @@ mod tests {
             let seqs: Vec<u64> = (0..calls)
                 .map(|k| q.push(&b, Kind::Allreduce(sum()), 8, words(&[(me * calls + k) as u64])).unwrap())
                 .collect();
-            q.abandon(seqs[5]);
+            q.abandon(seqs[5]..seqs[5] + 1);
             for (k, &s) in seqs.iter().enumerate().rev().filter(|(k, _)| *k != 5) {
                 let want: u64 = (0..n).map(|r| (r * calls + k) as u64).sum();
                 assert_eq!(run(&mut q, &b, s).unwrap(), words(&[want]));
@@ -670,7 +668,7 @@ mod tests {
                     while !calls.is_empty() {
                         let (seq, want) = calls.swap_remove((next(&mut local) % calls.len() as u64) as usize);
                         if next(&mut local).is_multiple_of(6) {
-                            q.abandon(seq);
+                            q.abandon(seq..seq + 1);
                         } else {
                             assert_eq!(run(&mut q, &b, seq), Ok(want), "n={n} seed={seed} seq={seq} rank {me}");
                         }

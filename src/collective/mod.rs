@@ -262,6 +262,28 @@ impl Comm {
 
     /// The algorithm for `op` with `bytes` per rank.
     fn choose(&self, op: Operation, bytes: usize, commutative: bool) -> Algorithm {
+        if self.on_board(op, bytes) { Algorithm::SharedMemory } else { self.choose_messages(op, bytes, commutative) }
+    }
+
+    /// Whether `op` with `bytes` per rank goes to the shared-memory board: calls on one host, by
+    /// default small ones of busy-polling ranks (a sleeping rank is not woken by the board, see
+    /// `shared`), or any that fit when pinned.
+    fn on_board(&self, op: Operation, bytes: usize) -> bool {
+        let table = self.collective_table();
+        let n = self.size() as usize;
+        // An all-to-all is not split into pieces: all of a rank's data must fit one.
+        let fits = op != Operation::Alltoall || bytes.saturating_mul(n) <= ferrocomm_collectives::shared::capacity(n);
+        if !(Algorithm::shared_memory_serves(op) && fits && self.on_one_host()) {
+            return false;
+        }
+        match table.overrides.get(&op) {
+            Some(pinned) => *pinned == Algorithm::SharedMemory,
+            None => self.settings().progress == ProgressMode::BusyPoll && bytes <= table.shared_limit(op, self.size()),
+        }
+    }
+
+    /// The algorithm for `op` with `bytes` per rank among those that send messages.
+    fn choose_messages(&self, op: Operation, bytes: usize, commutative: bool) -> Algorithm {
         let call = Call { op, ranks: self.size(), bytes, commutative };
         let table = self.collective_table();
         // Reliable multicast serves broadcast and barrier when pinned (it needs a multicast group,
@@ -270,20 +292,6 @@ impl Comm {
             && matches!(op, Operation::Bcast | Operation::Barrier)
         {
             return Algorithm::Multicast;
-        }
-        // The shared-memory board: calls on one host, by default small ones of busy-polling ranks
-        // (a sleeping rank is not woken by the board, see `shared`).
-        // (An all-to-all is not split into pieces: all of a rank's data must fit one.)
-        let fits = op != Operation::Alltoall
-            || bytes.saturating_mul(self.size() as usize)
-                <= ferrocomm_collectives::shared::capacity(self.size() as usize);
-        if Algorithm::shared_memory_serves(op) && fits && self.on_one_host() {
-            let pinned = table.overrides.get(&op);
-            let busy = self.settings().progress == ProgressMode::BusyPoll;
-            let small = bytes <= table.shared_limit(op, self.size());
-            if pinned == Some(&Algorithm::SharedMemory) || (pinned.is_none() && busy && small) {
-                return Algorithm::SharedMemory;
-            }
         }
         let forced = table.overrides.get(&op) == Some(&Algorithm::Hierarchical);
         let hierarchical = matches!(op, Operation::Barrier | Operation::Bcast | Operation::Allreduce)
@@ -492,16 +500,15 @@ impl Comm {
         root: Rank,
         buf: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
-        let bytes = size_of_val(buf);
-        let me = self.rank();
-        let board =
-            (root < self.size() && self.choose(Operation::Bcast, bytes, true) == Algorithm::SharedMemory).then(|| {
-                let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
-                self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>())
-            });
+        let (bytes, me) = (size_of_val(buf), self.rank());
+        let alg = self.choose(Operation::Bcast, bytes, true);
+        let board = (root < self.size() && alg == Algorithm::SharedMemory).then(|| {
+            let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
+            self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>())
+        });
         let pool = self.sequence.pool.clone();
         let data = (board.is_none() && me == root).then(|| pool.copy(buf));
-        let run = board.is_none().then(|| self.bcast_plan(root, data, bytes, size_of::<T>()));
+        let run = board.is_none().then(|| self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)));
         async move {
             let Some(run) = run else {
                 let parts = board.expect("one of the two")?.await?;
@@ -535,17 +542,6 @@ impl Comm {
                 None => Ok(ops::join(run.await?)),
             }
         }
-    }
-
-    fn bcast_plan(
-        &self,
-        root: Rank,
-        data: Option<Bytes>,
-        bytes: usize,
-        elem: usize,
-    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
-        let alg = self.choose(Operation::Bcast, bytes, true);
-        self.bcast_with(root, data, alg, elem, Some(bytes))
     }
 
     /// `len`: the length every rank knows the data has, if they do. The data comes back in pieces
@@ -894,13 +890,7 @@ impl Comm {
     /// Every rank's message (any lengths) at every rank.
     pub fn allgather_bytes(&self, data: Bytes) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
         // Lengths differ between ranks: not for the board, whose all-gather parts are all alike.
-        let alg = match self.choose(Operation::Allgather, 0, true) {
-            Algorithm::SharedMemory => {
-                let call = Call { op: Operation::Allgather, ranks: self.size(), bytes: 0, commutative: true };
-                self.collective_table().choose(call)
-            }
-            alg => alg,
-        };
+        let alg = self.choose_messages(Operation::Allgather, 0, true);
         self.allgather_with(data, alg)
     }
 
@@ -952,7 +942,8 @@ impl Comm {
         let part = elems * size_of::<T>();
         let pool = self.sequence.pool.clone();
         let mine = r as usize * elems..(r as usize + 1) * elems;
-        let board = (early.is_none() && self.choose(Operation::Alltoall, part, true) == Algorithm::SharedMemory)
+        let alg = self.choose(Operation::Alltoall, part, true);
+        let board = (early.is_none() && alg == Algorithm::SharedMemory)
             .then(|| self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>()));
         let plan = (early.is_none() && board.is_none()).then(|| {
             out[mine.clone()].copy_from_slice(&data[mine.clone()]);
@@ -971,7 +962,6 @@ impl Comm {
                     std::cmp::Ordering::Greater => all.slice((i - 1) * part..i * part),
                 })
                 .collect();
-            let alg = self.choose(Operation::Alltoall, part, true);
             (self.slot(), ops::alltoall(r, n, alg, parts))
         });
         move |out: &mut [T]| {

@@ -2,8 +2,8 @@
 //! per communicator and turns the board's calls into futures.
 //!
 //! The segment is a file in /dev/shm named after the job, the communicator's first member and its
-//! context (`ferrocomm-<job>-<rank>-c011…<context>`, the shared-memory transport's pattern, so
-//! `shm::remove_leftovers` covers it). Every member opens it with `O_CREAT` and gives it the same
+//! context by `mapping::shared_file_name`, like the shared-memory transport's segments, so
+//! `shm::remove_leftovers` covers it. Every member opens it with `O_CREAT` and gives it the same
 //! length, so whoever comes first creates it and nobody has to initialise it (fresh pages are zero:
 //! "nothing posted"); the last member to attach removes the name, so no file outlives a job whose
 //! ranks all made a call there.
@@ -28,13 +28,16 @@ use ferrocomm_collectives::CollError;
 use ferrocomm_collectives::shared::{Board, Kind, Queue, Waiting, board_bytes};
 use ferrocomm_reactor::{ProgressMode, Reactor};
 use ferrocomm_transports::Rank;
-use ferrocomm_transports::mapping::Mapping;
+use ferrocomm_transports::mapping::{Mapping, shared_file_path};
 use smallvec::SmallVec;
 
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::world::Comm;
 
+/// Tells a board's file from the shared-memory transport's (random nonces) in the job's names;
+/// the low half is the communicator's context.
+const BOARD_NONCE: u64 = 0xc011_0000_0000_0000;
 /// How often a rank that does not spin looks at the board again.
 const NAP: Duration = Duration::from_millis(1);
 /// Looks at the board alone (no reactor lock, no transport) before the reactor's spin loop takes
@@ -60,7 +63,6 @@ pub(crate) struct Segment {
     /// World rank of each member (lost peers are known by world rank).
     members: Vec<Rank>,
     reactor: Reactor<Driver>,
-    mode: ProgressMode,
 }
 
 impl Segment {
@@ -68,10 +70,10 @@ impl Segment {
     pub(crate) fn open(comm: &Comm, job: &str) -> Result<Segment> {
         let n = comm.size() as usize;
         let members: Vec<Rank> = (0..comm.size()).map(|r| comm.world_rank(r)).collect();
-        let path =
-            format!("/dev/shm/ferrocomm-{job}-{}-{:016x}", members[0], 0xc011_0000_0000_0000 | comm.context() as u64);
-        let fail =
-            |e: &dyn std::fmt::Display| Error::Collective(CollError::Invalid(format!("shared board {path}: {e}")));
+        let path = shared_file_path(job, members[0], BOARD_NONCE | u64::from(comm.context()));
+        let fail = |e: &dyn std::fmt::Display| {
+            Error::Collective(CollError::Invalid(format!("shared board {}: {e}", path.display())))
+        };
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -92,13 +94,7 @@ impl Segment {
             let _ = std::fs::remove_file(&path);
         }
         let inner = comm.inner();
-        Ok(Segment {
-            board,
-            queue: Default::default(),
-            members,
-            reactor: inner.reactor.clone(),
-            mode: inner.settings.progress,
-        })
+        Ok(Segment { board, queue: Default::default(), members, reactor: inner.reactor.clone() })
     }
 
     /// Enqueues a call (described in full: it may run before its future is first polled), split
@@ -115,7 +111,9 @@ impl Segment {
             match q.push(&self.board, kind.clone(), range.len(), data) {
                 Ok(seq) => seqs.get_or_insert(seq..seq).end = seq + 1,
                 Err(e) => {
-                    seqs.into_iter().flatten().for_each(|seq| q.abandon(seq));
+                    if let Some(queued) = seqs {
+                        q.abandon(queued);
+                    }
                     return Err(e.into());
                 }
             }
@@ -170,11 +168,12 @@ impl Future for BoardCall {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Pieces>> {
         let this = &mut *self;
         let seg = &*this.seg;
-        // The board alone first: the latency-critical wait.
-        // (Not when ranks share CPUs: the rank this one waits for may need this CPU.)
-        let spin = this.spin_start.is_none() && seg.mode == ProgressMode::BusyPoll && !seg.reactor.is_oversubscribed();
-        let crowded = seg.mode == ProgressMode::BusyPoll && seg.reactor.is_oversubscribed();
-        let looks = if spin || crowded { BOARD_LOOKS } else { 1 };
+        // Busy ranks look at the board alone first: the latency-critical wait. Where ranks share
+        // CPUs they yield between looks (the rank this one waits for may need this CPU) on every
+        // poll; elsewhere they spin on the first poll only.
+        let busy = seg.reactor.mode() == ProgressMode::BusyPoll;
+        let crowded = busy && seg.reactor.is_oversubscribed();
+        let looks = if crowded || (busy && this.spin_start.is_none()) { BOARD_LOOKS } else { 1 };
         let mut r = Poll::Pending;
         for _ in 0..looks {
             r = seg.check(&mut this.seqs, &mut this.parts, None);
@@ -195,7 +194,7 @@ impl Future for BoardCall {
             // Failed: what is left is abandoned (on drop).
             return Poll::Ready(r.map(|()| std::mem::take(&mut this.parts)));
         }
-        if seg.mode != ProgressMode::BusyPoll {
+        if !busy {
             let nap = this.nap.get_or_insert_with(|| Box::pin(tokio::time::sleep(NAP)));
             if nap.as_mut().poll(cx).is_ready() {
                 this.nap = None;
@@ -209,8 +208,7 @@ impl Future for BoardCall {
 impl Drop for BoardCall {
     fn drop(&mut self) {
         if !self.seqs.is_empty() {
-            let mut q = self.seg.queue.lock();
-            self.seqs.clone().for_each(|seq| q.abandon(seq));
+            self.seg.queue.lock().abandon(self.seqs.clone());
         }
     }
 }

@@ -30,6 +30,11 @@ pub const PINNED_COUNTS: [usize; 4] = [0, 1, 100, 12_000];
 /// Element counts for the shared-memory board: up to its capacity per call (64 KiB: 8192 u64 up
 /// to 32 ranks) and beyond it, where a call is split into several.
 pub const BOARD_COUNTS: [usize; 6] = [0, 1, 100, 8_192, 8_193, 20_000];
+/// `c` with every operation the shared-memory board serves pinned to it ([`BOARD`]).
+pub fn on_board(c: &Comm) -> Comm {
+    c.with_collective_table(Table::default().with_overrides(BOARD).unwrap())
+}
+
 /// Pins every operation the shared-memory board serves to it.
 pub const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,reduce=shared-memory,allreduce=shared-memory,\
                          allgather=shared-memory,alltoall=shared-memory";
@@ -167,6 +172,5 @@ pub async fn every_algorithm(c: &Comm) {
         }
     }
     // The shared-memory board (where every rank shares this host; elsewhere the table decides).
-    let pinned = c.with_collective_table(Table::default().with_overrides(BOARD).unwrap());
-    operations(&pinned, &BOARD_COUNTS, "board").await;
+    operations(&on_board(c), &BOARD_COUNTS, "board").await;
 }

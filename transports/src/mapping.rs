@@ -1,9 +1,24 @@
-//! A shared, read-write mapping of a file: the memory the shared-memory transport's rings and the
-//! collectives' board live in.
+//! Shared files of a job in /dev/shm and their read-write mappings: the memory the shared-memory
+//! transport's rings and the collectives' board live in. Every such file is named by
+//! [`shared_file_name`], the pattern `shm::remove_leftovers` cleans up after a crash.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+
+use crate::wire::Rank;
+
+/// The name of a shared file of job `job` owned by (or named after) rank `rank`; `nonce` tells a
+/// rank's files apart. Also the shared-memory transport's fallback doorbell name.
+pub fn shared_file_name(job: &str, rank: Rank, nonce: u64) -> String {
+    format!("ferrocomm-{job}-{rank}-{nonce:016x}")
+}
+
+/// The path of [`shared_file_name`] in /dev/shm.
+pub fn shared_file_path(job: &str, rank: Rank, nonce: u64) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/{}", shared_file_name(job, rank, nonce)))
+}
 
 /// A shared, read-write mapping of a whole file; unmapped on drop.
 pub struct Mapping {

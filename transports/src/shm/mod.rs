@@ -46,7 +46,8 @@ use tokio::io::unix::AsyncFd;
 
 use self::ring::{Atomics, Inbox, Outbox, Ring, Std};
 pub use self::segment::ShmError;
-use self::segment::{Desc, MAX_CAPACITY, MIN_CAPACITY, Segment, check_job_id, segment_name, segment_path};
+use self::segment::{Desc, MAX_CAPACITY, MIN_CAPACITY, Segment, check_job_id};
+use crate::mapping::{shared_file_name as segment_name, shared_file_path as segment_path};
 use crate::wire::{Header, Limits, Rank};
 use crate::{Sink, Transport, TransportError};
 

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 
 use super::ring::{Line, RING_HDR_LEN, Ring, RingHdr, Std};
-use crate::mapping::Mapping;
+use crate::mapping::{Mapping, shared_file_path as segment_path};
 use crate::wire::Rank;
 
 /// Why set-up failed; carried inside the `io::Error` the set-up calls return.
@@ -58,16 +58,6 @@ pub(crate) fn check_job_id(job: &str) -> Result<(), ShmError> {
         && job.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
         && !job.starts_with('.');
     if ok { Ok(()) } else { Err(ShmError::BadJobId(job.to_owned())) }
-}
-
-/// The file of rank `rank`'s segment.
-pub(crate) fn segment_path(job: &str, rank: Rank, nonce: u64) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/{}", segment_name(job, rank, nonce)))
-}
-
-/// The file name (and fallback doorbell name) of rank `rank`'s segment.
-pub(crate) fn segment_name(job: &str, rank: Rank, nonce: u64) -> String {
-    format!("ferrocomm-{job}-{rank}-{nonce:016x}")
 }
 
 /// What a rank publishes about itself.
