@@ -79,6 +79,52 @@ async fn shared_memory_board_by_default_when_busy() {
     .unwrap();
 }
 
+/// Busy-polling ranks on one host copy large broadcasts and all-reduces straight from each other's
+/// memory by default (single copy), with right results; a rank that drops such a call with its
+/// memory lent makes the others' call fail with a typed error (never keeping data read from
+/// memory that may have changed), and the communicator's next calls work for everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_copy_by_default_for_large_calls_when_busy() {
+    let busy = Settings { progress: ProgressMode::BusyPoll, ..Settings::default() };
+    for n in [1, 2, 3, 5] {
+        testing::run(n, busy.clone(), move |w| async move {
+            let large = w.collective_table().single_copy_min;
+            let want = if n > 1 { Algorithm::SingleCopy } else { Algorithm::RecursiveDoubling };
+            assert_eq!(w.collective_algorithm(Operation::Allreduce, large), want);
+            assert_ne!(w.collective_algorithm(Operation::Allreduce, large - 8), Algorithm::SingleCopy);
+            coll::operations(&w, &[40_000, 131_075], "default").await;
+            w.finalize().await.unwrap();
+        })
+        .await
+        .unwrap();
+    }
+    testing::run(3, shm(), |w| async move {
+        let c = coll::single_copy(&w);
+        let r = c.rank();
+        let ten = Duration::from_secs(10);
+        assert_eq!(c.collective_algorithm(Operation::Allreduce, 8), Algorithm::SingleCopy);
+        // Rank 0 lends its buffer (the call is made) and drops the call before its first poll.
+        let mut v = vec![r as u64 + 1; 50_000];
+        if r == 0 {
+            drop(c.allreduce(&mut v, ReduceOp::Sum));
+        } else {
+            let e = c.allreduce(&mut v, ReduceOp::Sum).timeout(ten).await;
+            assert!(matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. }))), "{e:?}");
+        }
+        // The next calls work: a broadcast by single copy, a barrier, an all-reduce.
+        let mut b = if r == 1 { coll::input(1, 70_000) } else { vec![0; 70_000] };
+        c.broadcast(1, &mut b).timeout(ten).await.unwrap();
+        assert_eq!(b, coll::input(1, 70_000));
+        c.barrier().timeout(ten).await.unwrap();
+        let mut v = vec![r as u64 + 1; 50_000];
+        c.allreduce(&mut v, ReduceOp::Sum).timeout(ten).await.unwrap();
+        assert_eq!(v, vec![6; 50_000]);
+        w.finalize().await.unwrap();
+    })
+    .await
+    .unwrap();
+}
+
 /// The shared-memory board (pinned; adaptive ranks): calls held unpolled, dropped before or after
 /// their first poll, more in flight than the board has slots, and a rank that joins late. A call
 /// on the board is carried out by its rank even when its future is gone (defined behaviour: the

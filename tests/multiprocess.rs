@@ -142,13 +142,19 @@ fn suite_over_verbs() {
 
 /// A rank killed with SIGKILL as a collective starts: the others' all-reduce fails with a typed
 /// peer-lost error (naming rank 2, or a rank that left after its own call failed) instead of
-/// hanging, on TCP, on shared memory, and on the shared-memory board (small all-reduce pinned).
+/// hanging, on TCP, on shared memory, on the shared-memory board (small all-reduce pinned), and
+/// by single copy (1 MiB all-reduce pinned; rank 2 dies with its memory lent, after its first
+/// poll of the call).
 #[test]
 fn killed_rank_fails_the_collective() {
     let board = format!("FERROCOMM_COLL={}", coll::BOARD);
-    for (transport, scenario, env) in
-        [("uring", "coll-kill", &[][..]), ("shm", "coll-kill", &[]), ("shm", "coll-kill-board", &[&board as &str])]
-    {
+    let single = format!("FERROCOMM_COLL={}", coll::SINGLE_COPY);
+    for (transport, scenario, env) in [
+        ("uring", "coll-kill", &[][..]),
+        ("shm", "coll-kill", &[]),
+        ("shm", "coll-kill-board", &[&board as &str]),
+        ("shm", "coll-kill-single-copy", &[&single as &str]),
+    ] {
         let (code, text, took) = launch_env(4, scenario, transport, env);
         assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
         for r in [0, 1, 3] {
@@ -227,19 +233,30 @@ fn rank_process() {
                 println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
                 w.finalize().await.unwrap();
             }
-            "coll-kill" | "coll-kill-board" => {
-                let len = if scenario == "coll-kill" { 1 << 17 } else { 8 };
+            "coll-kill" | "coll-kill-board" | "coll-kill-single-copy" => {
+                let len = if scenario == "coll-kill-board" { 8 } else { 1 << 17 };
                 if scenario == "coll-kill-board" {
                     assert_eq!(w.collective_algorithm(Operation::Allreduce, len * 8), Algorithm::SharedMemory);
                 }
+                if scenario == "coll-kill-single-copy" {
+                    assert_eq!(w.collective_algorithm(Operation::Allreduce, len * 8), Algorithm::SingleCopy);
+                }
                 w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
+                let mut v = vec![1.0f64; len];
                 if w.rank() == 2 {
+                    if scenario == "coll-kill-single-copy" {
+                        // Lend its memory (the call's first poll), then die.
+                        let mut call = Box::pin(w.allreduce(&mut v, ferrocomm::ReduceOp::Sum));
+                        let _ = futures::FutureExt::now_or_never(&mut call);
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
                     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
                 }
-                let mut v = vec![1.0f64; len];
                 let res = w.allreduce(&mut v, ferrocomm::ReduceOp::Sum).timeout(Duration::from_secs(30)).await;
-                // Rank 2's death, or a peer that gave up because of it (and left), fails the call.
-                assert!(matches!(res, Err(Error::PeerLost { .. })), "{res:?}");
+                // Rank 2's death, or a peer that gave up because of it (and left, or withdrew the
+                // memory it lent), fails the call.
+                let withdrawn = matches!(res, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. })));
+                assert!(matches!(res, Err(Error::PeerLost { .. })) || withdrawn, "{res:?}");
                 println!("COLL-PEER-LOST-OK");
             }
             "pinned" => {

@@ -29,6 +29,16 @@ pub enum CollError {
     Unexpected { from: u32, round: u32 },
     #[error("{0}")]
     Invalid(String),
+    /// A single-copy call: rank `rank` left it (its future was dropped or failed) while its memory
+    /// was lent, so what was read from it is not kept.
+    #[error("rank {rank} left the single-copy collective before its memory was read")]
+    Withdrawn { rank: u32 },
+    /// A single-copy call: the kernel refused to copy from rank `rank`'s memory.
+    #[error(
+        "single copy from rank {rank} failed: {reason} (cross-memory attach needs ptrace permission; \
+         FERROCOMM_COLL=bcast=binomial,allreduce=rabenseifner avoids it)"
+    )]
+    SingleCopy { rank: u32, reason: String },
 }
 
 /// The dissemination barrier schedule, kept for callers that only need the exchange pattern.

@@ -96,10 +96,13 @@ pub enum Algorithm {
     Multicast,
     /// Flags and data on a board in shared memory (every rank on one host; see [`crate::shared`]).
     SharedMemory,
+    /// Each rank copies straight from the others' memory (cross-memory attach), synchronised on
+    /// the shared-memory board (every rank on one host; see [`crate::shared`]).
+    SingleCopy,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 13] = [
+    pub const ALL: [Algorithm; 14] = [
         Algorithm::Linear,
         Algorithm::Dissemination,
         Algorithm::Binomial,
@@ -113,6 +116,7 @@ impl Algorithm {
         Algorithm::Hierarchical,
         Algorithm::Multicast,
         Algorithm::SharedMemory,
+        Algorithm::SingleCopy,
     ];
 
     /// The flat (non-hierarchical) algorithms implemented for `op`.
@@ -147,6 +151,11 @@ impl Algorithm {
                 | Operation::Alltoall
         )
     }
+
+    /// The operations served by single copy (every rank on one host).
+    pub fn single_copy_serves(op: Operation) -> bool {
+        matches!(op, Operation::Bcast | Operation::Allreduce)
+    }
 }
 
 impl fmt::Display for Algorithm {
@@ -165,6 +174,7 @@ impl fmt::Display for Algorithm {
             Algorithm::Hierarchical => "hierarchical",
             Algorithm::Multicast => "multicast",
             Algorithm::SharedMemory => "shared-memory",
+            Algorithm::SingleCopy => "single-copy",
         };
         f.write_str(s)
     }
@@ -242,6 +252,9 @@ pub struct Table {
     pub shared_allreduce_max: usize,
     /// ... and reduce up to this many.
     pub shared_reduce_max: usize,
+    /// Broadcast and all-reduce from this many bytes copy straight from the other ranks' memory
+    /// ([`Algorithm::SingleCopy`]) under the same conditions as the board.
+    pub single_copy_min: usize,
     /// Operations pinned to one algorithm.
     pub overrides: HashMap<Operation, Algorithm>,
 }
@@ -259,6 +272,7 @@ impl Default for Table {
             shared_bcast_max: 64 << 10,
             shared_allreduce_max: 32 << 10,
             shared_reduce_max: 32 << 10,
+            single_copy_min: 256 << 10,
             overrides: HashMap::new(),
         }
     }
@@ -271,7 +285,8 @@ impl Table {
             let (op, alg) = item.split_once('=').ok_or_else(|| format!("expected op=algorithm, got {item:?}"))?;
             let (op, alg): (Operation, Algorithm) = (op.trim().parse()?, alg.trim().parse()?);
             let special = matches!(alg, Algorithm::Hierarchical | Algorithm::Multicast)
-                || (alg == Algorithm::SharedMemory && Algorithm::shared_memory_serves(op));
+                || (alg == Algorithm::SharedMemory && Algorithm::shared_memory_serves(op))
+                || (alg == Algorithm::SingleCopy && Algorithm::single_copy_serves(op));
             if !alg.serves(op) && !special {
                 return Err(format!("{alg} does not implement {op}"));
             }
@@ -380,5 +395,7 @@ mod tests {
         assert_eq!(t.shared_limit(Operation::Gather, 4), 0);
         assert!(Table::default().with_overrides("alltoall=shared-memory").is_ok());
         assert!(Table::default().with_overrides("gather=shared-memory").is_err());
+        assert!(Table::default().with_overrides("allreduce=single-copy").is_ok());
+        assert!(Table::default().with_overrides("alltoall=single-copy").is_err());
     }
 }

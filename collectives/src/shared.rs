@@ -36,11 +36,22 @@
 //!
 //! Reductions combine the ranks' contributions in rank order on every rank, so non-commutative
 //! operators work and every rank gets bit-identical floating-point results.
+//!
+//! **Single copy** (large broadcasts and all-reduces): copying through the board is two passes over
+//! the data (in, then out), where the receiver could read the sender's memory once with
+//! cross-memory attach (`process_vm_readv`). Then the board carries only where the data is
+//! ([`Lent`]: process, address, length) and when it may be read or released, in *held* calls
+//! ([`Queue::push_held`]): a held call takes its place in the call order when made but posts only
+//! when the caller [`Queue::release`]s it, that is once this rank has read what it needed (a
+//! [`Kind::Fanin`] to the broadcast's root, a barrier between the phases of an all-reduce). A rank
+//! that lent its memory and leaves the call early (its future dropped, or failed) first marks the
+//! call *withdrawn* ([`Board::withdraw`]); a reader checks the mark after every copy
+//! ([`Board::withdrawn`]), seqlock-style, so it never keeps data that may have changed under it.
 
 use std::collections::VecDeque;
 use std::ops::{Deref, Range};
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicU64, fence};
 
 use crate::{CollError, Reducer};
 
@@ -69,6 +80,9 @@ const MAGIC: u64 = u64::from_le_bytes(*b"FCBOARD1");
 
 const POSTED: usize = 0;
 const LEN: usize = 1;
+/// Words of a rank's own line: calls finished, and the last call it withdrew its memory from.
+const FINISHED: usize = 0;
+const WITHDRAWN: usize = 1;
 
 /// Bytes each of `ranks` ranks may publish per call: 64 KiB up to 32 ranks, less beyond (the
 /// board stays within 16 MiB), never below 4 KiB. A larger call is split into calls of this size.
@@ -129,9 +143,30 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
         self.capacity
     }
 
+    /// This rank's index.
+    pub fn me(&self) -> usize {
+        self.me
+    }
+
     /// Rank `rank`'s `finished` counter.
     fn finished(&self, rank: usize) -> &AtomicU64 {
-        &self.words[HEADER + rank * LINE]
+        &self.words[HEADER + rank * LINE + FINISHED]
+    }
+
+    /// Marks the single-copy call that began with call `seq` withdrawn: this rank's lent memory may
+    /// change from now on. Before anything else this rank posts for that call, and before the
+    /// memory is given back to its owner.
+    pub fn withdraw(&self, seq: u64) {
+        self.words[HEADER + self.me * LINE + WITHDRAWN].fetch_max(seq + 1, SeqCst);
+    }
+
+    /// Whether rank `rank` withdrew from the single-copy call that began with call `seq`. Checked
+    /// after copying from its memory: `false` means the copy saw the memory as lent (a rank cannot
+    /// leave such a call normally while another still reads, and withdrawing from a later call
+    /// implies having left this one).
+    pub fn withdrawn(&self, rank: usize, seq: u64) -> bool {
+        fence(SeqCst);
+        self.words[HEADER + rank * LINE + WITHDRAWN].load(SeqCst) > seq
     }
 
     /// Rank `rank`'s line in call `seq`'s slot: `posted`, length and inline data.
@@ -221,6 +256,10 @@ pub enum Kind {
         root: u32,
         op: Reducer,
     },
+    /// Every rank tells the root it is there; only the root waits (for all). No data.
+    Fanin {
+        root: u32,
+    },
 }
 
 /// Where a call stands.
@@ -245,6 +284,8 @@ pub struct Call {
     result: Result<Vec<u8>, CollError>,
     /// Its future is gone: drop the result when done.
     abandoned: bool,
+    /// Posts only once released ([`Queue::push_held`]).
+    held: bool,
 }
 
 /// What a waiting call waits for.
@@ -254,13 +295,15 @@ pub enum Waiting {
     Rank(u32),
     /// An earlier call of this rank (calls post and finish in call order).
     Earlier,
+    /// This rank's caller, to release the call ([`Queue::push_held`]).
+    Caller,
 }
 
 impl Call {
     /// Whether rank `me` publishes data in this call.
     fn writes(&self, me: usize) -> bool {
         match &self.kind {
-            Kind::Barrier => false,
+            Kind::Barrier | Kind::Fanin { .. } => false,
             Kind::Bcast { root } => *root as usize == me,
             Kind::Allreduce(_) | Kind::Allgather | Kind::Alltoall | Kind::Reduce { .. } => true,
         }
@@ -305,8 +348,34 @@ impl Queue {
         let seq = self.next;
         self.next += 1;
         let phase = Phase::Post;
-        self.calls.push_back(Call { seq, kind, len, input, phase, result: Ok(Vec::new()), abandoned: false });
+        let held = false;
+        self.calls.push_back(Call { seq, kind, len, input, phase, result: Ok(Vec::new()), abandoned: false, held });
         Ok(seq)
+    }
+
+    /// Enqueues a call without data (a barrier or a fan-in) that posts only once [`Queue::release`]d
+    /// (or abandoned): its place in the call order is taken now, its meaning ("this rank has read
+    /// what it needed") comes later. Later calls post after it (rule 1).
+    pub fn push_held(&mut self, kind: Kind) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        let phase = Phase::Post;
+        self.calls.push_back(Call {
+            seq,
+            kind,
+            len: 0,
+            input: Vec::new(),
+            phase,
+            result: Ok(Vec::new()),
+            abandoned: false,
+            held: true,
+        });
+        seq
+    }
+
+    /// Lets held call `seq` post.
+    pub fn release(&mut self, seq: u64) {
+        self.calls.iter_mut().filter(|c| c.seq == seq).for_each(|c| c.held = false);
     }
 
     /// Advances every call as far as the board allows.
@@ -338,9 +407,9 @@ impl Queue {
     }
 
     /// The future of calls `seqs` was dropped: the calls still do their part (other ranks may
-    /// depend on it), and their results are dropped.
+    /// depend on it; held calls are released), and their results are dropped.
     pub fn abandon(&mut self, seqs: Range<u64>) {
-        self.calls.iter_mut().filter(|c| seqs.contains(&c.seq)).for_each(|c| c.abandoned = true);
+        self.calls.iter_mut().filter(|c| seqs.contains(&c.seq)).for_each(|c| (c.abandoned, c.held) = (true, false));
         self.sweep_abandoned();
     }
 
@@ -360,6 +429,9 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order
         Phase::Post => {
             if o.posted != c.seq {
                 return Some(Waiting::Earlier);
+            }
+            if c.held {
+                return Some(Waiting::Caller);
             }
             if c.writes(b.me) {
                 // Rule 2: every rank is done with the slot's previous call.
@@ -382,10 +454,13 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order
             let r = match c.kind {
                 Kind::Bcast { root } => late(root as usize).then_some(root as usize),
                 // Only the root reads a reduction.
-                Kind::Reduce { root, .. } if root as usize != b.me => None,
-                Kind::Barrier | Kind::Allreduce(_) | Kind::Allgather | Kind::Alltoall | Kind::Reduce { .. } => {
-                    (0..b.ranks).find(|&r| late(r))
-                }
+                Kind::Reduce { root, .. } | Kind::Fanin { root } if root as usize != b.me => None,
+                Kind::Barrier
+                | Kind::Allreduce(_)
+                | Kind::Allgather
+                | Kind::Alltoall
+                | Kind::Reduce { .. }
+                | Kind::Fanin { .. } => (0..b.ranks).find(|&r| late(r)),
             };
             r.map(|r| Waiting::Rank(r as u32))
         }
@@ -425,7 +500,7 @@ fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Orde
 fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<u8>, CollError> {
     let mut out = Vec::new();
     match &c.kind {
-        Kind::Barrier => {}
+        Kind::Barrier | Kind::Fanin { .. } => {}
         // The root has its data: it gets nothing back.
         Kind::Bcast { root } if *root as usize == b.me => return Ok(out),
         Kind::Bcast { root } => b.read(c.seq, *root as usize, &mut out)?,
@@ -476,6 +551,55 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<
         return Err(CollError::Malformed { from, why: "length differs from this rank's" });
     }
     Ok(out)
+}
+
+/// Memory a rank lends to the others for a single-copy call: where it is, in which process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lent {
+    pub pid: u32,
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl Lent {
+    /// Bytes of a [`Lent`] on the board (inline in a rank's line).
+    pub const BYTES: usize = 24;
+
+    /// `data` in process `pid` (this one).
+    pub fn of(pid: u32, data: &[u8]) -> Lent {
+        Lent { pid, addr: data.as_ptr() as u64, len: data.len() as u64 }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        [u64::from(self.pid), self.addr, self.len].iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// Reads what rank `from` lent for a call of `len` bytes; refuses what cannot be it.
+    pub fn decode(from: u32, b: &[u8], len: usize) -> Result<Lent, CollError> {
+        let bad = |why| Err(CollError::Malformed { from, why });
+        if b.len() != Lent::BYTES {
+            return bad("lent memory described in the wrong size");
+        }
+        let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let (pid, addr, n) = (w(0), w(1), w(2));
+        if pid == 0 || pid > u64::from(i32::MAX as u32) || addr.checked_add(n).is_none() {
+            return bad("lent memory not in a process");
+        }
+        if n != len as u64 {
+            return bad("length differs from this rank's");
+        }
+        Ok(Lent { pid: pid as u32, addr, len: n })
+    }
+}
+
+/// Part `i` of `len` bytes cut into `ranks` parts on `elem`-byte element boundaries (the first
+/// parts one element longer where the elements do not divide evenly).
+pub fn part(len: usize, elem: usize, ranks: usize, i: usize) -> Range<usize> {
+    let (elems, elem) = (len / elem.max(1), elem.max(1));
+    let (base, extra) = (elems / ranks, elems % ranks);
+    let start = i * base + i.min(extra);
+    let end = start + base + usize::from(i < extra);
+    start * elem..end * elem
 }
 
 #[cfg(test)]
@@ -698,6 +822,68 @@ mod tests {
             let s = q.push(&b, Kind::Allreduce(concat().erase()), 8, words(&[me as u64 + 1])).unwrap();
             assert_eq!(run(&mut q, &b, s).unwrap(), words(&[1234]));
         });
+    }
+
+    /// Single copy's steps on the board: a lent descriptor broadcast, then a held fan-in that
+    /// posts only once released (and blocks this rank's later calls until then); the root's
+    /// fan-in waits for every rank's release; withdrawal is seen by the others.
+    #[test]
+    fn held_calls_post_when_released() {
+        for n in 1..=5usize {
+            on_ranks(n, move |me, b| {
+                let mut q = Queue::default();
+                let lent = Lent { pid: 1234, addr: 0x7000_0000, len: 100 };
+                let input = if me == 0 { lent.encode() } else { Vec::new() };
+                let s0 = q.push(&b, Kind::Bcast { root: 0 }, Lent::BYTES, input).unwrap();
+                let s1 = q.push_held(Kind::Fanin { root: 0 });
+                let s2 = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
+                let got = run(&mut q, &b, s0).unwrap();
+                if me != 0 {
+                    assert_eq!(Lent::decode(0, &got, 100), Ok(lent));
+                }
+                q.advance(&b);
+                assert_eq!(q.waiting(&b, s1), Some(Waiting::Caller));
+                assert_eq!(q.waiting(&b, s2), Some(Waiting::Earlier), "posts after the held call");
+                q.release(s1);
+                assert!(run(&mut q, &b, s1).unwrap().is_empty());
+                run(&mut q, &b, s2).unwrap();
+                // An abandoned held call is released: the others' barrier completes.
+                let s3 = q.push_held(Kind::Barrier);
+                if me == n - 1 {
+                    q.abandon(s3..s3 + 1);
+                    b.withdraw(s3);
+                } else {
+                    q.release(s3);
+                    run(&mut q, &b, s3).unwrap();
+                    assert!(b.withdrawn(n - 1, s3), "rank {me} sees rank {} withdrawn", n - 1);
+                    assert!(b.withdrawn(n - 1, s0), "leaving a later call implies leaving this one");
+                    assert!(!b.withdrawn(n - 1, s3 + 1), "a later call is not withdrawn");
+                }
+                let s4 = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
+                run(&mut q, &b, s4).unwrap();
+                assert!(q.is_empty());
+            });
+        }
+    }
+
+    #[test]
+    fn parts_and_lent_descriptors() {
+        for (len, elem, ranks) in [(0, 4, 3), (4, 4, 3), (100, 4, 3), (1 << 20, 8, 7), (12, 1, 12), (13, 2, 4)] {
+            let parts: Vec<_> = (0..ranks).map(|i| part(len, elem, ranks, i)).collect();
+            assert_eq!(parts[0].start, 0);
+            assert_eq!(parts[ranks - 1].end, len / elem * elem);
+            for w in parts.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert!(w[0].len() >= w[1].len() && w[0].len() - w[1].len() <= elem);
+            }
+            assert!(parts.iter().all(|p| p.start % elem == 0));
+        }
+        let lent = Lent { pid: 42, addr: 0x1000, len: 64 };
+        assert_eq!(Lent::decode(3, &lent.encode(), 64), Ok(lent));
+        assert!(matches!(Lent::decode(3, &lent.encode(), 65), Err(CollError::Malformed { from: 3, .. })));
+        assert!(Lent::decode(3, &lent.encode()[..16], 64).is_err());
+        assert!(Lent::decode(3, &Lent { pid: 0, ..lent }.encode(), 64).is_err());
+        assert!(Lent::decode(3, &Lent { addr: u64::MAX, ..lent }.encode(), 64).is_err());
     }
 
     #[test]

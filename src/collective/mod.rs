@@ -26,8 +26,9 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
+use ferrocomm_collectives::CollError;
 use ferrocomm_collectives::select::Call;
-use ferrocomm_collectives::shared::{Kind, MAX_RANKS as BOARD_RANKS};
+use ferrocomm_collectives::shared::{Kind, Lent, MAX_RANKS as BOARD_RANKS};
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
 use ferrocomm_reactor::ProgressMode;
 use ferrocomm_transports::Rank;
@@ -262,7 +263,27 @@ impl Comm {
 
     /// The algorithm for `op` with `bytes` per rank.
     fn choose(&self, op: Operation, bytes: usize, commutative: bool) -> Algorithm {
-        if self.on_board(op, bytes) { Algorithm::SharedMemory } else { self.choose_messages(op, bytes, commutative) }
+        if self.on_board(op, bytes) {
+            Algorithm::SharedMemory
+        } else if self.by_single_copy(op, bytes) {
+            Algorithm::SingleCopy
+        } else {
+            self.choose_messages(op, bytes, commutative)
+        }
+    }
+
+    /// Whether `op` with `bytes` per rank copies straight from the other ranks' memory: calls on
+    /// one host where the kernel allows it, by default large ones of busy-polling ranks (their
+    /// steps wait on the board), or any when pinned.
+    fn by_single_copy(&self, op: Operation, bytes: usize) -> bool {
+        if !(Algorithm::single_copy_serves(op) && self.on_one_host() && shared::single_copy_permitted()) {
+            return false;
+        }
+        let table = self.collective_table();
+        match table.overrides.get(&op) {
+            Some(pinned) => *pinned == Algorithm::SingleCopy,
+            None => self.settings().progress == ProgressMode::BusyPoll && bytes >= table.single_copy_min,
+        }
     }
 
     /// Whether `op` with `bytes` per rank goes to the shared-memory board: calls on one host, by
@@ -317,11 +338,21 @@ impl Comm {
     /// Enqueues a call on this communicator's shared-memory board (opened on first use); see
     /// [`shared::Segment::call`].
     fn board_call(&self, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<shared::BoardCall> {
+        self.board()?.call(kind, len, input, elem)
+    }
+
+    /// Starts a single-copy call on this communicator's board; see [`shared::Segment::lend`].
+    fn lending(&self, kind: Kind, lent: Option<Lent>, held: &[Kind]) -> Result<shared::Lending> {
+        self.board()?.lend(kind, lent, held)
+    }
+
+    /// This communicator's shared-memory board, opened on first use.
+    fn board(&self) -> Result<&Arc<shared::Segment>> {
         let seg = self.sequence.board.get_or_init(|| {
             let job = self.inner().shm_job.as_deref().ok_or_else(|| Error::Invalid("no shared memory".into()))?;
             shared::Segment::open(self, job).map(Arc::new)
         });
-        seg.as_ref().map_err(Clone::clone)?.call(kind, len, input, elem)
+        seg.as_ref().map_err(Clone::clone)
     }
 
     /// The node-leader decomposition, if this communicator spans more than one host.
@@ -502,14 +533,22 @@ impl Comm {
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         let (bytes, me) = (size_of_val(buf), self.rank());
         let alg = self.choose(Operation::Bcast, bytes, true);
+        let direct = (root < self.size() && alg == Algorithm::SingleCopy).then(|| {
+            let lent = (me == root).then(|| Lent::of(std::process::id(), bytemuck::cast_slice(buf)));
+            self.lending(Kind::Bcast { root }, lent, &[Kind::Fanin { root }])
+        });
         let board = (root < self.size() && alg == Algorithm::SharedMemory).then(|| {
             let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
             self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>())
         });
         let pool = self.sequence.pool.clone();
         let data = (board.is_none() && me == root).then(|| pool.copy(buf));
-        let run = board.is_none().then(|| self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)));
+        let run = (board.is_none() && direct.is_none())
+            .then(|| self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)));
         async move {
+            if let Some(call) = direct {
+                return bcast_single_copy(call?, root, me, bytemuck::cast_slice_mut(buf)).await;
+            }
             let Some(run) = run else {
                 let parts = board.expect("one of the two")?.await?;
                 return if me == root { Ok(()) } else { copy_parts(buf, &parts) };
@@ -664,8 +703,12 @@ impl Comm {
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
             self.board_call(Kind::Allreduce(op.erase()), size_of_val(buf), bytemuck::cast_slice(buf), size_of::<T>())
         });
-        let data = if board.is_some() { Bytes::new() } else { pool.copy(buf) };
-        let plan = if early.is_some() || board.is_some() {
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| {
+            let lent = Lent::of(std::process::id(), bytemuck::cast_slice(buf));
+            self.lending(Kind::Allgather, Some(lent), &[Kind::Barrier, Kind::Barrier])
+        });
+        let data = if board.is_some() || direct.is_some() { Bytes::new() } else { pool.copy(buf) };
+        let plan = if early.is_some() || board.is_some() || direct.is_some() {
             None
         } else if alg == Algorithm::Hierarchical {
             let h = self.hierarchy().expect("chosen");
@@ -685,6 +728,9 @@ impl Comm {
         async move {
             if let Some(call) = board {
                 return copy_parts(buf, &call?.await?);
+            }
+            if let Some(call) = direct {
+                return allreduce_single_copy(call?, bytemuck::cast_slice_mut(buf), op.erase(), r, n).await;
             }
             let out = match plan {
                 None => return Err(early.expect("set")),
@@ -1145,4 +1191,77 @@ impl Hierarchy {
 fn node_rank_of(h: &Hierarchy, r: Rank) -> Rank {
     let node = h.node_of[r as usize];
     h.node_of[..r as usize].iter().filter(|&&n| n == node).count() as Rank
+}
+
+/// Broadcast by single copy: each receiver copies the root's buffer straight into its own; the root
+/// returns once every receiver has (the fan-in), so its buffer is not needed after that.
+async fn bcast_single_copy(mut call: shared::Lending, root: Rank, me: Rank, buf: &mut [u8]) -> Result<()> {
+    let got = call.next().await?;
+    if me != root {
+        let lent = Lent::decode(root, &got, buf.len())?;
+        call.read(root, &lent, 0, buf)?;
+    }
+    call.next().await?;
+    Ok(())
+}
+
+/// Bytes of a reduction's piece: a piece of each rank's part and the partial result stay in cache.
+const REDUCE_PIECE: usize = 64 << 10;
+
+/// All-reduce by single copy, in place, as a reduce-scatter and an all-gather straight between the
+/// ranks' buffers: rank `me` combines part `me` of every rank's buffer in rank order (copied from
+/// theirs piece by piece) and leaves it in its own; after a barrier, it copies every other part
+/// from the rank that computed it; after another, nobody reads its buffer any more. Each part is
+/// computed once, so every rank gets the same bits, and rank order keeps non-commutative
+/// operators right.
+async fn allreduce_single_copy(
+    mut call: shared::Lending,
+    buf: &mut [u8],
+    op: ferrocomm_collectives::Reducer,
+    me: Rank,
+    n: Rank,
+) -> Result<()> {
+    use ferrocomm_collectives::shared::part;
+    let (elem, len, n) = (op.element_size(), buf.len(), n as usize);
+    let all = call.next().await?;
+    if all.len() != n * Lent::BYTES {
+        return Err(Error::Collective(CollError::Malformed { from: 0, why: "lent memory of every rank" }));
+    }
+    let lent: Vec<Lent> = all
+        .chunks(Lent::BYTES)
+        .enumerate()
+        .map(|(r, b)| Lent::decode(r as Rank, b, len))
+        .collect::<std::result::Result<_, _>>()?;
+    let mine = part(len, elem, n, me as usize);
+    let piece = REDUCE_PIECE / elem * elem;
+    let (mut acc, mut x) = (vec![0u8; piece.min(mine.len())], vec![0u8; piece.min(mine.len())]);
+    for start in mine.clone().step_by(piece.max(1)) {
+        let at = start..(start + piece).min(mine.end);
+        let k = at.len();
+        if me == 0 {
+            // Rank 0's part first: the result can grow in place.
+            for r in 1..n {
+                call.read(r as Rank, &lent[r], at.start, &mut x[..k])?;
+                op.apply(&mut buf[at.clone()], &x[..k], false);
+            }
+        } else {
+            call.read(0, &lent[0], at.start, &mut acc[..k])?;
+            for r in 1..n {
+                if r == me as usize {
+                    op.apply(&mut acc[..k], &buf[at.clone()], false);
+                } else {
+                    call.read(r as Rank, &lent[r], at.start, &mut x[..k])?;
+                    op.apply(&mut acc[..k], &x[..k], false);
+                }
+            }
+            buf[at].copy_from_slice(&acc[..k]);
+        }
+    }
+    call.next().await?;
+    for r in (0..n).filter(|&r| r != me as usize) {
+        let theirs = part(len, elem, n, r);
+        call.read(r as Rank, &lent[r], theirs.start, &mut buf[theirs])?;
+    }
+    call.next().await?;
+    Ok(())
 }

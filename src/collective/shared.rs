@@ -13,6 +13,10 @@
 //! call waits for fails it with [`Error::PeerLost`]. Nothing rings a rank when a board counter
 //! moves, so a rank that would sleep (adaptive and blocking modes) looks again every [`NAP`]; the
 //! default table therefore picks the board only for busy-polling ranks.
+//!
+//! Single-copy calls ([`Lending`]) use the board for their synchronisation and copy the data
+//! straight from the other ranks' memory with `process_vm_readv`. Unlike the board's other calls
+//! they progress only while their future is polled: the copies go into the caller's buffer.
 
 use std::fs::OpenOptions;
 use std::future::Future;
@@ -25,7 +29,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ferrocomm_collectives::CollError;
-use ferrocomm_collectives::shared::{Board, Kind, Queue, Waiting, board_bytes};
+use ferrocomm_collectives::shared::{Board, Kind, Lent, Queue, Waiting, board_bytes};
 use ferrocomm_reactor::{ProgressMode, Reactor};
 use ferrocomm_transports::Rank;
 use ferrocomm_transports::mapping::{Mapping, shared_file_path};
@@ -119,7 +123,26 @@ impl Segment {
             }
         }
         let seqs = seqs.expect("at least one piece");
-        Ok(BoardCall { seg: self.clone(), seqs, parts: Pieces::new(), spin_start: None, nap: None })
+        Ok(self.wait(seqs, None))
+    }
+
+    /// The future of calls `seqs`; `lent`: the first call of a single-copy call whose memory this
+    /// rank lent (withdrawn if the future is dropped).
+    fn wait(self: &Arc<Segment>, seqs: Range<u64>, lent: Option<u64>) -> BoardCall {
+        BoardCall { seg: self.clone(), seqs, parts: Pieces::new(), spin_start: None, nap: None, lent }
+    }
+
+    /// Starts a single-copy call: its first step exchanges what is lent (`kind`: a broadcast of the
+    /// root's [`Lent`], or an all-gather of every rank's), then come the `held` steps, each posted
+    /// when the rank gets to it ([`Lending::next`]).
+    pub(crate) fn lend(self: &Arc<Segment>, kind: Kind, lent: Option<Lent>, held: &[Kind]) -> Result<Lending> {
+        let mut q = self.queue.lock();
+        let first = q.push(&self.board, kind, Lent::BYTES, lent.map_or_else(Vec::new, |l| l.encode()))?;
+        for k in held {
+            q.push_held(k.clone());
+        }
+        let steps = first..first + 1 + held.len() as u64;
+        Ok(Lending { seg: self.clone(), first, steps, lends: lent.is_some() })
     }
 
     /// Advances every call; collects the finished pieces of `seqs` in order into `parts`; ready
@@ -157,6 +180,8 @@ pub(crate) struct BoardCall {
     parts: Pieces,
     spin_start: Option<Instant>,
     nap: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// See [`Segment::wait`].
+    lent: Option<u64>,
 }
 
 /// The results of a call's pieces, in order: usually one (inline, no allocation).
@@ -208,7 +233,97 @@ impl Future for BoardCall {
 impl Drop for BoardCall {
     fn drop(&mut self) {
         if !self.seqs.is_empty() {
+            // Withdrawn before anything of the rest is posted (abandoning releases held calls).
+            if let Some(first) = self.lent {
+                self.seg.board.withdraw(first);
+            }
             self.seg.queue.lock().abandon(self.seqs.clone());
         }
     }
+}
+
+/// A single-copy call in progress: its steps on the board, taken in order. Dropped before its last
+/// step, it withdraws the memory this rank lent (the readers discard what they copied from it) and
+/// abandons the rest, so the communicator's later calls go on.
+pub(crate) struct Lending {
+    seg: Arc<Segment>,
+    /// The call's first step, which names it for withdrawal.
+    first: u64,
+    /// The steps not taken yet.
+    steps: Range<u64>,
+    /// Whether this rank lent memory that others read.
+    lends: bool,
+}
+
+impl Lending {
+    /// Posts the next step (this rank is done with what the previous ones allowed) and waits for
+    /// it; its result (for the first step: what was lent).
+    pub(crate) async fn next(&mut self) -> Result<Vec<u8>> {
+        let seq = self.steps.start;
+        self.seg.queue.lock().release(seq);
+        let mut parts = self.seg.wait(seq..seq + 1, self.lends.then_some(self.first)).await?;
+        self.steps.start += 1;
+        Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// Copies `dst.len()` bytes from `offset` in what rank `owner` lent into `dst`.
+    pub(crate) fn read(&self, owner: u32, lent: &Lent, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let board = &self.seg.board;
+        let withdrawn = || Error::Collective(CollError::Withdrawn { rank: owner });
+        if (offset + dst.len()) as u64 > lent.len {
+            return Err(Error::Collective(CollError::Malformed { from: owner, why: "read beyond the lent memory" }));
+        }
+        if board.withdrawn(owner as usize, self.first) {
+            return Err(withdrawn());
+        }
+        if let Err(e) = copy_from(lent.pid, lent.addr + offset as u64, dst) {
+            if board.withdrawn(owner as usize, self.first) {
+                return Err(withdrawn());
+            }
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                // The process is gone: the peer died during the call.
+                let rank = self.seg.members[owner as usize];
+                return Err(Error::PeerLost { rank, reason: ferrocomm_transports::TransportError::Closed });
+            }
+            let reason = e.to_string();
+            return Err(Error::Collective(CollError::SingleCopy { rank: owner, reason }));
+        }
+        // Seqlock-style: valid only if the owner still lent it when the copy was over.
+        if board.withdrawn(owner as usize, self.first) {
+            return Err(withdrawn());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Lending {
+    fn drop(&mut self) {
+        if !self.steps.is_empty() {
+            if self.lends {
+                self.seg.board.withdraw(self.first);
+            }
+            self.seg.queue.lock().abandon(self.steps.clone());
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn copy_from(pid: u32, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
+    ferrocomm_transports::shm::copy_from_process(pid as i32, addr, dst)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn copy_from(_: u32, _: u64, _: &mut [u8]) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+/// Whether the kernel lets this rank read its sibling ranks' memory (see
+/// `shm::single_copy_permitted`); asked once.
+pub(crate) fn single_copy_permitted() -> bool {
+    static PERMITTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    #[cfg(target_os = "linux")]
+    let ask = ferrocomm_transports::shm::single_copy_permitted;
+    #[cfg(not(target_os = "linux"))]
+    let ask = || false;
+    *PERMITTED.get_or_init(ask)
 }

@@ -39,6 +39,16 @@ pub fn on_board(c: &Comm) -> Comm {
 pub const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,reduce=shared-memory,allreduce=shared-memory,\
                          allgather=shared-memory,alltoall=shared-memory";
 
+/// Pins broadcast and all-reduce to single copy (the others keep the table).
+pub const SINGLE_COPY: &str = "bcast=single-copy,allreduce=single-copy";
+/// Element counts for single copy: empty, one, fewer elements than ranks, uneven parts, and parts
+/// above the 64 KiB piece of the reduction.
+pub const SINGLE_COPY_COUNTS: [usize; 5] = [0, 1, 5, 9_001, 70_000];
+/// `c` with broadcast and all-reduce pinned to single copy ([`SINGLE_COPY`]).
+pub fn single_copy(c: &Comm) -> Comm {
+    c.with_collective_table(Table::default().with_overrides(SINGLE_COPY).unwrap())
+}
+
 /// Runs every operation with the communicator's current table on each count.
 pub async fn operations(c: &Comm, counts: &[usize], label: &str) {
     let (r, n) = (c.rank(), c.size());
@@ -173,4 +183,6 @@ pub async fn every_algorithm(c: &Comm) {
     }
     // The shared-memory board (where every rank shares this host; elsewhere the table decides).
     operations(&on_board(c), &BOARD_COUNTS, "board").await;
+    // Single copy (likewise).
+    operations(&single_copy(c), &SINGLE_COPY_COUNTS, "single-copy").await;
 }

@@ -363,6 +363,28 @@ fn cma_fallback(rank: Rank, e: &io::Error, stats: &mut ShmStats) {
     stats.cma_fallbacks += 1;
 }
 
+/// Copies `dst.len()` bytes at `addr` in process `pid` into `dst` (`process_vm_readv`): the
+/// single-copy collectives' reads. Fails (never blocks) if the kernel refuses or the range is not
+/// mapped in that process.
+pub fn copy_from_process(pid: i32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
+    sys::read_remote(pid, addr, dst)
+}
+
+/// Whether the kernel's ptrace rules let a rank read its sibling ranks' memory (same user, not
+/// each other's descendants): Yama's `ptrace_scope` 0 or absent, or 1-2 for a process that may
+/// ptrace anything (root). Every rank of a host reads the same answer, so all choose alike.
+pub fn single_copy_permitted() -> bool {
+    match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
+        Err(_) => true,
+        Ok(s) => match s.trim() {
+            "0" => true,
+            // SAFETY: geteuid has no preconditions.
+            "1" | "2" => (unsafe { libc::geteuid() }) == 0,
+            _ => false,
+        },
+    }
+}
+
 /// Removes segment files of `job_id` left in /dev/shm (a rank died before every peer mapped its
 /// segment). For launchers, once no rank of the job runs any more. Returns how many were removed.
 pub fn remove_leftovers(job_id: &str) -> io::Result<usize> {
