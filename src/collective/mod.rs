@@ -542,7 +542,7 @@ impl Comm {
             self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>())
         });
         let pool = self.sequence.pool.clone();
-        let data = (board.is_none() && me == root).then(|| pool.copy(buf));
+        let data = (board.is_none() && direct.is_none() && me == root).then(|| pool.copy(buf));
         let run = (board.is_none() && direct.is_none())
             .then(|| self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)));
         async move {
