@@ -88,7 +88,7 @@ async fn single_copy_by_default_for_large_calls_when_busy() {
     let busy = Settings { progress: ProgressMode::BusyPoll, ..Settings::default() };
     for n in [1, 2, 3, 5] {
         testing::run(n, busy.clone(), move |w| async move {
-            let large = w.collective_table().single_copy_min;
+            let large = w.collective_table().single_copy_from(Operation::Allreduce, n);
             let want = if n > 1 { Algorithm::SingleCopy } else { Algorithm::RecursiveDoubling };
             assert_eq!(w.collective_algorithm(Operation::Allreduce, large), want);
             assert_ne!(w.collective_algorithm(Operation::Allreduce, large - 8), Algorithm::SingleCopy);

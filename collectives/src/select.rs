@@ -54,6 +54,18 @@
 //!   5.5), and won to 8 KiB on 4 (31.7 against 42.2 us): [`Table::shared_max`] as well (the
 //!   whole of a rank's data must fit one call of the board).
 //!
+//! - single copy ([`Algorithm::SingleCopy`], where the board serves and the kernel allows
+//!   cross-memory attach) against the table's choice, pinned in turn (`collectives --ranks N
+//!   --runs 3 --ops bcast,allreduce --max 512K --step 2 --no-mpi --env
+//!   FERROCOMM_COLL=bcast=single-copy,allreduce=single-copy`, then with the table, then
+//!   `allreduce=rabenseifner` and `=recursive-doubling`): broadcast by single copy won from
+//!   64 KiB on 2 ranks (9.6 against 11.3 us for binomial; 14.8 against 22.0 at 128 KiB) and beyond
+//!   the board's 64 KiB on 4 (18.6 against 41.5 us at 128 KiB): [`Table::single_copy_min`]
+//!   64 KiB. All-reduce by single copy lost to Rabenseifner on 4 ranks to 128 KiB (101.6 against
+//!   87.4 us) and won from 256 KiB (148-183 against 359-408 us); on 2 ranks recursive doubling
+//!   won at 256 KiB (41.7 against 47.7 us) and lost at 512 KiB (95.7 against 85.5):
+//!   [`Table::single_copy_allreduce_min`] 256 KiB, doubled on 2 ranks.
+//!
 //! Re-measure on the target machine with more ranks than this one has: the 4-rank figures are
 //! oversubscribed, and scatter + all-gather broadcast is expected to win at large sizes with more
 //! ranks.
@@ -252,9 +264,11 @@ pub struct Table {
     pub shared_allreduce_max: usize,
     /// ... and reduce up to this many.
     pub shared_reduce_max: usize,
-    /// Broadcast and all-reduce from this many bytes copy straight from the other ranks' memory
-    /// ([`Algorithm::SingleCopy`]) under the same conditions as the board.
+    /// Broadcast from this many bytes copies straight from the root's memory
+    /// ([`Algorithm::SingleCopy`]) under the same conditions as the board ...
     pub single_copy_min: usize,
+    /// ... and all-reduce from this many (twice as many on 2 ranks); see [`Table::single_copy_from`].
+    pub single_copy_allreduce_min: usize,
     /// Operations pinned to one algorithm.
     pub overrides: HashMap<Operation, Algorithm>,
 }
@@ -272,7 +286,8 @@ impl Default for Table {
             shared_bcast_max: 64 << 10,
             shared_allreduce_max: 32 << 10,
             shared_reduce_max: 32 << 10,
-            single_copy_min: 256 << 10,
+            single_copy_min: 64 << 10,
+            single_copy_allreduce_min: 256 << 10,
             overrides: HashMap::new(),
         }
     }
@@ -305,6 +320,18 @@ impl Table {
             Operation::Reduce => self.shared_reduce_max,
             _ if Algorithm::shared_memory_serves(op) => self.shared_max,
             _ => 0,
+        }
+    }
+
+    /// From how many bytes (per rank) `op` on `ranks` ranks copies straight from the other ranks'
+    /// memory by default, where it can (`usize::MAX`: never).
+    pub fn single_copy_from(&self, op: Operation, ranks: u32) -> usize {
+        match op {
+            Operation::Bcast => self.single_copy_min,
+            // On 2 ranks recursive doubling is a single exchange, and wins longer.
+            Operation::Allreduce if ranks == 2 => self.single_copy_allreduce_min.saturating_mul(2),
+            Operation::Allreduce => self.single_copy_allreduce_min,
+            _ => usize::MAX,
         }
     }
 
@@ -396,6 +423,10 @@ mod tests {
         assert!(Table::default().with_overrides("alltoall=shared-memory").is_ok());
         assert!(Table::default().with_overrides("gather=shared-memory").is_err());
         assert!(Table::default().with_overrides("allreduce=single-copy").is_ok());
+        assert_eq!(t.single_copy_from(Operation::Bcast, 4), 64 << 10);
+        assert_eq!(t.single_copy_from(Operation::Allreduce, 2), 512 << 10);
+        assert_eq!(t.single_copy_from(Operation::Allreduce, 3), 256 << 10);
+        assert_eq!(t.single_copy_from(Operation::Gather, 3), usize::MAX);
         assert!(Table::default().with_overrides("alltoall=single-copy").is_err());
     }
 }

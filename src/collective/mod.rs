@@ -15,7 +15,9 @@
 //! in the unexpected queue, bounded by that call's size, until the communicator's world ends).
 //! Calls on the shared-memory board ([`shared`]) differ: they are described in full when made, so
 //! a dropped call still does this rank's part whenever a later call of the communicator is driven,
-//! and the other ranks complete it.
+//! and the other ranks complete it. Single-copy calls (large broadcasts and all-reduces on one
+//! host, [`shared::Lending`]) read the other ranks' buffers: dropping one withdraws this rank's
+//! buffer, and the others' call fails with `CollError::Withdrawn` rather than keep what it read.
 
 pub(crate) mod shared;
 
@@ -282,7 +284,9 @@ impl Comm {
         let table = self.collective_table();
         match table.overrides.get(&op) {
             Some(pinned) => *pinned == Algorithm::SingleCopy,
-            None => self.settings().progress == ProgressMode::BusyPoll && bytes >= table.single_copy_min,
+            None => {
+                self.settings().progress == ProgressMode::BusyPoll && bytes >= table.single_copy_from(op, self.size())
+            }
         }
     }
 
@@ -1240,17 +1244,17 @@ async fn allreduce_single_copy(
         let k = at.len();
         if me == 0 {
             // Rank 0's part first: the result can grow in place.
-            for r in 1..n {
-                call.read(r as Rank, &lent[r], at.start, &mut x[..k])?;
+            for (r, theirs) in lent.iter().enumerate().skip(1) {
+                call.read(r as Rank, theirs, at.start, &mut x[..k])?;
                 op.apply(&mut buf[at.clone()], &x[..k], false);
             }
         } else {
             call.read(0, &lent[0], at.start, &mut acc[..k])?;
-            for r in 1..n {
+            for (r, theirs) in lent.iter().enumerate().skip(1) {
                 if r == me as usize {
                     op.apply(&mut acc[..k], &buf[at.clone()], false);
                 } else {
-                    call.read(r as Rank, &lent[r], at.start, &mut x[..k])?;
+                    call.read(r as Rank, theirs, at.start, &mut x[..k])?;
                     op.apply(&mut acc[..k], &x[..k], false);
                 }
             }
