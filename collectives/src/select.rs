@@ -166,7 +166,10 @@ impl Algorithm {
 
     /// The operations served by single copy (every rank on one host).
     pub fn single_copy_serves(op: Operation) -> bool {
-        matches!(op, Operation::Bcast | Operation::Allreduce)
+        matches!(
+            op,
+            Operation::Bcast | Operation::Allreduce | Operation::Reduce | Operation::Allgather | Operation::Alltoall
+        )
     }
 }
 

@@ -350,6 +350,18 @@ impl Comm {
         self.board()?.lend(kind, lent, held)
     }
 
+    /// Starts a gather-style single-copy call that lends a copy of `data` (the call does not
+    /// borrow the caller's slice): every rank learns what the others lent, does its copies, then
+    /// waits in a barrier until nobody reads its copy any more.
+    fn lend_copy<T: Element>(&self, data: &[T]) -> Result<shared::Lending> {
+        let mut copy = self.sequence.pool.take(size_of_val(data));
+        copy.copy_from_slice(bytemuck::cast_slice(data));
+        let lent = Lent::of(std::process::id(), &copy);
+        let mut call = self.lending(Kind::Allgather, Some(lent), &[Kind::Barrier])?;
+        call.keep(copy);
+        Ok(call)
+    }
+
     /// This communicator's shared-memory board, opened on first use.
     fn board(&self) -> Result<&Arc<shared::Segment>> {
         let seg = self.sequence.board.get_or_init(|| {
@@ -671,11 +683,26 @@ impl Comm {
             let kind = Kind::Reduce { root, op: op.erase() };
             self.board_call(kind, len, bytemuck::cast_slice(data), size_of::<T>())
         });
-        let plan = (early.is_none() && board.is_none()).then(|| {
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend_copy(data));
+        let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
             let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
             (self.slot(), m)
         });
+        let pool = self.sequence.pool.clone();
         async move {
+            if let Some(call) = direct {
+                // The root combines every rank's copy straight from its memory.
+                let mut call = call?;
+                let lent = lent_by_all(&call.next().await?, n as usize, len)?;
+                let mut out = (r == root).then(|| vec![T::zeroed(); len / size_of::<T>()]);
+                if let Some(out) = out.as_mut() {
+                    let dst = bytemuck::cast_slice_mut(out);
+                    combine(&call, &lent, r as usize, &op.erase(), 0, Own::In(call.kept()), dst)?;
+                }
+                call.next().await?;
+                call.give_back().into_iter().for_each(|b| pool.give(b));
+                return Ok(out);
+            }
             if let Some(call) = board {
                 let pieces = call?.await?;
                 if r != root {
@@ -916,9 +943,30 @@ impl Comm {
         let bytes = bytemuck::cast_slice(data);
         let board = (alg == Algorithm::SharedMemory)
             .then(|| self.board_call(Kind::Allgather, bytes.len(), bytes, size_of::<T>()));
-        let plan = board.is_none().then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
+        let direct = (alg == Algorithm::SingleCopy).then(|| self.lend_copy(data));
+        let plan =
+            (board.is_none() && direct.is_none()).then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
+        let len = bytes.len();
         move |out: &mut [T]| {
             Box::pin(async move {
+                if let Some(call) = direct {
+                    // Every block straight from its rank's memory into `out`.
+                    let (mut call, (n, me)) = (call?, (n as usize, r as usize));
+                    let lent = lent_by_all(&call.next().await?, n, len)?;
+                    let out: &mut [u8] = bytemuck::cast_slice_mut(out);
+                    if out.len() != n * len {
+                        return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
+                    }
+                    for (i, block) in out.chunks_exact_mut(len.max(1)).enumerate().take(n) {
+                        match i == me {
+                            true => block.copy_from_slice(call.kept()),
+                            false => call.read(i as Rank, &lent[i], 0, block)?,
+                        }
+                    }
+                    call.next().await?;
+                    call.give_back().into_iter().for_each(|b| pool.give(b));
+                    return Ok(());
+                }
                 let Some(plan) = plan else {
                     let pieces = board.expect("one of the two")?.await?;
                     return copy_gathered(out, &pieces, n as usize);
@@ -995,7 +1043,11 @@ impl Comm {
         let alg = self.choose(Operation::Alltoall, part, true);
         let board = (early.is_none() && alg == Algorithm::SharedMemory)
             .then(|| self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>()));
-        let plan = (early.is_none() && board.is_none()).then(|| {
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| {
+            out[mine.clone()].copy_from_slice(&data[mine.clone()]);
+            self.lend_copy(data)
+        });
+        let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
             out[mine.clone()].copy_from_slice(&data[mine.clone()]);
             let travel = (0..n as usize).filter(|&i| i != r as usize).map(|i| &data[i * elems..(i + 1) * elems]);
             let mut all = pool.take(part * (n as usize - 1));
@@ -1016,6 +1068,20 @@ impl Comm {
         });
         move |out: &mut [T]| {
             Box::pin(async move {
+                if let Some(call) = direct {
+                    // Block `r` of every rank's data straight from its memory (the own one is in).
+                    let (mut call, (n, me)) = (call?, (n as usize, r as usize));
+                    let lent = lent_by_all(&call.next().await?, n, part * n)?;
+                    let out: &mut [u8] = bytemuck::cast_slice_mut(out);
+                    for (i, block) in out.chunks_exact_mut(part.max(1)).enumerate().take(n) {
+                        if i != me {
+                            call.read(i as Rank, &lent[i], me * part, block)?;
+                        }
+                    }
+                    call.next().await?;
+                    call.give_back().into_iter().for_each(|b| pool.give(b));
+                    return Ok(());
+                }
                 if let Some(call) = board {
                     return copy_parts(out, &call?.await?);
                 }
@@ -1212,12 +1278,75 @@ async fn bcast_single_copy(mut call: shared::Lending, root: Rank, me: Rank, buf:
 /// Bytes of a reduction's piece: a piece of each rank's part and the partial result stay in cache.
 const REDUCE_PIECE: usize = 64 << 10;
 
+/// What every rank lent for a call of `len` bytes each (the first step's all-gather).
+fn lent_by_all(all: &[u8], n: usize, len: usize) -> Result<Vec<Lent>> {
+    if all.len() != n * Lent::BYTES {
+        return Err(Error::Collective(CollError::Malformed { from: 0, why: "lent memory of every rank" }));
+    }
+    let each = all.chunks(Lent::BYTES).enumerate().map(|(r, b)| Lent::decode(r as Rank, b, len));
+    Ok(each.collect::<std::result::Result<_, _>>()?)
+}
+
+/// This rank's own part of a combination: in its own slice, or already in the destination.
+enum Own<'a> {
+    In(&'a [u8]),
+    InDestination,
+}
+
+/// Combines bytes `at..at + dst.len()` of every rank's lent memory in rank order into `dst`, piece
+/// by piece (a piece of each rank and the partial result stay in cache); this rank's bytes come
+/// from `own` rather than a copy from itself.
+fn combine(
+    call: &shared::Lending,
+    lent: &[Lent],
+    me: usize,
+    op: &ferrocomm_collectives::Reducer,
+    at: usize,
+    own: Own<'_>,
+    dst: &mut [u8],
+) -> Result<()> {
+    let piece = (REDUCE_PIECE / op.element_size() * op.element_size()).max(1);
+    let mut x = vec![0u8; piece.min(dst.len())];
+    // In the destination, this rank's bytes must survive the ranks before it: keep the partial
+    // result aside.
+    let aside = matches!(own, Own::InDestination) && me != 0;
+    let mut acc = vec![0u8; if aside { piece.min(dst.len()) } else { 0 }];
+    for start in (0..dst.len()).step_by(piece) {
+        let p = start..(start + piece).min(dst.len());
+        let k = p.len();
+        {
+            let (result, mine): (&mut [u8], Option<&[u8]>) = match &own {
+                Own::In(mine) => (&mut dst[p.clone()], Some(&mine[p.clone()])),
+                Own::InDestination if aside => (&mut acc[..k], Some(&dst[p.clone()])),
+                // Rank 0: its bytes are where the result begins.
+                Own::InDestination => (&mut dst[p.clone()], None),
+            };
+            match (me, mine) {
+                (0, Some(mine)) => result.copy_from_slice(mine),
+                (0, None) => {}
+                _ => call.read(0, &lent[0], at + start, result)?,
+            }
+            for (r, theirs) in lent.iter().enumerate().skip(1) {
+                if r == me {
+                    op.apply(result, mine.expect("a rank after 0 has its bytes at hand"), false);
+                } else {
+                    call.read(r as Rank, theirs, at + start, &mut x[..k])?;
+                    op.apply(result, &x[..k], false);
+                }
+            }
+        }
+        if aside {
+            dst[p].copy_from_slice(&acc[..k]);
+        }
+    }
+    Ok(())
+}
+
 /// All-reduce by single copy, in place, as a reduce-scatter and an all-gather straight between the
-/// ranks' buffers: rank `me` combines part `me` of every rank's buffer in rank order (copied from
-/// theirs piece by piece) and leaves it in its own; after a barrier, it copies every other part
-/// from the rank that computed it; after another, nobody reads its buffer any more. Each part is
-/// computed once, so every rank gets the same bits, and rank order keeps non-commutative
-/// operators right.
+/// ranks' buffers: rank `me` combines part `me` of every rank's buffer in rank order and leaves it
+/// in its own; after a barrier, it copies every other part from the rank that computed it; after
+/// another, nobody reads its buffer any more. Each part is computed once, so every rank gets the
+/// same bits, and rank order keeps non-commutative operators right.
 async fn allreduce_single_copy(
     mut call: shared::Lending,
     buf: &mut [u8],
@@ -1226,43 +1355,12 @@ async fn allreduce_single_copy(
     n: Rank,
 ) -> Result<()> {
     use ferrocomm_collectives::shared::part;
-    let (elem, len, n) = (op.element_size(), buf.len(), n as usize);
-    let all = call.next().await?;
-    if all.len() != n * Lent::BYTES {
-        return Err(Error::Collective(CollError::Malformed { from: 0, why: "lent memory of every rank" }));
-    }
-    let lent: Vec<Lent> = all
-        .chunks(Lent::BYTES)
-        .enumerate()
-        .map(|(r, b)| Lent::decode(r as Rank, b, len))
-        .collect::<std::result::Result<_, _>>()?;
-    let mine = part(len, elem, n, me as usize);
-    let piece = REDUCE_PIECE / elem * elem;
-    let (mut acc, mut x) = (vec![0u8; piece.min(mine.len())], vec![0u8; piece.min(mine.len())]);
-    for start in mine.clone().step_by(piece.max(1)) {
-        let at = start..(start + piece).min(mine.end);
-        let k = at.len();
-        if me == 0 {
-            // Rank 0's part first: the result can grow in place.
-            for (r, theirs) in lent.iter().enumerate().skip(1) {
-                call.read(r as Rank, theirs, at.start, &mut x[..k])?;
-                op.apply(&mut buf[at.clone()], &x[..k], false);
-            }
-        } else {
-            call.read(0, &lent[0], at.start, &mut acc[..k])?;
-            for (r, theirs) in lent.iter().enumerate().skip(1) {
-                if r == me as usize {
-                    op.apply(&mut acc[..k], &buf[at.clone()], false);
-                } else {
-                    call.read(r as Rank, theirs, at.start, &mut x[..k])?;
-                    op.apply(&mut acc[..k], &x[..k], false);
-                }
-            }
-            buf[at].copy_from_slice(&acc[..k]);
-        }
-    }
+    let (elem, len, n, me) = (op.element_size(), buf.len(), n as usize, me as usize);
+    let lent = lent_by_all(&call.next().await?, n, len)?;
+    let mine = part(len, elem, n, me);
+    combine(&call, &lent, me, &op, mine.start, Own::InDestination, &mut buf[mine])?;
     call.next().await?;
-    for r in (0..n).filter(|&r| r != me as usize) {
+    for r in (0..n).filter(|&r| r != me) {
         let theirs = part(len, elem, n, r);
         call.read(r as Rank, &lent[r], theirs.start, &mut buf[theirs])?;
     }

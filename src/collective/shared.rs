@@ -28,6 +28,7 @@ use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use ferrocomm_collectives::CollError;
 use ferrocomm_collectives::shared::{Board, Kind, Lent, Queue, Waiting, board_bytes};
 use ferrocomm_reactor::{ProgressMode, Reactor};
@@ -142,7 +143,7 @@ impl Segment {
             q.push_held(k.clone());
         }
         let steps = first..first + 1 + held.len() as u64;
-        Ok(Lending { seg: self.clone(), first, steps, lends: lent.is_some() })
+        Ok(Lending { seg: self.clone(), first, steps, lends: lent.is_some(), kept: None })
     }
 
     /// Advances every call; collects the finished pieces of `seqs` in order into `parts`; ready
@@ -253,6 +254,9 @@ pub(crate) struct Lending {
     steps: Range<u64>,
     /// Whether this rank lent memory that others read.
     lends: bool,
+    /// The lent memory, where the call owns it (a copy of a caller's slice that the call does not
+    /// borrow): freed only after the withdrawal, or given back once the call is over.
+    kept: Option<BytesMut>,
 }
 
 impl Lending {
@@ -264,6 +268,21 @@ impl Lending {
         let mut parts = self.seg.wait(seq..seq + 1, self.lends.then_some(self.first)).await?;
         self.steps.start += 1;
         Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// Keeps `buf` (the lent memory) as long as the call needs it; see [`Lending::give_back`].
+    pub(crate) fn keep(&mut self, buf: BytesMut) {
+        self.kept = Some(buf);
+    }
+
+    /// The kept memory (empty if none).
+    pub(crate) fn kept(&self) -> &[u8] {
+        self.kept.as_deref().unwrap_or_default()
+    }
+
+    /// The kept memory, once the call's last step is over (nobody reads it any more).
+    pub(crate) fn give_back(&mut self) -> Option<BytesMut> {
+        self.steps.is_empty().then(|| self.kept.take()).flatten()
     }
 
     /// Copies `dst.len()` bytes from `offset` in what rank `owner` lent into `dst`.

@@ -39,12 +39,13 @@ pub fn on_board(c: &Comm) -> Comm {
 pub const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,reduce=shared-memory,allreduce=shared-memory,\
                          allgather=shared-memory,alltoall=shared-memory";
 
-/// Pins broadcast and all-reduce to single copy (the others keep the table).
-pub const SINGLE_COPY: &str = "bcast=single-copy,allreduce=single-copy";
+/// Pins every operation single copy serves to it (the others keep the table).
+pub const SINGLE_COPY: &str =
+    "bcast=single-copy,allreduce=single-copy,reduce=single-copy,allgather=single-copy,alltoall=single-copy";
 /// Element counts for single copy: empty, one, fewer elements than ranks, uneven parts, and parts
 /// above the 64 KiB piece of the reduction.
 pub const SINGLE_COPY_COUNTS: [usize; 5] = [0, 1, 5, 9_001, 70_000];
-/// `c` with broadcast and all-reduce pinned to single copy ([`SINGLE_COPY`]).
+/// `c` with every operation single copy serves pinned to it ([`SINGLE_COPY`]).
 pub fn single_copy(c: &Comm) -> Comm {
     c.with_collective_table(Table::default().with_overrides(SINGLE_COPY).unwrap())
 }
