@@ -64,7 +64,14 @@
 //!   64 KiB. All-reduce by single copy lost to Rabenseifner on 4 ranks to 128 KiB (101.6 against
 //!   87.4 us) and won from 256 KiB (148-183 against 359-408 us); on 2 ranks recursive doubling
 //!   won at 256 KiB (41.7 against 47.7 us) and lost at 512 KiB (95.7 against 85.5):
-//!   [`Table::single_copy_allreduce_min`] 256 KiB, doubled on 2 ranks.
+//!   [`Table::single_copy_allreduce_min`] 256 KiB, doubled on 2 ranks. Reduce, all-gather and
+//!   all-to-all by single copy (which lend a copy of the caller's slice) against binomial, ring
+//!   and pairwise (`--ops reduce,allgather,alltoall --max 1M --step 4 --iters-large 50`): they
+//!   won from 512 KiB on 2 and 4 ranks (4 ranks: reduce 270 against 498 us, all-gather 394
+//!   against 856, all-to-all 629 against 3416; 2 ranks at 1 MiB: 213 against 847, 178 against
+//!   232, 170 against 268) and lost or tied at 128 KiB (2 ranks: reduce 78 against 21 us,
+//!   all-to-all 34 against 26; all-gather 512 KiB on 2 ranks tied, 105 against 99):
+//!   [`Table::single_copy_gather_min`] 512 KiB.
 //!
 //! Re-measure on the target machine with more ranks than this one has: the 4-rank figures are
 //! oversubscribed, and scatter + all-gather broadcast is expected to win at large sizes with more
@@ -270,8 +277,11 @@ pub struct Table {
     /// Broadcast from this many bytes copies straight from the root's memory
     /// ([`Algorithm::SingleCopy`]) under the same conditions as the board ...
     pub single_copy_min: usize,
-    /// ... and all-reduce from this many (twice as many on 2 ranks); see [`Table::single_copy_from`].
+    /// ... all-reduce from this many (twice as many on 2 ranks) ...
     pub single_copy_allreduce_min: usize,
+    /// ... and reduce, all-gather and all-to-all (a rank's block) from this many; see
+    /// [`Table::single_copy_from`].
+    pub single_copy_gather_min: usize,
     /// Operations pinned to one algorithm.
     pub overrides: HashMap<Operation, Algorithm>,
 }
@@ -291,6 +301,7 @@ impl Default for Table {
             shared_reduce_max: 32 << 10,
             single_copy_min: 64 << 10,
             single_copy_allreduce_min: 256 << 10,
+            single_copy_gather_min: 512 << 10,
             overrides: HashMap::new(),
         }
     }
@@ -334,6 +345,7 @@ impl Table {
             // On 2 ranks recursive doubling is a single exchange, and wins longer.
             Operation::Allreduce if ranks == 2 => self.single_copy_allreduce_min.saturating_mul(2),
             Operation::Allreduce => self.single_copy_allreduce_min,
+            Operation::Reduce | Operation::Allgather | Operation::Alltoall => self.single_copy_gather_min,
             _ => usize::MAX,
         }
     }
@@ -429,7 +441,8 @@ mod tests {
         assert_eq!(t.single_copy_from(Operation::Bcast, 4), 64 << 10);
         assert_eq!(t.single_copy_from(Operation::Allreduce, 2), 512 << 10);
         assert_eq!(t.single_copy_from(Operation::Allreduce, 3), 256 << 10);
+        assert_eq!(t.single_copy_from(Operation::Alltoall, 3), 512 << 10);
         assert_eq!(t.single_copy_from(Operation::Gather, 3), usize::MAX);
-        assert!(Table::default().with_overrides("alltoall=single-copy").is_err());
+        assert!(Table::default().with_overrides("gather=single-copy").is_err());
     }
 }
