@@ -37,8 +37,8 @@
 //! Reductions combine the ranks' contributions in rank order on every rank, so non-commutative
 //! operators work and every rank gets bit-identical floating-point results.
 //!
-//! **Single copy** (large broadcasts and all-reduces): copying through the board is two passes over
-//! the data (in, then out), where the receiver could read the sender's memory once with
+//! **Single copy** (large calls): copying through the board is two passes over the data (in, then
+//! out), where the receiver could read the sender's memory once with
 //! cross-memory attach (`process_vm_readv`). Then the board carries only where the data is
 //! ([`Lent`]: process, address, length) and when it may be read or released, in *held* calls
 //! ([`Queue::push_held`]): a held call takes its place in the call order when made but posts only
@@ -141,11 +141,6 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
     /// Bytes a rank may publish per call ([`capacity`]).
     pub fn capacity(&self) -> usize {
         self.capacity
-    }
-
-    /// This rank's index.
-    pub fn me(&self) -> usize {
-        self.me
     }
 
     /// Rank `rank`'s `finished` counter.

@@ -15,9 +15,9 @@
 //! in the unexpected queue, bounded by that call's size, until the communicator's world ends).
 //! Calls on the shared-memory board ([`shared`]) differ: they are described in full when made, so
 //! a dropped call still does this rank's part whenever a later call of the communicator is driven,
-//! and the other ranks complete it. Single-copy calls (large broadcasts and all-reduces on one
-//! host, [`shared::Lending`]) read the other ranks' buffers: dropping one withdraws this rank's
-//! buffer, and the others' call fails with `CollError::Withdrawn` rather than keep what it read.
+//! and the other ranks complete it. Single-copy calls (large calls on one host,
+//! [`shared::Lending`]) read the other ranks' memory: dropping one withdraws what this rank lent,
+//! and the others' call fails with `CollError::Withdrawn` rather than keep what it read.
 
 pub(crate) mod shared;
 
@@ -958,9 +958,10 @@ impl Comm {
                         return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
                     }
                     for (i, block) in out.chunks_exact_mut(len.max(1)).enumerate().take(n) {
-                        match i == me {
-                            true => block.copy_from_slice(call.kept()),
-                            false => call.read(i as Rank, &lent[i], 0, block)?,
+                        if i == me {
+                            block.copy_from_slice(call.kept());
+                        } else {
+                            call.read(i as Rank, &lent[i], 0, block)?;
                         }
                     }
                     call.next().await?;
