@@ -631,12 +631,16 @@ mod tests {
         threads.into_iter().for_each(|t| t.join().unwrap());
     }
 
+    /// Drives the queue until call `seq` is done. Gives up after a minute: a rank whose thread
+    /// panicked never posts again, and the others must fail rather than spin on forever.
     fn run(q: &mut Queue, b: &Board<Mem>, seq: u64) -> Result<Vec<u8>, CollError> {
+        let start = std::time::Instant::now();
         loop {
             q.advance(b);
             if let Some(r) = q.take(seq) {
                 return r;
             }
+            assert!(start.elapsed() < std::time::Duration::from_secs(60), "call {seq} never finished");
             std::thread::yield_now();
         }
     }
