@@ -35,8 +35,9 @@ pub enum CollError {
     Withdrawn { rank: u32 },
     /// A single-copy call: the kernel refused to copy from rank `rank`'s memory.
     #[error(
-        "single copy from rank {rank} failed: {reason} (cross-memory attach needs ptrace permission; \
-         FERROCOMM_COLL=bcast=binomial,allreduce=rabenseifner avoids it)"
+        "single copy from rank {rank} failed: {reason} (cross-memory attach needs ptrace permission; pinning \
+         other algorithms avoids it: FERROCOMM_COLL=bcast=binomial,allreduce=rabenseifner,reduce=binomial,\
+         allgather=ring,alltoall=pairwise)"
     )]
     SingleCopy { rank: u32, reason: String },
 }
