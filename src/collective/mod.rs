@@ -697,7 +697,7 @@ impl Comm {
                 let mut out = (r == root).then(|| vec![T::zeroed(); len / size_of::<T>()]);
                 if let Some(out) = out.as_mut() {
                     let dst = bytemuck::cast_slice_mut(out);
-                    combine(&call, &lent, r as usize, &op.erase(), 0, Own::In(call.kept()), dst)?;
+                    combine(&call, &lent, r as usize, &op.erase(), 0, Some(call.kept()), dst)?;
                 }
                 call.next().await?;
                 call.give_back().into_iter().for_each(|b| pool.give(b));
@@ -1288,56 +1288,33 @@ fn lent_by_all(all: &[u8], n: usize, len: usize) -> Result<Vec<Lent>> {
     Ok(each.collect::<std::result::Result<_, _>>()?)
 }
 
-/// This rank's own part of a combination: in its own slice, or already in the destination.
-enum Own<'a> {
-    In(&'a [u8]),
-    InDestination,
-}
-
-/// Combines bytes `at..at + dst.len()` of every rank's lent memory in rank order into `dst`, piece
-/// by piece (a piece of each rank and the partial result stay in cache); this rank's bytes come
-/// from `own` rather than a copy from itself.
+/// Combines bytes `at..at + dst.len()` of every rank's lent memory in rank order into `dst`, in
+/// place, piece by piece (a piece of each rank and the partial result stay in cache). This rank's
+/// bytes come from `own`, or are in `dst` already (`None`); from them the result grows outwards:
+/// the ranks before this one are applied on the left, nearest first, then the ranks after it on
+/// the right, so `x0 ⊕ (x1 ⊕ ... ⊕ xme) ⊕ ... ⊕ xn-1` keeps rank order for any associative operator.
 fn combine(
     call: &shared::Lending,
     lent: &[Lent],
     me: usize,
     op: &ferrocomm_collectives::Reducer,
     at: usize,
-    own: Own<'_>,
+    own: Option<&[u8]>,
     dst: &mut [u8],
 ) -> Result<()> {
     let piece = (REDUCE_PIECE / op.element_size() * op.element_size()).max(1);
     let mut x = vec![0u8; piece.min(dst.len())];
-    // In the destination, this rank's bytes must survive the ranks before it: keep the partial
-    // result aside.
-    let aside = matches!(own, Own::InDestination) && me != 0;
-    let mut acc = vec![0u8; if aside { piece.min(dst.len()) } else { 0 }];
     for start in (0..dst.len()).step_by(piece) {
         let p = start..(start + piece).min(dst.len());
-        let k = p.len();
-        {
-            let (result, mine): (&mut [u8], Option<&[u8]>) = match &own {
-                Own::In(mine) => (&mut dst[p.clone()], Some(&mine[p.clone()])),
-                Own::InDestination if aside => (&mut acc[..k], Some(&dst[p.clone()])),
-                // Rank 0: its bytes are where the result begins.
-                Own::InDestination => (&mut dst[p.clone()], None),
-            };
-            match (me, mine) {
-                (0, Some(mine)) => result.copy_from_slice(mine),
-                (0, None) => {}
-                _ => call.read(0, &lent[0], at + start, result)?,
-            }
-            for (r, theirs) in lent.iter().enumerate().skip(1) {
-                if r == me {
-                    op.apply(result, mine.expect("a rank after 0 has its bytes at hand"), false);
-                } else {
-                    call.read(r as Rank, theirs, at + start, &mut x[..k])?;
-                    op.apply(result, &x[..k], false);
-                }
-            }
+        let (k, result) = (p.len(), &mut dst[p.clone()]);
+        if let Some(own) = own {
+            result.copy_from_slice(&own[p]);
         }
-        if aside {
-            dst[p].copy_from_slice(&acc[..k]);
+        let before = lent[..me].iter().enumerate().rev().map(|(r, l)| (r, l, true));
+        let after = lent.iter().enumerate().skip(me + 1).map(|(r, l)| (r, l, false));
+        for (r, theirs, on_the_left) in before.chain(after) {
+            call.read(r as Rank, theirs, at + start, &mut x[..k])?;
+            op.apply(result, &x[..k], on_the_left);
         }
     }
     Ok(())
@@ -1359,7 +1336,7 @@ async fn allreduce_single_copy(
     let (elem, len, n, me) = (op.element_size(), buf.len(), n as usize, me as usize);
     let lent = lent_by_all(&call.next().await?, n, len)?;
     let mine = part(len, elem, n, me);
-    combine(&call, &lent, me, &op, mine.start, Own::InDestination, &mut buf[mine])?;
+    combine(&call, &lent, me, &op, mine.start, None, &mut buf[mine])?;
     call.next().await?;
     for r in (0..n).filter(|&r| r != me) {
         let theirs = part(len, elem, n, r);
