@@ -82,8 +82,8 @@ async fn shared_memory_board_by_default_when_busy() {
 /// Busy-polling ranks on one host copy large broadcasts and all-reduces straight from each other's
 /// memory by default (single copy), with right results; a rank that drops such a call with its
 /// memory lent makes the others' call fail with a typed error (never keeping data read from
-/// memory that may have changed), a later call awaited while a single-copy call is held unpolled
-/// times out (it waits for the held one), and the communicator's next calls work for everyone.
+/// memory that may have changed), later calls awaited while a single-copy call is held unpolled
+/// complete, and the communicator's next calls work for everyone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_copy_by_default_for_large_calls_when_busy() {
     let busy = Settings { progress: ProgressMode::BusyPoll, ..Settings::default() };
@@ -112,15 +112,14 @@ async fn single_copy_by_default_for_large_calls_when_busy() {
             let e = c.allreduce(&mut v, ReduceOp::Sum).timeout(ten).await;
             assert!(matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. }))), "{e:?}");
         }
-        // Held unpolled while a later call on the board is awaited: the later call waits for it
-        // (documented; a deadline makes that a typed error); polled, the held call completes and
-        // the communicator goes on (the timed-out barrier still does its part).
+        // Held unpolled while later calls on the board are awaited: they pass it (up to the
+        // board's slots); polled, the held call completes.
         let pins = "allreduce=single-copy,barrier=shared-memory";
         let cb = c.with_collective_table(ferrocomm::Table::default().with_overrides(pins).unwrap());
         let mut v = vec![r as u64 + 1; 50_000];
         let held = cb.allreduce(&mut v, ReduceOp::Sum);
-        let e = cb.barrier().timeout(Duration::from_millis(200)).await;
-        assert!(matches!(e, Err(Error::Timeout)), "{e:?}");
+        cb.barrier().timeout(ten).await.unwrap();
+        cb.barrier().timeout(ten).await.unwrap();
         held.timeout(ten).await.unwrap();
         assert_eq!(v, vec![6; 50_000]);
         // The next calls work: a broadcast by single copy, a barrier, an all-reduce.

@@ -243,14 +243,20 @@ fn rank_process() {
                 }
                 w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
                 let mut v = vec![1.0f64; len];
+                let single = scenario == "coll-kill-single-copy";
                 if w.rank() == 2 {
-                    if scenario == "coll-kill-single-copy" {
-                        // Lend its memory (the call's first poll), then die.
+                    if single {
+                        // Lend its memory (the call's first poll, before the others have called:
+                        // the call cannot complete), then die.
                         let mut call = Box::pin(w.allreduce(&mut v, ferrocomm::ReduceOp::Sum));
-                        let _ = futures::FutureExt::now_or_never(&mut call);
+                        assert!(futures::FutureExt::now_or_never(&mut call).is_none());
                         std::thread::sleep(Duration::from_millis(5));
                     }
                     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                if single {
+                    // After rank 2 has lent its memory.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 let res = w.allreduce(&mut v, ferrocomm::ReduceOp::Sum).timeout(Duration::from_secs(30)).await;
                 // Rank 2's death, or a peer that gave up because of it (and left, or withdrew the

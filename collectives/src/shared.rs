@@ -20,7 +20,12 @@
 //!
 //! Rules, each rank for itself, which make a slot's reuse safe without locks:
 //! 1. a rank posts its calls in call order and finishes them in call order, so `posted >= s + 1`
-//!    in slot `s % SLOTS` means "posted call `s`", and `finished` is one number;
+//!    in slot `s % SLOTS` means "posted call `s`", and `finished` is one number. One exception:
+//!    a call may post before earlier calls of its rank that are *held* (their caller has not
+//!    given its part yet, see below), as long as it is less than [`SLOTS`] calls after the first
+//!    unposted one: the slots differ, so the meaning of `posted` stands. Its result can then be
+//!    collected once read, before it finishes in call order (which it does later, as an
+//!    abandoned call does);
 //! 2. a rank writes data into a slot only once every rank's `finished` has passed the slot's
 //!    previous call. It remembers the `finished` values it has seen, so it reads another rank's
 //!    line only every few calls, not on every call.
@@ -315,10 +320,25 @@ impl Call {
 struct Order {
     /// Calls before this one have posted.
     posted: u64,
+    /// Calls after `posted` that have posted (passing held ones): bit `i` is call `posted + i`.
+    ahead: u64,
+    /// Every earlier call that has not posted is held: the call being looked at may pass them.
+    passable: bool,
     /// Calls before this one have finished.
     finished: u64,
     /// The highest `finished` seen of each rank.
     seen: Vec<u64>,
+}
+
+impl Order {
+    /// Call `seq` has posted; `posted` moves past every call that has.
+    fn mark_posted(&mut self, seq: u64) {
+        self.ahead |= 1 << (seq - self.posted);
+        while self.ahead & 1 == 1 {
+            self.ahead >>= 1;
+            self.posted += 1;
+        }
+    }
 }
 
 /// The calls of one communicator on this rank, oldest first.
@@ -375,8 +395,11 @@ impl Queue {
 
     /// Advances every call as far as the board allows.
     pub fn advance<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>) {
+        let mut passable = true;
         for call in self.calls.iter_mut() {
+            self.order.passable = passable;
             step(board, call, &mut self.order);
+            passable &= call.phase != Phase::Post || call.held;
         }
         if self.sweep {
             self.sweep_abandoned();
@@ -389,15 +412,24 @@ impl Queue {
         self.sweep = self.calls.iter().any(|c| c.abandoned);
     }
 
-    /// The result of call `seq` once done (it leaves the queue).
+    /// The result of call `seq` once it has read what it needs: it leaves the queue if done, or
+    /// finishes later in call order (after earlier calls that are held) as an abandoned call.
     pub fn take(&mut self, seq: u64) -> Option<Result<Vec<u8>, CollError>> {
-        let i = self.calls.iter().position(|c| c.seq == seq && c.phase == Phase::Done)?;
-        self.calls.remove(i).map(|c| c.result)
+        let ready = |c: &Call| c.seq == seq && !c.abandoned && matches!(c.phase, Phase::Finish | Phase::Done);
+        let i = self.calls.iter().position(ready)?;
+        if self.calls[i].phase == Phase::Done {
+            return self.calls.remove(i).map(|c| c.result);
+        }
+        let c = &mut self.calls[i];
+        (c.abandoned, self.sweep) = (true, true);
+        Some(std::mem::replace(&mut c.result, Ok(Vec::new())))
     }
 
     /// What call `seq` waits for, if it is not done.
     pub fn waiting<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, seq: u64) -> Option<Waiting> {
         let call = self.calls.iter().find(|c| c.seq == seq && c.phase != Phase::Done)?;
+        let mut earlier = self.calls.iter().take_while(|c| c.seq < seq);
+        self.order.passable = earlier.all(|c| c.phase != Phase::Post || c.held);
         Some(blocker(board, call, &mut self.order).unwrap_or(Waiting::Earlier))
     }
 
@@ -422,11 +454,12 @@ impl Queue {
 fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order) -> Option<Waiting> {
     match c.phase {
         Phase::Post => {
-            if o.posted != c.seq {
-                return Some(Waiting::Earlier);
-            }
             if c.held {
                 return Some(Waiting::Caller);
+            }
+            // Rule 1, passing only held calls, and only within a board's worth of slots.
+            if o.posted != c.seq && !(o.passable && c.seq < o.posted + SLOTS) {
+                return Some(Waiting::Earlier);
             }
             if c.writes(b.me) {
                 // Rule 2: every rank is done with the slot's previous call.
@@ -474,7 +507,7 @@ fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Orde
                 if c.posts(b.me) {
                     b.line(c.seq, b.me)[POSTED].store(c.seq + 1, Release);
                 }
-                o.posted = c.seq + 1;
+                o.mark_posted(c.seq);
                 c.phase = Phase::Wait;
             }
             Phase::Wait => {
@@ -824,7 +857,7 @@ mod tests {
     }
 
     /// Single copy's steps on the board: a lent descriptor broadcast, then a held fan-in that
-    /// posts only once released (and blocks this rank's later calls until then); the root's
+    /// posts only once released; a later call passes it meanwhile and completes; the root's
     /// fan-in waits for every rank's release; withdrawal is seen by the others.
     #[test]
     fn held_calls_post_when_released() {
@@ -842,10 +875,11 @@ mod tests {
                 }
                 q.advance(&b);
                 assert_eq!(q.waiting(&b, s1), Some(Waiting::Caller));
-                assert_eq!(q.waiting(&b, s2), Some(Waiting::Earlier), "posts after the held call");
+                // The barrier behind the held fan-in passes it, and its result can be collected
+                // before it finishes in call order.
+                run(&mut q, &b, s2).unwrap();
                 q.release(s1);
                 assert!(run(&mut q, &b, s1).unwrap().is_empty());
-                run(&mut q, &b, s2).unwrap();
                 // An abandoned held call is released: the others' barrier completes.
                 let s3 = q.push_held(Kind::Barrier);
                 if me == n - 1 {
@@ -863,6 +897,31 @@ mod tests {
                 assert!(q.is_empty());
             });
         }
+    }
+
+    /// Calls pass a held call only within a board's worth of slots: with call `h` held, calls up
+    /// to `h + SLOTS - 1` post and complete, `h + SLOTS` waits; released, everything finishes in
+    /// order and the queue empties.
+    #[test]
+    fn calls_pass_held_ones_within_the_slots() {
+        on_ranks(3, |me, b| {
+            let mut q = Queue::default();
+            let first = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
+            run(&mut q, &b, first).unwrap();
+            let h = q.push_held(Kind::Barrier);
+            let later: Vec<u64> =
+                (1..SLOTS).map(|k| q.push(&b, Kind::Allreduce(sum()), 8, words(&[me as u64 + k])).unwrap()).collect();
+            for (k, &s) in (1..SLOTS).zip(&later) {
+                assert_eq!(run(&mut q, &b, s).unwrap(), words(&[3 * k + 3]), "call {s} passes held {h}");
+            }
+            let too_far = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
+            q.advance(&b);
+            assert_eq!(q.waiting(&b, too_far), Some(Waiting::Earlier), "its slot is the held call's");
+            q.release(h);
+            run(&mut q, &b, h).unwrap();
+            run(&mut q, &b, too_far).unwrap();
+            assert!(q.is_empty(), "{q:?}");
+        });
     }
 
     #[test]

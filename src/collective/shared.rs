@@ -17,10 +17,9 @@
 //! Single-copy calls ([`Lending`]) use the board for their synchronisation and copy the data
 //! straight from the other ranks' memory with `process_vm_readv`. Unlike the board's other calls
 //! they progress only while their future is polled: the copies go into the caller's buffer. Their
-//! held steps keep the communicator's later board calls from posting (calls post in call order),
-//! so a later call awaited while a single-copy future sits unpolled waits for it. Lifting that
-//! would take letting later calls pass held ones (within a board's worth of slots) and handing
-//! out a call's result before it finishes in order; not done.
+//! later steps are *held* on the board; the communicator's later calls pass them (up to the
+//! board's [`SLOTS`](ferrocomm_collectives::shared::SLOTS)), so awaiting later calls while a
+//! single-copy future sits unpolled works, up to that many.
 
 use std::fs::OpenOptions;
 use std::future::Future;
