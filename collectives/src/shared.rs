@@ -593,9 +593,9 @@ impl Lent {
     /// Bytes of a [`Lent`] on the board (inline in a rank's line).
     pub const BYTES: usize = 24;
 
-    /// `data` in process `pid` (this one).
-    pub fn of(pid: u32, data: &[u8]) -> Lent {
-        Lent { pid, addr: data.as_ptr() as u64, len: data.len() as u64 }
+    /// `data`, in this process.
+    pub fn of(data: &[u8]) -> Lent {
+        Lent { pid: std::process::id(), addr: data.as_ptr() as u64, len: data.len() as u64 }
     }
 
     pub fn encode(&self) -> Vec<u8> {

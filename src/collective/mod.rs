@@ -356,7 +356,7 @@ impl Comm {
     fn lend_copy<T: Element>(&self, data: &[T]) -> Result<shared::Lending> {
         let mut copy = self.sequence.pool.take(size_of_val(data));
         copy.copy_from_slice(bytemuck::cast_slice(data));
-        let lent = Lent::of(std::process::id(), &copy);
+        let lent = Lent::of(&copy);
         let mut call = self.lending(Kind::Allgather, Some(lent), &[Kind::Barrier])?;
         call.keep(copy);
         Ok(call)
@@ -550,7 +550,7 @@ impl Comm {
         let (bytes, me) = (size_of_val(buf), self.rank());
         let alg = self.choose(Operation::Bcast, bytes, true);
         let direct = (root < self.size() && alg == Algorithm::SingleCopy).then(|| {
-            let lent = (me == root).then(|| Lent::of(std::process::id(), bytemuck::cast_slice(buf)));
+            let lent = (me == root).then(|| Lent::of(bytemuck::cast_slice(buf)));
             self.lending(Kind::Bcast { root }, lent, &[Kind::Fanin { root }])
         });
         let board = (root < self.size() && alg == Algorithm::SharedMemory).then(|| {
@@ -692,16 +692,15 @@ impl Comm {
         async move {
             if let Some(call) = direct {
                 // The root combines every rank's copy straight from its memory.
-                let mut call = call?;
-                let lent = lent_by_all(&call.next().await?, n as usize, len)?;
-                let mut out = (r == root).then(|| vec![T::zeroed(); len / size_of::<T>()]);
-                if let Some(out) = out.as_mut() {
-                    let dst = bytemuck::cast_slice_mut(out);
-                    combine(&call, &lent, r as usize, &op.erase(), 0, Some(call.kept()), dst)?;
-                }
-                call.next().await?;
-                call.give_back().into_iter().for_each(|b| pool.give(b));
-                return Ok(out);
+                return gather_single_copy(call?, n, len, &pool, |call, lent| {
+                    let mut out = (r == root).then(|| vec![T::zeroed(); len / size_of::<T>()]);
+                    if let Some(out) = out.as_mut() {
+                        let dst = bytemuck::cast_slice_mut(out);
+                        combine(call, lent, r as usize, &op.erase(), 0, Some(call.kept()), dst)?;
+                    }
+                    Ok(out)
+                })
+                .await;
             }
             if let Some(call) = board {
                 let pieces = call?.await?;
@@ -735,7 +734,7 @@ impl Comm {
             self.board_call(Kind::Allreduce(op.erase()), size_of_val(buf), bytemuck::cast_slice(buf), size_of::<T>())
         });
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| {
-            let lent = Lent::of(std::process::id(), bytemuck::cast_slice(buf));
+            let lent = Lent::of(bytemuck::cast_slice(buf));
             self.lending(Kind::Allgather, Some(lent), &[Kind::Barrier, Kind::Barrier])
         });
         let data = if board.is_some() || direct.is_some() { Bytes::new() } else { pool.copy(buf) };
@@ -951,22 +950,21 @@ impl Comm {
             Box::pin(async move {
                 if let Some(call) = direct {
                     // Every block straight from its rank's memory into `out`.
-                    let (mut call, (n, me)) = (call?, (n as usize, r as usize));
-                    let lent = lent_by_all(&call.next().await?, n, len)?;
                     let out: &mut [u8] = bytemuck::cast_slice_mut(out);
-                    if out.len() != n * len {
+                    if out.len() != n as usize * len {
                         return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
                     }
-                    for (i, block) in out.chunks_exact_mut(len.max(1)).enumerate().take(n) {
-                        if i == me {
-                            block.copy_from_slice(call.kept());
-                        } else {
-                            call.read(i as Rank, &lent[i], 0, block)?;
+                    return gather_single_copy(call?, n, len, &pool, |call, lent| {
+                        for (i, block) in out.chunks_exact_mut(len.max(1)).enumerate().take(n as usize) {
+                            if i == r as usize {
+                                block.copy_from_slice(call.kept());
+                            } else {
+                                call.read(i as Rank, &lent[i], 0, block)?;
+                            }
                         }
-                    }
-                    call.next().await?;
-                    call.give_back().into_iter().for_each(|b| pool.give(b));
-                    return Ok(());
+                        Ok(())
+                    })
+                    .await;
                 }
                 let Some(plan) = plan else {
                     let pieces = board.expect("one of the two")?.await?;
@@ -1044,12 +1042,12 @@ impl Comm {
         let alg = self.choose(Operation::Alltoall, part, true);
         let board = (early.is_none() && alg == Algorithm::SharedMemory)
             .then(|| self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>()));
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| {
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend_copy(data));
+        if early.is_none() && board.is_none() {
+            // Messages and single copy alike: the own part does not travel.
             out[mine.clone()].copy_from_slice(&data[mine.clone()]);
-            self.lend_copy(data)
-        });
+        }
         let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
-            out[mine.clone()].copy_from_slice(&data[mine.clone()]);
             let travel = (0..n as usize).filter(|&i| i != r as usize).map(|i| &data[i * elems..(i + 1) * elems]);
             let mut all = pool.take(part * (n as usize - 1));
             for (chunk, src) in all.chunks_mut(part.max(1)).zip(travel) {
@@ -1071,17 +1069,16 @@ impl Comm {
             Box::pin(async move {
                 if let Some(call) = direct {
                     // Block `r` of every rank's data straight from its memory (the own one is in).
-                    let (mut call, (n, me)) = (call?, (n as usize, r as usize));
-                    let lent = lent_by_all(&call.next().await?, n, part * n)?;
                     let out: &mut [u8] = bytemuck::cast_slice_mut(out);
-                    for (i, block) in out.chunks_exact_mut(part.max(1)).enumerate().take(n) {
-                        if i != me {
-                            call.read(i as Rank, &lent[i], me * part, block)?;
+                    return gather_single_copy(call?, n, part * n as usize, &pool, |call, lent| {
+                        for (i, block) in out.chunks_exact_mut(part.max(1)).enumerate().take(n as usize) {
+                            if i != r as usize {
+                                call.read(i as Rank, &lent[i], r as usize * part, block)?;
+                            }
                         }
-                    }
-                    call.next().await?;
-                    call.give_back().into_iter().for_each(|b| pool.give(b));
-                    return Ok(());
+                        Ok(())
+                    })
+                    .await;
                 }
                 if let Some(call) = board {
                     return copy_parts(out, &call?.await?);
@@ -1274,6 +1271,23 @@ async fn bcast_single_copy(mut call: shared::Lending, root: Rank, me: Rank, buf:
     }
     call.next().await?;
     Ok(())
+}
+
+/// A gather-style call by single copy (reduce, all-gather, all-to-all; see [`Comm::lend_copy`]):
+/// learns what every rank lent (`len` bytes each), makes this rank's `copies`, then waits until
+/// nobody reads this rank's copy any more and gives it back to `pool`.
+async fn gather_single_copy<R>(
+    mut call: shared::Lending,
+    n: Rank,
+    len: usize,
+    pool: &Pool,
+    copies: impl FnOnce(&shared::Lending, &[Lent]) -> Result<R>,
+) -> Result<R> {
+    let lent = lent_by_all(&call.next().await?, n as usize, len)?;
+    let r = copies(&call, &lent)?;
+    call.next().await?;
+    call.give_back().into_iter().for_each(|b| pool.give(b));
+    Ok(r)
 }
 
 /// Bytes of a reduction's piece: a piece of each rank's part and the partial result stay in cache.

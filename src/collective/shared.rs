@@ -136,6 +136,19 @@ impl Segment {
         BoardCall { seg: self.clone(), seqs, parts: Pieces::new(), spin_start: None, nap: None, lent }
     }
 
+    /// This rank leaves calls `seqs` before their end (a future dropped or failed): it first
+    /// withdraws the memory it lent for the single-copy call that began with `lent`, then abandons
+    /// the calls, which releases held ones (so nothing of them posts before the withdrawal).
+    fn leave(&self, seqs: Range<u64>, lent: Option<u64>) {
+        if seqs.is_empty() {
+            return;
+        }
+        if let Some(first) = lent {
+            self.board.withdraw(first);
+        }
+        self.queue.lock().abandon(seqs);
+    }
+
     /// Starts a single-copy call: its first step exchanges what is lent (`kind`: a broadcast of the
     /// root's [`Lent`], or an all-gather of every rank's), then come the `held` steps, each posted
     /// when the rank gets to it ([`Lending::next`]).
@@ -236,13 +249,7 @@ impl Future for BoardCall {
 
 impl Drop for BoardCall {
     fn drop(&mut self) {
-        if !self.seqs.is_empty() {
-            // Withdrawn before anything of the rest is posted (abandoning releases held calls).
-            if let Some(first) = self.lent {
-                self.seg.board.withdraw(first);
-            }
-            self.seg.queue.lock().abandon(self.seqs.clone());
-        }
+        self.seg.leave(self.seqs.clone(), self.lent);
     }
 }
 
@@ -268,9 +275,14 @@ impl Lending {
     pub(crate) async fn next(&mut self) -> Result<Vec<u8>> {
         let seq = self.steps.start;
         self.seg.queue.lock().release(seq);
-        let mut parts = self.seg.wait(seq..seq + 1, self.lends.then_some(self.first)).await?;
+        let mut parts = self.seg.wait(seq..seq + 1, self.lent()).await?;
         self.steps.start += 1;
         Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// The call's first step if this rank lent memory (what it withdraws on leaving early).
+    fn lent(&self) -> Option<u64> {
+        self.lends.then_some(self.first)
     }
 
     /// Keeps `buf` (the lent memory) as long as the call needs it; see [`Lending::give_back`].
@@ -320,12 +332,7 @@ impl Lending {
 
 impl Drop for Lending {
     fn drop(&mut self) {
-        if !self.steps.is_empty() {
-            if self.lends {
-                self.seg.board.withdraw(self.first);
-            }
-            self.seg.queue.lock().abandon(self.steps.clone());
-        }
+        self.seg.leave(self.steps.clone(), self.lent());
     }
 }
 
