@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ferrocomm_reactor::{OpKey, ProgressMode, Reactor, ReactorThread};
+use ferrocomm_reactor::{HybridStats, OpKey, ProgressMode, Reactor, ReactorThread, Wait};
 use ferrocomm_transports::Rank;
 use parking_lot::Mutex;
 
@@ -146,6 +146,12 @@ impl World {
         &self.inner.settings
     }
 
+    /// What adaptive mode's hybrid polling did so far: alarms set ahead of foreseeable waits'
+    /// ends, and waits that completed after theirs rang.
+    pub fn hybrid_stats(&self) -> HybridStats {
+        self.inner.reactor.hybrid_stats()
+    }
+
     /// Name of the transport in use.
     pub fn transport_name(&self) -> &'static str {
         self.inner.reactor.with(|d| d.transport.name())
@@ -252,7 +258,7 @@ enum OpState {
     /// world (whose reference count is an atomic read-modify-write on the latency path).
     Ready(Completion),
     /// In flight: its completion will land in slot `key` of the operation slab.
-    Pending { inner: Arc<Inner>, key: OpKey, kind: OpKind, spin_start: Option<Instant> },
+    Pending { inner: Arc<Inner>, key: OpKey, kind: OpKind, wait: Wait },
     /// The result was taken.
     Done,
 }
@@ -303,9 +309,9 @@ impl<T: FromCompletion> Future for Op<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
-        if let OpState::Pending { inner, key, spin_start, .. } = &mut this.state {
+        if let OpState::Pending { inner, key, wait, .. } = &mut this.state {
             let key = *key;
-            let c = std::task::ready!(inner.reactor.poll_until(cx, spin_start, |d, cx| d.ops.poll(key, cx)));
+            let c = std::task::ready!(inner.reactor.poll_until(cx, wait, |d, cx| d.ops.poll(key, cx)));
             this.state = OpState::Ready(c);
         }
         match std::mem::replace(&mut this.state, OpState::Done) {
@@ -403,10 +409,10 @@ impl Comm {
     pub(crate) fn poll_progress<R>(
         &self,
         cx: &mut Context<'_>,
-        spin_start: &mut Option<Instant>,
+        wait: &mut Wait,
         check: impl FnMut(&mut Driver, Option<&mut Context<'_>>) -> Poll<R>,
     ) -> Poll<R> {
-        self.inner.reactor.poll_until(cx, spin_start, check)
+        self.inner.reactor.poll_until(cx, wait, check)
     }
 
     /// The world this communicator belongs to.
@@ -485,7 +491,7 @@ impl Comm {
         };
         let state = match polled {
             (_, Poll::Ready(c)) => OpState::Ready(c),
-            (key, Poll::Pending) => OpState::Pending { inner: self.inner.clone(), key, kind, spin_start: None },
+            (key, Poll::Pending) => OpState::Pending { inner: self.inner.clone(), key, kind, wait: Wait::default() },
         };
         Op { state, group: self.group.clone(), _t: PhantomData }
     }

@@ -69,3 +69,44 @@ async fn oversubscribed_busy_poll() {
         .unwrap();
     }
 }
+
+/// Rank 0 sends `gaps.len()` numbered messages, pausing before each for its gap; rank 1 receives
+/// them in adaptive mode. Returns rank 1's hybrid-polling figures.
+async fn paced(gaps: Vec<Duration>) -> ferrocomm::HybridStats {
+    let stats = testing::run(2, shm(ADAPTIVE), move |w| {
+        let gaps = gaps.clone();
+        async move {
+            let n = gaps.len() as u64;
+            let mut stats = None;
+            if w.rank() == 0 {
+                for (i, gap) in gaps.into_iter().enumerate() {
+                    tokio::time::sleep(gap).await;
+                    w.send(1, 7, (i as u64).to_le_bytes().to_vec()).await.unwrap();
+                }
+            } else {
+                for i in 0..n {
+                    let m = w.recv(0, 7u64).await.unwrap();
+                    assert_eq!(m.data[..], i.to_le_bytes(), "message {i} out of order or corrupt");
+                }
+                stats = Some(w.hybrid_stats());
+            }
+            w.finalize().await.unwrap();
+            stats
+        }
+    })
+    .await
+    .unwrap();
+    stats.into_iter().flatten().next().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_mode_wakes_ahead_of_regular_messages() {
+    // Regular 5 ms waits: after a few, the receiver sets an alarm before each next one and spins
+    // through its end (hybrid polling); every message arrives, in order.
+    let s = paced(vec![Duration::from_millis(5); 40]).await;
+    assert!(s.alarms_set >= 10, "{s:?}");
+    // Waits of 2 and 30 ms in turn disagree: no alarm, the receiver sleeps until woken.
+    let gaps = (0..16).map(|i| Duration::from_millis(if i % 2 == 0 { 2 } else { 30 })).collect();
+    let s = paced(gaps).await;
+    assert_eq!(s.alarms_set, 0, "{s:?}");
+}

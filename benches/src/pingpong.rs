@@ -226,6 +226,7 @@ pub fn main(args: &[String]) -> Result<()> {
         cpus: opts.cpus,
         recv_into: opts.recv_into,
         idle_gap_us: 0,
+        idle_jitter: false,
         target_ms: opts.target_ms,
         env,
     };
@@ -439,9 +440,12 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
     eprintln!("reference lines and the transport alone: {:.1} s", t.elapsed().as_secs_f64());
     let mut idle = Value::Null;
     if opts.idle_gap_us > 0 {
-        let mut medians = [Vec::new(), Vec::new()];
+        // Regular gaps in adaptive and busy-poll mode, then gaps drawn at random in adaptive mode
+        // (nothing for hybrid polling to foresee).
+        let cases = [("adaptive", false), ("busy", false), ("adaptive", true)];
+        let mut runs: [Vec<IdleStats>; 3] = Default::default();
         for run in 1..=opts.runs {
-            for (k, progress) in ["adaptive", "busy"].iter().enumerate() {
+            for (k, &(progress, jitter)) in cases.iter().enumerate() {
                 let spec = JobSpec {
                     backend: "shm".into(),
                     progress: progress.to_string(),
@@ -449,35 +453,47 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
                     cpus: opts.cpus,
                     recv_into: opts.recv_into,
                     idle_gap_us: opts.idle_gap_us,
+                    idle_jitter: jitter,
                     target_ms: opts.target_ms,
                     env: vec![],
                 };
                 let t = Instant::now();
-                let samples = ranks::run_idle(&spec)?;
-                medians[k].push(sweep::median(&samples).unwrap_or(f64::NAN) * 1e6);
+                let r = ranks::run_idle(&spec)?;
+                let stats = IdleStats::of(&r);
                 eprintln!(
-                    "run {run}/{}: idle peer, {progress}: {} pings, {:.1} s",
+                    "run {run}/{}: idle peer, {progress}{}: {} pings, median {:.2} us, p90 {:.2} us, peer CPU {:.0}%, {:.1} s",
                     opts.runs,
-                    samples.len(),
+                    if jitter { ", random gaps" } else { "" },
+                    r.samples.len(),
+                    stats.median_us,
+                    stats.p90_us,
+                    stats.peer_cpu * 100.0,
                     t.elapsed().as_secs_f64()
                 );
+                runs[k].push(stats);
             }
         }
-        let adaptive = sweep::median(&medians[0]).unwrap_or(f64::NAN);
-        let busy = sweep::median(&medians[1]).unwrap_or(f64::NAN);
+        let [adaptive, busy, random] = runs.map(|r| IdleStats::median_of(&r));
         let back_to_back = report::row(rows, report::HEADLINE_LATENCY).and_then(Row::ferrocomm_us);
         idle = json!({
             "gap_us": opts.idle_gap_us,
             "pings_per_run": ranks::IDLE_PINGS,
-            "adaptive_us": adaptive,
-            "busy_us": busy,
-            "adaptive_runs_us": medians[0],
-            "busy_runs_us": medians[1],
-            "ratio_adaptive_to_busy_idle": adaptive / busy,
-            "ratio_adaptive_to_busy_back_to_back": back_to_back.map(|b| adaptive / b),
+            "adaptive_us": adaptive.median_us,
+            "busy_us": busy.median_us,
+            "adaptive_random_gaps_us": random.median_us,
+            "adaptive_p90_us": adaptive.p90_us,
+            "busy_p90_us": busy.p90_us,
+            "adaptive_random_gaps_p90_us": random.p90_us,
+            "peer_cpu_share_adaptive": adaptive.peer_cpu,
+            "peer_cpu_share_busy": busy.peer_cpu,
+            "peer_cpu_share_adaptive_random_gaps": random.peer_cpu,
+            "ratio_adaptive_to_busy_idle": adaptive.median_us / busy.median_us,
+            "ratio_adaptive_random_gaps_to_busy_idle": random.median_us / busy.median_us,
+            "ratio_adaptive_to_busy_back_to_back": back_to_back.map(|b| adaptive.median_us / b),
             // A peer that has gone to sleep cannot answer before it is woken: the machine's floor.
             "eventfd_wakeup_us": refs.wakeup_us,
-            "ratio_adaptive_to_wakeup_floor": adaptive / refs.wakeup_us,
+            "ratio_adaptive_to_wakeup_floor": adaptive.median_us / refs.wakeup_us,
+            "ratio_adaptive_random_gaps_to_wakeup_floor": random.median_us / refs.wakeup_us,
         });
     }
     Ok(json!({
@@ -485,6 +501,34 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
         "transport_alone": alone.iter().map(transport::TransportResult::to_json).collect::<Vec<_>>(),
         "idle_peer": idle,
     }))
+}
+
+/// One idle-peer run, summed up.
+#[derive(Clone, Copy, Default)]
+struct IdleStats {
+    median_us: f64,
+    p90_us: f64,
+    /// Share of one CPU the waiting peer used.
+    peer_cpu: f64,
+}
+
+impl IdleStats {
+    fn of(r: &ranks::IdleRun) -> IdleStats {
+        let mut s = r.samples.clone();
+        s.sort_by(f64::total_cmp);
+        let p90 = s.get((s.len() * 9 / 10).min(s.len().saturating_sub(1))).copied().unwrap_or(f64::NAN);
+        IdleStats {
+            median_us: sweep::median(&s).unwrap_or(f64::NAN) * 1e6,
+            p90_us: p90 * 1e6,
+            peer_cpu: r.peer_cpu_share.unwrap_or(f64::NAN),
+        }
+    }
+
+    /// Field by field, the median over runs.
+    fn median_of(runs: &[IdleStats]) -> IdleStats {
+        let m = |f: fn(&IdleStats) -> f64| sweep::median(&runs.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN);
+        IdleStats { median_us: m(|s| s.median_us), p90_us: m(|s| s.p90_us), peer_cpu: m(|s| s.peer_cpu) }
+    }
 }
 
 /// Prints what [`shm_extras`] measured, and the goals of issue 3 against it.
@@ -509,14 +553,28 @@ fn print_shm_extras(extra: &Value, rows: &[Row], names: &[&str]) {
     }
     let idle = &extra["idle_peer"];
     if !idle.is_null() {
+        let f = |k: &str| idle[k].as_f64().unwrap_or(f64::NAN);
         println!(
-            "idle peer ({} us between pings, median of per-run medians): adaptive {:.3} us, busy-poll {:.3} us one way; \
-             adaptive / busy-poll {:.2} (same gaps), {:.2} (vs back-to-back busy 8 B)",
+            "idle peer ({} us between pings, medians over runs): adaptive {:.3} us (p90 {:.3}, peer CPU {:.0}%), \
+             busy-poll {:.3} us (p90 {:.3}, peer CPU {:.0}%) one way; adaptive / busy-poll {:.2} (same gaps), \
+             {:.2} (vs back-to-back busy 8 B)",
             idle["gap_us"],
-            idle["adaptive_us"].as_f64().unwrap_or(f64::NAN),
-            idle["busy_us"].as_f64().unwrap_or(f64::NAN),
-            idle["ratio_adaptive_to_busy_idle"].as_f64().unwrap_or(f64::NAN),
-            idle["ratio_adaptive_to_busy_back_to_back"].as_f64().unwrap_or(f64::NAN)
+            f("adaptive_us"),
+            f("adaptive_p90_us"),
+            f("peer_cpu_share_adaptive") * 100.0,
+            f("busy_us"),
+            f("busy_p90_us"),
+            f("peer_cpu_share_busy") * 100.0,
+            f("ratio_adaptive_to_busy_idle"),
+            f("ratio_adaptive_to_busy_back_to_back"),
+        );
+        println!(
+            "idle peer, random gaps (0.5-1.5x): adaptive {:.3} us (p90 {:.3}, peer CPU {:.0}%): {:.2}x busy-poll, {:.2}x the wake-up floor",
+            f("adaptive_random_gaps_us"),
+            f("adaptive_random_gaps_p90_us"),
+            f("peer_cpu_share_adaptive_random_gaps") * 100.0,
+            f("ratio_adaptive_random_gaps_to_busy_idle"),
+            f("ratio_adaptive_random_gaps_to_wakeup_floor"),
         );
         println!(
             "reference: waking a thread asleep on an eventfd on the idle other CPU takes {:.1} us (median); \

@@ -117,7 +117,7 @@ fn busy_seconds(cpus: &[usize]) -> Option<f64> {
 }
 
 /// CPU time of this process and of its children that have been waited for, seconds.
-fn our_cpu_seconds() -> f64 {
+pub fn our_cpu_seconds() -> f64 {
     let usage = |who| {
         // SAFETY: all-zero is a valid rusage, and getrusage writes only into it.
         let mut u: libc::rusage = unsafe { std::mem::zeroed() };

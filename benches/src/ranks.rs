@@ -70,6 +70,9 @@ pub struct JobSpec {
     pub recv_into: bool,
     /// Not 0: measure [`IDLE_PINGS`] single 8-byte round trips, this many microseconds apart.
     pub idle_gap_us: u64,
+    /// With an idle gap: draw each gap at random between half and one and a half of it, so that
+    /// the peer cannot foresee the pings (hybrid polling has nothing to go on).
+    pub idle_jitter: bool,
     /// How long the timed batch of each size lasts, milliseconds ([`sweep::TARGET`] by default;
     /// longer where a round trip is slow, as under emulation, for enough round trips per size).
     pub target_ms: u64,
@@ -100,6 +103,9 @@ impl JobSpec {
         if self.recv_into {
             args.push(s("--recv-into"));
         }
+        if self.idle_jitter {
+            args.push(s("--idle-jitter"));
+        }
         args
     }
 
@@ -111,14 +117,22 @@ impl JobSpec {
             cpus: [0, 1],
             recv_into: false,
             idle_gap_us: 0,
+            idle_jitter: false,
             target_ms: sweep::TARGET.as_millis() as u64,
             env: vec![],
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
-            if flag == "--recv-into" {
-                spec.recv_into = true;
-                continue;
+            match flag.as_str() {
+                "--recv-into" => {
+                    spec.recv_into = true;
+                    continue;
+                }
+                "--idle-jitter" => {
+                    spec.idle_jitter = true;
+                    continue;
+                }
+                _ => {}
             }
             let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
             match flag.as_str() {
@@ -158,13 +172,23 @@ pub struct SweepResult {
 
 /// Runs one ferrocomm sweep as a job of two ranks and collects rank 0's measurements.
 pub fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
-    parse_result(&run_job(spec)?)
+    parse_result(&run_job(spec)?.0)
+}
+
+/// One idle-gap measurement ([`run_idle`]).
+pub struct IdleRun {
+    /// One-way times, seconds.
+    pub samples: Vec<f64>,
+    /// The share of one CPU the waiting peer (rank 1, all its threads) used meanwhile.
+    pub peer_cpu_share: Option<f64>,
 }
 
 /// Runs the idle-gap measurement ([`JobSpec::idle_gap_us`] must not be 0): one-way times in
 /// seconds, one per round trip.
-pub fn run_idle(spec: &JobSpec) -> Result<Vec<f64>> {
-    let line = run_job(spec)?;
+pub fn run_idle(spec: &JobSpec) -> Result<IdleRun> {
+    let (line, peer) = run_job(spec)?;
+    let peer_cpu_share =
+        peer.and_then(|p| serde_json::from_str::<Value>(&p).ok()).and_then(|v| v["peer_cpu_share"].as_f64());
     let v: Value = serde_json::from_str(&line).map_err(|e| format!("rank 0's result is not JSON ({e}): {line}"))?;
     let samples: Vec<f64> = v["idle_one_way_s"]
         .as_array()
@@ -172,21 +196,22 @@ pub fn run_idle(spec: &JobSpec) -> Result<Vec<f64>> {
         .iter()
         .filter_map(Value::as_f64)
         .collect();
-    if samples.is_empty() { Err("no idle samples".into()) } else { Ok(samples) }
+    if samples.is_empty() { Err("no idle samples".into()) } else { Ok(IdleRun { samples, peer_cpu_share }) }
 }
 
-/// Runs the job of two ranks; returns the JSON line rank 0 printed.
-fn run_job(spec: &JobSpec) -> Result<String> {
+/// Runs the job of two ranks; returns the JSON line rank 0 printed, and rank 1's if it printed one.
+fn run_job(spec: &JobSpec) -> Result<(String, Option<String>)> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(&exe);
     cmd.arg(JOB_COMMAND).args(spec.to_args()).envs(spec.env.iter().map(|(k, v)| (k, v))).stderr(Stdio::inherit());
     let (status, lines) = process::run_lines(cmd, JOB_TIMEOUT).map_err(|e| {
         format!("the ferrocomm job ({}) failed or did not finish within {JOB_TIMEOUT:?}: {e}", exe.display())
     })?;
-    let mut result = None;
+    let (mut result, mut peer) = (None, None);
     for line in lines {
-        match line.strip_prefix("[0] ").filter(|l| l.starts_with('{')) {
-            Some(j) if result.is_none() => result = Some(j.to_string()),
+        match (line.strip_prefix("[0] {"), line.strip_prefix("[1] {")) {
+            (Some(j), _) if result.is_none() => result = Some(format!("{{{j}")),
+            (_, Some(j)) if peer.is_none() => peer = Some(format!("{{{j}")),
             // Anything else the ranks print is passed on, for diagnosis.
             _ => eprintln!("  {line}"),
         }
@@ -194,7 +219,7 @@ fn run_job(spec: &JobSpec) -> Result<String> {
     if !status.success() {
         return Err(format!("the ferrocomm job failed ({status})").into());
     }
-    result.ok_or_else(|| "rank 0 printed no result".into())
+    Ok((result.ok_or("rank 0 printed no result")?, peer))
 }
 
 fn parse_result(line: &str) -> Result<SweepResult> {
@@ -257,7 +282,7 @@ pub fn rank_main(args: &[String]) -> Result<()> {
         world.barrier().await?;
         if world.rank() == 0 && spec.idle_gap_us > 0 {
             let gap = Duration::from_micros(spec.idle_gap_us);
-            let samples = measure_idle(&world, &payload, &mut inbox, gap).await?;
+            let samples = measure_idle(&world, &payload, &mut inbox, gap, spec.idle_jitter).await?;
             println!("{}", json!({"transport": world.transport_name(), "idle_one_way_s": samples}));
         } else if world.rank() == 0 {
             let target = Duration::from_millis(spec.target_ms.max(1));
@@ -272,7 +297,12 @@ pub fn rank_main(args: &[String]) -> Result<()> {
             // One line of a few KiB, well under the launcher's 64 KiB line limit.
             println!("{}", json!({"transport": world.transport_name(), "rows": rows}));
         } else {
+            let (cpu, wall) = (process::our_cpu_seconds(), Instant::now());
             echo(&world, &payload, &mut inbox).await?;
+            if spec.idle_gap_us > 0 {
+                let share = (process::our_cpu_seconds() - cpu) / wall.elapsed().as_secs_f64();
+                println!("{}", json!({ "peer_cpu_share": share }));
+            }
         }
         world.finalize().await?;
         Ok(())
@@ -396,14 +426,26 @@ async fn measure(
 
 /// Rank 0: [`IDLE_PINGS`] round trips of 8 bytes, each after sleeping `gap` (the thread sleeps:
 /// its CPU goes idle too) and timed alone. Returns one-way times in seconds.
-async fn measure_idle(world: &World, payload: &Bytes, inbox: &mut Inbox, gap: Duration) -> Result<Vec<f64>> {
+async fn measure_idle(
+    world: &World,
+    payload: &Bytes,
+    inbox: &mut Inbox,
+    gap: Duration,
+    jitter: bool,
+) -> Result<Vec<f64>> {
     const BYTES: usize = 8;
     let data = payload.slice(..BYTES);
     world.send(1, TAG_CONTROL, control(BYTES, IDLE_PINGS)).await?;
     world.recv(1, TAG_ACK).await?;
     let mut samples = Vec::with_capacity(IDLE_PINGS as usize);
+    // xorshift64: a fixed sequence of gaps, the same in every run.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..IDLE_PINGS {
-        std::thread::sleep(gap);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let scale = if jitter { 0.5 + (x >> 11) as f64 / (1u64 << 53) as f64 } else { 1.0 };
+        std::thread::sleep(gap.mul_f64(scale));
         let start = Instant::now();
         world.send(1, TAG_DATA, data.clone()).await?;
         let posted = inbox.post(world, 1, BYTES)?;
@@ -501,10 +543,12 @@ mod tests {
             cpus: [1, 0],
             recv_into: true,
             idle_gap_us: 500,
+            idle_jitter: true,
             target_ms: 300,
             env: vec![],
         };
         let back = JobSpec::from_args(&spec.to_args()).unwrap();
+        assert!(back.idle_jitter);
         assert_eq!(
             (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus, back.recv_into, back.idle_gap_us),
             ("uring", "adaptive:20", 4096, [1, 0], true, 500)

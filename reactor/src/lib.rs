@@ -6,7 +6,8 @@
 //!
 //! * futures awaiting an operation, inline, according to the [`ProgressMode`]: busy-poll spins on
 //!   the completion sources (lowest latency, burns a core), adaptive spins for a bounded time and
-//!   then sleeps, blocking sleeps at once;
+//!   then sleeps (waking early when its waits have been regular: [`pacer`]), blocking sleeps at
+//!   once;
 //! * a background task on the reactor's own thread, so that ACKs, rendezvous replies and other ranks'
 //!   steps advance while the application computes. It sleeps on every source's readiness (sockets,
 //!   io_uring eventfd, doorbells) and on the next timer, and stays out of the way while a caller is
@@ -22,8 +23,10 @@
 //! [`YIELD_AFTER`] it yields every few dozen rounds, so that more busy ranks than cores still
 //! progress.
 
+mod alarm;
 pub mod lock;
 mod ops;
+pub mod pacer;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,6 +38,7 @@ use std::time::{Duration, Instant};
 use futures::task::AtomicWaker;
 pub use lock::{Mutex, MutexGuard, RawLock};
 pub use ops::{OpKey, Ops};
+pub use pacer::Pacer;
 
 /// How an awaiting caller makes progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +46,9 @@ pub enum ProgressMode {
     /// Spin on the completion sources until done (yielding the CPU now and then, so more ranks
     /// than cores still progress).
     BusyPoll,
-    /// Spin for at most this long per operation, then sleep until woken.
+    /// Spin for at most this long per operation, then sleep until woken; when the rank's recent
+    /// long waits were regular, wake just before the next is due to end and spin through its end
+    /// (hybrid polling, [`pacer`]).
     Adaptive(Duration),
     /// Sleep at once; the background task wakes the caller.
     Blocking,
@@ -105,6 +111,21 @@ struct Shared<P> {
     /// Spinning callers yield the CPU once they have waited this long (nanoseconds):
     /// [`YIELD_AFTER`], or zero when the host has more busy ranks than CPUs.
     yield_after_ns: AtomicU64,
+    /// Adaptive mode: the callers' recent long waits (hybrid polling).
+    pacer: std::sync::Mutex<Pacer>,
+    alarms: alarm::Alarms,
+    /// Hybrid polling's alarms set, and the waits that completed after theirs rang.
+    alarms_set: AtomicU64,
+    completed_after_alarm: AtomicU64,
+}
+
+/// What hybrid polling did so far ([`Reactor::hybrid_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HybridStats {
+    /// Alarms set by callers going to sleep with a foreseeable wait.
+    pub alarms_set: u64,
+    /// Waits that completed after their alarm had rung (spinning, if it rang in time).
+    pub completed_after_alarm: u64,
 }
 
 /// Handle to a rank's progress state and its background task. Cloning is cheap.
@@ -156,8 +177,16 @@ impl ReactorThread {
             background: AtomicWaker::new(),
             stop: AtomicBool::new(false),
             yield_after_ns: AtomicU64::new(YIELD_AFTER.as_nanos() as u64),
+            pacer: Default::default(),
+            alarms: Default::default(),
+            alarms_set: AtomicU64::new(0),
+            completed_after_alarm: AtomicU64::new(0),
         });
         self.handle.spawn(background(shared.clone()));
+        if matches!(mode, ProgressMode::Adaptive(_)) {
+            let shared = shared.clone();
+            self.handle.spawn(async move { alarm::run(&shared.alarms, &shared.stop).await });
+        }
         Reactor { shared }
     }
 }
@@ -277,6 +306,14 @@ impl<P: Progress> Reactor<P> {
         self.shared.yield_after_ns.load(Ordering::Relaxed) == 0
     }
 
+    /// What hybrid polling (adaptive mode) did so far.
+    pub fn hybrid_stats(&self) -> HybridStats {
+        HybridStats {
+            alarms_set: self.shared.alarms_set.load(Ordering::Relaxed),
+            completed_after_alarm: self.shared.completed_after_alarm.load(Ordering::Relaxed),
+        }
+    }
+
     /// The progress mode awaiting callers use.
     pub fn mode(&self) -> ProgressMode {
         self.shared.mode
@@ -291,17 +328,18 @@ impl<P: Progress> Reactor<P> {
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
         self.kick();
+        alarm::kick(&self.shared.alarms);
     }
 
     /// Drives progress for an awaiting caller until `check` is ready, following the progress mode.
     /// `check(state, cx)` looks for the caller's completion; with `Some(cx)` it must also register
-    /// the waker, since the caller is about to sleep. `spin_start` remembers when this caller
-    /// started spinning, from its first look at the clock (adaptive mode spins for a bounded time
-    /// per operation; busy callers yield after [`YIELD_AFTER`]).
+    /// the waker, since the caller is about to sleep. `wait` is the caller's place in its wait,
+    /// kept between polls (adaptive mode spins for a bounded time per wait; busy callers yield
+    /// after [`YIELD_AFTER`]).
     pub fn poll_until<T>(
         &self,
         cx: &mut Context<'_>,
-        spin_start: &mut Option<Instant>,
+        wait: &mut Wait,
         mut check: impl FnMut(&mut P, Option<&mut Context<'_>>) -> Poll<T>,
     ) -> Poll<T> {
         let shared = &*self.shared;
@@ -310,15 +348,33 @@ impl<P: Progress> Reactor<P> {
             ProgressMode::Adaptive(d) => Some(d),
             ProgressMode::Blocking => Some(Duration::ZERO),
         };
+        let mut rung = false;
+        if let Some((id, at)) = wait.alarm {
+            let now = Instant::now();
+            if now >= at && shared.alarms.rang(id) {
+                // Woken by the alarm (or by the completion, no earlier): how late it reached us.
+                wait.alarm = None;
+                shared.pacer().record_late(now - at);
+                rung = true;
+            }
+        }
         // The clock is read lazily: a busy spin that completes within CLOCK_ROUNDS never reads it.
-        let spinning = match (spin_for, *spin_start) {
+        let spinning = match (spin_for, wait.start) {
             (None, _) => true,
             (Some(d), None) => !d.is_zero(),
-            (Some(d), Some(start)) => start.elapsed() < d,
+            (Some(d), Some(_)) => wait.may_spin(d, Instant::now()),
         };
         if spinning {
             shared.spins.fetch_add(SPIN_ONE, Ordering::AcqRel);
             let _guard = SpinGuard(shared);
+            if rung {
+                // The background task sleeps with the transports' doorbells armed, so a peer would
+                // ring one (and wake that task onto this CPU) for the very message this caller is
+                // about to spin for. Disarm them, and call the task back: seeing this spin, it
+                // stands aside, and arms them again once callers stop.
+                shared.state.lock().awake();
+                self.kick();
+            }
             let mut rounds = 0;
             let yield_after = shared.yield_after_ns.load(Ordering::Relaxed);
             // Oversubscribed: look (and yield) after every locked batch, so the rank this one
@@ -333,7 +389,8 @@ impl<P: Progress> Reactor<P> {
                         for _ in 0..LOCKED_ROUNDS {
                             st.progress();
                             if let Poll::Ready(v) = check(&mut st, None) {
-                                return Poll::Ready(v);
+                                drop(st);
+                                return shared.done(wait, spin_for, v);
                             }
                             std::hint::spin_loop();
                         }
@@ -346,17 +403,17 @@ impl<P: Progress> Reactor<P> {
                 }
                 if rounds >= next_look {
                     next_look = rounds + look_every;
-                    let waited = spin_start.get_or_insert_with(Instant::now).elapsed();
-                    if spin_for.is_some_and(|d| waited >= d) {
+                    let now = Instant::now();
+                    if spin_for.is_some_and(|d| !wait.may_spin(d, now)) {
                         break;
                     }
-                    if waited.as_nanos() as u64 >= yield_after {
+                    if (now - wait.begin(now)).as_nanos() as u64 >= yield_after {
                         // Let another rank on this core run (more ranks than cores must not livelock).
                         std::thread::yield_now();
                     }
                 }
             }
-            if spin_for.is_none_or(|d| spin_start.get_or_insert_with(Instant::now).elapsed() < d) {
+            if spin_for.is_none_or(|d| wait.may_spin(d, Instant::now())) {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -367,25 +424,102 @@ impl<P: Progress> Reactor<P> {
             st.progress();
             check(&mut st, Some(cx))
         };
-        if r.is_pending() && spin_for.is_some_and(|d| !d.is_zero()) {
+        if let Poll::Ready(v) = r {
+            return shared.done(wait, spin_for, v);
+        }
+        if spin_for.is_some_and(|d| !d.is_zero()) {
+            if wait.spin_until.is_none()
+                && let Some(w) = shared.pacer().window()
+            {
+                // Hybrid polling: this wait is likely to end within the window; spin through it.
+                let now = Instant::now();
+                let start = wait.begin(now);
+                wait.spin_until = Some(start + w.spin_until);
+                let at = start + w.wake_after;
+                if at <= now {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                wait.alarm = Some((shared.alarms.set(at, cx.waker().clone()), at));
+                wait.alarmed = true;
+                shared.alarms_set.fetch_add(1, Ordering::Relaxed);
+            }
             // The background task may stand aside for our spinning: call it back now.
             shared.handover.store(true, Ordering::Release);
             self.kick();
         }
-        r
+        Poll::Pending
+    }
+}
+
+impl<P> Shared<P> {
+    fn pacer(&self) -> std::sync::MutexGuard<'_, Pacer> {
+        self.pacer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The caller's wait ended: an adaptive wait that outlasted its spin window teaches the pacer,
+    /// and its alarm, if any, is withdrawn.
+    fn done<T>(&self, wait: &mut Wait, spin_for: Option<Duration>, v: T) -> Poll<T> {
+        if let (Some(d), Some(start)) = (spin_for, wait.start)
+            && !d.is_zero()
+        {
+            let waited = start.elapsed();
+            if waited > d {
+                self.pacer().record_wait(waited);
+            }
+            match wait.alarm {
+                Some((id, _)) => self.alarms.cancel(id),
+                None if wait.alarmed => _ = self.completed_after_alarm.fetch_add(1, Ordering::Relaxed),
+                None => {}
+            }
+            *wait = Wait::default();
+        }
+        Poll::Ready(v)
+    }
+}
+
+/// An awaiting caller's place in its wait, kept in its future between polls of
+/// [`Reactor::poll_until`].
+#[derive(Debug, Default)]
+pub struct Wait {
+    /// When the wait began: read lazily, at the spin's first look at the clock, so a busy spin
+    /// that completes before never reads it.
+    start: Option<Instant>,
+    /// Hybrid polling: spin until then ([`pacer::Window::spin_until`]).
+    spin_until: Option<Instant>,
+    /// Hybrid polling: the alarm set for this wait (its id) and when it is due.
+    alarm: Option<(u64, Instant)>,
+    /// Hybrid polling set an alarm for this wait.
+    alarmed: bool,
+}
+
+impl Wait {
+    /// Whether the caller has not spun past its first look at the clock yet.
+    pub fn is_fresh(&self) -> bool {
+        self.start.is_none()
+    }
+
+    /// When the wait began (`now`, if this is the first look at the clock).
+    fn begin(&mut self, now: Instant) -> Instant {
+        *self.start.get_or_insert(now)
+    }
+
+    /// Whether an adaptive caller spinning for `d` per wait may spin at `now`.
+    fn may_spin(&mut self, d: Duration, now: Instant) -> bool {
+        now - self.begin(now) < d || self.spin_until.is_some_and(|u| now < u)
     }
 }
 
 /// A future that completes when the reactor's state says so; see [`Reactor::poll_until`].
 pub struct Until<P, F> {
     reactor: Reactor<P>,
-    spin_start: Option<Instant>,
+    wait: Wait,
     check: F,
 }
 
 impl<P, F> Until<P, F> {
     pub fn new(reactor: Reactor<P>, check: F) -> Self {
-        Until { reactor, spin_start: None, check }
+        Until { reactor, wait: Wait::default(), check }
     }
 }
 
@@ -396,6 +530,6 @@ where
     type Output = T;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
-        this.reactor.poll_until(cx, &mut this.spin_start, &mut this.check)
+        this.reactor.poll_until(cx, &mut this.wait, &mut this.check)
     }
 }

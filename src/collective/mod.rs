@@ -32,7 +32,7 @@ use ferrocomm_collectives::CollError;
 use ferrocomm_collectives::select::Call;
 use ferrocomm_collectives::shared::{Kind, Lent, MAX_RANKS as BOARD_RANKS};
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
-use ferrocomm_reactor::ProgressMode;
+use ferrocomm_reactor::{ProgressMode, Wait};
 use ferrocomm_transports::Rank;
 use smallvec::SmallVec;
 
@@ -442,9 +442,9 @@ impl Comm {
                 return Err(Error::Invalid("collective waits with nothing posted".into()));
             }
             if !recvs.iter().any(|r| r.3.is_ready()) {
-                let mut spin_start = None;
+                let mut wait = Wait::default();
                 futures::future::poll_fn(|cx| {
-                    comm.poll_progress(cx, &mut spin_start, |d, mut cx| {
+                    comm.poll_progress(cx, &mut wait, |d, mut cx| {
                         let mut any = false;
                         for r in recvs.iter_mut() {
                             any |= r.3.harvest(d, cx.as_deref_mut());
@@ -470,9 +470,9 @@ impl Comm {
             take_sends(&mut sends)?;
         }
         if !sends.iter().all(Op::is_ready) {
-            let mut spin_start = None;
+            let mut wait = Wait::default();
             futures::future::poll_fn(|cx| {
-                comm.poll_progress(cx, &mut spin_start, |d, mut cx| {
+                comm.poll_progress(cx, &mut wait, |d, mut cx| {
                     // Every send is looked at (and, before a sleep, registers its waker).
                     let pending = sends.iter_mut().map(|s| s.harvest(d, cx.as_deref_mut())).filter(|&r| !r).count();
                     if pending == 0 { Poll::Ready(()) } else { Poll::Pending }

@@ -29,12 +29,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use ferrocomm_collectives::CollError;
 use ferrocomm_collectives::shared::{Board, Kind, Lent, Queue, Waiting, board_bytes};
-use ferrocomm_reactor::{ProgressMode, Reactor};
+use ferrocomm_reactor::{ProgressMode, Reactor, Wait};
 use ferrocomm_transports::Rank;
 use ferrocomm_transports::mapping::{Mapping, shared_file_path};
 use smallvec::SmallVec;
@@ -133,7 +133,7 @@ impl Segment {
     /// The future of calls `seqs`; `lent`: the first call of a single-copy call whose memory this
     /// rank lent (withdrawn if the future is dropped).
     fn wait(self: &Arc<Segment>, seqs: Range<u64>, lent: Option<u64>) -> BoardCall {
-        BoardCall { seg: self.clone(), seqs, parts: Pieces::new(), spin_start: None, nap: None, lent }
+        BoardCall { seg: self.clone(), seqs, parts: Pieces::new(), wait: Wait::default(), nap: None, lent }
     }
 
     /// This rank leaves calls `seqs` before their end (a future dropped or failed): it first
@@ -195,7 +195,7 @@ pub(crate) struct BoardCall {
     /// The pieces not collected yet.
     seqs: Range<u64>,
     parts: Pieces,
-    spin_start: Option<Instant>,
+    wait: Wait,
     nap: Option<Pin<Box<tokio::time::Sleep>>>,
     /// See [`Segment::wait`].
     lent: Option<u64>,
@@ -215,7 +215,7 @@ impl Future for BoardCall {
         // poll; elsewhere they spin on the first poll only.
         let busy = seg.reactor.mode() == ProgressMode::BusyPoll;
         let crowded = busy && seg.reactor.is_oversubscribed();
-        let looks = if crowded || (busy && this.spin_start.is_none()) { BOARD_LOOKS } else { 1 };
+        let looks = if crowded || (busy && this.wait.is_fresh()) { BOARD_LOOKS } else { 1 };
         let mut r = Poll::Pending;
         for _ in 0..looks {
             r = seg.check(&mut this.seqs, &mut this.parts, None);
@@ -230,7 +230,7 @@ impl Future for BoardCall {
         }
         if r.is_pending() {
             let (seqs, parts) = (&mut this.seqs, &mut this.parts);
-            r = seg.reactor.poll_until(cx, &mut this.spin_start, |d, _| seg.check(seqs, parts, Some(d)));
+            r = seg.reactor.poll_until(cx, &mut this.wait, |d, _| seg.check(seqs, parts, Some(d)));
         }
         if let Poll::Ready(r) = r {
             // Failed: what is left is abandoned (on drop).
