@@ -263,6 +263,14 @@ enum OpState {
     Done,
 }
 
+/// What posting an operation did ([`Comm::start`]).
+enum Started {
+    /// It completed at once, tracked by nobody.
+    Done(Completion),
+    /// It is in flight under this key of the operation slab.
+    Tracked(OpKey),
+}
+
 /// How an operation's completion becomes its result.
 pub trait FromCompletion: Sized {
     fn from_completion(c: Completion) -> Result<Self>;
@@ -463,35 +471,39 @@ impl Comm {
         self.inner.listen_addr
     }
 
-    fn start<T>(&self, kind: OpKind, early: Option<Error>, post: impl FnOnce(&mut Driver, OpKey)) -> Op<T> {
+    /// Starts an operation: `post` either completes it at once or tracks it under a key of the
+    /// operation slab ([`Started`]).
+    fn start<T>(&self, kind: OpKind, early: Option<Error>, post: impl FnOnce(&mut Driver) -> Started) -> Op<T> {
         let early = early.or_else(|| self.inner.closed.load(Ordering::Acquire).then_some(Error::Shutdown));
-        let polled = {
-            let mut d = self.inner.reactor.lock();
-            let key = d.ops.insert();
-            match early {
-                Some(e) => {
-                    let c = match kind {
-                        OpKind::Send { .. } => Completion::Send(Err(e)),
-                        OpKind::Recv { .. } => Completion::Recv(Err(e)),
-                        OpKind::Probe { .. } => Completion::Probe(Err(e)),
-                    };
-                    d.ops.complete(key, c);
-                }
-                None => {
-                    post(&mut d, key);
+        let state = match early {
+            Some(e) => OpState::Ready(match kind {
+                OpKind::Send { .. } => Completion::Send(Err(e)),
+                OpKind::Recv { .. } => Completion::Recv(Err(e)),
+                OpKind::Probe { .. } => Completion::Probe(Err(e)),
+            }),
+            None => {
+                let polled = {
+                    let mut d = self.inner.reactor.lock();
+                    let started = post(&mut d);
                     d.flush();
                     // A blocking caller will not push the rest itself: the background task must.
                     // Spinning callers push it while they spin (and call the task in when they stop).
                     if self.inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_pending_output() {
                         self.inner.reactor.kick();
                     }
+                    match started {
+                        Started::Done(c) => Ok(c),
+                        Started::Tracked(key) => match d.ops.poll(key, None) {
+                            Poll::Ready(c) => Ok(c),
+                            Poll::Pending => Err(key),
+                        },
+                    }
+                };
+                match polled {
+                    Ok(c) => OpState::Ready(c),
+                    Err(key) => OpState::Pending { inner: self.inner.clone(), key, kind, wait: Wait::default() },
                 }
             }
-            (key, d.ops.poll(key, None))
-        };
-        let state = match polled {
-            (_, Poll::Ready(c)) => OpState::Ready(c),
-            (key, Poll::Pending) => OpState::Pending { inner: self.inner.clone(), key, kind, wait: Wait::default() },
         };
         Op { state, group: self.group.clone(), _t: PhantomData }
     }
@@ -525,7 +537,14 @@ impl Comm {
             self.check_rank(dest).or_else(|| (data.len() > max).then_some(Error::TooLarge { len: data.len(), max }));
         let ctx = self.context;
         let dest = if early.is_none() { self.world_rank(dest) } else { dest };
-        self.start(OpKind::Send { dest }, early, |d, key| d.engine.post_send(key, dest, ctx, tag, data))
+        self.start(OpKind::Send { dest }, early, |d| match d.engine.send_now(dest, ctx, tag, data) {
+            Ok(r) => Started::Done(Completion::Send(r)),
+            Err(data) => {
+                let key = d.ops.insert();
+                d.engine.post_send(key, dest, ctx, tag, data);
+                Started::Tracked(key)
+            }
+        })
     }
 
     /// Receives the next message matching `src` and `tag` (each may be a wildcard), of any length
@@ -545,7 +564,14 @@ impl Comm {
         let ctx = self.context;
         let early = self.check_source(src);
         let src = self.world_source(src, &early);
-        self.start(OpKind::Recv { context: ctx }, early, |d, key| d.engine.post_recv(key, ctx, src, tag, buf))
+        self.start(OpKind::Recv { context: ctx }, early, |d| match d.engine.recv_now(ctx, src, tag, buf) {
+            Ok(r) => Started::Done(Completion::Recv(r)),
+            Err(buf) => {
+                let key = d.ops.insert();
+                d.engine.post_recv(key, ctx, src, tag, buf);
+                Started::Tracked(key)
+            }
+        })
     }
 
     /// Waits until a message matching `src` and `tag` has arrived, and says what it is, without
@@ -554,7 +580,11 @@ impl Comm {
         let (src, tag, ctx) = (src.into(), tag.into(), self.context);
         let early = self.check_source(src);
         let src = self.world_source(src, &early);
-        self.start(OpKind::Probe { context: ctx }, early, |d, key| d.engine.post_probe(key, ctx, src, tag))
+        self.start(OpKind::Probe { context: ctx }, early, |d| {
+            let key = d.ops.insert();
+            d.engine.post_probe(key, ctx, src, tag);
+            Started::Tracked(key)
+        })
     }
 
     /// The first message matching `src` and `tag` that has arrived, if any.

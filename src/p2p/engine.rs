@@ -191,6 +191,22 @@ impl Hasher for ContextHasher {
     }
 }
 
+/// A receive into `b` (whose length is the capacity) of eager `data`.
+fn fill(mut b: BytesMut, data: &[u8], status: Status) -> Result<(Payload, Status), Error> {
+    if data.len() > b.len() {
+        return Err(Error::Truncated { len: data.len(), capacity: b.len() });
+    }
+    b.truncate(data.len());
+    b.copy_from_slice(data);
+    Ok((Payload::Owned(b), status))
+}
+
+fn count_sent(len: usize) {
+    metrics::counter!("ferrocomm_messages_sent").increment(1);
+    metrics::counter!("ferrocomm_bytes_sent").increment(len as u64);
+    metrics::histogram!("ferrocomm_message_bytes").record(len as f64);
+}
+
 fn matches(src: Source, tag: TagMatch, msrc: Rank, mtag: u64) -> bool {
     (match src {
         Source::Any => true,
@@ -259,23 +275,42 @@ impl Engine {
 
     // ---- sending ----
 
-    /// Posts a send of `data` to `dest` (which must be a rank of the job).
-    pub fn post_send(&mut self, op: OpKey, dest: Rank, context: u32, tag: u64, data: Bytes) {
+    /// Sends `data` to `dest` (which must be a rank of the job) at once if nothing stands in its
+    /// way, and returns its outcome: a message to this rank, an eager message with credit and
+    /// nothing queued before it, or a lost peer. Otherwise gives the data back, for
+    /// [`Engine::post_send`]: no operation needs tracking for a send that completes here.
+    pub fn send_now(&mut self, dest: Rank, context: u32, tag: u64, data: Bytes) -> Result<Result<(), Error>, Bytes> {
         if let Some(e) = self.lost_error(dest) {
-            self.events.push_back((op, Completion::Send(Err(e))));
-            return;
+            return Ok(Err(e));
         }
-        metrics::counter!("ferrocomm_messages_sent").increment(1);
-        metrics::counter!("ferrocomm_bytes_sent").increment(data.len() as u64);
-        metrics::histogram!("ferrocomm_message_bytes").record(data.len() as f64);
         if dest == self.me {
             // To ourselves: no wire, no credit, no copy.
+            count_sent(data.len());
             self.arrive_eager(dest, context, tag, data);
-            self.events.push_back((op, Completion::Send(Ok(()))));
-            return;
+            return Ok(Ok(()));
         }
+        if data.len() > self.cfg.eager_limit || !self.peers[dest as usize].backlog.is_empty() || !self.has_credit(dest)
+        {
+            return Err(data);
+        }
+        count_sent(data.len());
+        self.peers[dest as usize].sent += 1;
+        let header = Header { context, tag, len: data.len() as u32, ..Header::new(Kind::Eager) };
+        self.emit(dest, header, data);
+        Ok(Ok(()))
+    }
+
+    /// Posts a send of `data` to `dest` (which must be a rank of the job); `op` completes through
+    /// [`Engine::poll_event`].
+    pub fn post_send(&mut self, op: OpKey, dest: Rank, context: u32, tag: u64, data: Bytes) {
+        let data = match self.send_now(dest, context, tag, data) {
+            Ok(r) => return self.events.push_back((op, Completion::Send(r))),
+            Err(data) => data,
+        };
+        count_sent(data.len());
         let header = Header { context, tag, ..Header::new(Kind::Eager) };
         if data.len() <= self.cfg.eager_limit {
+            // Behind others, or out of credit: queued.
             self.queue_credited(dest, Header { len: data.len() as u32, ..header }, data, Some(op));
         } else {
             let len = data.len() as u64;
@@ -363,6 +398,29 @@ impl Engine {
     }
 
     // ---- receiving ----
+
+    /// Receives from the messages already here: when the first that matches is eager, the receive
+    /// completes now and its outcome is returned. Otherwise gives the buffer back, for
+    /// [`Engine::post_recv`]: no operation needs tracking for a receive that completes here.
+    pub fn recv_now(
+        &mut self,
+        context: u32,
+        src: Source,
+        tag: TagMatch,
+        buf: RecvBuf,
+    ) -> Result<Result<(Payload, Status), Error>, RecvBuf> {
+        let Some(q) = self.contexts.get_mut(&context) else { return Err(buf) };
+        match q.unexpected.iter().position(|u| matches(src, tag, u.src, u.tag)) {
+            Some(i) if matches!(q.unexpected[i].body, Body::Eager(_)) => {
+                let Some(Unexpected { src, tag, body: Body::Eager(data) }) = q.unexpected.remove(i) else {
+                    unreachable!()
+                };
+                self.free_credit(src);
+                Ok(self.eager_outcome(src, tag, data, buf))
+            }
+            _ => Err(buf),
+        }
+    }
 
     /// Posts a receive on `context`. The source must be a rank of the job or `Any`.
     pub fn post_recv(&mut self, op: OpKey, context: u32, src: Source, tag: TagMatch, buf: RecvBuf) {
@@ -453,16 +511,8 @@ impl Engine {
         let capacity = buf.capacity(self.cfg.max_message);
         match body {
             Body::Eager(data) => {
-                let status = Status { source: src, tag, len: data.len() };
-                match buf {
-                    RecvBuf::User(b) => self.copy_into(op, status, &data, b),
-                    RecvBuf::Alloc if data.len() > capacity => self
-                        .events
-                        .push_back((op, Completion::Recv(Err(Error::Truncated { len: data.len(), capacity })))),
-                    RecvBuf::Alloc => {
-                        self.events.push_back((op, Completion::Recv(Ok((Payload::Shared(data), status)))))
-                    }
-                }
+                let r = self.eager_outcome(src, tag, data, buf);
+                self.events.push_back((op, Completion::Recv(r)));
             }
             Body::Rts { msg, len } => {
                 let cts = Header { seq: msg, ..Header::new(Kind::Cts) };
@@ -485,17 +535,16 @@ impl Engine {
         }
     }
 
-    /// Completes receive `op` by copying eager `data` into its buffer `b` (whose length is the
-    /// capacity).
-    fn copy_into(&mut self, op: OpKey, status: Status, data: &[u8], mut b: BytesMut) {
-        let result = if data.len() > b.len() {
-            Err(Error::Truncated { len: data.len(), capacity: b.len() })
-        } else {
-            b.truncate(data.len());
-            b.copy_from_slice(data);
-            Ok((Payload::Owned(b), status))
-        };
-        self.events.push_back((op, Completion::Recv(result)));
+    /// What a receive into `buf` of eager message `data` from `src` gets.
+    fn eager_outcome(&self, src: Rank, tag: u64, data: Bytes, buf: RecvBuf) -> Result<(Payload, Status), Error> {
+        let status = Status { source: src, tag, len: data.len() };
+        match buf {
+            RecvBuf::User(b) => fill(b, &data, status),
+            RecvBuf::Alloc if data.len() > self.cfg.max_message => {
+                Err(Error::Truncated { len: data.len(), capacity: self.cfg.max_message })
+            }
+            RecvBuf::Alloc => Ok((Payload::Shared(data), status)),
+        }
     }
 
     // ---- frames from the transport ----
@@ -549,7 +598,8 @@ impl Engine {
             Some(i) if matches!(q.posted[i].buf, RecvBuf::User(_)) => {
                 let Some(Posted { op, buf: RecvBuf::User(b), .. }) = q.posted.remove(i) else { unreachable!() };
                 self.free_credit(peer);
-                self.copy_into(op, Status { source: peer, tag: h.tag, len: payload.len() }, payload, b);
+                let r = fill(b, payload, Status { source: peer, tag: h.tag, len: payload.len() });
+                self.events.push_back((op, Completion::Recv(r)));
             }
             _ => self.arrive_eager(peer, h.context, h.tag, Bytes::copy_from_slice(payload)),
         }
