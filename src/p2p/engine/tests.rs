@@ -481,3 +481,36 @@ fn metrics_count_messages_and_credit_stalls() {
     assert_eq!(counters["ferrocomm_credit_stalls"], 4, "3 eager messages and the RTS wait for credit");
     assert_eq!(counters["ferrocomm_rendezvous_sends"], 1);
 }
+
+#[test]
+fn immediate_sends_and_receives_need_no_operation() {
+    let mut net = Net::new(2, cfg(2));
+    // Eager with credit: done at once, the frame queued; out of credit: the data comes back.
+    for i in 0..2 {
+        assert!(matches!(net.engines[0].send_now(1, 0, 9, data(8, i)), Ok(Ok(()))));
+    }
+    let back = net.engines[0].send_now(1, 0, 9, data(8, 2)).expect_err("out of credit");
+    assert_eq!(back, data(8, 2));
+    // Rendezvous needs an operation: the data comes back.
+    assert!(net.engines[0].send_now(1, 0, 9, data(EAGER + 1, 3)).is_err());
+    net.run();
+    // An eager message already here completes a receive at once, into the caller's buffer...
+    let got = net.engines[1].recv_now(0, Source::Rank(0), TagMatch::Exact(9), RecvBuf::User(BytesMut::zeroed(16)));
+    let Ok(Ok((p, s))) = got else { panic!("{got:?}") };
+    assert_eq!((p.into_bytes(), s.len), (data(8, 0), 8));
+    // ... or too small a buffer fails it, the message consumed as post_recv would.
+    let got = net.engines[1].recv_now(0, Source::Any, TagMatch::Any, RecvBuf::User(BytesMut::zeroed(4)));
+    assert!(matches!(got, Ok(Err(Error::Truncated { len: 8, capacity: 4 }))), "{got:?}");
+    // Nothing matching here: the buffer comes back.
+    assert!(net.engines[1].recv_now(0, Source::Rank(0), TagMatch::Exact(9), RecvBuf::Alloc).is_err());
+    // A rendezvous announcement waits for post_recv (which answers with a CTS).
+    net.send(0, 7, 1, 4, data(EAGER + 1, 4));
+    net.run();
+    assert!(net.engines[1].recv_now(0, Source::Any, TagMatch::Exact(4), RecvBuf::Alloc).is_err());
+    net.recv(1, 8, Source::Any, TagMatch::Exact(4), RecvBuf::Alloc);
+    net.run();
+    assert_eq!(net.received(1, 8).0, data(EAGER + 1, 4));
+    // A lost peer: the send fails at once.
+    net.engines[0].peer_lost(1, TransportError::Left);
+    assert!(matches!(net.engines[0].send_now(1, 0, 9, data(8, 5)), Ok(Err(Error::PeerLost { rank: 1, .. }))));
+}
