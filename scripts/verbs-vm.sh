@@ -45,7 +45,9 @@ command -v busybox >/dev/null || missing+=(busybox-static)
 command -v jq >/dev/null || missing+=(jq)
 [ -e /usr/include/infiniband/verbs.h ] || missing+=(libibverbs-dev)
 ls /usr/lib/*/libibverbs/librxe-rdmav*.so >/dev/null 2>&1 || missing+=(rdma-core)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
+# bindgen loads libclang itself (libclang-dev's libclang.so; libclang-cpp, which other packages
+# bring, is not it).
+ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1 || missing+=(libclang-dev)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || missing+=(linux-image-amd64)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "verbs-vm: installing ${missing[*]}"
