@@ -349,11 +349,11 @@ impl<P: Progress> Reactor<P> {
             ProgressMode::Blocking => Some(Duration::ZERO),
         };
         let mut rung = false;
-        if let Some((id, at)) = wait.alarm {
+        if let Some((id, at)) = wait.alarm() {
             let now = Instant::now();
             if now >= at && shared.alarms.rang(id) {
                 // Woken by the alarm (or by the completion, no earlier): how late it reached us.
-                wait.alarm = None;
+                wait.hybrid.as_mut().expect("an alarm").alarm = None;
                 shared.pacer().record_late(now - at);
                 rung = true;
             }
@@ -428,20 +428,21 @@ impl<P: Progress> Reactor<P> {
             return shared.done(wait, spin_for, v);
         }
         if spin_for.is_some_and(|d| !d.is_zero()) {
-            if wait.spin_until.is_none()
+            if wait.hybrid.is_none()
                 && let Some(w) = shared.pacer().window()
             {
                 // Hybrid polling: this wait is likely to end within the window; spin through it.
                 let now = Instant::now();
                 let start = wait.begin(now);
-                wait.spin_until = Some(start + w.spin_until);
                 let at = start + w.wake_after;
-                if at <= now {
+                let alarm = (at > now).then(|| (shared.alarms.set(at, cx.waker().clone()), at));
+                let (spin_until, alarmed) = (start + w.spin_until, alarm.is_some());
+                wait.hybrid = Some(Box::new(Hybrid { spin_until, alarm, alarmed }));
+                if alarm.is_none() {
+                    // Due already: spin on.
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                wait.alarm = Some((shared.alarms.set(at, cx.waker().clone()), at));
-                wait.alarmed = true;
                 shared.alarms_set.fetch_add(1, Ordering::Relaxed);
             }
             // The background task may stand aside for our spinning: call it back now.
@@ -467,10 +468,12 @@ impl<P> Shared<P> {
             if waited > d {
                 self.pacer().record_wait(waited);
             }
-            match wait.alarm {
-                Some((id, _)) => self.alarms.cancel(id),
-                None if wait.alarmed => _ = self.completed_after_alarm.fetch_add(1, Ordering::Relaxed),
-                None => {}
+            match wait.hybrid.as_deref() {
+                Some(Hybrid { alarm: Some((id, _)), .. }) => self.alarms.cancel(*id),
+                Some(Hybrid { alarm: None, alarmed: true, .. }) => {
+                    _ = self.completed_after_alarm.fetch_add(1, Ordering::Relaxed)
+                }
+                _ => {}
             }
             *wait = Wait::default();
         }
@@ -485,11 +488,19 @@ pub struct Wait {
     /// When the wait began: read lazily, at the spin's first look at the clock, so a busy spin
     /// that completes before never reads it.
     start: Option<Instant>,
-    /// Hybrid polling: spin until then ([`pacer::Window::spin_until`]).
-    spin_until: Option<Instant>,
-    /// Hybrid polling: the alarm set for this wait (its id) and when it is due.
+    /// Hybrid polling's state, for the waits that reach it (boxed: every operation's and
+    /// collective's future carries a `Wait`, and is moved on every call).
+    hybrid: Option<Box<Hybrid>>,
+}
+
+/// A wait's hybrid polling: set when the caller first goes to sleep with a window.
+#[derive(Debug)]
+struct Hybrid {
+    /// Spin until then ([`pacer::Window::spin_until`]).
+    spin_until: Instant,
+    /// The alarm set for this wait (its id) and when it is due, until it rings.
     alarm: Option<(u64, Instant)>,
-    /// Hybrid polling set an alarm for this wait.
+    /// An alarm was set (none is when the window is due at once).
     alarmed: bool,
 }
 
@@ -506,7 +517,12 @@ impl Wait {
 
     /// Whether an adaptive caller spinning for `d` per wait may spin at `now`.
     fn may_spin(&mut self, d: Duration, now: Instant) -> bool {
-        now - self.begin(now) < d || self.spin_until.is_some_and(|u| now < u)
+        now - self.begin(now) < d || self.hybrid.as_ref().is_some_and(|h| now < h.spin_until)
+    }
+
+    /// The alarm set for this wait that has not rung yet.
+    fn alarm(&self) -> Option<(u64, Instant)> {
+        self.hybrid.as_ref().and_then(|h| h.alarm)
     }
 }
 

@@ -506,7 +506,9 @@ impl Comm {
             Some(Err(Box::new((up, mid, down))))
         } else {
             let slot = self.slot();
-            Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Comm::drive(slot, m))))
+            // Boxed, as every message-based path here: the board's calls carry small futures
+            // (they are moved on every call; a message executor's is half a kilobyte).
+            Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Box::pin(Comm::drive(slot, m)))))
         };
         async move {
             if let Some(call) = board {
@@ -557,15 +559,17 @@ impl Comm {
             let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
             self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>())
         });
-        let pool = self.sequence.pool.clone();
-        let data = (board.is_none() && direct.is_none() && me == root).then(|| pool.copy(buf));
-        let run = (board.is_none() && direct.is_none())
-            .then(|| self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)));
+        // Messages only: the pool's handle (an atomic count) stays out of the board's calls.
+        let run = (board.is_none() && direct.is_none()).then(|| {
+            let pool = self.sequence.pool.clone();
+            let data = (me == root).then(|| pool.copy(buf));
+            (Box::pin(self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes))), pool)
+        });
         async move {
             if let Some(call) = direct {
-                return bcast_single_copy(call?, root, me, bytemuck::cast_slice_mut(buf)).await;
+                return Box::pin(bcast_single_copy(call?, root, me, bytemuck::cast_slice_mut(buf))).await;
             }
-            let Some(run) = run else {
+            let Some((run, pool)) = run else {
                 let parts = board.expect("one of the two")?.await?;
                 return if me == root { Ok(()) } else { copy_parts(buf, &parts) };
             };
@@ -729,7 +733,6 @@ impl Comm {
         let alg = self.choose(Operation::Allreduce, size_of_val(buf), op.is_commutative());
         let early = check_op(&op).err();
         let (r, n) = (self.rank(), self.size());
-        let pool = self.sequence.pool.clone();
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
             self.board_call(Kind::Allreduce(op.erase()), size_of_val(buf), bytemuck::cast_slice(buf), size_of::<T>())
         });
@@ -737,7 +740,9 @@ impl Comm {
             let lent = Lent::of(bytemuck::cast_slice(buf));
             self.lending(Kind::Allgather, Some(lent), &[Kind::Barrier, Kind::Barrier])
         });
-        let data = if board.is_some() || direct.is_some() { Bytes::new() } else { pool.copy(buf) };
+        // Messages only: the pool's handle (an atomic count) stays out of the board's calls.
+        let pool = (board.is_none() && direct.is_none()).then(|| self.sequence.pool.clone());
+        let data = pool.as_ref().map_or_else(Bytes::new, |p| p.copy(buf));
         let plan = if early.is_some() || board.is_some() || direct.is_some() {
             None
         } else if alg == Algorithm::Hierarchical {
@@ -753,14 +758,15 @@ impl Comm {
             Some(Err(Box::new((up, mid, down, nr, nn))))
         } else {
             let (bytes, slot) = (size_of_val(buf), self.slot());
-            Some(Ok(ops::allreduce(r, n, alg, data, op.erase()).map(|m| Comm::drive(slot, m.with_block_len(bytes)))))
+            Some(Ok(ops::allreduce(r, n, alg, data, op.erase())
+                .map(|m| Box::pin(Comm::drive(slot, m.with_block_len(bytes))))))
         };
         async move {
             if let Some(call) = board {
                 return copy_parts(buf, &call?.await?);
             }
             if let Some(call) = direct {
-                return allreduce_single_copy(call?, bytemuck::cast_slice_mut(buf), op.erase(), r, n).await;
+                return Box::pin(allreduce_single_copy(call?, bytemuck::cast_slice_mut(buf), op.erase(), r, n)).await;
             }
             let out = match plan {
                 None => return Err(early.expect("set")),
@@ -768,7 +774,7 @@ impl Comm {
                     let blocks = run?.await?;
                     // Segments straight into `buf` (not laid end to end first).
                     copy_parts(buf, &ops::allreduce_parts(&blocks, n, alg)?)?;
-                    pool.recycle(blocks);
+                    pool.expect("messages").recycle(blocks);
                     return Ok(());
                 }
                 Some(Err(hier)) => {

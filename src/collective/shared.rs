@@ -67,7 +67,8 @@ impl Deref for Words {
 /// A communicator's board and this rank's calls on it.
 pub(crate) struct Segment {
     board: Board<Words>,
-    queue: parking_lot::Mutex<Queue>,
+    /// Taken on every look at the board: the reactor's lock, released by a plain store.
+    queue: ferrocomm_reactor::Mutex<Queue>,
     /// World rank of each member (lost peers are known by world rank).
     members: Vec<Rank>,
     reactor: Reactor<Driver>,
@@ -102,7 +103,12 @@ impl Segment {
             let _ = std::fs::remove_file(&path);
         }
         let inner = comm.inner();
-        Ok(Segment { board, queue: Default::default(), members, reactor: inner.reactor.clone() })
+        Ok(Segment {
+            board,
+            queue: ferrocomm_reactor::Mutex::new(Queue::default()),
+            members,
+            reactor: inner.reactor.clone(),
+        })
     }
 
     /// Enqueues a call (described in full: it may run before its future is first polled), split
@@ -112,6 +118,13 @@ impl Segment {
         let piece = (self.board.capacity() / elem.max(1) * elem.max(1)).max(1);
         let pieces = len.div_ceil(piece).max(1);
         let mut q = self.queue.lock();
+        if pieces == 1 {
+            // Posted now, and often complete now: then its future holds just the result.
+            return Ok(match q.call_now(&self.board, kind, len, input)? {
+                (_, Some(result)) => BoardCall::done(result?),
+                (seq, None) => self.wait(seq..seq + 1, None),
+            });
+        }
         let mut seqs: Option<Range<u64>> = None;
         for k in 0..pieces {
             let range = k * piece..((k + 1) * piece).min(len);
@@ -133,7 +146,7 @@ impl Segment {
     /// The future of calls `seqs`; `lent`: the first call of a single-copy call whose memory this
     /// rank lent (withdrawn if the future is dropped).
     fn wait(self: &Arc<Segment>, seqs: Range<u64>, lent: Option<u64>) -> BoardCall {
-        BoardCall { seg: self.clone(), seqs, parts: Pieces::new(), wait: Wait::default(), nap: None, lent }
+        BoardCall { seg: Some(self.clone()), seqs, parts: Pieces::new(), wait: Wait::default(), nap: None, lent }
     }
 
     /// This rank leaves calls `seqs` before their end (a future dropped or failed): it first
@@ -191,7 +204,8 @@ impl Segment {
 /// what is left of the call: this rank still does its part whenever a later call of the
 /// communicator is driven, and the results are discarded.
 pub(crate) struct BoardCall {
-    seg: Arc<Segment>,
+    /// `None` once complete when made.
+    seg: Option<Arc<Segment>>,
     /// The pieces not collected yet.
     seqs: Range<u64>,
     parts: Pieces,
@@ -209,7 +223,10 @@ impl Future for BoardCall {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Pieces>> {
         let this = &mut *self;
-        let seg = &*this.seg;
+        let Some(seg) = this.seg.as_deref().filter(|_| !this.seqs.is_empty()) else {
+            // Complete when made (`Queue::call_now`).
+            return Poll::Ready(Ok(std::mem::take(&mut this.parts)));
+        };
         // Busy ranks look at the board alone first: the latency-critical wait. Where ranks share
         // CPUs they yield between looks (the rank this one waits for may need this CPU) on every
         // poll; elsewhere they spin on the first poll only.
@@ -249,7 +266,17 @@ impl Future for BoardCall {
 
 impl Drop for BoardCall {
     fn drop(&mut self) {
-        self.seg.leave(self.seqs.clone(), self.lent);
+        if let Some(seg) = &self.seg {
+            seg.leave(self.seqs.clone(), self.lent);
+        }
+    }
+}
+
+impl BoardCall {
+    /// A call complete when made, with its one result.
+    fn done(result: Vec<u8>) -> BoardCall {
+        let parts = Pieces::from_buf([result]);
+        BoardCall { seg: None, seqs: 0..0, parts, wait: Wait::default(), nap: None, lent: None }
     }
 }
 
