@@ -320,7 +320,8 @@ impl<T: FromCompletion> Future for Op<T> {
         if let OpState::Pending { inner, key, wait, .. } = &mut this.state {
             let key = *key;
             let c = std::task::ready!(inner.reactor.poll_until(cx, wait, |d, cx| d.ops.poll(key, cx)));
-            this.state = OpState::Ready(c);
+            this.state = OpState::Done;
+            return Poll::Ready(T::from_completion(this.translate(c)));
         }
         match std::mem::replace(&mut this.state, OpState::Done) {
             OpState::Ready(c) => Poll::Ready(T::from_completion(this.translate(c))),
@@ -474,7 +475,11 @@ impl Comm {
     /// Starts an operation: `post` either completes it at once or tracks it under a key of the
     /// operation slab ([`Started`]).
     fn start<T>(&self, kind: OpKind, early: Option<Error>, post: impl FnOnce(&mut Driver) -> Started) -> Op<T> {
-        let early = early.or_else(|| self.inner.closed.load(Ordering::Acquire).then_some(Error::Shutdown));
+        // Not `then_some`: that builds (and drops) an error on every call.
+        let early = match early {
+            None if self.inner.closed.load(Ordering::Acquire) => Some(Error::Shutdown),
+            early => early,
+        };
         let state = match early {
             Some(e) => OpState::Ready(match kind {
                 OpKind::Send { .. } => Completion::Send(Err(e)),
@@ -509,7 +514,7 @@ impl Comm {
     }
 
     fn check_rank(&self, r: Rank) -> Option<Error> {
-        (r >= self.size()).then_some(Error::UnknownRank { rank: r, size: self.size() })
+        (r >= self.size()).then(|| Error::UnknownRank { rank: r, size: self.size() })
     }
 
     fn world_source(&self, s: Source, early: &Option<Error>) -> Source {
@@ -534,7 +539,7 @@ impl Comm {
         let data = data.into();
         let max = self.inner.settings.max_message;
         let early =
-            self.check_rank(dest).or_else(|| (data.len() > max).then_some(Error::TooLarge { len: data.len(), max }));
+            self.check_rank(dest).or_else(|| (data.len() > max).then(|| Error::TooLarge { len: data.len(), max }));
         let ctx = self.context;
         let dest = if early.is_none() { self.world_rank(dest) } else { dest };
         self.start(OpKind::Send { dest }, early, |d| match d.engine.send_now(dest, ctx, tag, data) {

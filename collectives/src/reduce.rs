@@ -162,25 +162,55 @@ impl<T: Element> ReduceOp<T> {
         !matches!(self, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor) || T::bits(z, z, BitOp::And).is_some()
     }
 
-    /// The operator erased to bytes, for the schedule machine.
+    /// The operator erased to bytes, for the schedule machine. A built-in operator erases to a
+    /// plain function (no allocation: small reductions erase one per call); a user operator to
+    /// a shared closure.
     pub fn erase(&self) -> Reducer {
-        let op = self.clone();
-        Reducer {
-            commutative: self.is_commutative(),
-            elem: size_of::<T>(),
-            f: Arc::new(move |acc: &mut [u8], x: &[u8], x_first: bool| {
-                with_typed(acc, x, |acc: &mut [T], x: &[T]| {
-                    if x_first && !op.is_commutative() {
-                        // acc = x ⊕ acc, with an operator that only computes acc ⊕ x in place.
-                        let mut tmp = x.to_vec();
-                        op.apply(&mut tmp, acc);
-                        acc.copy_from_slice(&tmp);
-                    } else {
-                        op.apply(acc, x);
-                    }
-                })
-            }),
+        /// `acc = acc ⊕ x` for built-in operator `OP` (its index in [`ReduceOp`]) on `T`;
+        /// built-ins are commutative, so the order flag does not matter.
+        fn builtin<T: Element, const OP: u8>(acc: &mut [u8], x: &[u8], _x_first: bool) {
+            let op = match OP {
+                0 => ReduceOp::<T>::Sum,
+                1 => ReduceOp::Product,
+                2 => ReduceOp::Min,
+                3 => ReduceOp::Max,
+                4 => ReduceOp::BitAnd,
+                5 => ReduceOp::BitOr,
+                6 => ReduceOp::BitXor,
+                7 => ReduceOp::LogicalAnd,
+                8 => ReduceOp::LogicalOr,
+                _ => ReduceOp::LogicalXor,
+            };
+            with_typed(acc, x, |acc: &mut [T], x: &[T]| op.apply(acc, x));
         }
+        let f = match self {
+            ReduceOp::Sum => Erased::Builtin(builtin::<T, 0>),
+            ReduceOp::Product => Erased::Builtin(builtin::<T, 1>),
+            ReduceOp::Min => Erased::Builtin(builtin::<T, 2>),
+            ReduceOp::Max => Erased::Builtin(builtin::<T, 3>),
+            ReduceOp::BitAnd => Erased::Builtin(builtin::<T, 4>),
+            ReduceOp::BitOr => Erased::Builtin(builtin::<T, 5>),
+            ReduceOp::BitXor => Erased::Builtin(builtin::<T, 6>),
+            ReduceOp::LogicalAnd => Erased::Builtin(builtin::<T, 7>),
+            ReduceOp::LogicalOr => Erased::Builtin(builtin::<T, 8>),
+            ReduceOp::LogicalXor => Erased::Builtin(builtin::<T, 9>),
+            ReduceOp::Custom { .. } => {
+                let op = self.clone();
+                Erased::Custom(Arc::new(move |acc: &mut [u8], x: &[u8], x_first: bool| {
+                    with_typed(acc, x, |acc: &mut [T], x: &[T]| {
+                        if x_first && !op.is_commutative() {
+                            // acc = x ⊕ acc, with an operator that only computes acc ⊕ x in place.
+                            let mut tmp = x.to_vec();
+                            op.apply(&mut tmp, acc);
+                            acc.copy_from_slice(&tmp);
+                        } else {
+                            op.apply(acc, x);
+                        }
+                    })
+                }))
+            }
+        };
+        Reducer { commutative: self.is_commutative(), elem: size_of::<T>(), f }
     }
 }
 
@@ -207,19 +237,29 @@ fn with_typed<T: Element>(acc: &mut [u8], x: &[u8], f: impl FnOnce(&mut [T], &[T
 
 type ErasedFn = dyn Fn(&mut [u8], &[u8], bool) + Send + Sync;
 
+/// An operator on bytes: a built-in's function, or a user operator's closure.
+#[derive(Clone)]
+enum Erased {
+    Builtin(fn(&mut [u8], &[u8], bool)),
+    Custom(Arc<ErasedFn>),
+}
+
 /// A reduction operator erased to bytes.
 #[derive(Clone)]
 pub struct Reducer {
     commutative: bool,
     elem: usize,
-    f: Arc<ErasedFn>,
+    f: Erased,
 }
 
 impl Reducer {
     /// `acc = acc ⊕ x`, or `acc = x ⊕ acc` when `x_first`. Both slices hold whole elements.
     pub fn apply(&self, acc: &mut [u8], x: &[u8], x_first: bool) {
         debug_assert_eq!(acc.len(), x.len());
-        (self.f)(acc, x, x_first)
+        match &self.f {
+            Erased::Builtin(f) => f(acc, x, x_first),
+            Erased::Custom(f) => f(acc, x, x_first),
+        }
     }
 
     pub fn is_commutative(&self) -> bool {

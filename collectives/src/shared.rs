@@ -36,8 +36,11 @@
 //! Calls are described in full when they are made ([`Call`]: the root's data, the rank's
 //! contribution) and kept in a [`Queue`] that any poll advances, so a call whose future is held
 //! but not polled, or dropped, still does its part as long as the rank drives any later call of
-//! the communicator: nothing waits on a future nobody polls. Nothing here blocks or does I/O: the
-//! root crate maps the segment and drives [`Queue::advance`].
+//! the communicator: nothing waits on a future nobody polls. A call with nothing queued before it
+//! goes further at once ([`Queue::call_now`]): it posts when made, and completes when made if what
+//! it needs is already posted (a broadcast's root; the last rank to arrive), with no queue entry
+//! and no copy of its input. Nothing here blocks or does I/O: the root crate maps the segment and
+//! drives [`Queue::advance`].
 //!
 //! Reductions combine the ranks' contributions in rank order on every rank, so non-commutative
 //! operators work and every rank gets bit-identical floating-point results.
@@ -349,6 +352,8 @@ pub struct Queue {
     order: Order,
     /// Some abandoned call may have finished: sweep it out.
     sweep: bool,
+    /// Where reductions and all-gathers read the other ranks' parts (kept: no allocation per call).
+    scratch: Vec<u8>,
 }
 
 impl Queue {
@@ -402,7 +407,7 @@ impl Queue {
         }
         post(board, &call, input, &mut self.order);
         call.phase = Phase::Wait;
-        step(board, &mut call, &mut self.order);
+        step(board, &mut call, &mut self.order, &mut self.scratch);
         if call.phase == Phase::Done {
             return Ok((seq, Some(call.result)));
         }
@@ -440,7 +445,7 @@ impl Queue {
         let mut passable = true;
         for call in self.calls.iter_mut() {
             self.order.passable = passable;
-            step(board, call, &mut self.order);
+            step(board, call, &mut self.order, &mut self.scratch);
             passable &= call.phase != Phase::Post || call.held;
         }
         if self.sweep {
@@ -539,7 +544,7 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order
     }
 }
 
-fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Order) {
+fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Order, scratch: &mut Vec<u8>) {
     while c.phase != Phase::Done && blocker(b, c, o).is_none() {
         match c.phase {
             Phase::Post => {
@@ -547,7 +552,7 @@ fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Orde
                 c.phase = Phase::Wait;
             }
             Phase::Wait => {
-                c.result = gather(b, c);
+                c.result = gather(b, c, scratch);
                 c.phase = Phase::Finish;
             }
             Phase::Finish => {
@@ -572,7 +577,7 @@ fn post<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, input: &[u8], o:
 }
 
 /// Reads what call `c` needs from the board, once every part it needs is posted.
-fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<u8>, CollError> {
+fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Vec<u8>) -> Result<Vec<u8>, CollError> {
     let mut out = Vec::new();
     match &c.kind {
         Kind::Barrier | Kind::Fanin { .. } => {}
@@ -582,23 +587,22 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<
         Kind::Reduce { root, .. } if *root as usize != b.me => return Ok(out),
         Kind::Allreduce(op) | Kind::Reduce { op, .. } => {
             b.read(c.seq, 0, &mut out)?;
-            let mut x = Vec::with_capacity(out.len());
             for r in 1..b.ranks {
-                b.read(c.seq, r, &mut x)?;
+                b.read(c.seq, r, x)?;
                 if x.len() != out.len() {
                     return Err(CollError::Malformed { from: r as u32, why: "all-reduce length differs" });
                 }
-                op.apply(&mut out, &x, false);
+                op.apply(&mut out, x, false);
             }
         }
         Kind::Allgather => {
-            let mut x = Vec::with_capacity(c.len);
+            out.reserve(c.len * b.ranks);
             for r in 0..b.ranks {
-                b.read(c.seq, r, &mut x)?;
+                b.read(c.seq, r, x)?;
                 if x.len() != c.len {
                     return Err(CollError::Malformed { from: r as u32, why: "all-gather length differs" });
                 }
-                out.extend_from_slice(&x);
+                out.extend_from_slice(x);
             }
             return Ok(out);
         }
@@ -607,9 +611,8 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Result<Vec<
                 return Err(CollError::Invalid(format!("{} bytes do not split into {} blocks", c.len, b.ranks)));
             }
             let block = c.len / b.ranks;
-            let mut x = Vec::with_capacity(c.len);
             for r in 0..b.ranks {
-                b.read(c.seq, r, &mut x)?;
+                b.read(c.seq, r, x)?;
                 if x.len() != c.len {
                     return Err(CollError::Malformed { from: r as u32, why: "all-to-all length differs" });
                 }

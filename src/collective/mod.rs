@@ -669,7 +669,7 @@ impl Comm {
     }
 
     fn check_root(&self, root: Rank) -> Option<Error> {
-        (root >= self.size()).then_some(Error::UnknownRank { rank: root, size: self.size() })
+        (root >= self.size()).then(|| Error::UnknownRank { rank: root, size: self.size() })
     }
 
     /// Combines every rank's `data` with `op` at `root`: `Some(result)` there, `None` elsewhere.
