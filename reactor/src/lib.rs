@@ -75,7 +75,9 @@ pub trait Progress: Send + 'static {
     fn progress(&mut self) -> usize;
     /// `Ready` if [`Progress::progress`] has work, else registers `cx` with every completion source.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()>;
-    /// The background task woke from a sleep that [`Progress::poll_ready`] prepared.
+    /// The background task woke from a sleep that [`Progress::poll_ready`] prepared; or a caller
+    /// that a hybrid-polling alarm woke is about to spin, and the reactor calls the background
+    /// task back at once (it stands aside while the caller spins, then prepares its sleep anew).
     fn awake(&mut self) {}
     /// When a protocol timer next needs [`Progress::progress`] (retransmission, heartbeat, ...).
     fn next_timeout(&self) -> Option<Instant> {

@@ -99,7 +99,9 @@ pub trait Transport: Send {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()>;
     /// The sleeper that called [`Transport::poll_ready`] is awake again: undo what announcing the
     /// sleep set up (doorbell flags). Progress made meanwhile by other threads must not undo it,
-    /// since the sleeper still relies on it.
+    /// since the sleeper still relies on it. (The reactor also calls it when a caller woken early
+    /// by hybrid polling starts spinning: it then wakes the sleeper itself at once, so nothing
+    /// relies on the flags any more.)
     fn awake(&mut self) {}
     /// True while queued frames are not yet handed to the operating system.
     fn has_pending_output(&self) -> bool;
