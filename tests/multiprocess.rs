@@ -1,6 +1,6 @@
 //! Ranks as separate processes started by `ferrorun`: the point-to-point suite on each TCP
-//! backend and over shared memory, eight busy-polling ranks on two cores, and a rank killed with
-//! SIGKILL in the middle of a transfer.
+//! backend and over shared memory, eight busy-polling ranks on two cores, adaptive mode's hybrid
+//! polling, and a rank killed with SIGKILL in the middle of a transfer.
 //!
 //! The ranks are this very test binary, re-run by `ferrorun` with `--exact rank_process` and the
 //! scenario in `FERROCOMM_TEST_SCENARIO`; without that variable `rank_process` has nothing to do.
@@ -65,6 +65,15 @@ fn suite_under_ferrorun_every_transport() {
             }
         }
     }
+}
+
+/// Adaptive mode between processes over shared memory: regular 10 ms gaps get hybrid polling's
+/// alarms (and every message, in order).
+#[test]
+fn hybrid_polling_between_processes() {
+    let (code, text, _) = launch_env(2, "paced", "shm", &["FERROCOMM_PROGRESS=adaptive:50"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(said(&text, 1, "PACED-OK"), "{text}");
 }
 
 /// Eight ranks on two cores over shared memory, busy-polling: no livelock.
@@ -227,6 +236,24 @@ fn rank_process() {
                 w.finalize().await.unwrap();
             }
             "kill" => kill_scenario(w).await,
+            "paced" => {
+                const N: u64 = 40;
+                if w.rank() == 0 {
+                    for i in 0..N {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        w.send(1, 3, i.to_le_bytes().to_vec()).await.unwrap();
+                    }
+                } else {
+                    for i in 0..N {
+                        let m = w.recv(0u32, 3u64).await.unwrap();
+                        assert_eq!(m.data[..], i.to_le_bytes(), "message {i}");
+                    }
+                    let s = w.hybrid_stats();
+                    assert!(s.alarms_set >= 5, "{s:?}");
+                    println!("PACED-OK {s:?}");
+                }
+                w.finalize().await.unwrap();
+            }
             "collectives" => {
                 coll::operations(&w, &coll::TABLE_COUNTS, "table").await;
                 coll::every_algorithm(&w).await;
