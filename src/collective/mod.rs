@@ -506,9 +506,7 @@ impl Comm {
             Some(Err(Box::new((up, mid, down))))
         } else {
             let slot = self.slot();
-            // Boxed, as every message-based path here: the board's calls carry small futures
-            // (they are moved on every call; a message executor's is half a kilobyte).
-            Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Box::pin(Comm::drive(slot, m)))))
+            Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Comm::drive(slot, m))))
         };
         async move {
             if let Some(call) = board {
@@ -758,8 +756,7 @@ impl Comm {
             Some(Err(Box::new((up, mid, down, nr, nn))))
         } else {
             let (bytes, slot) = (size_of_val(buf), self.slot());
-            Some(Ok(ops::allreduce(r, n, alg, data, op.erase())
-                .map(|m| Box::pin(Comm::drive(slot, m.with_block_len(bytes))))))
+            Some(Ok(ops::allreduce(r, n, alg, data, op.erase()).map(|m| Comm::drive(slot, m.with_block_len(bytes)))))
         };
         async move {
             if let Some(call) = board {
