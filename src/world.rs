@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use crate::config::Settings;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::p2p::engine::{Completion, RecvBuf};
+use crate::p2p::engine::{Completion, Engine, RecvBuf};
 use crate::p2p::{Payload, Source, Status, TagMatch};
 
 /// A connection attempt that was refused (wrong token, malformed frames, ...).
@@ -263,14 +263,6 @@ enum OpState {
     Done,
 }
 
-/// What posting an operation did ([`Comm::start`]).
-enum Started {
-    /// It completed at once, tracked by nobody.
-    Done(Completion),
-    /// It is in flight under this key of the operation slab.
-    Tracked(OpKey),
-}
-
 /// How an operation's completion becomes its result.
 pub trait FromCompletion: Sized {
     fn from_completion(c: Completion) -> Result<Self>;
@@ -472,9 +464,15 @@ impl Comm {
         self.inner.listen_addr
     }
 
-    /// Starts an operation: `post` either completes it at once or tracks it under a key of the
-    /// operation slab ([`Started`]).
-    fn start<T>(&self, kind: OpKind, early: Option<Error>, post: impl FnOnce(&mut Driver) -> Started) -> Op<T> {
+    /// Starts an operation: `now` completes it at once if it can (no slot of the operation slab
+    /// is taken then), or gives back what `post` needs to track it under a key of the slab.
+    fn start<T, X>(
+        &self,
+        kind: OpKind,
+        early: Option<Error>,
+        now: impl FnOnce(&mut Engine) -> std::result::Result<Completion, X>,
+        post: impl FnOnce(&mut Engine, OpKey, X),
+    ) -> Op<T> {
         // Not `then_some`: that builds (and drops) an error on every call.
         let early = match early {
             None if self.inner.closed.load(Ordering::Acquire) => Some(Error::Shutdown),
@@ -489,20 +487,21 @@ impl Comm {
             None => {
                 let polled = {
                     let mut d = self.inner.reactor.lock();
-                    let started = post(&mut d);
+                    let tracked = now(&mut d.engine).map_err(|x| {
+                        let key = d.ops.insert();
+                        post(&mut d.engine, key, x);
+                        key
+                    });
                     d.flush();
                     // A blocking caller will not push the rest itself: the background task must.
                     // Spinning callers push it while they spin (and call the task in when they stop).
                     if self.inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_pending_output() {
                         self.inner.reactor.kick();
                     }
-                    match started {
-                        Started::Done(c) => Ok(c),
-                        Started::Tracked(key) => match d.ops.poll(key, None) {
-                            Poll::Ready(c) => Ok(c),
-                            Poll::Pending => Err(key),
-                        },
-                    }
+                    tracked.or_else(|key| match d.ops.poll(key, None) {
+                        Poll::Ready(c) => Ok(c),
+                        Poll::Pending => Err(key),
+                    })
                 };
                 match polled {
                     Ok(c) => OpState::Ready(c),
@@ -542,14 +541,12 @@ impl Comm {
             self.check_rank(dest).or_else(|| (data.len() > max).then(|| Error::TooLarge { len: data.len(), max }));
         let ctx = self.context;
         let dest = if early.is_none() { self.world_rank(dest) } else { dest };
-        self.start(OpKind::Send { dest }, early, |d| match d.engine.send_now(dest, ctx, tag, data) {
-            Ok(r) => Started::Done(Completion::Send(r)),
-            Err(data) => {
-                let key = d.ops.insert();
-                d.engine.post_send(key, dest, ctx, tag, data);
-                Started::Tracked(key)
-            }
-        })
+        self.start(
+            OpKind::Send { dest },
+            early,
+            |e| e.send_now(dest, ctx, tag, data).map(Completion::Send),
+            |e, key, data| e.post_send(key, dest, ctx, tag, data),
+        )
     }
 
     /// Receives the next message matching `src` and `tag` (each may be a wildcard), of any length
@@ -569,14 +566,12 @@ impl Comm {
         let ctx = self.context;
         let early = self.check_source(src);
         let src = self.world_source(src, &early);
-        self.start(OpKind::Recv { context: ctx }, early, |d| match d.engine.recv_now(ctx, src, tag, buf) {
-            Ok(r) => Started::Done(Completion::Recv(r)),
-            Err(buf) => {
-                let key = d.ops.insert();
-                d.engine.post_recv(key, ctx, src, tag, buf);
-                Started::Tracked(key)
-            }
-        })
+        self.start(
+            OpKind::Recv { context: ctx },
+            early,
+            |e| e.recv_now(ctx, src, tag, buf).map(Completion::Recv),
+            |e, key, buf| e.post_recv(key, ctx, src, tag, buf),
+        )
     }
 
     /// Waits until a message matching `src` and `tag` has arrived, and says what it is, without
@@ -585,11 +580,7 @@ impl Comm {
         let (src, tag, ctx) = (src.into(), tag.into(), self.context);
         let early = self.check_source(src);
         let src = self.world_source(src, &early);
-        self.start(OpKind::Probe { context: ctx }, early, |d| {
-            let key = d.ops.insert();
-            d.engine.post_probe(key, ctx, src, tag);
-            Started::Tracked(key)
-        })
+        self.start(OpKind::Probe { context: ctx }, early, |_| Err(()), |e, key, ()| e.post_probe(key, ctx, src, tag))
     }
 
     /// The first message matching `src` and `tag` that has arrived, if any.

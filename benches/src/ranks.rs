@@ -209,10 +209,11 @@ fn run_job(spec: &JobSpec) -> Result<(String, Option<String>)> {
     })?;
     let (mut result, mut peer) = (None, None);
     for line in lines {
-        match (line.strip_prefix("[0] {"), line.strip_prefix("[1] {")) {
-            (Some(j), _) if result.is_none() => result = Some(format!("{{{j}")),
-            (_, Some(j)) if peer.is_none() => peer = Some(format!("{{{j}")),
-            // Anything else the ranks print is passed on, for diagnosis.
+        // The first JSON line of each rank; anything else the ranks print is passed on.
+        let json = |rank: &str| line.strip_prefix(rank).filter(|l| l.starts_with('{')).map(str::to_string);
+        match (json("[0] "), json("[1] ")) {
+            (Some(j), _) if result.is_none() => result = Some(j),
+            (_, Some(j)) if peer.is_none() => peer = Some(j),
             _ => eprintln!("  {line}"),
         }
     }

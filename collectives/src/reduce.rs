@@ -166,35 +166,28 @@ impl<T: Element> ReduceOp<T> {
     /// plain function (no allocation: small reductions erase one per call); a user operator to
     /// a shared closure.
     pub fn erase(&self) -> Reducer {
-        /// `acc = acc ⊕ x` for built-in operator `OP` (its index in [`ReduceOp`]) on `T`;
-        /// built-ins are commutative, so the order flag does not matter.
-        fn builtin<T: Element, const OP: u8>(acc: &mut [u8], x: &[u8], _x_first: bool) {
-            let op = match OP {
-                0 => ReduceOp::<T>::Sum,
-                1 => ReduceOp::Product,
-                2 => ReduceOp::Min,
-                3 => ReduceOp::Max,
-                4 => ReduceOp::BitAnd,
-                5 => ReduceOp::BitOr,
-                6 => ReduceOp::BitXor,
-                7 => ReduceOp::LogicalAnd,
-                8 => ReduceOp::LogicalOr,
-                _ => ReduceOp::LogicalXor,
-            };
-            with_typed(acc, x, |acc: &mut [T], x: &[T]| op.apply(acc, x));
+        /// Each built-in operator once: `index variant`. `builtin::<T, index>` applies it to
+        /// bytes holding `T`s (built-ins are commutative, so the order flag does not matter).
+        macro_rules! builtins {
+            ($($i:literal $v:ident),*) => {{
+                fn builtin<T: Element, const OP: u8>(acc: &mut [u8], x: &[u8], _x_first: bool) {
+                    let op = match OP {
+                        $($i => ReduceOp::<T>::$v,)*
+                        _ => unreachable!("not a built-in operator"),
+                    };
+                    with_typed(acc, x, |acc: &mut [T], x: &[T]| op.apply(acc, x));
+                }
+                match self {
+                    $(ReduceOp::$v => Some(Erased::Builtin(builtin::<T, $i>)),)*
+                    ReduceOp::Custom { .. } => None,
+                }
+            }};
         }
-        let f = match self {
-            ReduceOp::Sum => Erased::Builtin(builtin::<T, 0>),
-            ReduceOp::Product => Erased::Builtin(builtin::<T, 1>),
-            ReduceOp::Min => Erased::Builtin(builtin::<T, 2>),
-            ReduceOp::Max => Erased::Builtin(builtin::<T, 3>),
-            ReduceOp::BitAnd => Erased::Builtin(builtin::<T, 4>),
-            ReduceOp::BitOr => Erased::Builtin(builtin::<T, 5>),
-            ReduceOp::BitXor => Erased::Builtin(builtin::<T, 6>),
-            ReduceOp::LogicalAnd => Erased::Builtin(builtin::<T, 7>),
-            ReduceOp::LogicalOr => Erased::Builtin(builtin::<T, 8>),
-            ReduceOp::LogicalXor => Erased::Builtin(builtin::<T, 9>),
-            ReduceOp::Custom { .. } => {
+        let builtin = builtins!(0 Sum, 1 Product, 2 Min, 3 Max, 4 BitAnd, 5 BitOr, 6 BitXor, 7 LogicalAnd,
+            8 LogicalOr, 9 LogicalXor);
+        let f = match builtin {
+            Some(f) => f,
+            None => {
                 let op = self.clone();
                 Erased::Custom(Arc::new(move |acc: &mut [u8], x: &[u8], x_first: bool| {
                     with_typed(acc, x, |acc: &mut [T], x: &[T]| {

@@ -361,16 +361,19 @@ impl Queue {
     /// this rank's contribution (all-reduce, all-gather), `len` bytes that every rank must agree
     /// on, at most the board's [`capacity`].
     pub fn push<M>(&mut self, board: &Board<M>, kind: Kind, len: usize, input: Vec<u8>) -> Result<u64, CollError> {
-        let cap = board.capacity;
-        if len > cap || input.len() > cap {
-            return Err(CollError::Invalid(format!("{len} bytes do not fit the shared board ({cap})")));
-        }
+        fits(board, len, input.len())?;
+        let call = Call { input, ..self.next_call(kind, len) };
+        let seq = call.seq;
+        self.calls.push_back(call);
+        Ok(seq)
+    }
+
+    /// The next call, in its first phase, without input.
+    fn next_call(&mut self, kind: Kind, len: usize) -> Call {
         let seq = self.next;
         self.next += 1;
-        let phase = Phase::Post;
-        let held = false;
-        self.calls.push_back(Call { seq, kind, len, input, phase, result: Ok(Vec::new()), abandoned: false, held });
-        Ok(seq)
+        let (phase, result) = (Phase::Post, Ok(Vec::new()));
+        Call { seq, kind, len, input: Vec::new(), phase, result, abandoned: false, held: false }
     }
 
     /// Makes a call at once when none is queued before it: posts it (copying `input` straight to
@@ -389,14 +392,9 @@ impl Queue {
         if !self.calls.is_empty() {
             return Ok((self.push(board, kind, len, input.to_vec())?, None));
         }
-        let cap = board.capacity;
-        if len > cap || input.len() > cap {
-            return Err(CollError::Invalid(format!("{len} bytes do not fit the shared board ({cap})")));
-        }
-        let seq = self.next;
-        self.next += 1;
-        let (phase, result) = (Phase::Post, Ok(Vec::new()));
-        let mut call = Call { seq, kind, len, input: Vec::new(), phase, result, abandoned: false, held: false };
+        fits(board, len, input.len())?;
+        let mut call = self.next_call(kind, len);
+        let seq = call.seq;
         // Nothing queued: every earlier call has posted and finished (rule 1).
         self.order.passable = true;
         if blocker(board, &call, &mut self.order).is_some() {
@@ -419,19 +417,9 @@ impl Queue {
     /// (or abandoned): its place in the call order is taken now, its meaning ("this rank has read
     /// what it needed") comes later. Later calls post after it (rule 1).
     pub fn push_held(&mut self, kind: Kind) -> u64 {
-        let seq = self.next;
-        self.next += 1;
-        let phase = Phase::Post;
-        self.calls.push_back(Call {
-            seq,
-            kind,
-            len: 0,
-            input: Vec::new(),
-            phase,
-            result: Ok(Vec::new()),
-            abandoned: false,
-            held: true,
-        });
+        let call = Call { held: true, ..self.next_call(kind, 0) };
+        let seq = call.seq;
+        self.calls.push_back(call);
         seq
     }
 
@@ -495,6 +483,16 @@ impl Queue {
     pub fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
+}
+
+/// Refuses a call of `len` bytes (per rank), with `input` bytes of this rank's, that does not fit
+/// `board`.
+fn fits<M>(board: &Board<M>, len: usize, input: usize) -> Result<(), CollError> {
+    let cap = board.capacity;
+    if len > cap || input > cap {
+        return Err(CollError::Invalid(format!("{len} bytes do not fit the shared board ({cap})")));
+    }
+    Ok(())
 }
 
 /// The first thing call `c` waits for in its current phase, or `None` if it can move.

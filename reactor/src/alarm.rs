@@ -38,6 +38,11 @@ impl Alarms {
         !self.pending.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|a| a.0 == id)
     }
 
+    /// Calls the alarm task back (to see `stop`).
+    pub(crate) fn kick(&self) {
+        self.task.wake();
+    }
+
     /// Withdraws alarm `id` (already rung: nothing happens).
     pub(crate) fn cancel(&self, id: u64) {
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).retain(|a| a.0 != id);
@@ -75,28 +80,20 @@ pub(crate) async fn run(alarms: &Alarms, stop: &AtomicBool) {
         }
     };
     loop {
-        let next = alarms.ring_due();
-        let mut armed = false;
+        // Nothing due (or a timer that cannot be set): wait for a new alarm only.
+        let armed = alarms.ring_due().is_some_and(|at| timer.set(at));
         std::future::poll_fn(|cx| {
             alarms.task.register(cx.waker());
             if stop.load(Ordering::Acquire) || alarms.changed.swap(false, Ordering::AcqRel) {
                 return Poll::Ready(());
             }
-            match next {
-                Some(at) => timer.poll_at(at, &mut armed, cx),
-                None => Poll::Pending,
-            }
+            if armed { timer.poll(cx) } else { Poll::Pending }
         })
         .await;
         if stop.load(Ordering::Acquire) {
             return;
         }
     }
-}
-
-/// Wakes the stop path of [`run`].
-pub(crate) fn kick(alarms: &Alarms) {
-    alarms.task.wake();
 }
 
 #[cfg(target_os = "linux")]
@@ -127,23 +124,20 @@ mod timer {
             Ok(Timer { fd })
         }
 
-        /// Ready once `at` has passed. `armed` says whether this wait already set the timer.
-        pub(crate) fn poll_at(&mut self, at: Instant, armed: &mut bool, cx: &mut Context<'_>) -> Poll<()> {
-            if !*armed {
-                let left = at.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Poll::Ready(());
-                }
-                let spec = libc::itimerspec {
-                    it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
-                    it_value: libc::timespec { tv_sec: left.as_secs() as _, tv_nsec: left.subsec_nanos() as _ },
-                };
-                // SAFETY: a valid descriptor and a valid specification; no old value asked for.
-                if unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) } != 0 {
-                    return Poll::Ready(());
-                }
-                *armed = true;
-            }
+        /// Sets the timer to ring at `at` (at once if it has passed); false if it cannot be set.
+        pub(crate) fn set(&mut self, at: Instant) -> bool {
+            // A zero value would disarm the timer: one nanosecond rings at once.
+            let left = at.saturating_duration_since(Instant::now()).max(std::time::Duration::from_nanos(1));
+            let spec = libc::itimerspec {
+                it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+                it_value: libc::timespec { tv_sec: left.as_secs() as _, tv_nsec: left.subsec_nanos() as _ },
+            };
+            // SAFETY: a valid descriptor and a valid specification; no old value asked for.
+            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) == 0 }
+        }
+
+        /// Ready once the time [`Timer::set`] has passed.
+        pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
             loop {
                 let mut guard = match self.fd.poll_read_ready(cx) {
                     Poll::Pending => return Poll::Pending,
@@ -180,11 +174,12 @@ mod timer {
             Ok(Timer { sleep: None })
         }
 
-        pub(crate) fn poll_at(&mut self, at: Instant, armed: &mut bool, cx: &mut Context<'_>) -> Poll<()> {
-            if !*armed {
-                self.sleep = Some(Box::pin(tokio::time::sleep_until(at.into())));
-                *armed = true;
-            }
+        pub(crate) fn set(&mut self, at: Instant) -> bool {
+            self.sleep = Some(Box::pin(tokio::time::sleep_until(at.into())));
+            true
+        }
+
+        pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
             self.sleep.as_mut().map_or(Poll::Ready(()), |s| s.as_mut().poll(cx))
         }
     }

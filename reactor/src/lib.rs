@@ -330,7 +330,7 @@ impl<P: Progress> Reactor<P> {
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
         self.kick();
-        alarm::kick(&self.shared.alarms);
+        self.shared.alarms.kick();
     }
 
     /// Drives progress for an awaiting caller until `check` is ready, following the progress mode.
@@ -351,11 +351,13 @@ impl<P: Progress> Reactor<P> {
             ProgressMode::Blocking => Some(Duration::ZERO),
         };
         let mut rung = false;
-        if let Some((id, at)) = wait.alarm() {
+        if let Some(h) = wait.hybrid.as_deref_mut()
+            && let Alarm::Set { id, at } = h.alarm
+        {
             let now = Instant::now();
             if now >= at && shared.alarms.rang(id) {
                 // Woken by the alarm (or by the completion, no earlier): how late it reached us.
-                wait.hybrid.as_mut().expect("an alarm").alarm = None;
+                h.alarm = Alarm::Rang;
                 shared.pacer().record_late(now - at);
                 rung = true;
             }
@@ -437,10 +439,12 @@ impl<P: Progress> Reactor<P> {
                 let now = Instant::now();
                 let start = wait.begin(now);
                 let at = start + w.wake_after;
-                let alarm = (at > now).then(|| (shared.alarms.set(at, cx.waker().clone()), at));
-                let (spin_until, alarmed) = (start + w.spin_until, alarm.is_some());
-                wait.hybrid = Some(Box::new(Hybrid { spin_until, alarm, alarmed }));
-                if alarm.is_none() {
+                let alarm = match at > now {
+                    true => Alarm::Set { id: shared.alarms.set(at, cx.waker().clone()), at },
+                    false => Alarm::None,
+                };
+                wait.hybrid = Some(Box::new(Hybrid { spin_until: start + w.spin_until, alarm }));
+                if alarm == Alarm::None {
                     // Due already: spin on.
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
@@ -470,11 +474,9 @@ impl<P> Shared<P> {
             if waited > d {
                 self.pacer().record_wait(waited);
             }
-            match wait.hybrid.as_deref() {
-                Some(Hybrid { alarm: Some((id, _)), .. }) => self.alarms.cancel(*id),
-                Some(Hybrid { alarm: None, alarmed: true, .. }) => {
-                    _ = self.completed_after_alarm.fetch_add(1, Ordering::Relaxed)
-                }
+            match wait.hybrid.as_deref().map(|h| h.alarm) {
+                Some(Alarm::Set { id, .. }) => self.alarms.cancel(id),
+                Some(Alarm::Rang) => _ = self.completed_after_alarm.fetch_add(1, Ordering::Relaxed),
                 _ => {}
             }
             *wait = Wait::default();
@@ -500,10 +502,18 @@ pub struct Wait {
 struct Hybrid {
     /// Spin until then ([`pacer::Window::spin_until`]).
     spin_until: Instant,
-    /// The alarm set for this wait (its id) and when it is due, until it rings.
-    alarm: Option<(u64, Instant)>,
-    /// An alarm was set (none is when the window is due at once).
-    alarmed: bool,
+    alarm: Alarm,
+}
+
+/// A hybrid wait's alarm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Alarm {
+    /// None: the window was due when the caller would have slept, so it spun on.
+    None,
+    /// Set (its id, for [`alarm::Alarms`]) to ring at `at`.
+    Set { id: u64, at: Instant },
+    /// It rang.
+    Rang,
 }
 
 impl Wait {
@@ -520,11 +530,6 @@ impl Wait {
     /// Whether an adaptive caller spinning for `d` per wait may spin at `now`.
     fn may_spin(&mut self, d: Duration, now: Instant) -> bool {
         now - self.begin(now) < d || self.hybrid.as_ref().is_some_and(|h| now < h.spin_until)
-    }
-
-    /// The alarm set for this wait that has not rung yet.
-    fn alarm(&self) -> Option<(u64, Instant)> {
-        self.hybrid.as_ref().and_then(|h| h.alarm)
     }
 }
 
