@@ -2,7 +2,8 @@
 //!
 //! Why it looks the way it does:
 //! * **One SPSC byte ring per ordered pair of ranks** (module `ring`), in a segment file owned by the
-//!   receiver. Monotonic u64 head/tail counters on separate cache lines, release/acquire only: a
+//!   receiver. Monotonic u64 head/tail counters on separate cache lines, release/acquire only; a
+//!   waiting receiver polls the stamp of the next frame (one cache line per small message), so a
 //!   busy-polling [`Transport::progress`] on idle rings is a few loads and no system call.
 //! * **Frames are a byte stream**, header + payload, wrapping at the end of the ring. A frame larger
 //!   than the ring (a 512 KiB rendezvous chunk in a 256 KiB ring) simply streams through it while
@@ -321,7 +322,9 @@ impl ShmEndpoint {
         };
         let own = self.own.as_ref().expect("a segment exists when there are peers");
         let in_ring = own.seg.ring(k);
+        let key = sys::random_u64();
         in_ring.hdr().ctl.cma_threshold.store(threshold, Relaxed);
+        in_ring.hdr().ctl.stamp_key.store(key, Relaxed);
         in_ring.hdr().ctl.ready.store(1, Release);
         if seg.attach() {
             // Every peer of that rank has mapped its segment: the file is no longer needed.
@@ -334,7 +337,7 @@ impl ShmEndpoint {
                 in_ring,
                 seg,
                 outbox: Outbox::default(),
-                inbox: Inbox::new(rank, limits, threshold),
+                inbox: Inbox::new(rank, limits, threshold, key),
                 pid: d.pid,
                 pidfd: watch(pidfd)?,
                 bell,

@@ -43,8 +43,9 @@ impl Atomics for Model {
     }
 }
 
-const CAP: usize = 64;
 const THRESHOLD: u64 = 128;
+/// The consumer's stamp key.
+const KEY: u64 = 0x5eed_f00d_1234_5678;
 const PRODUCERS: Rank = 2;
 
 /// An eventfd: a counter that wakes its reader.
@@ -71,7 +72,9 @@ impl Bell {
 /// A ring in heap memory, shared by its two threads.
 struct HeapRing {
     hdr: RingHdr<AtomicU64>,
-    data: std::cell::UnsafeCell<[u8; CAP]>,
+    data: std::cell::UnsafeCell<Vec<u8>>,
+    /// The ring's words as the model's atomics (frame stamps live there).
+    words: Vec<AtomicU64>,
 }
 
 // SAFETY: the data bytes are handed between the threads by the ring protocol under test.
@@ -80,22 +83,31 @@ unsafe impl Sync for HeapRing {}
 unsafe impl Send for HeapRing {}
 
 impl HeapRing {
-    fn new() -> HeapRing {
+    fn new(cap: usize) -> HeapRing {
         let w = || AtomicU64::new(0);
         HeapRing {
             hdr: RingHdr {
                 head: Line(w()),
                 tail: Line(w()),
                 prod_wait: Line(w()),
-                ctl: Ctl { closed: w(), ready: AtomicU64::new(1), cma_threshold: AtomicU64::new(THRESHOLD) },
+                ctl: Ctl {
+                    closed: w(),
+                    ready: AtomicU64::new(1),
+                    cma_threshold: AtomicU64::new(THRESHOLD),
+                    stamp_key: AtomicU64::new(KEY),
+                },
             },
-            data: std::cell::UnsafeCell::new([0; CAP]),
+            data: std::cell::UnsafeCell::new(vec![0; cap]),
+            words: (0..cap / 8).map(|_| w()).collect(),
         }
     }
 
     fn ring(&self) -> Ring<Model> {
         // SAFETY: the `HeapRing` (in an `Arc`) outlives the threads using the returned ring.
-        unsafe { Ring::new(&self.hdr, self.data.get().cast(), CAP) }
+        unsafe {
+            let data = &mut *self.data.get();
+            Ring::new(&self.hdr, data.as_mut_ptr(), self.words.as_ptr(), data.len())
+        }
     }
 }
 
@@ -125,12 +137,17 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// The frames producer `src` sends: sizes around and beyond the ring and the single-copy threshold.
-fn frames(src: Rank) -> Vec<(Header, Vec<u8>)> {
+/// With `rounds` > 1, eager frames only (nothing makes the consumer publish `tail` at once).
+fn frames(src: Rank, rounds: usize) -> Vec<(Header, Vec<u8>)> {
     let eager = |tag: u64, len: usize| (Header { src, tag, len: len as u32, ..Header::new(Kind::Eager) }, len);
     let data =
         |seq: u64, aux: u64, len: usize| (Header { src, seq, aux, len: len as u32, ..Header::new(Kind::Data) }, len);
-    [eager(1, 20), data(2, 0, 100), eager(3, 0), data(4, 100, 200), eager(5, 3)]
+    let one = [eager(1, 20), data(2, 0, 100), eager(3, 0), data(4, 100, 200), eager(5, 3)];
+    let eager_only = [eager(1, 20), eager(2, 40), eager(3, 0), eager(4, 8), eager(5, 3)];
+    (if rounds == 1 { one } else { eager_only })
         .into_iter()
+        .cycle()
+        .take(5 * rounds)
         .map(|(h, len)| (h, pattern(h.tag + h.seq + src as u64 * 100, len)))
         .collect()
 }
@@ -159,8 +176,9 @@ unsafe impl Sink for ModelSink {
     }
 }
 
-fn scenario() {
-    let rings: Vec<Arc<HeapRing>> = (0..PRODUCERS).map(|_| Arc::new(HeapRing::new())).collect();
+/// Two producers send `rounds` times the frames of [`frames`] through rings of `cap` bytes.
+fn scenario(cap: usize, rounds: usize) {
+    let rings: Vec<Arc<HeapRing>> = (0..PRODUCERS).map(|_| Arc::new(HeapRing::new(cap))).collect();
     let sleeping = Arc::new(AtomicU64::new(0));
     let consumer_bell = Arc::new(Bell::default());
     let producer_bells: Vec<Arc<Bell>> = (0..PRODUCERS).map(|_| Arc::new(Bell::default())).collect();
@@ -173,7 +191,7 @@ fn scenario() {
         threads.push(shuttle::thread::spawn(move || {
             let ring = hr.ring();
             let mut out = Outbox::default();
-            for (h, p) in frames(i as Rank + 1) {
+            for (h, p) in frames(i as Rank + 1, rounds) {
                 alive.lock().unwrap().insert(p.as_ptr() as u64);
                 out.push(&h, Bytes::from_owner(Tracked { data: p, alive: alive.clone() }));
             }
@@ -202,7 +220,7 @@ fn scenario() {
         shuttle::thread::spawn(move || {
             let limits = Limits { world_size: PRODUCERS + 1, eager_limit: 64, chunk: 1024, max_message: 4096 };
             let views: Vec<Ring<Model>> = rings.iter().map(|r| r.ring()).collect();
-            let mut inboxes: Vec<Inbox> = (1..=PRODUCERS).map(|p| Inbox::new(p, limits, THRESHOLD)).collect();
+            let mut inboxes: Vec<Inbox> = (1..=PRODUCERS).map(|p| Inbox::new(p, limits, THRESHOLD, KEY)).collect();
             let mut sink = ModelSink { got: Vec::new(), dest: vec![vec![0; 400]; PRODUCERS as usize] };
             let mut pull = |_: &Header, addr: u64, dst: &mut [u8]| {
                 shuttle::thread::yield_now();
@@ -212,7 +230,7 @@ fn scenario() {
                 unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
                 Ok(())
             };
-            let total = PRODUCERS as usize * frames(1).len();
+            let total = PRODUCERS as usize * frames(1, rounds).len();
             loop {
                 for (k, inbox) in inboxes.iter_mut().enumerate() {
                     let p = inbox.parse(&views[k], &mut sink, &mut pull).unwrap();
@@ -239,19 +257,29 @@ fn scenario() {
     let got = consumer.join().unwrap();
     for src in 1..=PRODUCERS {
         let mine: Vec<_> = got.iter().filter(|(p, ..)| *p == src).map(|(_, h, b)| (*h, b.clone())).collect();
-        assert_eq!(mine, frames(src), "frames of producer {src}: order and content");
+        assert_eq!(mine, frames(src, rounds), "frames of producer {src}: order and content");
     }
     assert!(alive.lock().unwrap().is_empty(), "every single-copy source is released at the end");
 }
 
-#[test]
-fn ring_and_doorbells_random_schedules() {
-    shuttle::check_random(scenario, 3000);
+/// Random schedules, then schedules of shuttle's PCT search (depth 3).
+fn explore(f: fn(), iterations: usize) {
+    shuttle::check_random(f, iterations);
+    shuttle::check_pct(f, iterations, 3);
 }
 
+/// Two cache lines: frames start at either, whole or streaming through; `tail` is published
+/// after every parse.
 #[test]
-fn ring_and_doorbells_pct_schedules() {
-    shuttle::check_pct(scenario, 3000, 3);
+fn ring_and_doorbells() {
+    explore(|| scenario(128, 1), 3000);
+}
+
+/// A ring large enough for the consumer to publish `tail` lazily (every 128 bytes), and whole
+/// eager frames only: the producers fill it and must be rung when space comes back.
+#[test]
+fn lazy_release() {
+    explore(|| scenario(512, 4), 1000);
 }
 
 /// The same protocol under loom, which (unlike shuttle) models weak memory: the sleeping flags
@@ -314,6 +342,7 @@ mod weak_memory {
     struct Shared {
         hdr: RingHdr<AtomicU64>,
         data: std::cell::UnsafeCell<[u8; CAP]>,
+        words: [AtomicU64; CAP / 8],
         sleeping: AtomicU64,
         consumer_bell: Bell,
         producer_bell: Bell,
@@ -327,7 +356,7 @@ mod weak_memory {
     impl Shared {
         fn ring(&self) -> Ring<Loom> {
             // SAFETY: `Shared` (in an `Arc`) outlives both threads' rings.
-            unsafe { Ring::new(&self.hdr, self.data.get().cast(), CAP) }
+            unsafe { Ring::new(&self.hdr, self.data.get().cast(), self.words.as_ptr(), CAP) }
         }
     }
 
@@ -347,9 +376,10 @@ mod weak_memory {
                     head: Line(w()),
                     tail: Line(w()),
                     prod_wait: Line(w()),
-                    ctl: Ctl { closed: w(), ready: AtomicU64::new(1), cma_threshold: w() },
+                    ctl: Ctl { closed: w(), ready: AtomicU64::new(1), cma_threshold: w(), stamp_key: w() },
                 },
                 data: std::cell::UnsafeCell::new([0; CAP]),
+                words: std::array::from_fn(|_| w()),
                 sleeping: w(),
                 consumer_bell: Bell::default(),
                 producer_bell: Bell::default(),
@@ -377,7 +407,7 @@ mod weak_memory {
             });
             let ring = sh.ring();
             let limits = Limits { world_size: 2, eager_limit: 64, chunk: 64, max_message: 64 };
-            let mut inbox = Inbox::new(1, limits, 0);
+            let mut inbox = Inbox::new(1, limits, 0, 0);
             let mut sink = ModelSink { got: Vec::new(), dest: vec![Vec::new()] };
             let mut pull = |_: &Header, _: u64, _: &mut [u8]| unreachable!("no descriptors here");
             loop {

@@ -2,10 +2,25 @@
 //!
 //! The ring is a byte stream: `head` and `tail` are monotonic u64 byte counters (never reduced
 //! modulo the capacity, so "full" and "empty" are never ambiguous), each on its own cache line. The
-//! producer copies bytes in and publishes them with a release store of `head`; the consumer reads
-//! them after an acquire load of `head` and gives the space back with a release store of `tail`.
-//! Frames are header + payload, contiguous in the stream and wrapping at the end of the buffer, so
-//! a frame of any size passes through a ring of any size: [`Inbox`] takes partial payloads.
+//! producer copies bytes in and publishes them with a release store of `head`; the consumer gives
+//! the space back with a release store of `tail`. A frame of any size passes through a ring of any
+//! size: a frame that does not fit streams through, and [`Inbox`] takes partial payloads.
+//!
+//! **Stamped frames.** Each frame is an 8-byte stamp, the header, then the payload. The stamp and
+//! header never share a cache line with the ring's end nor straddle two lines ([`frame_start`]),
+//! and the stamp is stored last (release): it names the frame's stream position (so no stale
+//! bytes of an earlier lap can pass for it, mixed with a per-ring key so no payload can either)
+//! and says whether the whole frame is in the ring. A waiting consumer polls the stamp where the
+//! next frame will start, not `head`: a small message then costs one cache-line transfer (the
+//! frame's own), as in the "fast boxes" of MPI libraries, instead of two (`head`, then the frame).
+//! `head` is still published after every write; the consumer reads it only for a frame streaming
+//! through (stamped "partial") and before sleeping.
+//!
+//! **Lazy release.** The consumer publishes `tail` only when a quarter of the ring is consumed
+//! unpublished, when it streamed a partial frame (the producer may be waiting for that space), or
+//! when it consumed a single-copy descriptor; and fences (to see whether the producer sleeps) only
+//! then. A producer that lacks space lacks less than a frame's start (at most 119 bytes), so by the
+//! time the consumer has taken everything in the ring, more than a quarter is unpublished.
 //!
 //! A `Data` frame of at least the consumer's single-copy threshold travels as header + 16-byte
 //! descriptor (source address and length in the producer's memory); the consumer copies the
@@ -34,6 +49,31 @@ use crate::{Sink, TransportError};
 
 /// Size of the descriptor that replaces the payload of a single-copy `Data` frame.
 pub(crate) const DESC_LEN: usize = 16;
+
+/// Bytes of a frame's stamp, which comes before its header.
+const STAMP_LEN: u64 = 8;
+/// A frame's stamp and header, which are always written and read whole.
+const FRAME_HDR: u64 = STAMP_LEN + HEADER_LEN as u64;
+/// The cache line a frame's stamp and header never straddle.
+const LINE: u64 = 64;
+/// Smallest ring: a frame's stamp and header fit in it.
+pub(crate) const MIN_RING: usize = LINE as usize;
+
+/// Where the frame after stream position `end` starts: 8-byte aligned (the stamp is an atomic
+/// word), and with its stamp and header inside one cache line (so inside the ring, never
+/// wrapping). Both sides compute it; the bytes skipped belong to the frame before.
+#[inline]
+pub(crate) fn frame_start(end: u64) -> u64 {
+    let at = (end + 7) & !7;
+    if LINE - at % LINE < FRAME_HDR { (at + LINE - 1) & !(LINE - 1) } else { at }
+}
+
+/// The stamp of the frame at stream position `at`: whole (payload in the ring too) or partial.
+/// Never 0 (a fresh ring), never another position's, and masked by the ring's random key.
+#[inline]
+fn stamp(at: u64, whole: bool, key: u64) -> u64 {
+    ((at << 2) | 2 | whole as u64) ^ (key & !3)
+}
 
 /// A 64-bit atomic word (std's in shared memory, the model checker's in tests).
 pub(crate) trait Word {
@@ -105,6 +145,8 @@ pub(crate) struct Ctl<W> {
     pub ready: W,
     /// Written before `ready`: `Data` frames of at least this many bytes go by descriptor; 0: none.
     pub cma_threshold: W,
+    /// Written before `ready`: the random key that masks this ring's frame stamps.
+    pub stamp_key: W,
 }
 
 /// The header of one ring; the `capacity` data bytes follow it.
@@ -127,6 +169,9 @@ const _: () = assert!(std::mem::size_of::<RingHdr<AtomicU64>>() == RING_HDR_LEN)
 pub(crate) struct Ring<A: Atomics> {
     hdr: *const RingHdr<A::W>,
     data: *mut u8,
+    /// The ring's 8-byte words as atomics: `data` itself in shared memory, a side array in the
+    /// model checkers (whose atomics are not plain words).
+    words: *const A::W,
     cap: u64,
 }
 
@@ -136,11 +181,20 @@ unsafe impl<A: Atomics> Send for Ring<A> {}
 
 impl<A: Atomics> Ring<A> {
     /// # Safety
-    /// `hdr` must point to a valid `RingHdr` and `data` to `cap` bytes (a power of two), both
-    /// valid for as long as the ring is used.
-    pub unsafe fn new(hdr: *const RingHdr<A::W>, data: *mut u8, cap: usize) -> Ring<A> {
-        debug_assert!(cap.is_power_of_two());
-        Ring { hdr, data, cap: cap as u64 }
+    /// `hdr` must point to a valid `RingHdr`, `data` to `cap` bytes (a power of two, at least
+    /// [`MIN_RING`]) and `words` to `cap / 8` atomic words standing for them, all valid for as
+    /// long as the ring is used.
+    pub unsafe fn new(hdr: *const RingHdr<A::W>, data: *mut u8, words: *const A::W, cap: usize) -> Ring<A> {
+        debug_assert!(cap.is_power_of_two() && cap >= MIN_RING);
+        Ring { hdr, data, words, cap: cap as u64 }
+    }
+
+    /// The stamp word of the frame at stream position `at` (8-byte aligned).
+    #[inline]
+    fn stamp_word(&self, at: u64) -> &A::W {
+        debug_assert!(at.is_multiple_of(8));
+        // SAFETY: `at % cap / 8 < cap / 8` words (see `new`).
+        unsafe { &*self.words.add(((at & (self.cap - 1)) / 8) as usize) }
     }
 
     #[inline]
@@ -157,20 +211,6 @@ impl<A: Atomics> Ring<A> {
     /// Marks the connection closed (seen by both sides).
     pub fn close(&self) {
         self.hdr().ctl.closed.store(1, Release);
-    }
-
-    /// Hints the processor to fetch the cache line of stream position `pos` (no memory access in
-    /// the language's sense: a prefetch cannot fault or race).
-    #[inline(always)]
-    fn prefetch(&self, pos: u64) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch has no architectural effect; the address lies inside the ring anyway.
-        unsafe {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            _mm_prefetch::<_MM_HINT_T0>(self.data.add((pos & (self.cap - 1)) as usize) as *const i8);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = pos;
     }
 
     /// Copies `src` to stream position `pos` (wrapping).
@@ -230,7 +270,7 @@ struct Item {
     header: [u8; HEADER_LEN],
     is_data: bool,
     payload: Bytes,
-    /// Decided when the first byte is written: travels as a descriptor.
+    /// Decided when the frame is started: travels as a descriptor.
     desc: bool,
 }
 
@@ -242,8 +282,9 @@ impl Item {
         d
     }
 
-    fn len(&self) -> usize {
-        HEADER_LEN + if self.desc { DESC_LEN } else { self.payload.len() }
+    /// Bytes after the header: the payload or its descriptor.
+    fn body_len(&self) -> u64 {
+        if self.desc { DESC_LEN as u64 } else { self.payload.len() as u64 }
     }
 }
 
@@ -259,18 +300,26 @@ pub(crate) struct Flushed {
     pub streamed: u64,
 }
 
+/// What the consumer told the producer when it connected.
+#[derive(Clone, Copy)]
+struct Peer {
+    /// `Data` frames of at least this many bytes go by descriptor (0: none).
+    threshold: u64,
+    key: u64,
+}
+
 /// The producer side of one ring: the ordered output queue and the write cursor.
 #[derive(Default)]
 pub(crate) struct Outbox {
     queue: VecDeque<Item>,
-    /// Bytes of the front item already in the ring.
-    sent: usize,
+    /// Body bytes of the front item already in the ring, once its header is (`None`: not started).
+    sent: Option<u64>,
     /// Next write position (published at the end of each flush).
     head: u64,
     /// Last `tail` read from the consumer.
     tail: u64,
-    /// `None` until the consumer is ready; then its single-copy threshold (0: none).
-    threshold: Option<u64>,
+    /// `None` until the consumer is ready.
+    peer: Option<Peer>,
     /// Single-copy sources the consumer may still be reading: (stream end of the descriptor, bytes).
     inflight: VecDeque<(u64, Bytes)>,
 }
@@ -299,6 +348,23 @@ impl Outbox {
         Ok(())
     }
 
+    /// Free bytes in the ring; reads `tail` again if fewer than `want` seem free.
+    fn free<A: Atomics>(&mut self, ring: &Ring<A>, want: u64) -> Result<u64, TransportError> {
+        if ring.cap - (self.head - self.tail) < want {
+            self.refresh_tail(ring)?;
+        }
+        Ok(ring.cap - (self.head - self.tail))
+    }
+
+    /// Bytes the next step of the front frame needs: its padding, stamp and header, or one byte
+    /// of its body.
+    fn need(&self) -> u64 {
+        match self.sent {
+            None => frame_start(self.head) - self.head + FRAME_HDR,
+            Some(_) => 1,
+        }
+    }
+
     fn release<A: Atomics>(&mut self, ring: &Ring<A>) -> Result<usize, TransportError> {
         if self.inflight.is_empty() {
             return Ok(0);
@@ -312,64 +378,81 @@ impl Outbox {
         Ok(n)
     }
 
-    /// Whether the consumer has connected; learns its single-copy threshold.
-    fn ready<A: Atomics>(&mut self, ring: &Ring<A>) -> bool {
-        if self.threshold.is_none() && ring.hdr().ctl.ready.load(Acquire) != 0 {
-            self.threshold = Some(ring.hdr().ctl.cma_threshold.load(Relaxed));
+    /// Whether the consumer has connected; learns its single-copy threshold and stamp key.
+    fn ready<A: Atomics>(&mut self, ring: &Ring<A>) -> Option<Peer> {
+        if self.peer.is_none() && ring.hdr().ctl.ready.load(Acquire) != 0 {
+            let ctl = &ring.hdr().ctl;
+            self.peer = Some(Peer { threshold: ctl.cma_threshold.load(Relaxed), key: ctl.stamp_key.load(Relaxed) });
         }
-        self.threshold.is_some()
+        self.peer
+    }
+
+    /// The front frame is wholly in the ring: takes it off the queue.
+    fn finish(&mut self, out: &mut Flushed) {
+        let item = self.queue.pop_front().expect("front item");
+        self.sent = None;
+        if item.desc {
+            out.descs += 1;
+            self.inflight.push_back((self.head, item.payload));
+        } else if item.is_data {
+            out.streamed += 1;
+        }
     }
 
     /// Writes as much of the queue as fits and publishes it; releases single-copy sources the
     /// consumer is done with. `sleeping` is the consumer's sleeping flag.
     pub fn flush<A: Atomics>(&mut self, ring: &Ring<A>, sleeping: &A::W) -> Result<Flushed, TransportError> {
         let mut out = Flushed { work: self.release(ring)?, ..Flushed::default() };
-        if self.queue.is_empty() || !self.ready(ring) {
+        if self.queue.is_empty() {
             return Ok(out);
         }
-        let threshold = self.threshold.unwrap_or(0);
+        let Some(peer) = self.ready(ring) else { return Ok(out) };
         let start = self.head;
-        let mut free = ring.cap - (self.head - self.tail);
         while !self.queue.is_empty() {
-            if free == 0 {
-                self.refresh_tail(ring)?;
-                free = ring.cap - (self.head - self.tail);
-                if free == 0 {
+            let Some(done) = self.sent else {
+                // Start the front frame: stamp and header always; the body too if it all fits.
+                let item = self.queue.front_mut().expect("not empty");
+                item.desc = item.is_data && peer.threshold > 0 && item.payload.len() as u64 >= peer.threshold;
+                let body = item.body_len();
+                let at = frame_start(self.head);
+                let need = at - self.head + FRAME_HDR;
+                let free = self.free(ring, need + body)?;
+                if free < need {
                     break;
                 }
-            }
-            let item = self.queue.front_mut().expect("not empty");
-            if self.sent == 0 {
-                item.desc = item.is_data && threshold > 0 && item.payload.len() as u64 >= threshold;
-            }
-            let desc = item.desc_bytes();
-            let parts: [&[u8]; 2] = [&item.header, if item.desc { &desc } else { &item.payload }];
-            let mut skip = self.sent;
-            for part in parts {
-                if skip >= part.len() {
-                    skip -= part.len();
-                    continue;
+                let item = self.queue.front().expect("not empty");
+                ring.write_at(at + STAMP_LEN, &item.header);
+                let whole = free >= need + body;
+                if whole && item.desc {
+                    ring.write_at(at + FRAME_HDR, &item.desc_bytes());
+                } else if whole {
+                    ring.write_at(at + FRAME_HDR, &item.payload);
                 }
-                let n = (part.len() - skip).min(free as usize);
-                ring.write_at(self.head, &part[skip..skip + n]);
-                self.head += n as u64;
-                self.sent += n;
-                free -= n as u64;
-                skip = 0;
-                if free == 0 {
-                    break;
+                ring.stamp_word(at).store(stamp(at, whole, peer.key), Release);
+                self.head = at + FRAME_HDR;
+                if whole {
+                    self.head += body;
+                    self.finish(&mut out);
+                } else {
+                    self.sent = Some(0);
                 }
-            }
-            if self.sent < item.len() {
                 continue;
+            };
+            // Stream the front frame's body as space allows.
+            let free = self.free(ring, 1)?;
+            if free == 0 {
+                break;
             }
-            let item = self.queue.pop_front().expect("front item");
-            self.sent = 0;
-            if item.desc {
-                out.descs += 1;
-                self.inflight.push_back((self.head, item.payload));
-            } else if item.is_data {
-                out.streamed += 1;
+            let item = self.queue.front().expect("not empty");
+            let desc = item.desc_bytes();
+            let body: &[u8] = if item.desc { &desc } else { &item.payload };
+            let n = (body.len() as u64 - done).min(free);
+            ring.write_at(self.head, &body[done as usize..(done + n) as usize]);
+            self.head += n;
+            if done + n == body.len() as u64 {
+                self.finish(&mut out);
+            } else {
+                self.sent = Some(done + n);
             }
         }
         if self.head != start {
@@ -395,28 +478,29 @@ impl Outbox {
         if !self.pending() {
             return false;
         }
-        if !self.queue.is_empty() && !self.ready(ring) {
+        if !self.queue.is_empty() && self.ready(ring).is_none() {
             return false;
         }
         let t = ring.hdr().tail.0.load(Acquire);
-        // Space for the queue, or a descriptor released (or a corrupt value: let flush report it).
-        (!self.queue.is_empty() && self.head - t.min(self.head) < ring.cap)
+        if t < self.tail || t > self.head {
+            return true; // corrupt: let flush report it
+        }
+        // Space for the next step of the queue, or a descriptor released.
+        (!self.queue.is_empty() && ring.cap - (self.head - t) >= self.need())
             || self.inflight.front().is_some_and(|(end, _)| *end <= t)
-            || t < self.tail
-            || t > self.head
     }
 
     /// Drops everything queued (the connection is gone).
     pub fn clear(&mut self) {
         self.queue.clear();
         self.inflight.clear();
-        self.sent = 0;
+        self.sent = None;
     }
 }
 
 enum State {
-    /// `got` bytes of a header are in `buf`.
-    Header { got: usize, buf: [u8; HEADER_LEN] },
+    /// Waiting for the stamp of the frame after `tail`.
+    Header,
     /// An owned payload (eager and control frames).
     Owned { h: Header, buf: BytesMut },
     /// A streamed `Data` payload going into the sink's buffer; `got` bytes are in.
@@ -433,8 +517,10 @@ pub(crate) type Pull<'a> = dyn FnMut(&Header, u64, &mut [u8]) -> Result<(), Tran
 pub(crate) struct Parsed {
     /// Frames delivered.
     pub frames: usize,
-    /// Whether `tail` moved (the producer may be waiting for space).
+    /// Whether `tail` was published (the producer may be waiting for space).
     pub released: bool,
+    /// The producer may be waiting for what was consumed: publish `tail` now.
+    urgent: bool,
 }
 
 /// The consumer side of one ring: the read cursor and the frame parser.
@@ -443,10 +529,16 @@ pub(crate) struct Inbox {
     limits: Limits,
     /// `Data` frames of at least this many bytes arrive by descriptor (0: none).
     threshold: u64,
+    /// Masks the ring's stamps.
+    key: u64,
     /// Bytes consumed.
     tail: u64,
+    /// Last `tail` published.
+    published: u64,
     /// Last `head` read.
     head: u64,
+    /// Bytes known to be in the ring: `head`, or the end of a whole frame seen by its stamp.
+    end: u64,
     state: State,
 }
 
@@ -454,40 +546,47 @@ pub(crate) struct Inbox {
 const FRAME_BUDGET: usize = 256;
 
 impl Inbox {
-    pub fn new(peer: Rank, limits: Limits, threshold: u64) -> Inbox {
-        Inbox { peer, limits, threshold, tail: 0, head: 0, state: State::Header { got: 0, buf: [0; HEADER_LEN] } }
+    pub fn new(peer: Rank, limits: Limits, threshold: u64, key: u64) -> Inbox {
+        Inbox { peer, limits, threshold, key, tail: 0, published: 0, head: 0, end: 0, state: State::Header }
     }
 
     fn refresh_head<A: Atomics>(&mut self, ring: &Ring<A>) -> Result<u64, TransportError> {
-        // Ask for the line the next frame starts in while `head` is being fetched: the two misses
-        // then overlap instead of following each other.
-        ring.prefetch(self.tail);
         let h = ring.hdr().head.0.load(Acquire);
-        if h < self.head || h - self.tail > ring.cap {
+        if h < self.head || h.saturating_sub(self.published) > ring.cap {
             return Err(corrupt("head"));
         }
         self.head = h;
-        Ok(h - self.tail)
+        self.end = self.end.max(h);
+        // `head` may lag behind frames already taken by their stamps.
+        Ok(self.end.saturating_sub(self.tail))
     }
 
     /// Whether the ring holds bytes not consumed yet (after the sleep announcement and fence).
     pub fn has_input<A: Atomics>(&self, ring: &Ring<A>) -> bool {
-        ring.hdr().head.0.load(Acquire) != self.tail
+        // A frame taken by its stamp before the producer published `head` does not count: the
+        // producer publishes, fences and looks at the sleeping flag after stamping.
+        ring.hdr().head.0.load(Acquire) > self.tail
     }
 
-    /// Delivers the frames the ring holds (a bounded number); publishes the space consumed.
+    fn publish<A: Atomics>(&mut self, ring: &Ring<A>, out: &mut Parsed) {
+        ring.hdr().tail.0.store(self.tail, Release);
+        self.published = self.tail;
+        out.released = true;
+    }
+
+    /// Delivers the frames the ring holds (a bounded number); publishes the space consumed when
+    /// the producer may need it (see the module's "lazy release").
     pub fn parse<A: Atomics>(
         &mut self,
         ring: &Ring<A>,
         sink: &mut dyn Sink,
         pull: &mut Pull<'_>,
     ) -> Result<Parsed, TransportError> {
-        let start = self.tail;
         let mut out = Parsed::default();
         let r = self.parse_inner(ring, sink, pull, &mut out);
-        if self.tail != start {
-            ring.hdr().tail.0.store(self.tail, Release);
-            out.released = true;
+        let lazy = (ring.cap / 4).min(ring.cap.saturating_sub(2 * LINE));
+        if self.tail != self.published && (out.urgent || r.is_err() || self.tail - self.published >= lazy) {
+            self.publish(ring, &mut out);
         }
         r.map(|()| out)
     }
@@ -502,14 +601,65 @@ impl Inbox {
         let peer = self.peer;
         let mut budget_bytes = 4 * ring.cap;
         loop {
-            let mut avail = self.head - self.tail;
-            if avail == 0 {
-                if out.frames >= FRAME_BUDGET || budget_bytes == 0 {
+            if let State::Header = self.state {
+                if out.frames >= FRAME_BUDGET {
                     return Ok(());
                 }
-                if self.tail != ring.hdr().tail.0.load(Relaxed) {
-                    // Hand the space back early, so a streaming producer can go on meanwhile.
-                    ring.hdr().tail.0.store(self.tail, Release);
+                let at = frame_start(self.tail);
+                let seen = ring.stamp_word(at).load(Acquire);
+                let whole = if seen == stamp(at, true, self.key) {
+                    true
+                } else if seen == stamp(at, false, self.key) {
+                    false
+                } else if self.head > at {
+                    // Published, yet not stamped.
+                    return Err(corrupt("stamp"));
+                } else {
+                    return Ok(());
+                };
+                let bytes = ring.bytes_at(at + STAMP_LEN, HEADER_LEN).expect("a frame header never wraps");
+                let h = Header::decode(bytes.try_into().expect("header length"), &self.limits)?;
+                if h.src != peer {
+                    return Err(WireError::WrongSource { expected: peer, got: h.src }.into());
+                }
+                let desc = h.kind == Kind::Data && self.threshold > 0 && h.len as u64 >= self.threshold;
+                self.tail = at + FRAME_HDR;
+                if whole {
+                    let end = self.tail + if desc { DESC_LEN as u64 } else { h.len as u64 };
+                    if end - self.published > ring.cap {
+                        return Err(corrupt("frame length"));
+                    }
+                    self.end = self.end.max(end);
+                }
+                let lent = (whole && h.kind != Kind::Data).then(|| ring.bytes_at(self.tail, h.len as usize)).flatten();
+                if let Some(payload) = lent {
+                    // The whole payload is there in one piece: lend it, no allocation.
+                    sink.frame_ref(peer, h, payload);
+                    self.tail += h.len as u64;
+                    out.frames += 1;
+                } else if h.len == 0 {
+                    sink.frame(peer, h, Bytes::new());
+                    out.frames += 1;
+                } else if desc {
+                    self.state = State::Desc { h, got: 0, buf: [0; DESC_LEN] };
+                } else if h.kind == Kind::Data {
+                    let discard = sink.data_dest(peer, &h)?.is_none();
+                    self.state = State::Direct { h, got: 0, discard };
+                } else {
+                    self.state = State::Owned { h, buf: BytesMut::with_capacity(h.len as usize) };
+                }
+                continue;
+            }
+            let mut avail = self.end.saturating_sub(self.tail);
+            if avail == 0 {
+                // A frame streaming through: follow `head`, and hand the space back early so
+                // that the producer can go on meanwhile.
+                if budget_bytes == 0 {
+                    return Ok(());
+                }
+                out.urgent = true;
+                if self.tail != self.published {
+                    self.publish(ring, out);
                 }
                 avail = self.refresh_head(ring)?;
                 if avail == 0 {
@@ -518,42 +668,7 @@ impl Inbox {
                 budget_bytes = budget_bytes.saturating_sub(avail);
             }
             match &mut self.state {
-                State::Header { got, buf } => {
-                    let n = (avail as usize).min(HEADER_LEN - *got);
-                    ring.read_at(self.tail, &mut buf[*got..*got + n]);
-                    self.tail += n as u64;
-                    *got += n;
-                    if *got < HEADER_LEN {
-                        continue;
-                    }
-                    let h = Header::decode(buf, &self.limits)?;
-                    if h.src != peer {
-                        return Err(WireError::WrongSource { expected: peer, got: h.src }.into());
-                    }
-                    let whole = (h.kind != Kind::Data && self.head - self.tail >= h.len as u64)
-                        .then(|| ring.bytes_at(self.tail, h.len as usize))
-                        .flatten();
-                    self.state = if let Some(payload) = whole {
-                        // The whole payload is there in one piece: lend it, no allocation.
-                        sink.frame_ref(peer, h, payload);
-                        self.tail += h.len as u64;
-                        out.frames += 1;
-                        State::Header { got: 0, buf: [0; HEADER_LEN] }
-                    } else if h.len == 0 {
-                        sink.frame(peer, h, Bytes::new());
-                        out.frames += 1;
-                        State::Header { got: 0, buf: [0; HEADER_LEN] }
-                    } else if h.kind == Kind::Data {
-                        if self.threshold > 0 && h.len as u64 >= self.threshold {
-                            State::Desc { h, got: 0, buf: [0; DESC_LEN] }
-                        } else {
-                            let discard = sink.data_dest(peer, &h)?.is_none();
-                            State::Direct { h, got: 0, discard }
-                        }
-                    } else {
-                        State::Owned { h, buf: BytesMut::with_capacity(h.len as usize) }
-                    };
-                }
+                State::Header => unreachable!("handled above"),
                 State::Owned { h, buf } => {
                     let n = (avail as usize).min(h.len as usize - buf.len());
                     let spare = &mut buf.spare_capacity_mut()[..n];
@@ -567,7 +682,7 @@ impl Inbox {
                         continue;
                     }
                     let (h, payload) = (*h, std::mem::take(buf).freeze());
-                    self.state = State::Header { got: 0, buf: [0; HEADER_LEN] };
+                    self.state = State::Header;
                     sink.frame(peer, h, payload);
                     out.frames += 1;
                 }
@@ -583,7 +698,7 @@ impl Inbox {
                         continue;
                     }
                     let h = *h;
-                    self.state = State::Header { got: 0, buf: [0; HEADER_LEN] };
+                    self.state = State::Header;
                     sink.frame(peer, h, Bytes::new());
                     out.frames += 1;
                 }
@@ -609,7 +724,8 @@ impl Inbox {
                         }
                         pull(&h, addr, d)?;
                     }
-                    self.state = State::Header { got: 0, buf: [0; HEADER_LEN] };
+                    self.state = State::Header;
+                    out.urgent = true;
                     sink.frame(peer, h, Bytes::new());
                     out.frames += 1;
                 }
@@ -630,5 +746,34 @@ fn dest<'s>(sink: &'s mut dyn Sink, peer: Rank, h: &Header) -> Result<&'s mut [u
     match sink.data_dest(peer, h)? {
         Some(d) if d.len() == h.len as usize => Ok(d),
         _ => Err(WireError::Unexpected(Kind::Data).into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_starts_are_aligned_and_keep_stamp_and_header_in_one_line() {
+        for end in 0..4 * LINE {
+            let at = frame_start(end);
+            assert!(at >= end && at < end + LINE, "{end} -> {at}");
+            assert_eq!(at % 8, 0);
+            assert_eq!(at / LINE, (at + FRAME_HDR - 1) / LINE, "{end} -> {at} splits the header");
+            // The first 8-aligned place that keeps the header in one line.
+            assert!((end..at).all(|p| p % 8 != 0 || p % LINE + FRAME_HDR > LINE));
+        }
+    }
+
+    #[test]
+    fn stamps_name_one_position_and_are_never_zero() {
+        let key = 0x0123_4567_89ab_cdef;
+        for at in (0..1 << 12).step_by(8) {
+            for whole in [false, true] {
+                assert_ne!(stamp(at, whole, key), 0);
+                assert_ne!(stamp(at, whole, key), stamp(at, !whole, key));
+                assert_ne!(stamp(at, whole, key), stamp(at + (1 << 12), whole, key));
+            }
+        }
     }
 }

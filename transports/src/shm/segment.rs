@@ -169,7 +169,7 @@ struct SegHdr {
 }
 
 const SEG_MAGIC: u64 = u64::from_le_bytes(*b"FCSHMSEG");
-const SEG_VERSION: u32 = 1;
+const SEG_VERSION: u32 = 2;
 const SEG_HDR_LEN: usize = std::mem::size_of::<SegHdr>();
 const _: () = assert!(SEG_HDR_LEN == 384);
 
@@ -317,7 +317,10 @@ impl Segment {
         // it (the owner of the `Segment` drops the rings first).
         unsafe {
             let base = self.map.ptr().add(off);
-            Ring::new(base.cast::<RingHdr<AtomicU64>>(), base.add(RING_HDR_LEN), self.layout.cap)
+            let data = base.add(RING_HDR_LEN);
+            // The data is 8-byte aligned (page-aligned mapping, 512-byte header), so its words
+            // are the ring's atomic words.
+            Ring::new(base.cast::<RingHdr<AtomicU64>>(), data, data.cast::<AtomicU64>(), self.layout.cap)
         }
     }
 
