@@ -68,6 +68,16 @@ pub(crate) fn frame_start(end: u64) -> u64 {
     if LINE - at % LINE < FRAME_HDR { (at + LINE - 1) & !(LINE - 1) } else { at }
 }
 
+/// Where the body (payload or descriptor) of `len` bytes of the frame at `at` starts: right after
+/// the header when small (an 8-byte body shares the header's line), else on the next cache line.
+/// `memcpy` (`rep movsb`) copies from or to a misaligned ring several times slower: 16 KiB bodies
+/// right after the header took 8.8 us per ping-pong message, 2.6 us line-aligned.
+#[inline]
+pub(crate) fn body_start(at: u64, len: u64) -> u64 {
+    let after = at + FRAME_HDR;
+    if len <= LINE { after } else { (after + LINE - 1) & !(LINE - 1) }
+}
+
 /// The stamp of the frame at stream position `at`: whole (payload in the ring too) or partial.
 /// Never 0 (a fresh ring), never another position's, and masked by the ring's random key.
 #[inline]
@@ -282,9 +292,14 @@ impl Item {
         d
     }
 
+    /// Whether it travels as a descriptor, given the consumer's single-copy threshold.
+    fn by_desc(&self, threshold: u64) -> bool {
+        self.is_data && threshold > 0 && self.payload.len() as u64 >= threshold
+    }
+
     /// Bytes after the header: the payload or its descriptor.
-    fn body_len(&self) -> u64 {
-        if self.desc { DESC_LEN as u64 } else { self.payload.len() as u64 }
+    fn body_len(&self, threshold: u64) -> u64 {
+        if self.by_desc(threshold) { DESC_LEN as u64 } else { self.payload.len() as u64 }
     }
 }
 
@@ -356,12 +371,15 @@ impl Outbox {
         Ok(ring.cap - (self.head - self.tail))
     }
 
-    /// Bytes the next step of the front frame needs: its padding, stamp and header, or one byte
-    /// of its body.
-    fn need(&self) -> u64 {
-        match self.sent {
-            None => frame_start(self.head) - self.head + FRAME_HDR,
-            Some(_) => 1,
+    /// Bytes the next step of the front frame needs: its stamp and header with the padding
+    /// around them, or one byte of its body.
+    fn need(&self, peer: Peer) -> u64 {
+        match (self.sent, self.queue.front()) {
+            (None, Some(item)) => {
+                let at = frame_start(self.head);
+                body_start(at, item.body_len(peer.threshold)) - self.head
+            }
+            _ => 1,
         }
     }
 
@@ -411,11 +429,11 @@ impl Outbox {
         while !self.queue.is_empty() {
             let Some(done) = self.sent else {
                 // Start the front frame: stamp and header always; the body too if it all fits.
+                let need = self.need(peer);
                 let item = self.queue.front_mut().expect("not empty");
-                item.desc = item.is_data && peer.threshold > 0 && item.payload.len() as u64 >= peer.threshold;
-                let body = item.body_len();
+                item.desc = item.by_desc(peer.threshold);
+                let body = item.body_len(peer.threshold);
                 let at = frame_start(self.head);
-                let need = at - self.head + FRAME_HDR;
                 let free = self.free(ring, need + body)?;
                 if free < need {
                     break;
@@ -423,13 +441,14 @@ impl Outbox {
                 let item = self.queue.front().expect("not empty");
                 ring.write_at(at + STAMP_LEN, &item.header);
                 let whole = free >= need + body;
+                let body_at = body_start(at, body);
                 if whole && item.desc {
-                    ring.write_at(at + FRAME_HDR, &item.desc_bytes());
+                    ring.write_at(body_at, &item.desc_bytes());
                 } else if whole {
-                    ring.write_at(at + FRAME_HDR, &item.payload);
+                    ring.write_at(body_at, &item.payload);
                 }
                 ring.stamp_word(at).store(stamp(at, whole, peer.key), Release);
-                self.head = at + FRAME_HDR;
+                self.head = body_at;
                 if whole {
                     self.head += body;
                     self.finish(&mut out);
@@ -478,7 +497,8 @@ impl Outbox {
         if !self.pending() {
             return false;
         }
-        if !self.queue.is_empty() && self.ready(ring).is_none() {
+        let peer = self.ready(ring);
+        if !self.queue.is_empty() && peer.is_none() {
             return false;
         }
         let t = ring.hdr().tail.0.load(Acquire);
@@ -486,7 +506,7 @@ impl Outbox {
             return true; // corrupt: let flush report it
         }
         // Space for the next step of the queue, or a descriptor released.
-        (!self.queue.is_empty() && ring.cap - (self.head - t) >= self.need())
+        peer.is_some_and(|p| !self.queue.is_empty() && ring.cap - (self.head - t) >= self.need(p))
             || self.inflight.front().is_some_and(|(end, _)| *end <= t)
     }
 
@@ -623,7 +643,7 @@ impl Inbox {
                     return Err(WireError::WrongSource { expected: peer, got: h.src }.into());
                 }
                 let desc = h.kind == Kind::Data && self.threshold > 0 && h.len as u64 >= self.threshold;
-                self.tail = at + FRAME_HDR;
+                self.tail = body_start(at, if desc { DESC_LEN as u64 } else { h.len as u64 });
                 if whole {
                     let end = self.tail + if desc { DESC_LEN as u64 } else { h.len as u64 };
                     if end - self.published > ring.cap {
@@ -762,6 +782,18 @@ mod tests {
             assert_eq!(at / LINE, (at + FRAME_HDR - 1) / LINE, "{end} -> {at} splits the header");
             // The first 8-aligned place that keeps the header in one line.
             assert!((end..at).all(|p| p % 8 != 0 || p % LINE + FRAME_HDR > LINE));
+        }
+    }
+
+    #[test]
+    fn small_bodies_follow_the_header_and_large_ones_start_a_line() {
+        for end in 0..2 * LINE {
+            let at = frame_start(end);
+            assert_eq!(body_start(at, 8), at + FRAME_HDR);
+            let large = body_start(at, 16 * 1024);
+            assert!(large.is_multiple_of(LINE) && large >= at + FRAME_HDR && large < at + FRAME_HDR + 8 + 1);
+            // The most a frame's start asks for: see the module's "lazy release".
+            assert!(large - end <= 119);
         }
     }
 
