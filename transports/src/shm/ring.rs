@@ -14,7 +14,8 @@
 //! next frame will start, not `head`: a small message then costs one cache-line transfer (the
 //! frame's own), as in the "fast boxes" of MPI libraries, instead of two (`head`, then the frame).
 //! `head` is still published after every write; the consumer reads it only for a frame streaming
-//! through (stamped "partial") and before sleeping.
+//! through (stamped "partial", published in 32 KiB pieces so that both sides copy at once) and
+//! before sleeping.
 //!
 //! **Lazy release.** The consumer publishes `tail` only when a quarter of the ring is consumed
 //! unpublished, when it streamed a partial frame (the producer may be waiting for that space), or
@@ -56,6 +57,8 @@ const STAMP_LEN: u64 = 8;
 const FRAME_HDR: u64 = STAMP_LEN + HEADER_LEN as u64;
 /// The cache line a frame's stamp and header never straddle.
 const LINE: u64 = 64;
+/// A frame streaming through the ring is published in pieces of at most this many bytes.
+const STREAM_PIECE: u64 = 32 * 1024;
 /// Smallest ring: a frame's stamp and header fit in it.
 pub(crate) const MIN_RING: usize = LINE as usize;
 
@@ -457,7 +460,8 @@ impl Outbox {
                 }
                 continue;
             };
-            // Stream the front frame's body as space allows.
+            // Stream the front frame's body as space allows, publishing each piece so that the
+            // consumer copies one while this side copies the next.
             let free = self.free(ring, 1)?;
             if free == 0 {
                 break;
@@ -465,9 +469,10 @@ impl Outbox {
             let item = self.queue.front().expect("not empty");
             let desc = item.desc_bytes();
             let body: &[u8] = if item.desc { &desc } else { &item.payload };
-            let n = (body.len() as u64 - done).min(free);
+            let n = (body.len() as u64 - done).min(free).min(STREAM_PIECE);
             ring.write_at(self.head, &body[done as usize..(done + n) as usize]);
             self.head += n;
+            ring.hdr().head.0.store(self.head, Release);
             if done + n == body.len() as u64 {
                 self.finish(&mut out);
             } else {
