@@ -327,6 +327,10 @@ fn child() {
                 SingleCopy::SimulateDenied => (1, 0),
             };
             assert_eq!((st.cma_fallbacks, st.single_copy_received), (fallbacks, pulled), "{st:?}");
+            // From 64 KiB the sender is offered the second half of the copy (whether it takes it
+            // depends on timing; the contents are checked above either way).
+            let split = if pulled > 0 { SPLIT_FRAMES } else { 0 };
+            assert_eq!(st.single_copy_split, split, "{st:?}");
             let counter = snapshot
                 .snapshot()
                 .into_vec()
@@ -434,8 +438,10 @@ fn data_frames(src: Rank) -> Vec<(Header, Bytes)> {
     frames
 }
 
-/// Frames of [`data_frames`] that go by single copy when it is allowed (at least 16 KiB).
+/// Frames of [`data_frames`] that go by single copy when it is allowed (at least 16 KiB), and of
+/// those, the ones split with the sender (at least 64 KiB).
 const SINGLE_COPY_FRAMES: u64 = 5;
+const SPLIT_FRAMES: u64 = 4;
 
 fn send_data(node: &mut Node, single_copy: bool) {
     node.send(&data_frames(0));
@@ -443,6 +449,10 @@ fn send_data(node: &mut Node, single_copy: bool) {
     let st = node.t.stats();
     let want = if single_copy { (SINGLE_COPY_FRAMES + 1, 4) } else { (0, 10) };
     assert_eq!((st.single_copy_sent, st.streamed_data_sent), want, "{st:?}");
+    assert!(st.single_copy_halves_written <= SPLIT_FRAMES, "{st:?}");
+    if single_copy {
+        eprintln!("halves of single copies written by the sender: {} of {SPLIT_FRAMES}", st.single_copy_halves_written);
+    }
 }
 
 #[test]

@@ -45,7 +45,7 @@ use bytes::Bytes;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use self::ring::{Atomics, Inbox, Outbox, Ring, Std};
+use self::ring::{Atomics, Inbox, Outbox, Remote, Ring, Std};
 pub use self::segment::ShmError;
 use self::segment::{Desc, MAX_CAPACITY, MIN_CAPACITY, Segment, check_job_id};
 use crate::mapping::{shared_file_name as segment_name, shared_file_path as segment_path};
@@ -79,17 +79,17 @@ pub struct ShmConfig {
     pub ring_capacity: usize,
     /// Largest eager payload this transport asks for (the engine's limit may be lower).
     pub eager_limit: usize,
-    /// `Data` frames of at least this many bytes go by single copy (when allowed). Smaller ones
-    /// stream through the ring: a frame that fits is written at once, costs no system call, and
-    /// two pipelined `memcpy`s beat `process_vm_readv` (which pins every page) in throughput on
-    /// the machines measured. A larger frame by single copy needs nothing more from the sender
-    /// once its descriptor is in the ring, however long the copy.
+    /// `Data` frames of at least this many bytes go by single copy (when allowed); from 64 KiB the
+    /// sender copies half of it into the receiver meanwhile (`ring::Split`). Smaller ones stream
+    /// through the ring: a frame that fits is written at once and costs no system call.
     ///
-    /// The default, 4 MiB, is above the engine's default rendezvous chunk (512 KiB), so by default
-    /// rendezvous data streams: on the KVM guest measured (`ferrocomm-bench shm-transport`, 4 MiB
-    /// messages in 512 KiB frames) streaming moved 24-25 GB/s and single copy 9-11 GB/s; through
-    /// the whole API, 256 KiB - 3 B messages (streamed) reached 33 GB/s where 256 KiB and up (by
-    /// single copy, with the former 256 KiB threshold) stayed at 12.6-14 GB/s.
+    /// The default, 64 KiB, sends every rendezvous chunk (messages above the 64 KiB eager limit, in
+    /// 512 KiB chunks) by split single copy. Measured on this session's host (`ferrocomm-bench
+    /// pingpong --transport shm --recv-into --no-peer`, alternating builds): 4 MiB messages at
+    /// 19-20 GB/s split, against 6.1-8.4 GB/s streamed through the ring and 10-11 GB/s for
+    /// `process_vm_readv` by the receiver alone; 128 KiB in 7.9 us against 18 us streamed. (On an
+    /// earlier host streaming reached 24-25 GB/s and single copy without the split 9-11 GB/s, and
+    /// the default was 4 MiB: streaming.)
     pub cma_threshold: usize,
     pub single_copy: SingleCopy,
     pub doorbell: Doorbell,
@@ -102,7 +102,7 @@ impl Default for ShmConfig {
         ShmConfig {
             ring_capacity: 256 * 1024,
             eager_limit: 16 * 1024,
-            cma_threshold: 4 << 20,
+            cma_threshold: 64 << 10,
             single_copy: SingleCopy::Auto,
             doorbell: Doorbell::Auto,
             liveness_polls: 4096,
@@ -118,6 +118,10 @@ pub struct ShmStats {
     pub single_copy_received: u64,
     /// `Data` frames streamed through a ring.
     pub streamed_data_sent: u64,
+    /// Single copies received whose second half the sender was offered / halves this rank wrote
+    /// into a receiver (the split copy).
+    pub single_copy_split: u64,
+    pub single_copy_halves_written: u64,
     /// Doorbells this rank rang (each one system call).
     pub doorbells_rung: u64,
     /// Peers for which single copy had to be given up.
@@ -337,7 +341,7 @@ impl ShmEndpoint {
                 in_ring,
                 seg,
                 outbox: Outbox::default(),
-                inbox: Inbox::new(rank, limits, threshold, key),
+                inbox: Inbox::new(rank, limits, threshold, key, SPLIT_MIN),
                 pid: d.pid,
                 pidfd: watch(pidfd)?,
                 bell,
@@ -500,26 +504,24 @@ impl Conn {
     }
 
     fn step(&mut self, sink: &mut dyn Sink, stats: &mut ShmStats) -> Result<usize, TransportError> {
-        let work = self.flush(stats)?;
-        let (pid, pidfd, in_ring) = (self.pid, &self.pidfd, &self.in_ring);
-        let mut pulled = 0;
-        let mut pull = |_: &Header, addr: u64, dst: &mut [u8]| {
-            pulled += 1;
-            pull_remote(pid, pidfd, in_ring, addr, dst)
-        };
-        let p = self.inbox.parse(&self.in_ring, sink, &mut pull)?;
-        stats.single_copy_received += pulled;
+        let mut work = self.flush(stats)?;
+        let mut peer = PeerProcess { pid: self.pid, pidfd: &self.pidfd, in_ring: &self.in_ring };
+        let helped = self.outbox.help(&self.out_ring, &mut peer);
+        stats.single_copy_halves_written += helped;
+        let p = self.inbox.parse(&self.in_ring, sink, &mut peer)?;
+        stats.single_copy_received += p.copies;
+        stats.single_copy_split += p.split;
         if p.released && self.inbox.producer_waits(&self.in_ring) {
             self.bell.ring();
             stats.doorbells_rung += 1;
         }
-        Ok(work + p.frames)
+        work += p.frames + helped as usize;
+        Ok(work)
     }
 
     /// Delivers the whole frames a closed or dead peer left in its ring (no single-copy reads).
     fn drain(&mut self, sink: &mut dyn Sink) {
-        let mut refuse = |_: &Header, _: u64, _: &mut [u8]| Err(TransportError::Closed);
-        while let Ok(p) = self.inbox.parse(&self.in_ring, sink, &mut refuse) {
+        while let Ok(p) = self.inbox.parse(&self.in_ring, sink, &mut Gone) {
             if p.frames == 0 {
                 break;
             }
@@ -527,26 +529,56 @@ impl Conn {
     }
 }
 
-/// Copies a single-copy payload out of the peer `pid`; trusts the bytes only if the peer is still
-/// the same running process and has not closed the connection (and maybe freed the source).
-fn pull_remote(
+/// The peer process of a connection, for single copies.
+struct PeerProcess<'a> {
     pid: i32,
-    pidfd: &AsyncFd<OwnedFd>,
-    ring: &Ring<Std>,
-    addr: u64,
-    dst: &mut [u8],
-) -> Result<(), TransportError> {
-    if let Err(e) = sys::read_remote(pid, addr, dst) {
-        if e.raw_os_error() == Some(libc::ESRCH) {
+    pidfd: &'a AsyncFd<OwnedFd>,
+    /// The ring it writes (closed when it closes the connection).
+    in_ring: &'a Ring<Std>,
+}
+
+impl Remote for PeerProcess<'_> {
+    /// Trusts the bytes only if the peer is still the same running process and has not closed
+    /// the connection (and maybe freed the source).
+    fn read(&mut self, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+        if let Err(e) = sys::read_remote(self.pid, addr, dst) {
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                return Err(TransportError::Closed);
+            }
+            tracing::warn!("single-copy read from pid {} failed: {e}", self.pid);
+            return Err(e.into());
+        }
+        if !self.alive() || self.in_ring.closed() {
             return Err(TransportError::Closed);
         }
-        tracing::warn!("single-copy read from pid {pid} failed: {e}");
-        return Err(e.into());
+        Ok(())
     }
-    if !sys::exited(&[pidfd.get_ref().as_fd()]).is_empty() || ring.closed() {
-        return Err(TransportError::Closed);
+
+    fn write(&mut self, addr: u64, src: &[u8]) -> Result<(), TransportError> {
+        sys::write_remote(self.pid, addr, src).map_err(|e| {
+            tracing::debug!("single-copy write to pid {} failed: {e}", self.pid);
+            TransportError::from(e)
+        })
     }
-    Ok(())
+
+    fn alive(&mut self) -> bool {
+        sys::exited(&[self.pidfd.get_ref().as_fd()]).is_empty()
+    }
+}
+
+/// A peer that died or closed: no single copies.
+struct Gone;
+
+impl Remote for Gone {
+    fn read(&mut self, _: u64, _: &mut [u8]) -> Result<(), TransportError> {
+        Err(TransportError::Closed)
+    }
+    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), TransportError> {
+        Err(TransportError::Closed)
+    }
+    fn alive(&mut self) -> bool {
+        false
+    }
 }
 
 /// The shared-memory transport of one rank: reaches its local peers.
@@ -571,6 +603,11 @@ pub struct ShmTransport {
 }
 
 const IDLE_WEIGHT: u32 = 16;
+
+/// Single copies of at least this many bytes are split between receiver and sender (see
+/// `ring::Split`): below it, a second system call and the wait for the sender to notice cost
+/// more than half the copy.
+const SPLIT_MIN: u64 = 64 * 1024;
 
 impl ShmTransport {
     /// This rank.

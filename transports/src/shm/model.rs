@@ -15,7 +15,7 @@ use bytes::Bytes;
 use shuttle::sync::atomic::AtomicU64;
 use shuttle::sync::{Arc, Condvar, Mutex};
 
-use super::ring::{Atomics, Ctl, Inbox, Line, Outbox, Ring, RingHdr, Word};
+use super::ring::{Atomics, Ctl, Inbox, Line, Outbox, Remote, Ring, RingHdr, Word};
 use crate::wire::{Header, Kind, Limits, Rank, WireError};
 use crate::{Sink, TransportError};
 
@@ -30,6 +30,9 @@ impl Word for AtomicU64 {
     }
     fn swap(&self, v: u64, o: Ordering) -> u64 {
         AtomicU64::swap(self, v, o)
+    }
+    fn cas(&self, current: u64, new: u64) -> Result<u64, u64> {
+        AtomicU64::compare_exchange(self, current, new, Ordering::AcqRel, Ordering::Acquire)
     }
 }
 
@@ -111,8 +114,8 @@ impl HeapRing {
     }
 }
 
-/// Single-copy sources still owned by a producer (by address).
-type Alive = Arc<std::sync::Mutex<HashSet<u64>>>;
+/// Single-copy sources still owned by a producer (address and length).
+type Alive = Arc<std::sync::Mutex<HashSet<(u64, usize)>>>;
 
 /// Bytes that deregister themselves when the producer frees them.
 struct Tracked {
@@ -128,7 +131,36 @@ impl AsRef<[u8]> for Tracked {
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        self.alive.lock().unwrap().remove(&(self.data.as_ptr() as u64));
+        self.alive.lock().unwrap().remove(&(self.data.as_ptr() as u64, self.data.len()));
+    }
+}
+
+/// The other side's memory: sources checked against `alive` when read; destinations written.
+struct ModelRemote {
+    alive: Alive,
+}
+
+impl Remote for ModelRemote {
+    fn read(&mut self, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+        shuttle::thread::yield_now();
+        let within = |&(start, len): &(u64, usize)| addr >= start && addr + dst.len() as u64 <= start + len as u64;
+        assert!(self.alive.lock().unwrap().iter().any(within), "single-copy source freed before the copy");
+        // SAFETY: the producer keeps the source alive (checked just above) until `tail` passes
+        // the descriptor, which happens after this copy.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn write(&mut self, addr: u64, src: &[u8]) -> Result<(), TransportError> {
+        shuttle::thread::yield_now();
+        // SAFETY: the consumer offered `addr` (the second half of its destination, which lives as
+        // long as the scenario) and does not let go of it before this write is done.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    fn alive(&mut self) -> bool {
+        true
     }
 }
 
@@ -191,11 +223,13 @@ fn scenario(cap: usize, rounds: usize) {
         threads.push(shuttle::thread::spawn(move || {
             let ring = hr.ring();
             let mut out = Outbox::default();
+            let mut remote = ModelRemote { alive: alive.clone() };
             for (h, p) in frames(i as Rank + 1, rounds) {
-                alive.lock().unwrap().insert(p.as_ptr() as u64);
+                alive.lock().unwrap().insert((p.as_ptr() as u64, p.len()));
                 out.push(&h, Bytes::from_owner(Tracked { data: p, alive: alive.clone() }));
             }
             loop {
+                out.help(&ring, &mut remote);
                 let f = out.flush(&ring, &*sleeping).unwrap();
                 if f.ring {
                     cbell.ring();
@@ -220,20 +254,15 @@ fn scenario(cap: usize, rounds: usize) {
         shuttle::thread::spawn(move || {
             let limits = Limits { world_size: PRODUCERS + 1, eager_limit: 64, chunk: 1024, max_message: 4096 };
             let views: Vec<Ring<Model>> = rings.iter().map(|r| r.ring()).collect();
-            let mut inboxes: Vec<Inbox> = (1..=PRODUCERS).map(|p| Inbox::new(p, limits, THRESHOLD, KEY)).collect();
+            // Single copies are split (the 200-byte one): the producers may write its second half.
+            let new = |p| Inbox::new(p, limits, THRESHOLD, KEY, THRESHOLD);
+            let mut inboxes: Vec<Inbox> = (1..=PRODUCERS).map(new).collect();
             let mut sink = ModelSink { got: Vec::new(), dest: vec![vec![0; 400]; PRODUCERS as usize] };
-            let mut pull = |_: &Header, addr: u64, dst: &mut [u8]| {
-                shuttle::thread::yield_now();
-                assert!(alive.lock().unwrap().contains(&addr), "single-copy source freed before the copy");
-                // SAFETY: the producer keeps the source alive (checked just above) until `tail`
-                // passes the descriptor, which happens after this copy.
-                unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
-                Ok(())
-            };
+            let mut remote = ModelRemote { alive };
             let total = PRODUCERS as usize * frames(1, rounds).len();
             loop {
                 for (k, inbox) in inboxes.iter_mut().enumerate() {
-                    let p = inbox.parse(&views[k], &mut sink, &mut pull).unwrap();
+                    let p = inbox.parse(&views[k], &mut sink, &mut remote).unwrap();
                     if p.released && inbox.producer_waits(&views[k]) {
                         pbells[k].ring();
                     }
@@ -307,6 +336,9 @@ mod weak_memory {
         }
         fn swap(&self, v: u64, o: Ordering) -> u64 {
             AtomicU64::swap(self, v, o)
+        }
+        fn cas(&self, current: u64, new: u64) -> Result<u64, u64> {
+            AtomicU64::compare_exchange(self, current, new, Ordering::AcqRel, Ordering::Acquire)
         }
     }
 
@@ -407,11 +439,11 @@ mod weak_memory {
             });
             let ring = sh.ring();
             let limits = Limits { world_size: 2, eager_limit: 64, chunk: 64, max_message: 64 };
-            let mut inbox = Inbox::new(1, limits, 0, 0);
+            let mut inbox = Inbox::new(1, limits, 0, 0, 0);
             let mut sink = ModelSink { got: Vec::new(), dest: vec![Vec::new()] };
-            let mut pull = |_: &Header, _: u64, _: &mut [u8]| unreachable!("no descriptors here");
+            let mut remote = super::ModelRemote { alive: Default::default() };
             loop {
-                let p = inbox.parse(&ring, &mut sink, &mut pull).unwrap();
+                let p = inbox.parse(&ring, &mut sink, &mut remote).unwrap();
                 if p.released && inbox.producer_waits(&ring) {
                     sh.producer_bell.ring();
                 }

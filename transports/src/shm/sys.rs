@@ -78,13 +78,31 @@ pub(crate) fn exited(fds: &[BorrowedFd<'_>]) -> Vec<usize> {
 
 /// Copies `dst.len()` bytes at `addr` in process `pid` into `dst` (cross-memory attach).
 pub(crate) fn read_remote(pid: i32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
-    let mut done = 0;
-    while done < dst.len() {
-        let local = libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: dst.len() - done };
-        let remote = libc::iovec { iov_base: (addr + done as u64) as *mut _, iov_len: dst.len() - done };
+    let len = dst.len();
+    copy_all(len, |done| {
+        let local = libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: len - done };
+        let remote = libc::iovec { iov_base: (addr + done as u64) as *mut _, iov_len: len - done };
         // SAFETY: `local` describes writable memory we own; the remote side is checked by the kernel.
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-        match n {
+        unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) }
+    })
+}
+
+/// Copies `src` into process `pid`'s memory at `addr` (`process_vm_writev`); the same kernel
+/// permission as [`read_remote`].
+pub(crate) fn write_remote(pid: i32, addr: u64, src: &[u8]) -> io::Result<()> {
+    copy_all(src.len(), |done| {
+        let local = libc::iovec { iov_base: src[done..].as_ptr() as *mut _, iov_len: src.len() - done };
+        let remote = libc::iovec { iov_base: (addr + done as u64) as *mut _, iov_len: src.len() - done };
+        // SAFETY: `local` describes memory we own (only read); the remote side is checked by the kernel.
+        unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) }
+    })
+}
+
+/// Repeats a cross-memory copy from byte `done` on until `len` bytes are copied.
+fn copy_all(len: usize, mut copy: impl FnMut(usize) -> isize) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        match copy(done) {
             n if n > 0 => done += n as usize,
             0 => return Err(io::Error::from_raw_os_error(libc::EFAULT)),
             _ => {
