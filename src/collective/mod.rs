@@ -1265,15 +1265,23 @@ fn node_rank_of(h: &Hierarchy, r: Rank) -> Rank {
 }
 
 /// Broadcast by single copy: each receiver copies the root's buffer straight into its own; the root
-/// returns once every receiver has (the fan-in), so its buffer is not needed after that.
+/// returns once every receiver has (the fan-in), so its buffer is not needed after that. Meanwhile
+/// the root, which would only wait, writes half of the copies that receivers offer to split.
 async fn bcast_single_copy(mut call: shared::Lending, root: Rank, me: Rank, buf: &mut [u8]) -> Result<()> {
     let got = call.next().await?;
     if me != root {
         let lent = Lent::decode(root, &got, buf.len())?;
-        call.read(root, &lent, 0, buf)?;
+        call.read_split(root, &lent, buf)?;
+        return call.next().await.map(drop);
     }
-    call.next().await?;
-    Ok(())
+    let helper = call.helper();
+    let mut fanin = std::pin::pin!(call.next());
+    std::future::poll_fn(|cx| {
+        helper.help(buf);
+        fanin.as_mut().poll(cx)
+    })
+    .await
+    .map(drop)
 }
 
 /// A gather-style call by single copy (reduce, all-gather, all-to-all; see [`Comm::lend_copy`]):

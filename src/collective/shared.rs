@@ -355,6 +355,79 @@ impl Lending {
         }
         Ok(())
     }
+
+    /// Copies all of what `owner` lent into `dst` (the same length), half of it by the owner if it
+    /// claims the offer in time ([`Lending::help`]).
+    pub(crate) fn read_split(&self, owner: u32, lent: &Lent, dst: &mut [u8]) -> Result<()> {
+        use ferrocomm_collectives::shared::Offer;
+        if dst.len() < SPLIT_MIN {
+            return self.read(owner, lent, 0, dst);
+        }
+        let board = &self.seg.board;
+        let half = dst.len() / 2;
+        let (first, second) = dst.split_at_mut(half);
+        board.offer(self.first, second.as_mut_ptr() as u64, std::process::id());
+        let read = self.read(owner, lent, 0, first);
+        // Take the second half back, unless the owner is writing it: then wait until it is done,
+        // since `dst` must not be let go of meanwhile (or until the owner is gone).
+        let mut now = board.take_back(self.first);
+        let mut spins = 0u32;
+        while now == Some(Offer::Claimed) {
+            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(4096) && !process_alive(lent.pid) {
+                let rank = self.seg.members[owner as usize];
+                return Err(Error::PeerLost { rank, reason: ferrocomm_transports::TransportError::Closed });
+            }
+            now = board.offered(self.first);
+        }
+        read?;
+        match now {
+            Some(Offer::Written) => Ok(()),
+            Some(Offer::TakenBack | Offer::Failed) => self.read(owner, lent, half, second),
+            _ => Err(Error::Collective(CollError::Malformed { from: owner, why: "split copy state" })),
+        }
+    }
+
+    /// A handle for writing what readers offer to split while the call waits ([`Helper::help`]).
+    pub(crate) fn helper(&self) -> Helper {
+        Helper { seg: self.seg.clone(), first: self.first }
+    }
+}
+
+/// A single copy at least this large is split with the memory's owner (see
+/// `ferrocomm_collectives::shared::Offer`): below, the second system call and the wait for the
+/// owner to notice cost more than half the copy.
+const SPLIT_MIN: usize = 64 << 10;
+
+/// The owner's side of a single-copy call, apart from its [`Lending`] (which its waits borrow).
+pub(crate) struct Helper {
+    seg: Arc<Segment>,
+    first: u64,
+}
+
+impl Helper {
+    /// Writes the second half of the copies that readers of this rank's lent memory `src` offered
+    /// to split ([`Lending::read_split`]); returns how many. For an owner that would only wait.
+    pub(crate) fn help(&self, src: &[u8]) -> usize {
+        let board = &self.seg.board;
+        let mut n = 0;
+        for r in (0..board.ranks()).filter(|&r| r != board.me()) {
+            if let Some((dst, pid)) = board.claim(r, self.first) {
+                let half = src.len() / 2;
+                board.written(r, self.first, copy_to(pid, dst, &src[half..]).is_ok());
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// Whether process `pid` still exists.
+fn process_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists (and may be signalled).
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 impl Drop for Lending {
@@ -370,6 +443,16 @@ fn copy_from(pid: u32, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
 
 #[cfg(not(target_os = "linux"))]
 fn copy_from(_: u32, _: u64, _: &mut [u8]) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+#[cfg(target_os = "linux")]
+fn copy_to(pid: u32, addr: u64, src: &[u8]) -> std::io::Result<()> {
+    ferrocomm_transports::shm::copy_to_process(pid as i32, addr, src)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn copy_to(_: u32, _: u64, _: &[u8]) -> std::io::Result<()> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 

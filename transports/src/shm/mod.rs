@@ -377,6 +377,12 @@ pub fn copy_from_process(pid: i32, addr: u64, dst: &mut [u8]) -> io::Result<()> 
     sys::read_remote(pid, addr, dst)
 }
 
+/// Copies `src` to `addr` in process `pid` (`process_vm_writev`): the single-copy collectives'
+/// split copies. Fails (never blocks) as [`copy_from_process`].
+pub fn copy_to_process(pid: i32, addr: u64, src: &[u8]) -> io::Result<()> {
+    sys::write_remote(pid, addr, src)
+}
+
 /// Whether the kernel's ptrace rules let a rank read its sibling ranks' memory (same user, not
 /// each other's descendants): Yama's `ptrace_scope` 0 or absent, or 1-2 for a process that may
 /// ptrace anything (root). Every rank of a host reads the same answer, so all choose alike.
