@@ -169,19 +169,30 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// The frames producer `src` sends: sizes around and beyond the ring and the single-copy threshold.
-/// With `rounds` > 1, eager frames only (nothing makes the consumer publish `tail` at once).
-fn frames(src: Rank, rounds: usize) -> Vec<(Header, Vec<u8>)> {
+/// What the producers send.
+#[derive(Clone, Copy)]
+enum Mix {
+    /// Eager and `Data` frames, streamed and by descriptor.
+    Mixed,
+    /// Eager frames only, `n` times five (nothing makes the consumer publish `tail` at once).
+    Eager(usize),
+    /// Descriptors (split copies) among small eager frames, which wrap around the ring and may
+    /// land where a descriptor was.
+    Descriptors,
+}
+
+fn frames(src: Rank, mix: Mix) -> Vec<(Header, Vec<u8>)> {
     let eager = |tag: u64, len: usize| (Header { src, tag, len: len as u32, ..Header::new(Kind::Eager) }, len);
     let data =
         |seq: u64, aux: u64, len: usize| (Header { src, seq, aux, len: len as u32, ..Header::new(Kind::Data) }, len);
-    let one = [eager(1, 20), data(2, 0, 100), eager(3, 0), data(4, 100, 200), eager(5, 3)];
-    let eager_only = [eager(1, 20), eager(2, 40), eager(3, 0), eager(4, 8), eager(5, 3)];
-    (if rounds == 1 { one } else { eager_only })
-        .into_iter()
-        .cycle()
-        .take(5 * rounds)
-        .map(|(h, len)| (h, pattern(h.tag + h.seq + src as u64 * 100, len)))
-        .collect()
+    let frames: Vec<_> = match mix {
+        Mix::Mixed => vec![eager(1, 20), data(2, 0, 100), eager(3, 0), data(4, 100, 200), eager(5, 3)],
+        Mix::Eager(n) => [eager(1, 20), eager(2, 40), eager(3, 0), eager(4, 8), eager(5, 3)].repeat(n),
+        Mix::Descriptors => {
+            vec![data(1, 0, 130), eager(2, 8), eager(3, 8), data(4, 130, 200), eager(5, 8), eager(6, 8), eager(7, 8)]
+        }
+    };
+    frames.into_iter().map(|(h, len)| (h, pattern(h.tag + h.seq + src as u64 * 100, len))).collect()
 }
 
 struct ModelSink {
@@ -208,8 +219,8 @@ unsafe impl Sink for ModelSink {
     }
 }
 
-/// Two producers send `rounds` times the frames of [`frames`] through rings of `cap` bytes.
-fn scenario(cap: usize, rounds: usize) {
+/// Two producers send the frames of [`frames`] through rings of `cap` bytes.
+fn scenario(cap: usize, mix: Mix) {
     let rings: Vec<Arc<HeapRing>> = (0..PRODUCERS).map(|_| Arc::new(HeapRing::new(cap))).collect();
     let sleeping = Arc::new(AtomicU64::new(0));
     let consumer_bell = Arc::new(Bell::default());
@@ -224,7 +235,7 @@ fn scenario(cap: usize, rounds: usize) {
             let ring = hr.ring();
             let mut out = Outbox::default();
             let mut remote = ModelRemote { alive: alive.clone() };
-            for (h, p) in frames(i as Rank + 1, rounds) {
+            for (h, p) in frames(i as Rank + 1, mix) {
                 alive.lock().unwrap().insert((p.as_ptr() as u64, p.len()));
                 out.push(&h, Bytes::from_owner(Tracked { data: p, alive: alive.clone() }));
             }
@@ -259,7 +270,7 @@ fn scenario(cap: usize, rounds: usize) {
             let mut inboxes: Vec<Inbox> = (1..=PRODUCERS).map(new).collect();
             let mut sink = ModelSink { got: Vec::new(), dest: vec![vec![0; 400]; PRODUCERS as usize] };
             let mut remote = ModelRemote { alive };
-            let total = PRODUCERS as usize * frames(1, rounds).len();
+            let total = PRODUCERS as usize * frames(1, mix).len();
             loop {
                 for (k, inbox) in inboxes.iter_mut().enumerate() {
                     let p = inbox.parse(&views[k], &mut sink, &mut remote).unwrap();
@@ -286,7 +297,7 @@ fn scenario(cap: usize, rounds: usize) {
     let got = consumer.join().unwrap();
     for src in 1..=PRODUCERS {
         let mine: Vec<_> = got.iter().filter(|(p, ..)| *p == src).map(|(_, h, b)| (*h, b.clone())).collect();
-        assert_eq!(mine, frames(src, rounds), "frames of producer {src}: order and content");
+        assert_eq!(mine, frames(src, mix), "frames of producer {src}: order and content");
     }
     assert!(alive.lock().unwrap().is_empty(), "every single-copy source is released at the end");
 }
@@ -301,14 +312,21 @@ fn explore(f: fn(), iterations: usize) {
 /// after every parse.
 #[test]
 fn ring_and_doorbells() {
-    explore(|| scenario(128, 1), 3000);
+    explore(|| scenario(128, Mix::Mixed), 3000);
 }
 
 /// A ring large enough for the consumer to publish `tail` lazily (every 128 bytes), and whole
 /// eager frames only: the producers fill it and must be rung when space comes back.
 #[test]
 fn lazy_release() {
-    explore(|| scenario(512, 4), 1000);
+    explore(|| scenario(512, Mix::Eager(4)), 1000);
+}
+
+/// Descriptors that may stream through a full ring in pieces, with frames after them: the
+/// consumer must not release a descriptor's space while it uses the descriptor's words.
+#[test]
+fn descriptors_in_a_full_ring() {
+    explore(|| scenario(128, Mix::Descriptors), 3000);
 }
 
 /// The same protocol under loom, which (unlike shuttle) models weak memory: the sleeping flags

@@ -525,7 +525,9 @@ impl Outbox {
     /// first half meanwhile, and takes the second back if nobody has claimed it by then.
     pub fn help<A: Atomics>(&self, ring: &Ring<A>, remote: &mut dyn Remote) -> u64 {
         let mut n = 0;
-        for (end, src) in &self.inflight {
+        // Only descriptors `tail` has not passed as far as this side knows: the space of the
+        // others may hold new frames already.
+        for (end, src) in self.inflight.iter().filter(|(end, _)| *end > self.tail) {
             let at = end - DESC_LEN as u64;
             let state = ring.word(at + DESC_STATE);
             if state.load(Acquire) != Split::Offered as u64
@@ -660,10 +662,23 @@ impl Inbox {
         ring.hdr().head.0.load(Acquire) > self.tail
     }
 
+    /// How far `tail` may be published: never into a descriptor being read, whose words this
+    /// side writes (a split) and whose source the producer keeps until `tail` passes it.
+    fn releasable(&self) -> u64 {
+        match self.state {
+            State::Desc { got, .. } => self.tail - got as u64,
+            _ => self.tail,
+        }
+    }
+
+    /// Publishes what may be released, if anything new.
     fn publish<A: Atomics>(&mut self, ring: &Ring<A>, out: &mut Parsed) {
-        ring.hdr().tail.0.store(self.tail, Release);
-        self.published = self.tail;
-        out.released = true;
+        let upto = self.releasable();
+        if upto != self.published {
+            ring.hdr().tail.0.store(upto, Release);
+            self.published = upto;
+            out.released = true;
+        }
     }
 
     /// Delivers the frames the ring holds (a bounded number); publishes the space consumed when
@@ -677,7 +692,7 @@ impl Inbox {
         let mut out = Parsed::default();
         let r = self.parse_inner(ring, sink, remote, &mut out);
         let lazy = (ring.cap / 4).min(ring.cap.saturating_sub(2 * LINE));
-        if self.tail != self.published && (out.urgent || r.is_err() || self.tail - self.published >= lazy) {
+        if out.urgent || r.is_err() || self.tail - self.published >= lazy {
             self.publish(ring, &mut out);
         }
         r.map(|()| out)
@@ -750,9 +765,7 @@ impl Inbox {
                     return Ok(());
                 }
                 out.urgent = true;
-                if self.tail != self.published {
-                    self.publish(ring, out);
-                }
+                self.publish(ring, out);
                 avail = self.refresh_head(ring)?;
                 if avail == 0 {
                     return Ok(());
@@ -798,8 +811,8 @@ impl Inbox {
                     let n = (avail as usize).min(DESC_LEN - *got);
                     ring.read_at(self.tail, &mut buf[*got..*got + n]);
                     *got += n;
-                    // The descriptor's bytes are consumed, but `tail` is not published before
-                    // the copy below is done: the producer keeps the source until then.
+                    // The descriptor's bytes are consumed, but `tail` is not published past its
+                    // start before the copy below is done (`releasable`).
                     self.tail += n as u64;
                     if *got < DESC_LEN {
                         continue;
