@@ -901,7 +901,112 @@ fn dest<'s>(sink: &'s mut dyn Sink, peer: Rank, h: &Header) -> Result<&'s mut [u
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicU64;
+
     use super::*;
+
+    /// A ring of `CAP` bytes in this process, one producer and one consumer driven by hand.
+    const CAP: usize = 128;
+
+    struct HeapRing {
+        hdr: Box<RingHdr<AtomicU64>>,
+        data: Vec<u64>,
+    }
+
+    impl HeapRing {
+        fn new(threshold: u64) -> HeapRing {
+            let w = || AtomicU64::new(0);
+            let ctl =
+                Ctl { closed: w(), ready: AtomicU64::new(1), cma_threshold: AtomicU64::new(threshold), stamp_key: w() };
+            let hdr = Box::new(RingHdr { head: Line(w()), tail: Line(w()), prod_wait: Line(w()), ctl });
+            HeapRing { hdr, data: vec![0; CAP / 8] }
+        }
+
+        fn ring(&mut self) -> Ring<Std> {
+            let data = self.data.as_mut_ptr();
+            // SAFETY: header and data live as long as `self`, which the tests keep past the ring.
+            unsafe { Ring::new(&*self.hdr, data.cast(), data.cast::<AtomicU64>(), CAP) }
+        }
+    }
+
+    #[derive(Default)]
+    struct Frames {
+        got: Vec<(Header, Vec<u8>)>,
+        dest: Vec<u8>,
+    }
+
+    // SAFETY: `dest` is not touched between `data_dest` and `frame`.
+    unsafe impl Sink for Frames {
+        fn data_dest(&mut self, _: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
+            self.dest.resize(h.len as usize, 0);
+            Ok(Some(&mut self.dest))
+        }
+        fn frame(&mut self, _: Rank, h: Header, payload: Bytes) {
+            let body = if h.kind == Kind::Data { self.dest.clone() } else { payload.to_vec() };
+            self.got.push((h, body));
+        }
+        fn peer_lost(&mut self, peer: Rank, err: TransportError) {
+            panic!("peer {peer} lost: {err}");
+        }
+    }
+
+    /// Both sides in this process: reads copy from the address; the producer never helps.
+    struct Local;
+
+    impl Remote for Local {
+        fn read(&mut self, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+            // SAFETY: the producer's outbox holds the source until `tail` passes its descriptor.
+            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+            Ok(())
+        }
+        fn write(&mut self, _: u64, _: &[u8]) -> Result<(), TransportError> {
+            unreachable!("help is not called here")
+        }
+        fn alive(&mut self) -> bool {
+            true
+        }
+    }
+
+    /// A descriptor that streams into a nearly full ring in pieces: while the consumer has read
+    /// only part of it, `tail` stays at its start (the consumer will write its split words, and the
+    /// producer must not cover them with new frames); then the whole single copy arrives.
+    #[test]
+    fn a_descriptor_read_in_pieces_keeps_its_space() {
+        let mut heap = HeapRing::new(16);
+        let ring = heap.ring();
+        let sleeping = AtomicU64::new(0);
+        let limits = Limits { world_size: 2, eager_limit: 64, chunk: 4096, max_message: 4096 };
+        let mut inbox = Inbox::new(1, limits, 16, 0, 16);
+        let (mut out, mut sink) = (Outbox::default(), Frames::default());
+        let eager = |tag| (Header { src: 1, tag, len: 8, ..Header::new(Kind::Eager) }, Bytes::from(vec![tag as u8; 8]));
+        let payload: Vec<u8> = (0..40).collect();
+        let data = Header { src: 1, seq: 9, len: 40, ..Header::new(Kind::Data) };
+
+        // Two 64-byte eager frames; the consumer takes the first only before the second is in.
+        let (h, p) = eager(1);
+        out.push(&h, p);
+        out.flush(&ring, &sleeping).unwrap();
+        inbox.parse(&ring, &mut sink, &mut Local).unwrap();
+        assert_eq!(ring.hdr().tail.0.load(Acquire), 64);
+        let (h, p) = eager(2);
+        out.push(&h, p);
+        out.push(&data, Bytes::from(payload.clone()));
+        out.flush(&ring, &sleeping).unwrap();
+        // The descriptor's header is in (at 128), and 8 of its 32 bytes.
+        assert_eq!(ring.hdr().head.0.load(Acquire), 192);
+
+        inbox.parse(&ring, &mut sink, &mut Local).unwrap();
+        assert_eq!(sink.got.len(), 2, "both eager frames");
+        assert_eq!(ring.hdr().tail.0.load(Acquire), 184, "released up to the descriptor, not into it");
+
+        out.flush(&ring, &sleeping).unwrap();
+        inbox.parse(&ring, &mut sink, &mut Local).unwrap();
+        assert_eq!(sink.got.len(), 3);
+        assert_eq!(sink.got[2], (data, payload), "the single copy, both halves by the consumer");
+        assert_eq!(ring.hdr().tail.0.load(Acquire), 216, "released once copied");
+        assert_eq!(out.flush(&ring, &sleeping).unwrap().work, 1, "the source is given back");
+        assert!(!out.pending());
+    }
 
     #[test]
     fn frame_starts_are_aligned_and_keep_stamp_and_header_in_one_line() {
