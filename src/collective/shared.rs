@@ -357,7 +357,7 @@ impl Lending {
     }
 
     /// Copies all of what `owner` lent into `dst` (the same length), half of it by the owner if it
-    /// claims the offer in time ([`Lending::help`]).
+    /// claims the offer in time ([`Helper::help`]).
     pub(crate) fn read_split(&self, owner: u32, lent: &Lent, dst: &mut [u8]) -> Result<()> {
         use ferrocomm_collectives::shared::Offer;
         if dst.len() < SPLIT_MIN {
