@@ -153,7 +153,8 @@ fn suite_over_verbs() {
 /// peer-lost error (naming rank 2, or a rank that left after its own call failed) instead of
 /// hanging, on TCP, on shared memory, on the shared-memory board (small all-reduce pinned), and
 /// by single copy (1 MiB all-reduce pinned; rank 2 dies with its memory lent, after its first
-/// poll of the call).
+/// poll of the call). Also a 1 MiB single-copy broadcast whose root (rank 2) dies with its memory
+/// lent: the receivers, which offer it half of their copy (split), fail the same way.
 #[test]
 fn killed_rank_fails_the_collective() {
     let board = format!("FERROCOMM_COLL={}", coll::BOARD);
@@ -163,11 +164,12 @@ fn killed_rank_fails_the_collective() {
         ("shm", "coll-kill", &[]),
         ("shm", "coll-kill-board", &[&board as &str]),
         ("shm", "coll-kill-single-copy", &[&single as &str]),
+        ("shm", "coll-kill-bcast-single-copy", &[&single as &str]),
     ] {
         let (code, text, took) = launch_env(4, scenario, transport, env);
         assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
         for r in [0, 1, 3] {
-            assert!(said(&text, r, "COLL-PEER-LOST-OK"), "{transport} rank {r}:\n{text}");
+            assert!(said(&text, r, "COLL-PEER-LOST-OK"), "{transport} {scenario} rank {r}:\n{text}");
         }
         assert!(took < Duration::from_secs(40), "{took:?}");
     }
@@ -259,6 +261,23 @@ fn rank_process() {
                 coll::every_algorithm(&w).await;
                 println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
                 w.finalize().await.unwrap();
+            }
+            "coll-kill-bcast-single-copy" => {
+                let mut v = vec![7u8; 1 << 20];
+                assert_eq!(w.collective_algorithm(Operation::Bcast, v.len()), Algorithm::SingleCopy);
+                w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
+                if w.rank() == 2 {
+                    // Lend its memory (the call's first poll), then die.
+                    let mut call = Box::pin(w.broadcast(2, &mut v));
+                    assert!(futures::FutureExt::now_or_never(&mut call).is_none());
+                    std::thread::sleep(Duration::from_millis(5));
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let res = w.broadcast(2, &mut v).timeout(Duration::from_secs(30)).await;
+                let withdrawn = matches!(res, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. })));
+                assert!(matches!(res, Err(Error::PeerLost { .. })) || withdrawn, "{res:?}");
+                println!("COLL-PEER-LOST-OK");
             }
             "coll-kill" | "coll-kill-board" | "coll-kill-single-copy" => {
                 let len = if scenario == "coll-kill-board" { 8 } else { 1 << 17 };

@@ -514,6 +514,11 @@ impl Engine {
                 let r = self.eager_outcome(src, tag, data, buf);
                 self.events.push_back((op, Completion::Recv(r)));
             }
+            Body::Rts { .. } if let Some(reason) = self.peers[src as usize].lost.clone() => {
+                // Announced before the sender was lost (an orderly goodbye, or a crash): the data
+                // can no longer come.
+                self.events.push_back((op, Completion::Recv(Err(Error::PeerLost { rank: src, reason }))));
+            }
             Body::Rts { msg, len } => {
                 let cts = Header { seq: msg, ..Header::new(Kind::Cts) };
                 if len > capacity {

@@ -441,6 +441,23 @@ proptest! {
     }
 }
 
+/// A rendezvous announced (RTS) before its sender left or died, and matched only afterwards, fails
+/// with the loss instead of waiting forever for data that cannot come (seen as a rank hanging in an
+/// all-reduce after its peers failed and left, in `killed_rank_fails_the_collective`).
+#[test]
+fn rendezvous_announced_before_the_sender_was_lost_fails_when_matched() {
+    for reason in [TransportError::Left, TransportError::Closed] {
+        let mut net = Net::new(2, cfg(2));
+        net.send(0, 1, 1, 7, data(1000, 3)); // rendezvous: the RTS reaches rank 1 unexpected
+        assert!(net.deliver_one(0, 1), "the RTS");
+        net.engines[1].peer_lost(0, reason.clone());
+        net.recv(1, 2, Source::Rank(0), TagMatch::Exact(7), RecvBuf::Alloc);
+        net.recv(1, 3, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+        assert!(matches!(net.take(1, 2), Some(Completion::Recv(Err(Error::PeerLost { rank: 0, .. })))), "{reason}");
+        assert!(net.take(1, 3).is_none(), "nothing else was announced: {reason}");
+    }
+}
+
 #[test]
 fn orderly_goodbye_fails_only_what_names_the_peer() {
     let mut net = Net::new(3, cfg(2));
