@@ -95,6 +95,22 @@ pub enum Operation {
     Scan,
 }
 
+impl Operation {
+    /// Every operation, in declaration order (`op as usize` indexes it).
+    pub const ALL: [Operation; 10] = {
+        use Operation::*;
+        [Barrier, Bcast, Reduce, Allreduce, Gather, Scatter, Allgather, Alltoall, ReduceScatter, Scan]
+    };
+}
+
+const _: () = {
+    let mut i = 0;
+    while i < Operation::ALL.len() {
+        assert!(Operation::ALL[i] as usize == i, "Operation::ALL is in declaration order");
+        i += 1;
+    }
+};
+
 /// Every algorithm of the menu. Which operations each serves is in [`Algorithm::serves`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {
@@ -228,11 +244,7 @@ impl fmt::Display for Operation {
 impl FromStr for Operation {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        use Operation::*;
-        [Barrier, Bcast, Reduce, Allreduce, Gather, Scatter, Allgather, Alltoall, ReduceScatter, Scan]
-            .into_iter()
-            .find(|o| o.to_string() == s)
-            .ok_or_else(|| format!("unknown collective {s:?}"))
+        Operation::ALL.into_iter().find(|o| o.to_string() == s).ok_or_else(|| format!("unknown collective {s:?}"))
     }
 }
 
@@ -289,7 +301,7 @@ pub struct Table {
 /// it is an array, not a hash map (whose SipHash showed in profiles of small calls: about 350
 /// instructions of a broadcast's 4,500).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Overrides([Option<Algorithm>; Operation::Scan as usize + 1]);
+pub struct Overrides([Option<Algorithm>; Operation::ALL.len()]);
 
 impl Overrides {
     /// The algorithm `op` is pinned to.

@@ -118,9 +118,9 @@ pub struct ShmStats {
     pub single_copy_received: u64,
     /// `Data` frames streamed through a ring.
     pub streamed_data_sent: u64,
-    /// Single copies received whose second half the sender was offered / halves this rank wrote
-    /// into a receiver (the split copy).
+    /// Single copies received whose second half the sender was offered (the split copy).
     pub single_copy_split: u64,
+    /// Second halves of split copies this rank wrote into a receiver.
     pub single_copy_halves_written: u64,
     /// Doorbells this rank rang (each one system call).
     pub doorbells_rung: u64,

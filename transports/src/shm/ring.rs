@@ -314,8 +314,6 @@ struct Item {
     header: [u8; HEADER_LEN],
     is_data: bool,
     payload: Bytes,
-    /// Decided when the frame is started: travels as a descriptor.
-    desc: bool,
 }
 
 impl Item {
@@ -335,6 +333,11 @@ impl Item {
     /// Bytes after the header: the payload or its descriptor.
     fn body_len(&self, threshold: u64) -> u64 {
         if self.by_desc(threshold) { DESC_LEN as u64 } else { self.payload.len() as u64 }
+    }
+
+    /// Calls `f` with the bytes after the header.
+    fn with_body<R>(&self, threshold: u64, f: impl FnOnce(&[u8]) -> R) -> R {
+        if self.by_desc(threshold) { f(&self.desc_bytes()) } else { f(&self.payload) }
     }
 }
 
@@ -376,7 +379,7 @@ pub(crate) struct Outbox {
 
 impl Outbox {
     pub fn push(&mut self, h: &Header, payload: Bytes) {
-        self.queue.push_back(Item { header: h.encode(), is_data: h.kind == Kind::Data, payload, desc: false });
+        self.queue.push_back(Item { header: h.encode(), is_data: h.kind == Kind::Data, payload });
     }
 
     /// Frames not yet (wholly) in the ring.
@@ -441,10 +444,10 @@ impl Outbox {
     }
 
     /// The front frame is wholly in the ring: takes it off the queue.
-    fn finish(&mut self, out: &mut Flushed) {
+    fn finish(&mut self, peer: Peer, out: &mut Flushed) {
         let item = self.queue.pop_front().expect("front item");
         self.sent = None;
-        if item.desc {
+        if item.by_desc(peer.threshold) {
             out.descs += 1;
             self.inflight.push_back((self.head, item.payload));
         } else if item.is_data {
@@ -464,11 +467,11 @@ impl Outbox {
         while !self.queue.is_empty() {
             let Some(done) = self.sent else {
                 // Start the front frame: stamp and header always; the body too if it all fits.
-                let need = self.need(peer);
-                let item = self.queue.front_mut().expect("not empty");
-                item.desc = item.by_desc(peer.threshold);
+                let item = self.queue.front().expect("not empty");
                 let body = item.body_len(peer.threshold);
                 let at = frame_start(self.head);
+                let body_at = body_start(at, body);
+                let need = body_at - self.head;
                 let free = self.free(ring, need + body)?;
                 if free < need {
                     break;
@@ -476,17 +479,14 @@ impl Outbox {
                 let item = self.queue.front().expect("not empty");
                 ring.write_at(at + STAMP_LEN, &item.header);
                 let whole = free >= need + body;
-                let body_at = body_start(at, body);
-                if whole && item.desc {
-                    ring.write_at(body_at, &item.desc_bytes());
-                } else if whole {
-                    ring.write_at(body_at, &item.payload);
+                if whole {
+                    item.with_body(peer.threshold, |b| ring.write_at(body_at, b));
                 }
                 ring.word(at).store(stamp(at, whole, peer.key), Release);
                 self.head = body_at;
                 if whole {
                     self.head += body;
-                    self.finish(&mut out);
+                    self.finish(peer, &mut out);
                 } else {
                     self.sent = Some(0);
                 }
@@ -499,14 +499,15 @@ impl Outbox {
                 break;
             }
             let item = self.queue.front().expect("not empty");
-            let desc = item.desc_bytes();
-            let body: &[u8] = if item.desc { &desc } else { &item.payload };
-            let n = (body.len() as u64 - done).min(free).min(STREAM_PIECE);
-            ring.write_at(self.head, &body[done as usize..(done + n) as usize]);
+            let (n, len) = item.with_body(peer.threshold, |b| {
+                let n = (b.len() as u64 - done).min(free).min(STREAM_PIECE);
+                ring.write_at(self.head, &b[done as usize..(done + n) as usize]);
+                (n, b.len() as u64)
+            });
             self.head += n;
             ring.hdr().head.0.store(self.head, Release);
-            if done + n == body.len() as u64 {
-                self.finish(&mut out);
+            if done + n == len {
+                self.finish(peer, &mut out);
             } else {
                 self.sent = Some(done + n);
             }
