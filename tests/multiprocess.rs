@@ -9,6 +9,7 @@ mod coll;
 mod common;
 
 use std::process::{Command, Stdio};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -48,6 +49,15 @@ fn launch_env(n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<
     (out.status.code(), text, t0.elapsed())
 }
 
+/// The hybrid-polling test times waits, so it runs alone: it holds this lock for writing, and
+/// every other test of this binary holds it for reading (their ranks would otherwise load both
+/// cores and make the waits irregular).
+static MACHINE: RwLock<()> = RwLock::new(());
+
+fn sharing_the_machine() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// True if some line of rank `r`'s output contains `what`.
 fn said(text: &str, r: u32, what: &str) -> bool {
     text.lines().any(|l| l.starts_with(&format!("[{r}] ")) && l.contains(what))
@@ -55,6 +65,7 @@ fn said(text: &str, r: u32, what: &str) -> bool {
 
 #[test]
 fn suite_under_ferrorun_every_transport() {
+    let _machine = sharing_the_machine();
     for transport in ["uring", "portable", "shm"] {
         let name = if transport == "shm" { "shm".to_string() } else { format!("tcp-{transport}") };
         for n in [2, 4] {
@@ -67,18 +78,34 @@ fn suite_under_ferrorun_every_transport() {
     }
 }
 
-/// Adaptive mode between processes over shared memory: regular 10 ms gaps get hybrid polling's
-/// alarms (and every message, in order).
+/// Adaptive mode between processes over shared memory: every message arrives, in order, and
+/// regular 10 ms gaps get hybrid polling's alarms. The alarm count depends on how regular the
+/// waits were, so the test runs alone and has three tries to see them (the pacer's rules are
+/// unit-tested deterministically in the reactor).
 #[test]
 fn hybrid_polling_between_processes() {
-    let (code, text, _) = launch_env(2, "paced", "shm", &["FERROCOMM_PROGRESS=adaptive:50"]);
-    assert_eq!(code, Some(0), "{text}");
-    assert!(said(&text, 1, "PACED-OK"), "{text}");
+    let _alone = MACHINE.write().unwrap_or_else(PoisonError::into_inner);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (code, text, _) = launch_env(2, "paced", "shm", &["FERROCOMM_PROGRESS=adaptive:50"]);
+        assert_eq!(code, Some(0), "{text}");
+        let alarms = text
+            .lines()
+            .filter(|l| l.starts_with("[1] "))
+            .find_map(|l| l.split_once("PACED-OK alarms_set=")?.1.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("rank 1 did not report:\n{text}"));
+        if alarms >= 5 {
+            return;
+        }
+        seen.push(alarms);
+    }
+    panic!("hybrid polling set fewer than 5 alarms in each of 3 runs: {seen:?}");
 }
 
 /// Eight ranks on two cores over shared memory, busy-polling: no livelock.
 #[test]
 fn oversubscribed_shared_memory() {
+    let _machine = sharing_the_machine();
     let (code, text, took) = launch(8, "ring", "shm");
     assert_eq!(code, Some(0), "{text}");
     assert!((0..8).all(|r| said(&text, r, "RANK-OK shm")), "{text}");
@@ -87,6 +114,7 @@ fn oversubscribed_shared_memory() {
 
 #[test]
 fn killed_rank_fails_its_peers_operations_promptly() {
+    let _machine = sharing_the_machine();
     for backend in ["uring", "portable", "shm"] {
         let (code, text, took) = launch(4, "kill", backend);
         assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
@@ -101,6 +129,7 @@ fn killed_rank_fails_its_peers_operations_promptly() {
 /// Every collective operation and algorithm, ranks as processes, over TCP and shared memory.
 #[test]
 fn collectives_under_ferrorun() {
+    let _machine = sharing_the_machine();
     for transport in ["uring", "shm"] {
         for n in (1..=9).chain([16]) {
             let (code, text, took) = launch(n, "collectives", transport);
@@ -130,6 +159,7 @@ fn verbs_here(test: &str) -> bool {
 #[cfg(feature = "verbs")]
 #[test]
 fn suite_over_verbs() {
+    let _machine = sharing_the_machine();
     if !verbs_here("suite_over_verbs") {
         return;
     }
@@ -157,6 +187,7 @@ fn suite_over_verbs() {
 /// lent: the receivers, which offer it half of their copy (split), fail the same way.
 #[test]
 fn killed_rank_fails_the_collective() {
+    let _machine = sharing_the_machine();
     let board = format!("FERROCOMM_COLL={}", coll::BOARD);
     let single = format!("FERROCOMM_COLL={}", coll::SINGLE_COPY);
     for (transport, scenario, env) in [
@@ -178,6 +209,7 @@ fn killed_rank_fails_the_collective() {
 /// `FERROCOMM_COLL` pins algorithms for the whole job; results stay right.
 #[test]
 fn setting_pins_collective_algorithms() {
+    let _machine = sharing_the_machine();
     let pins = "FERROCOMM_COLL=allreduce=ring,bcast=scatter-allgather,alltoall=linear,allgather=ring";
     let (code, text, _) = launch_env(5, "pinned", "shm", &[pins]);
     assert_eq!(code, Some(0), "{text}");
@@ -189,6 +221,7 @@ fn setting_pins_collective_algorithms() {
 /// all-reduce, with correct results.
 #[test]
 fn hierarchical_collectives_across_pretend_hosts() {
+    let _machine = sharing_the_machine();
     let (code, text, _) = launch(6, "hierarchy", "shm");
     assert_eq!(code, Some(0), "{text}");
     assert!((0..6).all(|r| said(&text, r, "RANK-OK hierarchical")), "{text}");
@@ -199,6 +232,7 @@ fn hierarchical_collectives_across_pretend_hosts() {
 #[cfg(feature = "verbs")]
 #[test]
 fn killed_rank_over_verbs() {
+    let _machine = sharing_the_machine();
     if !verbs_here("killed_rank_over_verbs") {
         return;
     }
@@ -251,8 +285,7 @@ fn rank_process() {
                         assert_eq!(m.data[..], i.to_le_bytes(), "message {i}");
                     }
                     let s = w.hybrid_stats();
-                    assert!(s.alarms_set >= 5, "{s:?}");
-                    println!("PACED-OK {s:?}");
+                    println!("PACED-OK alarms_set={} completed_after_alarm={}", s.alarms_set, s.completed_after_alarm);
                 }
                 w.finalize().await.unwrap();
             }
