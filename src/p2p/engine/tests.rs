@@ -499,6 +499,50 @@ fn metrics_count_messages_and_credit_stalls() {
     assert_eq!(counters["ferrocomm_rendezvous_sends"], 1);
 }
 
+/// A recorder that counts how often the engine registers a metric: once per metric and engine,
+/// never per message (a registration is a lookup in the recorder's registry).
+#[test]
+fn metrics_are_registered_once_not_per_message() {
+    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    #[derive(Default)]
+    struct Registrations(AtomicUsize);
+    impl metrics::Recorder for Registrations {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Histogram::noop()
+        }
+    }
+    let recorder = Registrations::default();
+    let made = metrics::with_local_recorder(&recorder, || {
+        let mut net = Net::new(2, cfg(2));
+        let made = recorder.0.load(Ordering::Relaxed);
+        for op in 0..100 {
+            // Eager, rendezvous, unexpected and credit-stalled messages all count something.
+            let len = if op % 10 == 0 { EAGER + 1 } else { 8 };
+            net.send(0, op, 1, 0, data(len, 0));
+            net.send(0, 1000 + op, 1, 0, data(8, 1));
+            net.recv(1, op, Source::Rank(0), TagMatch::Exact(0), RecvBuf::Alloc);
+            net.recv(1, 1000 + op, Source::Rank(0), TagMatch::Exact(0), RecvBuf::Alloc);
+            net.run();
+        }
+        made
+    });
+    assert!(made > 0, "the engines register their metrics when made");
+    assert_eq!(recorder.0.load(Ordering::Relaxed), made, "registered again after the engines were made");
+}
+
 #[test]
 fn immediate_sends_and_receives_need_no_operation() {
     let mut net = Net::new(2, cfg(2));
