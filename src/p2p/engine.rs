@@ -274,6 +274,12 @@ impl Engine {
         self.events.pop_front()
     }
 
+    /// Whether any of [`Engine::poll_transmit`], [`Engine::poll_event`] and
+    /// [`Engine::poll_violation`] has something.
+    pub fn has_output(&self) -> bool {
+        !(self.transmit.is_empty() && self.events.is_empty() && self.violations.is_empty())
+    }
+
     /// The next peer that broke the protocol: disconnect it, then call [`Engine::peer_lost`].
     pub fn poll_violation(&mut self) -> Option<(Rank, WireError)> {
         self.violations.pop_front()
