@@ -102,6 +102,42 @@ fn hybrid_polling_between_processes() {
     panic!("hybrid polling set fewer than 5 alarms in each of 3 runs: {seen:?}");
 }
 
+/// A rank whose kernel refuses `pidfd_open` (old kernels, some container sandboxes, valgrind)
+/// cannot run the shared-memory transport: its peers on the host reach it over TCP, the others
+/// still use shared memory among themselves, and the whole suite passes. The refusal is real: a
+/// seccomp filter in rank 1's process makes the kernel answer ENOSYS.
+#[test]
+fn rank_without_pidfd_falls_back_to_tcp() {
+    let _machine = sharing_the_machine();
+    let (code, text, _) = launch_env(3, "suite", "shm", &["FERROCOMM_TEST_DENY_PIDFD=1"]);
+    assert_eq!(code, Some(0), "{text}");
+    // Each rank reports its transport to the next one.
+    for (r, want) in [(0, "RANK-OK tcp-"), (1, "RANK-OK tcp-"), (2, "RANK-OK shm")] {
+        assert!(said(&text, r, want), "rank {r}:\n{text}");
+    }
+}
+
+/// Makes the kernel refuse `pidfd_open` with ENOSYS in this thread and the threads it starts.
+fn deny_pidfd_open() {
+    use libc::{BPF_ABS, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_RET, BPF_W, sock_filter, sock_fprog};
+    let op = |code: u32, jt: u8, jf: u8, k: u32| sock_filter { code: code as u16, jt, jf, k };
+    let filter = [
+        // The syscall number is the first word of `seccomp_data`.
+        op(BPF_LD | BPF_W | BPF_ABS, 0, 0, 0),
+        op(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, libc::SYS_pidfd_open as u32),
+        op(BPF_RET | BPF_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        op(BPF_RET | BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ];
+    let prog = sock_fprog { len: filter.len() as u16, filter: filter.as_ptr().cast_mut() };
+    // SAFETY: the filter outlives the call (the kernel copies it); no new privileges first, as
+    // an unprivileged filter requires.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        let r = libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const sock_fprog, 0, 0);
+        assert_eq!(r, 0, "seccomp: {}", std::io::Error::last_os_error());
+    }
+}
+
 /// Eight ranks on two cores over shared memory, busy-polling: no livelock.
 #[test]
 fn oversubscribed_shared_memory() {
@@ -253,6 +289,10 @@ fn killed_rank_over_verbs() {
 #[test]
 fn rank_process() {
     let Ok(scenario) = std::env::var(SCENARIO) else { return };
+    if std::env::var("FERROCOMM_TEST_DENY_PIDFD") == std::env::var("FERROCOMM_RANK") {
+        // Before any thread starts: they all inherit the filter.
+        deny_pidfd_open();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
         let mut settings = ferrocomm::Settings::from_env().unwrap();

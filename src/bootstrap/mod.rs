@@ -91,11 +91,22 @@ pub async fn join(
     let listen_addr = SocketAddr::new(ip, port);
     kv.put(&format!("addr/{rank}"), listen_addr.to_string().as_bytes()).await.map_err(Error::bootstrap)?;
 
-    // Which peers share this host: they are reached through shared memory (unless told otherwise).
-    kv.put(&format!("host/{rank}"), host_identity().as_bytes()).await.map_err(Error::bootstrap)?;
+    // Which peers share this host: they are reached through shared memory (unless told otherwise,
+    // or unless one side cannot run the shared-memory transport).
+    let shm_wanted = settings.transports == TransportChoice::Auto && cfg!(target_os = "linux");
+    let shm_here = shm_wanted && shm_usable(rank);
+    let announced = format!("{}\n{}", host_identity(), u8::from(shm_here));
+    kv.put(&format!("host/{rank}"), announced.as_bytes()).await.map_err(Error::bootstrap)?;
     let mut hosts = Vec::with_capacity(size as usize);
+    let mut shm_able = Vec::with_capacity(size as usize);
     for r in 0..size {
-        hosts.push(kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?);
+        let mut host = kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
+        let able = match host.iter().rposition(|&b| b == b'\n') {
+            Some(i) => host.split_off(i) == b"\n1",
+            None => false,
+        };
+        hosts.push(host);
+        shm_able.push(able);
     }
     // Node index of every rank (hosts numbered in order of their lowest rank), for hierarchical
     // collectives.
@@ -110,9 +121,9 @@ pub async fn join(
             }
         })
         .collect();
-    let shm_ok = settings.transports == TransportChoice::Auto && cfg!(target_os = "linux");
-    let local: Vec<bool> =
-        (0..size).map(|r| shm_ok && r != rank && nodes[r as usize] == nodes[rank as usize]).collect();
+    let local: Vec<bool> = (0..size)
+        .map(|r| shm_here && shm_able[r as usize] && r != rank && nodes[r as usize] == nodes[rank as usize])
+        .collect();
 
     let refused = Arc::new(Mutex::new(Vec::new()));
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -301,6 +312,20 @@ async fn verbs_transport(
     _: &tokio::runtime::Handle,
 ) -> Result<Box<dyn Transport>> {
     Err(Error::Bootstrap("the verbs transport needs the `verbs` cargo feature".into()))
+}
+
+/// Whether this rank can run the shared-memory transport; says why not, once, if it cannot.
+#[cfg(target_os = "linux")]
+fn shm_usable(rank: Rank) -> bool {
+    let Some(e) = ferrocomm_transports::shm::unavailable() else { return true };
+    tracing::warn!(rank, error = %e, "shared memory unavailable (pidfd_open refused); peers on this host use TCP");
+    metrics::counter!("ferrocomm_shm_unavailable").increment(1);
+    false
+}
+
+#[cfg(not(target_os = "linux"))]
+fn shm_usable(_: Rank) -> bool {
+    false
 }
 
 /// What identifies this host: ranks with the same identity share memory. The boot id tells apart

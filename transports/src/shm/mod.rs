@@ -383,6 +383,15 @@ pub fn copy_to_process(pid: i32, addr: u64, src: &[u8]) -> io::Result<()> {
     sys::write_remote(pid, addr, src)
 }
 
+/// Why this process cannot run the shared-memory transport, if it cannot: the transport watches
+/// its peers' lives through pidfds, which kernels before 5.3, some container sandboxes (seccomp
+/// profiles that predate the call) and tools such as valgrind refuse. Peers on the same host then
+/// talk over TCP instead (the bootstrap asks every rank this before choosing).
+pub fn unavailable() -> Option<io::Error> {
+    // SAFETY: getpid has no preconditions.
+    sys::pidfd_open(unsafe { libc::getpid() }).err()
+}
+
 /// Whether the kernel's ptrace rules let a rank read its sibling ranks' memory (same user, not
 /// each other's descendants): Yama's `ptrace_scope` 0 or absent, or 1-2 for a process that may
 /// ptrace anything (root). Every rank of a host reads the same answer, so all choose alike.
