@@ -104,16 +104,20 @@ fn hybrid_polling_between_processes() {
 
 /// A rank whose kernel refuses `pidfd_open` (old kernels, some container sandboxes, valgrind)
 /// cannot run the shared-memory transport: its peers on the host reach it over TCP, the others
-/// still use shared memory among themselves, and the whole suite passes. The refusal is real: a
-/// seccomp filter in rank 1's process makes the kernel answer ENOSYS.
+/// still use shared memory among themselves, and the point-to-point suite and every collective
+/// pass (all ranks must agree that the job no longer shares memory as a whole: the board's
+/// collectives are out, the node-leader ones treat that rank as a node of its own). The refusal
+/// is real: a seccomp filter in rank 1's process makes the kernel answer ENOSYS.
 #[test]
 fn rank_without_pidfd_falls_back_to_tcp() {
     let _machine = sharing_the_machine();
-    let (code, text, _) = launch_env(3, "suite", "shm", &["FERROCOMM_TEST_DENY_PIDFD=1"]);
-    assert_eq!(code, Some(0), "{text}");
-    // Each rank reports its transport to the next one.
-    for (r, want) in [(0, "RANK-OK tcp-"), (1, "RANK-OK tcp-"), (2, "RANK-OK shm")] {
-        assert!(said(&text, r, want), "rank {r}:\n{text}");
+    for scenario in ["suite", "collectives"] {
+        let (code, text, _) = launch_env(3, scenario, "shm", &["FERROCOMM_TEST_DENY_PIDFD=1"]);
+        assert_eq!(code, Some(0), "{scenario}:\n{text}");
+        // Each rank reports its transport to the next one.
+        for (r, want) in [(0, "RANK-OK tcp-"), (1, "RANK-OK tcp-"), (2, "RANK-OK shm")] {
+            assert!(said(&text, r, want), "{scenario}, rank {r}:\n{text}");
+        }
     }
 }
 
@@ -289,12 +293,16 @@ fn killed_rank_over_verbs() {
 #[test]
 fn rank_process() {
     let Ok(scenario) = std::env::var(SCENARIO) else { return };
+    let what = scenario.clone();
     if std::env::var("FERROCOMM_TEST_DENY_PIDFD") == std::env::var("FERROCOMM_RANK") {
         // Before any thread starts: they all inherit the filter.
         deny_pidfd_open();
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(async move {
+    // A scenario that hangs (ranks that disagree on a collective's algorithm, say) fails its
+    // test instead of stalling the suite.
+    let limit = Duration::from_secs(300);
+    let body = async move {
         let mut settings = ferrocomm::Settings::from_env().unwrap();
         if scenario == "ring" {
             settings.progress = ferrocomm::ProgressMode::BusyPoll;
@@ -416,6 +424,11 @@ fn rank_process() {
                 w.finalize().await.unwrap();
             }
             other => panic!("unknown scenario {other}"),
+        }
+    };
+    rt.block_on(async move {
+        if tokio::time::timeout(limit, body).await.is_err() {
+            panic!("scenario {what} took over {limit:?}");
         }
     });
 }

@@ -97,33 +97,24 @@ pub async fn join(
     let shm_here = shm_wanted && shm_usable(rank);
     let announced = format!("{}\n{}", host_identity(), u8::from(shm_here));
     kv.put(&format!("host/{rank}"), announced.as_bytes()).await.map_err(Error::bootstrap)?;
+    // A rank's host, and its shared-memory domain: the host, or the rank alone if it cannot run
+    // the shared-memory transport (every rank derives the same domains from what all announced).
     let mut hosts = Vec::with_capacity(size as usize);
-    let mut shm_able = Vec::with_capacity(size as usize);
+    let mut domains = Vec::with_capacity(size as usize);
     for r in 0..size {
         let mut host = kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
         let able = match host.iter().rposition(|&b| b == b'\n') {
             Some(i) => host.split_off(i) == b"\n1",
             None => false,
         };
+        domains.push(if able { host.clone() } else { format!("rank {r} alone\n").into_bytes() });
         hosts.push(host);
-        shm_able.push(able);
     }
-    // Node index of every rank (hosts numbered in order of their lowest rank), for hierarchical
-    // collectives.
-    let mut seen: Vec<&[u8]> = Vec::new();
-    let nodes: Vec<u32> = hosts
-        .iter()
-        .map(|h| match seen.iter().position(|x| *x == &h[..]) {
-            Some(i) => i as u32,
-            None => {
-                seen.push(h);
-                seen.len() as u32 - 1
-            }
-        })
-        .collect();
-    let local: Vec<bool> = (0..size)
-        .map(|r| shm_here && shm_able[r as usize] && r != rank && nodes[r as usize] == nodes[rank as usize])
-        .collect();
+    // Node index of every rank (domains numbered in order of their lowest rank): the peers reached
+    // through shared memory, and the nodes of hierarchical and shared-memory collectives.
+    let nodes = number(&domains);
+    let local: Vec<bool> =
+        (0..size).map(|r| shm_here && r != rank && nodes[r as usize] == nodes[rank as usize]).collect();
 
     let refused = Arc::new(Mutex::new(Vec::new()));
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -195,7 +186,7 @@ pub async fn join(
     let driver = Driver { engine: Engine::new(rank, size, cfg), transport, ops: Default::default() };
     let reactor = thread.run(driver, settings.progress);
     // More ranks on this host than CPUs to run them: spinning ranks must give way at once.
-    let here = nodes.iter().filter(|&&n| n == nodes[rank as usize]).count();
+    let here = hosts.iter().filter(|&h| *h == hosts[rank as usize]).count();
     reactor.set_oversubscribed(here > host_cpus());
     Ok(World::from_inner(Arc::new(Inner {
         rank,
@@ -312,6 +303,21 @@ async fn verbs_transport(
     _: &tokio::runtime::Handle,
 ) -> Result<Box<dyn Transport>> {
     Err(Error::Bootstrap("the verbs transport needs the `verbs` cargo feature".into()))
+}
+
+/// Numbers distinct values in order of first appearance: the index of each value's number.
+fn number(values: &[Vec<u8>]) -> Vec<u32> {
+    let mut seen: Vec<&[u8]> = Vec::new();
+    values
+        .iter()
+        .map(|v| match seen.iter().position(|x| *x == &v[..]) {
+            Some(i) => i as u32,
+            None => {
+                seen.push(v);
+                seen.len() as u32 - 1
+            }
+        })
+        .collect()
 }
 
 /// Whether this rank can run the shared-memory transport; says why not, once, if it cannot.
