@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub listen_addr: std::net::SocketAddr,
     /// The node (host) index of every rank.
     pub nodes: Vec<u32>,
+    /// Whether each rank busy-polls.
+    pub busy: Vec<bool>,
     /// A hash of the job token: tells this job's multicast datagrams from another's.
     pub job_id: u64,
     /// The name of this job's shared-memory files, when this rank has peers over shared memory.
@@ -90,6 +92,8 @@ pub(crate) struct Sequence {
     pub collective: std::sync::OnceLock<Arc<Comm>>,
     /// Whether every member shares this host over shared memory (the board can serve).
     pub on_one_host: std::sync::OnceLock<bool>,
+    /// Whether every member busy-polls.
+    pub all_busy: std::sync::OnceLock<bool>,
     /// The shared-memory board of small collectives, opened on first use.
     pub board: std::sync::OnceLock<Result<Arc<crate::collective::shared::Segment>>>,
 }

@@ -102,6 +102,25 @@ fn hybrid_polling_between_processes() {
     panic!("hybrid polling set fewer than 5 alarms in each of 3 runs: {seen:?}");
 }
 
+/// Ranks in different progress modes agree on every collective's algorithm (they chose alike
+/// from what each announced at bootstrap; before, the busy ones took the shared-memory board and
+/// the adaptive one messages, and the first collective hung). Ranks whose collective selection
+/// settings differ fail at init with an error that says so.
+#[test]
+fn ranks_agree_on_collective_algorithms() {
+    let _machine = sharing_the_machine();
+    for transport in ["shm", "uring"] {
+        let env = ["FERROCOMM_PROGRESS=busy", "FERROCOMM_TEST_ADAPTIVE_RANK=1"];
+        let (code, text, _) = launch_env(3, "collectives", transport, &env);
+        assert_eq!(code, Some(0), "{transport}:\n{text}");
+        assert!((0..3).all(|r| said(&text, r, "RANK-OK")), "{transport}:\n{text}");
+    }
+    let (code, text, took) = launch_env(3, "collectives", "shm", &["FERROCOMM_TEST_PIN_RANK=2"]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("collective selection settings differ"), "{text}");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
 /// A rank whose kernel refuses `pidfd_open` (old kernels, some container sandboxes, valgrind)
 /// cannot run the shared-memory transport: its peers on the host reach it over TCP, the others
 /// still use shared memory among themselves, and the point-to-point suite and every collective
@@ -304,6 +323,13 @@ fn rank_process() {
     let limit = Duration::from_secs(300);
     let body = async move {
         let mut settings = ferrocomm::Settings::from_env().unwrap();
+        let this_rank = |var| std::env::var(var) == std::env::var("FERROCOMM_RANK");
+        if this_rank("FERROCOMM_TEST_ADAPTIVE_RANK") {
+            settings.progress = ferrocomm::ProgressMode::Adaptive(Duration::from_micros(50));
+        }
+        if this_rank("FERROCOMM_TEST_PIN_RANK") {
+            settings.collectives = settings.collectives.with_overrides("allreduce=ring").unwrap();
+        }
         if scenario == "ring" {
             settings.progress = ferrocomm::ProgressMode::BusyPoll;
         }

@@ -105,7 +105,10 @@ async fn impostor(m: Misbehaviour) {
     let mut kv = KvClient::connect(&coord, &token, T).await.unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     kv.put("addr/1", listener.local_addr().unwrap().to_string().as_bytes()).await.unwrap();
-    kv.put("host/1", b"impostor-host").await.unwrap();
+    // It announces itself as rank 0 did (same host, settings and collective table): its bootstrap
+    // is in order, its frames will not be.
+    let announced = kv.get("host/0", T).await.unwrap();
+    kv.put("host/1", &announced).await.unwrap();
     let addr0 = String::from_utf8(kv.get("addr/0", T).await.unwrap()).unwrap();
     let mut to0 = TcpStream::connect(addr0).await.unwrap();
     handshake_connect(&mut to0, 1, 0, &token, &limits).await.unwrap();

@@ -31,6 +31,7 @@ use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::p2p::engine::{self, Engine};
 use crate::world::{Inner, Refused, World};
+use ferrocomm_reactor::ProgressMode;
 use kv::{KvClient, KvServer};
 
 /// Refusals remembered per rank.
@@ -95,20 +96,31 @@ pub async fn join(
     // or unless one side cannot run the shared-memory transport).
     let shm_wanted = settings.transports == TransportChoice::Auto && cfg!(target_os = "linux");
     let shm_here = shm_wanted && shm_usable(rank);
-    let announced = format!("{}\n{}", host_identity(), u8::from(shm_here));
-    kv.put(&format!("host/{rank}"), announced.as_bytes()).await.map_err(Error::bootstrap)?;
+    let me = Announce {
+        host: host_identity().into_bytes(),
+        shm: shm_here,
+        busy: settings.progress == ProgressMode::BusyPoll,
+        table: table_fingerprint(&settings.collectives),
+    };
+    kv.put(&format!("host/{rank}"), &me.encode()).await.map_err(Error::bootstrap)?;
     // A rank's host, and its shared-memory domain: the host, or the rank alone if it cannot run
     // the shared-memory transport (every rank derives the same domains from what all announced).
     let mut hosts = Vec::with_capacity(size as usize);
     let mut domains = Vec::with_capacity(size as usize);
+    let mut busy = Vec::with_capacity(size as usize);
     for r in 0..size {
-        let mut host = kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
-        let able = match host.iter().rposition(|&b| b == b'\n') {
-            Some(i) => host.split_off(i) == b"\n1",
-            None => false,
-        };
-        domains.push(if able { host.clone() } else { format!("rank {r} alone\n").into_bytes() });
-        hosts.push(host);
+        let a =
+            Announce::decode(kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?);
+        if a.table != me.table {
+            // Every rank must pick the same algorithm for each call: differing tables would hang
+            // the first collective where they disagree.
+            return Err(Error::Bootstrap(format!(
+                "rank {r}'s collective selection settings differ from rank {rank}'s; give every rank the same"
+            )));
+        }
+        domains.push(if a.shm { a.host.clone() } else { format!("rank {r} alone\n").into_bytes() });
+        hosts.push(a.host);
+        busy.push(a.busy);
     }
     // Node index of every rank (domains numbered in order of their lowest rank): the peers reached
     // through shared memory, and the nodes of hierarchical and shared-memory collectives.
@@ -196,6 +208,7 @@ pub async fn join(
         refused,
         listen_addr,
         nodes,
+        busy,
         job_id: job_id(&token),
         shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
@@ -303,6 +316,49 @@ async fn verbs_transport(
     _: &tokio::runtime::Handle,
 ) -> Result<Box<dyn Transport>> {
     Err(Error::Bootstrap("the verbs transport needs the `verbs` cargo feature".into()))
+}
+
+/// What each rank announces about itself in the store, for choices every rank must make alike:
+/// its host, whether it can run the shared-memory transport, whether it busy-polls (the default
+/// table puts collectives on the shared-memory board only if every member does), and a
+/// fingerprint of its collective selection settings.
+#[derive(Debug, PartialEq, Eq)]
+struct Announce {
+    host: Vec<u8>,
+    shm: bool,
+    busy: bool,
+    table: u64,
+}
+
+impl Announce {
+    /// The host identity, then a line `shm busy table` (the identity may hold anything).
+    fn encode(&self) -> Vec<u8> {
+        let line = format!("\n{} {} {:x}", u8::from(self.shm), u8::from(self.busy), self.table);
+        [&self.host[..], line.as_bytes()].concat()
+    }
+
+    /// Anything else than [`Announce::encode`]'s form reads as a host of that name that shares
+    /// nothing, sleeps, and has no table (a peer that speaks it fails the table check).
+    fn decode(mut b: Vec<u8>) -> Announce {
+        let none = |host| Announce { host, shm: false, busy: false, table: 0 };
+        let Some(i) = b.iter().rposition(|&c| c == b'\n') else { return none(b) };
+        let line = b.split_off(i);
+        let fields: Vec<&str> = std::str::from_utf8(&line[1..]).unwrap_or("").split(' ').collect();
+        match fields[..] {
+            [shm, busy, table] => match u64::from_str_radix(table, 16) {
+                Ok(table) => Announce { host: b, shm: shm == "1", busy: busy == "1", table },
+                Err(_) => none(b),
+            },
+            _ => none(b),
+        }
+    }
+}
+
+/// FNV-1a of the collective selection settings' description.
+fn table_fingerprint(t: &ferrocomm_collectives::Table) -> u64 {
+    format!("{t:?}")
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// Numbers distinct values in order of first appearance: the index of each value's number.
@@ -423,4 +479,28 @@ fn host_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     if n > 0 { n as usize } else { std::thread::available_parallelism().map_or(1, |c| c.get()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_round_trip_and_odd_ones_share_nothing() {
+        let a = Announce { host: b"node-7/1234\nwith a newline".to_vec(), shm: true, busy: false, table: 0xdead_beef };
+        assert_eq!(Announce::decode(a.encode()), a);
+        let nothing = |host: &[u8]| Announce { host: host.to_vec(), shm: false, busy: false, table: 0 };
+        assert_eq!(Announce::decode(b"impostor-host".to_vec()), nothing(b"impostor-host"));
+        assert_eq!(Announce::decode(b"h\n1 1 not-hex".to_vec()), nothing(b"h"));
+        assert_eq!(Announce::decode(b"h\n1 1".to_vec()), nothing(b"h"));
+        assert_eq!(Announce::decode(b"h\n\xff 1 2".to_vec()), nothing(b"h"));
+    }
+
+    #[test]
+    fn fingerprints_tell_collective_settings_apart() {
+        let plain = ferrocomm_collectives::Table::default();
+        let pinned = plain.clone().with_overrides("allreduce=ring").unwrap();
+        assert_eq!(table_fingerprint(&plain), table_fingerprint(&plain.clone()));
+        assert_ne!(table_fingerprint(&plain), table_fingerprint(&pinned));
+    }
 }

@@ -32,7 +32,7 @@ use ferrocomm_collectives::CollError;
 use ferrocomm_collectives::select::Call;
 use ferrocomm_collectives::shared::{Kind, Lent, MAX_RANKS as BOARD_RANKS};
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
-use ferrocomm_reactor::{ProgressMode, Wait};
+use ferrocomm_reactor::Wait;
 use ferrocomm_transports::Rank;
 use smallvec::SmallVec;
 
@@ -284,9 +284,7 @@ impl Comm {
         let table = self.collective_table();
         match table.overrides.get(&op) {
             Some(pinned) => *pinned == Algorithm::SingleCopy,
-            None => {
-                self.settings().progress == ProgressMode::BusyPoll && bytes >= table.single_copy_from(op, self.size())
-            }
+            None => self.all_busy() && bytes >= table.single_copy_from(op, self.size()),
         }
     }
 
@@ -303,7 +301,7 @@ impl Comm {
         }
         match table.overrides.get(&op) {
             Some(pinned) => *pinned == Algorithm::SharedMemory,
-            None => self.settings().progress == ProgressMode::BusyPoll && bytes <= table.shared_limit(op, self.size()),
+            None => self.all_busy() && bytes <= table.shared_limit(op, self.size()),
         }
     }
 
@@ -326,6 +324,13 @@ impl Comm {
             return Algorithm::Hierarchical;
         }
         table.choose(call)
+    }
+
+    /// Whether every member busy-polls: the default table's condition for the board and single
+    /// copy (whose waits a sleeping rank would only see every `NAP`). Decided from what every
+    /// rank announced, so all members choose alike even when their progress modes differ.
+    fn all_busy(&self) -> bool {
+        *self.sequence.all_busy.get_or_init(|| (0..self.size()).all(|r| self.inner().busy[self.world_rank(r) as usize]))
     }
 
     /// Whether every member is on this host and reached through shared memory.
