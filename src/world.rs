@@ -42,6 +42,8 @@ pub(crate) struct Inner {
     pub nodes: Vec<u32>,
     /// Whether each rank busy-polls.
     pub busy: Vec<bool>,
+    /// Whether each rank may read its neighbours' memory (cross-memory attach).
+    pub single_copy: Vec<bool>,
     /// A hash of the job token: tells this job's multicast datagrams from another's.
     pub job_id: u64,
     /// The name of this job's shared-memory files, when this rank has peers over shared memory.
@@ -94,6 +96,8 @@ pub(crate) struct Sequence {
     pub on_one_host: std::sync::OnceLock<bool>,
     /// Whether every member busy-polls.
     pub all_busy: std::sync::OnceLock<bool>,
+    /// Whether every member may read the others' memory.
+    pub all_single_copy: std::sync::OnceLock<bool>,
     /// The shared-memory board of small collectives, opened on first use.
     pub board: std::sync::OnceLock<Result<Arc<crate::collective::shared::Segment>>>,
 }

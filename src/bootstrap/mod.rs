@@ -100,6 +100,7 @@ pub async fn join(
         host: host_identity().into_bytes(),
         shm: shm_here,
         busy: settings.progress == ProgressMode::BusyPoll,
+        single_copy: shm_here && crate::collective::shared::single_copy_permitted(),
         table: table_fingerprint(&settings.collectives),
     };
     kv.put(&format!("host/{rank}"), &me.encode()).await.map_err(Error::bootstrap)?;
@@ -108,6 +109,7 @@ pub async fn join(
     let mut hosts = Vec::with_capacity(size as usize);
     let mut domains = Vec::with_capacity(size as usize);
     let mut busy = Vec::with_capacity(size as usize);
+    let mut single_copy = Vec::with_capacity(size as usize);
     for r in 0..size {
         let a =
             Announce::decode(kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?);
@@ -121,6 +123,7 @@ pub async fn join(
         domains.push(if a.shm { a.host.clone() } else { format!("rank {r} alone\n").into_bytes() });
         hosts.push(a.host);
         busy.push(a.busy);
+        single_copy.push(a.single_copy);
     }
     // Node index of every rank (domains numbered in order of their lowest rank): the peers reached
     // through shared memory, and the nodes of hierarchical and shared-memory collectives.
@@ -209,6 +212,7 @@ pub async fn join(
         listen_addr,
         nodes,
         busy,
+        single_copy,
         job_id: job_id(&token),
         shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
@@ -320,33 +324,40 @@ async fn verbs_transport(
 
 /// What each rank announces about itself in the store, for choices every rank must make alike:
 /// its host, whether it can run the shared-memory transport, whether it busy-polls (the default
-/// table puts collectives on the shared-memory board only if every member does), and a
-/// fingerprint of its collective selection settings.
+/// table puts collectives on the shared-memory board only if every member does), whether it may
+/// read its neighbours' memory (single-copy collectives need every member to), and a fingerprint
+/// of its collective selection settings.
 #[derive(Debug, PartialEq, Eq)]
 struct Announce {
     host: Vec<u8>,
     shm: bool,
     busy: bool,
+    single_copy: bool,
     table: u64,
 }
 
 impl Announce {
-    /// The host identity, then a line `shm busy table` (the identity may hold anything).
+    /// The host identity, then a line `shm busy single_copy table` (the identity may hold
+    /// anything).
     fn encode(&self) -> Vec<u8> {
-        let line = format!("\n{} {} {:x}", u8::from(self.shm), u8::from(self.busy), self.table);
+        let flag = |b: bool| u8::from(b);
+        let line = format!("\n{} {} {} {:x}", flag(self.shm), flag(self.busy), flag(self.single_copy), self.table);
         [&self.host[..], line.as_bytes()].concat()
     }
 
     /// Anything else than [`Announce::encode`]'s form reads as a host of that name that shares
     /// nothing, sleeps, and has no table (a peer that speaks it fails the table check).
     fn decode(mut b: Vec<u8>) -> Announce {
-        let none = |host| Announce { host, shm: false, busy: false, table: 0 };
+        let none = |host| Announce { host, shm: false, busy: false, single_copy: false, table: 0 };
         let Some(i) = b.iter().rposition(|&c| c == b'\n') else { return none(b) };
         let line = b.split_off(i);
         let fields: Vec<&str> = std::str::from_utf8(&line[1..]).unwrap_or("").split(' ').collect();
         match fields[..] {
-            [shm, busy, table] => match u64::from_str_radix(table, 16) {
-                Ok(table) => Announce { host: b, shm: shm == "1", busy: busy == "1", table },
+            [shm, busy, single_copy, table] => match u64::from_str_radix(table, 16) {
+                Ok(table) => {
+                    let (shm, busy, single_copy) = (shm == "1", busy == "1", single_copy == "1");
+                    Announce { host: b, shm, busy, single_copy, table }
+                }
                 Err(_) => none(b),
             },
             _ => none(b),
@@ -487,13 +498,17 @@ mod tests {
 
     #[test]
     fn announcements_round_trip_and_odd_ones_share_nothing() {
-        let a = Announce { host: b"node-7/1234\nwith a newline".to_vec(), shm: true, busy: false, table: 0xdead_beef };
-        assert_eq!(Announce::decode(a.encode()), a);
-        let nothing = |host: &[u8]| Announce { host: host.to_vec(), shm: false, busy: false, table: 0 };
+        let host = b"node-7/1234\nwith a newline".to_vec();
+        for (shm, busy, single_copy) in [(true, false, true), (false, true, false)] {
+            let a = Announce { host: host.clone(), shm, busy, single_copy, table: 0xdead_beef };
+            assert_eq!(Announce::decode(a.encode()), a);
+        }
+        let nothing =
+            |host: &[u8]| Announce { host: host.to_vec(), shm: false, busy: false, single_copy: false, table: 0 };
         assert_eq!(Announce::decode(b"impostor-host".to_vec()), nothing(b"impostor-host"));
-        assert_eq!(Announce::decode(b"h\n1 1 not-hex".to_vec()), nothing(b"h"));
-        assert_eq!(Announce::decode(b"h\n1 1".to_vec()), nothing(b"h"));
-        assert_eq!(Announce::decode(b"h\n\xff 1 2".to_vec()), nothing(b"h"));
+        assert_eq!(Announce::decode(b"h\n1 1 1 not-hex".to_vec()), nothing(b"h"));
+        assert_eq!(Announce::decode(b"h\n1 1 2".to_vec()), nothing(b"h"));
+        assert_eq!(Announce::decode(b"h\n\xff 1 1 2".to_vec()), nothing(b"h"));
     }
 
     #[test]

@@ -278,7 +278,7 @@ impl Comm {
     /// one host where the kernel allows it, by default large ones of busy-polling ranks (their
     /// steps wait on the board), or any when pinned.
     fn by_single_copy(&self, op: Operation, bytes: usize) -> bool {
-        if !(Algorithm::single_copy_serves(op) && self.on_one_host() && shared::single_copy_permitted()) {
+        if !(Algorithm::single_copy_serves(op) && self.on_one_host() && self.all_single_copy()) {
             return false;
         }
         let table = self.collective_table();
@@ -330,7 +330,18 @@ impl Comm {
     /// copy (whose waits a sleeping rank would only see every `NAP`). Decided from what every
     /// rank announced, so all members choose alike even when their progress modes differ.
     fn all_busy(&self) -> bool {
-        *self.sequence.all_busy.get_or_init(|| (0..self.size()).all(|r| self.inner().busy[self.world_rank(r) as usize]))
+        *self.sequence.all_busy.get_or_init(|| self.every_member(&self.inner().busy))
+    }
+
+    /// Whether every member may read the others' memory (the kernel's ptrace rules for its user),
+    /// from what each announced: single copy needs all of them.
+    fn all_single_copy(&self) -> bool {
+        *self.sequence.all_single_copy.get_or_init(|| self.every_member(&self.inner().single_copy))
+    }
+
+    /// Whether `flags`, one per world rank, hold for every member.
+    fn every_member(&self, flags: &[bool]) -> bool {
+        (0..self.size()).all(|r| flags[self.world_rank(r) as usize])
     }
 
     /// Whether every member is on this host and reached through shared memory.
