@@ -38,10 +38,9 @@ impl<T> Ops<T> {
     /// Returns false if the operation had been detached (nobody wants the result).
     pub fn complete(&mut self, key: OpKey, result: T) -> bool {
         match self.slab.get_mut(key) {
-            Some(Slot::Waiting(waker)) => {
-                let waker = waker.take();
-                self.slab[key] = Slot::Done(result);
-                if let Some(w) = waker {
+            Some(slot @ Slot::Waiting(_)) => {
+                // In place: no second look-up of the key, nothing left behind to drop.
+                if let Slot::Waiting(Some(w)) = std::mem::replace(slot, Slot::Done(result)) {
                     w.wake();
                 }
                 true

@@ -237,6 +237,12 @@ impl Meters {
     }
 }
 
+/// Element `i` of a matching queue. The match is nearly always the first element, which
+/// `pop_front` takes without `remove`'s general shuffle of the rest.
+fn take_at<T>(q: &mut VecDeque<T>, i: usize) -> Option<T> {
+    if i == 0 { q.pop_front() } else { q.remove(i) }
+}
+
 fn matches(src: Source, tag: TagMatch, msrc: Rank, mtag: u64) -> bool {
     (match src {
         Source::Any => true,
@@ -449,7 +455,7 @@ impl Engine {
         let Some(q) = self.contexts.get_mut(&context) else { return Err(buf) };
         match q.unexpected.iter().position(|u| matches(src, tag, u.src, u.tag)) {
             Some(i) if matches!(q.unexpected[i].body, Body::Eager(_)) => {
-                let Some(Unexpected { src, tag, body: Body::Eager(data) }) = q.unexpected.remove(i) else {
+                let Some(Unexpected { src, tag, body: Body::Eager(data) }) = take_at(&mut q.unexpected, i) else {
                     unreachable!()
                 };
                 self.free_credit(src);
@@ -463,7 +469,7 @@ impl Engine {
     pub fn post_recv(&mut self, op: OpKey, context: u32, src: Source, tag: TagMatch, buf: RecvBuf) {
         let q = self.contexts.entry(context).or_default();
         if let Some(i) = q.unexpected.iter().position(|u| matches(src, tag, u.src, u.tag)) {
-            let u = q.unexpected.remove(i).unwrap();
+            let u = take_at(&mut q.unexpected, i).unwrap();
             self.deliver(op, u.src, u.tag, u.body, buf);
             return;
         }
@@ -525,7 +531,7 @@ impl Engine {
     fn arrive(&mut self, src: Rank, context: u32, tag: u64, body: Body) {
         let q = self.contexts.entry(context).or_default();
         if let Some(i) = q.posted.iter().position(|p| matches(p.src, p.tag, src, tag)) {
-            let p = q.posted.remove(i).unwrap();
+            let p = take_at(&mut q.posted, i).unwrap();
             self.deliver(p.op, src, tag, body, p.buf);
             return;
         }
@@ -638,7 +644,7 @@ impl Engine {
         let q = self.contexts.entry(h.context).or_default();
         match q.posted.iter().position(|p| matches(p.src, p.tag, peer, h.tag)) {
             Some(i) if matches!(q.posted[i].buf, RecvBuf::User(_)) => {
-                let Some(Posted { op, buf: RecvBuf::User(b), .. }) = q.posted.remove(i) else { unreachable!() };
+                let Some(Posted { op, buf: RecvBuf::User(b), .. }) = take_at(&mut q.posted, i) else { unreachable!() };
                 self.free_credit(peer);
                 let r = fill(b, payload, Status { source: peer, tag: h.tag, len: payload.len() });
                 self.events.push_back((op, Completion::Recv(r)));
