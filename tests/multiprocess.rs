@@ -128,14 +128,17 @@ fn ranks_agree_on_collective_algorithms() {
 /// collectives are out, the node-leader ones treat that rank as a node of its own). The refusal
 /// is real: a seccomp filter in rank 1's process makes the kernel answer ENOSYS.
 #[test]
-fn rank_without_pidfd_falls_back_to_tcp() {
+fn rank_without_shared_memory_is_reached_over_tcp() {
     let _machine = sharing_the_machine();
-    for scenario in ["suite", "collectives"] {
-        let (code, text, _) = launch_env(3, scenario, "shm", &["FERROCOMM_TEST_DENY_PIDFD=1"]);
-        assert_eq!(code, Some(0), "{scenario}:\n{text}");
-        // Each rank reports its transport to the next one.
-        for (r, want) in [(0, "RANK-OK tcp-"), (1, "RANK-OK tcp-"), (2, "RANK-OK shm")] {
-            assert!(said(&text, r, want), "{scenario}, rank {r}:\n{text}");
+    // The same holds for a rank told to use TCP alone (`FERROCOMM_TRANSPORTS=tcp` on that rank).
+    for setting in ["FERROCOMM_TEST_DENY_PIDFD=1", "FERROCOMM_TEST_TCP_RANK=1"] {
+        for scenario in ["suite", "collectives"] {
+            let (code, text, _) = launch_env(3, scenario, "shm", &[setting]);
+            assert_eq!(code, Some(0), "{setting} {scenario}:\n{text}");
+            // Each rank reports its transport to the next one.
+            for (r, want) in [(0, "RANK-OK tcp-"), (1, "RANK-OK tcp-"), (2, "RANK-OK shm")] {
+                assert!(said(&text, r, want), "{setting} {scenario}, rank {r}:\n{text}");
+            }
         }
     }
 }
@@ -326,6 +329,9 @@ fn rank_process() {
         let this_rank = |var| std::env::var(var) == std::env::var("FERROCOMM_RANK");
         if this_rank("FERROCOMM_TEST_ADAPTIVE_RANK") {
             settings.progress = ferrocomm::ProgressMode::Adaptive(Duration::from_micros(50));
+        }
+        if this_rank("FERROCOMM_TEST_TCP_RANK") {
+            settings.transports = ferrocomm::TransportChoice::Tcp;
         }
         if this_rank("FERROCOMM_TEST_PIN_RANK") {
             settings.collectives = settings.collectives.with_overrides("allreduce=ring").unwrap();
