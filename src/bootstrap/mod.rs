@@ -101,7 +101,7 @@ pub async fn join(
         shm: shm_here,
         busy: settings.progress == ProgressMode::BusyPoll,
         single_copy: shm_here && crate::collective::shared::single_copy_permitted(),
-        table: table_fingerprint(&settings.collectives),
+        shared: shared_fingerprint(&settings),
     };
     kv.put(&format!("host/{rank}"), &me.encode()).await.map_err(Error::bootstrap)?;
     // A rank's host, and its shared-memory domain: the host, or the rank alone if it cannot run
@@ -113,11 +113,13 @@ pub async fn join(
     for r in 0..size {
         let a =
             Announce::decode(kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?);
-        if a.table != me.table {
-            // Every rank must pick the same algorithm for each call: differing tables would hang
-            // the first collective where they disagree.
+        if a.shared != me.shared {
+            // Ranks that differ here would wait for each other in vain: on connections the other
+            // side does not make (verbs), or in the first collective where they pick different
+            // algorithms.
             return Err(Error::Bootstrap(format!(
-                "rank {r}'s collective selection settings differ from rank {rank}'s; give every rank the same"
+                "rank {r}'s settings differ from rank {rank}'s in what every rank must share \
+                 (FERROCOMM_COLL, and FERROCOMM_TRANSPORTS=verbs or not); give every rank the same"
             )));
         }
         domains.push(if a.shm { a.host.clone() } else { format!("rank {r} alone\n").into_bytes() });
@@ -326,37 +328,37 @@ async fn verbs_transport(
 /// its host, whether it can run the shared-memory transport, whether it busy-polls (the default
 /// table puts collectives on the shared-memory board only if every member does), whether it may
 /// read its neighbours' memory (single-copy collectives need every member to), and a fingerprint
-/// of its collective selection settings.
+/// of the settings every rank must share ([`shared_fingerprint`]).
 #[derive(Debug, PartialEq, Eq)]
 struct Announce {
     host: Vec<u8>,
     shm: bool,
     busy: bool,
     single_copy: bool,
-    table: u64,
+    shared: u64,
 }
 
 impl Announce {
-    /// The host identity, then a line `shm busy single_copy table` (the identity may hold
+    /// The host identity, then a line `shm busy single_copy shared` (the identity may hold
     /// anything).
     fn encode(&self) -> Vec<u8> {
         let flag = |b: bool| u8::from(b);
-        let line = format!("\n{} {} {} {:x}", flag(self.shm), flag(self.busy), flag(self.single_copy), self.table);
+        let line = format!("\n{} {} {} {:x}", flag(self.shm), flag(self.busy), flag(self.single_copy), self.shared);
         [&self.host[..], line.as_bytes()].concat()
     }
 
     /// Anything else than [`Announce::encode`]'s form reads as a host of that name that shares
-    /// nothing, sleeps, and has no table (a peer that speaks it fails the table check).
+    /// nothing, sleeps, and shares no settings (a peer that speaks it fails that check).
     fn decode(mut b: Vec<u8>) -> Announce {
-        let none = |host| Announce { host, shm: false, busy: false, single_copy: false, table: 0 };
+        let none = |host| Announce { host, shm: false, busy: false, single_copy: false, shared: 0 };
         let Some(i) = b.iter().rposition(|&c| c == b'\n') else { return none(b) };
         let line = b.split_off(i);
         let fields: Vec<&str> = std::str::from_utf8(&line[1..]).unwrap_or("").split(' ').collect();
         match fields[..] {
-            [shm, busy, single_copy, table] => match u64::from_str_radix(table, 16) {
-                Ok(table) => {
+            [shm, busy, single_copy, shared] => match u64::from_str_radix(shared, 16) {
+                Ok(shared) => {
                     let (shm, busy, single_copy) = (shm == "1", busy == "1", single_copy == "1");
-                    Announce { host: b, shm, busy, single_copy, table }
+                    Announce { host: b, shm, busy, single_copy, shared }
                 }
                 Err(_) => none(b),
             },
@@ -365,9 +367,11 @@ impl Announce {
     }
 }
 
-/// FNV-1a of the collective selection settings' description.
-fn table_fingerprint(t: &ferrocomm_collectives::Table) -> u64 {
-    format!("{t:?}")
+/// FNV-1a of the settings every rank must share: the collective selection table, and whether
+/// the job runs over verbs (every rank or none). Other settings may differ between ranks.
+fn shared_fingerprint(settings: &Settings) -> u64 {
+    let verbs = settings.transports == TransportChoice::Verbs;
+    format!("{:?} verbs={verbs}", settings.collectives)
         .bytes()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
@@ -500,11 +504,11 @@ mod tests {
     fn announcements_round_trip_and_odd_ones_share_nothing() {
         let host = b"node-7/1234\nwith a newline".to_vec();
         for (shm, busy, single_copy) in [(true, false, true), (false, true, false)] {
-            let a = Announce { host: host.clone(), shm, busy, single_copy, table: 0xdead_beef };
+            let a = Announce { host: host.clone(), shm, busy, single_copy, shared: 0xdead_beef };
             assert_eq!(Announce::decode(a.encode()), a);
         }
         let nothing =
-            |host: &[u8]| Announce { host: host.to_vec(), shm: false, busy: false, single_copy: false, table: 0 };
+            |host: &[u8]| Announce { host: host.to_vec(), shm: false, busy: false, single_copy: false, shared: 0 };
         assert_eq!(Announce::decode(b"impostor-host".to_vec()), nothing(b"impostor-host"));
         assert_eq!(Announce::decode(b"h\n1 1 1 not-hex".to_vec()), nothing(b"h"));
         assert_eq!(Announce::decode(b"h\n1 1 2".to_vec()), nothing(b"h"));
@@ -512,10 +516,17 @@ mod tests {
     }
 
     #[test]
-    fn fingerprints_tell_collective_settings_apart() {
-        let plain = ferrocomm_collectives::Table::default();
-        let pinned = plain.clone().with_overrides("allreduce=ring").unwrap();
-        assert_eq!(table_fingerprint(&plain), table_fingerprint(&plain.clone()));
-        assert_ne!(table_fingerprint(&plain), table_fingerprint(&pinned));
+    fn fingerprints_tell_shared_settings_apart() {
+        let plain = Settings::default();
+        let pinned = Settings {
+            collectives: plain.collectives.clone().with_overrides("allreduce=ring").unwrap(),
+            ..plain.clone()
+        };
+        let verbs = Settings { transports: TransportChoice::Verbs, ..plain.clone() };
+        let tcp = Settings { transports: TransportChoice::Tcp, progress: ProgressMode::BusyPoll, ..plain.clone() };
+        assert_eq!(shared_fingerprint(&plain), shared_fingerprint(&plain.clone()));
+        assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&pinned));
+        assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&verbs));
+        assert_eq!(shared_fingerprint(&plain), shared_fingerprint(&tcp), "TCP or not, and progress, may differ");
     }
 }
