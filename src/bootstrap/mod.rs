@@ -119,7 +119,8 @@ pub async fn join(
             // algorithms.
             return Err(Error::Bootstrap(format!(
                 "rank {r}'s settings differ from rank {rank}'s in what every rank must share \
-                 (FERROCOMM_COLL, and FERROCOMM_TRANSPORTS=verbs or not); give every rank the same"
+                 (FERROCOMM_COLL, FERROCOMM_EAGER_LIMIT, _MAX_CREDIT, _RNDV_CHUNK, _MAX_MESSAGE, and \
+                 FERROCOMM_TRANSPORTS=verbs or not); give every rank the same"
             )));
         }
         domains.push(if a.shm { a.host.clone() } else { format!("rank {r} alone\n").into_bytes() });
@@ -367,11 +368,15 @@ impl Announce {
     }
 }
 
-/// FNV-1a of the settings every rank must share: the collective selection table, and whether
-/// the job runs over verbs (every rank or none). Other settings may differ between ranks.
+/// FNV-1a of the settings every rank must share: the collective selection table, whether the job
+/// runs over verbs (every rank or none), and the point-to-point protocol's limits (a receiver
+/// checks frames against its own: a larger eager limit or credit at the sender reads as a broken
+/// protocol, and the peer is cut off). Other settings may differ between ranks.
 fn shared_fingerprint(settings: &Settings) -> u64 {
     let verbs = settings.transports == TransportChoice::Verbs;
-    format!("{:?} verbs={verbs}", settings.collectives)
+    let s = settings;
+    let limits = (s.eager_limit, s.max_credit, s.rndv_chunk, s.max_message);
+    format!("{:?} verbs={verbs} limits={limits:?}", s.collectives)
         .bytes()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
@@ -524,6 +529,8 @@ mod tests {
         };
         let verbs = Settings { transports: TransportChoice::Verbs, ..plain.clone() };
         let tcp = Settings { transports: TransportChoice::Tcp, progress: ProgressMode::BusyPoll, ..plain.clone() };
+        let eager = Settings { eager_limit: plain.eager_limit / 2, ..plain.clone() };
+        assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&eager));
         assert_eq!(shared_fingerprint(&plain), shared_fingerprint(&plain.clone()));
         assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&pinned));
         assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&verbs));
