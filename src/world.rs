@@ -40,6 +40,9 @@ pub(crate) struct Inner {
     pub listen_addr: std::net::SocketAddr,
     /// The node (host) index of every rank.
     pub nodes: Vec<u32>,
+    /// The shared-memory domain of every rank: its host's ranks that can share memory, or itself
+    /// alone.
+    pub domains: Vec<u32>,
     /// Whether each rank busy-polls.
     pub busy: Vec<bool>,
     /// Whether each rank may read its neighbours' memory (cross-memory attach).

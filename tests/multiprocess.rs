@@ -125,8 +125,8 @@ fn ranks_agree_on_collective_algorithms() {
 /// cannot run the shared-memory transport: its peers on the host reach it over TCP, the others
 /// still use shared memory among themselves, and the point-to-point suite and every collective
 /// pass (all ranks must agree that the job no longer shares memory as a whole: the board's
-/// collectives are out, the node-leader ones treat that rank as a node of its own). The refusal
-/// is real: a seccomp filter in rank 1's process makes the kernel answer ENOSYS.
+/// collectives are out). The refusal is real: a seccomp filter in rank 1's process makes the
+/// kernel answer ENOSYS.
 #[test]
 fn rank_without_shared_memory_is_reached_over_tcp() {
     let _machine = sharing_the_machine();
@@ -284,9 +284,12 @@ fn setting_pins_collective_algorithms() {
 #[test]
 fn hierarchical_collectives_across_pretend_hosts() {
     let _machine = sharing_the_machine();
-    let (code, text, _) = launch(6, "hierarchy", "shm");
-    assert_eq!(code, Some(0), "{text}");
-    assert!((0..6).all(|r| said(&text, r, "RANK-OK hierarchical")), "{text}");
+    // Over TCP alone too: the node-leader algorithms follow hosts, not shared memory.
+    for transport in ["shm", "uring"] {
+        let (code, text, _) = launch(6, "hierarchy", transport);
+        assert_eq!(code, Some(0), "{transport}:\n{text}");
+        assert!((0..6).all(|r| said(&text, r, "RANK-OK hierarchical")), "{transport}:\n{text}");
+    }
 }
 
 /// A rank killed with SIGKILL in the middle of an RDMA transfer, for each rendezvous protocol
@@ -316,7 +319,8 @@ fn killed_rank_over_verbs() {
 fn rank_process() {
     let Ok(scenario) = std::env::var(SCENARIO) else { return };
     let what = scenario.clone();
-    if std::env::var("FERROCOMM_TEST_DENY_PIDFD") == std::env::var("FERROCOMM_RANK") {
+    if matches!((std::env::var("FERROCOMM_TEST_DENY_PIDFD"), std::env::var("FERROCOMM_RANK")), (Ok(a), Ok(b)) if a == b)
+    {
         // Before any thread starts: they all inherit the filter.
         deny_pidfd_open();
     }
@@ -326,7 +330,7 @@ fn rank_process() {
     let limit = Duration::from_secs(300);
     let body = async move {
         let mut settings = ferrocomm::Settings::from_env().unwrap();
-        let this_rank = |var| std::env::var(var) == std::env::var("FERROCOMM_RANK");
+        let this_rank = |var| matches!((std::env::var(var), std::env::var("FERROCOMM_RANK")), (Ok(a), Ok(b)) if a == b);
         if this_rank("FERROCOMM_TEST_ADAPTIVE_RANK") {
             settings.progress = ferrocomm::ProgressMode::Adaptive(Duration::from_micros(50));
         }
@@ -441,7 +445,8 @@ fn rank_process() {
             "hierarchy" => {
                 let r = w.rank();
                 let peer = r ^ 1;
-                assert_eq!(w.transport_for(peer), "shm");
+                let tcp_only = std::env::var("FERROCOMM_TRANSPORTS").as_deref() == Ok("tcp");
+                assert_eq!(w.transport_for(peer).starts_with("tcp"), tcp_only);
                 assert!(w.transport_for((r + 2) % 6).starts_with("tcp"));
                 for op in [Operation::Barrier, Operation::Bcast, Operation::Allreduce] {
                     assert_eq!(w.collective_algorithm(op, 1 << 20), Algorithm::Hierarchical, "{op}");

@@ -119,20 +119,23 @@ pub async fn join(
             // algorithms.
             return Err(Error::Bootstrap(format!(
                 "rank {r}'s settings differ from rank {rank}'s in what every rank must share \
-                 (FERROCOMM_COLL, FERROCOMM_EAGER_LIMIT, _MAX_CREDIT, _RNDV_CHUNK, _MAX_MESSAGE, and \
-                 FERROCOMM_TRANSPORTS=verbs or not); give every rank the same"
+                 (FERROCOMM_COLL, FERROCOMM_EAGER_LIMIT, _MAX_CREDIT, _RNDV_CHUNK, _MAX_MESSAGE, \
+                 FERROCOMM_TRANSPORTS=verbs or not, FERROCOMM_MCAST and its _WINDOW, _SUBGROUPS, \
+                 _DATAGRAM, _MAX_MESSAGE, _BARRIER_DEGREE); give every rank the same"
             )));
         }
-        domains.push(if a.shm { a.host.clone() } else { format!("rank {r} alone\n").into_bytes() });
+        domains.push(if a.shm { Domain::Host(a.host.clone()) } else { Domain::Alone(r) });
         hosts.push(a.host);
         busy.push(a.busy);
         single_copy.push(a.single_copy);
     }
-    // Node index of every rank (domains numbered in order of their lowest rank): the peers reached
-    // through shared memory, and the nodes of hierarchical and shared-memory collectives.
-    let nodes = number(&domains);
+    // Node (host) index of every rank, for the node-leader collectives, and its shared-memory
+    // domain's index, for the peers reached through shared memory and the board (both numbered
+    // in order of their lowest rank).
+    let nodes = number(&hosts);
+    let domains = number(&domains);
     let local: Vec<bool> =
-        (0..size).map(|r| shm_here && r != rank && nodes[r as usize] == nodes[rank as usize]).collect();
+        (0..size).map(|r| shm_here && r != rank && domains[r as usize] == domains[rank as usize]).collect();
 
     let refused = Arc::new(Mutex::new(Vec::new()));
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -204,7 +207,7 @@ pub async fn join(
     let driver = Driver { engine: Engine::new(rank, size, cfg), transport, ops: Default::default() };
     let reactor = thread.run(driver, settings.progress);
     // More ranks on this host than CPUs to run them: spinning ranks must give way at once.
-    let here = hosts.iter().filter(|&h| *h == hosts[rank as usize]).count();
+    let here = nodes.iter().filter(|&&n| n == nodes[rank as usize]).count();
     reactor.set_oversubscribed(here > host_cpus());
     Ok(World::from_inner(Arc::new(Inner {
         rank,
@@ -214,6 +217,7 @@ pub async fn join(
         refused,
         listen_addr,
         nodes,
+        domains,
         busy,
         single_copy,
         job_id: job_id(&token),
@@ -369,24 +373,36 @@ impl Announce {
 }
 
 /// FNV-1a of the settings every rank must share: the collective selection table, whether the job
-/// runs over verbs (every rank or none), and the point-to-point protocol's limits (a receiver
-/// checks frames against its own: a larger eager limit or credit at the sender reads as a broken
-/// protocol, and the peer is cut off). Other settings may differ between ranks.
+/// runs over verbs (every rank or none), the point-to-point protocol's limits (a receiver checks
+/// frames against its own: a larger eager limit or credit at the sender reads as a broken
+/// protocol, and the peer is cut off), and reliable multicast's protocol parameters (window,
+/// sub-groups, datagram and message sizes, the token barrier's degree, on or off). Other
+/// settings may differ between ranks.
 fn shared_fingerprint(settings: &Settings) -> u64 {
     let verbs = settings.transports == TransportChoice::Verbs;
     let s = settings;
     let limits = (s.eager_limit, s.max_credit, s.rndv_chunk, s.max_message);
-    format!("{:?} verbs={verbs} limits={limits:?}", s.collectives)
+    let m = &s.multicast;
+    let mcast = (m.enabled, m.window, m.subgroups, m.datagram, m.max_message, m.barrier_degree);
+    format!("{:?} verbs={verbs} limits={limits:?} mcast={mcast:?}", s.collectives)
         .bytes()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
+/// Where a rank shares memory: with the other ranks of its host, or (if it cannot run the
+/// shared-memory transport) with nobody.
+#[derive(PartialEq)]
+enum Domain {
+    Host(Vec<u8>),
+    Alone(Rank),
+}
+
 /// Numbers distinct values in order of first appearance: the index of each value's number.
-fn number(values: &[Vec<u8>]) -> Vec<u32> {
-    let mut seen: Vec<&[u8]> = Vec::new();
+fn number<T: PartialEq>(values: &[T]) -> Vec<u32> {
+    let mut seen: Vec<&T> = Vec::new();
     values
         .iter()
-        .map(|v| match seen.iter().position(|x| *x == &v[..]) {
+        .map(|v| match seen.iter().position(|x| *x == v) {
             Some(i) => i as u32,
             None => {
                 seen.push(v);
@@ -531,6 +547,9 @@ mod tests {
         let tcp = Settings { transports: TransportChoice::Tcp, progress: ProgressMode::BusyPoll, ..plain.clone() };
         let eager = Settings { eager_limit: plain.eager_limit / 2, ..plain.clone() };
         assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&eager));
+        let mut window = plain.clone();
+        window.multicast.window += 1;
+        assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&window));
         assert_eq!(shared_fingerprint(&plain), shared_fingerprint(&plain.clone()));
         assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&pinned));
         assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&verbs));

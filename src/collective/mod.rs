@@ -348,10 +348,10 @@ impl Comm {
     fn on_one_host(&self) -> bool {
         *self.sequence.on_one_host.get_or_init(|| {
             let inner = self.inner();
-            let here = inner.nodes[inner.rank as usize];
+            let here = inner.domains[inner.rank as usize];
             inner.shm_job.is_some()
                 && (2..=BOARD_RANKS as u32).contains(&self.size())
-                && (0..self.size()).all(|r| inner.nodes[self.world_rank(r) as usize] == here)
+                && (0..self.size()).all(|r| inner.domains[self.world_rank(r) as usize] == here)
         })
     }
 

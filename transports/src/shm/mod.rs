@@ -389,7 +389,9 @@ pub fn copy_to_process(pid: i32, addr: u64, src: &[u8]) -> io::Result<()> {
 /// talk over TCP instead (the bootstrap asks every rank this before choosing).
 pub fn unavailable() -> Option<io::Error> {
     // SAFETY: getpid has no preconditions.
-    sys::pidfd_open(unsafe { libc::getpid() }).err()
+    // Only a refusal counts: another failure (out of descriptors, say) is not a property of this
+    // kernel, and the transport's own setup then fails with it.
+    sys::pidfd_open(unsafe { libc::getpid() }).err().filter(sys::is_denied)
 }
 
 /// Whether the kernel's ptrace rules let a rank read its sibling ranks' memory (same user, not
