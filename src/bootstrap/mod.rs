@@ -375,16 +375,19 @@ impl Announce {
 /// FNV-1a of the settings every rank must share: the collective selection table, whether the job
 /// runs over verbs (every rank or none), the point-to-point protocol's limits (a receiver checks
 /// frames against its own: a larger eager limit or credit at the sender reads as a broken
-/// protocol, and the peer is cut off), and reliable multicast's protocol parameters (window,
-/// sub-groups, datagram and message sizes, the token barrier's degree, on or off). Other
-/// settings may differ between ranks.
+/// protocol, and the peer is cut off), reliable multicast's protocol parameters (window,
+/// sub-groups, datagram and message sizes, the token barrier's degree, on or off), and over verbs
+/// the eager slots, eager path and rendezvous protocol. Other settings may differ between ranks.
 fn shared_fingerprint(settings: &Settings) -> u64 {
     let verbs = settings.transports == TransportChoice::Verbs;
     let s = settings;
     let limits = (s.eager_limit, s.max_credit, s.rndv_chunk, s.max_message);
     let m = &s.multicast;
     let mcast = (m.enabled, m.window, m.subgroups, m.datagram, m.max_message, m.barrier_degree);
-    format!("{:?} verbs={verbs} limits={limits:?} mcast={mcast:?}", s.collectives)
+    // Over verbs, the slot rings and the rendezvous protocol too (device and GID are per host).
+    let v = &s.verbs;
+    let verbs = verbs.then(|| (v.slots, format!("{:?} {:?}", v.eager, v.rendezvous)));
+    format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?}", s.collectives)
         .bytes()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
@@ -520,6 +523,7 @@ fn host_cpus() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::VerbsSettings;
 
     #[test]
     fn announcements_round_trip_and_odd_ones_share_nothing() {
@@ -547,6 +551,11 @@ mod tests {
         let tcp = Settings { transports: TransportChoice::Tcp, progress: ProgressMode::BusyPoll, ..plain.clone() };
         let eager = Settings { eager_limit: plain.eager_limit / 2, ..plain.clone() };
         assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&eager));
+        let slots = Settings { verbs: VerbsSettings { slots: 8, ..plain.verbs.clone() }, ..verbs.clone() };
+        assert_ne!(shared_fingerprint(&verbs), shared_fingerprint(&slots));
+        let device =
+            Settings { verbs: VerbsSettings { device: Some("mlx5_1".into()), ..plain.verbs.clone() }, ..verbs.clone() };
+        assert_eq!(shared_fingerprint(&verbs), shared_fingerprint(&device), "devices are per host");
         let mut window = plain.clone();
         window.multicast.window += 1;
         assert_ne!(shared_fingerprint(&plain), shared_fingerprint(&window));
