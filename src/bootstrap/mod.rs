@@ -119,9 +119,8 @@ pub async fn join(
             // algorithms.
             return Err(Error::Bootstrap(format!(
                 "rank {r}'s settings differ from rank {rank}'s in what every rank must share \
-                 (FERROCOMM_COLL, FERROCOMM_EAGER_LIMIT, _MAX_CREDIT, _RNDV_CHUNK, _MAX_MESSAGE, \
-                 FERROCOMM_TRANSPORTS=verbs or not, FERROCOMM_MCAST and its _WINDOW, _SUBGROUPS, \
-                 _DATAGRAM, _MAX_MESSAGE, _BARRIER_DEGREE); give every rank the same"
+                 (collective selection, point-to-point limits, multicast protocol, verbs or not and \
+                 its slots and protocols: see the README's Settings); give every rank the same"
             )));
         }
         domains.push(if a.shm { Domain::Host(a.host.clone()) } else { Domain::Alone(r) });
