@@ -312,10 +312,7 @@ pub struct Channel {
 
 /// FNV-1a of a few words: derived group addresses and ports.
 fn mix(words: &[u64]) -> u64 {
-    words
-        .iter()
-        .flat_map(|w| w.to_le_bytes())
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    crate::bootstrap::env::fnv1a64_bytes(words.iter().flat_map(|w| w.to_le_bytes()))
 }
 
 impl Channel {

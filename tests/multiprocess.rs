@@ -316,13 +316,17 @@ fn killed_rank_over_verbs() {
     }
 }
 
+/// Whether `var` names this rank (`FERROCOMM_TEST_*_RANK=r`: rank `r` alone gets a setting).
+fn for_this_rank(var: &str) -> bool {
+    matches!((std::env::var(var), std::env::var("FERROCOMM_RANK")), (Ok(a), Ok(b)) if a == b)
+}
+
 /// One rank of a scenario, when run by `ferrorun`.
 #[test]
 fn rank_process() {
     let Ok(scenario) = std::env::var(SCENARIO) else { return };
     let what = scenario.clone();
-    if matches!((std::env::var("FERROCOMM_TEST_DENY_PIDFD"), std::env::var("FERROCOMM_RANK")), (Ok(a), Ok(b)) if a == b)
-    {
+    if for_this_rank("FERROCOMM_TEST_DENY_PIDFD") {
         // Before any thread starts: they all inherit the filter.
         deny_pidfd_open();
     }
@@ -332,14 +336,13 @@ fn rank_process() {
     let limit = Duration::from_secs(300);
     let body = async move {
         let mut settings = ferrocomm::Settings::from_env().unwrap();
-        let this_rank = |var| matches!((std::env::var(var), std::env::var("FERROCOMM_RANK")), (Ok(a), Ok(b)) if a == b);
-        if this_rank("FERROCOMM_TEST_ADAPTIVE_RANK") {
+        if for_this_rank("FERROCOMM_TEST_ADAPTIVE_RANK") {
             settings.progress = ferrocomm::ProgressMode::Adaptive(Duration::from_micros(50));
         }
-        if this_rank("FERROCOMM_TEST_TCP_RANK") {
+        if for_this_rank("FERROCOMM_TEST_TCP_RANK") {
             settings.transports = ferrocomm::TransportChoice::Tcp;
         }
-        if this_rank("FERROCOMM_TEST_PIN_RANK") {
+        if for_this_rank("FERROCOMM_TEST_PIN_RANK") {
             settings.collectives = settings.collectives.with_overrides("allreduce=ring").unwrap();
         }
         if scenario == "ring" {

@@ -198,14 +198,14 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
 
     /// Rank `rank`'s `finished` counter.
     fn finished(&self, rank: usize) -> &AtomicU64 {
-        &self.words[HEADER + rank * LINE + FINISHED]
+        self.own(rank, FINISHED)
     }
 
     /// Marks the single-copy call that began with call `seq` withdrawn: this rank's lent memory may
     /// change from now on. Before anything else this rank posts for that call, and before the
     /// memory is given back to its owner.
     pub fn withdraw(&self, seq: u64) {
-        self.words[HEADER + self.me * LINE + WITHDRAWN].fetch_max(seq + 1, SeqCst);
+        self.own(self.me, WITHDRAWN).fetch_max(seq + 1, SeqCst);
     }
 
     /// Whether rank `rank` withdrew from the single-copy call that began with call `seq`. Checked
@@ -214,9 +214,10 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
     /// implies having left this one).
     pub fn withdrawn(&self, rank: usize, seq: u64) -> bool {
         fence(SeqCst);
-        self.words[HEADER + rank * LINE + WITHDRAWN].load(SeqCst) > seq
+        self.own(rank, WITHDRAWN).load(SeqCst) > seq
     }
 
+    /// Word `word` of rank `rank`'s own line.
     fn own(&self, rank: usize, word: usize) -> &AtomicU64 {
         &self.words[HEADER + rank * LINE + word]
     }

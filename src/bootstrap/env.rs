@@ -386,15 +386,14 @@ pub fn to_hex(bytes: &[u8]) -> String {
     s
 }
 
-fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in *part {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
+/// FNV-1a over `parts` in turn: the job's derived ports, tokens, ids and fingerprints.
+pub(crate) fn fnv1a64(parts: &[&[u8]]) -> u64 {
+    fnv1a64_bytes(parts.iter().flat_map(|p| p.iter().copied()))
+}
+
+/// FNV-1a over `bytes`.
+pub(crate) fn fnv1a64_bytes(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// Port in `20000..60000` that every rank of a job derives alike.

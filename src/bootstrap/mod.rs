@@ -228,7 +228,7 @@ pub async fn join(
 
 /// FNV-1a of the job token: the same at every rank, different between jobs.
 fn job_id(token: &[u8; TOKEN_LEN]) -> u64 {
-    token.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    env::fnv1a64(&[token])
 }
 
 /// The name of the job's shared-memory files (segments, boards).
@@ -386,9 +386,7 @@ fn shared_fingerprint(settings: &Settings) -> u64 {
     // Over verbs, the slot rings and the rendezvous protocol too (device and GID are per host).
     let v = &s.verbs;
     let verbs = verbs.then(|| (v.slots, format!("{:?} {:?}", v.eager, v.rendezvous)));
-    format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?}", s.collectives)
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    env::fnv1a64(&[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?}", s.collectives).as_bytes()])
 }
 
 /// Where a rank shares memory: with the other ranks of its host, or (if it cannot run the
