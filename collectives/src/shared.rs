@@ -63,7 +63,13 @@ use std::ops::{Deref, Range};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU64, fence};
 
+use smallvec::SmallVec;
+
 use crate::{CollError, Reducer};
+
+/// A call's result, or a rank's part read from the board: up to 16 bytes inline, so that the
+/// smallest calls allocate nothing (and it is no larger than a `Vec`, which futures move).
+pub type Data = SmallVec<[u8; 16]>;
 
 /// Slots of the board: calls that may be in flight on one communicator before the next waits for
 /// the oldest to finish everywhere.
@@ -278,10 +284,16 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
     fn write(&self, seq: u64, data: &[u8]) {
         let line = self.line(seq, self.me);
         if data.len() <= INLINE {
-            for (w, c) in line[INLINE_AT..].iter().zip(data.chunks(8)) {
+            // Whole words as words (no call to `memcpy` for a few bytes), then the rest.
+            let (words, rest) = data.as_chunks::<8>();
+            let inline = &line[INLINE_AT..];
+            for (w, c) in inline.iter().zip(words) {
+                w.store(u64::from_le_bytes(*c), Relaxed);
+            }
+            if !rest.is_empty() {
                 let mut b = [0u8; 8];
-                b[..c.len()].copy_from_slice(c);
-                w.store(u64::from_le_bytes(b), Relaxed);
+                b[..rest.len()].copy_from_slice(rest);
+                inline[words.len()].store(u64::from_le_bytes(b), Relaxed);
             }
         } else {
             copy_in(self.area(seq, self.me), data);
@@ -290,7 +302,7 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
     }
 
     /// Rank `rank`'s data of call `seq` (after its `posted` was acquired).
-    fn read(&self, seq: u64, rank: usize, out: &mut Vec<u8>) -> Result<(), CollError> {
+    fn read(&self, seq: u64, rank: usize, out: &mut Data) -> Result<(), CollError> {
         let line = self.line(seq, rank);
         let len = line[LEN].load(Relaxed) as usize;
         if len > self.capacity {
@@ -299,8 +311,14 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
         out.clear();
         out.resize(len, 0);
         if len <= INLINE {
-            for (w, c) in line[INLINE_AT..].iter().zip(out.chunks_mut(8)) {
-                c.copy_from_slice(&w.load(Relaxed).to_le_bytes()[..c.len()]);
+            let inline = &line[INLINE_AT..];
+            let (words, rest) = out.as_chunks_mut::<8>();
+            let whole = words.len();
+            for (c, w) in words.iter_mut().zip(inline) {
+                *c = w.load(Relaxed).to_le_bytes();
+            }
+            if !rest.is_empty() {
+                rest.copy_from_slice(&inline[whole].load(Relaxed).to_le_bytes()[..rest.len()]);
             }
         } else {
             copy_out(self.area(seq, rank), out);
@@ -374,7 +392,7 @@ pub struct Call {
     /// What this rank publishes.
     input: Vec<u8>,
     phase: Phase,
-    result: Result<Vec<u8>, CollError>,
+    result: Result<Data, CollError>,
     /// Its future is gone: drop the result when done.
     abandoned: bool,
     /// Posts only once released ([`Queue::push_held`]).
@@ -443,7 +461,7 @@ pub struct Queue {
     /// Some abandoned call may have finished: sweep it out.
     sweep: bool,
     /// Where reductions and all-gathers read the other ranks' parts (kept: no allocation per call).
-    scratch: Vec<u8>,
+    scratch: Data,
 }
 
 impl Queue {
@@ -462,7 +480,7 @@ impl Queue {
     fn next_call(&mut self, kind: Kind, len: usize) -> Call {
         let seq = self.next;
         self.next += 1;
-        let (phase, result) = (Phase::Post, Ok(Vec::new()));
+        let (phase, result) = (Phase::Post, Ok(Data::new()));
         Call { seq, kind, len, input: Vec::new(), phase, result, abandoned: false, held: false }
     }
 
@@ -478,7 +496,7 @@ impl Queue {
         kind: Kind,
         len: usize,
         input: &[u8],
-    ) -> Result<(u64, Option<Result<Vec<u8>, CollError>>), CollError> {
+    ) -> Result<(u64, Option<Result<Data, CollError>>), CollError> {
         if !self.calls.is_empty() {
             return Ok((self.push(board, kind, len, input.to_vec())?, None));
         }
@@ -539,7 +557,7 @@ impl Queue {
 
     /// The result of call `seq` once it has read what it needs: it leaves the queue if done, or
     /// finishes later in call order (after earlier calls that are held) as an abandoned call.
-    pub fn take(&mut self, seq: u64) -> Option<Result<Vec<u8>, CollError>> {
+    pub fn take(&mut self, seq: u64) -> Option<Result<Data, CollError>> {
         let ready = |c: &Call| c.seq == seq && !c.abandoned && matches!(c.phase, Phase::Finish | Phase::Done);
         let i = self.calls.iter().position(ready)?;
         if self.calls[i].phase == Phase::Done {
@@ -547,7 +565,7 @@ impl Queue {
         }
         let c = &mut self.calls[i];
         (c.abandoned, self.sweep) = (true, true);
-        Some(std::mem::replace(&mut c.result, Ok(Vec::new())))
+        Some(std::mem::replace(&mut c.result, Ok(Data::new())))
     }
 
     /// What call `seq` waits for, if it is not done.
@@ -632,7 +650,7 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order
     }
 }
 
-fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Order, scratch: &mut Vec<u8>) {
+fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Order, scratch: &mut Data) {
     while c.phase != Phase::Done && blocker(b, c, o).is_none() {
         match c.phase {
             Phase::Post => {
@@ -665,8 +683,8 @@ fn post<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, input: &[u8], o:
 }
 
 /// Reads what call `c` needs from the board, once every part it needs is posted.
-fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Vec<u8>) -> Result<Vec<u8>, CollError> {
-    let mut out = Vec::new();
+fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) -> Result<Data, CollError> {
+    let mut out = Data::new();
     match &c.kind {
         Kind::Barrier | Kind::Fanin { .. } => {}
         // The root has its data: it gets nothing back.
@@ -809,7 +827,7 @@ mod tests {
         loop {
             q.advance(b);
             if let Some(r) = q.take(seq) {
-                return r;
+                return r.map(|d| d.to_vec());
             }
             assert!(start.elapsed() < std::time::Duration::from_secs(60), "call {seq} never finished");
             std::thread::yield_now();
@@ -957,7 +975,8 @@ mod tests {
                         };
                         // Half the calls made at once (posted, perhaps complete), half queued.
                         let (seq, done) = if next(&mut local).is_multiple_of(2) {
-                            q.call_now(&b, kind, len, &input).unwrap()
+                            let (seq, done) = q.call_now(&b, kind, len, &input).unwrap();
+                            (seq, done.map(|r| r.map(|d| d.to_vec())))
                         } else {
                             (q.push(&b, kind, len, input).unwrap(), None)
                         };
@@ -1110,7 +1129,7 @@ mod tests {
         assert!(matches!(run(&mut q1, &b1, s1), Err(CollError::Malformed { from: 0, .. })));
         // A length word beyond the capacity (a corrupt board) is refused, not followed.
         b.line(s0 + 1, 0)[LEN].store(u64::MAX, Relaxed);
-        let mut out = Vec::new();
+        let mut out = Data::new();
         assert!(b1.read(s0 + 1, 0, &mut out).is_err());
         // Waiting names the rank that has not posted.
         let s = q1.push(&b1, Kind::Barrier, 0, Vec::new()).unwrap();

@@ -224,11 +224,61 @@ fn copy_parts<T: Element, P: AsRef<[u8]>>(out: &mut [T], parts: &[P]) -> Result<
     Ok(())
 }
 
+/// The future of a broadcast, all-reduce or barrier: on the board (a small call where the ranks
+/// share a host), the call and where its result goes; on any other path, that path's future,
+/// boxed. Why: the board serves the calls whose latency is a few hundred nanoseconds, where a
+/// future holding every path's state (hundreds of bytes, copied each time the future moves)
+/// costs a measurable share; the other paths cost microseconds, which one allocation does not
+/// change.
+enum Collective<'a> {
+    /// A board call; its result is copied into `out` (nothing for a broadcast's root or a
+    /// barrier).
+    Board {
+        call: shared::BoardCall,
+        out: Option<&'a mut [u8]>,
+    },
+    /// Failed when made.
+    Failed(Option<Error>),
+    Boxed(Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>),
+}
+
+impl<'a> Collective<'a> {
+    fn board(call: Result<shared::BoardCall>, out: Option<&'a mut [u8]>) -> Collective<'a> {
+        match call {
+            Ok(call) => Collective::Board { call, out },
+            Err(e) => Collective::Failed(Some(e)),
+        }
+    }
+
+    fn boxed(f: impl Future<Output = Result<()>> + Send + 'a) -> Collective<'a> {
+        Collective::Boxed(Box::pin(f))
+    }
+}
+
+impl Future for Collective<'_> {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        match self.get_mut() {
+            Collective::Board { call, out } => {
+                let parts = std::task::ready!(Pin::new(call).poll(cx))?;
+                Poll::Ready(out.take().map_or(Ok(()), |out| copy_parts(out, &parts)))
+            }
+            Collective::Failed(e) => Poll::Ready(Err(e.take().unwrap_or(Error::Invalid("polled again".into())))),
+            Collective::Boxed(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
 /// Lays out an all-gather that came in pieces: piece `k` holds every rank's `k`-th piece in rank
 /// order; `out` gets every rank's whole part in rank order.
-fn copy_gathered<T: Element>(out: &mut [T], pieces: &[Vec<u8>], ranks: usize) -> Result<()> {
+fn copy_gathered<T: Element, P: std::ops::Deref<Target = [u8]>>(
+    out: &mut [T],
+    pieces: &[P],
+    ranks: usize,
+) -> Result<()> {
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-    let total: usize = pieces.iter().map(Vec::len).sum();
+    let total: usize = pieces.iter().map(|p| p.len()).sum();
     if total != bytes.len() || pieces.iter().any(|p| !p.len().is_multiple_of(ranks)) {
         return Err(Error::Invalid(format!("expected {} bytes, the all-gather produced {total}", bytes.len())));
     }
@@ -504,11 +554,11 @@ impl Comm {
     /// ceil(log2 n) rounds; node-leader when the communicator spans several hosts).
     pub fn barrier(&self) -> impl Future<Output = Result<()>> + Send + use<> {
         let alg = self.choose(Operation::Barrier, 0, true);
-        let board = (alg == Algorithm::SharedMemory).then(|| self.board_call(Kind::Barrier, 0, &[], 1));
+        if alg == Algorithm::SharedMemory {
+            return Collective::board(self.board_call(Kind::Barrier, 0, &[], 1), None);
+        }
         let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
-        let plan = if board.is_some() {
-            None
-        } else if alg == Algorithm::Multicast {
+        let plan = if alg == Algorithm::Multicast {
             // Takes its sequence number like any call, but runs on the multicast channel.
             self.slot();
             None
@@ -524,37 +574,25 @@ impl Comm {
             let slot = self.slot();
             Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Comm::drive(slot, m))))
         };
-        async move {
-            if let Some(call) = board {
-                return call?.await.map(drop);
-            }
+        Collective::boxed(async move {
             if let Some(comm) = multicast {
                 // The skew-tolerant token barrier of the reliable multicast layer.
-                // Boxed: its set-up future is large, and would otherwise inflate (and be copied
-                // with) every barrier's future.
-                return Box::pin(async move {
-                    let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
-                    barrier.wait().await
-                })
-                .await;
+                let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
+                return barrier.wait().await;
             }
             match plan {
                 None => Err(Error::Invalid("a multicast barrier without its channel".into())),
                 Some(Ok(run)) => run?.await.map(drop),
-                // Boxed, as every rare path here: kept out of the common call's future.
                 Some(Err(hier)) => {
-                    Box::pin(async move {
-                        let (up, mid, down) = *hier;
-                        Comm::drive(up.0, up.1?).await?;
-                        if let Some((s, m)) = mid {
-                            Comm::drive(s, m?).await?;
-                        }
-                        Comm::drive(down.0, down.1?).await.map(drop)
-                    })
-                    .await
+                    let (up, mid, down) = *hier;
+                    Comm::drive(up.0, up.1?).await?;
+                    if let Some((s, m)) = mid {
+                        Comm::drive(s, m?).await?;
+                    }
+                    Comm::drive(down.0, down.1?).await.map(drop)
                 }
             }
-        }
+        })
     }
 
     /// Broadcasts the root's `buf` into every rank's `buf` (all ranks pass the same length).
@@ -565,27 +603,24 @@ impl Comm {
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         let (bytes, me) = (size_of_val(buf), self.rank());
         let alg = self.choose(Operation::Bcast, bytes, true);
+        if root < self.size() && alg == Algorithm::SharedMemory {
+            let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
+            let call = self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>());
+            return Collective::board(call, (me != root).then(|| bytemuck::cast_slice_mut(buf)));
+        }
         let direct = (root < self.size() && alg == Algorithm::SingleCopy).then(|| {
             let lent = (me == root).then(|| Lent::of(bytemuck::cast_slice(buf)));
             self.lending(Kind::Bcast { root }, lent, &[Kind::Fanin { root }])
         });
-        let board = (root < self.size() && alg == Algorithm::SharedMemory).then(|| {
-            let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
-            self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>())
-        });
-        // Messages only: the pool's handle (an atomic count) stays out of the board's calls.
-        let run = (board.is_none() && direct.is_none()).then(|| {
+        let run = direct.is_none().then(|| {
             let pool = self.sequence.pool.clone();
             let data = (me == root).then(|| pool.copy(buf));
-            (Box::pin(self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes))), pool)
+            (self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)), pool)
         });
-        async move {
-            if let Some(call) = direct {
-                return Box::pin(bcast_single_copy(call?, root, me, bytemuck::cast_slice_mut(buf))).await;
-            }
+        Collective::boxed(async move {
             let Some((run, pool)) = run else {
-                let parts = board.expect("one of the two")?.await?;
-                return if me == root { Ok(()) } else { copy_parts(buf, &parts) };
+                let call = direct.expect("one of the two")?;
+                return bcast_single_copy(call, root, me, bytemuck::cast_slice_mut(buf)).await;
             };
             let parts = run.await?;
             if me != root {
@@ -594,7 +629,7 @@ impl Comm {
             // The received (or sent) buffers serve the next large calls.
             parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
             Ok(())
-        }
+        })
     }
 
     /// Broadcasts bytes whose length only the root knows (binomial tree).
@@ -747,17 +782,18 @@ impl Comm {
         let alg = self.choose(Operation::Allreduce, size_of_val(buf), op.is_commutative());
         let early = check_op(&op).err();
         let (r, n) = (self.rank(), self.size());
-        let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
-            self.board_call(Kind::Allreduce(op.erase()), size_of_val(buf), bytemuck::cast_slice(buf), size_of::<T>())
-        });
+        if early.is_none() && alg == Algorithm::SharedMemory {
+            let kind = Kind::Allreduce(op.erase());
+            let call = self.board_call(kind, size_of_val(buf), bytemuck::cast_slice(buf), size_of::<T>());
+            return Collective::board(call, Some(bytemuck::cast_slice_mut(buf)));
+        }
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| {
             let lent = Lent::of(bytemuck::cast_slice(buf));
             self.lending(Kind::Allgather, Some(lent), &[Kind::Barrier, Kind::Barrier])
         });
-        // Messages only: the pool's handle (an atomic count) stays out of the board's calls.
-        let pool = (board.is_none() && direct.is_none()).then(|| self.sequence.pool.clone());
+        let pool = direct.is_none().then(|| self.sequence.pool.clone());
         let data = pool.as_ref().map_or_else(Bytes::new, |p| p.copy(buf));
-        let plan = if early.is_some() || board.is_some() || direct.is_some() {
+        let plan = if early.is_some() || direct.is_some() {
             None
         } else if alg == Algorithm::Hierarchical {
             let h = self.hierarchy().expect("chosen");
@@ -774,12 +810,9 @@ impl Comm {
             let (bytes, slot) = (size_of_val(buf), self.slot());
             Some(Ok(ops::allreduce(r, n, alg, data, op.erase()).map(|m| Comm::drive(slot, m.with_block_len(bytes)))))
         };
-        async move {
-            if let Some(call) = board {
-                return copy_parts(buf, &call?.await?);
-            }
+        Collective::boxed(async move {
             if let Some(call) = direct {
-                return Box::pin(allreduce_single_copy(call?, bytemuck::cast_slice_mut(buf), op.erase(), r, n)).await;
+                return allreduce_single_copy(call?, bytemuck::cast_slice_mut(buf), op.erase(), r, n).await;
             }
             let out = match plan {
                 None => return Err(early.expect("set")),
@@ -791,23 +824,20 @@ impl Comm {
                     return Ok(());
                 }
                 Some(Err(hier)) => {
-                    Box::pin(async move {
-                        let (up, mid, down, nr, nn) = *hier;
-                        let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
-                        let mut have = (nr == 0).then_some(partial);
-                        if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
-                            let lr = slot.comm.rank();
-                            let m = ops::allreduce(lr, ln, a, d, reducer)?;
-                            have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
-                        }
-                        let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
-                        Ok::<_, Error>(ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?)
-                    })
-                    .await?
+                    let (up, mid, down, nr, nn) = *hier;
+                    let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
+                    let mut have = (nr == 0).then_some(partial);
+                    if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
+                        let lr = slot.comm.rank();
+                        let m = ops::allreduce(lr, ln, a, d, reducer)?;
+                        have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
+                    }
+                    let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
+                    ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?
                 }
             };
             copy_into(buf, &out)
-        }
+        })
     }
 
     /// Gathers every rank's `data` (all of one length) at `root`, concatenated in rank order.

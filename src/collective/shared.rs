@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use ferrocomm_collectives::CollError;
-use ferrocomm_collectives::shared::{Board, Kind, Lent, Queue, Waiting, board_bytes};
+use ferrocomm_collectives::shared::{Board, Data, Kind, Lent, Queue, Waiting, board_bytes};
 use ferrocomm_reactor::{ProgressMode, Reactor, Wait};
 use ferrocomm_transports::Rank;
 use ferrocomm_transports::mapping::{Mapping, shared_file_path};
@@ -115,16 +115,17 @@ impl Segment {
     /// into pieces of at most the board's capacity, cut on `elem`-byte element boundaries.
     /// `input`: the root's data (broadcast), this rank's contribution (all-reduce), or nothing.
     pub(crate) fn call(self: &Arc<Segment>, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<BoardCall> {
-        let piece = (self.board.capacity() / elem.max(1) * elem.max(1)).max(1);
-        let pieces = len.div_ceil(piece).max(1);
         let mut q = self.queue.lock();
-        if pieces == 1 {
+        if len <= self.board.capacity() {
             // Posted now, and often complete now: then its future holds just the result.
             return Ok(match q.call_now(&self.board, kind, len, input)? {
                 (_, Some(result)) => BoardCall::done(result?),
                 (seq, None) => self.wait(seq..seq + 1, None),
             });
         }
+        // (Divisions cost tens of cycles: kept off the small calls' path.)
+        let piece = (self.board.capacity() / elem.max(1) * elem.max(1)).max(1);
+        let pieces = len.div_ceil(piece);
         let mut seqs: Option<Range<u64>> = None;
         for k in 0..pieces {
             let range = k * piece..((k + 1) * piece).min(len);
@@ -216,7 +217,7 @@ pub(crate) struct BoardCall {
 }
 
 /// The results of a call's pieces, in order: usually one (inline, no allocation).
-pub(crate) type Pieces = SmallVec<[Vec<u8>; 1]>;
+pub(crate) type Pieces = SmallVec<[Data; 1]>;
 
 impl Future for BoardCall {
     type Output = Result<Pieces>;
@@ -274,7 +275,7 @@ impl Drop for BoardCall {
 
 impl BoardCall {
     /// A call complete when made, with its one result.
-    fn done(result: Vec<u8>) -> BoardCall {
+    fn done(result: Data) -> BoardCall {
         let parts = Pieces::from_buf([result]);
         BoardCall { seg: None, seqs: 0..0, parts, wait: Wait::default(), nap: None, lent: None }
     }
@@ -299,7 +300,7 @@ pub(crate) struct Lending {
 impl Lending {
     /// Posts the next step (this rank is done with what the previous ones allowed) and waits for
     /// it; its result (for the first step: what was lent).
-    pub(crate) async fn next(&mut self) -> Result<Vec<u8>> {
+    pub(crate) async fn next(&mut self) -> Result<Data> {
         let seq = self.steps.start;
         self.seg.queue.lock().release(seq);
         let mut parts = self.seg.wait(seq..seq + 1, self.lent()).await?;
