@@ -231,22 +231,25 @@ fn copy_parts<T: Element, P: AsRef<[u8]>>(out: &mut [T], parts: &[P]) -> Result<
 /// costs a measurable share; the other paths cost microseconds, which one allocation does not
 /// change.
 enum Collective<'a> {
+    /// Complete (or failed) when made: a broadcast's root, the last rank to arrive.
+    Ready(Option<Result<()>>),
     /// A board call; its result is copied into `out` (nothing for a broadcast's root or a
     /// barrier).
     Board {
         call: shared::BoardCall,
         out: Option<&'a mut [u8]>,
     },
-    /// Failed when made.
-    Failed(Option<Error>),
     Boxed(Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>),
 }
 
 impl<'a> Collective<'a> {
     fn board(call: Result<shared::BoardCall>, out: Option<&'a mut [u8]>) -> Collective<'a> {
         match call {
-            Ok(call) => Collective::Board { call, out },
-            Err(e) => Collective::Failed(Some(e)),
+            Ok(mut call) => match call.take_if_done() {
+                Some(parts) => Collective::Ready(Some(out.map_or(Ok(()), |out| copy_parts(out, &parts)))),
+                None => Collective::Board { call, out },
+            },
+            Err(e) => Collective::Ready(Some(Err(e))),
         }
     }
 
@@ -264,7 +267,7 @@ impl Future for Collective<'_> {
                 let parts = std::task::ready!(Pin::new(call).poll(cx))?;
                 Poll::Ready(out.take().map_or(Ok(()), |out| copy_parts(out, &parts)))
             }
-            Collective::Failed(e) => Poll::Ready(Err(e.take().unwrap_or(Error::Invalid("polled again".into())))),
+            Collective::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| Err(Error::Invalid("polled again".into())))),
             Collective::Boxed(f) => f.as_mut().poll(cx),
         }
     }

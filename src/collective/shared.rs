@@ -274,6 +274,11 @@ impl Drop for BoardCall {
 }
 
 impl BoardCall {
+    /// The results of a call that was complete when made (then dropping it does nothing).
+    pub(crate) fn take_if_done(&mut self) -> Option<Pieces> {
+        self.seg.is_none().then(|| std::mem::take(&mut self.parts))
+    }
+
     /// A call complete when made, with its one result.
     fn done(result: Data) -> BoardCall {
         let parts = Pieces::from_buf([result]);
