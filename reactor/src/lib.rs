@@ -21,7 +21,11 @@
 //! until it has spun for [`YIELD_AFTER`] without its completion (a system call costs more than a
 //! shared-memory round trip under KVM), and several rounds per taking of the lock. Past
 //! [`YIELD_AFTER`] it yields every few dozen rounds, so that more busy ranks than cores still
-//! progress.
+//! progress. Nor does it `pause` between rounds (MPI's progress loops do not either): a round is
+//! a whole progress call, not a one-load spin, and a `pause` only delays the round that would see
+//! the completion (under the verbs VM's software emulation, a profile of the spin put most of its
+//! samples right after each `pause`); a hypervisor may also take a run of `pause`s for a spinning
+//! lock holder's waiter and deschedule the vCPU.
 
 mod alarm;
 pub mod lock;
@@ -396,7 +400,6 @@ impl<P: Progress> Reactor<P> {
                                 drop(st);
                                 return shared.done(wait, spin_for, v);
                             }
-                            std::hint::spin_loop();
                         }
                         rounds += LOCKED_ROUNDS;
                     }

@@ -240,10 +240,9 @@ impl Future for BoardCall {
             if r.is_ready() {
                 break;
             }
+            // No `pause` between looks otherwise: see the reactor's spin.
             if crowded {
                 std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
             }
         }
         if r.is_pending() {
