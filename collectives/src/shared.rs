@@ -309,8 +309,8 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
             return Err(CollError::Malformed { from: rank as u32, why: "length beyond the board's capacity" });
         }
         out.clear();
-        out.resize(len, 0);
         if len <= INLINE {
+            out.resize(len, 0);
             let inline = &line[INLINE_AT..];
             let (words, rest) = out.as_chunks_mut::<8>();
             let whole = words.len();
@@ -321,7 +321,7 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
                 rest.copy_from_slice(&inline[whole].load(Relaxed).to_le_bytes()[..rest.len()]);
             }
         } else {
-            copy_out(self.area(seq, rank), out);
+            copy_out(self.area(seq, rank), out, len);
         }
         Ok(())
     }
@@ -339,13 +339,18 @@ fn copy_in(words: &[AtomicU64], data: &[u8]) {
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), words.as_ptr().cast::<u8>().cast_mut(), data.len()) }
 }
 
-/// Copies the first `out.len()` bytes of `words` into `out` with `memcpy`.
-fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
-    assert!(out.len() <= words.len() * 8, "checked against the capacity");
+/// Sets `out` (empty) to the first `len` bytes of `words`, with one `memcpy` (no zero-filling
+/// first: `SmallVec::resize` fills byte by byte).
+fn copy_out(words: &[AtomicU64], out: &mut Data, len: usize) {
+    assert!(len <= words.len() * 8 && out.is_empty(), "checked against the capacity");
+    out.reserve_exact(len);
     // SAFETY: the source is valid for `words.len() * 8` bytes; its writer finished before the
     // release of `posted` that the caller acquired, and does not write again before this rank is
-    // done with the slot (rule 2).
-    unsafe { std::ptr::copy_nonoverlapping(words.as_ptr().cast::<u8>(), out.as_mut_ptr(), out.len()) }
+    // done with the slot (rule 2). `out` has room for `len` bytes, all written before `set_len`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(words.as_ptr().cast::<u8>(), out.as_mut_ptr(), len);
+        out.set_len(len);
+    }
 }
 
 /// What a call does.
@@ -1108,6 +1113,20 @@ mod tests {
         assert!(Lent::decode(3, &lent.encode()[..16], 64).is_err());
         assert!(Lent::decode(3, &Lent { pid: 0, ..lent }.encode(), 64).is_err());
         assert!(Lent::decode(3, &Lent { addr: u64::MAX, ..lent }.encode(), 64).is_err());
+    }
+
+    #[test]
+    fn every_length_round_trips_through_a_line_and_an_area() {
+        let m = mem(2);
+        let (b0, _) = Board::attach(m.clone(), 2, 0).unwrap();
+        let (b1, _) = Board::attach(m, 2, 1).unwrap();
+        let mut out = Data::new();
+        for (seq, len) in (0..=INLINE + 17).chain([4096, capacity(2)]).enumerate() {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            b0.write(seq as u64, &data);
+            b1.read(seq as u64, 0, &mut out).unwrap();
+            assert_eq!(&out[..], &data[..], "length {len}");
+        }
     }
 
     #[test]

@@ -23,9 +23,8 @@
 //! [`YIELD_AFTER`] it yields every few dozen rounds, so that more busy ranks than cores still
 //! progress. Nor does it `pause` between rounds (MPI's progress loops do not either): a round is
 //! a whole progress call, not a one-load spin, and a `pause` only delays the round that would see
-//! the completion (under the verbs VM's software emulation, a profile of the spin put most of its
-//! samples right after each `pause`); a hypervisor may also take a run of `pause`s for a spinning
-//! lock holder's waiter and deschedule the vCPU.
+//! the completion (an 8 B shared-memory ping-pong went from 0.219-0.249 to 0.210-0.233 us one way,
+//! alternated runs). Its limits count rounds, which are now a little shorter.
 
 mod alarm;
 pub mod lock;

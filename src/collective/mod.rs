@@ -226,10 +226,14 @@ fn copy_parts<T: Element, P: AsRef<[u8]>>(out: &mut [T], parts: &[P]) -> Result<
 
 /// The future of a broadcast, all-reduce or barrier: on the board (a small call where the ranks
 /// share a host), the call and where its result goes; on any other path, that path's future,
-/// boxed. Why: the board serves the calls whose latency is a few hundred nanoseconds, where a
-/// future holding every path's state (hundreds of bytes, copied each time the future moves)
-/// costs a measurable share; the other paths cost microseconds, which one allocation does not
-/// change.
+/// boxed (and within it, the rare large paths boxed again, so the common message path's box stays
+/// small). Why: the board serves the calls whose latency is a few hundred nanoseconds, where a
+/// future holding every path's state (416-560 bytes, copied each time the future moves) costs a
+/// measurable share; the other paths cost microseconds, which one allocation does not change.
+///
+/// A board call complete when made (a broadcast's root, the last rank to arrive) has already
+/// written its result into the caller's buffer when the call returns, before its future is
+/// polled; dropping that future changes nothing (the other ranks have their results too).
 enum Collective<'a> {
     /// Complete (or failed) when made: a broadcast's root, the last rank to arrive.
     Ready(Option<Result<()>>),
@@ -579,20 +583,28 @@ impl Comm {
         };
         Collective::boxed(async move {
             if let Some(comm) = multicast {
-                // The skew-tolerant token barrier of the reliable multicast layer.
-                let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
-                return barrier.wait().await;
+                // The skew-tolerant token barrier of the reliable multicast layer. Boxed, as
+                // every rare path here: its set-up future is large, and would otherwise size
+                // (and be copied with) every message-based barrier's future.
+                return Box::pin(async move {
+                    let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
+                    barrier.wait().await
+                })
+                .await;
             }
             match plan {
                 None => Err(Error::Invalid("a multicast barrier without its channel".into())),
                 Some(Ok(run)) => run?.await.map(drop),
                 Some(Err(hier)) => {
-                    let (up, mid, down) = *hier;
-                    Comm::drive(up.0, up.1?).await?;
-                    if let Some((s, m)) = mid {
-                        Comm::drive(s, m?).await?;
-                    }
-                    Comm::drive(down.0, down.1?).await.map(drop)
+                    Box::pin(async move {
+                        let (up, mid, down) = *hier;
+                        Comm::drive(up.0, up.1?).await?;
+                        if let Some((s, m)) = mid {
+                            Comm::drive(s, m?).await?;
+                        }
+                        Comm::drive(down.0, down.1?).await.map(drop)
+                    })
+                    .await
                 }
             }
         })
@@ -623,7 +635,7 @@ impl Comm {
         Collective::boxed(async move {
             let Some((run, pool)) = run else {
                 let call = direct.expect("one of the two")?;
-                return bcast_single_copy(call, root, me, bytemuck::cast_slice_mut(buf)).await;
+                return Box::pin(bcast_single_copy(call, root, me, bytemuck::cast_slice_mut(buf))).await;
             };
             let parts = run.await?;
             if me != root {
@@ -815,7 +827,7 @@ impl Comm {
         };
         Collective::boxed(async move {
             if let Some(call) = direct {
-                return allreduce_single_copy(call?, bytemuck::cast_slice_mut(buf), op.erase(), r, n).await;
+                return Box::pin(allreduce_single_copy(call?, bytemuck::cast_slice_mut(buf), op.erase(), r, n)).await;
             }
             let out = match plan {
                 None => return Err(early.expect("set")),
@@ -827,16 +839,19 @@ impl Comm {
                     return Ok(());
                 }
                 Some(Err(hier)) => {
-                    let (up, mid, down, nr, nn) = *hier;
-                    let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
-                    let mut have = (nr == 0).then_some(partial);
-                    if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
-                        let lr = slot.comm.rank();
-                        let m = ops::allreduce(lr, ln, a, d, reducer)?;
-                        have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
-                    }
-                    let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
-                    ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?
+                    Box::pin(async move {
+                        let (up, mid, down, nr, nn) = *hier;
+                        let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
+                        let mut have = (nr == 0).then_some(partial);
+                        if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
+                            let lr = slot.comm.rank();
+                            let m = ops::allreduce(lr, ln, a, d, reducer)?;
+                            have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
+                        }
+                        let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
+                        Ok::<_, Error>(ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?)
+                    })
+                    .await?
                 }
             };
             copy_into(buf, &out)

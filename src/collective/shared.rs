@@ -240,9 +240,11 @@ impl Future for BoardCall {
             if r.is_ready() {
                 break;
             }
-            // No `pause` between looks otherwise: see the reactor's spin.
             if crowded {
                 std::thread::yield_now();
+            } else {
+                // A look is little more than a load of the awaited line: the classic spin.
+                std::hint::spin_loop();
             }
         }
         if r.is_pending() {
