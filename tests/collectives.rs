@@ -168,6 +168,22 @@ async fn board_calls_held_dropped_and_late() {
                 assert_eq!(v, vec![10; 10], "polled {polled}");
             }
         }
+        // The last rank to arrive (rank 3, 300 ms late) completes its call when making it: its
+        // buffer holds the result before the future is polled, and dropping the future changes
+        // nothing (documented on the board's future). The same for a broadcast's late receiver.
+        let mut v = vec![r as u64 + 1; 3];
+        let mut b = [if r == 0 { 42u32 } else { 0 }; 5];
+        if r == 3 {
+            let late = Duration::from_millis(300);
+            tokio::time::sleep(late).await;
+            drop(c.allreduce(&mut v, ReduceOp::Sum));
+            tokio::time::sleep(late).await;
+            drop(c.broadcast(0, &mut b));
+        } else {
+            c.allreduce(&mut v, ReduceOp::Sum).timeout(ten).await.unwrap();
+            c.broadcast(0, &mut b).timeout(ten).await.unwrap();
+        }
+        assert_eq!((v, b), (vec![10; 3], [42; 5]), "rank {r}");
         // More calls in flight than slots, awaited newest first.
         let mut bufs: Vec<Vec<u64>> = (0..20).map(|k| vec![k + r as u64; 2]).collect();
         let calls: Vec<_> = bufs.iter_mut().map(|b| c.allreduce(b, ReduceOp::Sum)).collect();
