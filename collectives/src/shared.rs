@@ -310,16 +310,14 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
         }
         out.clear();
         if len <= INLINE {
-            out.resize(len, 0);
-            let inline = &line[INLINE_AT..];
-            let (words, rest) = out.as_chunks_mut::<8>();
-            let whole = words.len();
-            for (c, w) in words.iter_mut().zip(inline) {
+            // Whole words into a stack buffer, then one append (`SmallVec::resize` would first
+            // fill the bytes one by one).
+            let mut buf = [0u8; INLINE];
+            let (words, _) = buf.as_chunks_mut::<8>();
+            for (c, w) in words.iter_mut().zip(&line[INLINE_AT..]).take(len.div_ceil(8)) {
                 *c = w.load(Relaxed).to_le_bytes();
             }
-            if !rest.is_empty() {
-                rest.copy_from_slice(&inline[whole].load(Relaxed).to_le_bytes()[..rest.len()]);
-            }
+            out.extend_from_slice(&buf[..len]);
         } else {
             copy_out(self.area(seq, rank), out, len);
         }
