@@ -94,8 +94,7 @@ pub async fn join(
 
     // Which peers share this host: they are reached through shared memory (unless told otherwise,
     // or unless one side cannot run the shared-memory transport).
-    let shm_wanted = settings.transports == TransportChoice::Auto && cfg!(target_os = "linux");
-    let shm_here = shm_wanted && shm_usable(rank);
+    let shm_here = settings.transports == TransportChoice::Auto && shm_usable(rank);
     let me = Announce {
         host: host_identity().into_bytes(),
         shm: shm_here,

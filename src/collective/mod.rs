@@ -250,7 +250,7 @@ impl<'a> Collective<'a> {
     fn board(call: Result<shared::BoardCall>, out: Option<&'a mut [u8]>) -> Collective<'a> {
         match call {
             Ok(mut call) => match call.take_if_done() {
-                Some(parts) => Collective::Ready(Some(out.map_or(Ok(()), |out| copy_parts(out, &parts)))),
+                Some(parts) => Collective::Ready(Some(deliver(out, &parts))),
                 None => Collective::Board { call, out },
             },
             Err(e) => Collective::Ready(Some(Err(e))),
@@ -262,6 +262,11 @@ impl<'a> Collective<'a> {
     }
 }
 
+/// A board call's result into the caller's buffer, if it has one there.
+fn deliver(out: Option<&mut [u8]>, parts: &shared::Pieces) -> Result<()> {
+    out.map_or(Ok(()), |out| copy_parts(out, parts))
+}
+
 impl Future for Collective<'_> {
     type Output = Result<()>;
 
@@ -269,7 +274,7 @@ impl Future for Collective<'_> {
         match self.get_mut() {
             Collective::Board { call, out } => {
                 let parts = std::task::ready!(Pin::new(call).poll(cx))?;
-                Poll::Ready(out.take().map_or(Ok(()), |out| copy_parts(out, &parts)))
+                Poll::Ready(deliver(out.take(), &parts))
             }
             Collective::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| Err(Error::Invalid("polled again".into())))),
             Collective::Boxed(f) => f.as_mut().poll(cx),
@@ -387,18 +392,18 @@ impl Comm {
     /// copy (whose waits a sleeping rank would only see every `NAP`). Decided from what every
     /// rank announced, so all members choose alike even when their progress modes differ.
     fn all_busy(&self) -> bool {
-        *self.sequence.all_busy.get_or_init(|| self.every_member(&self.inner().busy))
+        *self.sequence.all_busy.get_or_init(|| self.every_member(|w| self.inner().busy[w]))
     }
 
     /// Whether every member may read the others' memory (the kernel's ptrace rules for its user),
     /// from what each announced: single copy needs all of them.
     fn all_single_copy(&self) -> bool {
-        *self.sequence.all_single_copy.get_or_init(|| self.every_member(&self.inner().single_copy))
+        *self.sequence.all_single_copy.get_or_init(|| self.every_member(|w| self.inner().single_copy[w]))
     }
 
-    /// Whether `flags`, one per world rank, hold for every member.
-    fn every_member(&self, flags: &[bool]) -> bool {
-        (0..self.size()).all(|r| flags[self.world_rank(r) as usize])
+    /// Whether `holds(world rank)` for every member.
+    fn every_member(&self, holds: impl Fn(usize) -> bool) -> bool {
+        (0..self.size()).all(|r| holds(self.world_rank(r) as usize))
     }
 
     /// Whether every member is on this host and reached through shared memory.
@@ -408,7 +413,7 @@ impl Comm {
             let here = inner.domains[inner.rank as usize];
             inner.shm_job.is_some()
                 && (2..=BOARD_RANKS as u32).contains(&self.size())
-                && (0..self.size()).all(|r| inner.domains[self.world_rank(r) as usize] == here)
+                && self.every_member(|w| inner.domains[w] == here)
         })
     }
 

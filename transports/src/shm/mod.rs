@@ -388,9 +388,9 @@ pub fn copy_to_process(pid: i32, addr: u64, src: &[u8]) -> io::Result<()> {
 /// profiles that predate the call) and tools such as valgrind refuse. Peers on the same host then
 /// talk over TCP instead (the bootstrap asks every rank this before choosing).
 pub fn unavailable() -> Option<io::Error> {
-    // SAFETY: getpid has no preconditions.
     // Only a refusal counts: another failure (out of descriptors, say) is not a property of this
     // kernel, and the transport's own setup then fails with it.
+    // SAFETY: getpid has no preconditions.
     sys::pidfd_open(unsafe { libc::getpid() }).err().filter(sys::is_denied)
 }
 
