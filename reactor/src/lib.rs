@@ -27,6 +27,7 @@
 //! alternated runs). Its limits count rounds, which are now a little shorter.
 
 mod alarm;
+mod clock;
 pub mod lock;
 mod ops;
 pub mod pacer;
@@ -38,6 +39,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use clock::ClockPace;
 use futures::task::AtomicWaker;
 pub use lock::{Mutex, MutexGuard, RawLock};
 pub use ops::{OpKey, Ops};
@@ -89,11 +91,19 @@ pub trait Progress: Send + 'static {
 }
 
 /// How long the background task keeps off the completion sources once it saw an inline spin (it
-/// looks again after that long, or when a caller that stops spinning hands over).
+/// looks again after that long, or when a caller that stops spinning hands over). While callers
+/// keep spinning, each look that finds them at it doubles the time to the next, up to
+/// [`MAX_INLINE_QUIET`]: a rank that spins all the time is not woken a thousand times a second
+/// for nothing (under software emulation such a wake-up took a tenth of the CPU from the spinning
+/// caller). The price: once callers stop spinning without handing over (their operations done,
+/// the application computing), the background task takes over within that long.
 const INLINE_QUIET: Duration = Duration::from_millis(1);
-/// Spin rounds per poll of a busy future before yielding to the executor.
-const SPIN_ROUNDS: u32 = 256;
-/// Spin rounds between two looks at the clock (spin budget) and, once yielding, two yields.
+const MAX_INLINE_QUIET: Duration = Duration::from_millis(8);
+/// Reads of the clock per poll of a spinning future before it yields to the executor (where
+/// every look reads it: [`CLOCK_ROUNDS`] * 4 rounds).
+const READS_PER_POLL: u32 = 4;
+/// Spin rounds between two looks at the clock (spin budget) and, once yielding, two yields (where
+/// the clock is slow, a look reads it only now and then: [`clock`]).
 const CLOCK_ROUNDS: u32 = 64;
 /// An inline spin gives the CPU away (`sched_yield`) only once it has waited this long: before
 /// that it makes no system call at all.
@@ -118,6 +128,8 @@ struct Shared<P> {
     yield_after_ns: AtomicU64,
     /// Adaptive mode: the callers' recent long waits (hybrid polling).
     pacer: std::sync::Mutex<Pacer>,
+    /// Whether a spin's look at the clock reads it.
+    clock: ClockPace,
     alarms: alarm::Alarms,
     /// Hybrid polling's alarms set, and the waits that completed after theirs rang.
     alarms_set: AtomicU64,
@@ -183,6 +195,10 @@ impl ReactorThread {
             stop: AtomicBool::new(false),
             yield_after_ns: AtomicU64::new(YIELD_AFTER.as_nanos() as u64),
             pacer: Default::default(),
+            clock: ClockPace::new(match mode {
+                ProgressMode::Adaptive(d) => Some(d),
+                _ => None,
+            }),
             alarms: Default::default(),
             alarms_set: AtomicU64::new(0),
             completed_after_alarm: AtomicU64::new(0),
@@ -213,13 +229,15 @@ impl Drop for ReactorThread {
 async fn background<P: Progress>(shared: Arc<Shared<P>>) {
     // The spin count last seen: a change means a caller spun meanwhile.
     let mut seen = 0;
+    let mut quiet_for = INLINE_QUIET;
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
         if shared.inline_active(&mut seen) {
             // A caller is spinning: it sees completions first. Check back shortly, or when kicked.
-            let quiet = tokio::time::sleep(INLINE_QUIET);
+            let quiet = tokio::time::sleep(quiet_for);
+            quiet_for = (quiet_for * 2).min(MAX_INLINE_QUIET);
             tokio::pin!(quiet);
             std::future::poll_fn(|cx| {
                 shared.background.register(cx.waker());
@@ -231,6 +249,7 @@ async fn background<P: Progress>(shared: Arc<Shared<P>>) {
             .await;
             continue;
         }
+        quiet_for = INLINE_QUIET;
         let (work, timeout) = {
             let mut st = shared.state.lock();
             (st.progress(), st.next_timeout())
@@ -385,10 +404,16 @@ impl<P: Progress> Reactor<P> {
             let mut rounds = 0;
             let yield_after = shared.yield_after_ns.load(Ordering::Relaxed);
             // Oversubscribed: look (and yield) after every locked batch, so the rank this one
-            // waits for gets the CPU within a few rounds, not a few microseconds.
-            let look_every = if yield_after == 0 { LOCKED_ROUNDS } else { CLOCK_ROUNDS };
+            // waits for gets the CPU within a few rounds, not a few microseconds. A busy caller
+            // then yields at every look and needs no clock.
+            let (look_every, clockless) = match yield_after {
+                0 => (LOCKED_ROUNDS, spin_for.is_none()),
+                _ => (CLOCK_ROUNDS, false),
+            };
             let mut next_look = look_every;
-            while rounds < SPIN_ROUNDS {
+            // Looks per poll: as many as the clock reads of a poll would have been.
+            let mut looks_left = READS_PER_POLL * CLOCK_ROUNDS / look_every;
+            while looks_left > 0 {
                 match shared.state.try_lock() {
                     Some(mut st) => {
                         // Several rounds per lock: taking and releasing it are two atomic
@@ -409,6 +434,15 @@ impl<P: Progress> Reactor<P> {
                 }
                 if rounds >= next_look {
                     next_look = rounds + look_every;
+                    if clockless {
+                        looks_left -= 1;
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    if !shared.clock.due(&mut wait.last_read) {
+                        continue;
+                    }
+                    looks_left -= 1;
                     let now = Instant::now();
                     if spin_for.is_some_and(|d| !wait.may_spin(d, now)) {
                         break;
@@ -497,6 +531,8 @@ pub struct Wait {
     /// Hybrid polling's state, for the waits that reach it (boxed: every operation's and
     /// collective's future carries a `Wait`, and is moved on every call).
     hybrid: Option<Box<Hybrid>>,
+    /// Where the clock is slow: the cycle counter at the last read of the clock ([`clock`]).
+    last_read: u64,
 }
 
 /// A wait's hybrid polling: set when the caller first goes to sleep with a window.
