@@ -705,7 +705,8 @@ impl VerbsTransport {
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
         let p = link::decode(bytes, c.rank, &limits)?;
         // Lent to the sink, for as long as this call (see above).
-        let payload = &bytes[SLOT_HEADER..SLOT_HEADER + p.payload_len];
+        let at = p.kind.payload_at();
+        let payload = &bytes[at..at + p.payload_len];
         c.credits.release();
         c.credits.on_freed(p.freed)?;
         self.stats.slots_received += 1;
