@@ -105,6 +105,9 @@ const READS_PER_POLL: u32 = 4;
 /// Spin rounds between two looks at the clock (spin budget) and, once yielding, two yields (where
 /// the clock is slow, a look reads it only now and then: [`clock`]).
 const CLOCK_ROUNDS: u32 = 64;
+/// Looks in a row that may skip reading a slow clock ([`clock`]) before one reads it anyway: a
+/// backstop against a cycle counter that stands still.
+const MAX_SKIPPED_LOOKS: u32 = 1024;
 /// An inline spin gives the CPU away (`sched_yield`) only once it has waited this long: before
 /// that it makes no system call at all.
 const YIELD_AFTER: Duration = Duration::from_micros(20);
@@ -413,6 +416,7 @@ impl<P: Progress> Reactor<P> {
             let mut next_look = look_every;
             // Looks per poll: as many as the clock reads of a poll would have been.
             let mut looks_left = READS_PER_POLL * CLOCK_ROUNDS / look_every;
+            let mut skipped = 0;
             while looks_left > 0 {
                 match shared.state.try_lock() {
                     Some(mut st) => {
@@ -439,9 +443,12 @@ impl<P: Progress> Reactor<P> {
                         std::thread::yield_now();
                         continue;
                     }
-                    if !shared.clock.due(&mut wait.last_read) {
+                    // (However the cycle counter behaves, a poll reads the clock now and then.)
+                    if !shared.clock.due(&mut wait.last_read) && skipped < MAX_SKIPPED_LOOKS {
+                        skipped += 1;
                         continue;
                     }
+                    skipped = 0;
                     looks_left -= 1;
                     let now = Instant::now();
                     if spin_for.is_some_and(|d| !wait.may_spin(d, now)) {
