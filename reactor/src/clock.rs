@@ -1,9 +1,9 @@
 //! When a spinning caller may read the clock.
 //!
 //! A spin looks at the clock now and then: for its budget (adaptive mode) and to know when to
-//! start yielding (busy mode). Where the clock is the TSC read through the vDSO that costs tens of
-//! nanoseconds, and the spin reads it every [`CLOCK_ROUNDS`](super::CLOCK_ROUNDS) rounds. Where it
-//! is a system call that reads an emulated device (a VM under software emulation, with HPET as
+//! start yielding (busy mode). Where the clock is the TSC read through the vDSO, a read costs tens
+//! of nanoseconds, and the spin reads it every [`CLOCK_ROUNDS`](super::CLOCK_ROUNDS) rounds. Where
+//! it is a system call that reads an emulated device (a VM under software emulation, with HPET as
 //! its clock source: 5-11 us a read, against 70 ns for `rdtsc`), such reads took a quarter of the
 //! CPU time of a busy verbs ping-pong, and a completion that arrives during one waits for it. There
 //! the spin asks the CPU's cycle counter first, which is cheap everywhere, and reads the clock only
@@ -54,7 +54,7 @@ impl ClockPace {
 
     /// The pace for a clock read costing `read`, that is `read_cycles` cycles.
     fn from_cost(read: Duration, read_cycles: u64, budget: Option<Duration>) -> ClockPace {
-        if read < CHEAP || read.is_zero() {
+        if read < CHEAP {
             return ClockPace { gap: 0 };
         }
         let mut gap = read_cycles.saturating_mul(u64::from(READS_APART));
