@@ -29,7 +29,8 @@ pub(crate) struct ClockPace {
 
 impl ClockPace {
     /// Calibrates: what a read of the clock costs here, in time and in cycles. An adaptive spin
-    /// of `budget` keeps looks at most a quarter of it apart, so the budget stays within 25%.
+    /// of `budget` keeps its reads at most a quarter of it apart, and reads at its first look (see
+    /// [`ClockPace::due`]), so it overruns its budget by at most a quarter.
     pub(crate) fn new(budget: Option<Duration>) -> ClockPace {
         let Some(first) = cycles() else { return ClockPace { gap: 0 } };
         // The best of a few batches: the first read of a process may fault the vDSO's page in.
@@ -41,11 +42,12 @@ impl ClockPace {
             for _ in 1..BATCH {
                 std::hint::black_box(Instant::now());
             }
+            // `took` spans BATCH reads; the cycles, the BATCH + 1 reads between `c0` and `c1`.
             let took = t0.elapsed();
             let c1 = cycles().unwrap_or(c0);
             if took / BATCH < read {
                 read = took / BATCH;
-                read_cycles = c1.wrapping_sub(c0) / u64::from(BATCH);
+                read_cycles = c1.wrapping_sub(c0) / u64::from(BATCH + 1);
             }
             c0 = c1;
         }
@@ -66,8 +68,10 @@ impl ClockPace {
     }
 
     /// Whether a spin whose last read of the clock was at cycle `last` (0: none yet) reads it at
-    /// this look. The first look of a wait only notes the cycle.
-    pub(crate) fn due(&self, last: &mut u64) -> bool {
+    /// this look. The first look of a wait reads it only if `first_reads` (a spin with a budget,
+    /// which counts from there); otherwise it only notes the cycle, so that a busy wait shorter
+    /// than a gap never reads the clock.
+    pub(crate) fn due(&self, last: &mut u64, first_reads: bool) -> bool {
         if self.gap == 0 {
             return true;
         }
@@ -78,7 +82,7 @@ impl ClockPace {
         }
         let first = *last == 0;
         *last = now;
-        !first
+        !first || first_reads
     }
 }
 
@@ -104,7 +108,7 @@ mod tests {
         let pace = ClockPace::from_cost(Duration::from_nanos(25), 75, None);
         assert_eq!(pace.gap, 0);
         let mut last = 0;
-        assert!(pace.due(&mut last) && pace.due(&mut last));
+        assert!(pace.due(&mut last, false) && pace.due(&mut last, false));
         // This machine's own clock (the vDSO's TSC on a host; under emulation it may be slow).
         let here = ClockPace::new(None);
         let t0 = Instant::now();
@@ -122,15 +126,21 @@ mod tests {
         if cycles().is_none() {
             return;
         }
+        // Reads hours of cycles apart: no preemption of this test makes one due by itself.
+        let pace = ClockPace::from_cost(Duration::from_secs(1), 1 << 40, None);
         let mut last = 0;
-        // The first look notes the cycle; the next, at once, is not due.
-        assert!(!pace.due(&mut last));
+        // A busy wait's first look notes the cycle; the next, at once, is not due.
+        assert!(!pace.due(&mut last, false));
         assert_ne!(last, 0);
-        assert!(!pace.due(&mut last));
-        // Long after: due.
+        assert!(!pace.due(&mut last, false));
+        // Long after: due, and not again at once.
         last = last.wrapping_sub(pace.gap + 1);
-        assert!(pace.due(&mut last));
-        assert!(!pace.due(&mut last));
+        assert!(pace.due(&mut last, false));
+        assert!(!pace.due(&mut last, false));
+        // A spin with a budget reads at its first look.
+        let mut last = 0;
+        assert!(pace.due(&mut last, true));
+        assert!(!pace.due(&mut last, true));
     }
 
     #[test]

@@ -99,15 +99,16 @@ pub trait Progress: Send + 'static {
 /// the application computing), the background task takes over within that long.
 const INLINE_QUIET: Duration = Duration::from_millis(1);
 const MAX_INLINE_QUIET: Duration = Duration::from_millis(8);
-/// Reads of the clock per poll of a spinning future before it yields to the executor (where
-/// every look reads it: [`CLOCK_ROUNDS`] * 4 rounds).
+/// Reads of the clock per poll of a spinning future before it yields to the executor, at
+/// [`CLOCK_ROUNDS`] rounds between looks (where every look reads it: 256 rounds); more where looks
+/// are closer (oversubscribed adaptive callers: a look every [`LOCKED_ROUNDS`]), so that a poll
+/// spans about as many rounds.
 const READS_PER_POLL: u32 = 4;
+/// Where the clock is slow, a poll also ends after this many looks per read it was allotted.
+const LOOKS_PER_READ: u32 = 8;
 /// Spin rounds between two looks at the clock (spin budget) and, once yielding, two yields (where
 /// the clock is slow, a look reads it only now and then: [`clock`]).
 const CLOCK_ROUNDS: u32 = 64;
-/// Looks in a row that may skip reading a slow clock ([`clock`]) before one reads it anyway: a
-/// backstop against a cycle counter that stands still.
-const MAX_SKIPPED_LOOKS: u32 = 1024;
 /// An inline spin gives the CPU away (`sched_yield`) only once it has waited this long: before
 /// that it makes no system call at all.
 const YIELD_AFTER: Duration = Duration::from_micros(20);
@@ -239,6 +240,11 @@ async fn background<P: Progress>(shared: Arc<Shared<P>>) {
         }
         if shared.inline_active(&mut seen) {
             // A caller is spinning: it sees completions first. Check back shortly, or when kicked.
+            // It backs off only while a caller is spinning right now (not for one that spun and
+            // finished since the last look: its application may be computing, with peers to serve).
+            if !shared.spinning() {
+                quiet_for = INLINE_QUIET;
+            }
             let quiet = tokio::time::sleep(quiet_for);
             quiet_for = (quiet_for * 2).min(MAX_INLINE_QUIET);
             tokio::pin!(quiet);
@@ -320,7 +326,7 @@ impl<P: Progress> Reactor<P> {
     }
 
     /// Declares that this host runs more busy ranks than it has CPUs: spinning callers then yield
-    /// the CPU at every look at the clock instead of after [`YIELD_AFTER`], since the rank they
+    /// the CPU at every look instead of after [`YIELD_AFTER`], since the rank they
     /// wait for may need the very CPU they spin on (Open MPI's `mpi_yield_when_idle` does the same
     /// when oversubscribed).
     pub fn set_oversubscribed(&self, yes: bool) {
@@ -414,10 +420,14 @@ impl<P: Progress> Reactor<P> {
                 _ => (CLOCK_ROUNDS, false),
             };
             let mut next_look = look_every;
-            // Looks per poll: as many as the clock reads of a poll would have been.
-            let mut looks_left = READS_PER_POLL * CLOCK_ROUNDS / look_every;
-            let mut skipped = 0;
-            while looks_left > 0 {
+            // A poll ends after as many clock reads as [`READS_PER_POLL`] allots to its look
+            // spacing, or, where the clock is slow and most looks skip reading it, after
+            // [`LOOKS_PER_READ`] times as many looks, the last of which reads it anyway: a poll
+            // returns to its executor within a bounded number of rounds, and reads the clock at
+            // least once, however the cycle counter behaves.
+            let mut reads_left = READS_PER_POLL * CLOCK_ROUNDS / look_every;
+            let mut looks_left = reads_left * LOOKS_PER_READ;
+            while reads_left > 0 && looks_left > 0 {
                 match shared.state.try_lock() {
                     Some(mut st) => {
                         // Several rounds per lock: taking and releasing it are two atomic
@@ -438,24 +448,28 @@ impl<P: Progress> Reactor<P> {
                 }
                 if rounds >= next_look {
                     next_look = rounds + look_every;
+                    looks_left -= 1;
                     if clockless {
-                        looks_left -= 1;
+                        reads_left -= 1;
                         std::thread::yield_now();
                         continue;
                     }
-                    // (However the cycle counter behaves, a poll reads the clock now and then.)
-                    if !shared.clock.due(&mut wait.last_read) && skipped < MAX_SKIPPED_LOOKS {
-                        skipped += 1;
+                    // An adaptive spin reads the clock at its first look: its budget counts from there.
+                    if looks_left > 0 && !shared.clock.due(&mut wait.last_read, spin_for.is_some()) {
+                        if wait.yielding || yield_after == 0 {
+                            std::thread::yield_now();
+                        }
                         continue;
                     }
-                    skipped = 0;
-                    looks_left -= 1;
+                    reads_left -= 1;
                     let now = Instant::now();
                     if spin_for.is_some_and(|d| !wait.may_spin(d, now)) {
                         break;
                     }
                     if (now - wait.begin(now)).as_nanos() as u64 >= yield_after {
-                        // Let another rank on this core run (more ranks than cores must not livelock).
+                        // Let another rank on this core run (more ranks than cores must not
+                        // livelock); from now on at every look.
+                        wait.yielding = true;
                         std::thread::yield_now();
                     }
                 }
@@ -532,14 +546,18 @@ impl<P> Shared<P> {
 /// [`Reactor::poll_until`].
 #[derive(Debug, Default)]
 pub struct Wait {
-    /// When the wait began: read lazily, at the spin's first look at the clock, so a busy spin
-    /// that completes before never reads it.
+    /// When the wait began, as far as the spin knows: read lazily, at its first read of the clock
+    /// (the first look, or where the clock is slow a later one, [`clock`]), so that a busy spin
+    /// that completes before never reads it. Never set for a busy caller on an oversubscribed
+    /// host, which yields at every look without the clock.
     start: Option<Instant>,
     /// Hybrid polling's state, for the waits that reach it (boxed: every operation's and
     /// collective's future carries a `Wait`, and is moved on every call).
     hybrid: Option<Box<Hybrid>>,
     /// Where the clock is slow: the cycle counter at the last read of the clock ([`clock`]).
     last_read: u64,
+    /// The caller has waited past its [`YIELD_AFTER`]: it yields at every look.
+    yielding: bool,
 }
 
 /// A wait's hybrid polling: set when the caller first goes to sleep with a window.
@@ -562,7 +580,7 @@ enum Alarm {
 }
 
 impl Wait {
-    /// Whether the caller has not spun past its first look at the clock yet.
+    /// Whether the caller has not read the clock in this wait yet (see [`Wait`]'s `start`).
     pub fn is_fresh(&self) -> bool {
         self.start.is_none()
     }

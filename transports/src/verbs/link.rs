@@ -295,6 +295,18 @@ mod tests {
         assert_eq!(decode(&buf[..n], 2, &limits()).unwrap().remote.token, 4);
         assert_eq!(decode(&buf[..n - 1], 2, &limits()), Err(WireError::Link("slot length out of range")));
         assert_eq!(decode(&buf[..PREFIX - 1], 2, &limits()), Err(WireError::Link("slot smaller than its header")));
+        // A length field shorter than what the slot's kind carries.
+        for (kind, at) in [
+            (LinkKind::Frame, PREFIX + HEADER_LEN),
+            (LinkKind::DataRead, SLOT_HEADER),
+            (LinkKind::ReadDone, SLOT_HEADER),
+        ] {
+            let n = encode(&mut buf, kind, 0, Some(&h), Remote::default(), &[]);
+            assert_eq!(n, at, "{kind:?}");
+            let mut b = buf.clone();
+            b[8..12].copy_from_slice(&(at as u32 - 1).to_le_bytes());
+            assert_eq!(decode(&b, 2, &limits()), Err(WireError::Link("slot length out of range")), "{kind:?}");
+        }
         // A frame's length field one short of its payload.
         let n = encode(&mut buf, LinkKind::Frame, 77, Some(&h), Remote::default(), b"hello");
         let mut b = buf.clone();

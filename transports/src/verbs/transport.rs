@@ -25,7 +25,8 @@ pub use super::sys::device_names;
 
 /// Descriptor magic, `"FCVB"`.
 const MAGIC: u32 = u32::from_le_bytes(*b"FCVB");
-const DESC_VERSION: u8 = 2;
+/// 3: slots carry only what their kind needs ([`link`]); a peer of version 2 could not read them.
+const DESC_VERSION: u8 = 3;
 const DESC_HEAD: usize = 40;
 const DESC_PEER: usize = 24;
 /// Outstanding RDMA reads per QP (initiator and responder).
