@@ -97,11 +97,11 @@ pub trait Progress: Send + 'static {
 /// for nothing (under software emulation such a wake-up took a tenth of the CPU from the spinning
 /// caller). The price: once callers stop spinning without handing over (their operations done,
 /// the application computing), the background task takes over only at a look that finds no spin
-/// started since the last, up to 8 ms later; an application whose operations complete while
-/// spinning, and come less than 8 ms apart, is served by those spins alone (each progresses
-/// everything, as MPI's calls do). Backing off only for a caller spinning at the very moment of
-/// the look, or coming back by halves, cost the busy verbs ping-pong under emulation 10-25% (its
-/// caller is between two waits at many looks).
+/// started since the last, up to 16 ms (two looks) later; an application whose operations
+/// complete while spinning, and come less than 8 ms apart, is served by those spins alone (each
+/// progresses everything, as MPI's calls do). Backing off only for a caller spinning at the very
+/// moment of the look, or coming back by halves, cost the busy verbs ping-pong under emulation
+/// 10-25% (its caller is between two waits at many looks).
 const INLINE_QUIET: Duration = Duration::from_millis(1);
 const MAX_INLINE_QUIET: Duration = Duration::from_millis(8);
 /// Reads of the clock per poll of a spinning future before it yields to the executor, at
