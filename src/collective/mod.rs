@@ -284,19 +284,16 @@ impl Future for Collective<'_> {
 
 /// Lays out an all-gather that came in pieces: piece `k` holds every rank's `k`-th piece in rank
 /// order; `out` gets every rank's whole part in rank order.
-fn copy_gathered<T: Element, P: std::ops::Deref<Target = [u8]>>(
-    out: &mut [T],
-    pieces: &[P],
-    ranks: usize,
-) -> Result<()> {
+fn copy_gathered<T: Element, P: AsRef<[u8]>>(out: &mut [T], pieces: &[P], ranks: usize) -> Result<()> {
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-    let total: usize = pieces.iter().map(|p| p.len()).sum();
-    if total != bytes.len() || pieces.iter().any(|p| !p.len().is_multiple_of(ranks)) {
+    let pieces = || pieces.iter().map(AsRef::as_ref);
+    let total: usize = pieces().map(<[u8]>::len).sum();
+    if total != bytes.len() || pieces().any(|p| !p.len().is_multiple_of(ranks)) {
         return Err(Error::Invalid(format!("expected {} bytes, the all-gather produced {total}", bytes.len())));
     }
     let block = total / ranks;
     let mut at = 0;
-    for p in pieces.iter().filter(|p| !p.is_empty()) {
+    for p in pieces().filter(|p| !p.is_empty()) {
         let len = p.len() / ranks;
         for (r, part) in p.chunks_exact(len).enumerate() {
             bytes[r * block + at..r * block + at + len].copy_from_slice(part);

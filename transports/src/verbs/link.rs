@@ -80,7 +80,7 @@ impl LinkKind {
     }
 
     /// Where the slot's payload starts: after all that this kind carries.
-    pub fn payload_at(self) -> usize {
+    fn payload_at(self) -> usize {
         match self {
             LinkKind::Credit => PREFIX,
             LinkKind::Frame => PREFIX + HEADER_LEN,
@@ -106,13 +106,21 @@ pub struct Packet {
     pub freed: u32,
     pub header: Option<Header>,
     pub remote: Remote,
-    /// Inline payload bytes, at [`LinkKind::payload_at`].
+    /// Inline payload bytes, at [`LinkKind::payload_at`]: see [`Packet::payload`].
     pub payload_len: usize,
 }
 
-/// Writes a slot; returns the bytes used (the prefix, what `kind` carries, the payload). `slot`
-/// must hold `kind.payload_at() + payload.len()` bytes; `remote` is written only for the kinds
-/// that carry it, `header` only for those that carry one.
+impl Packet {
+    /// The inline payload within `slot`, the slot this packet was decoded from.
+    pub fn payload<'s>(&self, slot: &'s [u8]) -> &'s [u8] {
+        let at = self.kind.payload_at();
+        &slot[at..at + self.payload_len]
+    }
+}
+
+/// Writes a slot; returns the bytes used (the prefix, what `kind` carries, the payload): at most
+/// [`SLOT_HEADER`] `+ payload.len()`, which `slot` must hold. `remote` is written only for the
+/// kinds that carry it, `header` only for those that carry one.
 pub fn encode(
     slot: &mut [u8],
     kind: LinkKind,
@@ -283,7 +291,7 @@ mod tests {
         assert_eq!(n, PREFIX + HEADER_LEN + 5, "a frame carries no extension");
         let p = decode(&buf[..n], 2, &limits()).unwrap();
         assert_eq!((p.kind, p.freed, p.header, p.payload_len), (LinkKind::Frame, 77, Some(h), 5));
-        assert_eq!(&buf[p.kind.payload_at()..n], b"hello");
+        assert_eq!(p.payload(&buf[..n]), b"hello");
         // A credit update is its prefix alone.
         let n = encode(&mut buf, LinkKind::Credit, 9, None, Remote::default(), &[]);
         assert_eq!(n, PREFIX);

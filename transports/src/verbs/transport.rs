@@ -706,8 +706,7 @@ impl VerbsTransport {
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
         let p = link::decode(bytes, c.rank, &limits)?;
         // Lent to the sink, for as long as this call (see above).
-        let at = p.kind.payload_at();
-        let payload = &bytes[at..at + p.payload_len];
+        let payload = p.payload(bytes);
         c.credits.release();
         c.credits.on_freed(p.freed)?;
         self.stats.slots_received += 1;
