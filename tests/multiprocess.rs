@@ -245,7 +245,8 @@ fn suite_over_verbs() {
 
 /// A rank killed with SIGKILL as a collective starts: the others' all-reduce fails with a typed
 /// peer-lost error (naming rank 2, or a rank that left after its own call failed) instead of
-/// hanging, on TCP, on shared memory, on the shared-memory board (small all-reduce pinned), and
+/// hanging, on TCP, on shared memory, on the shared-memory board (small all-reduce pinned; and a
+/// barrier, which fans in to rank 0 there: the others name the rank that never came), and
 /// by single copy (1 MiB all-reduce pinned; rank 2 dies with its memory lent, after its first
 /// poll of the call). Also a 1 MiB single-copy broadcast whose root (rank 2) dies with its memory
 /// lent: the receivers, which offer it half of their copy (split), fail the same way.
@@ -258,6 +259,7 @@ fn killed_rank_fails_the_collective() {
         ("uring", "coll-kill", &[][..]),
         ("shm", "coll-kill", &[]),
         ("shm", "coll-kill-board", &[&board as &str]),
+        ("shm", "coll-kill-board-barrier", &[&board as &str]),
         ("shm", "coll-kill-single-copy", &[&single as &str]),
         ("shm", "coll-kill-bcast-single-copy", &[&single as &str]),
     ] {
@@ -399,6 +401,16 @@ fn rank_process() {
                 let res = w.broadcast(2, &mut v).timeout(Duration::from_secs(30)).await;
                 let withdrawn = matches!(res, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. })));
                 assert!(matches!(res, Err(Error::PeerLost { .. })) || withdrawn, "{res:?}");
+                println!("COLL-PEER-LOST-OK");
+            }
+            "coll-kill-board-barrier" => {
+                assert_eq!(w.collective_algorithm(Operation::Barrier, 0), Algorithm::SharedMemory);
+                w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
+                if w.rank() == 2 {
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                let res = w.barrier().timeout(Duration::from_secs(30)).await;
+                assert!(matches!(res, Err(Error::PeerLost { rank: 2, .. })), "{res:?}");
                 println!("COLL-PEER-LOST-OK");
             }
             "coll-kill" | "coll-kill-board" | "coll-kill-single-copy" => {
