@@ -504,6 +504,9 @@ impl Queue {
             return Ok((self.push(board, kind, len, input.to_vec())?, None));
         }
         fits(board, len, input.len())?;
+        if matches!(kind, Kind::Bcast { root } if root as usize == board.me) && self.root_now(board, input) {
+            return Ok((self.next - 1, Some(Ok(Data::new()))));
+        }
         let mut call = self.next_call(kind, len);
         let seq = call.seq;
         // Nothing queued: every earlier call has posted and finished (rule 1).
@@ -522,6 +525,30 @@ impl Queue {
         }
         self.calls.push_back(call);
         Ok((seq, None))
+    }
+
+    /// A broadcast's root with nothing queued (so every earlier call has posted and finished,
+    /// rule 1), whose slot every rank is known to be done with (rule 2, from the `finished`
+    /// counters seen so far): it waits for nobody, so it posts and finishes at once, without
+    /// building a [`Call`] and stepping it through its phases. Returns whether it did (if not,
+    /// the general path rereads the counters and queues the call if it must wait). Why: this is
+    /// the root's whole call. Measured on 2 ranks, 8 B, alternated with the general path in fast
+    /// phases of the machine: the root's mean 0.175-0.178 us before, 0.125-0.142 us after; the
+    /// OSU broadcast (both ranks) 0.22-0.23 us before, 0.17-0.21 us after.
+    fn root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
+        let seq = self.next;
+        let need = (seq + 1).saturating_sub(SLOTS);
+        let o = &mut self.order;
+        if o.seen.len() != board.ranks || o.seen.iter().any(|&f| f < need) {
+            return false;
+        }
+        board.write(seq, input);
+        board.line(seq, board.me)[POSTED].store(seq + 1, Release);
+        o.mark_posted(seq);
+        o.finished = seq + 1;
+        board.finished(board.me).store(o.finished, Release);
+        self.next += 1;
+        true
     }
 
     /// Enqueues a call without data (a barrier or a fan-in) that posts only once [`Queue::release`]d
@@ -953,6 +980,52 @@ mod tests {
             }
             assert!(left(0), "n={n}: rank 0");
             assert!((1..n - 1).all(&mut left), "n={n}: the others");
+        }
+    }
+
+    /// Broadcasts made with [`Queue::call_now`], the root running far ahead of receivers that
+    /// are late: the root's calls complete when made while their slots are free, and wait (queued)
+    /// once the board's slots are all in use; every receiver reads every broadcast's data (those
+    /// already posted when it calls, at once).
+    #[test]
+    fn a_root_running_ahead_waits_for_the_slots() {
+        for n in [2usize, 3, 5] {
+            on_ranks(n, move |me, b| {
+                let mut q = Queue::default();
+                let calls = 3 * SLOTS;
+                let data = |k: u64| words(&[k * 1000 + 7, k]);
+                for round in 0..4u64 {
+                    let root = (round as usize) % n;
+                    if me != root {
+                        // Late: the root makes its calls before anyone reads.
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    let mut pending = Vec::new();
+                    let mut made_done = 0;
+                    for k in 0..calls {
+                        let input = if me == root { data(k) } else { Vec::new() };
+                        let (seq, now) = q.call_now(&b, Kind::Bcast { root: root as u32 }, 16, &input).unwrap();
+                        let want = if me == root { Vec::new() } else { data(k) };
+                        match now {
+                            Some(r) => {
+                                assert_eq!(r.unwrap().to_vec(), want, "n={n} round={round} k={k}");
+                                made_done += 1;
+                            }
+                            None => pending.push((k, seq)),
+                        }
+                    }
+                    if me == root {
+                        assert!(made_done <= SLOTS as usize, "n={n}: {made_done} calls overwrote slots in use");
+                    }
+                    for (k, seq) in pending {
+                        let want = if me == root { Vec::new() } else { data(k) };
+                        assert_eq!(run(&mut q, &b, seq).unwrap(), want, "n={n} round={round} k={k}");
+                    }
+                    let s = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
+                    run(&mut q, &b, s).unwrap();
+                }
+                assert!(q.is_empty());
+            });
         }
     }
 
