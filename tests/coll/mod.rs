@@ -43,8 +43,9 @@ pub const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,reduce=shared
 pub const SINGLE_COPY: &str =
     "bcast=single-copy,allreduce=single-copy,reduce=single-copy,allgather=single-copy,alltoall=single-copy";
 /// Element counts for single copy: empty, one, fewer elements than ranks, uneven parts, and parts
-/// above the 64 KiB piece of the reduction.
-pub const SINGLE_COPY_COUNTS: [usize; 5] = [0, 1, 5, 9_001, 70_000];
+/// above the 256 KiB piece of the reduction (u64: on up to 4 ranks; the reduce's root combines
+/// the whole length, four pieces and a remnant).
+pub const SINGLE_COPY_COUNTS: [usize; 5] = [0, 1, 5, 9_001, 140_001];
 /// `c` with every operation single copy serves pinned to it ([`SINGLE_COPY`]).
 pub fn single_copy(c: &Comm) -> Comm {
     c.with_collective_table(Table::default().with_overrides(SINGLE_COPY).unwrap())
