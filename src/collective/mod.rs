@@ -1372,7 +1372,7 @@ async fn gather_single_copy<R>(
 /// Bytes of a reduction's piece: a piece of each rank's part and the partial result stay in cache
 /// (L2 is 1 MiB a core here), and each `process_vm_readv` moves a piece (a call has a fixed cost:
 /// the kernel pins the remote pages). Measured (`ferrocomm-bench collectives --ranks 4,2 --ops
-/// allreduce --max 1M --no-mpi --iters-large 40`, alternated, scratch from the pool in both):
+/// allreduce --max 1M --no-mpi --iters-large 40`, alternated, scratch reused in both):
 /// 256 KiB against 64 KiB, 1 MiB all-reduce, fast phases 111-115 against 131-137 us on 2 ranks and
 /// 372-377 against 415-427 us on 4; slow phases 360-402 against 389-410 and 975-1028 against
 /// 1003-1245. (A 128 KiB piece once looked slow; its scratch was then a fresh allocation per
