@@ -527,27 +527,38 @@ impl Queue {
         Ok((seq, None))
     }
 
-    /// A broadcast's root with nothing queued (so every earlier call has posted and finished,
-    /// rule 1), whose slot every rank is known to be done with (rule 2, from the `finished`
-    /// counters seen so far): it waits for nobody, so it posts and finishes at once, without
-    /// building a [`Call`] and stepping it through its phases. Returns whether it did (if not,
-    /// the general path rereads the counters and queues the call if it must wait). Why: this is
-    /// the root's whole call. Measured on 2 ranks, 8 B, alternated with the general path in fast
-    /// phases of the machine: the root's mean 0.175-0.178 us before, 0.125-0.142 us after; the
-    /// OSU broadcast (both ranks) 0.22-0.23 us before, 0.17-0.21 us after.
-    fn root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
+    /// The call of a broadcast's root (`input`: its data) when nothing is queued (so every
+    /// earlier call has posted and finished, rule 1) and its slot is known to be free (rule 2,
+    /// from the `finished` counters seen so far): it waits for nobody, so it posts and finishes
+    /// at once, without building a [`Call`] and stepping it through its phases. Returns whether
+    /// it did; if not (or if `input` is larger than a slot's), [`Queue::call_now`] rereads the
+    /// counters and queues the call if it must wait. Measured on 2 ranks, 8 B, alternated with
+    /// the general path in fast phases of the machine: the root's mean 0.175-0.178 us before,
+    /// 0.125-0.142 us after; the OSU broadcast (both ranks) 0.22-0.23 us before, 0.17-0.21 us
+    /// after.
+    ///
+    /// The board is written last, after this rank's own bookkeeping, and the caller returns with
+    /// nothing built ([`Queue::call_now`] wraps a result): the slot's line is usually being read
+    /// by a waiting receiver, so taking it back costs a cache-line round trip, and the stores that
+    /// follow wait in the CPU's store buffer meanwhile; once it is full (about 64 stores here),
+    /// the caller stops until the line comes (`benches/probes/store-buffer.c`, slow phase: a
+    /// store to a line another core spins on, then 64 stores, 90 cycles; then 96, 348 cycles).
+    /// Measured, slow phases: the root's mean 0.231-0.250 us with the call built around it,
+    /// 0.212-0.221 us without.
+    pub fn root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
         let seq = self.next;
         let need = (seq + 1).saturating_sub(SLOTS);
         let o = &mut self.order;
-        if o.seen.len() != board.ranks || o.seen.iter().any(|&f| f < need) {
+        let free = o.seen.len() == board.ranks && o.seen.iter().all(|&f| f >= need);
+        if !self.calls.is_empty() || !free || input.len() > board.capacity {
             return false;
         }
-        board.write(seq, input);
-        board.line(seq, board.me)[POSTED].store(seq + 1, Release);
+        self.next += 1;
         o.mark_posted(seq);
         o.finished = seq + 1;
-        board.finished(board.me).store(o.finished, Release);
-        self.next += 1;
+        board.write(seq, input);
+        board.line(seq, board.me)[POSTED].store(seq + 1, Release);
+        board.finished(board.me).store(seq + 1, Release);
         true
     }
 

@@ -163,6 +163,12 @@ impl Segment {
         self.queue.lock().abandon(seqs);
     }
 
+    /// A broadcast's root whose call completes when made ([`Queue::root_now`]): posts `input`
+    /// with nothing built around the call. Returns whether it did (if not, make the call).
+    pub(crate) fn root_now(&self, input: &[u8]) -> bool {
+        self.queue.lock().root_now(&self.board, input)
+    }
+
     /// Starts a single-copy call: its first step exchanges what is lent (`kind`: a broadcast of the
     /// root's [`Lent`], or an all-gather of every rank's), then come the `held` steps, each posted
     /// when the rank gets to it ([`Lending::next`]).
