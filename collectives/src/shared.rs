@@ -537,15 +537,15 @@ impl Queue {
     /// 0.125-0.142 us after; the OSU broadcast (both ranks) 0.22-0.23 us before, 0.17-0.21 us
     /// after.
     ///
-    /// The board is written last, after this rank's own bookkeeping, and the driver calls this
-    /// directly, so that little is built after it: the slot's line is usually being read by a
-    /// waiting receiver, so taking it back costs a cache-line round trip, and the stores that
-    /// follow wait in the CPU's store buffer meanwhile; once it is full (about 64 stores here),
-    /// the caller stops until the line comes (`benches/probes/store-buffer.c`, slow phase: a
-    /// store to a line another core spins on, then 64 stores, 90 cycles; then 96, 348 cycles).
-    /// Measured, slow phases: the root's mean 0.231-0.250 us through [`Queue::call_now`] and a
-    /// finished future, 0.212-0.221 us called directly.
-    pub fn root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
+    /// The board is written last, after this rank's own bookkeeping, so that little follows the
+    /// post (and the driver returns a call complete when made as its result alone, not as a
+    /// finished future): the slot's line is usually being read by a waiting receiver, so taking
+    /// it back costs a cache-line round trip, and the stores that follow wait in the CPU's store
+    /// buffer meanwhile; once it is full (about 64 stores here), the caller stops until the line
+    /// comes (`benches/probes/store-buffer.c`, slow phase: a store to a line another core spins
+    /// on, then 64 stores, 90 cycles; then 96, 348 cycles). Measured, slow phases: the root's
+    /// mean 0.231-0.250 us with a finished future built after the post, 0.212-0.221 us without.
+    fn root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
         let seq = self.next;
         let need = (seq + 1).saturating_sub(SLOTS);
         let o = &mut self.order;

@@ -247,12 +247,10 @@ enum Collective<'a> {
 }
 
 impl<'a> Collective<'a> {
-    fn board(call: Result<shared::BoardCall>, out: Option<&'a mut [u8]>) -> Collective<'a> {
+    fn board(call: Result<shared::Made>, out: Option<&'a mut [u8]>) -> Collective<'a> {
         match call {
-            Ok(mut call) => match call.take_if_done() {
-                Some(parts) => Collective::Ready(Some(deliver(out, &parts))),
-                None => Collective::Board { call, out },
-            },
+            Ok(shared::Made::Done(result)) => Collective::Ready(Some(deliver(out, &[result]))),
+            Ok(shared::Made::Waiting(call)) => Collective::Board { call, out },
             Err(e) => Collective::Ready(Some(Err(e))),
         }
     }
@@ -263,7 +261,7 @@ impl<'a> Collective<'a> {
 }
 
 /// A board call's result into the caller's buffer, if it has one there.
-fn deliver(out: Option<&mut [u8]>, parts: &shared::Pieces) -> Result<()> {
+fn deliver(out: Option<&mut [u8]>, parts: &[ferrocomm_collectives::shared::Data]) -> Result<()> {
     out.map_or(Ok(()), |out| copy_parts(out, parts))
 }
 
@@ -416,7 +414,7 @@ impl Comm {
 
     /// Enqueues a call on this communicator's shared-memory board (opened on first use); see
     /// [`shared::Segment::call`].
-    fn board_call(&self, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<shared::BoardCall> {
+    fn board_call(&self, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<shared::Made> {
         self.board()?.call(kind, len, input, elem)
     }
 
@@ -622,13 +620,6 @@ impl Comm {
         let alg = self.choose(Operation::Bcast, bytes, true);
         if root < self.size() && alg == Algorithm::SharedMemory {
             let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
-            if me == root {
-                // Usually complete at once: posted last thing, with no call built around it.
-                match self.board().map(|b| b.root_now(input)) {
-                    Ok(false) => {}
-                    done => return Collective::Ready(Some(done.map(drop))),
-                }
-            }
             let call = self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>());
             return Collective::board(call, (me != root).then(|| bytemuck::cast_slice_mut(buf)));
         }
@@ -758,7 +749,7 @@ impl Comm {
         let len = size_of_val(data);
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
             let kind = Kind::Reduce { root, op: op.erase() };
-            self.board_call(kind, len, bytemuck::cast_slice(data), size_of::<T>())
+            self.board_call(kind, len, bytemuck::cast_slice(data), size_of::<T>()).map(shared::Made::into_future)
         });
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend_copy(data));
         let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
@@ -1018,8 +1009,9 @@ impl Comm {
         let (r, n) = (self.rank(), self.size());
         let pool = self.sequence.pool.clone();
         let bytes = bytemuck::cast_slice(data);
-        let board = (alg == Algorithm::SharedMemory)
-            .then(|| self.board_call(Kind::Allgather, bytes.len(), bytes, size_of::<T>()));
+        let board = (alg == Algorithm::SharedMemory).then(|| {
+            self.board_call(Kind::Allgather, bytes.len(), bytes, size_of::<T>()).map(shared::Made::into_future)
+        });
         let direct = (alg == Algorithm::SingleCopy).then(|| self.lend_copy(data));
         let plan =
             (board.is_none() && direct.is_none()).then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
@@ -1118,8 +1110,10 @@ impl Comm {
         let pool = self.sequence.pool.clone();
         let mine = r as usize * elems..(r as usize + 1) * elems;
         let alg = self.choose(Operation::Alltoall, part, true);
-        let board = (early.is_none() && alg == Algorithm::SharedMemory)
-            .then(|| self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>()));
+        let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
+            let call = self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
+            call.map(shared::Made::into_future)
+        });
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend_copy(data));
         if early.is_none() && board.is_none() {
             // Messages and single copy alike: the own part does not travel.
