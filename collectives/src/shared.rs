@@ -547,7 +547,7 @@ impl Queue {
     /// mean 0.231-0.250 us with a finished future built after the post, 0.212-0.221 us without.
     fn root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
         let seq = self.next;
-        let need = (seq + 1).saturating_sub(SLOTS);
+        let need = slot_freed_at(seq);
         let o = &mut self.order;
         let free = o.seen.len() == board.ranks && o.seen.iter().all(|&f| f >= need);
         if !self.calls.is_empty() || !free || input.len() > board.capacity {
@@ -644,6 +644,12 @@ fn fits<M>(board: &Board<M>, len: usize, input: usize) -> Result<(), CollError> 
     Ok(())
 }
 
+/// Rule 2: call `seq` may write its slot once every rank's `finished` has reached this (they are
+/// done with the slot's previous call).
+fn slot_freed_at(seq: u64) -> u64 {
+    (seq + 1).saturating_sub(SLOTS)
+}
+
 /// The first thing call `c` waits for in its current phase, or `None` if it can move.
 fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order) -> Option<Waiting> {
     match c.phase {
@@ -664,7 +670,7 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order
             }
             if c.writes(b.me) {
                 // Rule 2: every rank is done with the slot's previous call.
-                let need = (c.seq + 1).saturating_sub(SLOTS);
+                let need = slot_freed_at(c.seq);
                 o.seen.resize(b.ranks, 0);
                 for r in 0..b.ranks {
                     if o.seen[r] < need {

@@ -418,6 +418,12 @@ impl Comm {
         self.board()?.call(kind, len, input, elem)
     }
 
+    /// [`Comm::board_call`] as a future of its pieces, complete or not (for the calls whose
+    /// result is more than a copy into the caller's buffer).
+    fn board_future(&self, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<shared::BoardCall> {
+        self.board_call(kind, len, input, elem).map(shared::Made::into_future)
+    }
+
     /// Starts a single-copy call on this communicator's board; see [`shared::Segment::lend`].
     fn lending(&self, kind: Kind, lent: Option<Lent>, held: &[Kind]) -> Result<shared::Lending> {
         self.board()?.lend(kind, lent, held)
@@ -749,7 +755,7 @@ impl Comm {
         let len = size_of_val(data);
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
             let kind = Kind::Reduce { root, op: op.erase() };
-            self.board_call(kind, len, bytemuck::cast_slice(data), size_of::<T>()).map(shared::Made::into_future)
+            self.board_future(kind, len, bytemuck::cast_slice(data), size_of::<T>())
         });
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend_copy(data));
         let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
@@ -806,9 +812,8 @@ impl Comm {
             let lent = Lent::of(bytemuck::cast_slice(buf));
             self.lending(Kind::Allgather, Some(lent), &[Kind::Barrier, Kind::Barrier])
         });
-        let scratch = direct.is_some().then(|| self.sequence.pool.clone());
-        let pool = direct.is_none().then(|| self.sequence.pool.clone());
-        let data = pool.as_ref().map_or_else(Bytes::new, |p| p.copy(buf));
+        let pool = self.sequence.pool.clone();
+        let data = if direct.is_none() { pool.copy(buf) } else { Bytes::new() };
         let plan = if early.is_some() || direct.is_some() {
             None
         } else if alg == Algorithm::Hierarchical {
@@ -828,7 +833,7 @@ impl Comm {
         };
         Collective::boxed(async move {
             if let Some(call) = direct {
-                let (buf, pool) = (bytemuck::cast_slice_mut(buf), scratch.expect("with the call"));
+                let buf = bytemuck::cast_slice_mut(buf);
                 return Box::pin(allreduce_single_copy(call?, buf, op.erase(), r, n, &pool)).await;
             }
             let out = match plan {
@@ -837,7 +842,7 @@ impl Comm {
                     let blocks = run?.await?;
                     // Segments straight into `buf` (not laid end to end first).
                     copy_parts(buf, &ops::allreduce_parts(&blocks, n, alg)?)?;
-                    pool.expect("messages").recycle(blocks);
+                    pool.recycle(blocks);
                     return Ok(());
                 }
                 Some(Err(hier)) => {
@@ -1009,9 +1014,8 @@ impl Comm {
         let (r, n) = (self.rank(), self.size());
         let pool = self.sequence.pool.clone();
         let bytes = bytemuck::cast_slice(data);
-        let board = (alg == Algorithm::SharedMemory).then(|| {
-            self.board_call(Kind::Allgather, bytes.len(), bytes, size_of::<T>()).map(shared::Made::into_future)
-        });
+        let board = (alg == Algorithm::SharedMemory)
+            .then(|| self.board_future(Kind::Allgather, bytes.len(), bytes, size_of::<T>()));
         let direct = (alg == Algorithm::SingleCopy).then(|| self.lend_copy(data));
         let plan =
             (board.is_none() && direct.is_none()).then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
@@ -1110,10 +1114,8 @@ impl Comm {
         let pool = self.sequence.pool.clone();
         let mine = r as usize * elems..(r as usize + 1) * elems;
         let alg = self.choose(Operation::Alltoall, part, true);
-        let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
-            let call = self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
-            call.map(shared::Made::into_future)
-        });
+        let board = (early.is_none() && alg == Algorithm::SharedMemory)
+            .then(|| self.board_future(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>()));
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend_copy(data));
         if early.is_none() && board.is_none() {
             // Messages and single copy alike: the own part does not travel.
