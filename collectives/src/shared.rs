@@ -308,6 +308,14 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
         if len > self.capacity {
             return Err(CollError::Malformed { from: rank as u32, why: "length beyond the board's capacity" });
         }
+        if len <= 16 && !out.spilled() {
+            // The common small call: two words straight into the result's inline buffer.
+            let mut buf = [0u8; 16];
+            buf[..8].copy_from_slice(&line[INLINE_AT].load(Relaxed).to_le_bytes());
+            buf[8..].copy_from_slice(&line[INLINE_AT + 1].load(Relaxed).to_le_bytes());
+            *out = Data::from_buf_and_len(buf, len);
+            return Ok(());
+        }
         out.clear();
         if len <= INLINE {
             // Whole words into a stack buffer, then one append (`SmallVec::resize` would first
@@ -599,6 +607,14 @@ impl Queue {
     /// The result of call `seq` once it has read what it needs: it leaves the queue if done, or
     /// finishes later in call order (after earlier calls that are held) as an abandoned call.
     pub fn take(&mut self, seq: u64) -> Option<Result<Data, CollError>> {
+        // Usually the call is the oldest, and done.
+        if let Some(c) = self.calls.front()
+            && c.seq == seq
+            && c.phase == Phase::Done
+            && !c.abandoned
+        {
+            return self.calls.pop_front().map(|c| c.result);
+        }
         let ready = |c: &Call| c.seq == seq && !c.abandoned && matches!(c.phase, Phase::Finish | Phase::Done);
         let i = self.calls.iter().position(ready)?;
         if self.calls[i].phase == Phase::Done {
@@ -732,15 +748,23 @@ fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Orde
             Phase::Wait => {
                 c.result = gather(b, c, scratch);
                 c.phase = Phase::Finish;
+                // Finishing waits only for earlier calls (see `blocker`): checked here, without
+                // another round of the loop.
+                if o.finished == c.seq {
+                    finish(b, c, o);
+                }
             }
-            Phase::Finish => {
-                o.finished = c.seq + 1;
-                b.finished(b.me).store(o.finished, Release);
-                c.phase = Phase::Done;
-            }
+            Phase::Finish => finish(b, c, o),
             Phase::Done => {}
         }
     }
+}
+
+/// Call `c` is done with its slot, and every earlier call of this rank with theirs.
+fn finish<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Order) {
+    o.finished = c.seq + 1;
+    b.finished(b.me).store(o.finished, Release);
+    c.phase = Phase::Done;
 }
 
 /// Publishes this rank's part of call `c` (its data `input`), once nothing blocks it.
