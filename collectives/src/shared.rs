@@ -981,6 +981,25 @@ mod tests {
         }
     }
 
+    /// Every length around the small reads (up to 16 bytes straight into the result's inline
+    /// buffer, then the general path): each receiver gets exactly the root's bytes, whatever a
+    /// longer earlier call left in the line.
+    #[test]
+    fn small_parts_of_every_length_arrive_whole() {
+        for n in [2, 3] {
+            on_ranks(n, move |me, b| {
+                let mut q = Queue::default();
+                for len in (0..=48).rev().chain(0..=20) {
+                    let data: Vec<u8> = (0..len as u8).map(|i| i.wrapping_mul(37) ^ len as u8).collect();
+                    let input = if me == 0 { data.clone() } else { Vec::new() };
+                    let s = q.push(&b, Kind::Bcast { root: 0 }, len, input).unwrap();
+                    let want = if me == 0 { Vec::new() } else { data };
+                    assert_eq!(run(&mut q, &b, s).unwrap(), want, "n={n} len={len}");
+                }
+            });
+        }
+    }
+
     /// A barrier lets no rank leave before every rank has arrived, whether every rank reads every
     /// line (2 ranks) or the ranks fan in to rank 0 (more).
     #[test]
