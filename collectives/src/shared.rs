@@ -31,7 +31,7 @@
 //! 2. a rank writes data into a slot only once every rank's `finished` has passed the slot's
 //!    previous call, and into an area only once it has passed the area's previous call. It
 //!    remembers the `finished` values it has seen, so it reads another rank's line only every
-//!    few calls, not on every call (for small calls, every `SLOTS / 2` or so).
+//!    few calls, not on every call (for small calls, about once in `SLOTS` calls).
 //!
 //! A broadcast's receivers post nothing (nobody reads their part of it): an 8 B broadcast costs
 //! the root one line written and each receiver one line read.
@@ -77,12 +77,12 @@ pub type Data = SmallVec<[u8; 16]>;
 /// Slots of the board: small calls that may be in flight on one communicator before the next
 /// waits for the oldest to finish everywhere. A slot is one line per rank. Why 32: a rank that
 /// writes learns that a slot is free by reading the other ranks' `finished` counters, a cache
-/// line each that their owners write on every call, so each such read costs a line transfer
-/// and the owner's next write another; with 32 slots that happens every 16 calls or so instead of
-/// every 4. On 2 ranks, 8 B, alternated against 8 slots (`collectives-job --ranks 2 -o
-/// barrier,bcast,allreduce -s 8 -i 100000`, medians of 6 rounds in fast phases of the machine
-/// and 7 in slow ones): broadcast 0.172 -> 0.166 us and 0.367 -> 0.351 us, all-reduce 0.210 ->
-/// 0.209 us and 0.491 -> 0.439 us.
+/// line each that their owners write on every call, so each such read costs a line transfer and
+/// the owner's next write another; with 32 slots that happens once in about 30 of the
+/// communicator's calls instead of once in 7. On 2 ranks, 8 B, alternated against 8 slots
+/// (`collectives-job --ranks 2 -o barrier,bcast,allreduce -s 8 -i 100000`, medians of 6 rounds
+/// in fast phases of the machine and 7 in slow ones): broadcast 0.172 -> 0.166 us and 0.367 ->
+/// 0.351 us, all-reduce 0.210 -> 0.209 us and 0.491 -> 0.439 us.
 pub const SLOTS: u64 = 32;
 /// Data areas of the board (see [`capacity`]): calls with more than a line's worth of data that
 /// may be in flight before the next waits for the oldest to finish everywhere.
@@ -552,10 +552,10 @@ impl Queue {
     /// and finishes at once, without building a [`Call`] and stepping it through its phases.
     /// Returns whether it did; if not (or if `input` is larger than a slot's), the caller makes
     /// the call with [`Queue::call_now`], which rereads the counters and queues the call if it
-    /// must wait. Tried first by the root crate, before anything else is built for the call. Measured on 2 ranks, 8 B, alternated with
-    /// the general path in fast phases of the machine: the root's mean 0.175-0.178 us before,
-    /// 0.125-0.142 us after; the OSU broadcast (both ranks) 0.22-0.23 us before, 0.17-0.21 us
-    /// after.
+    /// must wait. Tried first by the root crate, before anything else is built for the call.
+    /// Measured on 2 ranks, 8 B, alternated with the general path in fast phases of the machine:
+    /// the root's mean 0.175-0.178 us before, 0.125-0.142 us after; the OSU broadcast (both
+    /// ranks) 0.22-0.23 us before, 0.17-0.21 us after.
     ///
     /// The board is written last, after this rank's own bookkeeping, so that little follows the
     /// post (and the driver returns a call complete when made as its result alone, not as a
@@ -1062,10 +1062,10 @@ mod tests {
     }
 
     /// Broadcasts made as the root crate makes them ([`Queue::root_now`] at the root, else
-    /// [`Queue::call_now`]), the root running far ahead of receivers that
-    /// are late: the root's calls complete when made while their slots (small calls) or areas
-    /// (larger ones) are free, and wait (queued) once they are all in use; every receiver reads
-    /// every broadcast's data (those already posted when it calls, at once).
+    /// [`Queue::call_now`]), the root running far ahead of receivers that are late: the root's
+    /// calls complete when made while their slots (small calls) or areas (larger ones) are free,
+    /// and wait (queued) once they are all in use; every receiver reads every broadcast's data
+    /// (those already posted when it calls, at once).
     #[test]
     fn a_root_running_ahead_waits_for_the_slots() {
         for (n, words_per_call, free) in
