@@ -576,10 +576,9 @@ impl Queue {
         }
         self.next += 1;
         o.mark_posted(seq);
-        o.finished = seq + 1;
         board.write(seq, input);
         board.line(seq, board.me)[POSTED].store(seq + 1, Release);
-        board.finished(board.me).store(seq + 1, Release);
+        finished(board, seq, o);
         true
     }
 
@@ -620,15 +619,12 @@ impl Queue {
     /// The result of call `seq` once it has read what it needs: it leaves the queue if done, or
     /// finishes later in call order (after earlier calls that are held) as an abandoned call.
     pub fn take(&mut self, seq: u64) -> Option<Result<Data, CollError>> {
-        // Usually the call is the oldest, and done.
-        if let Some(c) = self.calls.front()
-            && c.seq == seq
-            && c.phase == Phase::Done
-            && !c.abandoned
-        {
+        let ready = |c: &Call| c.seq == seq && !c.abandoned && matches!(c.phase, Phase::Finish | Phase::Done);
+        // Usually the oldest, and done: taken from the front without a search (which, with
+        // `remove`, costs about 50 instructions more per call, and 4% of a 2-rank 8 B broadcast).
+        if self.calls.front().is_some_and(|c| ready(c) && c.phase == Phase::Done) {
             return self.calls.pop_front().map(|c| c.result);
         }
-        let ready = |c: &Call| c.seq == seq && !c.abandoned && matches!(c.phase, Phase::Finish | Phase::Done);
         let i = self.calls.iter().position(ready)?;
         if self.calls[i].phase == Phase::Done {
             return self.calls.remove(i).map(|c| c.result);
@@ -736,7 +732,7 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order
             };
             r.map(|r| Waiting::Rank(r as u32))
         }
-        Phase::Finish => (o.finished != c.seq).then_some(Waiting::Earlier),
+        Phase::Finish => earlier_unfinished(c, o).then_some(Waiting::Earlier),
         Phase::Done => None,
     }
 }
@@ -766,9 +762,9 @@ fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Orde
             Phase::Wait => {
                 c.result = gather(b, c, scratch);
                 c.phase = Phase::Finish;
-                // Finishing waits only for earlier calls (see `blocker`): checked here, without
-                // another round of the loop.
-                if o.finished == c.seq {
+                // Straight on when nothing earlier is unfinished: a round of the loop would ask
+                // `blocker` the same (a call of it costs about 80 instructions here).
+                if !earlier_unfinished(c, o) {
                     finish(b, c, o);
                 }
             }
@@ -778,11 +774,21 @@ fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Orde
     }
 }
 
-/// Call `c` is done with its slot, and every earlier call of this rank with theirs.
+/// Rule 1: call `c` finishes only after every earlier call of this rank.
+fn earlier_unfinished(c: &Call, o: &Order) -> bool {
+    o.finished != c.seq
+}
+
+/// Call `c` is done.
 fn finish<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Order) {
-    o.finished = c.seq + 1;
-    b.finished(b.me).store(o.finished, Release);
+    finished(b, c.seq, o);
     c.phase = Phase::Done;
+}
+
+/// This rank is done with call `seq`'s slot, and with every earlier call's.
+fn finished<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, seq: u64, o: &mut Order) {
+    o.finished = seq + 1;
+    b.finished(b.me).store(o.finished, Release);
 }
 
 /// Publishes this rank's part of call `c` (its data `input`), once nothing blocks it.
