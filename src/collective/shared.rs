@@ -192,6 +192,17 @@ impl Segment {
     /// when all are in, or on the loss of a peer the next piece waits for.
     fn check(&self, seqs: &mut Range<u64>, parts: &mut Pieces, driver: Option<&Driver>) -> Poll<Result<()>> {
         let mut q = self.queue.lock();
+        if seqs.end - seqs.start == 1 {
+            match q.finish_now(&self.board, seqs.start) {
+                Some(Some(r)) => {
+                    seqs.start += 1;
+                    return Poll::Ready(r.map(|part| parts.push(part)).map_err(Into::into));
+                }
+                // Waiting: the general path below also asks whether the awaited rank is lost.
+                Some(None) if driver.is_none() => return Poll::Pending,
+                _ => {}
+            }
+        }
         q.advance(&self.board);
         while let Some(r) = q.take(seqs.start) {
             seqs.start += 1;
