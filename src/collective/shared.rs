@@ -269,7 +269,7 @@ pub(crate) struct BoardCall {
 /// word) after the call is made, and a call complete when made has just posted to a line another
 /// rank is reading: until that line comes back, the stores that follow wait in the CPU's store
 /// queue, and once it is full the caller stops (`benches/probes/store-buffer.c`; how much of a
-/// root's time this explains is open, see the README's session 13). With the
+/// root's time this explains is open, see session 13 in `docs/performance-history.md`). With the
 /// call's 120 bytes inline the future took 136 bytes; boxed, 48. Measured on 2 ranks, 8 B,
 /// binaries alternated (`collectives-job --ranks 2 -o barrier,bcast,allreduce -s 8 -i 100000`,
 /// medians of 8 rounds, slow phases of the machine): barrier 0.389-0.399 -> 0.361-0.384 us,

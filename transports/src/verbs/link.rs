@@ -20,7 +20,7 @@
 //! Only the bytes used are written: an 8-byte eager message is a 72-byte write (96 when every
 //! slot carried the extension), a credit update 16 bytes (88). Under Soft-RoCE every byte is
 //! copied and checksummed in software; the transport's 8-byte one-way time went from 18.0-19.6
-//! to 16.0-16.9 us in one boot (see the README).
+//! to 16.0-16.9 us in one boot (see `docs/performance-history.md`).
 //!
 //! Credits ([`Credits`]): every slot written uses one credit; `freed`, piggybacked on every slot,
 //! is the receiver's monotonic count of slots it has emptied (wrapping u32, compared by
