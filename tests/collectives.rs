@@ -112,6 +112,15 @@ async fn single_copy_by_default_for_large_calls_when_busy() {
             let e = c.allreduce(&mut v, ReduceOp::Sum).timeout(ten).await;
             assert!(matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. }))), "{e:?}");
         }
+        // The same with an all-gather into a buffer, which lends the caller's slice where it is.
+        let mine = vec![r as u64 + 1; 40_000];
+        let mut out = vec![0u64; 3 * 40_000];
+        if r == 0 {
+            drop(c.allgather_into(&mine, &mut out));
+        } else {
+            let e = c.allgather_into(&mine, &mut out).timeout(ten).await;
+            assert!(matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. }))), "{e:?}");
+        }
         // Held unpolled while later calls on the board are awaited: they pass it (up to the
         // board's slots); polled, the held call completes.
         let pins = "allreduce=single-copy,barrier=shared-memory";

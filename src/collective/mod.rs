@@ -430,6 +430,14 @@ impl Comm {
         self.board()?.lend(kind, lent, held)
     }
 
+    /// Starts a gather-style single-copy call that lends `data` as `lend` says.
+    fn lend<T: Element>(&self, data: &[T], lend: Lend, held: &[Kind]) -> Result<shared::Lending> {
+        match lend {
+            Lend::Copy => self.lend_copy(data, held),
+            Lend::InPlace => self.lending(Kind::Allgather, Some(Lent::of(bytemuck::cast_slice(data))), held),
+        }
+    }
+
     /// Starts a gather-style single-copy call that lends a copy of `data` (the call does not
     /// borrow the caller's slice): every rank learns what the others lent, does its copies, then
     /// waits in the `held` barriers, the last until nobody reads its copy any more.
@@ -988,7 +996,7 @@ impl Comm {
     /// Every rank's `data` (all of one length), concatenated in rank order, at every rank.
     pub fn allgather<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let mut out = vec![T::zeroed(); data.len() * self.size() as usize];
-        let run = self.allgather_into_owned(data);
+        let run = self.allgather_plan(data, &mut out, Lend::Copy);
         async move {
             run(&mut out).await?;
             Ok(out)
@@ -996,42 +1004,50 @@ impl Comm {
     }
 
     /// [`Comm::allgather`] into `out` (`size` times the length of `data`), like `MPI_Allgather`.
+    /// The future borrows `data`: by single copy (large calls on one host) the other ranks read it
+    /// where it is.
     pub fn allgather_into<'a, T: Element>(
         &self,
-        data: &[T],
+        data: &'a [T],
         out: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
-        let run = self.allgather_into_owned(data);
-        run(out)
+        let run = self.allgather_plan(data, out, Lend::InPlace);
+        lending_in_place(data, run(out))
     }
 
-    fn allgather_into_owned<T: Element>(
+    /// Plans an all-gather of `data` into `out` (this rank's own block goes in now, by single
+    /// copy); the returned closure runs the rest into the same `out`. `lend`: see [`Lend`].
+    fn allgather_plan<T: Element>(
         &self,
         data: &[T],
+        out: &mut [T],
+        lend: Lend,
     ) -> impl FnOnce(&mut [T]) -> futures::future::BoxFuture<'_, Result<()>> + use<T> {
         let alg = self.choose(Operation::Allgather, size_of_val(data), true);
         let (r, n) = (self.rank(), self.size());
         let pool = self.sequence.pool.clone();
         let bytes = bytemuck::cast_slice(data);
+        let len = bytes.len();
         let board = (alg == Algorithm::SharedMemory)
             .then(|| self.board_future(Kind::Allgather, bytes.len(), bytes, size_of::<T>()));
-        let direct = (alg == Algorithm::SingleCopy).then(|| self.lend_copy(data, &[Kind::Barrier]));
+        let direct = (alg == Algorithm::SingleCopy).then(|| {
+            let out: &mut [u8] = bytemuck::cast_slice_mut(out);
+            if out.len() != n as usize * len {
+                return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
+            }
+            out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
+            self.lend(data, lend, &[Kind::Barrier])
+        });
         let plan =
             (board.is_none() && direct.is_none()).then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
-        let len = bytes.len();
         move |out: &mut [T]| {
             Box::pin(async move {
                 if let Some(call) = direct {
-                    // Every block straight from its rank's memory into `out`.
+                    // Every other block straight from its rank's memory into `out`.
                     let out: &mut [u8] = bytemuck::cast_slice_mut(out);
-                    if out.len() != n as usize * len {
-                        return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
-                    }
                     return gather_single_copy(call?, n, len, &pool, |call, lent| {
                         for (i, block) in out.chunks_exact_mut(len.max(1)).enumerate().take(n as usize) {
-                            if i == r as usize {
-                                block.copy_from_slice(call.kept());
-                            } else {
+                            if i != r as usize {
                                 call.read(i as Rank, &lent[i], 0, block)?;
                             }
                         }
@@ -1074,31 +1090,33 @@ impl Comm {
     /// rank sent to this one, in rank order.
     pub fn alltoall<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let mut out = vec![T::zeroed(); data.len()];
-        let run = self.alltoall_plan(data, &mut out);
+        let run = self.alltoall_plan(data, &mut out, Lend::Copy);
         async move {
             run(&mut out).await?;
             Ok(out)
         }
     }
 
-    /// [`Comm::alltoall`] into `out` (as long as `data`), like `MPI_Alltoall`.
+    /// [`Comm::alltoall`] into `out` (as long as `data`), like `MPI_Alltoall`. The future borrows
+    /// `data`: by single copy (large calls on one host) the other ranks read it where it is.
     pub fn alltoall_into<'a, T: Element>(
         &self,
-        data: &[T],
+        data: &'a [T],
         out: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
-        let run = self.alltoall_plan(data, out);
-        run(out)
+        let run = self.alltoall_plan(data, out, Lend::InPlace);
+        lending_in_place(data, run(out))
     }
 
     /// Plans an all-to-all of `data` into `out`. This rank's own part goes from `data` to `out`
     /// now, directly: only the parts that travel are copied into the call's buffers (and only
     /// received ones copied out), one pass over the own part instead of two. The returned
-    /// closure runs the rest into the same `out`.
+    /// closure runs the rest into the same `out`. `lend`: see [`Lend`].
     fn alltoall_plan<T: Element>(
         &self,
         data: &[T],
         out: &mut [T],
+        lend: Lend,
     ) -> impl FnOnce(&mut [T]) -> futures::future::BoxFuture<'_, Result<()>> + use<T> {
         let (r, n) = (self.rank(), self.size());
         let early = if !data.len().is_multiple_of(n as usize) {
@@ -1115,7 +1133,7 @@ impl Comm {
         let alg = self.choose(Operation::Alltoall, part, true);
         let board = (early.is_none() && alg == Algorithm::SharedMemory)
             .then(|| self.board_future(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>()));
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend_copy(data, &[Kind::Barrier]));
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, lend, &[Kind::Barrier]));
         if early.is_none() && board.is_none() {
             // Messages and single copy alike: the own part does not travel.
             out[mine.clone()].copy_from_slice(&data[mine.clone()]);
@@ -1352,6 +1370,24 @@ async fn bcast_single_copy(mut call: shared::Lending, root: Rank, me: Rank, buf:
     })
     .await
     .map(drop)
+}
+
+/// What a gather-style single-copy call lends of the caller's input.
+#[derive(Clone, Copy)]
+enum Lend {
+    /// A copy, which the call keeps: for futures that do not borrow the input.
+    Copy,
+    /// The input where it is: only for a future that borrows it until its end
+    /// ([`lending_in_place`]); one copy of the data less.
+    InPlace,
+}
+
+/// The future of a call that lent `data` in place ([`Lend::InPlace`]): it holds the borrow of
+/// `data` for as long as the call may be read, so the caller cannot change it meanwhile; dropped
+/// early, the call withdraws the memory before the borrow ends.
+async fn lending_in_place<T: Element>(data: &[T], call: impl Future<Output = Result<()>> + Send) -> Result<()> {
+    let _lent = data;
+    call.await
 }
 
 /// A gather-style call by single copy (reduce, all-gather, all-to-all; see [`Comm::lend_copy`]):

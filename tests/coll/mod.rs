@@ -77,6 +77,9 @@ pub async fn operations(c: &Comm, counts: &[usize], label: &str) {
         let got = c.scatter(root, (r == root).then_some(&all[..])).await.unwrap();
         assert_eq!(got, input(r, small), "scatter {ctx}");
         assert_eq!(c.allgather(&input(r, small)).await.unwrap(), all, "allgather {ctx}");
+        let mut out = vec![u64::MAX; all.len()];
+        c.allgather_into(&input(r, small), &mut out).await.unwrap();
+        assert_eq!(out, all, "allgather_into {ctx}");
         // All-to-all: part for rank d is input(r * 100 + d).
         let per = count.min(4_000) / n as usize;
         let mine: Vec<u64> = (0..n).flat_map(|d| input(r * 100 + d, per)).collect();
