@@ -755,12 +755,14 @@ impl Comm {
     }
 
     /// Combines every rank's `data` with `op` at `root`: `Some(result)` there, `None` elsewhere.
-    pub fn reduce<T: Element>(
+    /// The future borrows `data`: by single copy (large calls on one host) the root reads it where
+    /// it is.
+    pub fn reduce<'a, T: Element>(
         &self,
         root: Rank,
-        data: &[T],
+        data: &'a [T],
         op: ReduceOp<T>,
-    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<T> {
+    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<'a, T> {
         let alg = self.choose(Operation::Reduce, size_of_val(data), op.is_commutative());
         let early = self.check_root(root).or_else(|| check_op(&op).err());
         let (r, n) = (self.rank(), self.size());
@@ -769,8 +771,8 @@ impl Comm {
             let kind = Kind::Reduce { root, op: op.erase() };
             self.board_future(kind, len, bytemuck::cast_slice(data), size_of::<T>())
         });
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy)
-            .then(|| self.lend_copy(data, &[Kind::Barrier, Kind::Barrier]));
+        let direct =
+            (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, Lend::InPlace, &[Kind::Barrier]));
         let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
             let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
             (self.slot(), m)
@@ -778,10 +780,18 @@ impl Comm {
         let pool = self.sequence.pool.clone();
         async move {
             if let Some(call) = direct {
-                let mut out = (r == root).then(|| vec![T::zeroed(); len / size_of::<T>()]);
-                let dst = out.as_deref_mut().map(bytemuck::cast_slice_mut);
-                Box::pin(reduce_single_copy(call?, dst, op.erase(), r, n, &pool)).await?;
-                return Ok(out);
+                // The root combines every rank's data straight from its memory, its own from
+                // `data`, which the future borrows (the others' calls lend theirs in place too).
+                let own: &[u8] = bytemuck::cast_slice(data);
+                return gather_single_copy(call?, n, len, &pool, |call, lent| {
+                    let mut out = (r == root).then(|| vec![T::zeroed(); len / size_of::<T>()]);
+                    if let Some(out) = out.as_mut() {
+                        let dst = bytemuck::cast_slice_mut(out);
+                        combine(call.reader(), lent, r as usize, &op.erase(), 0, Some(own), dst, &pool)?;
+                    }
+                    Ok(out)
+                })
+                .await;
             }
             if let Some(call) = board {
                 let pieces = call?.await?;
@@ -1487,45 +1497,6 @@ async fn allreduce_single_copy(
         call.read(r as Rank, &lent[r], theirs.start, &mut buf[theirs])?;
     }
     call.next().await?;
-    Ok(())
-}
-
-/// Reduce by single copy, as the all-reduce's reduce-scatter followed by a gather at the root:
-/// rank `me` combines part `me` of every rank's copy (see [`Comm::lend_copy`]) in rank order and
-/// leaves it in its own copy, whose other parts the other ranks are reading meanwhile; after a
-/// barrier, the root (`out`: where the result goes) copies every part from the rank that computed
-/// it; after another, nobody reads any copy any more. Why: each rank combines a part instead of
-/// the root combining everything. Measured at 1 MiB (`ferrocomm-bench collectives --ops reduce
-/// --max 1M --step 131072 --no-mpi --runs 3 --iters-large 20`, old and new alternated, fast
-/// phases): 4 ranks 435-603 -> 327-333 us, 2 ranks 183-237 -> 170-176 us (there the copy of the
-/// caller's slice and the root's result vector, which the all-reduce does without, weigh most).
-async fn reduce_single_copy(
-    mut call: shared::Lending,
-    out: Option<&mut [u8]>,
-    op: ferrocomm_collectives::Reducer,
-    me: Rank,
-    n: Rank,
-    pool: &Pool,
-) -> Result<()> {
-    use ferrocomm_collectives::shared::part;
-    let (elem, len, n, me) = (op.element_size(), call.kept().len(), n as usize, me as usize);
-    let lent = lent_by_all(&call.next().await?, n, len)?;
-    let mine = part(len, elem, n, me);
-    let (reader, copy) = call.reader_and_kept();
-    combine(reader, &lent, me, &op, mine.start, None, &mut copy[mine], pool)?;
-    call.next().await?;
-    if let Some(out) = out {
-        for (r, l) in lent.iter().enumerate() {
-            let theirs = part(len, elem, n, r);
-            if r == me {
-                out[theirs.clone()].copy_from_slice(&call.kept()[theirs]);
-            } else {
-                call.read(r as Rank, l, theirs.start, &mut out[theirs])?;
-            }
-        }
-    }
-    call.next().await?;
-    call.give_back().into_iter().for_each(|b| pool.give(b));
     Ok(())
 }
 

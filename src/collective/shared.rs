@@ -377,8 +377,7 @@ impl BoardCall {
     }
 }
 
-/// Reads what the other ranks lent for a single-copy call (the call's part that
-/// [`Lending::reader_and_kept`] hands out beside this rank's own kept memory).
+/// Reads what the other ranks lent for a single-copy call.
 pub(crate) struct Reader {
     seg: Arc<Segment>,
     /// The call's first step, which names it for withdrawal.
@@ -451,11 +450,6 @@ impl Lending {
         self.kept = Some(buf);
     }
 
-    /// The kept memory (empty if none).
-    pub(crate) fn kept(&self) -> &[u8] {
-        self.kept.as_deref().unwrap_or_default()
-    }
-
     /// The kept memory, once the call's last step is over (nobody reads it any more).
     pub(crate) fn give_back(&mut self) -> Option<BytesMut> {
         self.steps.is_empty().then(|| self.kept.take()).flatten()
@@ -464,12 +458,6 @@ impl Lending {
     /// Copies `dst.len()` bytes from `offset` in what rank `owner` lent into `dst`.
     pub(crate) fn read(&self, owner: u32, lent: &Lent, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.reader.read(owner, lent, offset, dst)
-    }
-
-    /// What reads the others' memory, and this rank's kept memory (mutable), apart: for a call
-    /// that writes the part of its own lent copy that nobody reads meanwhile.
-    pub(crate) fn reader_and_kept(&mut self) -> (&Reader, &mut [u8]) {
-        (&self.reader, self.kept.as_deref_mut().unwrap_or_default())
     }
 
     /// What reads the others' memory.
