@@ -121,6 +121,15 @@ async fn single_copy_by_default_for_large_calls_when_busy() {
             let e = c.allgather_into(&mine, &mut out).timeout(ten).await;
             assert!(matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. }))), "{e:?}");
         }
+        // And a reduce, whose root reads every rank's data where it is: rank 2 drops its call.
+        if r == 2 {
+            drop(c.reduce(0, &mine, ReduceOp::Sum));
+        } else {
+            let e = c.reduce(0, &mine, ReduceOp::Sum).timeout(ten).await;
+            let withdrawn = matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. })));
+            // The root reads rank 2's data and fails; rank 1 only waits for the root to be done.
+            assert!(if r == 0 { withdrawn } else { e.is_ok() || withdrawn }, "{e:?}");
+        }
         // Held unpolled while later calls on the board are awaited: they pass it (up to the
         // board's slots); polled, the held call completes.
         let pins = "allreduce=single-copy,barrier=shared-memory";
