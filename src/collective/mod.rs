@@ -430,22 +430,17 @@ impl Comm {
         self.board()?.lend(kind, lent, held)
     }
 
-    /// Starts a gather-style single-copy call that lends `data` as `lend` says.
-    fn lend<T: Element>(&self, data: &[T], lend: Lend, held: &[Kind]) -> Result<shared::Lending> {
-        match lend {
-            Lend::Copy => self.lend_copy(data, held),
-            Lend::InPlace => self.lending(Kind::Allgather, Some(Lent::of(bytemuck::cast_slice(data))), held),
+    /// Starts a gather-style single-copy call that lends `data` as `lend` says: every rank learns
+    /// what the others lent, does its copies, then waits in a barrier until nobody reads what it
+    /// lent any more.
+    fn lend<T: Element>(&self, data: &[T], lend: Lend) -> Result<shared::Lending> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        if let Lend::InPlace = lend {
+            return self.lending(Kind::Allgather, Some(Lent::of(bytes)), &[Kind::Barrier]);
         }
-    }
-
-    /// Starts a gather-style single-copy call that lends a copy of `data` (the call does not
-    /// borrow the caller's slice): every rank learns what the others lent, does its copies, then
-    /// waits in the `held` barriers, the last until nobody reads its copy any more.
-    fn lend_copy<T: Element>(&self, data: &[T], held: &[Kind]) -> Result<shared::Lending> {
-        let mut copy = self.sequence.pool.take(size_of_val(data));
-        copy.copy_from_slice(bytemuck::cast_slice(data));
-        let lent = Lent::of(&copy);
-        let mut call = self.lending(Kind::Allgather, Some(lent), held)?;
+        let mut copy = self.sequence.pool.take(bytes.len());
+        copy.copy_from_slice(bytes);
+        let mut call = self.lending(Kind::Allgather, Some(Lent::of(&copy)), &[Kind::Barrier])?;
         call.keep(copy);
         Ok(call)
     }
@@ -771,8 +766,7 @@ impl Comm {
             let kind = Kind::Reduce { root, op: op.erase() };
             self.board_future(kind, len, bytemuck::cast_slice(data), size_of::<T>())
         });
-        let direct =
-            (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, Lend::InPlace, &[Kind::Barrier]));
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, Lend::InPlace));
         let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
             let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
             (self.slot(), m)
@@ -787,7 +781,7 @@ impl Comm {
                     let mut out = (r == root).then(|| vec![T::zeroed(); len / size_of::<T>()]);
                     if let Some(out) = out.as_mut() {
                         let dst = bytemuck::cast_slice_mut(out);
-                        combine(call.reader(), lent, r as usize, &op.erase(), 0, Some(own), dst, &pool)?;
+                        combine(call, lent, r as usize, &op.erase(), 0, Some(own), dst, &pool)?;
                     }
                     Ok(out)
                 })
@@ -1046,7 +1040,7 @@ impl Comm {
                 return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
             }
             out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
-            self.lend(data, lend, &[Kind::Barrier])
+            self.lend(data, lend)
         });
         let plan =
             (board.is_none() && direct.is_none()).then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
@@ -1143,7 +1137,7 @@ impl Comm {
         let alg = self.choose(Operation::Alltoall, part, true);
         let board = (early.is_none() && alg == Algorithm::SharedMemory)
             .then(|| self.board_future(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>()));
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, lend, &[Kind::Barrier]));
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, lend));
         if early.is_none() && board.is_none() {
             // Messages and single copy alike: the own part does not travel.
             out[mine.clone()].copy_from_slice(&data[mine.clone()]);
@@ -1400,7 +1394,7 @@ async fn lending_in_place<T: Element>(data: &[T], call: impl Future<Output = Res
     call.await
 }
 
-/// A gather-style call by single copy (reduce, all-gather, all-to-all; see [`Comm::lend_copy`]):
+/// A gather-style call by single copy (reduce, all-gather, all-to-all; see [`Comm::lend`]):
 /// learns what every rank lent (`len` bytes each), makes this rank's `copies`, then waits until
 /// nobody reads this rank's copy any more and gives it back to `pool`.
 async fn gather_single_copy<R>(
@@ -1445,7 +1439,7 @@ fn lent_by_all(all: &[u8], n: usize, len: usize) -> Result<Vec<Lent>> {
 /// its pages in on every call).
 #[allow(clippy::too_many_arguments)] // the call, what it reads, how it combines, where it goes
 fn combine(
-    call: &shared::Reader,
+    call: &shared::Lending,
     lent: &[Lent],
     me: usize,
     op: &ferrocomm_collectives::Reducer,
@@ -1490,7 +1484,7 @@ async fn allreduce_single_copy(
     let (elem, len, n, me) = (op.element_size(), buf.len(), n as usize, me as usize);
     let lent = lent_by_all(&call.next().await?, n, len)?;
     let mine = part(len, elem, n, me);
-    combine(call.reader(), &lent, me, &op, mine.start, None, &mut buf[mine], pool)?;
+    combine(&call, &lent, me, &op, mine.start, None, &mut buf[mine], pool)?;
     call.next().await?;
     for r in (0..n).filter(|&r| r != me) {
         let theirs = part(len, elem, n, r);

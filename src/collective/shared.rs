@@ -185,7 +185,7 @@ impl Segment {
             q.push_held(k.clone());
         }
         let steps = first..first + 1 + held.len() as u64;
-        Ok(Lending { reader: Reader { seg: self.clone(), first }, steps, lends: lent.is_some(), kept: None })
+        Ok(Lending { seg: self.clone(), first, steps, lends: lent.is_some(), kept: None })
     }
 
     /// Advances every call; collects the finished pieces of `seqs` in order into `parts`; ready
@@ -377,14 +377,48 @@ impl BoardCall {
     }
 }
 
-/// Reads what the other ranks lent for a single-copy call.
-pub(crate) struct Reader {
+/// A single-copy call in progress: its steps on the board, taken in order. Dropped before its last
+/// step, it withdraws the memory this rank lent (the readers discard what they copied from it) and
+/// abandons the rest, so the communicator's later calls go on.
+pub(crate) struct Lending {
     seg: Arc<Segment>,
     /// The call's first step, which names it for withdrawal.
     first: u64,
+    /// The steps not taken yet.
+    steps: Range<u64>,
+    /// Whether this rank lent memory that others read.
+    lends: bool,
+    /// The lent memory, where the call owns it (a copy of a caller's slice that the call does not
+    /// borrow): freed only after the withdrawal, or given back once the call is over.
+    kept: Option<BytesMut>,
 }
 
-impl Reader {
+impl Lending {
+    /// Posts the next step (this rank is done with what the previous ones allowed) and waits for
+    /// it; its result (for the first step: what was lent).
+    pub(crate) async fn next(&mut self) -> Result<Data> {
+        let seq = self.steps.start;
+        self.seg.queue.lock().release(seq);
+        let mut parts = self.seg.wait(seq..seq + 1, self.lent()).await?;
+        self.steps.start += 1;
+        Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// The call's first step if this rank lent memory (what it withdraws on leaving early).
+    fn lent(&self) -> Option<u64> {
+        self.lends.then_some(self.first)
+    }
+
+    /// Keeps `buf` (the lent memory) as long as the call needs it; see [`Lending::give_back`].
+    pub(crate) fn keep(&mut self, buf: BytesMut) {
+        self.kept = Some(buf);
+    }
+
+    /// The kept memory, once the call's last step is over (nobody reads it any more).
+    pub(crate) fn give_back(&mut self) -> Option<BytesMut> {
+        self.steps.is_empty().then(|| self.kept.take()).flatten()
+    }
+
     /// Copies `dst.len()` bytes from `offset` in what rank `owner` lent into `dst`.
     pub(crate) fn read(&self, owner: u32, lent: &Lent, offset: usize, dst: &mut [u8]) -> Result<()> {
         let board = &self.seg.board;
@@ -413,57 +447,6 @@ impl Reader {
         }
         Ok(())
     }
-}
-
-/// A single-copy call in progress: its steps on the board, taken in order. Dropped before its last
-/// step, it withdraws the memory this rank lent (the readers discard what they copied from it) and
-/// abandons the rest, so the communicator's later calls go on.
-pub(crate) struct Lending {
-    reader: Reader,
-    /// The steps not taken yet.
-    steps: Range<u64>,
-    /// Whether this rank lent memory that others read.
-    lends: bool,
-    /// The lent memory, where the call owns it (a copy of a caller's slice that the call does not
-    /// borrow): freed only after the withdrawal, or given back once the call is over.
-    kept: Option<BytesMut>,
-}
-
-impl Lending {
-    /// Posts the next step (this rank is done with what the previous ones allowed) and waits for
-    /// it; its result (for the first step: what was lent).
-    pub(crate) async fn next(&mut self) -> Result<Data> {
-        let seq = self.steps.start;
-        self.reader.seg.queue.lock().release(seq);
-        let mut parts = self.reader.seg.wait(seq..seq + 1, self.lent()).await?;
-        self.steps.start += 1;
-        Ok(parts.pop().unwrap_or_default())
-    }
-
-    /// The call's first step if this rank lent memory (what it withdraws on leaving early).
-    fn lent(&self) -> Option<u64> {
-        self.lends.then_some(self.reader.first)
-    }
-
-    /// Keeps `buf` (the lent memory) as long as the call needs it; see [`Lending::give_back`].
-    pub(crate) fn keep(&mut self, buf: BytesMut) {
-        self.kept = Some(buf);
-    }
-
-    /// The kept memory, once the call's last step is over (nobody reads it any more).
-    pub(crate) fn give_back(&mut self) -> Option<BytesMut> {
-        self.steps.is_empty().then(|| self.kept.take()).flatten()
-    }
-
-    /// Copies `dst.len()` bytes from `offset` in what rank `owner` lent into `dst`.
-    pub(crate) fn read(&self, owner: u32, lent: &Lent, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.reader.read(owner, lent, offset, dst)
-    }
-
-    /// What reads the others' memory.
-    pub(crate) fn reader(&self) -> &Reader {
-        &self.reader
-    }
 
     /// Copies all of what `owner` lent into `dst` (the same length), half of it by the owner if it
     /// claims the offer in time ([`Helper::help`]).
@@ -472,23 +455,23 @@ impl Lending {
         if dst.len() < SPLIT_MIN {
             return self.read(owner, lent, 0, dst);
         }
-        let board = &self.reader.seg.board;
+        let board = &self.seg.board;
         let half = dst.len() / 2;
         let (first, second) = dst.split_at_mut(half);
-        board.offer(self.reader.first, second.as_mut_ptr() as u64, std::process::id());
+        board.offer(self.first, second.as_mut_ptr() as u64, std::process::id());
         let read = self.read(owner, lent, 0, first);
         // Take the second half back, unless the owner is writing it: then wait until it is done,
         // since `dst` must not be let go of meanwhile (or until the owner is gone).
-        let mut now = board.take_back(self.reader.first);
+        let mut now = board.take_back(self.first);
         let mut spins = 0u32;
         while now == Some(Offer::Claimed) {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(4096) && !process_alive(lent.pid) {
-                let rank = self.reader.seg.members[owner as usize];
+                let rank = self.seg.members[owner as usize];
                 return Err(Error::PeerLost { rank, reason: ferrocomm_transports::TransportError::Closed });
             }
-            now = board.offered(self.reader.first);
+            now = board.offered(self.first);
         }
         read?;
         match now {
@@ -500,7 +483,7 @@ impl Lending {
 
     /// A handle for writing what readers offer to split while the call waits ([`Helper::help`]).
     pub(crate) fn helper(&self) -> Helper {
-        Helper { seg: self.reader.seg.clone(), first: self.reader.first }
+        Helper { seg: self.seg.clone(), first: self.first }
     }
 }
 
@@ -541,7 +524,7 @@ fn process_alive(pid: u32) -> bool {
 
 impl Drop for Lending {
     fn drop(&mut self) {
-        self.reader.seg.leave(self.steps.clone(), self.lent());
+        self.seg.leave(self.steps.clone(), self.lent());
     }
 }
 
