@@ -1015,8 +1015,18 @@ impl Comm {
         data: &'a [T],
         out: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let (len, n) = (size_of_val(data), self.size() as usize);
+        // A small call on the board, in one piece: its result is the blocks in rank order, straight
+        // into `out`, with nothing boxed (as a broadcast or all-reduce).
+        if self.choose(Operation::Allgather, len, true) == Algorithm::SharedMemory
+            && len <= ferrocomm_collectives::shared::capacity(n)
+            && size_of_val(out) == n * len
+        {
+            let call = self.board_call(Kind::Allgather, len, bytemuck::cast_slice(data), size_of::<T>());
+            return Collective::board(call, Some(bytemuck::cast_slice_mut(out)));
+        }
         let run = self.allgather_plan(data, out, Lend::InPlace);
-        lending_in_place(data, run(out))
+        Collective::boxed(lending_in_place(data, run(out)))
     }
 
     /// Plans an all-gather of `data` into `out` (this rank's own block goes in now, by single
@@ -1108,8 +1118,19 @@ impl Comm {
         data: &'a [T],
         out: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        // On the board (always one piece): this rank's block of every rank's data, in rank order,
+        // straight into `out`, with nothing boxed.
+        let n = self.size() as usize;
+        let part = size_of_val(data) / n;
+        if data.len().is_multiple_of(n)
+            && out.len() == data.len()
+            && self.choose(Operation::Alltoall, part, true) == Algorithm::SharedMemory
+        {
+            let call = self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
+            return Collective::board(call, Some(bytemuck::cast_slice_mut(out)));
+        }
         let run = self.alltoall_plan(data, out, Lend::InPlace);
-        lending_in_place(data, run(out))
+        Collective::boxed(lending_in_place(data, run(out)))
     }
 
     /// Plans an all-to-all of `data` into `out`. This rank's own part goes from `data` to `out`
