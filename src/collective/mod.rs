@@ -239,19 +239,25 @@ enum Collective<'a> {
     /// Complete (or failed) when made: a broadcast's root, the last rank to arrive.
     Ready(Option<Result<()>>),
     /// A board call; its result is copied into `out` (nothing for a broadcast's root or a
-    /// barrier).
+    /// barrier), as `ranks` blocks (see [`deliver`]).
     Board {
         call: shared::BoxedCall,
         out: Option<&'a mut [u8]>,
+        ranks: u32,
     },
     Boxed(Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>),
 }
 
 impl<'a> Collective<'a> {
     fn board(call: Result<shared::Made>, out: Option<&'a mut [u8]>) -> Collective<'a> {
+        Collective::board_gathered(call, out, 1)
+    }
+
+    /// [`Collective::board`] for a call whose result is `ranks` blocks (an all-gather's).
+    fn board_gathered(call: Result<shared::Made>, out: Option<&'a mut [u8]>, ranks: u32) -> Collective<'a> {
         match call {
-            Ok(shared::Made::Done(result)) => Collective::Ready(Some(deliver(out, &[result]))),
-            Ok(shared::Made::Waiting(call)) => Collective::Board { call: shared::BoxedCall::new(call), out },
+            Ok(shared::Made::Done(result)) => Collective::Ready(Some(deliver(out, &[result], ranks))),
+            Ok(shared::Made::Waiting(call)) => Collective::Board { call: shared::BoxedCall::new(call), out, ranks },
             Err(e) => Collective::Ready(Some(Err(e))),
         }
     }
@@ -261,9 +267,14 @@ impl<'a> Collective<'a> {
     }
 }
 
-/// A board call's result into the caller's buffer, if it has one there.
-fn deliver(out: Option<&mut [u8]>, parts: &[ferrocomm_collectives::shared::Data]) -> Result<()> {
-    out.map_or(Ok(()), |out| copy_parts(out, parts))
+/// A board call's result into the caller's buffer, if it has one there: its pieces end to end, or
+/// for an all-gather of `ranks` ranks, laid out by rank ([`copy_gathered`]).
+fn deliver(out: Option<&mut [u8]>, parts: &[ferrocomm_collectives::shared::Data], ranks: u32) -> Result<()> {
+    match out {
+        None => Ok(()),
+        Some(out) if ranks > 1 => copy_gathered(out, parts, ranks as usize),
+        Some(out) => copy_parts(out, parts),
+    }
 }
 
 impl Future for Collective<'_> {
@@ -271,9 +282,9 @@ impl Future for Collective<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         match self.get_mut() {
-            Collective::Board { call, out } => {
+            Collective::Board { call, out, ranks } => {
                 let parts = std::task::ready!(Pin::new(call.get()).poll(cx))?;
-                Poll::Ready(deliver(out.take(), &parts))
+                Poll::Ready(deliver(out.take(), &parts, *ranks))
             }
             Collective::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| Err(Error::Invalid("polled again".into())))),
             Collective::Boxed(f) => f.as_mut().poll(cx),
@@ -1015,15 +1026,10 @@ impl Comm {
         data: &'a [T],
         out: &'a mut [T],
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
-        let (len, n) = (size_of_val(data), self.size() as usize);
-        // A small call on the board, in one piece: its result is the blocks in rank order, straight
-        // into `out`, with nothing boxed (as a broadcast or all-reduce).
-        if self.choose(Operation::Allgather, len, true) == Algorithm::SharedMemory
-            && len <= ferrocomm_collectives::shared::capacity(n)
-            && size_of_val(out) == n * len
-        {
-            let call = self.board_call(Kind::Allgather, len, bytemuck::cast_slice(data), size_of::<T>());
-            return Collective::board(call, Some(bytemuck::cast_slice_mut(out)));
+        // On the board: the blocks straight into `out`, with nothing boxed (as a broadcast).
+        if self.choose(Operation::Allgather, size_of_val(data), true) == Algorithm::SharedMemory {
+            let call = self.board_call(Kind::Allgather, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
+            return Collective::board_gathered(call, Some(bytemuck::cast_slice_mut(out)), self.size());
         }
         let run = self.allgather_plan(data, out, Lend::InPlace);
         Collective::boxed(lending_in_place(data, run(out)))
@@ -1042,8 +1048,8 @@ impl Comm {
         let pool = self.sequence.pool.clone();
         let bytes = bytemuck::cast_slice(data);
         let len = bytes.len();
-        let board = (alg == Algorithm::SharedMemory)
-            .then(|| self.board_future(Kind::Allgather, bytes.len(), bytes, size_of::<T>()));
+        let board =
+            (alg == Algorithm::SharedMemory).then(|| self.board_future(Kind::Allgather, len, bytes, size_of::<T>()));
         let direct = (alg == Algorithm::SingleCopy).then(|| {
             let out: &mut [u8] = bytemuck::cast_slice_mut(out);
             if out.len() != n as usize * len {
@@ -1120,10 +1126,8 @@ impl Comm {
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         // On the board (always one piece): this rank's block of every rank's data, in rank order,
         // straight into `out`, with nothing boxed.
-        let n = self.size() as usize;
-        let part = size_of_val(data) / n;
-        if data.len().is_multiple_of(n)
-            && out.len() == data.len()
+        let part = size_of_val(data) / self.size() as usize;
+        if alltoall_misfit(data, out, self.size()).is_none()
             && self.choose(Operation::Alltoall, part, true) == Algorithm::SharedMemory
         {
             let call = self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
@@ -1144,13 +1148,7 @@ impl Comm {
         lend: Lend,
     ) -> impl FnOnce(&mut [T]) -> futures::future::BoxFuture<'_, Result<()>> + use<T> {
         let (r, n) = (self.rank(), self.size());
-        let early = if !data.len().is_multiple_of(n as usize) {
-            Some(Error::Invalid(format!("{} elements do not split into {n} parts", data.len())))
-        } else if out.len() != data.len() {
-            Some(Error::Invalid(format!("all-to-all of {} elements into {}", data.len(), out.len())))
-        } else {
-            None
-        };
+        let early = alltoall_misfit(data, out, n);
         let elems = data.len() / n as usize;
         let part = elems * size_of::<T>();
         let pool = self.sequence.pool.clone();
@@ -1395,6 +1393,17 @@ async fn bcast_single_copy(mut call: shared::Lending, root: Rank, me: Rank, buf:
     })
     .await
     .map(drop)
+}
+
+/// Why an all-to-all of `data` into `out` over `n` ranks cannot be made, if it cannot.
+fn alltoall_misfit<T>(data: &[T], out: &[T], n: u32) -> Option<Error> {
+    if !data.len().is_multiple_of(n as usize) {
+        Some(Error::Invalid(format!("{} elements do not split into {n} parts", data.len())))
+    } else if out.len() != data.len() {
+        Some(Error::Invalid(format!("all-to-all of {} elements into {}", data.len(), out.len())))
+    } else {
+        None
+    }
 }
 
 /// What a gather-style single-copy call lends of the caller's input.

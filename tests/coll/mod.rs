@@ -188,6 +188,13 @@ pub async fn every_algorithm(c: &Comm) {
     }
     // The shared-memory board (where every rank shares this host; elsewhere the table decides).
     operations(&on_board(c), &BOARD_COUNTS, "board").await;
+    // An all-gather into a buffer that the board splits into pieces (more than one rank's
+    // capacity each), laid out by rank from them.
+    let (r, n, count) = (c.rank(), c.size(), 20_000);
+    let all: Vec<u64> = (0..n).flat_map(|i| input(i, count)).collect();
+    let mut out = vec![u64::MAX; all.len()];
+    on_board(c).allgather_into(&input(r, count), &mut out).await.unwrap();
+    assert_eq!(out, all, "board allgather_into in pieces");
     // Single copy (likewise).
     operations(&single_copy(c), &SINGLE_COPY_COUNTS, "single-copy").await;
 }
