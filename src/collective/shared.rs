@@ -192,29 +192,33 @@ impl Segment {
     /// when all are in, or on the loss of a peer the next piece waits for.
     fn check(&self, seqs: &mut Range<u64>, parts: &mut Pieces, driver: Option<&Driver>) -> Poll<Result<()>> {
         let mut q = self.queue.lock();
-        if seqs.end - seqs.start == 1 {
-            match q.finish_now(&self.board, seqs.start) {
-                Some(Some(r)) => {
+        // The last piece alone in the queue: finished at once, or still waiting (then nothing
+        // else in the queue can move either).
+        let lone = if seqs.end - seqs.start == 1 { q.finish_now(&self.board, seqs.start) } else { None };
+        match lone {
+            Some(Some(r)) => {
+                seqs.start += 1;
+                return Poll::Ready(r.map(|part| parts.push(part)).map_err(Into::into));
+            }
+            Some(None) => {}
+            None => {
+                q.advance(&self.board);
+                while let Some(r) = q.take(seqs.start) {
                     seqs.start += 1;
-                    return Poll::Ready(r.map(|part| parts.push(part)).map_err(Into::into));
+                    match r {
+                        Ok(part) => parts.push(part),
+                        Err(e) => return Poll::Ready(Err(e.into())),
+                    }
+                    if seqs.is_empty() {
+                        return Poll::Ready(Ok(()));
+                    }
                 }
-                // Waiting: the general path below also asks whether the awaited rank is lost.
-                Some(None) if driver.is_none() => return Poll::Pending,
-                _ => {}
             }
         }
-        q.advance(&self.board);
-        while let Some(r) = q.take(seqs.start) {
-            seqs.start += 1;
-            match r {
-                Ok(part) => parts.push(part),
-                Err(e) => return Poll::Ready(Err(e.into())),
-            }
-            if seqs.is_empty() {
-                return Poll::Ready(Ok(()));
-            }
-        }
-        if let (Some(d), Some(Waiting::Rank(r))) = (driver, q.waiting(&self.board, seqs.start)) {
+        // Only where a driver is at hand: a look without one would ask for nothing.
+        if let Some(d) = driver
+            && let Some(Waiting::Rank(r)) = q.waiting(&self.board, seqs.start)
+        {
             let rank = self.members[r as usize];
             if let Some(reason) = d.engine.lost(rank) {
                 return Poll::Ready(Err(Error::PeerLost { rank, reason: reason.clone() }));
