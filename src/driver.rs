@@ -46,8 +46,9 @@ impl Driver {
             if !queued {
                 return work;
             }
-            if !self.transport.has_pending_output() {
-                // The transport wrote it all already (shared memory, nothing queued before).
+            if !self.transport.has_queued_output() {
+                // The transport wrote it all already (shared memory, verbs: nothing queued
+                // before).
                 return work + 1;
             }
             work += 1 + self.transport.progress(&mut self.engine);

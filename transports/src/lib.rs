@@ -105,6 +105,12 @@ pub trait Transport: Send {
     fn awake(&mut self) {}
     /// True while queued frames are not yet handed to the operating system.
     fn has_pending_output(&self) -> bool;
+    /// True while frames wait in a queue of this transport that only [`Transport::progress`]
+    /// writes; unlike [`Transport::has_pending_output`], not for frames already handed to the
+    /// operating system or the device and not yet confirmed (posted verbs work requests).
+    fn has_queued_output(&self) -> bool {
+        self.has_pending_output()
+    }
     /// Drops the connection to `peer` (it broke the protocol one level up). The transport reports
     /// the loss through [`Sink::peer_lost`] with `reason` once no read into a sink buffer is in flight.
     fn disconnect(&mut self, peer: Rank, reason: TransportError);

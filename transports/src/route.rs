@@ -63,6 +63,10 @@ impl Transport for Routed {
         self.parts.iter().any(|p| p.has_pending_output())
     }
 
+    fn has_queued_output(&self) -> bool {
+        self.parts.iter().any(|p| p.has_queued_output())
+    }
+
     fn disconnect(&mut self, peer: Rank, reason: TransportError) {
         self.parts[self.route[peer as usize]].disconnect(peer, reason)
     }

@@ -220,6 +220,11 @@ impl Credits {
     }
 
     /// Whether a slot may be written now: the last free slot is kept for credit updates.
+    /// Slots per direction.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
     pub fn can_send(&self, credit_only: bool) -> bool {
         let out = self.sent - self.peer_freed;
         out < u64::from(self.slots) - u64::from(!credit_only)

@@ -201,8 +201,9 @@ impl VerbsEndpoint {
         let cfg = VerbsConfig { slots, ..cfg };
         let slot_size = (SLOT_HEADER + limits.eager_limit).next_multiple_of(64);
         let npeers = limits.world_size.saturating_sub(1) as usize;
-        // Per peer: `slots` receives, plus per slot one write, one RDMA write and reads.
-        let recv_wr = slots;
+        // Per peer: twice `slots` receives (half of them may be waiting to be posted again, see
+        // `RECV_OWED`), plus per slot one write, one RDMA write and reads.
+        let recv_wr = 2 * slots;
         let send_wr = 2 * slots + 2 * u32::from(RD_ATOMIC) + 8;
         let cq = ((recv_wr + send_wr) as usize * npeers.max(1)).min(32_000) as i32;
         let dev = Device::open(cfg.device.as_deref(), cfg.gid_index, cq)?;
@@ -268,7 +269,7 @@ impl VerbsEndpoint {
             s.qp.connect(&dev, s.psn, &remote.qp, RD_ATOMIC)?;
             match &mut shared {
                 None => {
-                    for _ in 0..cfg.slots {
+                    for _ in 0..2 * cfg.slots {
                         s.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
                     }
                 }
@@ -292,6 +293,7 @@ impl VerbsEndpoint {
                 credits: Credits::new(cfg.slots),
                 out: VecDeque::new(),
                 sq_used: 0,
+                recv_owed: 0,
                 rts_len: HashMap::new(),
                 exposed: HashMap::new(),
                 targets: HashMap::new(),
@@ -484,6 +486,8 @@ struct Conn {
     out: VecDeque<Out>,
     /// Send work requests posted and not yet completed.
     sq_used: u32,
+    /// Receive work requests (rings) used up by arrived slots and not posted again yet.
+    recv_owed: u32,
     /// Receiver side: rendezvous lengths announced by the peer's RTS frames, by message id.
     rts_len: HashMap<u64, u64>,
     /// Receiver side (write rendezvous): our buffers the peer may write, by receive id.
@@ -691,12 +695,16 @@ impl VerbsTransport {
         let (limits, ss) = (self.limits, self.slot_size);
         let c = &mut self.conns[k];
         let slot = c.credits.arrive(imm)?;
-        let (ptr, len) = match (landed, &c.ring, &self.shared) {
-            (Landed::Ring, Some(ring), _) => {
-                // Its receive request is used up: post the next (no buffer, no system call).
-                c.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
-                (ring.slot(slot, ss), ss)
+        if let Landed::Ring = landed {
+            // Its receive request is used up: posted again once idle (`repost`), or now if half
+            // of the spare ones are owed.
+            c.recv_owed += 1;
+            if c.recv_owed * 2 >= c.credits.slots() {
+                Self::repost(k, c)?;
             }
+        }
+        let (ptr, len) = match (landed, &c.ring, &self.shared) {
+            (Landed::Ring, Some(ring), _) => (ring.slot(slot, ss), ss),
             (Landed::Pool { buf, len }, _, Some(sh)) => (sh.pool.slot(buf, ss), len),
             _ => return Err(WireError::Link("slot where this transport has no buffer").into()),
         };
@@ -787,6 +795,20 @@ impl VerbsTransport {
                 c.sq_used += 1;
             }
             _ => return Err(WireError::Link("slot without header").into()),
+        }
+        Ok(())
+    }
+
+    /// Posts again the receive requests of connection `k` that arrived slots used up (no buffer,
+    /// no system call). Off the latency path when called from an idle [`Transport::progress`].
+    ///
+    /// Why this may wait: the queue holds `2 * slots` requests and the peer can have at most
+    /// `slots` writes that we have not handled yet (its slot credits), so with at most `slots / 2`
+    /// owed, at least `slots / 2` requests stay spare and an arriving write always finds one.
+    fn repost(k: usize, c: &mut Conn) -> Result<(), TransportError> {
+        while c.recv_owed > 0 {
+            c.qp.post_recv(wr_id(k, Wr::Recv, 0))?;
+            c.recv_owed -= 1;
         }
         Ok(())
     }
@@ -1007,11 +1029,23 @@ impl Transport for VerbsTransport {
     }
 
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
-        if let Some(k) = self.index(peer)
-            && self.conns[k].live()
+        let Some(k) = self.index(peer).filter(|&k| self.conns[k].live()) else { return };
+        let c = &self.conns[k];
+        // Nothing queued before it, a slot and room in the send queue: written now, so the
+        // caller's send does not wait for a progress round (which polls the completion queue
+        // first). A CTS may announce a sink buffer and a rendezvous chunk goes by RDMA: those
+        // take the queue, where `progress` has the sink.
+        if c.out.is_empty()
+            && !matches!(header.kind, Kind::Cts | Kind::Data)
+            && c.credits.can_send(false)
+            && c.sq_used + 2 <= self.sq_depth
         {
-            self.conns[k].out.push_back(Out::Frame(header, payload));
+            if let Err(e) = self.write_slot(k, LinkKind::Frame, Some(&header), Remote::default(), &payload) {
+                self.fail(k, e);
+            }
+            return;
         }
+        self.conns[k].out.push_back(Out::Frame(header, payload));
     }
 
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
@@ -1040,6 +1074,17 @@ impl Transport for VerbsTransport {
             work += n;
             if n < POLL_BATCH {
                 break;
+            }
+        }
+        if work == 0 {
+            for k in 0..self.conns.len() {
+                let c = &mut self.conns[k];
+                if c.recv_owed > 0
+                    && c.live()
+                    && let Err(e) = Self::repost(k, c)
+                {
+                    self.fail(k, e);
+                }
             }
         }
         for k in 0..self.conns.len() {
@@ -1112,6 +1157,10 @@ impl Transport for VerbsTransport {
 
     fn has_pending_output(&self) -> bool {
         self.conns.iter().any(|c| c.live() && (!c.out.is_empty() || c.sq_used > 0))
+    }
+
+    fn has_queued_output(&self) -> bool {
+        self.conns.iter().any(|c| c.live() && !c.out.is_empty())
     }
 
     fn disconnect(&mut self, peer: Rank, reason: TransportError) {
