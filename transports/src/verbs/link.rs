@@ -219,12 +219,12 @@ impl Credits {
         Credits { slots, sent: 0, peer_freed: 0, received: 0, freed: 0, advertised: 0 }
     }
 
-    /// Whether a slot may be written now: the last free slot is kept for credit updates.
     /// Slots per direction.
     pub fn slots(&self) -> u32 {
         self.slots
     }
 
+    /// Whether a slot may be written now: the last free slot is kept for credit updates.
     pub fn can_send(&self, credit_only: bool) -> bool {
         let out = self.sent - self.peer_freed;
         out < u64::from(self.slots) - u64::from(!credit_only)

@@ -47,8 +47,9 @@
 //!   idle) and writes queued slots. A frame with nothing queued before it is posted by
 //!   [`Transport::send`] itself, and the receive requests that arrived slots used up are posted
 //!   again once a progress call finds nothing (the queue holds twice the slots), so neither a
-//!   send nor a receive waits for the other's bookkeeping. For sleeping, [`Transport::poll_ready`] arms the CQ and
-//!   registers the completion channel's fd with tokio, as shared memory does with its eventfd.
+//!   send nor a receive waits for the other's bookkeeping. For sleeping,
+//!   [`Transport::poll_ready`] arms the CQ and registers the completion channel's fd with tokio,
+//!   as shared memory does with its eventfd.
 //! * **Peer loss**: a peer's bootstrap TCP connection stays open as a liveness channel (its
 //!   kernel closes it when the process dies, at once), watched while sleeping and polled every
 //!   [`VerbsConfig::liveness_polls`] idle progress calls; failed work completions (retry

@@ -201,8 +201,8 @@ impl VerbsEndpoint {
         let cfg = VerbsConfig { slots, ..cfg };
         let slot_size = (SLOT_HEADER + limits.eager_limit).next_multiple_of(64);
         let npeers = limits.world_size.saturating_sub(1) as usize;
-        // Per peer: twice `slots` receives (half of them may be waiting to be posted again, see
-        // `RECV_OWED`), plus per slot one write, one RDMA write and reads.
+        // Per peer: twice `slots` receives (some may wait to be posted again, see
+        // `VerbsTransport::repost`), plus per slot one write, one RDMA write and reads.
         let recv_wr = 2 * slots;
         let send_wr = 2 * slots + 2 * u32::from(RD_ATOMIC) + 8;
         let cq = ((recv_wr + send_wr) as usize * npeers.max(1)).min(32_000) as i32;
