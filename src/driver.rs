@@ -9,13 +9,22 @@ use ferrocomm_transports::{Transport, TransportError};
 
 use crate::p2p::engine::{Completion, Engine};
 
+/// The protocol core as the driver runs it: completing operations straight into the slab.
+pub(crate) type SlabEngine = Engine<Ops<Completion>>;
+
 pub(crate) struct Driver {
-    pub engine: Engine,
+    /// The protocol core; it completes operations straight into its operation slab.
+    pub engine: SlabEngine,
     pub transport: Box<dyn Transport>,
-    pub ops: Ops<Completion>,
 }
 
 impl Driver {
+    /// The operation slab: in-flight operations by key.
+    #[inline]
+    pub fn ops(&mut self) -> &mut Ops<Completion> {
+        self.engine.completions()
+    }
+
     /// Moves the engine's output to the transport and its completions to the waiting futures,
     /// writing right away so that a posted send leaves without waiting for the background task.
     /// Inlined up to the test for output: every round of a spinning caller flushes, and usually
@@ -38,10 +47,6 @@ impl Driver {
             while let Some((peer, h, payload)) = self.engine.poll_transmit() {
                 self.transport.send(peer, h, payload);
                 queued = true;
-            }
-            while let Some((op, c)) = self.engine.poll_event() {
-                self.ops.complete(op, c);
-                work += 1;
             }
             if !queued {
                 return work;

@@ -19,9 +19,9 @@ use ferrocomm_transports::Rank;
 use parking_lot::Mutex;
 
 use crate::config::Settings;
-use crate::driver::Driver;
+use crate::driver::{Driver, SlabEngine};
 use crate::error::{Error, Result};
-use crate::p2p::engine::{Completion, Engine, RecvBuf};
+use crate::p2p::engine::{Completion, RecvBuf};
 use crate::p2p::{Payload, Source, Status, TagMatch};
 
 /// A connection attempt that was refused (wrong token, malformed frames, ...).
@@ -322,7 +322,7 @@ impl<T: FromCompletion> Future for Op<T> {
         let this = self.get_mut();
         if let OpState::Pending { inner, key, wait, .. } = &mut this.state {
             let key = *key;
-            let c = std::task::ready!(inner.reactor.poll_until(cx, wait, |d, cx| d.ops.poll(key, cx)));
+            let c = std::task::ready!(inner.reactor.poll_until(cx, wait, |d, cx| d.ops().poll(key, cx)));
             this.state = OpState::Done;
             return Poll::Ready(T::from_completion(this.translate(c)));
         }
@@ -344,7 +344,7 @@ impl<T> Op<T> {
     /// wait on several operations under one spin loop ([`Comm::poll_progress`]).
     pub(crate) fn harvest(&mut self, d: &mut Driver, cx: Option<&mut Context<'_>>) -> bool {
         let OpState::Pending { key, .. } = &self.state else { return true };
-        match d.ops.poll(*key, cx) {
+        match d.ops().poll(*key, cx) {
             Poll::Ready(c) => {
                 self.state = OpState::Ready(c);
                 true
@@ -370,7 +370,7 @@ impl<T> Drop for Op<T> {
     fn drop(&mut self) {
         let OpState::Pending { inner, key, kind, .. } = &self.state else { return };
         let (key, mut d) = (*key, inner.reactor.lock());
-        if d.ops.detach(key) {
+        if d.ops().detach(key) {
             match *kind {
                 OpKind::Send { dest } => d.engine.cancel_send(key, dest),
                 OpKind::Recv { context } => d.engine.cancel_recv(key, context),
@@ -481,8 +481,8 @@ impl Comm {
         &self,
         kind: OpKind,
         early: Option<Error>,
-        now: impl FnOnce(&mut Engine) -> std::result::Result<Completion, X>,
-        post: impl FnOnce(&mut Engine, OpKey, X),
+        now: impl FnOnce(&mut SlabEngine) -> std::result::Result<Completion, X>,
+        post: impl FnOnce(&mut SlabEngine, OpKey, X),
     ) -> Op<T> {
         // Not `then_some`: that builds (and drops) an error on every call.
         let early = match early {
@@ -499,7 +499,7 @@ impl Comm {
                 let polled = {
                     let mut d = self.inner.reactor.lock();
                     let tracked = now(&mut d.engine).map_err(|x| {
-                        let key = d.ops.insert();
+                        let key = d.ops().insert();
                         post(&mut d.engine, key, x);
                         key
                     });
@@ -509,7 +509,7 @@ impl Comm {
                     if self.inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_pending_output() {
                         self.inner.reactor.kick();
                     }
-                    tracked.or_else(|key| match d.ops.poll(key, None) {
+                    tracked.or_else(|key| match d.ops().poll(key, None) {
                         Poll::Ready(c) => Ok(c),
                         Poll::Pending => Err(key),
                     })

@@ -202,7 +202,7 @@ pub async fn join(
         chunk: settings.rndv_chunk,
         max_message: settings.max_message,
     };
-    let driver = Driver { engine: Engine::new(rank, size, cfg), transport, ops: Default::default() };
+    let driver = Driver { engine: Engine::with_completions(rank, size, cfg), transport };
     let reactor = thread.run(driver, settings.progress);
     // More ranks on this host than CPUs to run them: spinning ranks must give way at once.
     let here = nodes.iter().filter(|&&n| n == nodes[rank as usize]).count();

@@ -1,8 +1,9 @@
 //! The point-to-point protocol core: matching, eager and rendezvous, credits. Sans-IO.
 //!
 //! It consumes events (an operation was posted or cancelled, a frame arrived, a peer was lost)
-//! and emits actions: frames to transmit ([`Engine::poll_transmit`]) and completed operations
-//! ([`Engine::poll_event`]). It never does I/O and never reads the clock, so it is tested
+//! and emits actions: frames to transmit ([`Engine::poll_transmit`]) and completed operations,
+//! which it leaves where [`Completions`] says: straight in the slot of the driver's operation
+//! slab that the operation's future polls, or in a queue ([`Engine::poll_event`], for tests). It never does I/O and never reads the clock, so it is tested
 //! deterministically, by property tests against a reference model among others.
 //!
 //! Rules it keeps:
@@ -22,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use bytes::{Bytes, BytesMut};
-use ferrocomm_reactor::OpKey;
+use ferrocomm_reactor::{OpKey, Ops};
 use ferrocomm_transports::wire::flags;
 use ferrocomm_transports::{Header, Kind, Rank, Sink, TransportError, WireError};
 use metrics::{Counter, Histogram};
@@ -161,7 +162,7 @@ struct Peer {
 }
 
 /// The point-to-point protocol state of one rank.
-pub struct Engine {
+pub struct Engine<C: Completions = VecDeque<(OpKey, Completion)>> {
     me: Rank,
     cfg: Config,
     peers: Vec<Peer>,
@@ -169,7 +170,7 @@ pub struct Engine {
     rndv_sends: Slab<RndvSend>,
     rndv_recvs: Slab<RndvRecv>,
     transmit: VecDeque<(Rank, Header, Bytes)>,
-    events: VecDeque<(OpKey, Completion)>,
+    done: C,
     violations: VecDeque<(Rank, WireError)>,
     meters: Meters,
 }
@@ -253,9 +254,50 @@ fn matches(src: Source, tag: TagMatch, msrc: Rank, mtag: u64) -> bool {
     })
 }
 
+/// Where the engine leaves completed operations.
+pub trait Completions: Default {
+    /// Operation `op` completed with `c`.
+    fn complete(&mut self, op: OpKey, c: Completion);
+    /// Whether completions wait to be taken ([`Engine::has_output`]).
+    fn waiting(&self) -> bool;
+}
+
+/// A queue, drained by [`Engine::poll_event`].
+impl Completions for VecDeque<(OpKey, Completion)> {
+    fn complete(&mut self, op: OpKey, c: Completion) {
+        self.push_back((op, c));
+    }
+    fn waiting(&self) -> bool {
+        !self.is_empty()
+    }
+}
+
+/// The operation slab itself: a completion lands in the slot its future polls, with no queue and
+/// no second move on the latency path.
+impl Completions for Ops<Completion> {
+    fn complete(&mut self, op: OpKey, c: Completion) {
+        Ops::complete(self, op, c);
+    }
+    fn waiting(&self) -> bool {
+        false
+    }
+}
+
 impl Engine {
-    /// The engine of rank `me` in a job of `size` ranks.
+    /// The engine of rank `me` in a job of `size` ranks, queueing its completions.
     pub fn new(me: Rank, size: u32, cfg: Config) -> Engine {
+        Engine::with_completions(me, size, cfg)
+    }
+
+    /// The next completed operation.
+    pub fn poll_event(&mut self) -> Option<(OpKey, Completion)> {
+        self.done.pop_front()
+    }
+}
+
+impl<C: Completions> Engine<C> {
+    /// The engine of rank `me` in a job of `size` ranks, leaving its completions in a `C`.
+    pub fn with_completions(me: Rank, size: u32, cfg: Config) -> Engine<C> {
         Engine {
             me,
             cfg,
@@ -264,7 +306,7 @@ impl Engine {
             rndv_sends: Slab::new(),
             rndv_recvs: Slab::new(),
             transmit: VecDeque::new(),
-            events: VecDeque::new(),
+            done: C::default(),
             violations: VecDeque::new(),
             meters: Meters::new(),
         }
@@ -275,15 +317,15 @@ impl Engine {
         self.transmit.pop_front()
     }
 
-    /// The next completed operation.
-    pub fn poll_event(&mut self) -> Option<(OpKey, Completion)> {
-        self.events.pop_front()
+    /// Where completed operations are.
+    pub fn completions(&mut self) -> &mut C {
+        &mut self.done
     }
 
-    /// Whether any of [`Engine::poll_transmit`], [`Engine::poll_event`] and
-    /// [`Engine::poll_violation`] has something.
+    /// Whether [`Engine::poll_transmit`] or [`Engine::poll_violation`] has something, or
+    /// completions wait in a queue.
     pub fn has_output(&self) -> bool {
-        !(self.transmit.is_empty() && self.events.is_empty() && self.violations.is_empty())
+        !(self.transmit.is_empty() && self.violations.is_empty()) || self.done.waiting()
     }
 
     /// The next peer that broke the protocol: disconnect it, then call [`Engine::peer_lost`].
@@ -347,7 +389,7 @@ impl Engine {
     /// [`Engine::poll_event`].
     pub fn post_send(&mut self, op: OpKey, dest: Rank, context: u32, tag: u64, data: Bytes) {
         let data = match self.send_now(dest, context, tag, data) {
-            Ok(r) => return self.events.push_back((op, Completion::Send(r))),
+            Ok(r) => return self.done.complete(op, Completion::Send(r)),
             Err(data) => data,
         };
         self.meters.sent(data.len());
@@ -396,7 +438,7 @@ impl Engine {
             self.peers[dest as usize].sent += 1;
             self.emit(dest, header, payload);
             if let Some(op) = op {
-                self.events.push_back((op, Completion::Send(Ok(()))));
+                self.done.complete(op, Completion::Send(Ok(())));
             }
         } else {
             self.meters.credit_stalls.increment(1);
@@ -422,7 +464,7 @@ impl Engine {
             self.peers[from as usize].sent += 1;
             self.emit(from, b.header, b.payload);
             if let Some(op) = b.op {
-                self.events.push_back((op, Completion::Send(Ok(()))));
+                self.done.complete(op, Completion::Send(Ok(())));
             }
         }
     }
@@ -476,7 +518,7 @@ impl Engine {
         if let Source::Rank(r) = src
             && let Some(reason) = self.peers[r as usize].lost.clone()
         {
-            self.events.push_back((op, Completion::Recv(Err(Error::PeerLost { rank: r, reason }))));
+            self.done.complete(op, Completion::Recv(Err(Error::PeerLost { rank: r, reason })));
             return;
         }
         q.posted.push_back(Posted { op, src, tag, buf });
@@ -505,12 +547,12 @@ impl Engine {
     /// Completes `op` with the status of the first matching message, as soon as one has arrived.
     pub fn post_probe(&mut self, op: OpKey, context: u32, src: Source, tag: TagMatch) {
         if let Some(s) = self.iprobe(context, src, tag) {
-            self.events.push_back((op, Completion::Probe(Ok(s))));
+            self.done.complete(op, Completion::Probe(Ok(s)));
         } else if let Some(e) = match src {
             Source::Rank(r) => self.lost_error(r),
             Source::Any => None,
         } {
-            self.events.push_back((op, Completion::Probe(Err(e))));
+            self.done.complete(op, Completion::Probe(Err(e)));
         } else {
             self.contexts.entry(context).or_default().probes.push(Probe { op, src, tag });
         }
@@ -540,7 +582,7 @@ impl Engine {
         q.probes.retain(|p| {
             let hit = matches(p.src, p.tag, src, tag);
             if hit {
-                self.events.push_back((p.op, Completion::Probe(Ok(status))));
+                self.done.complete(p.op, Completion::Probe(Ok(status)));
             }
             !hit
         });
@@ -555,18 +597,18 @@ impl Engine {
         match body {
             Body::Eager(data) => {
                 let r = self.eager_outcome(src, tag, data, buf);
-                self.events.push_back((op, Completion::Recv(r)));
+                self.done.complete(op, Completion::Recv(r));
             }
             Body::Rts { .. } if let Some(reason) = self.peers[src as usize].lost.clone() => {
                 // Announced before the sender was lost (an orderly goodbye, or a crash): the data
                 // can no longer come.
-                self.events.push_back((op, Completion::Recv(Err(Error::PeerLost { rank: src, reason }))));
+                self.done.complete(op, Completion::Recv(Err(Error::PeerLost { rank: src, reason })));
             }
             Body::Rts { msg, len } => {
                 let cts = Header { seq: msg, ..Header::new(Kind::Cts) };
                 if len > capacity {
                     self.emit(src, Header { flags: flags::TRUNCATED, ..cts }, Bytes::new());
-                    self.events.push_back((op, Completion::Recv(Err(Error::Truncated { len, capacity }))));
+                    self.done.complete(op, Completion::Recv(Err(Error::Truncated { len, capacity })));
                     return;
                 }
                 let (buf, user_buf) = match buf {
@@ -647,7 +689,7 @@ impl Engine {
                 let Some(Posted { op, buf: RecvBuf::User(b), .. }) = take_at(&mut q.posted, i) else { unreachable!() };
                 self.free_credit(peer);
                 let r = fill(b, payload, Status { source: peer, tag: h.tag, len: payload.len() });
-                self.events.push_back((op, Completion::Recv(r)));
+                self.done.complete(op, Completion::Recv(r));
             }
             _ => self.arrive_eager(peer, h.context, h.tag, Bytes::copy_from_slice(payload)),
         }
@@ -679,7 +721,7 @@ impl Engine {
         let s = self.rndv_sends.remove(key);
         if h.flags & flags::TRUNCATED != 0 {
             if let Some(op) = s.op {
-                self.events.push_back((op, Completion::Send(Err(Error::RemoteTruncated { rank: peer }))));
+                self.done.complete(op, Completion::Send(Err(Error::RemoteTruncated { rank: peer })));
             }
             return;
         }
@@ -693,7 +735,7 @@ impl Engine {
             off = end;
         }
         if let Some(op) = s.op {
-            self.events.push_back((op, Completion::Send(Ok(()))));
+            self.done.complete(op, Completion::Send(Ok(())));
         }
     }
 
@@ -711,7 +753,7 @@ impl Engine {
         if let Some(op) = r.op {
             let status = Status { source: peer, tag: r.tag, len: r.buf.len() };
             let payload = if r.user_buf { Payload::Owned(r.buf) } else { Payload::Shared(r.buf.freeze()) };
-            self.events.push_back((op, Completion::Recv(Ok((payload, status)))));
+            self.done.complete(op, Completion::Recv(Ok((payload, status))));
         }
     }
 
@@ -728,20 +770,20 @@ impl Engine {
         let err = || Error::PeerLost { rank: peer, reason: reason.clone() };
         for b in std::mem::take(&mut p.backlog) {
             if let Some(op) = b.op {
-                self.events.push_back((op, Completion::Send(Err(err()))));
+                self.done.complete(op, Completion::Send(Err(err())));
             }
         }
         self.transmit.retain(|(dest, ..)| *dest != peer);
         let sends: Vec<usize> = self.rndv_sends.iter().filter(|(_, s)| s.peer == peer).map(|(k, _)| k).collect();
         for k in sends {
             if let Some(op) = self.rndv_sends.remove(k).op {
-                self.events.push_back((op, Completion::Send(Err(err()))));
+                self.done.complete(op, Completion::Send(Err(err())));
             }
         }
         let recvs: Vec<usize> = self.rndv_recvs.iter().filter(|(_, r)| r.peer == peer).map(|(k, _)| k).collect();
         for k in recvs {
             if let Some(op) = self.rndv_recvs.remove(k).op {
-                self.events.push_back((op, Completion::Recv(Err(err()))));
+                self.done.complete(op, Completion::Recv(Err(err())));
             }
         }
         // A crash may have taken a message a wildcard receive was waiting for; an orderly
@@ -752,14 +794,14 @@ impl Engine {
             q.posted.retain(|p| {
                 let hit = involves(p.src);
                 if hit {
-                    self.events.push_back((p.op, Completion::Recv(Err(err()))));
+                    self.done.complete(p.op, Completion::Recv(Err(err())));
                 }
                 !hit
             });
             q.probes.retain(|p| {
                 let hit = involves(p.src);
                 if hit {
-                    self.events.push_back((p.op, Completion::Probe(Err(err()))));
+                    self.done.complete(p.op, Completion::Probe(Err(err())));
                 }
                 !hit
             });
@@ -779,7 +821,7 @@ impl Engine {
 // SAFETY: `data_dest` hands out slices of `rndv_recvs` buffers. They are never resized, and a
 // receive's buffer is dropped only after its last data frame arrived (`handle_frame`) or its peer
 // was reported lost (`peer_lost`); a cancelled receive keeps its buffer until then.
-unsafe impl Sink for Engine {
+unsafe impl<C: Completions> Sink for Engine<C> {
     fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
         Engine::data_dest(self, peer, h)
     }
