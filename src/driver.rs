@@ -25,7 +25,7 @@ impl Driver {
         self.engine.completions()
     }
 
-    /// Moves the engine's output to the transport and its completions to the waiting futures,
+    /// Moves the engine's output to the transport (its completions are in the slab already),
     /// writing right away so that a posted send leaves without waiting for the background task.
     /// Inlined up to the test for output: every round of a spinning caller flushes, and usually
     /// finds nothing (the whole function's entry and exit cost more than that test).

@@ -3,8 +3,9 @@
 //! It consumes events (an operation was posted or cancelled, a frame arrived, a peer was lost)
 //! and emits actions: frames to transmit ([`Engine::poll_transmit`]) and completed operations,
 //! which it leaves where [`Completions`] says: straight in the slot of the driver's operation
-//! slab that the operation's future polls, or in a queue ([`Engine::poll_event`], for tests). It never does I/O and never reads the clock, so it is tested
-//! deterministically, by property tests against a reference model among others.
+//! slab that the operation's future polls, or in a queue ([`Engine::poll_event`], for tests).
+//! It never does I/O and never reads the clock, so it is tested deterministically, by property
+//! tests against a reference model among others.
 //!
 //! Rules it keeps:
 //! * Matching is MPI's: source and tag match exactly or by wildcard; messages from one sender on one
@@ -386,7 +387,7 @@ impl<C: Completions> Engine<C> {
     }
 
     /// Posts a send of `data` to `dest` (which must be a rank of the job); `op` completes through
-    /// [`Engine::poll_event`].
+    /// the engine's [`Completions`].
     pub fn post_send(&mut self, op: OpKey, dest: Rank, context: u32, tag: u64, data: Bytes) {
         let data = match self.send_now(dest, context, tag, data) {
             Ok(r) => return self.done.complete(op, Completion::Send(r)),
