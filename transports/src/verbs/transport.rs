@@ -513,6 +513,12 @@ impl Conn {
         self.failing.is_none() && !self.dead
     }
 
+    /// Whether a frame's slot may be written now: live, a slot credit free (the last is kept for
+    /// credit updates) and room in a send queue of `sq_depth` (a slot may bring an RDMA write).
+    fn can_write(&self, sq_depth: u32) -> bool {
+        self.live() && self.credits.can_send(false) && self.sq_used + 2 <= sq_depth
+    }
+
     /// How the connection ends when the peer goes: it left (said goodbye) or it was lost.
     fn ending(&self) -> TransportError {
         if self.bye { TransportError::Left } else { TransportError::Closed }
@@ -818,7 +824,7 @@ impl VerbsTransport {
         let mut work = 0;
         loop {
             let c = &mut self.conns[k];
-            if !c.live() || c.out.is_empty() || !c.credits.can_send(false) || c.sq_used + 2 > self.sq_depth {
+            if c.out.is_empty() || !c.can_write(self.sq_depth) {
                 break;
             }
             let out = c.out.pop_front().unwrap();
@@ -1035,11 +1041,7 @@ impl Transport for VerbsTransport {
         // caller's send does not wait for a progress round (which polls the completion queue
         // first). A CTS may announce a sink buffer and a rendezvous chunk goes by RDMA: those
         // take the queue, where `progress` has the sink.
-        if c.out.is_empty()
-            && !matches!(header.kind, Kind::Cts | Kind::Data)
-            && c.credits.can_send(false)
-            && c.sq_used + 2 <= self.sq_depth
-        {
+        if c.out.is_empty() && !matches!(header.kind, Kind::Cts | Kind::Data) && c.can_write(self.sq_depth) {
             if let Err(e) = self.write_slot(k, LinkKind::Frame, Some(&header), Remote::default(), &payload) {
                 self.fail(k, e);
             }
@@ -1109,10 +1111,7 @@ impl Transport for VerbsTransport {
         if !self.lost.is_empty() || self.check_now || !self.wcs.is_empty() {
             return Poll::Ready(());
         }
-        let sendable = self
-            .conns
-            .iter()
-            .any(|c| c.live() && !c.out.is_empty() && c.credits.can_send(false) && c.sq_used + 2 <= self.sq_depth);
+        let sendable = self.conns.iter().any(|c| !c.out.is_empty() && c.can_write(self.sq_depth));
         if sendable || self.conns.iter().any(|c| c.failing.is_some() && c.sq_used == 0) {
             return Poll::Ready(());
         }
