@@ -195,7 +195,6 @@ impl Device {
     }
 
     /// Polls up to `out.len()` completions; returns how many were written.
-    #[inline]
     pub fn poll(&mut self, out: &mut [ffi::ibv_wc]) -> io::Result<usize> {
         // SAFETY: the CQ is valid; `out` has room for `out.len()` completions.
         let n = unsafe {

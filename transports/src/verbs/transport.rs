@@ -335,7 +335,6 @@ impl VerbsEndpoint {
             wc_buf: Box::new(sys::wc_array()),
             tick: 0,
             check_now: false,
-            idle: false,
             channel,
             dev,
         })
@@ -547,9 +546,6 @@ pub struct VerbsTransport {
     wc_buf: Box<[ffi::ibv_wc; POLL_BATCH]>,
     tick: u32,
     check_now: bool,
-    /// The last full progress round found nothing to do (see `progress`); `send` and
-    /// `disconnect` clear it.
-    idle: bool,
     stats: VerbsStats,
     channel: AsyncFd<Watch>,
     dev: Device,
@@ -585,71 +581,6 @@ impl VerbsTransport {
     /// The device in use (`rxe0`, ...).
     pub fn device(&self) -> &str {
         &self.dev.name
-    }
-
-    /// A whole progress round, after the idle round's poll found `work` completions (see
-    /// [`Transport::progress`]).
-    #[inline(never)]
-    fn full_round(&mut self, sink: &mut dyn Sink, mut work: usize) -> usize {
-        if !self.wcs.is_empty() {
-            for wc in std::mem::take(&mut self.wcs) {
-                self.handle_wc(&wc, sink);
-                work += 1;
-            }
-        }
-        loop {
-            let n = match self.dev.poll(&mut self.wc_buf[..]) {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::error!("polling the verbs completion queue failed: {e}");
-                    for k in 0..self.conns.len() {
-                        self.fail(k, TransportError::Io(e.kind()));
-                    }
-                    0
-                }
-            };
-            for i in 0..n {
-                let wc = self.wc_buf[i];
-                self.handle_wc(&wc, sink);
-            }
-            work += n;
-            if n < POLL_BATCH {
-                break;
-            }
-        }
-        if work == 0 {
-            for k in 0..self.conns.len() {
-                let c = &mut self.conns[k];
-                if c.recv_owed > 0
-                    && c.live()
-                    && let Err(e) = Self::repost(k, c)
-                {
-                    self.fail(k, e);
-                }
-            }
-        }
-        for k in 0..self.conns.len() {
-            match self.flush(k, sink) {
-                Ok(n) => work += n,
-                Err(e) => self.fail(k, e),
-            }
-        }
-        self.tick += if work == 0 { IDLE_WEIGHT } else { 1 };
-        if self.check_now || self.tick >= self.liveness_check_at() {
-            self.check_peers();
-        }
-        self.reap();
-        for (peer, err) in self.lost.drain(..) {
-            sink.peer_lost(peer, err);
-            work += 1;
-        }
-        self.idle = work == 0;
-        work
-    }
-
-    /// The tick at which a progress round checks the peers' liveness.
-    fn liveness_check_at(&self) -> u32 {
-        self.liveness_polls.saturating_mul(IDLE_WEIGHT)
     }
 
     fn index(&self, peer: Rank) -> Option<usize> {
@@ -1104,7 +1035,6 @@ impl Transport for VerbsTransport {
     }
 
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
-        self.idle = false;
         let Some(k) = self.index(peer).filter(|&k| self.conns[k].live()) else { return };
         let c = &self.conns[k];
         // Nothing queued before it, a slot and room in the send queue: written now, so the
@@ -1122,29 +1052,59 @@ impl Transport for VerbsTransport {
 
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
         let mut work = 0;
-        if self.idle && self.wcs.is_empty() && !self.check_now && self.tick + IDLE_WEIGHT < self.liveness_check_at() {
-            // The last full round found nothing to do, and until a completion comes there is
-            // nothing new to repost, flush, reap or report (`send` and `disconnect` clear
-            // `idle`): an idle busy-poll round is the completion-queue poll alone. Measured with
-            // callgrind inside the VM (8 B ping-pong, busy): about 230 -> 110 instructions per idle
-            // round, and under emulation a completion waits half a round on average to be seen.
-            match self.dev.poll(&mut self.wc_buf[..]) {
-                Ok(0) => {
-                    self.tick += IDLE_WEIGHT;
-                    return 0;
-                }
-                Ok(n) => {
-                    for i in 0..n {
-                        let wc = self.wc_buf[i];
-                        self.handle_wc(&wc, sink);
-                    }
-                    work = n;
-                }
-                // The full round polls again, and reports it.
-                Err(_) => {}
+        if !self.wcs.is_empty() {
+            for wc in std::mem::take(&mut self.wcs) {
+                self.handle_wc(&wc, sink);
+                work += 1;
             }
         }
-        self.full_round(sink, work)
+        loop {
+            let n = match self.dev.poll(&mut self.wc_buf[..]) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!("polling the verbs completion queue failed: {e}");
+                    for k in 0..self.conns.len() {
+                        self.fail(k, TransportError::Io(e.kind()));
+                    }
+                    0
+                }
+            };
+            for i in 0..n {
+                let wc = self.wc_buf[i];
+                self.handle_wc(&wc, sink);
+            }
+            work += n;
+            if n < POLL_BATCH {
+                break;
+            }
+        }
+        if work == 0 {
+            for k in 0..self.conns.len() {
+                let c = &mut self.conns[k];
+                if c.recv_owed > 0
+                    && c.live()
+                    && let Err(e) = Self::repost(k, c)
+                {
+                    self.fail(k, e);
+                }
+            }
+        }
+        for k in 0..self.conns.len() {
+            match self.flush(k, sink) {
+                Ok(n) => work += n,
+                Err(e) => self.fail(k, e),
+            }
+        }
+        self.tick += if work == 0 { IDLE_WEIGHT } else { 1 };
+        if self.check_now || self.tick >= self.liveness_polls.saturating_mul(IDLE_WEIGHT) {
+            self.check_peers();
+        }
+        self.reap();
+        for (peer, err) in self.lost.drain(..) {
+            sink.peer_lost(peer, err);
+            work += 1;
+        }
+        work
     }
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
@@ -1203,7 +1163,6 @@ impl Transport for VerbsTransport {
     }
 
     fn disconnect(&mut self, peer: Rank, reason: TransportError) {
-        self.idle = false;
         if let Some(k) = self.index(peer) {
             self.fail(k, reason);
         }
