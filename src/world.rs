@@ -504,9 +504,11 @@ impl Comm {
                         key
                     });
                     d.flush();
-                    // A blocking caller will not push the rest itself: the background task must.
-                    // Spinning callers push it while they spin (and call the task in when they stop).
-                    if self.inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_pending_output() {
+                    // A blocking caller will not push what the transport still queues: the
+                    // background task must. (Work already handed to the device or the kernel needs
+                    // no push: its completion wakes the task.) Spinning callers push it while they
+                    // spin (and call the task in when they stop).
+                    if self.inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_queued_output() {
                         self.inner.reactor.kick();
                     }
                     tracked.or_else(|key| match d.ops().poll(key, None) {

@@ -241,6 +241,15 @@ fn suite_over_verbs() {
             }
         }
     }
+    // Blocking progress: only the background task drives the transport, woken by the completion
+    // channel (a frame posted by the send itself is never pushed by anyone else).
+    let env = ["FERROCOMM_PROGRESS=blocking"];
+    let (code, text, took) = launch_env(2, "suite", "verbs", &env);
+    assert_eq!(code, Some(0), "verbs, blocking progress, 2 ranks:\n{text}");
+    for r in 0..2 {
+        assert!(said(&text, r, "RANK-OK verbs"), "verbs, blocking progress, rank {r}:\n{text}");
+    }
+    println!("verbs suite, blocking progress, 2 ranks: {took:?}");
 }
 
 /// A rank killed with SIGKILL as a collective starts: the others' all-reduce fails with a typed

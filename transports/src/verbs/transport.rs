@@ -853,11 +853,11 @@ impl VerbsTransport {
             Out::ReadDone(token) => {
                 return self.write_slot(k, LinkKind::ReadDone, None, Remote { token, ..Remote::default() }, &[]);
             }
-            Out::Frame(h, payload) => match h.kind {
-                Kind::Data => return self.send_data(k, h, payload),
-                Kind::Cts => h,
-                _ => return self.write_slot(k, LinkKind::Frame, Some(&h), Remote::default(), &payload),
-            },
+            Out::Frame(h, payload) if one_slot(&h) => {
+                return self.write_slot(k, LinkKind::Frame, Some(&h), Remote::default(), &payload);
+            }
+            Out::Frame(h, payload) if h.kind == Kind::Data => return self.send_data(k, h, payload),
+            Out::Frame(h, _) => h,
         };
         // A CTS: announce the whole destination buffer with it (write rendezvous).
         let c = &mut self.conns[k];
@@ -1039,9 +1039,8 @@ impl Transport for VerbsTransport {
         let c = &self.conns[k];
         // Nothing queued before it, a slot and room in the send queue: written now, so the
         // caller's send does not wait for a progress round (which polls the completion queue
-        // first). A CTS may announce a sink buffer and a rendezvous chunk goes by RDMA: those
-        // take the queue, where `progress` has the sink.
-        if c.out.is_empty() && !matches!(header.kind, Kind::Cts | Kind::Data) && c.can_write(self.sq_depth) {
+        // first). The others take the queue, where `progress` has the sink.
+        if c.out.is_empty() && one_slot(&header) && c.can_write(self.sq_depth) {
             if let Err(e) = self.write_slot(k, LinkKind::Frame, Some(&header), Remote::default(), &payload) {
                 self.fail(k, e);
             }
@@ -1167,6 +1166,12 @@ impl Transport for VerbsTransport {
             self.fail(k, reason);
         }
     }
+}
+
+/// Whether frame `h` travels as one slot and nothing else. Not a CTS, which may announce a sink
+/// buffer (write rendezvous), nor a rendezvous chunk, which goes by RDMA.
+fn one_slot(h: &Header) -> bool {
+    !matches!(h.kind, Kind::Cts | Kind::Data)
 }
 
 /// A readable liveness socket: closed (report), or spurious readiness (clear it).
