@@ -17,10 +17,19 @@
 //! 88   (end)
 //! ```
 //!
-//! Only the bytes used are written: an 8-byte eager message is a 72-byte write (96 when every
-//! slot carried the extension), a credit update 16 bytes (88). Under Soft-RoCE every byte is
-//! copied and checksummed in software; the transport's 8-byte one-way time went from 18.0-19.6
-//! to 16.0-16.9 us in one boot (see `docs/performance-history.md`).
+//! An eager message, the common small frame, has a compact slot of its own ([`LinkKind::Eager`]):
+//! its header's other fields are zero and its source is the connection's peer, so it carries only
+//! what differs from message to message:
+//!
+//! ```text
+//! 0    kind u8 | payload length u24 | freed u32 | context u32 | credit u32 | tag u64
+//! 24   payload
+//! ```
+//!
+//! Only the bytes used are written: an 8-byte eager message is a 32-byte write (72 as a full
+//! frame, 96 when every slot carried the extension), a credit update 16 bytes. Under Soft-RoCE
+//! every byte is copied and checksummed in software, so the bytes are most of the small-message
+//! cost (see `docs/performance-history.md`); on a real device they are what crosses PCIe inline.
 //!
 //! Credits ([`Credits`]): every slot written uses one credit; `freed`, piggybacked on every slot,
 //! is the receiver's monotonic count of slots it has emptied (wrapping u32, compared by
@@ -30,12 +39,16 @@
 //! is sent only when half the ring is freed and not yet advertised; the last slot is reserved
 //! for it, so a credit update can always be sent (DCFA's SYNC needed a slot it might not have).
 
+use std::collections::VecDeque;
+
 use crate::wire::{HEADER_LEN, Header, Kind, Limits, Rank, WireError};
 
 pub const PREFIX: usize = 16;
 pub const EXT: usize = 24;
 /// The most bytes before a slot's payload (a slot holds this plus the eager limit).
 pub const SLOT_HEADER: usize = PREFIX + HEADER_LEN + EXT;
+/// Where a compact eager slot's payload starts.
+pub const EAGER_AT: usize = 24;
 
 /// What a slot carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +68,9 @@ pub enum LinkKind {
     CtsBuf = 5,
     /// The receiver finished reading the chunk lent under `remote.token` (DONE).
     ReadDone = 6,
+    /// An eager frame in the compact form (see the module docs): [`encode`] writes every eager
+    /// header whose flags, `seq` and `aux` are zero this way.
+    Eager = 7,
 }
 
 impl LinkKind {
@@ -66,6 +82,7 @@ impl LinkKind {
             4 => LinkKind::DataWritten,
             5 => LinkKind::CtsBuf,
             6 => LinkKind::ReadDone,
+            7 => LinkKind::Eager,
             _ => return None,
         })
     }
@@ -76,7 +93,7 @@ impl LinkKind {
 
     /// Whether the slot carries the extension (a remote buffer or a token).
     fn has_remote(self) -> bool {
-        !matches!(self, LinkKind::Frame | LinkKind::Credit)
+        !matches!(self, LinkKind::Frame | LinkKind::Credit | LinkKind::Eager)
     }
 
     /// Where the slot's payload starts: after all that this kind carries.
@@ -84,6 +101,7 @@ impl LinkKind {
         match self {
             LinkKind::Credit => PREFIX,
             LinkKind::Frame => PREFIX + HEADER_LEN,
+            LinkKind::Eager => EAGER_AT,
             _ => SLOT_HEADER,
         }
     }
@@ -120,7 +138,8 @@ impl Packet {
 
 /// Writes a slot; returns the bytes used (the prefix, what `kind` carries, the payload): at most
 /// [`SLOT_HEADER`] `+ payload.len()`, which `slot` must hold. `remote` is written only for the
-/// kinds that carry it, `header` only for those that carry one.
+/// kinds that carry it, `header` only for those that carry one. A [`LinkKind::Frame`] that
+/// [`compact`] allows is written as a [`LinkKind::Eager`] slot.
 pub fn encode(
     slot: &mut [u8],
     kind: LinkKind,
@@ -129,6 +148,12 @@ pub fn encode(
     remote: Remote,
     payload: &[u8],
 ) -> usize {
+    if let (LinkKind::Frame | LinkKind::Eager, Some(h)) = (kind, header)
+        && compact(h, payload.len())
+    {
+        return encode_eager(slot, freed, h, payload);
+    }
+    debug_assert!(kind != LinkKind::Eager, "an eager slot needs a header that `compact` allows");
     let at = kind.payload_at();
     let total = at + payload.len();
     slot[..at].fill(0);
@@ -149,6 +174,23 @@ pub fn encode(
     total
 }
 
+/// Whether frame `h` with `len` payload bytes fits a compact eager slot: an eager frame whose
+/// fields outside that slot are zero, so that [`decode`] gives back the very same header.
+pub fn compact(h: &Header, len: usize) -> bool {
+    h.kind == Kind::Eager && h.flags == 0 && h.seq == 0 && h.aux == 0 && h.len as usize == len && len < 1 << 24
+}
+
+fn encode_eager(slot: &mut [u8], freed: u32, h: &Header, payload: &[u8]) -> usize {
+    let total = EAGER_AT + payload.len();
+    slot[0..4].copy_from_slice(&(LinkKind::Eager as u32 | (payload.len() as u32) << 8).to_le_bytes());
+    slot[4..8].copy_from_slice(&freed.to_le_bytes());
+    slot[8..12].copy_from_slice(&h.context.to_le_bytes());
+    slot[12..16].copy_from_slice(&h.credit.to_le_bytes());
+    slot[16..24].copy_from_slice(&h.tag.to_le_bytes());
+    slot[EAGER_AT..total].copy_from_slice(payload);
+    total
+}
+
 fn bad(what: &'static str) -> WireError {
     WireError::Link(what)
 }
@@ -161,6 +203,9 @@ pub fn decode(slot: &[u8], peer: Rank, limits: &Limits) -> Result<Packet, WireEr
     let u32_at = |i: usize| u32::from_le_bytes(slot[i..i + 4].try_into().unwrap());
     let u64_at = |i: usize| u64::from_le_bytes(slot[i..i + 8].try_into().unwrap());
     let kind = LinkKind::from_u8(slot[0]).ok_or(bad("unknown slot kind"))?;
+    if kind == LinkKind::Eager {
+        return decode_eager(slot, peer, limits);
+    }
     let freed = u32_at(4);
     let total = u32_at(8) as usize;
     let at = kind.payload_at();
@@ -183,7 +228,7 @@ pub fn decode(slot: &[u8], peer: Rank, limits: &Limits) -> Result<Packet, WireEr
             LinkKind::DataRead => h.kind == Kind::Data && payload_len == 0 && remote.len == u64::from(h.len),
             LinkKind::DataWritten => h.kind == Kind::Data && payload_len == 0,
             LinkKind::CtsBuf => h.kind == Kind::Cts && payload_len == 0,
-            LinkKind::Credit | LinkKind::ReadDone => unreachable!(),
+            LinkKind::Credit | LinkKind::ReadDone | LinkKind::Eager => unreachable!(),
         };
         if !ok {
             return Err(WireError::Unexpected(h.kind));
@@ -195,6 +240,36 @@ pub fn decode(slot: &[u8], peer: Rank, limits: &Limits) -> Result<Packet, WireEr
         None
     };
     Ok(Packet { kind, freed, header, remote, payload_len })
+}
+
+fn decode_eager(slot: &[u8], peer: Rank, limits: &Limits) -> Result<Packet, WireError> {
+    if slot.len() < EAGER_AT {
+        return Err(bad("slot smaller than its header"));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(slot[i..i + 4].try_into().unwrap());
+    let len = u32_at(0) >> 8;
+    let max = limits.max_payload(Kind::Eager);
+    if len as usize > max {
+        return Err(WireError::Oversize { kind: Kind::Eager, len: u64::from(len), max: max as u64 });
+    }
+    if EAGER_AT + len as usize > slot.len() {
+        return Err(bad("slot length out of range"));
+    }
+    let header = Header {
+        src: peer,
+        context: u32_at(8),
+        credit: u32_at(12),
+        tag: u64::from_le_bytes(slot[16..24].try_into().unwrap()),
+        len,
+        ..Header::new(Kind::Eager)
+    };
+    Ok(Packet {
+        kind: LinkKind::Eager,
+        freed: u32_at(4),
+        header: Some(header),
+        remote: Remote::default(),
+        payload_len: len as usize,
+    })
 }
 
 /// Slot credits of one connection, both directions.
@@ -279,6 +354,75 @@ impl Credits {
     }
 }
 
+/// Eager slots are posted unsignaled, all but one in this many: the device then raises no
+/// completion for them (on Soft-RoCE, kernel work and a completion to poll per message), and
+/// the next signaled request's completion retires them (`ib_send_lat` signals one send in 100).
+/// Every other request (rendezvous, credits, goodbye) is signaled.
+pub const SIGNAL_EVERY: u32 = 16;
+
+/// One queue pair's send queue under selective signaling: which requests to post unsignaled,
+/// and how many are known complete.
+///
+/// The device completes a queue pair's send requests in posting order, and raises a completion
+/// for a signaled one (success or failure) and for an unsignaled one only when it fails. So
+/// the completion of a signaled request retires it and every unsignaled one posted before it.
+/// Unsignaled requests posted after the last signaled one are known complete only once a later
+/// signaled one completes; nothing but staging slots (which live as long as the queue pair) may
+/// be read by them, so a connection is settled, for buffer lifetimes and for shutdown, when no
+/// signaled request is outstanding.
+#[derive(Clone, Debug, Default)]
+pub struct SendQueue {
+    /// Requests posted and not yet known complete.
+    used: u32,
+    /// Signaled requests outstanding, oldest first, each with how many requests its
+    /// completion retires: itself and the unsignaled ones just before it.
+    signaled: VecDeque<u32>,
+    /// Unsignaled requests posted since the last signaled one.
+    quiet: u32,
+}
+
+impl SendQueue {
+    /// Requests posted and not yet known complete (what the queue's depth bounds).
+    pub fn used(&self) -> u32 {
+        self.used
+    }
+
+    /// Requests that a signaled completion still to come will confirm.
+    pub fn confirmable(&self) -> u32 {
+        self.used - self.quiet
+    }
+
+    /// Whether the next request goes unsignaled: one that `may_be_quiet` (an eager slot), unless
+    /// it is the [`SIGNAL_EVERY`]th since the last signaled one.
+    pub fn quiet_next(&self, may_be_quiet: bool) -> bool {
+        may_be_quiet && self.quiet + 1 < SIGNAL_EVERY
+    }
+
+    /// A request was posted (`quiet`: unsignaled).
+    pub fn posted(&mut self, quiet: bool) {
+        self.used += 1;
+        if quiet {
+            self.quiet += 1;
+        } else {
+            self.signaled.push_back(self.quiet + 1);
+            self.quiet = 0;
+        }
+    }
+
+    /// The oldest signaled request completed, or was flushed: it retires, with the unsignaled
+    /// ones before it.
+    pub fn retire(&mut self) {
+        if let Some(n) = self.signaled.pop_front() {
+            self.used -= n;
+        }
+    }
+
+    /// No signaled request is outstanding.
+    pub fn settled(&self) -> bool {
+        self.signaled.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,7 +435,8 @@ mod tests {
     #[test]
     fn slots_round_trip_and_bad_ones_are_typed_errors() {
         let mut buf = vec![0u8; SLOT_HEADER + 1024];
-        let h = Header { src: 2, len: 5, tag: 9, ..Header::new(Kind::Eager) };
+        // An eager frame with a field the compact slot has no room for (a `seq`): a full frame.
+        let h = Header { src: 2, len: 5, tag: 9, seq: 1, ..Header::new(Kind::Eager) };
         let n = encode(&mut buf, LinkKind::Frame, 77, Some(&h), Remote::default(), b"hello");
         assert_eq!(n, PREFIX + HEADER_LEN + 5, "a frame carries no extension");
         let p = decode(&buf[..n], 2, &limits()).unwrap();
@@ -344,6 +489,122 @@ mod tests {
         assert_eq!(decode(&buf[..n], 2, &limits()).unwrap().remote, Remote { len: 4096, ..r });
         buf[0] = 99;
         assert_eq!(decode(&buf, 2, &limits()), Err(WireError::Link("unknown slot kind")));
+    }
+
+    #[test]
+    fn eager_frames_take_compact_slots_and_bad_ones_are_typed_errors() {
+        let mut buf = vec![0u8; SLOT_HEADER + 1024];
+        let h = Header { src: 2, context: 3, tag: 9, len: 8, credit: 41, ..Header::new(Kind::Eager) };
+        let n = encode(&mut buf, LinkKind::Frame, 77, Some(&h), Remote::default(), b"8 bytes!");
+        assert_eq!(n, EAGER_AT + 8, "an 8-byte message is a 32-byte write");
+        let p = decode(&buf[..n], 2, &limits()).unwrap();
+        assert_eq!((p.kind, p.freed, p.header, p.payload_len), (LinkKind::Eager, 77, Some(h), 8));
+        assert_eq!(p.payload(&buf[..n]), b"8 bytes!");
+        // Cut short: within the fixed part, and within the payload.
+        assert_eq!(decode(&buf[..EAGER_AT - 1], 2, &limits()), Err(WireError::Link("slot smaller than its header")));
+        assert_eq!(decode(&buf[..n - 1], 2, &limits()), Err(WireError::Link("slot length out of range")));
+        // A length beyond the eager limit, or beyond the slot.
+        let mut b = buf.clone();
+        b[1..4].copy_from_slice(&[0x01, 0x04, 0]);
+        assert_eq!(decode(&b, 2, &limits()), Err(WireError::Oversize { kind: Kind::Eager, len: 1025, max: 1024 }));
+        b[1..4].copy_from_slice(&[0x00, 0x04, 0]);
+        assert_eq!(decode(&b[..EAGER_AT + 1023], 2, &limits()), Err(WireError::Link("slot length out of range")));
+        assert_eq!(decode(&b, 2, &limits()).unwrap().payload_len, 1024);
+        // The source is the connection's peer, whatever rank the sender put in its header.
+        assert_eq!(decode(&buf[..n], 1, &limits()).unwrap().header.unwrap().src, 1);
+        // What a compact slot cannot carry goes as a full frame.
+        for other in [
+            Header { flags: 1, ..h },
+            Header { seq: 1, ..h },
+            Header { aux: 1, ..h },
+            Header { kind: Kind::Bye, len: 0, ..h },
+        ] {
+            let payload = &b"8 bytes!"[..other.len as usize];
+            let n = encode(&mut buf, LinkKind::Frame, 0, Some(&other), Remote::default(), payload);
+            let p = decode(&buf[..n], 2, &limits()).unwrap();
+            assert_eq!((p.kind, p.header), (LinkKind::Frame, Some(other)), "{other:?}");
+        }
+    }
+
+    proptest! {
+        /// Any eager frame the compact slot allows comes back as the same header and payload, and
+        /// any bytes at all decode to an error or to a slot within its bounds.
+        #[test]
+        fn compact_slots_round_trip(ctx: u32, tag: u64, credit: u32, freed: u32, len in 0usize..=1024) {
+            let mut buf = vec![0u8; SLOT_HEADER + 1024];
+            let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let h = Header { src: 3, context: ctx, tag, credit, len: len as u32, ..Header::new(Kind::Eager) };
+            let n = encode(&mut buf, LinkKind::Frame, freed, Some(&h), Remote::default(), &data);
+            prop_assert_eq!(n, EAGER_AT + len);
+            let p = decode(&buf[..n], 3, &limits()).unwrap();
+            prop_assert_eq!((p.kind, p.freed, p.header), (LinkKind::Eager, freed, Some(h)));
+            prop_assert_eq!(p.payload(&buf[..n]), &data[..]);
+        }
+
+        #[test]
+        fn random_slots_decode_within_bounds(bytes in proptest::collection::vec(any::<u8>(), 0..200), kind in 1u8..8) {
+            let mut bytes = bytes;
+            if let Some(b) = bytes.first_mut() { *b = kind; }
+            if let Ok(p) = decode(&bytes, 2, &limits()) {
+                prop_assert!(p.kind.payload_at() + p.payload_len <= bytes.len());
+                prop_assert!(p.header.is_none_or(|h| h.src == 2));
+            }
+        }
+    }
+
+    #[test]
+    fn eager_slots_go_unsignaled_but_one_in_signal_every() {
+        let mut q = SendQueue::default();
+        let mut signaled = 0;
+        for _ in 0..SIGNAL_EVERY * 3 {
+            let quiet = q.quiet_next(true);
+            signaled += u32::from(!quiet);
+            q.posted(quiet);
+        }
+        assert_eq!((signaled, q.used()), (3, SIGNAL_EVERY * 3));
+        assert!(!q.quiet_next(false), "only eager slots may go unsignaled");
+        q.posted(true);
+        assert_eq!(q.confirmable(), SIGNAL_EVERY * 3, "the last one waits for a signaled successor");
+        for left in [2, 1, 0] {
+            q.retire();
+            assert_eq!(q.used(), SIGNAL_EVERY * left + 1);
+        }
+        assert!(q.settled(), "nothing signaled outstanding: a connection may be reaped");
+        assert_eq!(q.confirmable(), 0);
+    }
+
+    proptest! {
+        /// A device model: requests complete in order, at any time; a completion is seen for each
+        /// signaled one. The queue's count is then exactly the requests not known complete, and
+        /// fewer than SIGNAL_EVERY unsignaled ones ever wait for a signaled successor.
+        #[test]
+        fn send_queue_counts_what_is_not_known_complete(ops in proptest::collection::vec(0u8..4, 1..400)) {
+            let mut q = SendQueue::default();
+            let mut device: VecDeque<bool> = VecDeque::new(); // posted, not complete: signaled?
+            let (mut posted, mut known_complete, mut done_unseen) = (0u64, 0u64, 0u64);
+            for op in ops {
+                match op {
+                    0 | 1 => {
+                        let quiet = q.quiet_next(op == 0);
+                        q.posted(quiet);
+                        device.push_back(!quiet);
+                        posted += 1;
+                    }
+                    _ => if let Some(signaled) = device.pop_front() {
+                        if signaled {
+                            q.retire();
+                            known_complete += done_unseen + 1;
+                            done_unseen = 0;
+                        } else {
+                            done_unseen += 1;
+                        }
+                    },
+                }
+                prop_assert_eq!(u64::from(q.used()), posted - known_complete);
+                prop_assert!(q.quiet < SIGNAL_EVERY);
+                prop_assert_eq!(q.settled(), !device.iter().any(|&s| s));
+            }
+        }
     }
 
     #[test]

@@ -14,7 +14,10 @@
 //! * **Eager path**, two ways ([`Eager`]), one slot format and one credit scheme ([`link`]: slot
 //!   credits with monotonic counters piggybacked on every slot, the last slot reserved for credit
 //!   updates). The receiver copies a slot out when its completion is polled (the engine's own
-//!   credits bound what it keeps).
+//!   credits bound what it keeps). A slot carries only what its kind needs; an eager message
+//!   has a compact one (24 bytes before its payload against 64 for a full frame), and eager
+//!   slots are posted unsignaled but one in [`link::SIGNAL_EVERY`] ([`link::SendQueue`]), as
+//!   `ib_send_lat` does: no send completion to raise and poll per message.
 //!   - *Rings* ([`Eager::Ring`], default): per-peer rings of fixed slots in the receiver's
 //!     memory, written by RDMA write-with-immediate (DCFA's eager ring).
 //!   - *Shared receive queue* ([`Eager::SharedQueue`]): the slot travels by send-with-immediate

@@ -488,14 +488,17 @@ impl Qp {
         check(rc, "ibv_post_recv")
     }
 
-    /// Posts one signaled work request moving `len` bytes between local `(laddr, lkey)` and
-    /// remote `(raddr, rkey)`. Writes of at most the QP's inline size go inline: the library
-    /// copies the bytes into the work request, so the device need not read them from the
-    /// registered buffer (what `ib_send_lat` does for small messages too).
+    /// Posts one work request moving `len` bytes between local `(laddr, lkey)` and remote
+    /// `(raddr, rkey)`; `signaled`: whether its success raises a completion (a failure always
+    /// does, and a signaled completion also tells that every earlier request has completed).
+    /// Writes of at most the QP's inline size go inline: the library copies the bytes into the
+    /// work request, so the device need not read them from the registered buffer (what
+    /// `ib_send_lat` does for small messages too).
     ///
     /// # Safety
-    /// The local memory must stay valid (and, for reads, unaliased) until the completion of
-    /// `wr_id` has been polled or the QP has been flushed.
+    /// The local memory must stay valid (and, for reads, unaliased) until the request is known
+    /// complete (its completion, or a later signaled one's, has been polled) or the QP has been
+    /// flushed.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn post_send(
         &self,
@@ -506,6 +509,7 @@ impl Qp {
         lkey: u32,
         raddr: u64,
         rkey: u32,
+        signaled: bool,
     ) -> io::Result<()> {
         let mut sge = ffi::ibv_sge { addr: laddr, length: len, lkey };
         let mut wr = ffi::ibv_send_wr {
@@ -519,7 +523,7 @@ impl Qp {
                 Op::Write => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
                 Op::Read => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
             },
-            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            send_flags: if signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 },
             ..Default::default()
         };
         if !matches!(op, Op::Read) && len <= self.max_inline {

@@ -14,7 +14,7 @@ use slab::Slab;
 use tokio::io::Interest;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
-use super::link::{self, Credits, LinkKind, Remote, SLOT_HEADER};
+use super::link::{self, Credits, LinkKind, Remote, SLOT_HEADER, SendQueue};
 use super::regcache::{Pin, RegCache, Registrar};
 use super::sys::{self, Device, Mr, Op, Qp, QpAddr, Srq, access};
 use super::{Eager, Rendezvous, VerbsConfig};
@@ -25,8 +25,8 @@ pub use super::sys::device_names;
 
 /// Descriptor magic, `"FCVB"`.
 const MAGIC: u32 = u32::from_le_bytes(*b"FCVB");
-/// 3: slots carry only what their kind needs ([`link`]); a peer of version 2 could not read them.
-const DESC_VERSION: u8 = 3;
+/// 4: eager messages travel in compact slots ([`link`]); a peer of version 3 could not read them.
+const DESC_VERSION: u8 = 4;
 const DESC_HEAD: usize = 40;
 const DESC_PEER: usize = 24;
 /// Outstanding RDMA reads per QP (initiator and responder).
@@ -45,12 +45,15 @@ const INLINE: u32 = 256;
 enum Wr {
     /// A ring's receive (no buffer: write-with-immediate only consumes it).
     Recv = 0,
+    /// A signaled slot write.
     Slot = 1,
     Write = 2,
     Read = 3,
     /// A pool buffer in the shared receive queue (token: its index; the peer is told by the
     /// completion's QP number).
     SharedRecv = 4,
+    /// An unsignaled slot write: it has a completion only if it fails (or is flushed).
+    QuietSlot = 5,
 }
 
 fn wr_id(peer: usize, kind: Wr, token: u32) -> u64 {
@@ -61,9 +64,11 @@ fn split_wr(id: u64) -> (usize, u64, u32) {
     ((id >> 40) as usize, (id >> 32) & 0xff, id as u32)
 }
 
-/// Whether a completion of this kind frees a send queue entry (receives do not).
-fn is_send(kind: u64) -> bool {
-    kind != Wr::Recv as u64 && kind != Wr::SharedRecv as u64
+/// Whether a completion of this kind is a signaled send request's, which retires it and the
+/// unsignaled ones posted before it (receives retire nothing; an unsignaled request only
+/// completes when it fails, and its signaled successor still completes after it).
+fn is_signaled_send(kind: u64) -> bool {
+    !matches!(kind, k if k == Wr::Recv as u64 || k == Wr::SharedRecv as u64 || k == Wr::QuietSlot as u64)
 }
 
 /// Where an arrived slot lies.
@@ -292,7 +297,7 @@ impl VerbsEndpoint {
                 remote_ring: remote.ring,
                 credits: Credits::new(cfg.slots),
                 out: VecDeque::new(),
-                sq_used: 0,
+                sq: SendQueue::default(),
                 recv_owed: 0,
                 rts_len: HashMap::new(),
                 exposed: HashMap::new(),
@@ -484,8 +489,8 @@ struct Conn {
     remote_ring: (u64, u32),
     credits: Credits,
     out: VecDeque<Out>,
-    /// Send work requests posted and not yet completed.
-    sq_used: u32,
+    /// Send work requests posted and not yet known complete.
+    sq: SendQueue,
     /// Receive work requests (rings) used up by arrived slots and not posted again yet.
     recv_owed: u32,
     /// Receiver side: rendezvous lengths announced by the peer's RTS frames, by message id.
@@ -516,7 +521,7 @@ impl Conn {
     /// Whether a frame's slot may be written now: live, a slot credit free (the last is kept for
     /// credit updates) and room in a send queue of `sq_depth` (a slot may bring an RDMA write).
     fn can_write(&self, sq_depth: u32) -> bool {
-        self.live() && self.credits.can_send(false) && self.sq_used + 2 <= sq_depth
+        self.live() && self.credits.can_send(false) && self.sq.used() + 2 <= sq_depth
     }
 
     /// How the connection ends when the peer goes: it left (said goodbye) or it was lost.
@@ -568,7 +573,7 @@ impl VerbsTransport {
         self.conns
             .iter()
             .filter(|c| !c.dead)
-            .map(|c| c.sq_used as usize + c.lent.len() + c.writes.len() + c.reads.len() + c.out.len())
+            .map(|c| c.sq.confirmable() as usize + c.lent.len() + c.writes.len() + c.reads.len() + c.out.len())
             .sum()
     }
 
@@ -608,7 +613,7 @@ impl VerbsTransport {
     /// Reports connections whose flushed work has all completed.
     fn reap(&mut self) {
         for c in &mut self.conns {
-            if c.sq_used == 0
+            if c.sq.settled()
                 && let Some(err) = c.failing.take()
             {
                 // Nothing can touch the sink's buffers any more: drop their registrations first.
@@ -630,8 +635,8 @@ impl VerbsTransport {
             return self.on_shared_recv(wc, token, sink);
         }
         let Some(c) = self.conns.get_mut(k) else { return };
-        if is_send(kind) {
-            c.sq_used = c.sq_used.saturating_sub(1);
+        if is_signaled_send(kind) {
+            c.sq.retire();
         }
         let ok = wc.is_valid();
         if kind == Wr::Write as u64 && c.writes.contains(token as usize) {
@@ -735,7 +740,7 @@ impl VerbsTransport {
                 let l = c.lent.remove(t);
                 self.cache.release(l.pin);
             }
-            (LinkKind::Frame, Some(h)) => {
+            (LinkKind::Frame | LinkKind::Eager, Some(h)) => {
                 match h.kind {
                     Kind::Rts => {
                         if c.rts_len.len() >= MAX_RTS_PENDING {
@@ -796,9 +801,10 @@ impl VerbsTransport {
                         lkey,
                         p.remote.addr,
                         p.remote.rkey,
+                        true,
                     )?
                 };
-                c.sq_used += 1;
+                c.sq.posted(false);
             }
             _ => return Err(WireError::Link("slot without header").into()),
         }
@@ -839,7 +845,7 @@ impl VerbsTransport {
             && (c.out.is_empty() || !c.credits.can_send(false))
             && c.credits.wants_update()
             && c.credits.can_send(true)
-            && c.sq_used < self.sq_depth
+            && c.sq.used() < self.sq_depth
         {
             self.write_slot(k, LinkKind::Credit, None, Remote::default(), &[])?;
             self.stats.credit_updates += 1;
@@ -916,9 +922,10 @@ impl VerbsTransport {
                         lkey,
                         dest,
                         rkey,
+                        true,
                     )?
                 };
-                c.sq_used += 1;
+                c.sq.posted(false);
                 self.stats.rdma_writes += 1;
             }
             return self.write_slot(k, LinkKind::DataWritten, Some(&h), Remote::default(), &[]);
@@ -952,19 +959,12 @@ impl VerbsTransport {
         let n = link::encode(buf, kind, freed, h.as_ref(), remote, payload);
         let raddr = c.remote_ring.0 + (slot as usize * ss) as u64;
         let op = if self.shared.is_some() { Op::SendImm { imm: slot } } else { Op::WriteImm { imm: slot } };
-        // SAFETY: the staging block lives as long as the QP.
-        unsafe {
-            c.qp.post_send(
-                wr_id(k, Wr::Slot, slot),
-                op,
-                ptr as u64,
-                n as u32,
-                c.stage.mr.lkey(),
-                raddr,
-                c.remote_ring.1,
-            )?
-        };
-        c.sq_used += 1;
+        let quiet = c.sq.quiet_next(kind == LinkKind::Frame && h.is_some_and(|h| link::compact(&h, payload.len())));
+        let wr = wr_id(k, if quiet { Wr::QuietSlot } else { Wr::Slot }, slot);
+        // SAFETY: the staging block lives as long as the QP; this slot of it is written again
+        // only once the peer has freed it, after the device has sent it.
+        unsafe { c.qp.post_send(wr, op, ptr as u64, n as u32, c.stage.mr.lkey(), raddr, c.remote_ring.1, !quiet)? };
+        c.sq.posted(quiet);
         self.stats.slots_sent += 1;
         Ok(())
     }
@@ -1111,7 +1111,7 @@ impl Transport for VerbsTransport {
             return Poll::Ready(());
         }
         let sendable = self.conns.iter().any(|c| !c.out.is_empty() && c.can_write(self.sq_depth));
-        if sendable || self.conns.iter().any(|c| c.failing.is_some() && c.sq_used == 0) {
+        if sendable || self.conns.iter().any(|c| c.failing.is_some() && c.sq.settled()) {
             return Poll::Ready(());
         }
         loop {
@@ -1153,8 +1153,11 @@ impl Transport for VerbsTransport {
         Poll::Pending
     }
 
+    /// Frames queued, or posted and not yet confirmed by a completion. Unsignaled eager slots
+    /// are confirmed by the next signaled request, at the latest the goodbye (always signaled),
+    /// which is what an orderly shutdown waits for.
     fn has_pending_output(&self) -> bool {
-        self.conns.iter().any(|c| c.live() && (!c.out.is_empty() || c.sq_used > 0))
+        self.conns.iter().any(|c| c.live() && (!c.out.is_empty() || !c.sq.settled()))
     }
 
     fn has_queued_output(&self) -> bool {
@@ -1192,16 +1195,16 @@ impl Drop for VerbsTransport {
         }
         let mut wcs = sys::wc_array::<POLL_BATCH>();
         for _ in 0..1000 {
-            if self.conns.iter().all(|c| c.sq_used == 0) {
+            if self.conns.iter().all(|c| c.sq.settled()) {
                 break;
             }
             let n = self.dev.poll(&mut wcs).unwrap_or(0);
             for wc in &wcs[..n] {
                 let (k, kind, _) = split_wr(wc.wr_id());
                 if let Some(c) = self.conns.get_mut(k)
-                    && is_send(kind)
+                    && is_signaled_send(kind)
                 {
-                    c.sq_used = c.sq_used.saturating_sub(1);
+                    c.sq.retire();
                 }
             }
             if n == 0 {
