@@ -47,7 +47,12 @@ options:
   --idle-gap US             shm: microseconds between the pings of the idle-peer measurement
                             (default 1000; 0 skips it)
   --target-ms MS            how long ferrocomm's timed batch of each size lasts (default 30;
-                            more where round trips are slow, as under emulation)";
+                            more where round trips are slow, as under emulation)
+  --time-each               time every ferrocomm round trip with the CPU's cycle counter, as
+                            ib_send_lat does, so that the median is the median round trip like
+                            its t_typical (the default with --transport verbs; otherwise the
+                            median is over 16 timed slices of each batch, the clock read once
+                            per slice)";
 
 /// The options of `pingpong`.
 #[derive(Clone, Debug)]
@@ -65,6 +70,8 @@ pub struct Options {
     pub recv_into: bool,
     pub idle_gap_us: u64,
     pub target_ms: u64,
+    /// Time each round trip (see `--time-each`).
+    pub time_each: bool,
     pub device: Option<String>,
     pub gid_index: Option<u32>,
 }
@@ -84,6 +91,7 @@ impl Default for Options {
             recv_into: false,
             idle_gap_us: 1000,
             target_ms: sweep::TARGET.as_millis() as u64,
+            time_each: false,
             device: None,
             gid_index: None,
         }
@@ -131,6 +139,7 @@ impl Options {
                 "--device" => o.device = Some(value()?),
                 "--gid-index" => o.gid_index = Some(value()?.parse().map_err(|e| format!("--gid-index: {e}"))?),
                 "--recv-into" => o.recv_into = true,
+                "--time-each" => o.time_each = true,
                 "--idle-gap" => o.idle_gap_us = value()?.parse().map_err(|e| format!("--idle-gap: {e}"))?,
                 "--target-ms" => {
                     o.target_ms = value()?.parse().map_err(|e| format!("--target-ms: {e}"))?;
@@ -141,6 +150,8 @@ impl Options {
                 other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
             }
         }
+        // perftest's latency is the median of round trips each timed alone.
+        o.time_each |= o.transport == "verbs";
         Ok(Some(o))
     }
 }
@@ -228,6 +239,7 @@ pub fn main(args: &[String]) -> Result<()> {
         idle_gap_us: 0,
         idle_jitter: false,
         target_ms: opts.target_ms,
+        time_each: opts.time_each,
         env,
     };
     let sizes = sweep::sizes(opts.max);
@@ -257,9 +269,10 @@ pub fn main(args: &[String]) -> Result<()> {
         format!("FERROCOMM_TCP_BACKEND={}", opts.backend)
     };
     println!(
-        "ferrocomm: {backend} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}",
+        "ferrocomm: {backend} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}, median {}",
         opts.progress,
-        receive_call(opts.recv_into)
+        receive_call(opts.recv_into),
+        if opts.time_each { "of round trips each timed alone (cycle counter)" } else { "of 16 timed slices per batch" }
     );
     let mut described: Vec<(String, String)> =
         peers.iter().map(|p| (p.name().to_string(), p.describe(opts.cpus, "SIZE"))).collect();
@@ -344,12 +357,15 @@ pub fn main(args: &[String]) -> Result<()> {
                     row.peers[last].push(one_way);
                 }
             }
+            let ours = rows.iter().find(|r| r.bytes == 8).and_then(|r| r.ferrocomm_median.last().copied());
             eprintln!(
-                "run {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {bw:.1} MB/s, {:.1} s",
+                "run {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {bw:.1} MB/s, {:.1} s; \
+                 this run's 8 B medians: ferrocomm / ib_send_lat = {}",
                 opts.runs,
                 lat * 1e6,
                 typical * 1e6,
-                t.elapsed().as_secs_f64()
+                t.elapsed().as_secs_f64(),
+                ours.map_or("-".into(), |o| format!("{:.2} / {:.2} us = {:.3}", o * 1e6, typical * 1e6, o / typical)),
             );
         }
     }
@@ -455,6 +471,7 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
                     idle_gap_us: opts.idle_gap_us,
                     idle_jitter: jitter,
                     target_ms: opts.target_ms,
+                    time_each: false,
                     env: vec![],
                 };
                 let t = Instant::now();

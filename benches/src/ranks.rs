@@ -76,6 +76,9 @@ pub struct JobSpec {
     /// How long the timed batch of each size lasts, milliseconds ([`sweep::TARGET`] by default;
     /// longer where a round trip is slow, as under emulation, for enough round trips per size).
     pub target_ms: u64,
+    /// Time each round trip alone (cycle counter), for a median round trip like perftest's;
+    /// otherwise [`SUB_BATCHES`] slices of each batch.
+    pub time_each: bool,
     /// Extra environment of the job and its ranks (verbs device, GID index); not an argument.
     pub env: Vec<(String, String)>,
 }
@@ -106,6 +109,9 @@ impl JobSpec {
         if self.idle_jitter {
             args.push(s("--idle-jitter"));
         }
+        if self.time_each {
+            args.push(s("--time-each"));
+        }
         args
     }
 
@@ -119,6 +125,7 @@ impl JobSpec {
             idle_gap_us: 0,
             idle_jitter: false,
             target_ms: sweep::TARGET.as_millis() as u64,
+            time_each: false,
             env: vec![],
         };
         let mut it = args.iter();
@@ -130,6 +137,10 @@ impl JobSpec {
                 }
                 "--idle-jitter" => {
                     spec.idle_jitter = true;
+                    continue;
+                }
+                "--time-each" => {
+                    spec.time_each = true;
                     continue;
                 }
                 _ => {}
@@ -157,7 +168,8 @@ pub struct Sample {
     pub iterations: u64,
     /// Round trip / 2, seconds: the batch's mean (NetPIPE).
     pub one_way: f64,
-    /// The median over the batch's timed slices of their mean round trip / 2, seconds
+    /// The median round trip / 2, seconds: of the round trips each timed alone
+    /// ([`JobSpec::time_each`]), or over the batch's timed slices of their mean round trip
     /// (insensitive to rare stalls of a noisy or emulated machine).
     pub median_one_way: f64,
 }
@@ -287,7 +299,7 @@ pub fn rank_main(args: &[String]) -> Result<()> {
             println!("{}", json!({"transport": world.transport_name(), "idle_one_way_s": samples}));
         } else if world.rank() == 0 {
             let target = Duration::from_millis(spec.target_ms.max(1));
-            let samples = measure(&world, &payload, &mut inbox, spec.max, target).await?;
+            let samples = measure(&world, &payload, &mut inbox, spec.max, target, spec.time_each).await?;
             let rows: Vec<Value> = samples
                 .iter()
                 .map(|s| {
@@ -405,15 +417,16 @@ async fn measure(
     inbox: &mut Inbox,
     max: usize,
     target: Duration,
+    time_each: bool,
 ) -> Result<Vec<Sample>> {
     let mut samples = Vec::new();
     let mut round_trip = FIRST_GUESS.as_secs_f64();
     for bytes in sweep::sizes(max) {
         let data = payload.slice(..bytes);
         let warmup = sweep::iterations(round_trip, WARMUP, MIN_WARMUP);
-        round_trip = batch(world, payload, inbox, &data, warmup).await?.0.as_secs_f64() / warmup as f64;
+        round_trip = batch(world, payload, inbox, &data, warmup, false).await?.0.as_secs_f64() / warmup as f64;
         let iterations = sweep::iterations(round_trip, target, MIN_ITERATIONS);
-        let (total, median) = batch(world, payload, inbox, &data, iterations).await?;
+        let (total, median) = batch(world, payload, inbox, &data, iterations, time_each).await?;
         round_trip = total.as_secs_f64() / iterations as f64;
         let one_way = round_trip / 2.0;
         samples.push(Sample { bytes, iterations, one_way, median_one_way: median / 2.0 });
@@ -457,24 +470,52 @@ async fn measure_idle(
     Ok(samples)
 }
 
-/// Rank 0: `count` round trips of `data`, timed: the whole batch, and the median round trip of
-/// [`SUB_BATCHES`] consecutive slices of it. The clock is read once per slice, not per round trip:
-/// a read costs about 40 ns here, which would show in an 8-byte latency of about 100 ns (NetPIPE
-/// too reads it once per batch).
-async fn batch(world: &World, payload: &Bytes, inbox: &mut Inbox, data: &Bytes, count: u64) -> Result<(Duration, f64)> {
+/// Rank 0: `count` round trips of `data`, timed: the whole batch, and the median round trip.
+///
+/// Without `time_each`, the median of [`SUB_BATCHES`] consecutive slices' mean round trip: the
+/// clock is read once per slice, not per round trip, since a read costs about 40 ns here, which
+/// would show in an 8-byte latency of about 100 ns (NetPIPE too reads it once per batch). With
+/// `time_each`, the median of the round trips themselves, each stamped by the CPU's cycle counter
+/// as `ib_send_lat` stamps its iterations (its `t_typical` is that median); the counter is turned
+/// into time by the batch's own length on the clock. The two medians differ where a machine is
+/// noisy: a slice's mean carries its share of the stalls, a median round trip does not.
+async fn batch(
+    world: &World,
+    payload: &Bytes,
+    inbox: &mut Inbox,
+    data: &Bytes,
+    count: u64,
+    time_each: bool,
+) -> Result<(Duration, f64)> {
     world.send(1, TAG_CONTROL, control(data.len(), count)).await?;
     world.recv(1, TAG_ACK).await?;
+    let round_trip = async |inbox: &mut Inbox| -> Result<()> {
+        world.send(1, TAG_DATA, data.clone()).await?;
+        let posted = inbox.post(world, 1, data.len())?;
+        inbox.wait(posted).await?.check(payload, data.len())
+    };
+    let start = Instant::now();
+    if time_each {
+        let mut stamps = Vec::with_capacity(count as usize + 1);
+        stamps.push(cycles::now());
+        for _ in 0..count {
+            round_trip(inbox).await?;
+            stamps.push(cycles::now());
+        }
+        let elapsed = start.elapsed();
+        let span = stamps[stamps.len() - 1].wrapping_sub(stamps[0]).max(1);
+        let per_cycle = elapsed.as_secs_f64() / span as f64;
+        let trips: Vec<f64> = stamps.windows(2).map(|w| w[1].wrapping_sub(w[0]) as f64 * per_cycle).collect();
+        return Ok((elapsed, sweep::median(&trips).unwrap_or(0.0)));
+    }
     let per_slice = count.div_ceil(SUB_BATCHES).max(1);
     let mut each = Vec::with_capacity(SUB_BATCHES as usize);
-    let start = Instant::now();
     let mut last = start;
     let mut left = count;
     while left > 0 {
         let n = per_slice.min(left);
         for _ in 0..n {
-            world.send(1, TAG_DATA, data.clone()).await?;
-            let posted = inbox.post(world, 1, data.len())?;
-            inbox.wait(posted).await?.check(payload, data.len())?;
+            round_trip(inbox).await?;
         }
         left -= n;
         let now = Instant::now();
@@ -482,6 +523,26 @@ async fn batch(world: &World, payload: &Bytes, inbox: &mut Inbox, data: &Bytes, 
         last = now;
     }
     Ok((start.elapsed(), sweep::median(&each).unwrap_or(0.0)))
+}
+
+/// A cheap stamp for timing each round trip: the CPU's cycle counter where there is one (under
+/// software emulation the clock is a system call reading an emulated device, microseconds a
+/// read), else the clock in nanoseconds. Only differences taken on one CPU are used (rank 0 is
+/// pinned), scaled by the batch's length on the clock.
+mod cycles {
+    #[cfg(target_arch = "x86_64")]
+    pub fn now() -> u64 {
+        // SAFETY: `rdtsc` has no preconditions on x86_64.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn now() -> u64 {
+        use std::sync::OnceLock;
+        use std::time::Instant;
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
 }
 
 /// Rank 1: echoes batches until told to stop.
@@ -546,10 +607,11 @@ mod tests {
             idle_gap_us: 500,
             idle_jitter: true,
             target_ms: 300,
+            time_each: true,
             env: vec![],
         };
         let back = JobSpec::from_args(&spec.to_args()).unwrap();
-        assert!(back.idle_jitter);
+        assert!(back.idle_jitter && back.time_each);
         assert_eq!(
             (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus, back.recv_into, back.idle_gap_us),
             ("uring", "adaptive:20", 4096, [1, 0], true, 500)
