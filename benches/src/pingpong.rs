@@ -357,7 +357,7 @@ pub fn main(args: &[String]) -> Result<()> {
                     row.peers[last].push(one_way);
                 }
             }
-            let ours = rows.iter().find(|r| r.bytes == 8).and_then(|r| r.ferrocomm_median.last().copied());
+            let ours = report::row(&rows, 8).and_then(|r| r.ferrocomm_median.last().copied());
             eprintln!(
                 "run {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {bw:.1} MB/s, {:.1} s; \
                  this run's 8 B medians: ferrocomm / ib_send_lat = {}",

@@ -497,10 +497,10 @@ async fn batch(
     let start = Instant::now();
     if time_each {
         let mut stamps = Vec::with_capacity(count as usize + 1);
-        stamps.push(cycles::now());
+        stamps.push(stamp());
         for _ in 0..count {
             round_trip(inbox).await?;
-            stamps.push(cycles::now());
+            stamps.push(stamp());
         }
         let elapsed = start.elapsed();
         let span = stamps[stamps.len() - 1].wrapping_sub(stamps[0]).max(1);
@@ -529,20 +529,11 @@ async fn batch(
 /// software emulation the clock is a system call reading an emulated device, microseconds a
 /// read), else the clock in nanoseconds. Only differences taken on one CPU are used (rank 0 is
 /// pinned), scaled by the batch's length on the clock.
-mod cycles {
-    #[cfg(target_arch = "x86_64")]
-    pub fn now() -> u64 {
-        // SAFETY: `rdtsc` has no preconditions on x86_64.
-        unsafe { core::arch::x86_64::_rdtsc() }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    pub fn now() -> u64 {
-        use std::sync::OnceLock;
-        use std::time::Instant;
-        static EPOCH: OnceLock<Instant> = OnceLock::new();
+fn stamp() -> u64 {
+    ferrocomm_reactor::cycles().unwrap_or_else(|| {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-    }
+    })
 }
 
 /// Rank 1: echoes batches until told to stop.

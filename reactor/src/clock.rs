@@ -86,8 +86,9 @@ impl ClockPace {
     }
 }
 
-/// The CPU's cycle counter, where reading it is a plain instruction.
-fn cycles() -> Option<u64> {
+/// The CPU's cycle counter, where reading it is a plain instruction (`None` elsewhere). Only
+/// differences taken on one CPU mean anything.
+pub fn cycles() -> Option<u64> {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `rdtsc` exists on every x86-64 CPU and only reads the time-stamp counter.

@@ -40,6 +40,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use clock::ClockPace;
+pub use clock::cycles;
 use futures::task::AtomicWaker;
 pub use lock::{Mutex, MutexGuard, RawLock};
 pub use ops::{OpKey, Ops};

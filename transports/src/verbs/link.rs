@@ -139,8 +139,9 @@ impl Packet {
 
 /// Writes a slot; returns the bytes used (the prefix, what `kind` carries, the payload): at most
 /// [`SLOT_HEADER`] `+ payload.len()`, which `slot` must hold. `remote` is written only for the
-/// kinds that carry it, `header` only for those that carry one. A [`LinkKind::Frame`] that
-/// [`compact`] allows is written as a [`LinkKind::Eager`] slot.
+/// kinds that carry it, `header` only for those that carry one. The slot is of kind
+/// [`slot_kind`]`(kind, header, payload.len())`: a [`LinkKind::Frame`] that [`compact`] allows is
+/// written as a [`LinkKind::Eager`] slot.
 pub fn encode(
     slot: &mut [u8],
     kind: LinkKind,
@@ -149,12 +150,11 @@ pub fn encode(
     remote: Remote,
     payload: &[u8],
 ) -> usize {
-    if let (LinkKind::Frame | LinkKind::Eager, Some(h)) = (kind, header)
-        && compact(h, payload.len())
-    {
+    let kind = slot_kind(kind, header, payload.len());
+    if let (LinkKind::Eager, Some(h)) = (kind, header) {
+        debug_assert!(compact(h, payload.len()), "an eager slot needs a header that `compact` allows");
         return encode_eager(slot, freed, h, payload);
     }
-    debug_assert!(kind != LinkKind::Eager, "an eager slot needs a header that `compact` allows");
     let at = kind.payload_at();
     let total = at + payload.len();
     slot[..at].fill(0);
@@ -173,6 +173,17 @@ pub fn encode(
     }
     slot[at..total].copy_from_slice(payload);
     total
+}
+
+/// The kind of slot [`encode`] writes for `kind`, `header` and `len` payload bytes: the compact
+/// [`LinkKind::Eager`] for a [`LinkKind::Frame`] that [`compact`] allows, else `kind` itself.
+/// (A caller that must know, as the transport does to post eager slots unsignaled, resolves it
+/// once and passes the result on.)
+pub fn slot_kind(kind: LinkKind, header: Option<&Header>, len: usize) -> LinkKind {
+    match header {
+        Some(h) if kind == LinkKind::Frame && compact(h, len) => LinkKind::Eager,
+        _ => kind,
+    }
 }
 
 /// Whether frame `h` with `len` payload bytes fits a compact eager slot: an eager frame whose

@@ -68,7 +68,7 @@ fn split_wr(id: u64) -> (usize, u64, u32) {
 /// unsignaled ones posted before it (receives retire nothing; an unsignaled request only
 /// completes when it fails, and its signaled successor still completes after it).
 fn is_signaled_send(kind: u64) -> bool {
-    !matches!(kind, k if k == Wr::Recv as u64 || k == Wr::SharedRecv as u64 || k == Wr::QuietSlot as u64)
+    [Wr::Slot, Wr::Write, Wr::Read].iter().any(|&w| w as u64 == kind)
 }
 
 /// Where an arrived slot lies.
@@ -956,10 +956,11 @@ impl VerbsTransport {
         // of this slot, which the peer has acknowledged by freeing it.
         let buf = unsafe { std::slice::from_raw_parts_mut(ptr, ss) };
         let h = h.map(|h| Header { src: self.me, ..*h });
+        let kind = link::slot_kind(kind, h.as_ref(), payload.len());
         let n = link::encode(buf, kind, freed, h.as_ref(), remote, payload);
         let raddr = c.remote_ring.0 + (slot as usize * ss) as u64;
         let op = if self.shared.is_some() { Op::SendImm { imm: slot } } else { Op::WriteImm { imm: slot } };
-        let quiet = c.sq.quiet_next(kind == LinkKind::Frame && h.is_some_and(|h| link::compact(&h, payload.len())));
+        let quiet = c.sq.quiet_next(kind == LinkKind::Eager);
         let wr = wr_id(k, if quiet { Wr::QuietSlot } else { Wr::Slot }, slot);
         // SAFETY: the staging block lives as long as the QP; this slot of it is written again
         // only once the peer has freed it, after the device has sent it.
