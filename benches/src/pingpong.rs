@@ -350,20 +350,24 @@ pub fn main(args: &[String]) -> Result<()> {
             let t = Instant::now();
             let (lat, typical) = p.send_lat(8, opts.cpus)?;
             perf_typical.push(typical);
-            let bw = p.write_bw(1 << 20, opts.cpus)?;
+            // Only a sweep that reaches 1 MiB has a row for ib_write_bw (an 8 B run then pairs
+            // ferrocomm and ib_send_lat a few seconds apart, not ten).
+            let bw = if opts.max >= 1 << 20 { Some(p.write_bw(1 << 20, opts.cpus)?) } else { None };
             let last = names.len() - 1;
-            for (bytes, one_way) in [(8, lat), (1 << 20, (1 << 20) as f64 / (bw * 1e6))] {
+            let bw_one_way = bw.map(|bw| (1 << 20, (1 << 20) as f64 / (bw * 1e6)));
+            for (bytes, one_way) in std::iter::once((8, lat)).chain(bw_one_way) {
                 if let Some(row) = rows.iter_mut().find(|r| r.bytes == bytes) {
                     row.peers[last].push(one_way);
                 }
             }
             let ours = report::row(&rows, 8).and_then(|r| r.ferrocomm_median.last().copied());
             eprintln!(
-                "run {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {bw:.1} MB/s, {:.1} s; \
+                "run {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {}, {:.1} s; \
                  this run's 8 B medians: ferrocomm / ib_send_lat = {}",
                 opts.runs,
                 lat * 1e6,
                 typical * 1e6,
+                bw.map_or("not run (--max below 1 MiB)".into(), |bw| format!("{bw:.1} MB/s")),
                 t.elapsed().as_secs_f64(),
                 ours.map_or("-".into(), |o| format!("{:.2} / {:.2} us = {:.3}", o * 1e6, typical * 1e6, o / typical)),
             );

@@ -529,7 +529,7 @@ async fn batch(
 /// software emulation the clock is a system call reading an emulated device, microseconds a
 /// read), else the clock in nanoseconds. Only differences taken on one CPU are used (rank 0 is
 /// pinned), scaled by the batch's length on the clock.
-fn stamp() -> u64 {
+pub(crate) fn stamp() -> u64 {
     ferrocomm_reactor::cycles().unwrap_or_else(|| {
         static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64

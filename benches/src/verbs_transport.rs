@@ -8,8 +8,11 @@
 //!
 //! Two endpoints in one process (as the device tests), each on its own thread pinned to its CPU,
 //! connected through the device: rank 0 sends an 8-byte eager frame, rank 1 answers with one;
-//! after a warm-up batch, `--batches` timed batches of `--pings` round trips, one-way = batch
-//! time / (2 x pings), median over batches. Once per eager path asked for (`--eager`), `--runs`
+//! after a warm-up batch, `--batches` timed batches of `--pings` round trips. Each round trip is
+//! stamped with the cycle counter, and a run's figure is the median round trip / 2, as
+//! `ib_send_lat`'s `t_typical` is its median iteration (the median of batch means, also printed,
+//! sits near the mean where round trips have a long tail, as under emulation). Once per eager
+//! path asked for (`--eager`), `--runs`
 //! times, each run followed by `ib_send_lat` at 8 B on the same device and CPUs (unless
 //! `--no-peer`): under emulation the VM's speed drifts within minutes, so only ratios of runs
 //! taken side by side mean anything. Reported: medians over runs, and their ratio.
@@ -85,9 +88,12 @@ pub fn main(args: &[String]) -> Result<()> {
     for run_no in 1..=runs_wanted {
         for (k, &eager) in paths.iter().enumerate() {
             let cfg = VerbsConfig { device: device.clone(), eager, ..VerbsConfig::default() };
-            let batches_us = run(cpus, cfg, pings, batches)?;
-            let median = sweep::median(&batches_us).ok_or("no batches")?;
-            println!("run {run_no}: transport alone, eager {eager:?}: 8 B one-way {median:.2} us");
+            let (batches_us, median) = run(cpus, cfg, pings, batches)?;
+            let batch_median = sweep::median(&batches_us).ok_or("no batches")?;
+            println!(
+                "run {run_no}: transport alone, eager {eager:?}: 8 B one-way {median:.2} us (median round trip; \
+                 median of batch means {batch_median:.2} us)"
+            );
             alone[k].push(median);
         }
         if let Some(p) = &perf {
@@ -121,8 +127,9 @@ pub fn main(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// One ping-pong run; returns rank 0's one-way time per batch, in microseconds.
-fn run(cpus: [usize; 2], cfg: VerbsConfig, pings: usize, batches: usize) -> Result<Vec<f64>> {
+/// One ping-pong run; returns rank 0's one-way time per batch and the median round trip's half,
+/// in microseconds.
+fn run(cpus: [usize; 2], cfg: VerbsConfig, pings: usize, batches: usize) -> Result<(Vec<f64>, f64)> {
     let limits = Limits { world_size: 2, eager_limit: 64 << 10, chunk: 512 << 10, max_message: 1 << 30 };
     // The completion channel is registered with a runtime, though nobody sleeps here.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -135,7 +142,7 @@ fn run(cpus: [usize; 2], cfg: VerbsConfig, pings: usize, batches: usize) -> Resu
     let node = |t, me: Rank| Node { t, s: CountSink { frames: 0, data: Vec::new(), lost: None }, me };
     let (mut n0, mut n1) = (node(t0, 0), node(t1, 1));
     let total = pings * (batches + 1);
-    std::thread::scope(|scope| -> Result<Vec<f64>> {
+    std::thread::scope(|scope| -> Result<(Vec<f64>, f64)> {
         let answer = scope.spawn(move || -> std::result::Result<(), String> {
             affinity::pin_current_thread(cpus[1]).map_err(|e| e.to_string())?;
             for i in 0..total {
@@ -146,19 +153,33 @@ fn run(cpus: [usize; 2], cfg: VerbsConfig, pings: usize, batches: usize) -> Resu
         });
         affinity::pin_current_thread(cpus[0])?;
         let mut out = Vec::new();
+        // Cycle stamps of the timed round trips, and the clock over the same span to scale them.
+        let mut stamps = Vec::with_capacity(pings * batches + 1);
+        let mut timed = None;
         for b in 0..=batches {
             let start = Instant::now();
+            if b == 1 {
+                timed = Some(start);
+                stamps.push(crate::ranks::stamp());
+            }
             for i in b * pings..(b + 1) * pings {
                 n0.eager(i as u64);
                 n0.spin_until(i + 1)?;
+                if b > 0 {
+                    stamps.push(crate::ranks::stamp());
+                }
             }
             // Batch 0 is the warm-up.
             if b > 0 {
                 out.push(start.elapsed().as_secs_f64() * 1e6 / (2 * pings) as f64);
             }
         }
+        let elapsed = timed.map_or(0.0, |t| t.elapsed().as_secs_f64());
         n0.finish()?;
         answer.join().map_err(|_| "the answering thread panicked")??;
-        Ok(out)
+        let span = stamps.last().zip(stamps.first()).map_or(1, |(l, f)| l.wrapping_sub(*f).max(1));
+        let per_cycle = elapsed * 1e6 / span as f64;
+        let trips: Vec<f64> = stamps.windows(2).map(|w| w[1].wrapping_sub(w[0]) as f64 * per_cycle / 2.0).collect();
+        Ok((out, sweep::median(&trips).unwrap_or(0.0)))
     })
 }
