@@ -12,10 +12,10 @@
 //! stamped with the cycle counter, and a run's figure is the median round trip / 2, as
 //! `ib_send_lat`'s `t_typical` is its median iteration (the median of batch means, also printed,
 //! sits near the mean where round trips have a long tail, as under emulation). Once per eager
-//! path asked for (`--eager`), `--runs`
-//! times, each run followed by `ib_send_lat` at 8 B on the same device and CPUs (unless
-//! `--no-peer`): under emulation the VM's speed drifts within minutes, so only ratios of runs
-//! taken side by side mean anything. Reported: medians over runs, and their ratio.
+//! path asked for (`--eager`), `--runs` times, each run followed by `ib_send_lat` at 8 B on the
+//! same device and CPUs (unless `--no-peer`): under emulation the VM's speed drifts within
+//! minutes, so only ratios of runs taken side by side mean anything. Reported: medians over runs,
+//! and their ratio.
 
 use std::time::Instant;
 
