@@ -10,11 +10,13 @@
 //!   3 bytes below and 3 bytes above ([`sweep::sizes`]). The perturbed sizes expose dips at protocol
 //!   switch points (eager/rendezvous limit, chunk sizes, socket buffers, page boundaries).
 //! * **Repetitions**: each size is warmed up first (a short batch, ~5 ms), and the warm-up's round
-//!   trip sets the number of timed iterations so that the timed batch lasts ~30 ms: far above the
-//!   timer's resolution, at least 10 iterations, at most 100 000 ([`sweep::iterations`]). A sweep
-//!   stops early once one transfer takes over a second.
+//!   trip sets the number of timed iterations so that the timed batch lasts ~30 ms (`--target-ms`):
+//!   far above the timer's resolution, at least 10 iterations, at most 2 000 000
+//!   ([`sweep::iterations`]). A sweep stops early once one transfer takes over a second.
 //! * **Results**: latency = round trip / 2, throughput MB/s = bytes / one-way time / 10^6. Each
-//!   of `--runs` runs is a whole sweep; the report gives, per size, the median over runs.
+//!   of `--runs` runs is a whole sweep; the report gives, per size, the median over runs. The
+//!   NetPIPE peers report the best of their trials (3 per size, each about 0.1-0.2 s); ferrocomm's
+//!   8 B latency is also given by that method (each batch cut into 3 trials), like for like.
 //!
 //! The ferrocomm side ([`ranks`]): the binary re-executes itself as a job of two ranks through
 //! [`ferrocomm::launch::run_local`], so each rank is its own process. Each rank pins itself to one

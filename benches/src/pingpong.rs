@@ -307,6 +307,7 @@ pub fn main(args: &[String]) -> Result<()> {
             if let Some(row) = rows.iter_mut().find(|r| r.bytes == s.bytes) {
                 row.ferrocomm.push(s.one_way);
                 row.ferrocomm_median.push(s.median_one_way);
+                row.ferrocomm_best_trial.push(s.best_trial_one_way);
             }
         }
         let iterations: u64 = result.samples.iter().map(|s| s.iterations).sum();
@@ -611,14 +612,18 @@ fn print_shm_extras(extra: &Value, rows: &[Row], names: &[&str]) {
         None => "not measured",
     };
     let at = |b| report::row(rows, b);
-    let lat = at(8).and_then(|r| r.latency_ratio(ompi));
+    // Like-for-like: NetPIPE reports only its best trial (the batch means' ratio is given too).
+    let lat = at(8).and_then(|r| r.best_trial_ratio(ompi));
+    let lat_means = at(8).and_then(|r| r.latency_ratio(ompi));
     let bw64 = at(64 << 10).and_then(|r| r.bandwidth_ratio(ompi));
     let bw4 = at(4 << 20).and_then(|r| r.bandwidth_ratio(ompi));
     let idle_ratio = idle["ratio_adaptive_to_busy_idle"].as_f64();
     println!(
-        "goals (issue 3): 8 B latency <= 0.9x NPopenmpi: {:.2}x, {}; 64 KiB bandwidth >= 1.0x: {:.2}x, {}; \
-         4 MiB bandwidth >= 1.5x: {:.2}x, {}; idle-peer adaptive <= 2x busy-poll: {:.2}x, {}",
+        "goals (issue 3): 8 B latency <= 0.9x NPopenmpi: {:.2}x by NetPIPE's method ({:.2}x by batch means), {}; \
+         64 KiB bandwidth >= 1.0x: {:.2}x, {}; 4 MiB bandwidth >= 1.5x: {:.2}x, {}; \
+         idle-peer adaptive <= 2x busy-poll: {:.2}x, {}",
         lat.unwrap_or(f64::NAN),
+        lat_means.unwrap_or(f64::NAN),
         verdict(lat.map(|r| r <= 0.9)),
         bw64.unwrap_or(f64::NAN),
         verdict(bw64.map(|r| r >= 1.0)),
