@@ -51,7 +51,7 @@ options:
   --time-each               time every ferrocomm round trip with the CPU's cycle counter, as
                             ib_send_lat does, so that the median is the median round trip like
                             its t_typical (the default with --transport verbs; otherwise the
-                            median is over 16 timed slices of each batch, the clock read once
+                            median is over 15 timed slices of each batch, the clock read once
                             per slice)";
 
 /// The options of `pingpong`.
@@ -272,7 +272,11 @@ pub fn main(args: &[String]) -> Result<()> {
         "ferrocomm: {backend} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}, median {}",
         opts.progress,
         receive_call(opts.recv_into),
-        if opts.time_each { "of round trips each timed alone (cycle counter)" } else { "of 16 timed slices per batch" }
+        if opts.time_each {
+            "of round trips each timed alone (cycle counter)"
+        } else {
+            "of 15 timed slices per batch; best of 3 trials for NetPIPE's method"
+        }
     );
     let mut described: Vec<(String, String)> =
         peers.iter().map(|p| (p.name().to_string(), p.describe(opts.cpus, "SIZE"))).collect();
