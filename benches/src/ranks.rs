@@ -524,15 +524,13 @@ async fn batch(
     let start = Instant::now();
     if time_each {
         let mut stamps = Vec::with_capacity(count as usize + 1);
-        stamps.push(stamp());
+        stamps.push(sweep::stamp());
         for _ in 0..count {
             round_trip(inbox).await?;
-            stamps.push(stamp());
+            stamps.push(sweep::stamp());
         }
         let total = start.elapsed();
-        let span = stamps[stamps.len() - 1].wrapping_sub(stamps[0]).max(1);
-        let per_cycle = total.as_secs_f64() / span as f64;
-        let trips: Vec<f64> = stamps.windows(2).map(|w| w[1].wrapping_sub(w[0]) as f64 * per_cycle).collect();
+        let trips = sweep::trips(&stamps, total.as_secs_f64());
         let each: Vec<(f64, u64)> = trips.iter().map(|&t| (t, 1)).collect();
         let best_trial = best_trial(&each);
         return Ok(Timed { total, median: sweep::median(&trips).unwrap_or(0.0), best_trial });
@@ -569,17 +567,6 @@ fn best_trial(parts: &[(f64, u64)]) -> f64 {
         })
         .reduce(f64::min)
         .unwrap_or(0.0)
-}
-
-/// A cheap stamp for timing each round trip: the CPU's cycle counter where there is one (under
-/// software emulation the clock is a system call reading an emulated device, microseconds a
-/// read), else the clock in nanoseconds. Only differences taken on one CPU are used (rank 0 is
-/// pinned), scaled by the batch's length on the clock.
-pub(crate) fn stamp() -> u64 {
-    ferrocomm_reactor::cycles().unwrap_or_else(|| {
-        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-    })
 }
 
 /// Rank 1: echoes batches until told to stop.

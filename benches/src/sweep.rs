@@ -1,6 +1,7 @@
-//! The NetPIPE schedule: which sizes, how many repetitions, and how runs are combined.
+//! The NetPIPE schedule: which sizes, how many repetitions, how round trips are timed, and how
+//! runs are combined.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes below and above each power of two that are probed too.
 pub const PERTURBATION: usize = 3;
@@ -53,6 +54,25 @@ pub fn iterations(round_trip: f64, target: Duration, min: u64) -> u64 {
     (n.min(MAX_ITERATIONS as f64) as u64).clamp(min, MAX_ITERATIONS)
 }
 
+/// A cheap stamp for timing each round trip: the CPU's cycle counter where there is one (under
+/// software emulation the clock is a system call reading an emulated device, microseconds a
+/// read), else the clock in nanoseconds. Only differences taken on one CPU are used (rank 0 is
+/// pinned), scaled by the batch's length on the clock.
+pub fn stamp() -> u64 {
+    ferrocomm_reactor::cycles().unwrap_or_else(|| {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    })
+}
+
+/// The times between consecutive [`stamp`]s, in seconds: the stamps' units scaled so that
+/// the whole span lasts `seconds` (the clock's measure of it).
+pub fn trips(stamps: &[u64], seconds: f64) -> Vec<f64> {
+    let span = stamps.last().zip(stamps.first()).map_or(1, |(l, f)| l.wrapping_sub(*f).max(1));
+    let per_unit = seconds / span as f64;
+    stamps.windows(2).map(|w| w[1].wrapping_sub(w[0]) as f64 * per_unit).collect()
+}
+
 /// The median of `values` (the mean of the middle two for an even count); `None` when empty.
 pub fn median(values: &[f64]) -> Option<f64> {
     let mut v = values.to_vec();
@@ -73,6 +93,15 @@ pub fn mb_per_s(bytes: usize, seconds: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stamps_become_seconds_scaled_by_the_whole_span() {
+        // 100 units in all for 1 ms: 10 us a unit.
+        let t = trips(&[1000, 1010, 1050, 1100], 1e-3);
+        let want = [1e-4, 4e-4, 5e-4];
+        assert!(t.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "{t:?}");
+        assert!(trips(&[7], 1.0).is_empty());
+    }
 
     #[test]
     fn sizes_are_powers_of_two_with_perturbations() {

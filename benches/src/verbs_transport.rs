@@ -160,13 +160,13 @@ fn run(cpus: [usize; 2], cfg: VerbsConfig, pings: usize, batches: usize) -> Resu
             let start = Instant::now();
             if b == 1 {
                 timed = Some(start);
-                stamps.push(crate::ranks::stamp());
+                stamps.push(sweep::stamp());
             }
             for i in b * pings..(b + 1) * pings {
                 n0.eager(i as u64);
                 n0.spin_until(i + 1)?;
                 if b > 0 {
-                    stamps.push(crate::ranks::stamp());
+                    stamps.push(sweep::stamp());
                 }
             }
             // Batch 0 is the warm-up.
@@ -177,9 +177,7 @@ fn run(cpus: [usize; 2], cfg: VerbsConfig, pings: usize, batches: usize) -> Resu
         let elapsed = timed.map_or(0.0, |t| t.elapsed().as_secs_f64());
         n0.finish()?;
         answer.join().map_err(|_| "the answering thread panicked")??;
-        let span = stamps.last().zip(stamps.first()).map_or(1, |(l, f)| l.wrapping_sub(*f).max(1));
-        let per_cycle = elapsed * 1e6 / span as f64;
-        let trips: Vec<f64> = stamps.windows(2).map(|w| w[1].wrapping_sub(w[0]) as f64 * per_cycle / 2.0).collect();
-        Ok((out, sweep::median(&trips).unwrap_or(0.0)))
+        let median_trip = sweep::median(&sweep::trips(&stamps, elapsed)).unwrap_or(0.0);
+        Ok((out, median_trip * 1e6 / 2.0))
     })
 }
