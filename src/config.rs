@@ -47,6 +47,13 @@ pub struct Settings {
     /// `FERROCOMM_EAGER_LIMIT`: largest message sent eagerly, bytes. Default 64 KiB: on TCP a copy
     /// of that size costs less than the rendezvous round trip (measured with ferrocomm-bench).
     pub eager_limit: usize,
+    /// `FERROCOMM_SHM_NT_MIN`: message bodies of at least this many bytes are copied into the
+    /// shared-memory ring with non-temporal stores, so the receiver reads them from memory rather
+    /// than out of the sender's cache; 0: never. Default 8 KiB. It pays where CPUs are slow to hand
+    /// each other fresh cache lines (across dies or sockets); between CPUs that share a cache an
+    /// ordinary copy can be a little faster. Set to 0 at start-up on a host with more ranks than
+    /// CPUs. Ranks may differ.
+    pub shm_nt_min: usize,
     /// `FERROCOMM_MAX_CREDIT`: unmatched eager messages a sender may have at one receiver. Default 32
     /// (with the eager limit: at most 2 MiB of unexpected data per peer).
     pub max_credit: u32,
@@ -114,6 +121,7 @@ impl Default for Settings {
             transports: TransportChoice::Auto,
             tcp_backend: TcpBackend::Auto,
             eager_limit: 64 * 1024,
+            shm_nt_min: 8 * 1024,
             max_credit: 32,
             rndv_chunk: 512 * 1024,
             max_message: 1 << 30,
@@ -160,6 +168,9 @@ impl Settings {
         }
         if let Some(v) = parse("FERROCOMM_EAGER_LIMIT", &get)? {
             s.eager_limit = v;
+        }
+        if let Some(v) = parse("FERROCOMM_SHM_NT_MIN", &get)? {
+            s.shm_nt_min = v;
         }
         if let Some(v) = parse("FERROCOMM_MAX_CREDIT", &get)? {
             s.max_credit = v;
@@ -239,9 +250,11 @@ mod tests {
             "FERROCOMM_PROGRESS" => Some("adaptive:20".into()),
             "FERROCOMM_TCP_BACKEND" => Some("portable".into()),
             "FERROCOMM_EAGER_LIMIT" => Some("4096".into()),
+            "FERROCOMM_SHM_NT_MIN" => Some("0".into()),
             _ => None,
         })
         .unwrap();
+        assert_eq!(s.shm_nt_min, 0);
         assert_eq!(s.progress, ProgressMode::Adaptive(Duration::from_micros(20)));
         assert_eq!(s.tcp_backend, TcpBackend::Portable);
         assert_eq!(s.eager_limit, 4096);

@@ -30,6 +30,7 @@
 
 mod ring;
 mod segment;
+mod stream;
 mod sys;
 
 #[cfg(test)]
@@ -91,6 +92,11 @@ pub struct ShmConfig {
     /// earlier host streaming reached 24-25 GB/s and single copy without the split 9-11 GB/s, and
     /// the default was 4 MiB: streaming.)
     pub cma_threshold: usize,
+    /// Bodies of at least this many bytes are copied into the ring with non-temporal stores, so
+    /// that the receiver reads them from memory and not out of this CPU's cache (module `stream`:
+    /// robust where CPUs are slow to hand each other dirty cache lines, as across dies or sockets);
+    /// 0: never. Default 8 KiB; bootstrap turns it off on a host with more ranks than CPUs.
+    pub nt_copy_min: usize,
     pub single_copy: SingleCopy,
     pub doorbell: Doorbell,
     /// Idle progress calls between two checks of the peers' liveness (busy calls count 1/16).
@@ -103,6 +109,7 @@ impl Default for ShmConfig {
             ring_capacity: 256 * 1024,
             eager_limit: 16 * 1024,
             cma_threshold: 64 << 10,
+            nt_copy_min: stream::MIN,
             single_copy: SingleCopy::Auto,
             doorbell: Doorbell::Auto,
             liveness_polls: 4096,
@@ -340,7 +347,7 @@ impl ShmEndpoint {
                 out_ring,
                 in_ring,
                 seg,
-                outbox: Outbox::default(),
+                outbox: Outbox::new(self.cfg.nt_copy_min),
                 inbox: Inbox::new(rank, limits, threshold, key, SPLIT_MIN),
                 pid: d.pid,
                 pidfd: watch(pidfd)?,

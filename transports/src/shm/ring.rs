@@ -46,6 +46,7 @@ use std::sync::atomic::Ordering::{self, AcqRel, Acquire, Relaxed, Release};
 
 use bytes::{Bytes, BytesMut};
 
+use super::stream;
 use crate::wire::{HEADER_LEN, Header, Kind, Limits, Rank, WireError};
 use crate::{Sink, TransportError};
 
@@ -257,17 +258,23 @@ impl<A: Atomics> Ring<A> {
         self.hdr().ctl.closed.store(1, Release);
     }
 
-    /// Copies `src` to stream position `pos` (wrapping).
+    /// Copies `src` to stream position `pos` (wrapping); with `nt`, by non-temporal stores,
+    /// ordered before the caller's next store (the publishing one).
     #[inline]
-    fn write_at(&self, pos: u64, src: &[u8]) {
+    fn write_at(&self, pos: u64, src: &[u8], nt: bool) {
         A::before_copy();
         let off = (pos & (self.cap - 1)) as usize;
         let first = src.len().min(self.cap as usize - off);
         // SAFETY: `off + first <= cap` and `src.len() - first <= cap - first`; the range lies in
         // the free part of the ring, which the consumer does not read.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.add(off), first);
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.data, src.len() - first);
+            if nt {
+                stream::copy(self.data.add(off), src.as_ptr(), first);
+                stream::copy(self.data, src.as_ptr().add(first), src.len() - first);
+            } else {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.add(off), first);
+                std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.data, src.len() - first);
+            }
         }
     }
 
@@ -373,11 +380,24 @@ pub(crate) struct Outbox {
     tail: u64,
     /// `None` until the consumer is ready.
     peer: Option<Peer>,
+    /// Bodies of at least this many bytes are copied in with non-temporal stores (0: none).
+    nt_min: usize,
     /// Single-copy sources the consumer may still be reading: (stream end of the descriptor, bytes).
     inflight: VecDeque<(u64, Bytes)>,
 }
 
 impl Outbox {
+    /// An empty outbox that copies bodies of at least `nt_min` bytes with non-temporal stores
+    /// (0: none; see [`stream`]).
+    pub fn new(nt_min: usize) -> Outbox {
+        Outbox { nt_min, ..Outbox::default() }
+    }
+
+    /// Whether a body of `len` bytes is copied in with non-temporal stores.
+    fn nt(&self, len: usize) -> bool {
+        self.nt_min != 0 && len >= self.nt_min
+    }
+
     pub fn push(&mut self, h: &Header, payload: Bytes) {
         self.queue.push_back(Item { header: h.encode(), is_data: h.kind == Kind::Data, payload });
     }
@@ -477,10 +497,10 @@ impl Outbox {
                     break;
                 }
                 let item = self.queue.front().expect("not empty");
-                ring.write_at(at + STAMP_LEN, &item.header);
+                ring.write_at(at + STAMP_LEN, &item.header, false);
                 let whole = free >= need + body;
                 if whole {
-                    item.with_body(peer.threshold, |b| ring.write_at(body_at, b));
+                    item.with_body(peer.threshold, |b| ring.write_at(body_at, b, self.nt(b.len())));
                 }
                 ring.word(at).store(stamp(at, whole, peer.key), Release);
                 self.head = body_at;
@@ -501,7 +521,7 @@ impl Outbox {
             let item = self.queue.front().expect("not empty");
             let (n, len) = item.with_body(peer.threshold, |b| {
                 let n = (b.len() as u64 - done).min(free).min(STREAM_PIECE);
-                ring.write_at(self.head, &b[done as usize..(done + n) as usize]);
+                ring.write_at(self.head, &b[done as usize..(done + n) as usize], self.nt(n as usize));
                 (n, b.len() as u64)
             });
             self.head += n;
@@ -1007,6 +1027,35 @@ mod tests {
         assert_eq!(ring.hdr().tail.0.load(Acquire), 216, "released once copied");
         assert_eq!(out.flush(&ring, &sleeping).unwrap().work, 1, "the source is given back");
         assert!(!out.pending());
+    }
+
+    /// Bodies copied in with non-temporal stores arrive intact: whole ones, ones wrapping around
+    /// the ring's end and ones streaming through it in pieces.
+    #[test]
+    fn non_temporal_bodies_arrive_intact() {
+        let mut heap = HeapRing::new(0);
+        let ring = heap.ring();
+        let sleeping = AtomicU64::new(0);
+        let limits = Limits { world_size: 2, eager_limit: 1000, chunk: 4096, max_message: 4096 };
+        let mut inbox = Inbox::new(1, limits, 0, 0, 0);
+        let (mut out, mut sink) = (Outbox::new(1), Frames::default());
+        let lens = [0usize, 1, 8, 9, 63, 64, 65, 100, 17, 200, 300, 5, 999];
+        let body = |i: usize, len: usize| (0..len).map(|k| (k * 31 + i * 7) as u8).collect::<Vec<u8>>();
+        for (i, &len) in lens.iter().enumerate() {
+            let h = Header { src: 1, tag: i as u64, len: len as u32, ..Header::new(Kind::Eager) };
+            out.push(&h, Bytes::from(body(i, len)));
+        }
+        for _ in 0..1000 {
+            out.flush(&ring, &sleeping).unwrap();
+            inbox.parse(&ring, &mut sink, &mut Local).unwrap();
+            if sink.got.len() == lens.len() {
+                break;
+            }
+        }
+        assert_eq!(sink.got.len(), lens.len());
+        for (i, (h, got)) in sink.got.iter().enumerate() {
+            assert_eq!((h.tag, got), (i as u64, &body(i, lens[i])), "frame {i}");
+        }
     }
 
     #[test]
