@@ -268,13 +268,8 @@ impl<A: Atomics> Ring<A> {
         // SAFETY: `off + first <= cap` and `src.len() - first <= cap - first`; the range lies in
         // the free part of the ring, which the consumer does not read.
         unsafe {
-            if nt {
-                stream::copy(self.data.add(off), src.as_ptr(), first);
-                stream::copy(self.data, src.as_ptr().add(first), src.len() - first);
-            } else {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.add(off), first);
-                std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.data, src.len() - first);
-            }
+            stream::copy(self.data.add(off), src.as_ptr(), first, nt);
+            stream::copy(self.data, src.as_ptr().add(first), src.len() - first, nt);
         }
     }
 
@@ -950,6 +945,13 @@ mod tests {
         }
     }
 
+    /// A fresh heap ring with a sleeping flag and its consumer: `threshold` the single-copy
+    /// threshold, `split_min` the split copy's.
+    fn pair(threshold: u64, eager_limit: usize, split_min: u64) -> (HeapRing, AtomicU64, Inbox) {
+        let limits = Limits { world_size: 2, eager_limit, chunk: 4096, max_message: 4096 };
+        (HeapRing::new(threshold), AtomicU64::new(0), Inbox::new(1, limits, threshold, 0, split_min))
+    }
+
     #[derive(Default)]
     struct Frames {
         got: Vec<(Header, Vec<u8>)>,
@@ -993,11 +995,8 @@ mod tests {
     /// producer must not cover them with new frames); then the whole single copy arrives.
     #[test]
     fn a_descriptor_read_in_pieces_keeps_its_space() {
-        let mut heap = HeapRing::new(16);
+        let (mut heap, sleeping, mut inbox) = pair(16, 64, 16);
         let ring = heap.ring();
-        let sleeping = AtomicU64::new(0);
-        let limits = Limits { world_size: 2, eager_limit: 64, chunk: 4096, max_message: 4096 };
-        let mut inbox = Inbox::new(1, limits, 16, 0, 16);
         let (mut out, mut sink) = (Outbox::default(), Frames::default());
         let eager = |tag| (Header { src: 1, tag, len: 8, ..Header::new(Kind::Eager) }, Bytes::from(vec![tag as u8; 8]));
         let payload: Vec<u8> = (0..40).collect();
@@ -1033,11 +1032,8 @@ mod tests {
     /// the ring's end and ones streaming through it in pieces.
     #[test]
     fn non_temporal_bodies_arrive_intact() {
-        let mut heap = HeapRing::new(0);
+        let (mut heap, sleeping, mut inbox) = pair(0, 1000, 0);
         let ring = heap.ring();
-        let sleeping = AtomicU64::new(0);
-        let limits = Limits { world_size: 2, eager_limit: 1000, chunk: 4096, max_message: 4096 };
-        let mut inbox = Inbox::new(1, limits, 0, 0, 0);
         let (mut out, mut sink) = (Outbox::new(1), Frames::default());
         let lens = [0usize, 1, 8, 9, 63, 64, 65, 100, 17, 200, 300, 5, 999];
         let body = |i: usize, len: usize| (0..len).map(|k| (k * 31 + i * 7) as u8).collect::<Vec<u8>>();

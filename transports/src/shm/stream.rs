@@ -23,19 +23,33 @@
 /// Bodies of at least this many bytes are written with non-temporal stores.
 pub(crate) const MIN: usize = 8 * 1024;
 
-/// Copies `len` bytes from `src` to `dst` like `ptr::copy_nonoverlapping`, the whole cache lines
-/// of `dst` with non-temporal stores where the CPU has them (x86-64: SSE2, always), and orders
-/// those stores before any later store (`sfence`), so a release store that publishes the bytes
-/// still comes after them.
+/// Copies `len` bytes from `src` to `dst`: with `nt`, the whole cache lines of `dst` by
+/// non-temporal stores where the CPU has them (x86-64: SSE2, always), then `sfence`, so a release
+/// store that publishes the bytes still comes after them; without, `ptr::copy_nonoverlapping`.
 ///
 /// # Safety
 /// As for `ptr::copy_nonoverlapping`.
-pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
+#[inline]
+pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize, nt: bool) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the caller's contract; every store stays inside `dst[..len]`, and the streamed
-    // ones are 16-byte aligned (inside 64-byte aligned lines).
+    if nt {
+        // SAFETY: the caller's contract; every store stays inside `dst[..len]`, and the streamed
+        // ones are 16-byte aligned (inside 64-byte aligned lines).
+        unsafe { copy_streaming(dst, src, len) };
+        return;
+    }
+    let _ = nt;
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+/// The non-temporal copy of [`copy`].
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    // SAFETY: see `copy`.
     unsafe {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
         let head = dst.align_offset(64).min(len);
         std::ptr::copy_nonoverlapping(src, dst, head);
         let mut i = head;
@@ -48,11 +62,6 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
         }
         std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
         _mm_sfence();
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    // SAFETY: the caller's contract.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src, dst, len)
     }
 }
 
@@ -67,7 +76,7 @@ mod tests {
                 let len = len.min(src.len() - from);
                 dst.fill(0);
                 // SAFETY: both ranges are inside their vectors and do not overlap.
-                unsafe { super::copy(dst.as_mut_ptr().add(to), src.as_ptr().add(from), len) };
+                unsafe { super::copy(dst.as_mut_ptr().add(to), src.as_ptr().add(from), len, true) };
                 assert_eq!(&dst[to..to + len], &src[from..from + len], "len {len} from {from} to {to}");
                 assert!(dst[..to].iter().chain(&dst[to + len..]).all(|&b| b == 0), "len {len}: outside");
             }
