@@ -4,9 +4,11 @@
 
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use ferrocomm_reactor::{Ops, Progress};
-use ferrocomm_transports::{Transport, TransportError};
+use ferrocomm_transports::{Rank, Transport, TransportError};
 
+use crate::Error;
 use crate::p2p::engine::{Completion, Engine};
 
 /// The protocol core as the driver runs it: completing operations straight into the slab.
@@ -32,6 +34,43 @@ impl Driver {
     #[inline]
     pub fn flush(&mut self) -> usize {
         if self.engine.has_output() { self.flush_output() } else { 0 }
+    }
+
+    /// [`Engine::send_now`], handing a frame that can go at once straight to the transport.
+    #[inline]
+    pub fn send_now(&mut self, dest: Rank, context: u32, tag: u64, data: Bytes) -> Result<Result<(), Error>, Bytes> {
+        let transport = &mut self.transport;
+        let r = self.engine.send_now_via(dest, context, tag, data, |peer, h, payload| transport.send(peer, h, payload));
+        self.push_queued();
+        r
+    }
+
+    /// [`Driver::send_now`] of borrowed data, copied before this returns (straight into the
+    /// transport where it can take the frame at once).
+    #[inline]
+    pub fn send_now_from<'a>(
+        &mut self,
+        dest: Rank,
+        context: u32,
+        tag: u64,
+        data: &'a [u8],
+    ) -> Result<Result<(), Error>, &'a [u8]> {
+        let transport = &mut self.transport;
+        let r = self
+            .engine
+            .send_now_via(dest, context, tag, data, |peer, h, payload| transport.send_copy(peer, h, payload));
+        self.push_queued();
+        r
+    }
+
+    /// What the transport could not write at once (TCP) goes out now, as after a flush: a send
+    /// reported complete must not wait in this process for a progress call that may never come
+    /// (the caller may exit, or be killed, right after).
+    #[inline]
+    fn push_queued(&mut self) {
+        if self.transport.has_queued_output() {
+            self.transport.progress(&mut self.engine);
+        }
     }
 
     #[inline(never)]

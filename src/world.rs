@@ -481,7 +481,7 @@ impl Comm {
         &self,
         kind: OpKind,
         early: Option<Error>,
-        now: impl FnOnce(&mut SlabEngine) -> std::result::Result<Completion, X>,
+        now: impl FnOnce(&mut Driver) -> std::result::Result<Completion, X>,
         post: impl FnOnce(&mut SlabEngine, OpKey, X),
     ) -> Op<T> {
         // Not `then_some`: that builds (and drops) an error on every call.
@@ -498,7 +498,7 @@ impl Comm {
             None => {
                 let polled = {
                     let mut d = self.inner.reactor.lock();
-                    let tracked = now(&mut d.engine).map_err(|x| {
+                    let tracked = now(&mut d).map_err(|x| {
                         let key = d.ops().insert();
                         post(&mut d.engine, key, x);
                         key
@@ -549,17 +549,37 @@ impl Comm {
     /// the background.
     pub fn send(&self, dest: Rank, tag: u64, data: impl Into<Bytes>) -> Op<()> {
         let data = data.into();
-        let max = self.inner.settings.max_message;
-        let early =
-            self.check_rank(dest).or_else(|| (data.len() > max).then(|| Error::TooLarge { len: data.len(), max }));
+        let (dest, early) = self.send_target(dest, data.len());
         let ctx = self.context;
-        let dest = if early.is_none() { self.world_rank(dest) } else { dest };
         self.start(
             OpKind::Send { dest },
             early,
-            |e| e.send_now(dest, ctx, tag, data).map(Completion::Send),
+            |d| d.send_now(dest, ctx, tag, data).map(Completion::Send),
             |e, key, data| e.post_send(key, dest, ctx, tag, data),
         )
+    }
+
+    /// Sends a copy of `data` to `dest` with `tag`: the caller may reuse its buffer as soon as
+    /// this returns. A message that can go at once (eager, with credit, nothing queued before it)
+    /// is written straight from `data` into a transport that takes it so (shared memory), with no
+    /// allocation: the cheapest small send. Anything else is copied into a buffer of its own and
+    /// proceeds as [`Comm::send`].
+    pub fn send_from(&self, dest: Rank, tag: u64, data: &[u8]) -> Op<()> {
+        let (dest, early) = self.send_target(dest, data.len());
+        let ctx = self.context;
+        self.start(
+            OpKind::Send { dest },
+            early,
+            |d| d.send_now_from(dest, ctx, tag, data).map(Completion::Send),
+            |e, key, data| e.post_send(key, dest, ctx, tag, Bytes::copy_from_slice(data)),
+        )
+    }
+
+    /// The world rank a send to communicator rank `dest` of `len` bytes goes to, or why it cannot.
+    fn send_target(&self, dest: Rank, len: usize) -> (Rank, Option<Error>) {
+        let max = self.inner.settings.max_message;
+        let early = self.check_rank(dest).or_else(|| (len > max).then_some(Error::TooLarge { len, max }));
+        (if early.is_none() { self.world_rank(dest) } else { dest }, early)
     }
 
     /// Receives the next message matching `src` and `tag` (each may be a wildcard), of any length
@@ -582,7 +602,7 @@ impl Comm {
         self.start(
             OpKind::Recv { context: ctx },
             early,
-            |e| e.recv_now(ctx, src, tag, buf).map(Completion::Recv),
+            |d| d.engine.recv_now(ctx, src, tag, buf).map(Completion::Recv),
             |e, key, buf| e.post_recv(key, ctx, src, tag, buf),
         )
     }

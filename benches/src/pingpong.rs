@@ -44,6 +44,8 @@ options:
   --no-peer                 measure ferrocomm alone (no NPtcp needed)
   --recv-into               ferrocomm receives with recv_into into one reused buffer per rank
                             instead of recv (a buffer per message)
+  --send-from               ferrocomm sends with send_from (a borrowed slice, copied as MPI
+                            sends) instead of send (a shared handle)
   --idle-gap US             shm: microseconds between the pings of the idle-peer measurement
                             (default 1000; 0 skips it)
   --target-ms MS            how long ferrocomm's timed batch of each size lasts (default 30;
@@ -68,6 +70,7 @@ pub struct Options {
     pub plot: Option<PathBuf>,
     pub peer: bool,
     pub recv_into: bool,
+    pub send_from: bool,
     pub idle_gap_us: u64,
     pub target_ms: u64,
     /// Time each round trip (see `--time-each`).
@@ -89,6 +92,7 @@ impl Default for Options {
             plot: None,
             peer: true,
             recv_into: false,
+            send_from: false,
             idle_gap_us: 1000,
             target_ms: sweep::TARGET.as_millis() as u64,
             time_each: false,
@@ -139,6 +143,7 @@ impl Options {
                 "--device" => o.device = Some(value()?),
                 "--gid-index" => o.gid_index = Some(value()?.parse().map_err(|e| format!("--gid-index: {e}"))?),
                 "--recv-into" => o.recv_into = true,
+                "--send-from" => o.send_from = true,
                 "--time-each" => o.time_each = true,
                 "--idle-gap" => o.idle_gap_us = value()?.parse().map_err(|e| format!("--idle-gap: {e}"))?,
                 "--target-ms" => {
@@ -158,6 +163,10 @@ impl Options {
 
 fn receive_call(recv_into: bool) -> &'static str {
     if recv_into { "recv_into (one reused buffer)" } else { "recv" }
+}
+
+fn send_call(send_from: bool) -> &'static str {
+    if send_from { "send_from (a borrowed slice)" } else { "send" }
 }
 
 /// `A,B`: two CPU numbers.
@@ -236,6 +245,7 @@ pub fn main(args: &[String]) -> Result<()> {
         max: opts.max,
         cpus: opts.cpus,
         recv_into: opts.recv_into,
+        send_from: opts.send_from,
         idle_gap_us: 0,
         idle_jitter: false,
         target_ms: opts.target_ms,
@@ -269,9 +279,10 @@ pub fn main(args: &[String]) -> Result<()> {
         format!("FERROCOMM_TCP_BACKEND={}", opts.backend)
     };
     println!(
-        "ferrocomm: {backend} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}, median {}",
+        "ferrocomm: {backend} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}, sends with {}, median {}",
         opts.progress,
         receive_call(opts.recv_into),
+        send_call(opts.send_from),
         if opts.time_each {
             "of round trips each timed alone (cycle counter)"
         } else {
@@ -417,6 +428,7 @@ pub fn main(args: &[String]) -> Result<()> {
         transport_name: &transport_name,
         progress: &opts.progress,
         receive: if opts.recv_into { "recv_into" } else { "recv" },
+        send: if opts.send_from { "send_from" } else { "send" },
         peers: &described,
         interference: &interference,
         extra,
@@ -440,9 +452,10 @@ pub fn main(args: &[String]) -> Result<()> {
             false => format!("ferrocomm vs {}: ping-pong over {medium}", names.join(", ")),
         };
         let subtitle = format!(
-            "{backend} ({transport_name}), progress {}, receives with {}, CPUs {},{}, median of {} run(s)",
+            "{backend} ({transport_name}), progress {}, receives with {}, sends with {}, CPUs {},{}, median of {} run(s)",
             opts.progress,
             receive_call(opts.recv_into),
+            send_call(opts.send_from),
             opts.cpus[0],
             opts.cpus[1],
             opts.runs
@@ -477,6 +490,7 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
                     max: 8,
                     cpus: opts.cpus,
                     recv_into: opts.recv_into,
+                    send_from: opts.send_from,
                     idle_gap_us: opts.idle_gap_us,
                     idle_jitter: jitter,
                     target_ms: opts.target_ms,

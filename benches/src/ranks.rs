@@ -72,6 +72,8 @@ pub struct JobSpec {
     pub cpus: [usize; 2],
     /// Receive into one preallocated buffer (`recv_into`) instead of `recv`.
     pub recv_into: bool,
+    /// Send with `send_from` a borrowed slice instead of `send` of a shared handle.
+    pub send_from: bool,
     /// Not 0: measure [`IDLE_PINGS`] single 8-byte round trips, this many microseconds apart.
     pub idle_gap_us: u64,
     /// With an idle gap: draw each gap at random between half and one and a half of it, so that
@@ -110,6 +112,9 @@ impl JobSpec {
         if self.recv_into {
             args.push(s("--recv-into"));
         }
+        if self.send_from {
+            args.push(s("--send-from"));
+        }
         if self.idle_jitter {
             args.push(s("--idle-jitter"));
         }
@@ -126,6 +131,7 @@ impl JobSpec {
             max: 0,
             cpus: [0, 1],
             recv_into: false,
+            send_from: false,
             idle_gap_us: 0,
             idle_jitter: false,
             target_ms: sweep::TARGET.as_millis() as u64,
@@ -137,6 +143,10 @@ impl JobSpec {
             match flag.as_str() {
                 "--recv-into" => {
                     spec.recv_into = true;
+                    continue;
+                }
+                "--send-from" => {
+                    spec.send_from = true;
                     continue;
                 }
                 "--idle-jitter" => {
@@ -299,15 +309,15 @@ pub fn rank_main(args: &[String]) -> Result<()> {
     rt.block_on(async {
         let world = init_pair().await?;
         let payload = pattern(sweep::largest(spec.max));
-        let mut inbox = Inbox::new(spec.recv_into, payload.len());
+        let mut bufs = Buffers::new(spec.recv_into, spec.send_from, payload.len());
         world.barrier().await?;
         if world.rank() == 0 && spec.idle_gap_us > 0 {
             let gap = Duration::from_micros(spec.idle_gap_us);
-            let samples = measure_idle(&world, &payload, &mut inbox, gap, spec.idle_jitter).await?;
+            let samples = measure_idle(&world, &payload, &mut bufs, gap, spec.idle_jitter).await?;
             println!("{}", json!({"transport": world.transport_name(), "idle_one_way_s": samples}));
         } else if world.rank() == 0 {
             let target = Duration::from_millis(spec.target_ms.max(1));
-            let samples = measure(&world, &payload, &mut inbox, spec.max, target, spec.time_each).await?;
+            let samples = measure(&world, &payload, &mut bufs, spec.max, target, spec.time_each).await?;
             let rows: Vec<Value> = samples
                 .iter()
                 .map(|s| {
@@ -319,7 +329,7 @@ pub fn rank_main(args: &[String]) -> Result<()> {
             println!("{}", json!({"transport": world.transport_name(), "rows": rows}));
         } else {
             let (cpu, wall) = (process::our_cpu_seconds(), Instant::now());
-            echo(&world, &payload, &mut inbox).await?;
+            echo(&world, &payload, &mut bufs).await?;
             if spec.idle_gap_us > 0 {
                 let share = (process::our_cpu_seconds() - cpu) / wall.elapsed().as_secs_f64();
                 println!("{}", json!({ "peer_cpu_share": share }));
@@ -378,16 +388,23 @@ enum Posted {
     Into(Op<(BytesMut, Status)>),
 }
 
-/// How a rank receives payloads: `recv`, or `recv_into` its one reusable buffer.
-struct Inbox {
+/// How a rank moves payloads: received by `recv`, or by `recv_into` its one reusable buffer;
+/// sent by `send` of a shared handle, or by `send_from` a borrowed slice (copied, as MPI sends).
+struct Buffers {
     into: bool,
     /// The buffer, while no receive holds it.
     buf: Option<BytesMut>,
+    send_from: bool,
 }
 
-impl Inbox {
-    fn new(into: bool, capacity: usize) -> Inbox {
-        Inbox { into, buf: into.then(|| BytesMut::zeroed(capacity)) }
+impl Buffers {
+    fn new(into: bool, send_from: bool, capacity: usize) -> Buffers {
+        Buffers { into, buf: into.then(|| BytesMut::zeroed(capacity)), send_from }
+    }
+
+    /// Sends `data` to `dest`.
+    fn send(&self, world: &World, dest: Rank, data: &Bytes) -> ferrocomm::Op<()> {
+        if self.send_from { world.send_from(dest, TAG_DATA, data) } else { world.send(dest, TAG_DATA, data.clone()) }
     }
 
     /// Posts the receive of a `len`-byte payload from `src`.
@@ -422,7 +439,7 @@ impl Inbox {
 async fn measure(
     world: &World,
     payload: &Bytes,
-    inbox: &mut Inbox,
+    bufs: &mut Buffers,
     max: usize,
     target: Duration,
     time_each: bool,
@@ -432,9 +449,9 @@ async fn measure(
     for bytes in sweep::sizes(max) {
         let data = payload.slice(..bytes);
         let warmup = sweep::iterations(round_trip, WARMUP, MIN_WARMUP);
-        round_trip = batch(world, payload, inbox, &data, warmup, false).await?.total.as_secs_f64() / warmup as f64;
+        round_trip = batch(world, payload, bufs, &data, warmup, false).await?.total.as_secs_f64() / warmup as f64;
         let iterations = sweep::iterations(round_trip, target, MIN_ITERATIONS);
-        let timed = batch(world, payload, inbox, &data, iterations, time_each).await?;
+        let timed = batch(world, payload, bufs, &data, iterations, time_each).await?;
         round_trip = timed.total.as_secs_f64() / iterations as f64;
         let one_way = round_trip / 2.0;
         samples.push(Sample {
@@ -457,7 +474,7 @@ async fn measure(
 async fn measure_idle(
     world: &World,
     payload: &Bytes,
-    inbox: &mut Inbox,
+    bufs: &mut Buffers,
     gap: Duration,
     jitter: bool,
 ) -> Result<Vec<f64>> {
@@ -475,9 +492,9 @@ async fn measure_idle(
         let scale = if jitter { 0.5 + (x >> 11) as f64 / (1u64 << 53) as f64 } else { 1.0 };
         std::thread::sleep(gap.mul_f64(scale));
         let start = Instant::now();
-        world.send(1, TAG_DATA, data.clone()).await?;
-        let posted = inbox.post(world, 1, BYTES)?;
-        inbox.wait(posted).await?.check(payload, BYTES)?;
+        bufs.send(world, 1, &data).await?;
+        let posted = bufs.post(world, 1, BYTES)?;
+        bufs.wait(posted).await?.check(payload, BYTES)?;
         samples.push(start.elapsed().as_secs_f64() / 2.0);
     }
     world.send(1, TAG_CONTROL, control(0, 0)).await?;
@@ -509,24 +526,24 @@ struct Timed {
 async fn batch(
     world: &World,
     payload: &Bytes,
-    inbox: &mut Inbox,
+    bufs: &mut Buffers,
     data: &Bytes,
     count: u64,
     time_each: bool,
 ) -> Result<Timed> {
     world.send(1, TAG_CONTROL, control(data.len(), count)).await?;
     world.recv(1, TAG_ACK).await?;
-    let round_trip = async |inbox: &mut Inbox| -> Result<()> {
-        world.send(1, TAG_DATA, data.clone()).await?;
-        let posted = inbox.post(world, 1, data.len())?;
-        inbox.wait(posted).await?.check(payload, data.len())
+    let round_trip = async |bufs: &mut Buffers| -> Result<()> {
+        bufs.send(world, 1, data).await?;
+        let posted = bufs.post(world, 1, data.len())?;
+        bufs.wait(posted).await?.check(payload, data.len())
     };
     let start = Instant::now();
     if time_each {
         let mut stamps = Vec::with_capacity(count as usize + 1);
         stamps.push(sweep::stamp());
         for _ in 0..count {
-            round_trip(inbox).await?;
+            round_trip(bufs).await?;
             stamps.push(sweep::stamp());
         }
         let total = start.elapsed();
@@ -543,7 +560,7 @@ async fn batch(
     while left > 0 {
         let n = per_slice.min(left);
         for _ in 0..n {
-            round_trip(inbox).await?;
+            round_trip(bufs).await?;
         }
         left -= n;
         let now = Instant::now();
@@ -570,7 +587,7 @@ fn best_trial(parts: &[(f64, u64)]) -> f64 {
 }
 
 /// Rank 1: echoes batches until told to stop.
-async fn echo(world: &World, payload: &Bytes, inbox: &mut Inbox) -> Result<()> {
+async fn echo(world: &World, payload: &Bytes, bufs: &mut Buffers) -> Result<()> {
     loop {
         let c = world.recv(0, TAG_CONTROL).await?;
         let (bytes, count) = parse_control(&c.data)?;
@@ -582,15 +599,15 @@ async fn echo(world: &World, payload: &Bytes, inbox: &mut Inbox) -> Result<()> {
         }
         let data = payload.slice(..bytes);
         // The first receive is posted before rank 0 hears that the batch may start.
-        let mut first = Some(inbox.post(world, 0, bytes)?);
+        let mut first = Some(bufs.post(world, 0, bytes)?);
         world.send(0, TAG_ACK, Bytes::new()).await?;
         for _ in 0..count {
             let posted = match first.take() {
                 Some(p) => p,
-                None => inbox.post(world, 0, bytes)?,
+                None => bufs.post(world, 0, bytes)?,
             };
-            inbox.wait(posted).await?.check(payload, bytes)?;
-            world.send(0, TAG_DATA, data.clone()).await?;
+            bufs.wait(posted).await?.check(payload, bytes)?;
+            bufs.send(world, 0, &data).await?;
         }
     }
 }
@@ -643,6 +660,7 @@ mod tests {
             max: 4096,
             cpus: [1, 0],
             recv_into: true,
+            send_from: true,
             idle_gap_us: 500,
             idle_jitter: true,
             target_ms: 300,
@@ -650,7 +668,7 @@ mod tests {
             env: vec![],
         };
         let back = JobSpec::from_args(&spec.to_args()).unwrap();
-        assert!(back.idle_jitter && back.time_each);
+        assert!(back.idle_jitter && back.time_each && back.send_from);
         assert_eq!(
             (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus, back.recv_into, back.idle_gap_us),
             ("uring", "adaptive:20", 4096, [1, 0], true, 500)

@@ -63,6 +63,8 @@ pub struct Meta<'a> {
     pub progress: &'a str,
     /// How ferrocomm received: `recv` or `recv_into`.
     pub receive: &'a str,
+    /// How ferrocomm sent: `send` or `send_from`.
+    pub send: &'a str,
     /// The peers' names and the commands they ran.
     pub peers: &'a [(String, String)],
     /// Other work's share of the benchmark's CPUs during each sweep.
@@ -282,6 +284,7 @@ pub fn to_json(meta: &Meta, rows: &[Row]) -> Value {
         "transport_name": meta.transport_name,
         "progress": meta.progress,
         "receive": meta.receive,
+        "send": meta.send,
         "peers": meta.peers.iter().map(|(n, c)| json!({"name": n, "command": c})).collect::<Vec<_>>(),
         "runs": meta.runs,
         "interference": meta.interference,

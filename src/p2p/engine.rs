@@ -239,6 +239,37 @@ impl Meters {
     }
 }
 
+/// Data to send: owned ([`Bytes`]), or borrowed (`&[u8]`) and copied only where it must be kept
+/// (queued, or delivered to this rank), so that a small send written straight into a transport
+/// allocates nothing.
+pub trait Outgoing {
+    /// Bytes to send.
+    fn size(&self) -> usize;
+    fn into_bytes(self) -> Bytes;
+}
+
+impl Outgoing for Bytes {
+    #[inline]
+    fn size(&self) -> usize {
+        self.len()
+    }
+    #[inline]
+    fn into_bytes(self) -> Bytes {
+        self
+    }
+}
+
+impl Outgoing for &[u8] {
+    #[inline]
+    fn size(&self) -> usize {
+        self.len()
+    }
+    #[inline]
+    fn into_bytes(self) -> Bytes {
+        Bytes::copy_from_slice(self)
+    }
+}
+
 /// Element `i` of a matching queue. The match is nearly always the first element, which
 /// `pop_front` takes without `remove`'s general shuffle of the rest.
 fn take_at<T>(q: &mut VecDeque<T>, i: usize) -> Option<T> {
@@ -366,23 +397,46 @@ impl<C: Completions> Engine<C> {
     /// nothing queued before it, or a lost peer. Otherwise gives the data back, for
     /// [`Engine::post_send`]: no operation needs tracking for a send that completes here.
     pub fn send_now(&mut self, dest: Rank, context: u32, tag: u64, data: Bytes) -> Result<Result<(), Error>, Bytes> {
+        let mut frame = None;
+        let r = self.send_now_via(dest, context, tag, data, |dest, h, payload| frame = Some((dest, h, payload)));
+        self.transmit.extend(frame);
+        r
+    }
+
+    /// [`Engine::send_now`] for a driver that can put a frame on the wire at once: when the send
+    /// completes here by one eager frame and no output waits before it, that frame goes to `wire`
+    /// instead of the transmit queue (one hop less on the latency path).
+    /// The data may be borrowed (see [`Outgoing`]): it is copied only where it must be kept.
+    #[inline]
+    pub fn send_now_via<D: Outgoing>(
+        &mut self,
+        dest: Rank,
+        context: u32,
+        tag: u64,
+        data: D,
+        wire: impl FnOnce(Rank, Header, D),
+    ) -> Result<Result<(), Error>, D> {
         if let Some(e) = self.lost_error(dest) {
             return Ok(Err(e));
         }
         if dest == self.me {
-            // To ourselves: no wire, no credit, no copy.
-            self.meters.sent(data.len());
-            self.arrive_eager(dest, context, tag, data);
+            // To ourselves: no wire, no credit, no copy (of owned data).
+            self.meters.sent(data.size());
+            self.arrive_eager(dest, context, tag, data.into_bytes());
             return Ok(Ok(()));
         }
-        if data.len() > self.cfg.eager_limit || !self.peers[dest as usize].backlog.is_empty() || !self.has_credit(dest)
+        if data.size() > self.cfg.eager_limit || !self.peers[dest as usize].backlog.is_empty() || !self.has_credit(dest)
         {
             return Err(data);
         }
-        self.meters.sent(data.len());
+        self.meters.sent(data.size());
         self.peers[dest as usize].sent += 1;
-        let header = Header { context, tag, len: data.len() as u32, ..Header::new(Kind::Eager) };
-        self.emit(dest, header, data);
+        let header = self.stamp(dest, Header { context, tag, len: data.size() as u32, ..Header::new(Kind::Eager) });
+        if self.has_output() {
+            self.transmit.push_back((dest, header, data.into_bytes()));
+        } else {
+            wire(dest, header, data);
+        }
         Ok(Ok(()))
     }
 
@@ -447,12 +501,19 @@ impl<C: Completions> Engine<C> {
         }
     }
 
-    fn emit(&mut self, dest: Rank, mut header: Header, payload: Bytes) {
+    fn emit(&mut self, dest: Rank, header: Header, payload: Bytes) {
+        let header = self.stamp(dest, header);
+        self.transmit.push_back((dest, header, payload));
+    }
+
+    /// Fills in the header of a frame about to go to `dest`: our rank, and the credit we hand back.
+    #[inline]
+    fn stamp(&mut self, dest: Rank, mut header: Header) -> Header {
         let p = &mut self.peers[dest as usize];
         header.src = self.me;
         header.credit = p.freed;
         p.advertised = p.freed;
-        self.transmit.push_back((dest, header, payload));
+        header
     }
 
     fn on_credit(&mut self, from: Rank, credit: u32) {

@@ -226,9 +226,50 @@ pub async fn rendezvous_orders(w: &World) {
     w.barrier().timeout(T).await.unwrap();
 }
 
+/// `send_from` copies: the sender overwrites its buffer as soon as each call returns, whether
+/// the message went straight into the transport, waited for credit (a burst beyond the credits)
+/// or travels by rendezvous; every size, to the next rank and to itself.
+pub async fn send_from_copies(w: &World) {
+    let (r, n) = (w.rank(), w.size());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    for (i, &len) in SIZES.iter().enumerate() {
+        let rx = w.recv(prev, 100 + i as u64);
+        let to_self = w.recv(r, 200 + i as u64);
+        let mut buf = pattern(len, r).to_vec();
+        let sent = w.send_from(next, 100 + i as u64, &buf);
+        let sent_self = w.send_from(r, 200 + i as u64, &buf);
+        buf.iter_mut().for_each(|b| *b = !*b);
+        sent.timeout(T).await.unwrap();
+        sent_self.timeout(T).await.unwrap();
+        assert_eq!(rx.timeout(T).await.unwrap().data, pattern(len, prev), "size {len} from rank {prev}");
+        assert_eq!(to_self.timeout(T).await.unwrap().data, pattern(len, r), "size {len} to itself");
+    }
+    const BURST: u64 = 300;
+    let mut buf = [0u8; 16];
+    let sends: Vec<_> = (0..BURST)
+        .map(|i| {
+            buf.fill(i as u8);
+            w.send_from(next, 300, &buf)
+        })
+        .collect();
+    buf.fill(0xff);
+    let recvs = async {
+        for i in 0..BURST {
+            let m = w.recv(prev, 300u64).timeout(T).await.unwrap();
+            assert_eq!(&m.data[..], &[i as u8; 16], "burst message {i}");
+        }
+    };
+    let (sent, ()) = futures::join!(futures::future::join_all(sends), recvs);
+    sent.into_iter().for_each(|s| s.unwrap());
+    let bad = w.send_from(n, 1, b"x").timeout(T).await;
+    assert!(matches!(bad, Err(Error::UnknownRank { rank, size }) if rank == n && size == n), "{bad:?}");
+    w.barrier().timeout(T).await.unwrap();
+}
+
 /// The whole suite, in order.
 pub async fn suite(w: &World) {
     ring_storm_rendezvous(w).await;
+    send_from_copies(w).await;
     rendezvous_orders(w).await;
     matching_semantics(w).await;
     truncation(w).await;

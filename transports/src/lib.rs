@@ -92,6 +92,12 @@ pub trait Transport: Send {
     /// [`Transport::has_pending_output`]). Frames to one peer are delivered in the order they were
     /// queued.
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes);
+    /// [`Transport::send`] of a borrowed payload, copied before this returns. A transport that
+    /// can write the frame at once takes it straight from `payload`; by default it is copied into
+    /// a buffer and queued.
+    fn send_copy(&mut self, peer: Rank, header: Header, payload: &[u8]) {
+        self.send(peer, header, Bytes::copy_from_slice(payload))
+    }
     /// Moves whatever can move without blocking. Returns how much happened (0 = idle).
     fn progress(&mut self, sink: &mut dyn Sink) -> usize;
     /// `Ready` when [`Transport::progress`] has work; otherwise arranges for `cx` to be woken

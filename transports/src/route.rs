@@ -45,6 +45,10 @@ impl Transport for Routed {
         self.parts[self.route[peer as usize]].send(peer, header, payload)
     }
 
+    fn send_copy(&mut self, peer: Rank, header: Header, payload: &[u8]) {
+        self.parts[self.route[peer as usize]].send_copy(peer, header, payload)
+    }
+
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
         self.parts.iter_mut().map(|p| p.progress(sink)).sum()
     }

@@ -575,3 +575,33 @@ fn immediate_sends_and_receives_need_no_operation() {
     net.engines[0].peer_lost(1, TransportError::Left);
     assert!(matches!(net.engines[0].send_now(1, 0, 9, data(8, 5)), Ok(Err(Error::PeerLost { rank: 1, .. }))));
 }
+
+#[test]
+fn frames_that_can_go_at_once_skip_the_transmit_queue() {
+    let mut net = Net::new(2, cfg(4));
+    let mut wire = Vec::new();
+    // Nothing waiting: the eager frame goes to the driver's wire at once, stamped with our rank;
+    // borrowed data is copied only where it must be kept.
+    let payload = data(8, 1);
+    let r = net.engines[0].send_now_via(1, 0, 9, &payload[..], |to, h, p: &[u8]| wire.push((to, h, p.to_vec())));
+    assert!(matches!(r, Ok(Ok(()))));
+    assert_eq!(wire.len(), 1);
+    let (to, h, p) = &wire[0];
+    assert_eq!((*to, h.kind, h.src, h.tag, h.len, &p[..]), (1, Kind::Eager, 0, 9, 8, &payload[..]));
+    assert!(!net.engines[0].has_output());
+    // Output already waiting (a credit frame, say): the frame queues behind it, in order.
+    net.engines[0].emit(1, Header::new(Kind::Credit), Bytes::new());
+    let r = net.engines[0].send_now_via(1, 0, 9, data(8, 2), |_, _, _| panic!("jumped the queue"));
+    assert!(matches!(r, Ok(Ok(()))));
+    let queued: Vec<_> = std::iter::from_fn(|| net.engines[0].poll_transmit()).map(|(_, h, p)| (h.kind, p)).collect();
+    assert_eq!(queued, [(Kind::Credit, Bytes::new()), (Kind::Eager, data(8, 2))]);
+    // To ourselves, borrowed: delivered as a copy, no wire.
+    let r = net.engines[0].send_now_via(0, 0, 3, &payload[..], |_, _, _| panic!("no wire to ourselves"));
+    assert!(matches!(r, Ok(Ok(()))));
+    let got = net.engines[0].recv_now(0, Source::Rank(0), TagMatch::Exact(3), RecvBuf::Alloc);
+    let Ok(Ok((p, _))) = got else { panic!("{got:?}") };
+    assert_eq!(p.into_bytes(), payload);
+    // Rendezvous, or out of credit: the borrowed data comes back for the caller to keep.
+    let big = data(EAGER + 1, 3);
+    assert_eq!(net.engines[0].send_now_via(1, 0, 9, &big[..], |_, _, _| panic!()).unwrap_err(), &big[..]);
+}

@@ -46,7 +46,7 @@ use bytes::Bytes;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use self::ring::{Atomics, Inbox, Outbox, Remote, Ring, Std};
+use self::ring::{Atomics, Flushed, Inbox, Outbox, Remote, Ring, Std};
 pub use self::segment::ShmError;
 use self::segment::{Desc, MAX_CAPACITY, MIN_CAPACITY, Segment, check_job_id};
 use crate::mapping::{shared_file_name as segment_name, shared_file_path as segment_path};
@@ -518,13 +518,18 @@ impl Conn {
             return Ok(0);
         }
         let f = self.outbox.flush(&self.out_ring, self.seg.sleeping())?;
+        Ok(self.flushed(f, stats))
+    }
+
+    /// Rings the doorbell if a flush found the consumer asleep; counts what it sent.
+    fn flushed(&mut self, f: Flushed, stats: &mut ShmStats) -> usize {
         if f.ring {
             self.bell.ring();
             stats.doorbells_rung += 1;
         }
         stats.single_copy_sent += f.descs;
         stats.streamed_data_sent += f.streamed;
-        Ok(f.work)
+        f.work
     }
 
     fn step(&mut self, sink: &mut dyn Sink, stats: &mut ShmStats) -> Result<usize, TransportError> {
@@ -661,6 +666,27 @@ impl ShmTransport {
         self.slots.binary_search(&peer).ok()
     }
 
+    /// [`Transport::send`] of `payload`, which `owned` turns into a buffer the outbox can keep.
+    #[inline]
+    fn send_with<P: AsRef<[u8]>>(&mut self, peer: Rank, header: Header, payload: P, owned: impl FnOnce(P) -> Bytes) {
+        let Some(k) = self.index(peer) else { return };
+        let Some(c) = self.links[k].conn.as_mut() else { return };
+        // The latency path: a small frame with nothing queued before it goes straight into the
+        // ring.
+        let r = match c.outbox.write_now(&c.out_ring, c.seg.sleeping(), &header, payload.as_ref()) {
+            Some(r) => r.map(|f| c.flushed(f, &mut self.stats)),
+            None => {
+                c.outbox.push(&header, owned(payload));
+                // Nothing queued before it: write it into the ring now, instead of waiting for
+                // the next progress call.
+                if c.outbox.queued() == 1 { c.flush(&mut self.stats) } else { Ok(0) }
+            }
+        };
+        if let Err(e) = r {
+            self.fail(k, e, true);
+        }
+    }
+
     /// Ends the connection to `links[k]`. `notify`: the peer is alive, tell it (closed flag and
     /// doorbell); a dead peer's memory is not touched.
     fn fail(&mut self, k: usize, err: TransportError, notify: bool) {
@@ -729,16 +755,11 @@ impl Transport for ShmTransport {
     }
 
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
-        let Some(k) = self.index(peer) else { return };
-        let Some(c) = self.links[k].conn.as_mut() else { return };
-        c.outbox.push(&header, payload);
-        // Nothing queued before it: write it into the ring now (the latency path), instead of
-        // waiting for the next progress call.
-        if c.outbox.queued() == 1
-            && let Err(e) = c.flush(&mut self.stats)
-        {
-            self.fail(k, e, true);
-        }
+        self.send_with(peer, header, payload, |b| b)
+    }
+
+    fn send_copy(&mut self, peer: Rank, header: Header, payload: &[u8]) {
+        self.send_with(peer, header, payload, Bytes::copy_from_slice)
     }
 
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {

@@ -220,7 +220,7 @@ unsafe impl Sink for ModelSink {
 }
 
 /// Two producers send the frames of [`frames`] through rings of `cap` bytes.
-fn scenario(cap: usize, mix: Mix) {
+fn scenario(cap: usize, mix: Mix, direct: bool) {
     let rings: Vec<Arc<HeapRing>> = (0..PRODUCERS).map(|_| Arc::new(HeapRing::new(cap))).collect();
     let sleeping = Arc::new(AtomicU64::new(0));
     let consumer_bell = Arc::new(Bell::default());
@@ -237,7 +237,23 @@ fn scenario(cap: usize, mix: Mix) {
             let mut remote = ModelRemote { alive: alive.clone() };
             for (h, p) in frames(i as Rank + 1, mix) {
                 alive.lock().unwrap().insert((p.as_ptr() as u64, p.len()));
-                out.push(&h, Bytes::from_owner(Tracked { data: p, alive: alive.clone() }));
+                let payload = Bytes::from_owner(Tracked { data: p, alive: alive.clone() });
+                if !direct {
+                    out.push(&h, payload);
+                    continue;
+                }
+                // As `ShmTransport::send`: straight into the ring when nothing is queued and it
+                // fits, else queued and flushed.
+                let f = match out.write_now(&ring, &*sleeping, &h, &payload) {
+                    Some(f) => f.unwrap(),
+                    None => {
+                        out.push(&h, payload);
+                        out.flush(&ring, &*sleeping).unwrap()
+                    }
+                };
+                if f.ring {
+                    cbell.ring();
+                }
             }
             loop {
                 out.help(&ring, &mut remote);
@@ -312,21 +328,30 @@ fn explore(f: fn(), iterations: usize) {
 /// after every parse.
 #[test]
 fn ring_and_doorbells() {
-    explore(|| scenario(128, Mix::Mixed), 3000);
+    explore(|| scenario(128, Mix::Mixed, false), 3000);
 }
 
 /// A ring large enough for the consumer to publish `tail` lazily (every 128 bytes), and whole
 /// eager frames only: the producers fill it and must be rung when space comes back.
 #[test]
 fn lazy_release() {
-    explore(|| scenario(512, Mix::Eager(4)), 1000);
+    explore(|| scenario(512, Mix::Eager(4), false), 1000);
 }
 
 /// Descriptors that may stream through a full ring in pieces, with frames after them: the
 /// consumer must not release a descriptor's space while it uses the descriptor's words.
 #[test]
 fn descriptors_in_a_full_ring() {
-    explore(|| scenario(128, Mix::Descriptors), 3000);
+    explore(|| scenario(128, Mix::Descriptors, false), 3000);
+}
+
+/// Frames written straight into the ring ([`Outbox::write_now`], the latency path) as they come,
+/// among frames that had to be queued (the ring full, or a frame queued before them): order,
+/// content and wake-ups as with the queue alone.
+#[test]
+fn direct_writes_among_queued_frames() {
+    explore(|| scenario(128, Mix::Mixed, true), 3000);
+    explore(|| scenario(512, Mix::Eager(4), true), 1000);
 }
 
 /// The same protocol under loom, which (unlike shuttle) models weak memory: the sleeping flags

@@ -528,12 +528,49 @@ impl Outbox {
             }
         }
         if self.head != start {
-            ring.hdr().head.0.store(self.head, Release);
-            A::fence();
-            out.ring = take_flag(sleeping);
-            out.work += 1;
+            self.publish(ring, sleeping, &mut out);
         }
         Ok(out)
+    }
+
+    /// Publishes `head` after frames were written: the consumer may be about to sleep, so the
+    /// caller must ring its doorbell if `out.ring`.
+    fn publish<A: Atomics>(&self, ring: &Ring<A>, sleeping: &A::W, out: &mut Flushed) {
+        ring.hdr().head.0.store(self.head, Release);
+        A::fence();
+        out.ring = take_flag(sleeping);
+        out.work += 1;
+    }
+
+    /// The latency path: writes a small frame straight from `payload` into the ring and
+    /// publishes it, when nothing is queued before it and the whole frame fits now. `None`:
+    /// it was not written (the caller queues it with [`Outbox::push`]).
+    #[inline]
+    pub fn write_now<A: Atomics>(
+        &mut self,
+        ring: &Ring<A>,
+        sleeping: &A::W,
+        h: &Header,
+        payload: &[u8],
+    ) -> Option<Result<Flushed, TransportError>> {
+        let peer = self.peer?;
+        if !self.queue.is_empty() || !self.inflight.is_empty() || h.kind == Kind::Data || self.nt(payload.len()) {
+            return None;
+        }
+        let at = frame_start(self.head);
+        let end = body_start(at, payload.len() as u64) + payload.len() as u64;
+        match self.free(ring, end - self.head) {
+            Ok(free) if free >= end - self.head => {}
+            Ok(_) => return None,
+            Err(e) => return Some(Err(e)),
+        }
+        ring.write_at(at + STAMP_LEN, &h.encode(), false);
+        ring.write_at(body_start(at, payload.len() as u64), payload, false);
+        ring.word(at).store(stamp(at, true, peer.key), Release);
+        self.head = end;
+        let mut out = Flushed::default();
+        self.publish(ring, sleeping, &mut out);
+        Some(Ok(out))
     }
 
     /// Writes the second half of single copies the consumer offered to split (see [`Split`]);
@@ -1052,6 +1089,54 @@ mod tests {
         for (i, (h, got)) in sink.got.iter().enumerate() {
             assert_eq!((h.tag, got), (i as u64, &body(i, lens[i])), "frame {i}");
         }
+    }
+
+    /// The latency path writes a small frame straight into the ring only when that keeps the
+    /// order and the frame fits whole: never before the consumer is known, past a queued frame,
+    /// into a full ring, for `Data` frames or for bodies due for non-temporal copies. Frames sent
+    /// either way arrive intact and in order, wrapping around the ring.
+    #[test]
+    fn direct_writes_keep_order_and_fit() {
+        let (mut heap, sleeping, mut inbox) = pair(0, 1000, 0);
+        let ring = heap.ring();
+        let (mut out, mut sink) = (Outbox::new(32), Frames::default());
+        let eager = |tag: u64, len: usize| Header { src: 1, tag, len: len as u32, ..Header::new(Kind::Eager) };
+        let body = |tag: u64, len: usize| (0..len).map(|k| (k as u64 * 13 + tag) as u8).collect::<Vec<u8>>();
+        let mut sent = Vec::new();
+        let mut send = |out: &mut Outbox, tag: u64, len: usize| {
+            let (h, b) = (eager(tag, len), body(tag, len));
+            sent.push((h, b.clone()));
+            let direct = out.write_now(&ring, &sleeping, &h, &b).map(|r| r.unwrap());
+            if direct.is_none() {
+                out.push(&h, Bytes::from(b));
+            }
+            direct.is_some()
+        };
+
+        assert!(!send(&mut out, 1, 8), "the consumer's stamp key is not known before a flush");
+        out.flush(&ring, &sleeping).unwrap();
+        assert!(send(&mut out, 2, 8), "ready, nothing queued, room: straight in");
+        assert!(!send(&mut out, 3, 40), "no room for a second line");
+        assert!(!send(&mut out, 4, 0), "behind a queued frame");
+        inbox.parse(&ring, &mut sink, &mut Local).unwrap();
+        out.flush(&ring, &sleeping).unwrap();
+        inbox.parse(&ring, &mut sink, &mut Local).unwrap();
+        out.flush(&ring, &sleeping).unwrap();
+        assert!(!out.pending());
+        assert!(!send(&mut out, 5, 32), "a body due for non-temporal copies is queued");
+        out.flush(&ring, &sleeping).unwrap();
+        let data = Header { src: 1, seq: 1, len: 8, ..Header::new(Kind::Data) };
+        assert!(out.write_now(&ring, &sleeping, &data, &[0; 8]).is_none(), "Data frames are never direct");
+        for tag in 6..40 {
+            inbox.parse(&ring, &mut sink, &mut Local).unwrap();
+            out.flush(&ring, &sleeping).unwrap();
+            send(&mut out, tag, (tag as usize * 5) % 31);
+        }
+        for _ in 0..10 {
+            inbox.parse(&ring, &mut sink, &mut Local).unwrap();
+            out.flush(&ring, &sleeping).unwrap();
+        }
+        assert_eq!(sink.got, sent, "every frame, in order, intact");
     }
 
     #[test]
