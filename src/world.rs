@@ -578,7 +578,11 @@ impl Comm {
     /// The world rank a send to communicator rank `dest` of `len` bytes goes to, or why it cannot.
     fn send_target(&self, dest: Rank, len: usize) -> (Rank, Option<Error>) {
         let max = self.inner.settings.max_message;
-        let early = self.check_rank(dest).or_else(|| (len > max).then_some(Error::TooLarge { len, max }));
+        // Not `then_some`: that builds (and drops) an error on every call.
+        let early = match self.check_rank(dest) {
+            None if len > max => Some(Error::TooLarge { len, max }),
+            early => early,
+        };
         (if early.is_none() { self.world_rank(dest) } else { dest }, early)
     }
 

@@ -745,9 +745,15 @@ impl<C: Completions> Engine<C> {
         if !self.accept(peer, &h) {
             return;
         }
-        let q = self.contexts.entry(h.context).or_default();
-        match q.posted.iter().position(|p| matches(p.src, p.tag, peer, h.tag)) {
-            Some(i) if matches!(q.posted[i].buf, RecvBuf::User(_)) => {
+        // The receive it meets is nearly always the first posted: looked at before the search.
+        let first = |q: &Queues| q.posted.front().is_some_and(|p| matches(p.src, p.tag, peer, h.tag));
+        let at = match self.contexts.get_mut(&h.context) {
+            Some(q) if first(q) => Some((q, 0)),
+            Some(q) => q.posted.iter().position(|p| matches(p.src, p.tag, peer, h.tag)).map(|i| (q, i)),
+            None => None,
+        };
+        match at {
+            Some((q, i)) if matches!(q.posted[i].buf, RecvBuf::User(_)) => {
                 let Some(Posted { op, buf: RecvBuf::User(b), .. }) = take_at(&mut q.posted, i) else { unreachable!() };
                 self.free_credit(peer);
                 let r = fill(b, payload, Status { source: peer, tag: h.tag, len: payload.len() });
