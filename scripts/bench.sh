@@ -22,6 +22,10 @@ mkdir -p results
 # Shared memory against Open MPI and MPICH (plus reference lines, the transport alone, idle peer).
 "$bench" pingpong --transport shm --runs 3 --recv-into \
     --json results/pingpong-shm.json --plot results/pingpong-shm.svg
+# 8 B over shared memory, ten alternations with the peers, compared within each phase of the host.
+"$bench" pingpong --transport shm --runs 10 --recv-into --send-from --max 8 --target-ms 100 \
+    --idle-gap 0 --json results/pingpong-shm-8B.json
+python3 scripts/shm-8B-phases.py results/pingpong-shm-8B.json
 for backend in uring portable; do
     "$bench" pingpong --backend "$backend" --runs 3 --recv-into \
         --json "results/pingpong-tcp-$backend.json" --plot "results/pingpong-tcp-$backend.svg"
