@@ -245,6 +245,7 @@ impl Meters {
 pub trait Outgoing {
     /// Bytes to send.
     fn size(&self) -> usize;
+    /// The data as a buffer the engine can keep (a copy, for borrowed data).
     fn into_bytes(self) -> Bytes;
 }
 
@@ -406,6 +407,7 @@ impl<C: Completions> Engine<C> {
     /// [`Engine::send_now`] for a driver that can put a frame on the wire at once: when the send
     /// completes here by one eager frame and no output waits before it, that frame goes to `wire`
     /// instead of the transmit queue (one hop less on the latency path).
+    ///
     /// The data may be borrowed (see [`Outgoing`]): it is copied only where it must be kept.
     #[inline]
     pub fn send_now_via<D: Outgoing>(

@@ -295,8 +295,9 @@ impl<A: Atomics> Ring<A> {
             return self.write_at(pos, src, false);
         }
         A::before_copy();
-        // SAFETY: `off + len <= cap`; both copies stay within the first and last `half` bytes of
-        // `src` and of the destination range (`half <= len`), which lies in the ring's free part.
+        // SAFETY: `off + len <= cap`; each word copy covers the first or the last 8 (or 4) of the
+        // `len >= 8` (or `>= 4`) bytes of `src` and of the destination range, which lies in the
+        // ring's free part as in `write_at`.
         unsafe {
             let dst = self.data.add(off);
             if len >= 8 {
