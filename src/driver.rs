@@ -6,10 +6,10 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use ferrocomm_reactor::{Ops, Progress};
-use ferrocomm_transports::{Rank, Transport, TransportError};
+use ferrocomm_transports::{Header, Rank, Transport, TransportError};
 
 use crate::Error;
-use crate::p2p::engine::{Completion, Engine};
+use crate::p2p::engine::{Completion, Engine, Outgoing};
 
 /// The protocol core as the driver runs it: completing operations straight into the slab.
 pub(crate) type SlabEngine = Engine<Ops<Completion>>;
@@ -39,10 +39,7 @@ impl Driver {
     /// [`Engine::send_now`], handing a frame that can go at once straight to the transport.
     #[inline]
     pub fn send_now(&mut self, dest: Rank, context: u32, tag: u64, data: Bytes) -> Result<Result<(), Error>, Bytes> {
-        let transport = &mut self.transport;
-        let r = self.engine.send_now_via(dest, context, tag, data, |peer, h, payload| transport.send(peer, h, payload));
-        self.push_queued();
-        r
+        self.send_now_with(dest, context, tag, data, |t, peer, h, payload| t.send(peer, h, payload))
     }
 
     /// [`Driver::send_now`] of borrowed data, copied before this returns (straight into the
@@ -55,17 +52,34 @@ impl Driver {
         tag: u64,
         data: &'a [u8],
     ) -> Result<Result<(), Error>, &'a [u8]> {
-        let transport = &mut self.transport;
-        let r = self
-            .engine
-            .send_now_via(dest, context, tag, data, |peer, h, payload| transport.send_copy(peer, h, payload));
-        self.push_queued();
+        self.send_now_with(dest, context, tag, data, |t, peer, h, payload| t.send_copy(peer, h, payload))
+    }
+
+    /// [`Engine::send_now_via`], `put` handing the frame to the transport.
+    #[inline]
+    fn send_now_with<D: Outgoing>(
+        &mut self,
+        dest: Rank,
+        context: u32,
+        tag: u64,
+        data: D,
+        put: impl FnOnce(&mut dyn Transport, Rank, Header, D),
+    ) -> Result<Result<(), Error>, D> {
+        let (transport, mut wired) = (&mut self.transport, false);
+        let r = self.engine.send_now_via(dest, context, tag, data, |peer, h, payload| {
+            wired = true;
+            put(&mut **transport, peer, h, payload)
+        });
+        if wired {
+            self.push_queued();
+        }
         r
     }
 
-    /// What the transport could not write at once (TCP) goes out now, as after a flush: a send
-    /// reported complete must not wait in this process for a progress call that may never come
-    /// (the caller may exit, or be killed, right after).
+    /// After a frame went straight to the transport: what it could not write at once (TCP) goes
+    /// out now, as after a flush. A send reported complete must not wait in this process for a
+    /// progress call that may never come (the caller may exit, or be killed, right after). Frames
+    /// that went to the engine's queue instead are pushed by the caller's flush.
     #[inline]
     fn push_queued(&mut self) {
         if self.transport.has_queued_output() {

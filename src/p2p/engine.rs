@@ -405,8 +405,8 @@ impl<C: Completions> Engine<C> {
     }
 
     /// [`Engine::send_now`] for a driver that can put a frame on the wire at once: when the send
-    /// completes here by one eager frame and no output waits before it, that frame goes to `wire`
-    /// instead of the transmit queue (one hop less on the latency path).
+    /// completes here by one eager frame and no frame or violation waits in the engine before it,
+    /// that frame goes to `wire` instead of the transmit queue (one hop less on the latency path).
     ///
     /// The data may be borrowed (see [`Outgoing`]): it is copied only where it must be kept.
     #[inline]
@@ -434,7 +434,7 @@ impl<C: Completions> Engine<C> {
         self.meters.sent(data.size());
         self.peers[dest as usize].sent += 1;
         let header = self.stamp(dest, Header { context, tag, len: data.size() as u32, ..Header::new(Kind::Eager) });
-        if self.has_output() {
+        if !(self.transmit.is_empty() && self.violations.is_empty()) {
             self.transmit.push_back((dest, header, data.into_bytes()));
         } else {
             wire(dest, header, data);

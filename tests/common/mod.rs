@@ -263,6 +263,16 @@ pub async fn send_from_copies(w: &World) {
     sent.into_iter().for_each(|s| s.unwrap());
     let bad = w.send_from(n, 1, b"x").timeout(T).await;
     assert!(matches!(bad, Err(Error::UnknownRank { rank, size }) if rank == n && size == n), "{bad:?}");
+    // On a sub-communicator (the even ranks, in reverse order): its ranks, its context.
+    let sub = w.split(Some(r % 2), n - r).await.unwrap().unwrap();
+    let (me, size) = (sub.rank(), sub.size());
+    let rx = sub.recv((me + size - 1) % size, 400u64);
+    let plain = w.recv(Source::Any, 400u64);
+    sub.send_from((me + 1) % size, 400, &[me as u8; 8]).timeout(T).await.unwrap();
+    let m = rx.timeout(T).await.unwrap();
+    assert_eq!((m.source, &m.data[..]), ((me + size - 1) % size, &[((me + size - 1) % size) as u8; 8][..]));
+    let other = plain.timeout(Duration::from_millis(50)).await;
+    assert!(matches!(other, Err(Error::Timeout)), "the world's receive matched another context's message: {other:?}");
     w.barrier().timeout(T).await.unwrap();
 }
 

@@ -604,4 +604,12 @@ fn frames_that_can_go_at_once_skip_the_transmit_queue() {
     // Rendezvous, or out of credit: the borrowed data comes back for the caller to keep.
     let big = data(EAGER + 1, 3);
     assert_eq!(net.engines[0].send_now_via(1, 0, 9, &big[..], |_, _, _| panic!()).unwrap_err(), &big[..]);
+    let mut sent = 2; // two credit-consuming frames so far, of 4
+    while net.engines[0].send_now_via(1, 0, 9, &payload[..], |_, _, _| ()).is_ok() {
+        sent += 1;
+        assert!(sent <= 4, "sent beyond the credit");
+    }
+    assert_eq!(sent, 4);
+    let back = net.engines[0].send_now_via(1, 0, 9, &payload[..], |_, _, _| panic!("no credit"));
+    assert_eq!(back.unwrap_err(), &payload[..]);
 }

@@ -284,8 +284,8 @@ impl<A: Atomics> Ring<A> {
         unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), self.data.add(off), HEADER_LEN) }
     }
 
-    /// [`Ring::write_at`] for a body of at most 16 bytes that does not wrap, by two overlapping
-    /// word copies inlined instead of calls to `memcpy` (the 8 B message's path); anything else by
+    /// [`Ring::write_at`] for a body of 4 to 16 bytes that does not wrap, by two overlapping word
+    /// copies inlined instead of calls to `memcpy` (the 8 B message's path); anything else by
     /// `write_at`.
     #[inline]
     fn write_small(&self, pos: u64, src: &[u8]) {
@@ -589,7 +589,10 @@ impl Outbox {
 
     /// The latency path: writes a small frame straight from `payload` into the ring and
     /// publishes it, when nothing is queued before it and the whole frame fits now. `None`:
-    /// it was not written (the caller queues it with [`Outbox::push`]).
+    /// it was not written (the caller queues it with [`Outbox::push`]); so also before the
+    /// consumer is known (its stamp key), for `Data` frames (streamed or by descriptor), for bodies
+    /// due for non-temporal copies, and while single-copy sources are in flight (the queue's
+    /// flush releases them).
     #[inline]
     pub fn write_now<A: Atomics>(
         &mut self,
