@@ -562,6 +562,23 @@ impl VerbsTransport {
         self.me
     }
 
+    /// [`Transport::send`] of `payload`, which `owned` turns into a buffer the queue can keep.
+    fn send_with<P: AsRef<[u8]>>(&mut self, peer: Rank, header: Header, payload: P, owned: impl FnOnce(P) -> Bytes) {
+        let Some(k) = self.index(peer).filter(|&k| self.conns[k].live()) else { return };
+        let c = &self.conns[k];
+        // Nothing queued before it, a slot and room in the send queue: written now (copied into
+        // a registered slot), so the caller's send does not wait for a progress round (which
+        // polls the completion queue first). The others take the queue, where `progress` has
+        // the sink.
+        if c.out.is_empty() && one_slot(&header) && c.can_write(self.sq_depth) {
+            if let Err(e) = self.write_slot(k, LinkKind::Frame, Some(&header), Remote::default(), payload.as_ref()) {
+                self.fail(k, e);
+            }
+            return;
+        }
+        self.conns[k].out.push_back(Out::Frame(header, owned(payload)));
+    }
+
     /// Counters since creation.
     pub fn stats(&self) -> VerbsStats {
         VerbsStats { cache: self.cache.stats(), ..self.stats }
@@ -1036,18 +1053,11 @@ impl Transport for VerbsTransport {
     }
 
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
-        let Some(k) = self.index(peer).filter(|&k| self.conns[k].live()) else { return };
-        let c = &self.conns[k];
-        // Nothing queued before it, a slot and room in the send queue: written now, so the
-        // caller's send does not wait for a progress round (which polls the completion queue
-        // first). The others take the queue, where `progress` has the sink.
-        if c.out.is_empty() && one_slot(&header) && c.can_write(self.sq_depth) {
-            if let Err(e) = self.write_slot(k, LinkKind::Frame, Some(&header), Remote::default(), &payload) {
-                self.fail(k, e);
-            }
-            return;
-        }
-        self.conns[k].out.push_back(Out::Frame(header, payload));
+        self.send_with(peer, header, payload, |b| b)
+    }
+
+    fn send_copy(&mut self, peer: Rank, header: Header, payload: &[u8]) {
+        self.send_with(peer, header, payload, Bytes::copy_from_slice)
     }
 
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
