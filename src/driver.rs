@@ -4,12 +4,11 @@
 
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use ferrocomm_reactor::{Ops, Progress};
-use ferrocomm_transports::{Header, Rank, Transport, TransportError};
+use ferrocomm_transports::{Outgoing, Rank, Transport, TransportError};
 
 use crate::Error;
-use crate::p2p::engine::{Completion, Engine, Outgoing};
+use crate::p2p::engine::{Completion, Engine};
 
 /// The protocol core as the driver runs it: completing operations straight into the slab.
 pub(crate) type SlabEngine = Engine<Ops<Completion>>;
@@ -36,39 +35,20 @@ impl Driver {
         if self.engine.has_output() { self.flush_output() } else { 0 }
     }
 
-    /// [`Engine::send_now`], handing a frame that can go at once straight to the transport.
+    /// [`Engine::send_now`] of owned or borrowed data, handing a frame that can go at once
+    /// straight to the transport (borrowed data is copied before this returns).
     #[inline]
-    pub fn send_now(&mut self, dest: Rank, context: u32, tag: u64, data: Bytes) -> Result<Result<(), Error>, Bytes> {
-        self.send_now_with(dest, context, tag, data, |t, peer, h, payload| t.send(peer, h, payload))
-    }
-
-    /// [`Driver::send_now`] of borrowed data, copied before this returns (straight into the
-    /// transport where it can take the frame at once).
-    #[inline]
-    pub fn send_now_from<'a>(
-        &mut self,
-        dest: Rank,
-        context: u32,
-        tag: u64,
-        data: &'a [u8],
-    ) -> Result<Result<(), Error>, &'a [u8]> {
-        self.send_now_with(dest, context, tag, data, |t, peer, h, payload| t.send_copy(peer, h, payload))
-    }
-
-    /// [`Engine::send_now_via`], `put` handing the frame to the transport.
-    #[inline]
-    fn send_now_with<D: Outgoing>(
+    pub fn send_now<D: Outgoing>(
         &mut self,
         dest: Rank,
         context: u32,
         tag: u64,
         data: D,
-        put: impl FnOnce(&mut dyn Transport, Rank, Header, D),
     ) -> Result<Result<(), Error>, D> {
         let (transport, mut wired) = (&mut self.transport, false);
         let r = self.engine.send_now_via(dest, context, tag, data, |peer, h, payload| {
             wired = true;
-            put(&mut **transport, peer, h, payload)
+            payload.send_to(&mut **transport, peer, h)
         });
         if wired {
             self.push_queued();

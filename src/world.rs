@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use ferrocomm_reactor::{HybridStats, OpKey, ProgressMode, Reactor, ReactorThread, Wait};
-use ferrocomm_transports::Rank;
+use ferrocomm_transports::{Outgoing, Rank};
 use parking_lot::Mutex;
 
 use crate::config::Settings;
@@ -548,15 +548,7 @@ impl Comm {
     /// completion withdraws a send still waiting for credit; one already on the wire finishes in
     /// the background.
     pub fn send(&self, dest: Rank, tag: u64, data: impl Into<Bytes>) -> Op<()> {
-        let data = data.into();
-        let (dest, early) = self.send_target(dest, data.len());
-        let ctx = self.context;
-        self.start(
-            OpKind::Send { dest },
-            early,
-            |d| d.send_now(dest, ctx, tag, data).map(Completion::Send),
-            |e, key, data| e.post_send(key, dest, ctx, tag, data),
-        )
+        self.send_outgoing(dest, tag, data.into())
     }
 
     /// Sends a copy of `data` to `dest` with `tag`: the caller may reuse its buffer as soon as
@@ -565,25 +557,26 @@ impl Comm {
     /// allocation: the cheapest small send. Anything else is copied into a buffer of its own and
     /// proceeds as [`Comm::send`].
     pub fn send_from(&self, dest: Rank, tag: u64, data: &[u8]) -> Op<()> {
-        let (dest, early) = self.send_target(dest, data.len());
-        let ctx = self.context;
-        self.start(
-            OpKind::Send { dest },
-            early,
-            |d| d.send_now_from(dest, ctx, tag, data).map(Completion::Send),
-            |e, key, data| e.post_send(key, dest, ctx, tag, Bytes::copy_from_slice(data)),
-        )
+        self.send_outgoing(dest, tag, data)
     }
 
-    /// The world rank a send to communicator rank `dest` of `len` bytes goes to, or why it cannot.
-    fn send_target(&self, dest: Rank, len: usize) -> (Rank, Option<Error>) {
-        let max = self.inner.settings.max_message;
+    /// [`Comm::send`] and [`Comm::send_from`]: owned data is kept as it is, borrowed data copied
+    /// only where it must be kept.
+    fn send_outgoing(&self, dest: Rank, tag: u64, data: impl Outgoing) -> Op<()> {
+        let (len, max) = (data.as_ref().len(), self.inner.settings.max_message);
         // Not `then_some`: that builds (and drops) an error on every call.
         let early = match self.check_rank(dest) {
             None if len > max => Some(Error::TooLarge { len, max }),
             early => early,
         };
-        (if early.is_none() { self.world_rank(dest) } else { dest }, early)
+        let dest = if early.is_none() { self.world_rank(dest) } else { dest };
+        let ctx = self.context;
+        self.start(
+            OpKind::Send { dest },
+            early,
+            |d| d.send_now(dest, ctx, tag, data).map(Completion::Send),
+            |e, key, data| e.post_send(key, dest, ctx, tag, data.into_bytes()),
+        )
     }
 
     /// Receives the next message matching `src` and `tag` (each may be a wildcard), of any length

@@ -26,7 +26,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use bytes::{Bytes, BytesMut};
 use ferrocomm_reactor::{OpKey, Ops};
 use ferrocomm_transports::wire::flags;
-use ferrocomm_transports::{Header, Kind, Rank, Sink, TransportError, WireError};
+use ferrocomm_transports::{Header, Kind, Outgoing, Rank, Sink, TransportError, WireError};
 use metrics::{Counter, Histogram};
 use slab::Slab;
 
@@ -239,38 +239,6 @@ impl Meters {
     }
 }
 
-/// Data to send: owned ([`Bytes`]), or borrowed (`&[u8]`) and copied only where it must be kept
-/// (queued, or delivered to this rank), so that a small send written straight into a transport
-/// allocates nothing.
-pub trait Outgoing {
-    /// Bytes to send.
-    fn size(&self) -> usize;
-    /// The data as a buffer the engine can keep (a copy, for borrowed data).
-    fn into_bytes(self) -> Bytes;
-}
-
-impl Outgoing for Bytes {
-    #[inline]
-    fn size(&self) -> usize {
-        self.len()
-    }
-    #[inline]
-    fn into_bytes(self) -> Bytes {
-        self
-    }
-}
-
-impl Outgoing for &[u8] {
-    #[inline]
-    fn size(&self) -> usize {
-        self.len()
-    }
-    #[inline]
-    fn into_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self)
-    }
-}
-
 /// Element `i` of a matching queue. The match is nearly always the first element, which
 /// `pop_front` takes without `remove`'s general shuffle of the rest.
 fn take_at<T>(q: &mut VecDeque<T>, i: usize) -> Option<T> {
@@ -423,17 +391,20 @@ impl<C: Completions> Engine<C> {
         }
         if dest == self.me {
             // To ourselves: no wire, no credit, no copy (of owned data).
-            self.meters.sent(data.size());
+            self.meters.sent(data.as_ref().len());
             self.arrive_eager(dest, context, tag, data.into_bytes());
             return Ok(Ok(()));
         }
-        if data.size() > self.cfg.eager_limit || !self.peers[dest as usize].backlog.is_empty() || !self.has_credit(dest)
+        if data.as_ref().len() > self.cfg.eager_limit
+            || !self.peers[dest as usize].backlog.is_empty()
+            || !self.has_credit(dest)
         {
             return Err(data);
         }
-        self.meters.sent(data.size());
+        self.meters.sent(data.as_ref().len());
         self.peers[dest as usize].sent += 1;
-        let header = self.stamp(dest, Header { context, tag, len: data.size() as u32, ..Header::new(Kind::Eager) });
+        let header =
+            self.stamp(dest, Header { context, tag, len: data.as_ref().len() as u32, ..Header::new(Kind::Eager) });
         if !(self.transmit.is_empty() && self.violations.is_empty()) {
             self.transmit.push_back((dest, header, data.into_bytes()));
         } else {

@@ -69,6 +69,38 @@ pub unsafe trait Sink {
     fn peer_lost(&mut self, peer: Rank, err: TransportError);
 }
 
+/// A payload to send: owned ([`Bytes`], kept as it is) or borrowed (`&[u8]`, copied only where
+/// it must be kept: queued, or delivered to this rank), so that a frame a transport writes at once
+/// needs no buffer of its own.
+pub trait Outgoing: AsRef<[u8]> {
+    /// The payload as a buffer that can be kept (a copy, for borrowed data).
+    fn into_bytes(self) -> Bytes;
+    /// Hands a frame with this payload to `t`: [`Transport::send`] or [`Transport::send_copy`].
+    fn send_to(self, t: &mut dyn Transport, peer: Rank, header: Header);
+}
+
+impl Outgoing for Bytes {
+    #[inline]
+    fn into_bytes(self) -> Bytes {
+        self
+    }
+    #[inline]
+    fn send_to(self, t: &mut dyn Transport, peer: Rank, header: Header) {
+        t.send(peer, header, self)
+    }
+}
+
+impl Outgoing for &[u8] {
+    #[inline]
+    fn into_bytes(self) -> Bytes {
+        Bytes::copy_from_slice(self)
+    }
+    #[inline]
+    fn send_to(self, t: &mut dyn Transport, peer: Rank, header: Header) {
+        t.send_copy(peer, header, self)
+    }
+}
+
 /// A way of moving frames to and from every peer of one rank.
 ///
 /// Deliberately two-sided and frame-shaped. What RDMA adds beyond frames is meant to come as

@@ -51,7 +51,7 @@ pub use self::segment::ShmError;
 use self::segment::{Desc, MAX_CAPACITY, MIN_CAPACITY, Segment, check_job_id};
 use crate::mapping::{shared_file_name as segment_name, shared_file_path as segment_path};
 use crate::wire::{Header, Limits, Rank};
-use crate::{Sink, Transport, TransportError};
+use crate::{Outgoing, Sink, Transport, TransportError};
 
 /// Whether large `Data` frames are copied straight from the sender's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -666,9 +666,9 @@ impl ShmTransport {
         self.slots.binary_search(&peer).ok()
     }
 
-    /// [`Transport::send`] of `payload`, which `owned` turns into a buffer the outbox can keep.
+    /// [`Transport::send`] of an owned or borrowed payload.
     #[inline]
-    fn send_with<P: AsRef<[u8]>>(&mut self, peer: Rank, header: Header, payload: P, owned: impl FnOnce(P) -> Bytes) {
+    fn send_with(&mut self, peer: Rank, header: Header, payload: impl Outgoing) {
         let Some(k) = self.index(peer) else { return };
         let Some(c) = self.links[k].conn.as_mut() else { return };
         // The latency path: a small frame with nothing queued before it goes straight into the
@@ -676,7 +676,7 @@ impl ShmTransport {
         let r = match c.outbox.write_now(&c.out_ring, c.seg.sleeping(), &header, payload.as_ref()) {
             Some(r) => r.map(|f| c.flushed(f, &mut self.stats)),
             None => {
-                c.outbox.push(&header, owned(payload));
+                c.outbox.push(&header, payload.into_bytes());
                 // Nothing queued before it: write it into the ring now, instead of waiting for
                 // the next progress call.
                 if c.outbox.queued() == 1 { c.flush(&mut self.stats) } else { Ok(0) }
@@ -755,11 +755,11 @@ impl Transport for ShmTransport {
     }
 
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
-        self.send_with(peer, header, payload, |b| b)
+        self.send_with(peer, header, payload)
     }
 
     fn send_copy(&mut self, peer: Rank, header: Header, payload: &[u8]) {
-        self.send_with(peer, header, payload, Bytes::copy_from_slice)
+        self.send_with(peer, header, payload)
     }
 
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {

@@ -19,7 +19,7 @@ use super::regcache::{Pin, RegCache, Registrar};
 use super::sys::{self, Device, Mr, Op, Qp, QpAddr, Srq, access};
 use super::{Eager, Rendezvous, VerbsConfig};
 use crate::wire::{Header, Kind, Limits, Rank, WireError, flags};
-use crate::{Sink, Transport, TransportError};
+use crate::{Outgoing, Sink, Transport, TransportError};
 
 pub use super::sys::device_names;
 
@@ -562,8 +562,8 @@ impl VerbsTransport {
         self.me
     }
 
-    /// [`Transport::send`] of `payload`, which `owned` turns into a buffer the queue can keep.
-    fn send_with<P: AsRef<[u8]>>(&mut self, peer: Rank, header: Header, payload: P, owned: impl FnOnce(P) -> Bytes) {
+    /// [`Transport::send`] of an owned or borrowed payload.
+    fn send_with(&mut self, peer: Rank, header: Header, payload: impl Outgoing) {
         let Some(k) = self.index(peer).filter(|&k| self.conns[k].live()) else { return };
         let c = &self.conns[k];
         // Nothing queued before it, a slot and room in the send queue: written now (copied into
@@ -576,7 +576,7 @@ impl VerbsTransport {
             }
             return;
         }
-        self.conns[k].out.push_back(Out::Frame(header, owned(payload)));
+        self.conns[k].out.push_back(Out::Frame(header, payload.into_bytes()));
     }
 
     /// Counters since creation.
@@ -1053,11 +1053,11 @@ impl Transport for VerbsTransport {
     }
 
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
-        self.send_with(peer, header, payload, |b| b)
+        self.send_with(peer, header, payload)
     }
 
     fn send_copy(&mut self, peer: Rank, header: Header, payload: &[u8]) {
-        self.send_with(peer, header, payload, Bytes::copy_from_slice)
+        self.send_with(peer, header, payload)
     }
 
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
