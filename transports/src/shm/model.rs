@@ -356,7 +356,9 @@ fn direct_writes_among_queued_frames() {
 
 /// The same protocol under loom, which (unlike shuttle) models weak memory: the sleeping flags
 /// and their SeqCst fences must prevent lost wake-ups even when stores are seen late. One frame
-/// larger than the ring, so the producer also has to sleep until the consumer frees space.
+/// larger than the ring, so the producer also has to sleep until the consumer frees space; and
+/// a frame queued then one written directly ([`Outbox::write_now`], the latency path), each
+/// published to a consumer that may be going to sleep.
 mod weak_memory {
     use std::sync::atomic::Ordering;
 
@@ -392,7 +394,7 @@ mod weak_memory {
         }
     }
 
-    const CAP: usize = 64;
+    const CAP: usize = 128;
 
     #[derive(Default)]
     struct Bell {
@@ -435,74 +437,127 @@ mod weak_memory {
         }
     }
 
-    fn frame() -> (Header, Bytes) {
-        let h = Header { src: 1, tag: 7, len: 20, ..Header::new(Kind::Eager) };
-        (h, Bytes::from((0..20u8).collect::<Vec<_>>()))
+    fn frame(tag: u64, len: u8) -> (Header, Bytes) {
+        let h = Header { src: 1, tag, len: len as u32, ..Header::new(Kind::Eager) };
+        (h, Bytes::from((0..len).collect::<Vec<_>>()))
+    }
+
+    /// A fresh ring whose consumer has connected (stamp key 0).
+    fn shared() -> Arc<Shared> {
+        let w = || AtomicU64::new(0);
+        Arc::new(Shared {
+            hdr: RingHdr {
+                head: Line(w()),
+                tail: Line(w()),
+                prod_wait: Line(w()),
+                ctl: Ctl { closed: w(), ready: AtomicU64::new(1), cma_threshold: w(), stamp_key: w() },
+            },
+            data: std::cell::UnsafeCell::new([0; CAP]),
+            words: std::array::from_fn(|_| w()),
+            sleeping: w(),
+            consumer_bell: Bell::default(),
+            producer_bell: Bell::default(),
+        })
+    }
+
+    /// The producer's side of `ShmTransport`: flushes what `out` holds, sleeping whenever the
+    /// ring is full, until all of it is in.
+    fn drain(sh: &Shared, ring: &Ring<Loom>, out: &mut Outbox) {
+        loop {
+            if out.flush(ring, &sh.sleeping).unwrap().ring {
+                sh.consumer_bell.ring();
+            }
+            if !out.pending() {
+                return;
+            }
+            out.announce_sleep(ring);
+            Loom::fence();
+            if !out.can_progress(ring) {
+                sh.producer_bell.wait();
+            }
+            ring.hdr().prod_wait.0.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The consumer's side: parses until `n` frames are in, sleeping whenever the ring is empty.
+    fn consume(sh: &Shared, n: usize) -> Vec<(crate::wire::Rank, Header, Vec<u8>)> {
+        let ring = sh.ring();
+        let limits = Limits { world_size: 2, eager_limit: 256, chunk: 64, max_message: 256 };
+        let mut inbox = Inbox::new(1, limits, 0, 0, 0);
+        let mut sink = ModelSink { got: Vec::new(), dest: vec![Vec::new()] };
+        let mut remote = super::ModelRemote { alive: Default::default() };
+        loop {
+            let p = inbox.parse(&ring, &mut sink, &mut remote).unwrap();
+            if p.released && inbox.producer_waits(&ring) {
+                sh.producer_bell.ring();
+            }
+            if sink.got.len() == n {
+                return sink.got;
+            }
+            sh.sleeping.store(1, Ordering::Relaxed);
+            Loom::fence();
+            if !inbox.has_input(&ring) {
+                sh.consumer_bell.wait();
+            }
+            sh.sleeping.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(2);
+        b.check(f);
     }
 
     #[test]
     fn no_lost_wake_up_under_weak_memory() {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(2);
-        b.check(|| {
-            let w = || AtomicU64::new(0);
-            let sh = Arc::new(Shared {
-                hdr: RingHdr {
-                    head: Line(w()),
-                    tail: Line(w()),
-                    prod_wait: Line(w()),
-                    ctl: Ctl { closed: w(), ready: AtomicU64::new(1), cma_threshold: w(), stamp_key: w() },
-                },
-                data: std::cell::UnsafeCell::new([0; CAP]),
-                words: std::array::from_fn(|_| w()),
-                sleeping: w(),
-                consumer_bell: Bell::default(),
-                producer_bell: Bell::default(),
-            });
+        // Larger than the ring: it streams through.
+        let big = || frame(7, 200);
+        model(move || {
+            let sh = shared();
             let p = sh.clone();
             let producer = loom::thread::spawn(move || {
-                let ring = p.ring();
-                let mut out = Outbox::default();
-                let (h, payload) = frame();
+                let (ring, mut out) = (p.ring(), Outbox::default());
+                let (h, payload) = big();
                 out.push(&h, payload);
-                loop {
-                    if out.flush(&ring, &p.sleeping).unwrap().ring {
-                        p.consumer_bell.ring();
+                drain(&p, &ring, &mut out);
+            });
+            let got = consume(&sh, 1);
+            producer.join().unwrap();
+            let (h, payload) = big();
+            assert_eq!(got, vec![(1, h, payload.to_vec())]);
+        });
+    }
+
+    #[test]
+    fn direct_write_wakes_the_consumer_under_weak_memory() {
+        model(|| {
+            let sh = shared();
+            let p = sh.clone();
+            let producer = loom::thread::spawn(move || {
+                let (ring, mut out) = (p.ring(), Outbox::default());
+                // Queued first (the producer learns the consumer's stamp key from it), then
+                // straight into the ring unless it does not fit yet.
+                let (h, payload) = frame(1, 8);
+                out.push(&h, payload);
+                drain(&p, &ring, &mut out);
+                let (h, payload) = frame(2, 8);
+                match out.write_now(&ring, &p.sleeping, &h, &payload) {
+                    Some(f) => {
+                        if f.unwrap().ring {
+                            p.consumer_bell.ring();
+                        }
                     }
-                    if !out.pending() {
-                        return;
+                    None => {
+                        out.push(&h, payload);
+                        drain(&p, &ring, &mut out);
                     }
-                    out.announce_sleep(&ring);
-                    Loom::fence();
-                    if !out.can_progress(&ring) {
-                        p.producer_bell.wait();
-                    }
-                    ring.hdr().prod_wait.0.store(0, Ordering::Relaxed);
                 }
             });
-            let ring = sh.ring();
-            let limits = Limits { world_size: 2, eager_limit: 64, chunk: 64, max_message: 64 };
-            let mut inbox = Inbox::new(1, limits, 0, 0, 0);
-            let mut sink = ModelSink { got: Vec::new(), dest: vec![Vec::new()] };
-            let mut remote = super::ModelRemote { alive: Default::default() };
-            loop {
-                let p = inbox.parse(&ring, &mut sink, &mut remote).unwrap();
-                if p.released && inbox.producer_waits(&ring) {
-                    sh.producer_bell.ring();
-                }
-                if !sink.got.is_empty() {
-                    break;
-                }
-                sh.sleeping.store(1, Ordering::Relaxed);
-                Loom::fence();
-                if !inbox.has_input(&ring) {
-                    sh.consumer_bell.wait();
-                }
-                sh.sleeping.store(0, Ordering::Relaxed);
-            }
+            let got = consume(&sh, 2);
             producer.join().unwrap();
-            let (h, payload) = frame();
-            assert_eq!(sink.got, vec![(1, h, payload.to_vec())]);
+            let expect: Vec<_> = [frame(1, 8), frame(2, 8)].into_iter().map(|(h, p)| (1, h, p.to_vec())).collect();
+            assert_eq!(got, expect);
         });
     }
 }
