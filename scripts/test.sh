@@ -31,6 +31,8 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
+# The API documentation builds without a broken or private link.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 # The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so
 # they run over Soft-RoCE inside a VM (installs what it needs; skips with a message only if no VM
@@ -38,6 +40,7 @@ cargo test --workspace --doc --locked
 # and the transport's unit tests that need no device (descriptor parsing).
 bash scripts/verbs-vm.sh
 cargo clippy --workspace --all-targets --locked --features verbs -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --features verbs
 cargo test --locked -p ferrocomm-transports --lib --features verbs
 
 # The portable (laptop) build must keep compiling off Linux: check it for macOS when the target

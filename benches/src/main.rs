@@ -34,7 +34,7 @@
 //! the peers are `NPopenmpi` and `NPmpich2` (Debian `netpipe-openmpi`, `netpipe-mpich2`), two ranks
 //! started by their MPI's own `mpirun`.
 //!
-//! Over shared memory the report adds the machine's limits ([`reference`]: cache-line ping-pong
+//! Over shared memory the report adds the machine's limits ([`reference`](mod@reference): cache-line ping-pong
 //! between the two CPUs, memcpy bandwidth), the transport alone ([`transport`], also a benchmark
 //! of its own: `shm-transport`), and the latency to an idle peer in adaptive and busy-poll mode.
 //!

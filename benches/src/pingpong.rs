@@ -2,8 +2,8 @@
 //!
 //! Over TCP the peer is `NPtcp`; over shared memory (`--transport shm`) the peers are `NPopenmpi`
 //! and `NPmpich2`, and the report adds what explains the numbers: the machine's limits
-//! ([`reference`](crate::reference)), the shared-memory transport alone
-//! ([`transport`](crate::transport)), and the latency to an idle peer in adaptive and busy-poll
+//! ([`reference`](mod@reference)), the shared-memory transport alone
+//! ([`transport`](mod@transport)), and the latency to an idle peer in adaptive and busy-poll
 //! mode ([`ranks::run_idle`]).
 
 use std::path::PathBuf;

@@ -18,9 +18,9 @@
 //!
 //! The inline spin is the latency-critical loop (a shared-memory round trip is a fraction of a
 //! microsecond), so it stays cheap while it is young: no clock read per poll, no `sched_yield`
-//! until it has spun for [`YIELD_AFTER`] without its completion (a system call costs more than a
+//! until it has spun for `YIELD_AFTER` (20 us) without its completion (a system call costs more than a
 //! shared-memory round trip under KVM), and several rounds per taking of the lock. Past
-//! [`YIELD_AFTER`] it yields every few dozen rounds, so that more busy ranks than cores still
+//! `YIELD_AFTER` it yields every few dozen rounds, so that more busy ranks than cores still
 //! progress. Nor does it `pause` between rounds (MPI's progress loops do not either): a round is
 //! a whole progress call, not a one-load spin, and a `pause` only delays the round that would see
 //! the completion (an 8 B shared-memory ping-pong went from 0.219-0.249 to 0.210-0.233 us one way,
@@ -327,7 +327,7 @@ impl<P: Progress> Reactor<P> {
     }
 
     /// Declares that this host runs more busy ranks than it has CPUs: spinning callers then yield
-    /// the CPU at every look instead of after [`YIELD_AFTER`], since the rank they
+    /// the CPU at every look instead of after `YIELD_AFTER`, since the rank they
     /// wait for may need the very CPU they spin on (Open MPI's `mpi_yield_when_idle` does the same
     /// when oversubscribed).
     pub fn set_oversubscribed(&self, yes: bool) {
@@ -369,7 +369,7 @@ impl<P: Progress> Reactor<P> {
     /// `check(state, cx)` looks for the caller's completion; with `Some(cx)` it must also register
     /// the waker, since the caller is about to sleep. `wait` is the caller's place in its wait,
     /// kept between polls (adaptive mode spins for a bounded time per wait; busy callers yield
-    /// after [`YIELD_AFTER`]).
+    /// after `YIELD_AFTER`).
     pub fn poll_until<T>(
         &self,
         cx: &mut Context<'_>,

@@ -5,7 +5,7 @@
 //! * [`portable`]: non-blocking sockets watched by tokio; the laptop mode, and the fallback where
 //!   io_uring is missing or disabled.
 //!
-//! Both share [`framing`], so they differ only in how bytes cross the kernel boundary.
+//! Both share `framing`, so they differ only in how bytes cross the kernel boundary.
 
 mod framing;
 pub mod portable;

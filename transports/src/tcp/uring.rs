@@ -2,10 +2,10 @@
 //!
 //! Why io_uring rather than readiness + `recv`:
 //! * **Zero-copy receive into posted buffers.** Each connection keeps one `recv` in flight whose
-//!   destination is whatever [`Reader::target`] says, which for rendezvous data is the receiver's
+//!   destination is whatever `Reader::target` says, which for rendezvous data is the receiver's
 //!   posted buffer: the kernel copies socket data straight to its final place.
 //! * **Batched submissions.** One `io_uring_enter` per [`Transport::progress`] submits every
-//!   connection's `recv` and vectored `sendmsg` (up to [`BATCH`] frames each) at once.
+//!   connection's `recv` and vectored `sendmsg` (up to `BATCH` frames each) at once.
 //! * **An eventfd to sleep on.** The ring signals a registered eventfd for every completion; tokio
 //!   watches it, so [`Transport::poll_ready`] can park the progress loop.
 //!

@@ -125,7 +125,7 @@ pub struct Packet {
     pub freed: u32,
     pub header: Option<Header>,
     pub remote: Remote,
-    /// Inline payload bytes, at [`LinkKind::payload_at`]: see [`Packet::payload`].
+    /// Inline payload bytes, at `LinkKind::payload_at`: see [`Packet::payload`].
     pub payload_len: usize,
 }
 

@@ -63,9 +63,9 @@
 //! Room for what comes next (not built): reliable multicast will use a UD queue pair and
 //! multicast attach, and one-sided operations RDMA atomics. Both fit beside this transport: a UD
 //! QP is one more QP on the same device, PD and CQ (its completions carry their own `wr_id`
-//! kind), and atomics are one more [`sys::Op`] on the existing RC QPs toward a registered
+//! kind), and atomics are one more `sys::Op` on the existing RC QPs toward a registered
 //! segment. They will be exposed as separate capability traits implemented by
-//! [`VerbsTransport`], so the [`Transport`] trait itself does not change.
+//! `VerbsTransport`, so the [`Transport`] trait itself does not change.
 
 pub mod link;
 pub mod regcache;
@@ -78,7 +78,7 @@ mod transport;
 #[cfg(feature = "verbs")]
 pub use transport::{VerbsEndpoint, VerbsStats, VerbsTransport, device_names};
 
-#[cfg(feature = "verbs")]
+// For the module documentation's links, with or without the `verbs` feature.
 #[allow(unused_imports)]
 use crate::{Sink, Transport};
 
