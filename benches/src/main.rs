@@ -77,7 +77,8 @@ benchmarks:
               `ferrocomm-bench pingpong --help` for its options
   shm-transport
               the shared-memory transport alone (no engine, no futures): 8 B latency and
-              bandwidth between two pinned processes
+              bandwidth between two pinned processes; and the 8 B latency through the
+              protocol engine driven by hand (no reactor, no futures)
   verbs-transport
               the verbs transport alone (build with --features verbs): 8 B latency of each
               eager path (rings, shared receive queue) between two pinned endpoints

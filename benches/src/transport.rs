@@ -12,6 +12,11 @@
 //! * latency: rank 0 sends an 8-byte eager frame, rank 1 answers with one; after a warm-up,
 //!   [`BATCHES`] timed batches of [`PINGS`] round trips; one-way = batch time / (2 x pings),
 //!   median over batches;
+//! * the same through the protocol engine driven by hand (no reactor, no operation slab, no
+//!   futures): each side posts a `recv_into`-style receive, sends with
+//!   [`Engine::send_now_via`] straight to the transport (as the driver does) and polls the
+//!   transport into the engine until its receive completes. Between this and the transport alone
+//!   is what matching costs; between this and `pingpong` what the async API adds;
 //! * bandwidth: [`BW_BYTES`] in messages of `--message` bytes (default 4 MiB), each sent as
 //!   512 KiB `Data` frames and acknowledged by an 8-byte frame, by single copy
 //!   (`process_vm_readv`) or streamed through the 256 KiB ring, per `--cma`.
@@ -22,7 +27,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use ferrocomm::p2p::engine::{Completion, Config, Engine, RecvBuf};
+use ferrocomm::p2p::{Source, TagMatch};
 use ferrocomm::transports::shm::{ShmConfig, ShmEndpoint, ShmTransport, SingleCopy};
 use ferrocomm::transports::{Header, Kind, Limits, Rank, Sink, Transport, TransportError, WireError};
 use serde_json::{Value, json};
@@ -47,7 +54,8 @@ pub const USAGE: &str = "\
 usage: ferrocomm-bench shm-transport [options]
 
 The shared-memory transport alone (no engine, no futures): 8-byte frame ping-pong latency and
-bandwidth of large messages in 512 KiB Data frames, between two processes pinned to two CPUs.
+bandwidth of large messages in 512 KiB Data frames, between two processes pinned to two CPUs;
+and the 8-byte ping-pong through the protocol engine driven by hand (no reactor, no futures).
 
 options:
   --cpus A,B        CPUs of the two ranks (default 0,1)
@@ -62,6 +70,9 @@ pub struct TransportResult {
     pub cma: String,
     pub one_way_us: f64,
     pub batches_us: Vec<f64>,
+    /// The same ping-pong through the engine driven by hand (median over batches).
+    pub engine_one_way_us: f64,
+    pub engine_batches_us: Vec<f64>,
     pub message: usize,
     pub gbps: f64,
 }
@@ -69,6 +80,7 @@ pub struct TransportResult {
 impl TransportResult {
     pub fn to_json(&self) -> Value {
         json!({"cma": self.cma, "one_way_8B_us": self.one_way_us, "batches_us": self.batches_us,
+               "engine_one_way_8B_us": self.engine_one_way_us, "engine_batches_us": self.engine_batches_us,
                "message_bytes": self.message, "bandwidth_GBps": self.gbps})
     }
 }
@@ -101,9 +113,10 @@ pub fn main(args: &[String]) -> Result<()> {
     for cma in &modes {
         let r = run(cpus, cma, message)?;
         println!(
-            "shm transport alone (cma={cma}): 8 B one-way {:.3} us (median of {BATCHES} batches of {PINGS}); \
-             {} MiB messages {:.2} GB/s",
+            "shm transport alone (cma={cma}): 8 B one-way {:.3} us (median of {BATCHES} batches of {PINGS}), \
+             through the engine by hand {:.3} us; {} MiB messages {:.2} GB/s",
             r.one_way_us,
+            r.engine_one_way_us,
             message >> 20,
             r.gbps
         );
@@ -148,12 +161,16 @@ pub fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResul
         }
     }
     let v: Value = serde_json::from_str(&line).map_err(|e| format!("rank 0's result ({e}): {line}"))?;
-    let batches_us: Vec<f64> =
-        v["batches_us"].as_array().ok_or("no batches")?.iter().filter_map(Value::as_f64).collect();
+    let batches = |key: &str| -> Result<Vec<f64>> {
+        Ok(v[key].as_array().ok_or("no batches")?.iter().filter_map(Value::as_f64).collect())
+    };
+    let (batches_us, engine_batches_us) = (batches("batches_us")?, batches("engine_batches_us")?);
     Ok(TransportResult {
         cma: cma.to_string(),
         one_way_us: sweep::median(&batches_us).ok_or("no batches")?,
         batches_us,
+        engine_one_way_us: sweep::median(&engine_batches_us).ok_or("no engine batches")?,
+        engine_batches_us,
         message,
         gbps: v["GBps"].as_f64().ok_or("no bandwidth")?,
     })
@@ -184,6 +201,78 @@ unsafe impl Sink for CountSink {
     }
     fn peer_lost(&mut self, _peer: Rank, err: TransportError) {
         self.lost = Some(err);
+    }
+}
+
+/// One side of the ping-pong through the engine driven by hand: what the driver and the async API
+/// do for `recv_into` and `send_from`, without the reactor, the operation slab and the futures.
+struct ByHand {
+    engine: Engine,
+    peer: Rank,
+    /// The receive buffer, reused (as `pingpong --recv-into` does).
+    buf: Option<BytesMut>,
+    data: [u8; 8],
+}
+
+impl ByHand {
+    const TAG: u64 = 7;
+
+    fn new(me: Rank) -> ByHand {
+        let cfg = Config { eager_limit: 64 << 10, max_credit: 32, credit_sync: 16, chunk: CHUNK, max_message: 1 << 20 };
+        ByHand { engine: Engine::new(me, 2, cfg), peer: 1 - me, buf: Some(BytesMut::zeroed(8)), data: [7; 8] }
+    }
+
+    /// An eager send of the 8 bytes, straight to the transport when it can go at once.
+    fn send<T: Transport>(&mut self, t: &mut T) {
+        let sent = self.engine.send_now_via(self.peer, 0, Self::TAG, &self.data[..], |p, h, d| t.send_copy(p, h, d));
+        match sent {
+            Ok(r) => r.expect("an eager send to a live peer"),
+            Err(d) => self.engine.post_send(0, self.peer, 0, Self::TAG, Bytes::copy_from_slice(d)),
+        }
+        self.flush(t);
+    }
+
+    /// Posts the receive, then polls the transport into the engine until it completes.
+    fn recv<T: Transport>(&mut self, t: &mut T) -> Result<()> {
+        const KEY: usize = 1;
+        let buf = self.buf.take().ok_or("the receive buffer was lost")?;
+        self.engine.post_recv(KEY, 0, Source::Rank(self.peer), TagMatch::Exact(Self::TAG), RecvBuf::User(buf));
+        let start = Instant::now();
+        let mut n = 0u32;
+        loop {
+            t.progress(&mut self.engine);
+            self.flush(t);
+            while let Some((key, c)) = self.engine.poll_event() {
+                match (key, c) {
+                    (KEY, Completion::Recv(Ok((p, s)))) if s.len == 8 => {
+                        self.buf = Some(p.into_bytes_mut());
+                        return Ok(());
+                    }
+                    (KEY, other) => return Err(format!("the receive completed as {other:?}").into()),
+                    (_, Completion::Send(Ok(()))) => {}
+                    (_, other) => return Err(format!("unexpected completion {other:?}").into()),
+                }
+            }
+            n = n.wrapping_add(1);
+            if n.is_multiple_of(4096) && start.elapsed() > STALL {
+                return Err("stalled in the engine ping-pong".into());
+            }
+        }
+    }
+
+    /// Hands the engine's queued frames (credit updates, sends behind them) to the transport.
+    fn flush<T: Transport>(&mut self, t: &mut T) {
+        if self.engine.has_output() {
+            while let Some((p, h, b)) = self.engine.poll_transmit() {
+                t.send(p, h, b);
+            }
+        }
+    }
+
+    /// Hands what the engine still queues to the transport before the next phase, whose
+    /// progress calls write it (credit updates only: the other side ignores them then).
+    fn drain<T: Transport>(&mut self, t: &mut T) {
+        self.flush(t);
     }
 }
 
@@ -272,6 +361,19 @@ pub fn rank_main(args: &[String]) -> Result<()> {
                 batches_us.push(start.elapsed().as_secs_f64() * 1e6 / (2 * PINGS) as f64);
             }
         }
+        let mut by_hand = ByHand::new(me);
+        let mut engine_batches_us = Vec::new();
+        for b in 0..=BATCHES {
+            let start = Instant::now();
+            for _ in 0..PINGS {
+                by_hand.send(&mut node.t);
+                by_hand.recv(&mut node.t)?;
+            }
+            if b > 0 {
+                engine_batches_us.push(start.elapsed().as_secs_f64() * 1e6 / (2 * PINGS) as f64);
+            }
+        }
+        by_hand.drain(&mut node.t);
         let payload = Bytes::from(vec![5u8; message]);
         let base = node.s.frames;
         let start = Instant::now();
@@ -289,13 +391,19 @@ pub fn rank_main(args: &[String]) -> Result<()> {
             node.spin_until(base + m + 1)?;
         }
         let gbps = (BW_BYTES / message * message) as f64 / start.elapsed().as_secs_f64() / 1e9;
-        println!("{}", json!({"batches_us": batches_us, "GBps": gbps}));
+        println!("{}", json!({"batches_us": batches_us, "engine_batches_us": engine_batches_us, "GBps": gbps}));
         std::io::stdout().flush()?;
     } else {
         for i in 0..pings {
             node.spin_until(i + 1)?;
             node.eager(i as u64);
         }
+        let mut by_hand = ByHand::new(me);
+        for _ in 0..pings {
+            by_hand.recv(&mut node.t)?;
+            by_hand.send(&mut node.t);
+        }
+        by_hand.drain(&mut node.t);
         let per = message / CHUNK;
         for m in 0..BW_BYTES / message {
             node.spin_until(pings + (m + 1) * per)?;
