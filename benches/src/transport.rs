@@ -16,7 +16,8 @@
 //!   futures): each side posts a `recv_into`-style receive, sends with
 //!   [`Engine::send_now_via`] straight to the transport (as the driver does) and polls the
 //!   transport into the engine until its receive completes. Between this and the transport alone
-//!   is what matching costs; between this and `pingpong` what the async API adds;
+//!   is what the engine costs (matching, credits, completions); between this and `pingpong` what
+//!   the async API adds;
 //! * bandwidth: [`BW_BYTES`] in messages of `--message` bytes (default 4 MiB), each sent as
 //!   512 KiB `Data` frames and acknowledged by an 8-byte frame, by single copy
 //!   (`process_vm_readv`) or streamed through the 256 KiB ring, per `--cma`.
@@ -223,13 +224,14 @@ impl ByHand {
     }
 
     /// An eager send of the 8 bytes, straight to the transport when it can go at once.
-    fn send<T: Transport>(&mut self, t: &mut T) {
+    fn send<T: Transport>(&mut self, t: &mut T) -> Result<()> {
         let sent = self.engine.send_now_via(self.peer, 0, Self::TAG, &self.data[..], |p, h, d| t.send_copy(p, h, d));
         match sent {
-            Ok(r) => r.expect("an eager send to a live peer"),
+            Ok(r) => r.map_err(|e| format!("the engine's send failed: {e}"))?,
             Err(d) => self.engine.post_send(0, self.peer, 0, Self::TAG, Bytes::copy_from_slice(d)),
         }
         self.flush(t);
+        Ok(())
     }
 
     /// Posts the receive, then polls the transport into the engine until it completes.
@@ -367,7 +369,7 @@ pub fn rank_main(args: &[String]) -> Result<()> {
         for b in 0..=BATCHES {
             let start = Instant::now();
             for _ in 0..PINGS {
-                by_hand.send(&mut node.t);
+                by_hand.send(&mut node.t)?;
                 by_hand.recv(&mut node.t)?;
             }
             if b > 0 {
@@ -402,7 +404,7 @@ pub fn rank_main(args: &[String]) -> Result<()> {
         let mut by_hand = ByHand::new(me);
         for _ in 0..pings {
             by_hand.recv(&mut node.t)?;
-            by_hand.send(&mut node.t);
+            by_hand.send(&mut node.t)?;
         }
         by_hand.drain(&mut node.t);
         let per = message / CHUNK;
