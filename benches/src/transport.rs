@@ -271,12 +271,6 @@ impl ByHand {
             }
         }
     }
-
-    /// Hands what the engine still queues to the transport before the next phase, whose
-    /// progress calls write it (credit updates only: the other side ignores them then).
-    fn drain<T: Transport>(&mut self, t: &mut T) {
-        self.flush(t);
-    }
 }
 
 /// One side of a two-rank transport benchmark (any transport).
@@ -376,7 +370,6 @@ pub fn rank_main(args: &[String]) -> Result<()> {
                 engine_batches_us.push(start.elapsed().as_secs_f64() * 1e6 / (2 * PINGS) as f64);
             }
         }
-        by_hand.drain(&mut node.t);
         let payload = Bytes::from(vec![5u8; message]);
         let base = node.s.frames;
         let start = Instant::now();
@@ -406,7 +399,6 @@ pub fn rank_main(args: &[String]) -> Result<()> {
             by_hand.recv(&mut node.t)?;
             by_hand.send(&mut node.t)?;
         }
-        by_hand.drain(&mut node.t);
         let per = message / CHUNK;
         for m in 0..BW_BYTES / message {
             node.spin_until(pings + (m + 1) * per)?;

@@ -718,13 +718,10 @@ impl<C: Completions> Engine<C> {
         if !self.accept(peer, &h) {
             return;
         }
-        // The receive it meets is nearly always the first posted: looked at before the search.
-        let first = |q: &Queues| q.posted.front().is_some_and(|p| matches(p.src, p.tag, peer, h.tag));
-        let at = match self.contexts.get_mut(&h.context) {
-            Some(q) if first(q) => Some((q, 0)),
-            Some(q) => q.posted.iter().position(|p| matches(p.src, p.tag, peer, h.tag)).map(|i| (q, i)),
-            None => None,
-        };
+        let at = self.contexts.get_mut(&h.context).and_then(|q| {
+            let i = q.posted.iter().position(|p| matches(p.src, p.tag, peer, h.tag))?;
+            Some((q, i))
+        });
         match at {
             Some((q, i)) if matches!(q.posted[i].buf, RecvBuf::User(_)) => {
                 let Some(Posted { op, buf: RecvBuf::User(b), .. }) = take_at(&mut q.posted, i) else { unreachable!() };
