@@ -4,6 +4,9 @@
 //! it drives progress according to the progress mode; dropping it cancels the operation cleanly
 //! (see [`Comm::send`] and [`Comm::recv`] for what that means on each side). Any operation can
 //! take a deadline through [`Deadline`].
+//!
+//! Starting, polling and finishing an operation are `#[inline(always)]`, down to the protocol
+//! engine: see the engine's module documentation.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -280,6 +283,7 @@ pub trait FromCompletion: Sized {
 }
 
 impl FromCompletion for () {
+    #[inline(always)]
     fn from_completion(c: Completion) -> Result<()> {
         match c {
             Completion::Send(r) => r,
@@ -289,6 +293,7 @@ impl FromCompletion for () {
 }
 
 impl FromCompletion for Message {
+    #[inline(always)]
     fn from_completion(c: Completion) -> Result<Message> {
         match c {
             Completion::Recv(r) => r.map(|(p, s)| Message { data: p.into_bytes(), source: s.source, tag: s.tag }),
@@ -298,6 +303,7 @@ impl FromCompletion for Message {
 }
 
 impl FromCompletion for (BytesMut, Status) {
+    #[inline(always)]
     fn from_completion(c: Completion) -> Result<(BytesMut, Status)> {
         match c {
             Completion::Recv(r) => r.map(|(p, s)| (Payload::into_bytes_mut(p), s)),
@@ -307,6 +313,7 @@ impl FromCompletion for (BytesMut, Status) {
 }
 
 impl FromCompletion for Status {
+    #[inline(always)]
     fn from_completion(c: Completion) -> Result<Status> {
         match c {
             Completion::Probe(r) => r,
@@ -318,6 +325,7 @@ impl FromCompletion for Status {
 impl<T: FromCompletion> Future for Op<T> {
     type Output = Result<T>;
 
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
         if let OpState::Pending { inner, key, wait, .. } = &mut this.state {
@@ -354,6 +362,7 @@ impl<T> Op<T> {
     }
 
     /// Sources in a sub-communicator's ranks.
+    #[inline(always)]
     fn translate(&self, mut c: Completion) -> Completion {
         if let Some(g) = &self.group {
             let local = |s: &mut Status| s.source = g.index.get(&s.source).copied().unwrap_or(Rank::MAX);
@@ -402,11 +411,13 @@ impl Comm {
     }
 
     /// Number of ranks in the communicator.
+    #[inline(always)]
     pub fn size(&self) -> u32 {
         self.group.as_ref().map_or(self.inner.size, |g| g.members.len() as u32)
     }
 
     /// The world rank of this communicator's rank `r` (which must be in range).
+    #[inline(always)]
     pub(crate) fn world_rank(&self, r: Rank) -> Rank {
         self.group.as_ref().map_or(r, |g| g.members[r as usize])
     }
@@ -477,6 +488,7 @@ impl Comm {
 
     /// Starts an operation: `now` completes it at once if it can (no slot of the operation slab
     /// is taken then), or gives back what `post` needs to track it under a key of the slab.
+    #[inline(always)]
     fn start<T, X>(
         &self,
         kind: OpKind,
@@ -525,10 +537,12 @@ impl Comm {
         Op { state, group: self.group.clone(), _t: PhantomData }
     }
 
+    #[inline(always)]
     fn check_rank(&self, r: Rank) -> Option<Error> {
         (r >= self.size()).then(|| Error::UnknownRank { rank: r, size: self.size() })
     }
 
+    #[inline(always)]
     fn world_source(&self, s: Source, early: &Option<Error>) -> Source {
         match s {
             Source::Rank(r) if early.is_none() => Source::Rank(self.world_rank(r)),
@@ -536,6 +550,7 @@ impl Comm {
         }
     }
 
+    #[inline(always)]
     fn check_source(&self, s: Source) -> Option<Error> {
         match s {
             Source::Any => None,
@@ -556,12 +571,14 @@ impl Comm {
     /// is written straight from `data` into a transport that takes it so (shared memory), with no
     /// allocation: the cheapest small send. Anything else is copied into a buffer of its own and
     /// proceeds as [`Comm::send`].
+    #[inline(always)]
     pub fn send_from(&self, dest: Rank, tag: u64, data: &[u8]) -> Op<()> {
         self.send_outgoing(dest, tag, data)
     }
 
     /// [`Comm::send`] and [`Comm::send_from`]: owned data is kept as it is, borrowed data copied
     /// only where it must be kept.
+    #[inline(always)]
     fn send_outgoing(&self, dest: Rank, tag: u64, data: impl Outgoing) -> Op<()> {
         let (len, max) = (data.as_ref().len(), self.inner.settings.max_message);
         // Not `then_some`: that builds (and drops) an error on every call.
@@ -588,10 +605,12 @@ impl Comm {
 
     /// Receives into `buf`, whose length is the capacity: a longer message is an
     /// [`Error::Truncated`]. Returns the buffer truncated to the message's length.
+    #[inline(always)]
     pub fn recv_into(&self, src: impl Into<Source>, tag: impl Into<TagMatch>, buf: BytesMut) -> Op<(BytesMut, Status)> {
         self.recv_with(src.into(), tag.into(), RecvBuf::User(buf))
     }
 
+    #[inline(always)]
     fn recv_with<T>(&self, src: Source, tag: TagMatch, buf: RecvBuf) -> Op<T> {
         let ctx = self.context;
         let early = self.check_source(src);

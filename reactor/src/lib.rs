@@ -370,6 +370,7 @@ impl<P: Progress> Reactor<P> {
     /// the waker, since the caller is about to sleep. `wait` is the caller's place in its wait,
     /// kept between polls (adaptive mode spins for a bounded time per wait; busy callers yield
     /// after `YIELD_AFTER`).
+    #[inline(always)]
     pub fn poll_until<T>(
         &self,
         cx: &mut Context<'_>,
@@ -524,6 +525,7 @@ impl<P> Shared<P> {
 
     /// The caller's wait ended: an adaptive wait that outlasted its spin window teaches the pacer,
     /// and its alarm, if any, is withdrawn.
+    #[inline(always)]
     fn done<T>(&self, wait: &mut Wait, spin_for: Option<Duration>, v: T) -> Poll<T> {
         if let (Some(d), Some(start)) = (spin_for, wait.start)
             && !d.is_zero()

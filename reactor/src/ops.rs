@@ -3,6 +3,8 @@
 //! Each awaited operation owns one slot: the protocol core completes it by key, the awaiting future
 //! takes the result by key. A future that is dropped before completion detaches its slot, and the
 //! slot is freed when the completion arrives (or at once, if it already has).
+//!
+//! Its calls are `#[inline(always)]`: they sit on every operation's latency path.
 
 use std::task::{Context, Poll, Waker};
 
@@ -30,12 +32,14 @@ impl<T> Default for Ops<T> {
 
 impl<T> Ops<T> {
     /// Starts tracking a new operation.
+    #[inline(always)]
     pub fn insert(&mut self) -> OpKey {
         self.slab.insert(Slot::Waiting(None))
     }
 
     /// Records the result of `key` and wakes its waiter. Unknown keys are ignored.
     /// Returns false if the operation had been detached (nobody wants the result).
+    #[inline(always)]
     pub fn complete(&mut self, key: OpKey, result: T) -> bool {
         match self.slab.get_mut(key) {
             Some(slot @ Slot::Waiting(_)) => {
@@ -59,6 +63,7 @@ impl<T> Ops<T> {
     }
 
     /// Takes the result of `key` if there is one; otherwise registers `cx` (when given) to be woken.
+    #[inline(always)]
     pub fn poll(&mut self, key: OpKey, cx: Option<&mut Context<'_>>) -> Poll<T> {
         match self.slab.get_mut(key) {
             Some(Slot::Done(_)) => match self.slab.remove(key) {

@@ -53,6 +53,7 @@ pub enum Payload {
 
 impl Payload {
     /// The bytes, without copying.
+    #[inline(always)]
     pub fn into_bytes(self) -> Bytes {
         match self {
             Payload::Shared(b) => b,
@@ -61,6 +62,7 @@ impl Payload {
     }
 
     /// The bytes as a mutable buffer (copies only if they were shared).
+    #[inline(always)]
     pub fn into_bytes_mut(self) -> BytesMut {
         match self {
             Payload::Shared(b) => BytesMut::from(&b[..]),

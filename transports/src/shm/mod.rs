@@ -513,10 +513,16 @@ struct Conn {
 
 impl Conn {
     /// Writes what fits of the queued output into the ring; releases finished single-copy sources.
+    #[inline(always)]
     fn flush(&mut self, stats: &mut ShmStats) -> Result<usize, TransportError> {
         if !self.outbox.pending() {
             return Ok(0);
         }
+        self.flush_pending(stats)
+    }
+
+    #[inline(never)]
+    fn flush_pending(&mut self, stats: &mut ShmStats) -> Result<usize, TransportError> {
         let f = self.outbox.flush(&self.out_ring, self.seg.sleeping())?;
         Ok(self.flushed(f, stats))
     }
@@ -532,6 +538,7 @@ impl Conn {
         f.work
     }
 
+    #[inline(always)]
     fn step(&mut self, sink: &mut dyn Sink, stats: &mut ShmStats) -> Result<usize, TransportError> {
         let mut work = self.flush(stats)?;
         let mut peer = PeerProcess { pid: self.pid, pidfd: &self.pidfd, in_ring: &self.in_ring };

@@ -39,6 +39,10 @@
 //!
 //! Everything here is generic over [`Atomics`], so the model-checking test (`model.rs`) runs this
 //! very code under a scheduler that explores interleavings.
+//!
+//! The small-message path (`parse`, `write_now` and their steps) is `#[inline(always)]`, so that
+//! a progress round and a direct write are one function each: see the protocol engine's module
+//! documentation for why and what it measured.
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
@@ -287,7 +291,7 @@ impl<A: Atomics> Ring<A> {
     /// [`Ring::write_at`] for a body of 4 to 16 bytes that does not wrap, by two overlapping word
     /// copies inlined instead of calls to `memcpy` (the 8 B message's path); anything else by
     /// `write_at`.
-    #[inline]
+    #[inline(always)]
     fn write_small(&self, pos: u64, src: &[u8]) {
         let off = (pos & (self.cap - 1)) as usize;
         let len = src.len();
@@ -452,6 +456,7 @@ impl Outbox {
         !self.queue.is_empty() || !self.inflight.is_empty()
     }
 
+    #[inline(always)]
     fn refresh_tail<A: Atomics>(&mut self, ring: &Ring<A>) -> Result<(), TransportError> {
         let t = ring.hdr().tail.0.load(Acquire);
         if t < self.tail || t > self.head || self.head - t > ring.cap {
@@ -462,6 +467,7 @@ impl Outbox {
     }
 
     /// Free bytes in the ring; reads `tail` again if fewer than `want` seem free.
+    #[inline(always)]
     fn free<A: Atomics>(&mut self, ring: &Ring<A>, want: u64) -> Result<u64, TransportError> {
         if ring.cap - (self.head - self.tail) < want {
             self.refresh_tail(ring)?;
@@ -580,6 +586,7 @@ impl Outbox {
 
     /// Publishes `head` after frames were written: the consumer may be about to sleep, so the
     /// caller must ring its doorbell if `out.ring`.
+    #[inline(always)]
     fn publish<A: Atomics>(&self, ring: &Ring<A>, sleeping: &A::W, out: &mut Flushed) {
         ring.hdr().head.0.store(self.head, Release);
         A::fence();
@@ -593,7 +600,7 @@ impl Outbox {
     /// consumer is known (its stamp key), for `Data` frames (streamed or by descriptor), for bodies
     /// due for non-temporal copies, and while single-copy sources are in flight (the queue's
     /// flush releases them).
-    #[inline]
+    #[inline(always)]
     pub fn write_now<A: Atomics>(
         &mut self,
         ring: &Ring<A>,
@@ -784,6 +791,7 @@ impl Inbox {
 
     /// Delivers the frames the ring holds (a bounded number); publishes the space consumed when
     /// the producer may need it (see the module's "lazy release").
+    #[inline(always)]
     pub fn parse<A: Atomics>(
         &mut self,
         ring: &Ring<A>,
@@ -799,6 +807,7 @@ impl Inbox {
         r.map(|()| out)
     }
 
+    #[inline(always)]
     fn parse_inner<A: Atomics>(
         &mut self,
         ring: &Ring<A>,
