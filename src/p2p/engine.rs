@@ -744,9 +744,9 @@ impl<C: Completions> Engine<C> {
         match at {
             Some((q, i)) if matches!(q.posted[i].buf, RecvBuf::User(_)) => {
                 let Some(Posted { op, buf: RecvBuf::User(b), .. }) = take_at(&mut q.posted, i) else { unreachable!() };
-                self.free_credit(peer);
                 let r = fill(b, payload, Status { source: peer, tag: h.tag, len: payload.len() });
                 self.done.complete(op, Completion::Recv(r));
+                self.free_credit(peer);
             }
             _ => self.arrive_eager(peer, h.context, h.tag, Bytes::copy_from_slice(payload)),
         }
