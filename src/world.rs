@@ -325,7 +325,7 @@ impl FromCompletion for Status {
 impl<T: FromCompletion> Future for Op<T> {
     type Output = Result<T>;
 
-    #[inline(always)]
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
         if let OpState::Pending { inner, key, wait, .. } = &mut this.state {
