@@ -5,8 +5,9 @@
 //! (see [`Comm::send`] and [`Comm::recv`] for what that means on each side). Any operation can
 //! take a deadline through [`Deadline`].
 //!
-//! Starting, polling and finishing an operation are `#[inline(always)]`, down to the protocol
-//! engine: see the engine's module documentation.
+//! Starting and finishing an operation are `#[inline(always)]`, down to the protocol engine (see
+//! the engine's module documentation); polling it is one function per result type, with the
+//! reactor's spin inlined into it.
 
 use std::future::Future;
 use std::marker::PhantomData;
