@@ -205,6 +205,21 @@ unsafe impl Sink for CountSink {
     }
 }
 
+/// Notices a spin that has waited longer than [`STALL`]. The clock is read only every 4096 polls:
+/// it costs about as much as a ring round trip.
+#[derive(Default)]
+struct Watchdog {
+    polls: u32,
+    start: Option<Instant>,
+}
+
+impl Watchdog {
+    fn stalled(&mut self) -> bool {
+        self.polls = self.polls.wrapping_add(1);
+        self.polls.is_multiple_of(4096) && self.start.get_or_insert_with(Instant::now).elapsed() > STALL
+    }
+}
+
 /// One side of the ping-pong through the engine driven by hand: what the driver and the async API
 /// do for `recv_into` and `send_from`, without the reactor, the operation slab and the futures.
 struct ByHand {
@@ -239,9 +254,7 @@ impl ByHand {
         const KEY: usize = 1;
         let buf = self.buf.take().ok_or("the receive buffer was lost")?;
         self.engine.post_recv(KEY, 0, Source::Rank(self.peer), TagMatch::Exact(Self::TAG), RecvBuf::User(buf));
-        // The clock only on long waits, as in `Node::spin_until`.
-        let mut start = None;
-        let mut n = 0u32;
+        let mut watchdog = Watchdog::default();
         loop {
             t.progress(&mut self.engine);
             self.flush(t);
@@ -256,8 +269,7 @@ impl ByHand {
                     (_, other) => return Err(format!("unexpected completion {other:?}").into()),
                 }
             }
-            n = n.wrapping_add(1);
-            if n.is_multiple_of(4096) && start.get_or_insert_with(Instant::now).elapsed() > STALL {
+            if watchdog.stalled() {
                 return Err("stalled in the engine ping-pong".into());
             }
         }
@@ -265,10 +277,8 @@ impl ByHand {
 
     /// Hands the engine's queued frames (credit updates, sends behind them) to the transport.
     fn flush<T: Transport>(&mut self, t: &mut T) {
-        if self.engine.has_output() {
-            while let Some((p, h, b)) = self.engine.poll_transmit() {
-                t.send(p, h, b);
-            }
+        while let Some((p, h, b)) = self.engine.poll_transmit() {
+            t.send(p, h, b);
         }
     }
 }
@@ -283,16 +293,13 @@ pub(crate) struct Node<T> {
 impl<T: Transport> Node<T> {
     /// Busy-polls until `frames` frames have arrived.
     pub fn spin_until(&mut self, frames: usize) -> Result<()> {
-        let mut n = 0u32;
-        // The clock is read only on long waits: it costs about as much as a ring round trip.
-        let mut start = None;
+        let mut watchdog = Watchdog::default();
         while self.s.frames < frames {
             self.t.progress(&mut self.s);
             if let Some(e) = &self.s.lost {
                 return Err(format!("rank {}: peer lost: {e}", self.me).into());
             }
-            n = n.wrapping_add(1);
-            if n.is_multiple_of(4096) && start.get_or_insert_with(Instant::now).elapsed() > STALL {
+            if watchdog.stalled() {
                 return Err(format!("rank {}: stalled", self.me).into());
             }
         }
@@ -316,6 +323,22 @@ impl<T: Transport> Node<T> {
         std::thread::sleep(Duration::from_millis(50));
         Ok(())
     }
+}
+
+/// One-way latency of each of [`BATCHES`] timed batches of [`PINGS`] round trips, after a batch
+/// of warm-up (microseconds).
+fn timed_batches(mut round_trip: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    let mut batches_us = Vec::with_capacity(BATCHES);
+    for b in 0..=BATCHES {
+        let start = Instant::now();
+        for _ in 0..PINGS {
+            round_trip()?;
+        }
+        if b > 0 {
+            batches_us.push(start.elapsed().as_secs_f64() * 1e6 / (2 * PINGS) as f64);
+        }
+    }
+    Ok(batches_us)
 }
 
 /// `shm-transport-rank RANK CPU JOB CMA MESSAGE`.
@@ -346,30 +369,17 @@ pub fn rank_main(args: &[String]) -> Result<()> {
     let mut node: Node<ShmTransport> = Node { t, s: CountSink { frames: 0, data: vec![0; message], lost: None }, me };
     let pings = PINGS * (BATCHES + 1);
     if me == 0 {
-        let mut batches_us = Vec::new();
-        for b in 0..=BATCHES {
-            let start = Instant::now();
-            for i in b * PINGS..(b + 1) * PINGS {
-                node.eager(i as u64);
-                node.spin_until(i + 1)?;
-            }
-            // Batch 0 is the warm-up.
-            if b > 0 {
-                batches_us.push(start.elapsed().as_secs_f64() * 1e6 / (2 * PINGS) as f64);
-            }
-        }
+        let mut i = 0;
+        let batches_us = timed_batches(|| {
+            node.eager(i as u64);
+            i += 1;
+            node.spin_until(i)
+        })?;
         let mut by_hand = ByHand::new(me);
-        let mut engine_batches_us = Vec::new();
-        for b in 0..=BATCHES {
-            let start = Instant::now();
-            for _ in 0..PINGS {
-                by_hand.send(&mut node.t)?;
-                by_hand.recv(&mut node.t)?;
-            }
-            if b > 0 {
-                engine_batches_us.push(start.elapsed().as_secs_f64() * 1e6 / (2 * PINGS) as f64);
-            }
-        }
+        let engine_batches_us = timed_batches(|| {
+            by_hand.send(&mut node.t)?;
+            by_hand.recv(&mut node.t)
+        })?;
         let payload = Bytes::from(vec![5u8; message]);
         let base = node.s.frames;
         let start = Instant::now();
