@@ -21,11 +21,13 @@ run() {
         --no-peer --idle-gap 0 --target-ms 300 2>&1
 }
 cargo build --release --locked -p ferrocomm-bench
-RUSTFLAGS="-Cprofile-generate=$PWD/$work/profiles" CARGO_TARGET_DIR=$work/gen \
+# `RUSTFLAGS` replaces the workspace's .cargo/config.toml flags: repeat them.
+base=$(sed -n 's/^rustflags = \["\(.*\)"\]$/\1/p' .cargo/config.toml)
+RUSTFLAGS="$base -Cprofile-generate=$PWD/$work/profiles" CARGO_TARGET_DIR=$work/gen \
     cargo build --release --locked -p ferrocomm-bench
 run "$work/gen/release/ferrocomm-bench" >/dev/null  # the training run
 "$profdata" merge -o "$work/merged.profdata" "$work"/profiles/*.profraw
-RUSTFLAGS="-Cprofile-use=$PWD/$work/merged.profdata" CARGO_TARGET_DIR=$work/use \
+RUSTFLAGS="$base -Cprofile-use=$PWD/$work/merged.profdata" CARGO_TARGET_DIR=$work/use \
     cargo build --release --locked -p ferrocomm-bench
 for i in $(seq "$rounds"); do
     for b in target/release/ferrocomm-bench "$work/use/release/ferrocomm-bench"; do
