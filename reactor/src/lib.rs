@@ -31,6 +31,7 @@ mod clock;
 pub mod lock;
 mod ops;
 pub mod pacer;
+mod spins;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,6 +46,7 @@ use futures::task::AtomicWaker;
 pub use lock::{Mutex, MutexGuard, RawLock};
 pub use ops::{OpKey, Ops};
 pub use pacer::Pacer;
+use spins::Spins;
 
 /// How an awaiting caller makes progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,14 +123,11 @@ const YIELD_AFTER: Duration = Duration::from_micros(20);
 /// Spin rounds per taking of the lock.
 const LOCKED_ROUNDS: u32 = 8;
 
-/// Low half of [`Shared::spins`]: callers spinning right now; high half: spins ever started.
-const SPIN_ONE: u64 = 1 << 32 | 1;
-
 struct Shared<P> {
     state: Mutex<P>,
     mode: ProgressMode,
-    /// Spinning callers (low 32 bits) and spins started (high 32 bits), one atomic add per spin.
-    spins: AtomicU64,
+    /// Callers spinning now, and spins started.
+    spins: Spins,
     /// A caller stopped spinning and is going to sleep: the background task must take over now.
     handover: AtomicBool,
     background: AtomicWaker,
@@ -199,7 +198,7 @@ impl ReactorThread {
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             mode,
-            spins: AtomicU64::new(0),
+            spins: Spins::default(),
             handover: AtomicBool::new(false),
             background: AtomicWaker::new(),
             stop: AtomicBool::new(false),
@@ -290,28 +289,19 @@ async fn background<P: Progress>(shared: Arc<Shared<P>>) {
 impl<P> Shared<P> {
     /// Whether a caller spins inline right now.
     fn spinning(&self) -> bool {
-        self.spins.load(Ordering::Acquire) as u32 > 0
+        self.spins.read().0 > 0
     }
 
     /// Whether a caller spins now or started a spin since the last call (`seen` remembers the
     /// count). A caller that handed over (it is going to sleep) does not count.
-    fn inline_active(&self, seen: &mut u64) -> bool {
-        let spins = self.spins.load(Ordering::Acquire);
-        let started = spins >> 32 != *seen;
-        *seen = spins >> 32;
+    fn inline_active(&self, seen: &mut u32) -> bool {
+        let (now, ever) = self.spins.read();
+        let started = ever != *seen;
+        *seen = ever;
         if self.handover.swap(false, Ordering::AcqRel) {
-            return spins as u32 > 0;
+            return now > 0;
         }
-        spins as u32 > 0 || started
-    }
-}
-
-/// Marks a caller as spinning inline for as long as it lives.
-struct SpinGuard<'a, P>(&'a Shared<P>);
-
-impl<P> Drop for SpinGuard<'_, P> {
-    fn drop(&mut self) {
-        self.0.spins.fetch_sub(1, Ordering::AcqRel);
+        now > 0 || started
     }
 }
 
@@ -402,8 +392,7 @@ impl<P: Progress> Reactor<P> {
             (Some(d), Some(_)) => wait.may_spin(d, Instant::now()),
         };
         if spinning {
-            shared.spins.fetch_add(SPIN_ONE, Ordering::AcqRel);
-            let _guard = SpinGuard(shared);
+            let _spin = shared.spins.start();
             if rung {
                 // The background task sleeps with the transports' doorbells armed, so a peer would
                 // ring one (and wake that task onto this CPU) for the very message this caller is

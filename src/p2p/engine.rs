@@ -173,13 +173,66 @@ pub struct Engine<C: Completions = VecDeque<(OpKey, Completion)>> {
     me: Rank,
     cfg: Config,
     peers: Vec<Peer>,
-    contexts: HashMap<u32, Queues, BuildHasherDefault<ContextHasher>>,
+    contexts: Contexts,
     rndv_sends: Slab<RndvSend>,
     rndv_recvs: Slab<RndvRecv>,
     transmit: VecDeque<(Rank, Header, Bytes)>,
     done: C,
     violations: VecDeque<(Rank, WireError)>,
     meters: Meters,
+}
+
+/// The matching queues of every context: a map by context id, with the context looked up last in
+/// front of it. Nearly every message is on the context of the one before (a program's traffic sits
+/// on one or two communicators), and the map's probe (hash, control group, key) sat on the 8 B
+/// message's path: with this cache in front, 0.096 -> 0.094 us one way (session 24).
+struct Contexts {
+    queues: Vec<Queues>,
+    /// Index into `queues` by context id. Contexts are never removed: a peer's messages create
+    /// them only up to its credit (an unexpected message holds its credit until matched).
+    index: HashMap<u32, usize, BuildHasherDefault<ContextHasher>>,
+    /// The context looked up last, and its index (`usize::MAX`: none yet).
+    last: (u32, usize),
+}
+
+impl Default for Contexts {
+    fn default() -> Contexts {
+        Contexts { queues: Vec::new(), index: HashMap::default(), last: (0, usize::MAX) }
+    }
+}
+
+impl Contexts {
+    #[inline(always)]
+    fn get_mut(&mut self, context: u32) -> Option<&mut Queues> {
+        let i = if self.last.0 == context && self.last.1 != usize::MAX { self.last.1 } else { self.find(context)? };
+        self.queues.get_mut(i)
+    }
+
+    /// The map's look-up, which the next [`Contexts::get_mut`] of the same context skips.
+    #[inline(never)]
+    fn find(&mut self, context: u32) -> Option<usize> {
+        let i = *self.index.get(&context)?;
+        self.last = (context, i);
+        Some(i)
+    }
+
+    fn get(&self, context: u32) -> Option<&Queues> {
+        self.index.get(&context).map(|&i| &self.queues[i])
+    }
+
+    /// The queues of `context`, made empty if it has none yet.
+    #[inline(always)]
+    fn entry(&mut self, context: u32) -> &mut Queues {
+        if self.get_mut(context).is_none() {
+            self.index.insert(context, self.queues.len());
+            self.queues.push(Queues::default());
+        }
+        self.get_mut(context).expect("just made")
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut Queues> {
+        self.queues.iter_mut()
+    }
 }
 
 /// Hashes context ids (which come from a mixing function or are small) with one multiplication:
@@ -314,7 +367,7 @@ impl<C: Completions> Engine<C> {
             me,
             cfg,
             peers: (0..size).map(|_| Peer::default()).collect(),
-            contexts: HashMap::default(),
+            contexts: Contexts::default(),
             rndv_sends: Slab::new(),
             rndv_recvs: Slab::new(),
             transmit: VecDeque::new(),
@@ -545,7 +598,7 @@ impl<C: Completions> Engine<C> {
         tag: TagMatch,
         buf: RecvBuf,
     ) -> Result<Result<(Payload, Status), Error>, RecvBuf> {
-        let Some(q) = self.contexts.get_mut(&context) else { return Err(buf) };
+        let Some(q) = self.contexts.get_mut(context) else { return Err(buf) };
         match q.unexpected.iter().position(|u| matches(src, tag, u.src, u.tag)) {
             Some(i) if matches!(q.unexpected[i].body, Body::Eager(_)) => {
                 let Some(Unexpected { src, tag, body: Body::Eager(data) }) = take_at(&mut q.unexpected, i) else {
@@ -561,7 +614,7 @@ impl<C: Completions> Engine<C> {
     /// Posts a receive on `context`. The source must be a rank of the job or `Any`.
     #[inline(always)]
     pub fn post_recv(&mut self, op: OpKey, context: u32, src: Source, tag: TagMatch, buf: RecvBuf) {
-        let q = self.contexts.entry(context).or_default();
+        let q = self.contexts.entry(context);
         if let Some(i) = q.unexpected.iter().position(|u| matches(src, tag, u.src, u.tag)) {
             let u = take_at(&mut q.unexpected, i).unwrap();
             self.deliver(op, u.src, u.tag, u.body, buf);
@@ -579,7 +632,7 @@ impl<C: Completions> Engine<C> {
     /// The caller stopped waiting for receive `op`: withdraw it if unmatched; a rendezvous already
     /// under way finishes into its buffer, which is then dropped.
     pub fn cancel_recv(&mut self, op: OpKey, context: u32) {
-        if let Some(q) = self.contexts.get_mut(&context)
+        if let Some(q) = self.contexts.get_mut(context)
             && let Some(i) = q.posted.iter().position(|p| p.op == op)
         {
             q.posted.remove(i);
@@ -592,7 +645,7 @@ impl<C: Completions> Engine<C> {
 
     /// The first unexpected message that a receive of (`src`, `tag`) would match now.
     pub fn iprobe(&self, context: u32, src: Source, tag: TagMatch) -> Option<Status> {
-        let q = self.contexts.get(&context)?;
+        let q = self.contexts.get(context)?;
         q.unexpected.iter().find(|u| matches(src, tag, u.src, u.tag)).map(Unexpected::status)
     }
 
@@ -606,13 +659,13 @@ impl<C: Completions> Engine<C> {
         } {
             self.done.complete(op, Completion::Probe(Err(e)));
         } else {
-            self.contexts.entry(context).or_default().probes.push(Probe { op, src, tag });
+            self.contexts.entry(context).probes.push(Probe { op, src, tag });
         }
     }
 
     /// The caller stopped waiting for probe `op`.
     pub fn cancel_probe(&mut self, op: OpKey, context: u32) {
-        if let Some(q) = self.contexts.get_mut(&context) {
+        if let Some(q) = self.contexts.get_mut(context) {
             q.probes.retain(|p| p.op != op);
         }
     }
@@ -623,7 +676,7 @@ impl<C: Completions> Engine<C> {
     }
 
     fn arrive(&mut self, src: Rank, context: u32, tag: u64, body: Body) {
-        let q = self.contexts.entry(context).or_default();
+        let q = self.contexts.entry(context);
         if let Some(i) = q.posted.iter().position(|p| matches(p.src, p.tag, src, tag)) {
             let p = take_at(&mut q.posted, i).unwrap();
             self.deliver(p.op, src, tag, body, p.buf);
@@ -737,7 +790,7 @@ impl<C: Completions> Engine<C> {
         if !self.accept(peer, &h) {
             return;
         }
-        let at = self.contexts.get_mut(&h.context).and_then(|q| {
+        let at = self.contexts.get_mut(h.context).and_then(|q| {
             let i = q.posted.iter().position(|p| matches(p.src, p.tag, peer, h.tag))?;
             Some((q, i))
         });

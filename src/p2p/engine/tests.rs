@@ -184,6 +184,43 @@ fn lent_eager_frames_land_in_posted_buffers() {
 }
 
 #[test]
+fn messages_on_interleaved_contexts_match_only_their_own() {
+    // The context cache switches on every frame here: posted before or after the context exists,
+    // lent or not, each receive gets the message of its own context.
+    let mut e = Engine::new(1, 2, cfg(32));
+    let frame =
+        |context: u32, seq: u8| Header { src: 0, context, tag: 3, len: 1, seq: seq.into(), ..Header::new(Kind::Eager) };
+    let contexts = [5u32, 9, 5, 7, 9, 9, 5, 7, 11, 5];
+    let mut op = 0;
+    let mut want = HashMap::new();
+    for (i, &c) in contexts.iter().enumerate() {
+        let payload = [i as u8];
+        op += 1;
+        if i % 2 == 0 {
+            e.post_recv(op, c, Source::Rank(0), TagMatch::Exact(3), RecvBuf::User(BytesMut::zeroed(4)));
+            e.handle_frame_ref(0, frame(c, i as u8), &payload);
+        } else {
+            e.handle_frame(0, frame(c, i as u8), Bytes::copy_from_slice(&payload));
+            e.post_recv(op, c, Source::Rank(0), TagMatch::Exact(3), RecvBuf::Alloc);
+        }
+        want.insert(op, i as u8);
+    }
+    // A receive on a context no message came on stays posted.
+    e.post_recv(100, 6, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    let mut done: HashMap<OpKey, Completion> = std::iter::from_fn(|| e.poll_event()).collect();
+    assert_eq!(done.len(), contexts.len());
+    for (op, i) in want {
+        match done.remove(&op) {
+            Some(Completion::Recv(Ok((p, s)))) => {
+                assert_eq!((&p.into_bytes()[..], s.len), (&[i][..], 1), "receive {op}")
+            }
+            other => panic!("receive {op}: {other:?}"),
+        }
+    }
+    assert_eq!(e.unexpected_from(0), 0);
+}
+
+#[test]
 fn truncation_is_an_error_on_both_paths() {
     for len in [10, EAGER + 10] {
         let mut net = Net::new(2, cfg(8));
