@@ -16,25 +16,16 @@ mkdir -p "$work/profiles"
 rustup component add llvm-tools >/dev/null 2>&1 || true
 profdata=$(find "$(rustc --print sysroot)" -name llvm-profdata -type f | head -1)
 [ -x "$profdata" ] || { echo "llvm-profdata not found (rustup component add llvm-tools)"; exit 1; }
-run() {
-    "$1" pingpong --transport shm --progress busy --runs 1 --recv-into --send-from --max 8 \
-        --no-peer --idle-gap 0 --target-ms 300 2>&1
-}
 cargo build --release --locked -p ferrocomm-bench
 # `RUSTFLAGS` replaces the workspace's .cargo/config.toml flags: repeat them.
 base=$(sed -n 's/^rustflags = \["\(.*\)"\]$/\1/p' .cargo/config.toml)
 RUSTFLAGS="$base -Cprofile-generate=$PWD/$work/profiles" CARGO_TARGET_DIR=$work/gen \
     cargo build --release --locked -p ferrocomm-bench
-run "$work/gen/release/ferrocomm-bench" >/dev/null  # the training run
+# The training run: the ping-pong the comparison measures.
+"$work/gen/release/ferrocomm-bench" pingpong --transport shm --progress busy --runs 1 --recv-into \
+    --send-from --max 8 --no-peer --idle-gap 0 --target-ms 300 >/dev/null 2>&1
 "$profdata" merge -o "$work/merged.profdata" "$work"/profiles/*.profraw
 RUSTFLAGS="$base -Cprofile-use=$PWD/$work/merged.profdata" CARGO_TARGET_DIR=$work/use \
     cargo build --release --locked -p ferrocomm-bench
-for i in $(seq "$rounds"); do
-    for b in target/release/ferrocomm-bench "$work/use/release/ferrocomm-bench"; do
-        out=$(run "$b")
-        lat=$(grep "summary: 8 B" <<<"$out" | awk '{print $6}')
-        line=$(grep "^reference: cache" <<<"$out" | awk '{print $8}')
-        kind=release; [[ $b == *use* ]] && kind=pgo
-        echo "round $i $kind: 8 B one way $lat us (cache-line reference $line us)"
-    done
-done
+OUT=$work/alternate.last bash scripts/shm-8B-alternate.sh "$rounds" \
+    target/release/ferrocomm-bench "$work/use/release/ferrocomm-bench"

@@ -186,26 +186,24 @@ pub struct Engine<C: Completions = VecDeque<(OpKey, Completion)>> {
 /// front of it. Nearly every message is on the context of the one before (a program's traffic sits
 /// on one or two communicators), and the map's probe (hash, control group, key) sat on the 8 B
 /// message's path: with this cache in front, 0.096 -> 0.094 us one way (session 24).
+#[derive(Default)]
 struct Contexts {
     queues: Vec<Queues>,
     /// Index into `queues` by context id. Contexts are never removed (as before the cache). A
     /// peer's messages make new ones only up to its credit: each unexpected message holds its
     /// credit until a receive of this rank matches it.
     index: HashMap<u32, usize, BuildHasherDefault<ContextHasher>>,
-    /// The context looked up last, and its index (`usize::MAX`: none yet).
-    last: (u32, usize),
-}
-
-impl Default for Contexts {
-    fn default() -> Contexts {
-        Contexts { queues: Vec::new(), index: HashMap::default(), last: (0, usize::MAX) }
-    }
+    /// The context found last, and its index.
+    last: Option<(u32, usize)>,
 }
 
 impl Contexts {
     #[inline(always)]
     fn get_mut(&mut self, context: u32) -> Option<&mut Queues> {
-        let i = if self.last.0 == context && self.last.1 != usize::MAX { self.last.1 } else { self.find(context)? };
+        let i = match self.last {
+            Some((c, i)) if c == context => i,
+            _ => self.find(context)?,
+        };
         self.queues.get_mut(i)
     }
 
@@ -213,7 +211,7 @@ impl Contexts {
     #[inline(never)]
     fn find(&mut self, context: u32) -> Option<usize> {
         let i = *self.index.get(&context)?;
-        self.last = (context, i);
+        self.last = Some((context, i));
         Some(i)
     }
 
