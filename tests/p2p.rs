@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use ferrocomm::{ProgressMode, Settings, TcpBackend, TransportChoice, testing};
+use ferrocomm::{Error, ProgressMode, Settings, TcpBackend, TransportChoice, TransportError, testing};
 
 /// The hybrid-polling test times waits, so it runs alone: it holds this lock for writing, and
 /// every other test of this file holds it for reading (eight busy-polling ranks next to it made
@@ -68,6 +68,37 @@ async fn suite_blocking_and_busy_modes() {
 }
 
 /// More ranks than cores, every one busy-polling: must not livelock.
+/// Dropping the last handle on a world ends the job for that rank at once: also right after an
+/// awaited receive, whose reference to the world is dropped late (see `Op`'s poll), and with an
+/// operation still in flight, which then fails with `Shutdown` instead of waiting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_handle_ends_the_rank() {
+    let _machine = MACHINE.read().await;
+    for progress in [ProgressMode::BusyPoll, ADAPTIVE, ProgressMode::Blocking] {
+        testing::run(2, shm(progress), |w| async move {
+            let limit = Duration::from_secs(20);
+            if w.rank() == 0 {
+                w.send(1, 1, vec![1u8; 8]).await.unwrap();
+                let echo = w.recv(1, 2).await.unwrap();
+                assert_eq!(echo.data.len(), 8);
+                let never = w.recv(1, 3);
+                drop(w);
+                let r = tokio::time::timeout(limit, never).await.expect("the pending receive hangs");
+                assert!(matches!(r, Err(Error::Shutdown)), "{r:?}");
+            } else {
+                let m = w.recv(0, 1).await.unwrap();
+                w.send(0, 2, m.data).await.unwrap();
+                // Rank 0 never calls finalize: its goodbye comes from dropping its handle.
+                let r = tokio::time::timeout(limit, w.recv(0, 4)).await.expect("rank 0 never left");
+                assert!(matches!(r, Err(Error::PeerLost { rank: 0, reason: TransportError::Left })), "{r:?}");
+                w.finalize().await.unwrap();
+            }
+        })
+        .await
+        .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversubscribed_busy_poll() {
     let _machine = MACHINE.read().await;

@@ -918,6 +918,38 @@ impl<C: Completions> Engine<C> {
         }
     }
 
+    /// This rank shuts down: every operation in flight fails with [`Error::Shutdown`] (its
+    /// awaiting future, if any, is woken). Frames already queued stay queued.
+    pub fn close(&mut self) {
+        for p in &mut self.peers {
+            for b in std::mem::take(&mut p.backlog) {
+                if let Some(op) = b.op {
+                    self.done.complete(op, Completion::Send(Err(Error::Shutdown)));
+                }
+            }
+        }
+        // Rendezvous transfers keep their buffers, as when cancelled: a transport may still be
+        // writing into a receive's (see `Sink::data_dest`).
+        for (_, s) in self.rndv_sends.iter_mut() {
+            if let Some(op) = s.op.take() {
+                self.done.complete(op, Completion::Send(Err(Error::Shutdown)));
+            }
+        }
+        for (_, r) in self.rndv_recvs.iter_mut() {
+            if let Some(op) = r.op.take() {
+                self.done.complete(op, Completion::Recv(Err(Error::Shutdown)));
+            }
+        }
+        for q in self.contexts.values_mut() {
+            for p in q.posted.drain(..) {
+                self.done.complete(p.op, Completion::Recv(Err(Error::Shutdown)));
+            }
+            for p in q.probes.drain(..) {
+                self.done.complete(p.op, Completion::Probe(Err(Error::Shutdown)));
+            }
+        }
+    }
+
     /// Says goodbye to every live peer (before an orderly shutdown).
     pub fn say_goodbye(&mut self) {
         for peer in 0..self.peers.len() as Rank {

@@ -348,6 +348,36 @@ fn lost_peer_fails_everything_that_involves_it() {
 }
 
 #[test]
+fn closing_fails_every_operation_in_flight() {
+    let mut net = Net::new(3, cfg(1));
+    net.recv(1, 1, Source::Rank(2), TagMatch::Any, RecvBuf::Alloc);
+    net.recv(1, 2, Source::Any, TagMatch::Exact(9), RecvBuf::User(BytesMut::zeroed(8)));
+    net.engines[1].post_send(3, 2, 0, 0, data(1000, 0)); // rendezvous, waits for CTS
+    net.engines[1].post_send(4, 2, 0, 0, data(1, 0)); // no credit left: backlogged
+    net.engines[1].post_probe(5, 0, Source::Rank(2), TagMatch::Any);
+    // A rendezvous receive under way: rank 0 announced 1000 bytes, op 6 matched them, and the
+    // CTS is still on its way.
+    net.send(0, 1, 1, 7, data(1000, 1));
+    assert!(net.deliver_one(0, 1));
+    net.recv(1, 6, Source::Rank(0), TagMatch::Exact(7), RecvBuf::Alloc);
+    net.engines[1].close();
+    net.pump();
+    for op in 1..=6 {
+        let c = net.take(1, op).unwrap_or_else(|| panic!("op {op} pending"));
+        let shut = match c {
+            Completion::Send(r) => matches!(r, Err(Error::Shutdown)),
+            Completion::Recv(r) => matches!(r, Err(Error::Shutdown)),
+            Completion::Probe(r) => matches!(r, Err(Error::Shutdown)),
+        };
+        assert!(shut, "op {op}");
+    }
+    // The rendezvous receive keeps its buffer for data still arriving: no violation, no second
+    // completion.
+    net.run();
+    assert!(net.take(1, 6).is_none());
+}
+
+#[test]
 fn probe_sees_the_first_match_and_waits_for_one() {
     let mut net = Net::new(2, cfg(8));
     net.engines[1].post_probe(1, 0, Source::Any, TagMatch::Exact(3));

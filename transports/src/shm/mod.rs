@@ -545,6 +545,9 @@ impl Conn {
         let helped = self.outbox.help(&self.out_ring, &mut peer);
         stats.single_copy_halves_written += helped;
         let p = self.inbox.parse(&self.in_ring, sink, &mut peer)?;
+        if p.frames > 0 {
+            self.outbox.prefetch_next(&self.out_ring);
+        }
         stats.single_copy_received += p.copies;
         stats.single_copy_split += p.split;
         if p.released && self.inbox.producer_waits(&self.in_ring) {
