@@ -9,7 +9,7 @@
 #include <stdatomic.h>
 #include <time.h>
 #define N 2000000
-static int LINES=4096, W=3, K, S1, S2, F;
+static int LINES=4096, W=3, K, S1, S2, F, P;
 typedef struct { _Alignas(64) atomic_long w[8]; } line_t;
 static line_t *ab, *ba;
 static void pin(int c){cpu_set_t s;CPU_ZERO(&s);CPU_SET(c,&s);pthread_setaffinity_np(pthread_self(),sizeof s,&s);}
@@ -23,13 +23,13 @@ static inline long get(line_t *r, long i, line_t *reply){ line_t *l=&r[i%LINES];
   if (F) __builtin_prefetch(&reply[(i + zero(s))%LINES], 1, 3);
   s = chain(s, S2);
   return zero(s) + zero(x);}
-static void* echo(void*a){pin(1); for(long i=1;i<=N;i++){long d=get(ab,i,ba); put(ba,i,d);} return 0;}
-int main(int c,char**v){K=atoi(v[1]); S1=atoi(v[2]); S2=atoi(v[3]); F=atoi(v[4]);
+static void* echo(void*a){pin(1); for(long i=1;i<=N;i++){long d=get(ab,i,ba); put(ba,i,d); d=chain(d,P);} return 0;}
+int main(int c,char**v){K=atoi(v[1]); S1=atoi(v[2]); S2=atoi(v[3]); F=atoi(v[4]); P=c>5?atoi(v[5]):0;
  ab=aligned_alloc(4096,sizeof(line_t)*LINES); ba=aligned_alloc(4096,sizeof(line_t)*LINES);
  for(int i=0;i<LINES;i++)for(int k=0;k<8;k++){ab[i].w[k]=0;ba[i].w[k]=0;}
  pthread_t t;pthread_create(&t,0,echo,0);pin(0);
  struct timespec t0,t1; clock_gettime(CLOCK_MONOTONIC,&t0); long d=0;
- for(long i=1;i<=N;i++){put(ab,i,d); d=get(ba,i,ab+1);}
+ for(long i=1;i<=N;i++){put(ab,i,d); d=zero(chain(d,P)); d=get(ba,i+d,ab+1);}
  clock_gettime(CLOCK_MONOTONIC,&t1); pthread_join(t,0);
  double ns=(t1.tv_sec-t0.tv_sec)*1e9+(t1.tv_nsec-t0.tv_nsec);
- printf("K=%d S1=%d S2=%d F=%d one-way %.1f ns\n",K,S1,S2,F,ns/N/2);}
+ printf("P=%d K=%d S1=%d S2=%d F=%d one-way %.1f ns\n",P,K,S1,S2,F,ns/N/2);}

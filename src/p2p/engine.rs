@@ -180,6 +180,8 @@ pub struct Engine<C: Completions = VecDeque<(OpKey, Completion)>> {
     done: C,
     violations: VecDeque<(Rank, WireError)>,
     meters: Meters,
+    /// Set by [`Engine::close`]: operations posted from then on fail at once.
+    closed: bool,
 }
 
 /// The matching queues of every context: a map by context id, with the context looked up last in
@@ -373,6 +375,7 @@ impl<C: Completions> Engine<C> {
             done: C::default(),
             violations: VecDeque::new(),
             meters: Meters::new(),
+            closed: false,
         }
     }
 
@@ -480,6 +483,9 @@ impl<C: Completions> Engine<C> {
     /// Posts a send of `data` to `dest` (which must be a rank of the job); `op` completes through
     /// the engine's [`Completions`].
     pub fn post_send(&mut self, op: OpKey, dest: Rank, context: u32, tag: u64, data: Bytes) {
+        if self.closed {
+            return self.done.complete(op, Completion::Send(Err(Error::Shutdown)));
+        }
         let data = match self.send_now(dest, context, tag, data) {
             Ok(r) => return self.done.complete(op, Completion::Send(r)),
             Err(data) => data,
@@ -613,6 +619,9 @@ impl<C: Completions> Engine<C> {
     /// Posts a receive on `context`. The source must be a rank of the job or `Any`.
     #[inline(always)]
     pub fn post_recv(&mut self, op: OpKey, context: u32, src: Source, tag: TagMatch, buf: RecvBuf) {
+        if self.closed {
+            return self.done.complete(op, Completion::Recv(Err(Error::Shutdown)));
+        }
         let q = self.contexts.entry(context);
         if let Some(i) = q.unexpected.iter().position(|u| matches(src, tag, u.src, u.tag)) {
             let u = take_at(&mut q.unexpected, i).unwrap();
@@ -650,6 +659,9 @@ impl<C: Completions> Engine<C> {
 
     /// Completes `op` with the status of the first matching message, as soon as one has arrived.
     pub fn post_probe(&mut self, op: OpKey, context: u32, src: Source, tag: TagMatch) {
+        if self.closed {
+            return self.done.complete(op, Completion::Probe(Err(Error::Shutdown)));
+        }
         if let Some(s) = self.iprobe(context, src, tag) {
             self.done.complete(op, Completion::Probe(Ok(s)));
         } else if let Some(e) = match src {
@@ -919,8 +931,10 @@ impl<C: Completions> Engine<C> {
     }
 
     /// This rank shuts down: every operation in flight fails with [`Error::Shutdown`] (its
-    /// awaiting future, if any, is woken). Frames already queued stay queued.
+    /// awaiting future, if any, is woken), and so does every operation posted from now on (one
+    /// that raced with the shutdown on another thread). Frames already queued stay queued.
     pub fn close(&mut self) {
+        self.closed = true;
         for p in &mut self.peers {
             for b in std::mem::take(&mut p.backlog) {
                 if let Some(op) = b.op {

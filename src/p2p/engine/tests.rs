@@ -375,6 +375,14 @@ fn closing_fails_every_operation_in_flight() {
     // completion.
     net.run();
     assert!(net.take(1, 6).is_none());
+    // Posted after the close (a call racing the shutdown): fails at once.
+    net.recv(1, 7, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    net.send(1, 8, 0, 0, data(1000, 0));
+    net.engines[1].post_probe(9, 0, Source::Any, TagMatch::Any);
+    net.pump();
+    assert!(matches!(net.take(1, 7), Some(Completion::Recv(Err(Error::Shutdown)))));
+    assert!(matches!(net.take(1, 8), Some(Completion::Send(Err(Error::Shutdown)))));
+    assert!(matches!(net.take(1, 9), Some(Completion::Probe(Err(Error::Shutdown)))));
 }
 
 #[test]

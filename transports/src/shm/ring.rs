@@ -651,10 +651,11 @@ impl Outbox {
     /// would wait for the line to be taken back from it (a cross-core request), and the
     /// consumer's next look for the line to come back (a second one). Asked for now, the first
     /// request overlaps with the work before the reply: 8 B one way through the async API 0.092
-    /// -> 0.0805 us (fast-phase medians of 6 alternated runs, session 25). It pays only if no
-    /// atomic read-modify-write comes between it and the reply: such an instruction waits for
-    /// the prefetch to complete, and the consumer takes the line back meanwhile (0.100-0.112 us
-    /// with one in the API's path; see `park` there).
+    /// -> 0.0805 us (fast-phase medians of 6 alternated runs, session 25). Atomic
+    /// read-modify-writes between it and the reply eat the gain: such an instruction waits for the
+    /// prefetch to complete, and the consumer takes the line back meanwhile. With the drop of the
+    /// awaited operation's reference to its world there as well as the reactor lock's swap:
+    /// 0.087-0.112 us (batch medians 0.0945-0.104); see `park` in the API.
     #[inline(always)]
     pub fn prefetch_next<A: Atomics>(&self, ring: &Ring<A>) {
         if let Some(at) = self.next_line() {
@@ -664,9 +665,9 @@ impl Outbox {
 
     /// Where the next frame starts, if a frame as long as the last one [`Outbox::write_now`]
     /// wrote would lie whole in that cache line (payloads of up to 8 bytes) and nothing is queued
-    /// before it. Frames of two lines or more are left alone: the store to a line not prefetched
-    /// still waits, and the consumer meanwhile takes the prefetched one back (11-64 B, both lines
-    /// prefetched: 0.100 -> 0.122-0.130 us one way).
+    /// before it. Frames of two lines or more are left alone: prefetching their lines made 11-67 B
+    /// slower in the host's usual (fast) phase, 0.100-0.111 -> 0.120-0.141 us one way, and
+    /// prefetching the first line only, much slower in the slow phase (0.38-0.39 -> 0.50-0.53).
     pub fn next_line(&self) -> Option<u64> {
         let at = frame_start(self.head);
         let end = body_start(at, self.last_len) + self.last_len;
