@@ -652,10 +652,11 @@ impl Outbox {
     /// consumer's next look for the line to come back (a second one). Asked for now, the first
     /// request overlaps with the work before the reply: 8 B one way through the async API 0.092
     /// -> 0.0805 us (fast-phase medians of 6 alternated runs, session 25). Atomic
-    /// read-modify-writes between it and the reply eat the gain: such an instruction waits for the
-    /// prefetch to complete, and the consumer takes the line back meanwhile. With the drop of the
-    /// awaited operation's reference to its world there as well as the reactor lock's swap:
-    /// 0.087-0.112 us (batch medians 0.0945-0.104); see `park` in the API.
+    /// read-modify-writes between it and the reply eat the gain (measured): such an instruction
+    /// apparently waits for the prefetch to complete, and the consumer takes the line back
+    /// meanwhile. With the drop of the awaited operation's reference to its world there as well
+    /// as the reactor lock's swap: 0.087-0.112 us (batch medians 0.0945-0.104); see `park` in the
+    /// API.
     #[inline(always)]
     pub fn prefetch_next<A: Atomics>(&self, ring: &Ring<A>) {
         if let Some(at) = self.next_line() {
