@@ -6,8 +6,8 @@
 #
 #   bash scripts/shm-8B-alternate.sh ROUNDS BIN...
 #
-# Raw lines (round, binary, latency, cache-line reference, transport alone, all in us) go to
-# $OUT (default alternate.last).
+# Raw lines (round, binary, latency, cache-line reference, transport alone, engine driven by hand,
+# all in us) go to $OUT (default alternate.last).
 set -euo pipefail
 rounds=$1
 shift
@@ -18,7 +18,7 @@ for r in $(seq "$rounds"); do
             --no-peer --idle-gap 0 --target-ms 300 2>&1)
         l=$(awk '/summary: 8 B/ {print $6}' <<<"$o")
         c=$(awk '/^reference: cache/ {print $8}' <<<"$o")
-        t=$(awk '/cma=off/ {print $11}' <<<"$o")
+        t=$(awk '/cma=off/ {print $11, $25}' <<<"$o")
         echo "$r $b $l $c $t"
     done
 done | tee "$out"
@@ -27,7 +27,7 @@ import collections, statistics, sys
 fast, slow = collections.defaultdict(list), collections.defaultdict(list)
 order = []
 for line in open(sys.argv[1]):
-    r, b, l, c, t = line.split()
+    r, b, l, c = line.split()[:4]
     order += [b] if b not in order else []
     (fast if float(c) < 0.05 and float(l) < 0.2 else slow)[b].append(float(l))
 med = lambda v: f"{statistics.median(v):.4f}" if v else "-"

@@ -89,7 +89,8 @@ pub struct World {
 #[derive(Clone)]
 pub struct Comm {
     inner: Arc<Inner>,
-    /// Keeps the job going while a handle exists (the same world as `inner`).
+    /// Keeps the job going while a handle exists. The same world as `inner`, which stays a field
+    /// of its own so that starting an operation reaches the world without a second indirection.
     live: Arc<Live>,
     context: u32,
     /// Per-communicator counters that every rank advances in the same order (collective calls).

@@ -911,7 +911,11 @@ impl<C: Completions> Engine<C> {
         // A crash may have taken a message a wildcard receive was waiting for; an orderly
         // goodbye cannot have (the peer sent everything before it), so wildcards keep waiting.
         let crashed = !matches!(reason, TransportError::Left);
-        let involves = |src: Source| src == Source::Rank(peer) || (crashed && src == Source::Any);
+        self.fail_posted(|src| src == Source::Rank(peer) || (crashed && src == Source::Any), err);
+    }
+
+    /// Fails, with `err()`, every posted receive and probe whose source `involves` names.
+    fn fail_posted(&mut self, involves: impl Fn(Source) -> bool, err: impl Fn() -> Error) {
         for q in self.contexts.values_mut() {
             q.posted.retain(|p| {
                 let hit = involves(p.src);
@@ -954,14 +958,7 @@ impl<C: Completions> Engine<C> {
                 self.done.complete(op, Completion::Recv(Err(Error::Shutdown)));
             }
         }
-        for q in self.contexts.values_mut() {
-            for p in q.posted.drain(..) {
-                self.done.complete(p.op, Completion::Recv(Err(Error::Shutdown)));
-            }
-            for p in q.probes.drain(..) {
-                self.done.complete(p.op, Completion::Probe(Err(Error::Shutdown)));
-            }
-        }
+        self.fail_posted(|_| true, || Error::Shutdown);
     }
 
     /// Says goodbye to every live peer (before an orderly shutdown).
