@@ -294,9 +294,8 @@ thread_local! {
 /// between a message's arrival and the reply the caller sends, such an instruction costs far more
 /// than its own few nanoseconds: it apparently waits until the shared-memory transport's prefetch
 /// of the reply's cache line completes (`Outbox::prefetch_next`), and the peer, polling that line,
-/// takes it back meanwhile. 8 B shared memory one way, fast phase: 0.087-0.112 us (batch medians
-/// 0.0945-0.104) with the prefetch and the drop there, 0.0805 without the drop, 0.092 before
-/// either (session 25). A second completion before the next start drops the first reference
+/// takes it back meanwhile (8 B over shared memory one way: about 0.080 us parked, 0.09-0.10 us
+/// dropped there: `ferrocomm-bench pingpong --transport shm --runs 10 --recv-into --send-from --max 8 --target-ms 100 --idle-gap 0 --no-peer`). A second completion before the next start drops the first reference
 /// then. The reference does not keep the job going ([`Live`] does); a thread that starts no
 /// operation again drops it when it ends.
 #[inline(always)]

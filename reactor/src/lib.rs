@@ -23,8 +23,8 @@
 //! `YIELD_AFTER` it yields every few dozen rounds, so that more busy ranks than cores still
 //! progress. Nor does it `pause` between rounds (MPI's progress loops do not either): a round is
 //! a whole progress call, not a one-load spin, and a `pause` only delays the round that would see
-//! the completion (an 8 B shared-memory ping-pong went from 0.219-0.249 to 0.210-0.233 us one way,
-//! alternated runs). Its limits count rounds, which are now a little shorter.
+//! the completion (about 10 ns one way on the 8 B shared-memory ping-pong). Its limits count
+//! rounds.
 
 mod alarm;
 mod clock;
