@@ -12,6 +12,11 @@ cd "$(dirname "$0")/.."
 parts=("$@")
 ((${#parts[@]})) || parts=(shm tcp collectives multicast verbs)
 want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
+for p in "${parts[@]}"; do
+    case "$p" in shm | tcp | collectives | multicast | verbs) ;;
+        *) echo "usage: $0 [shm] [tcp] [collectives] [multicast] [verbs]" >&2; exit 2 ;;
+    esac
+done
 
 need=()
 command -v NPtcp >/dev/null || need+=(netpipe-tcp)
