@@ -109,6 +109,10 @@ impl P2pRank {
         }
     }
 
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
     /// Checks what arrived against the script: each message exactly once, intact, and the
     /// messages of one sender that wildcard receives took in the order they were sent.
     pub fn check(&self) -> Result<(), String> {

@@ -74,3 +74,54 @@ fn allreduce_and_bcast_on_1024_ranks_every_algorithm_and_a_rendezvous_size() {
     let (report, _) = allreduce_then_bcast(1024, 16 << 10, Algorithm::RecursiveDoubling, Link::default(), 3);
     assert!(report.stats.frames > 3 * 1024 * 10, "RTS, CTS and data for each of the 10 steps");
 }
+
+#[test]
+fn collectives_under_frame_loss_and_jitter_on_1024_ranks() {
+    // Every frame lost with probability 5% (delivered one RTO later, holding up its link), and
+    // up to 20 us of jitter (frames of different links overtake one another).
+    let link = Link::default().with_loss(0.05).with_jitter(20_000);
+    for alg in [Algorithm::RecursiveDoubling, Algorithm::Rabenseifner] {
+        let (lossy, _) = allreduce_then_bcast(1024, 50, alg, link, 5);
+        let (clean, _) = allreduce_then_bcast(1024, 50, alg, Link::default(), 5);
+        assert!(lossy.stats.retransmissions > 100, "{:?}", lossy.stats);
+        assert!(
+            lossy.time > clean.time + 200_000,
+            "an RTO at least on the critical path: {} vs {}",
+            lossy.time,
+            clean.time
+        );
+    }
+}
+
+#[test]
+fn collectives_on_a_two_level_network() {
+    // 16 ranks per node: 200 ns and 100 Gbit/s inside, 5 us and 10 Gbit/s between nodes.
+    let links: ferrocomm_transports::sim::Links =
+        std::sync::Arc::new(|a, b| if a / 16 == b / 16 { Link::new(200, 100.0) } else { Link::new(5_000, 10.0) });
+    let cfg = NetConfig { links: Some(links), ..NetConfig::default() };
+    let n = 512;
+    let calls = |r: u32| {
+        vec![
+            ops::allreduce(r, n, Algorithm::RecursiveDoubling, bytes_of(&input(r, 8)), ReduceOp::<u64>::Sum.erase())
+                .unwrap(),
+        ]
+    };
+    let (report, ranks) = run_calls(&SimNet::new(n, cfg), calls, LIMIT).unwrap();
+    let expect = sum_reference(n, 8);
+    for rank in &ranks {
+        assert_eq!(u64s(&ops::allreduce_result(&rank.results[0], n, Algorithm::RecursiveDoubling).unwrap()), expect);
+    }
+    // log2(512) = 9 steps: the first 4 inside a node, the other 5 between nodes.
+    let step = |l: Link| l.latency + l.serialize(48 + 64);
+    let model = 4 * step(Link::new(200, 100.0)) + 5 * step(Link::new(5_000, 10.0));
+    assert_eq!(report.time, model, "no contention in recursive doubling: each step is one link's cost");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let link = Link::default().with_loss(0.02).with_jitter(10_000);
+    let go = |seed| allreduce_then_bcast(256, 40, Algorithm::Rabenseifner, link, seed).0;
+    let (a, b, c) = (go(7), go(7), go(8));
+    assert_eq!(a, b, "same seed: same trace, same times, same counts");
+    assert_ne!(a.trace, c.trace);
+}
