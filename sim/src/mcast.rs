@@ -47,6 +47,8 @@ pub struct McastRank {
     pub confirmed_at: Option<Time>,
     pub first_send_at: Option<Time>,
     pub read_all_at: Option<Time>,
+    /// When this root's last message was acknowledged by every receiver (its window empty).
+    pub acked_at: Option<Time>,
     /// Core errors (refused datagrams or control messages) and failed operations.
     pub errors: Vec<String>,
 }
@@ -72,6 +74,7 @@ impl McastRank {
             confirmed_at: None,
             first_send_at: None,
             read_all_at: None,
+            acked_at: None,
             errors: Vec::new(),
         }
     }
@@ -157,6 +160,13 @@ impl McastRank {
                     self.node.send(to, CONTEXT, TAG, msg);
                 }
             }
+        }
+        if self.acked_at.is_none()
+            && self.first_send_at.is_some()
+            && self.outbox.is_empty()
+            && self.core.in_flight() == 0
+        {
+            self.acked_at = Some(now);
         }
         while let Some(e) = self.core.poll_event() {
             if e == Event::GroupConfirmed {

@@ -19,6 +19,9 @@ pub struct Point {
     pub bytes: usize,
     /// Simulated time of the operation, nanoseconds.
     pub sim_ns: Time,
+    /// Multicast: from the root's first send until every receiver acknowledged (the root's window
+    /// is empty again); delayed ACKs make this longer than the delivery.
+    pub acked_ns: Option<Time>,
     /// The alpha-beta model's time, nanoseconds.
     pub model_ns: f64,
     /// Frames and datagrams the network carried.
@@ -38,6 +41,7 @@ pub fn measure(op: Op, p: u32, bytes: usize, cfg: &NetConfig) -> Result<Point, S
     let limit: Time = 3_600_000_000_000;
     let data = payload(bytes);
     let bytes = data.len();
+    let mut acked_ns = None;
     let sim_ns = match op {
         Op::McastBcast => {
             let origin = Instant::now();
@@ -61,6 +65,7 @@ pub fn measure(op: Op, p: u32, bytes: usize, cfg: &NetConfig) -> Result<Point, S
             }
             let start = ranks[0].first_send_at.ok_or("the root never sent")?;
             let end = ranks.iter().filter_map(|r| r.read_all_at).max().unwrap_or(start);
+            acked_ns = ranks[0].acked_at.map(|t| t - start);
             end - start
         }
         _ => {
@@ -82,7 +87,7 @@ pub fn measure(op: Op, p: u32, bytes: usize, cfg: &NetConfig) -> Result<Point, S
     };
     let stats = net.stats();
     let model_ns = op.predict(AlphaBeta::of(&cfg.link), p, if matches!(op, Op::Barrier(_)) { 0 } else { bytes });
-    Ok(Point { op, ranks: p, bytes, sim_ns, model_ns, frames: stats.frames, datagrams: stats.datagrams })
+    Ok(Point { op, ranks: p, bytes, sim_ns, acked_ns, model_ns, frames: stats.frames, datagrams: stats.datagrams })
 }
 
 /// The operations of the curves: the latency-bound and bandwidth-bound algorithm of each.
