@@ -196,5 +196,5 @@ impl Process for McastRank {
 /// The protocol settings of a simulated channel: the facade's defaults
 /// (`McastSettings::default()`), with the datagram size of the network.
 pub fn config(size: u32, datagram: usize) -> Config {
-    Config { job: 0x5349_4d, channel: 1, datagram, ..Config::new(0, size) }
+    Config { job: 0x0053_494d, channel: 1, datagram, ..Config::new(0, size) }
 }

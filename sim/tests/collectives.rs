@@ -9,6 +9,9 @@ use ferrocomm_sim::{Link, NetConfig, Report, SimNet};
 
 const LIMIT: u64 = 600_000_000_000;
 
+/// The big runs take a gigabyte or two each: one at a time.
+static BIG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn bytes_of(v: &[u64]) -> Bytes {
     Bytes::copy_from_slice(bytemuck::cast_slice(v))
 }
@@ -56,6 +59,7 @@ fn allreduce_then_bcast(n: u32, count: usize, alg: Algorithm, link: Link, seed: 
 
 #[test]
 fn allreduce_and_bcast_on_4096_ranks() {
+    let _one = BIG.lock().unwrap_or_else(|e| e.into_inner());
     for alg in [Algorithm::RecursiveDoubling, Algorithm::Rabenseifner] {
         let (report, _) = allreduce_then_bcast(4096, 64, alg, Link::default(), 1);
         eprintln!(
@@ -67,6 +71,7 @@ fn allreduce_and_bcast_on_4096_ranks() {
 
 #[test]
 fn allreduce_and_bcast_on_1024_ranks_every_algorithm_and_a_rendezvous_size() {
+    let _one = BIG.lock().unwrap_or_else(|e| e.into_inner());
     for alg in [Algorithm::RecursiveDoubling, Algorithm::Rabenseifner, Algorithm::Ring] {
         allreduce_then_bcast(1024, 100, alg, Link::default(), 2);
     }
