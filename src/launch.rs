@@ -11,10 +11,11 @@
 //!   [`crate::bootstrap::env::detect`]);
 //! * it forwards each rank's output line by line with a `[rank] ` prefix,
 //!   stdout to stdout and stderr to stderr;
-//! * it turns one rank's failure into the job's failure: the other ranks get
-//!   [`LaunchOptions::grace`] to notice (their connections to the dead rank
-//!   fail) and exit on their own, then they are killed, and the job's exit
-//!   code is the failed rank's;
+//! * it turns one rank's failure into the job's failure: it tells the other
+//!   ranks which rank ended (through the store, see
+//!   [`crate::bootstrap::notices`]; they fail what needs it at once, even
+//!   during their bootstrap), gives them [`LaunchOptions::grace`] to exit on
+//!   their own, then kills them; the job's exit code is the failed rank's;
 //! * it leaves no processes behind: each rank runs in its own process group,
 //!   which is killed as a whole (so a rank's own children go too), and each
 //!   rank gets `PR_SET_PDEATHSIG=SIGKILL` on Linux so it dies with the
@@ -202,6 +203,9 @@ async fn run_job(n: u32, program: &Path, args: &[OsString], opts: &LaunchOptions
                 }
                 if result.is_none() {
                     result = Some(code);
+                    // A rank that said goodbye first (finalize) and then failed is no loss to the
+                    // others: they ignore the report then.
+                    store.put(crate::bootstrap::notices::FAILED_KEY, &crate::bootstrap::notices::encode(r, &format!("exited with {what}")));
                     say(format!("rank {r} exited with {what}; stopping the job")).await;
                     kill_at = Some(Instant::now() + opts.grace);
                 } else {

@@ -18,6 +18,9 @@
 //!
 //! A channel holds a handle on the communicator: drop channels before finalizing the world, and
 //! [`Channel::flush`] them first: a dropped channel abandons what it has not delivered yet.
+//!
+//! A loss that revokes the communicator ends the channel: its task stops, and every pending and
+//! later call fails with the error naming the lost rank (see `docs/failure.md`).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::pin;
@@ -202,6 +205,8 @@ struct Shared {
     ready: Notify,
     published: Mutex<Stats>,
     closed: AtomicBool,
+    /// Why the task stopped, when a loss revoked the communicator.
+    failed: Mutex<Option<Error>>,
     drop_rng: AtomicU64,
     test_drop: f64,
 }
@@ -281,25 +286,50 @@ impl Shared {
         ((x >> 11) as f64 / (1u64 << 53) as f64) < self.test_drop
     }
 
-    /// Waits until `f` gives an answer, re-trying it whenever the task reports progress.
-    async fn wait_for<T>(&self, mut f: impl FnMut(&mut McastCore) -> Option<T>) -> T {
+    /// Why the channel can no longer serve: a loss revoked its communicator.
+    fn failure(&self) -> Option<Error> {
+        self.failed.lock().clone().or_else(|| self.comm.revoked())
+    }
+
+    /// Waits until `f` gives an answer, re-trying it whenever the task reports progress; fails
+    /// once a loss revoked the communicator (then nothing would ever change).
+    async fn wait_for<T>(&self, mut f: impl FnMut(&mut McastCore) -> Option<T>) -> Result<T> {
         loop {
             let mut notified = pin!(self.ready.notified());
             notified.as_mut().enable();
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
             let r = f(&mut self.core.lock());
             if let Some(v) = r {
                 self.pump();
                 self.kick.notify_one();
-                return v;
+                return Ok(v);
             }
             if self.closed.load(Ordering::Acquire) {
                 // The task is gone: nothing will change; let `f` see the final state once more.
                 if let Some(v) = f(&mut self.core.lock()) {
-                    return v;
+                    return Ok(v);
                 }
-                std::future::pending::<()>().await;
+                return Err(self.failure().unwrap_or(Error::Shutdown));
             }
             notified.await;
+        }
+    }
+
+    /// A point-to-point operation of the channel failed for the loss of world rank `rank`: the
+    /// protocol forgets that member; true if the loss revoked the communicator (the task stops).
+    fn lost(&self, rank: Rank) -> bool {
+        let local = self.comm.local_rank(rank);
+        if local != Rank::MAX {
+            self.core.lock().peer_lost(Instant::now(), local);
+        }
+        match self.comm.revoked() {
+            Some(e) => {
+                *self.failed.lock() = Some(e);
+                true
+            }
+            None => false,
         }
     }
 }
@@ -374,6 +404,7 @@ impl Channel {
             ready: Notify::new(),
             published: Default::default(),
             closed: AtomicBool::new(false),
+            failed: Mutex::new(None),
             drop_rng: AtomicU64::new(mix(&[h, u64::from(comm.rank())]) | 1),
             test_drop: s.test_drop,
         });
@@ -401,27 +432,32 @@ impl Channel {
                 Err(SendError::WindowFull) => None,
                 Err(SendError::TooLarge { len, max }) => Some(Err(Error::TooLarge { len, max })),
             })
-            .await
+            .await?
     }
 
     /// The next message from `root`, exactly once and in the order `root` sent them.
-    /// Fails with [`Error::PeerLost`] once `root` died and everything that arrived was read.
+    /// Fails with [`Error::PeerLost`] once `root` died and everything that arrived was read, or
+    /// at once when a loss revoked the communicator (the error names the world rank lost).
     pub async fn recv(&self, root: Rank) -> Result<Bytes> {
         if root >= self.size() || root == self.rank() {
             return Err(Error::UnknownRank { rank: root, size: self.size() });
         }
+        let gone = || {
+            let rank = self.shared.comm.world_rank(root);
+            self.shared.failure().unwrap_or(Error::PeerLost { rank, reason: TransportError::Closed })
+        };
         self.shared
             .wait_for(|core| match core.pop(root, Instant::now()) {
                 Ok(Some(m)) => Some(Ok(m)),
                 Ok(None) => None,
-                Err(()) => Some(Err(Error::PeerLost { rank: root, reason: TransportError::Closed })),
+                Err(()) => Some(Err(gone())),
             })
-            .await
+            .await?
     }
 
     /// The next message from any root.
     pub async fn recv_any(&self) -> Result<(Rank, Bytes)> {
-        Ok(self.shared.wait_for(|core| core.pop_any(Instant::now())).await)
+        self.shared.wait_for(|core| core.pop_any(Instant::now())).await
     }
 
     /// The messages of `root`, as a stream.
@@ -438,21 +474,21 @@ impl Channel {
 
     /// Waits until every live rank has consumed every message this rank sent.
     pub async fn flush(&self) -> Result<()> {
-        self.shared.wait_for(|core| (core.in_flight() == 0).then_some(())).await;
-        Ok(())
+        self.shared.wait_for(|core| (core.in_flight() == 0).then_some(())).await
     }
 
     /// Waits until this rank may leave without abandoning anything: every live rank consumed what
     /// it sent, and it acknowledged what it consumed (as a co-root, with its sub-group).
+    /// (A channel that a loss ended has nothing left to settle.)
     async fn settle(&self) {
-        self.shared.wait_for(|core| (core.in_flight() == 0 && core.settled()).then_some(())).await
+        let _ = self.shared.wait_for(|core| (core.in_flight() == 0 && core.settled()).then_some(())).await;
     }
 
     /// Waits (at most `limit`) for this rank's multicast test to finish: true if the group
     /// works, false if it degraded to point-to-point or is still testing.
     pub async fn wait_group(&self, limit: Duration) -> bool {
         let done = self.shared.wait_for(|core| (core.confirmed() || core.degraded()).then(|| core.confirmed()));
-        tokio::time::timeout(limit, done).await.unwrap_or(false)
+        tokio::time::timeout(limit, done).await.is_ok_and(|r| r.unwrap_or(false))
     }
 
     /// True if this rank's messages go by multicast.
@@ -534,15 +570,21 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
                             tracing::debug!(rank = me, from = m.source, error = %e, "control message refused");
                         }
                     }
-                    Err(Error::PeerLost { rank, .. }) => shared.core.lock().peer_lost(Instant::now(), rank),
+                    Err(Error::PeerLost { rank, .. }) => {
+                        if shared.lost(rank) {
+                            break;
+                        }
+                    }
                     Err(_) => break,
                 }
                 recv = shared.comm.recv(Source::Any, TagMatch::Exact(TAG));
             }
             Some(op) = new_sends.recv() => sends.push(op),
             Some(r) = sends.next(), if !sends.is_empty() => {
-                if let Err(Error::PeerLost { rank, .. }) = r {
-                    shared.core.lock().peer_lost(Instant::now(), rank);
+                if let Err(Error::PeerLost { rank, .. }) = r
+                    && shared.lost(rank)
+                {
+                    break;
                 }
             }
             r = writable => {

@@ -187,6 +187,7 @@ impl Shared {
 pub struct KvServer {
     addr: SocketAddr,
     task: JoinHandle<()>,
+    shared: Arc<Shared>,
 }
 
 impl KvServer {
@@ -200,13 +201,19 @@ impl KvServer {
         let listener = TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared { token, max_entries, store: Mutex::new(Store::default()) });
-        let task = tokio::spawn(accept_loop(listener, shared));
-        Ok(KvServer { addr, task })
+        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        Ok(KvServer { addr, task, shared })
     }
 
     /// The address the store listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Stores `value` under `key` from the process that runs the store, as a client's put would
+    /// (a launcher telling the ranks something). False when the store is full.
+    pub fn put(&self, key: &str, value: &[u8]) -> bool {
+        self.shared.put(key.as_bytes().to_vec(), value.to_vec())
     }
 }
 

@@ -11,6 +11,7 @@
 
 pub mod env;
 pub mod kv;
+pub mod notices;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -54,6 +55,10 @@ pub async fn init_with(settings: Settings) -> Result<World> {
     } else {
         None
     };
+    if job.launcher == env::Launcher::Ferrorun {
+        // Its store lives as long as the job, and it reports ranks that die.
+        return notices::join_watched(job.rank, job.size, &job.coordinator, job.token, store, settings).await;
+    }
     join(job.rank, job.size, &job.coordinator, job.token, store, settings).await
 }
 
@@ -208,6 +213,7 @@ pub async fn join(
         max_message: settings.max_message,
     };
     let driver = Driver { engine: Engine::with_completions(rank, size, cfg), transport };
+    let changes = driver.engine.failures().changes();
     let reactor = thread.run(driver, settings.progress);
     // Spinning ranks must give way at once on a crowded host.
     reactor.set_oversubscribed(crowded);
@@ -226,6 +232,7 @@ pub async fn join(
         shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
         thread: Mutex::new(Some(thread)),
+        changes,
     })))
 }
 

@@ -511,6 +511,8 @@ impl Comm {
 
     async fn run(slot: Slot, mut m: Machine) -> Result<Blocks> {
         let Slot { comm, seq, pool } = slot;
+        // A member already lost or departed: the call could never complete.
+        comm.collective_gate()?;
         let tag = |round: u32| (seq << 16) | u64::from(round);
         // A handful of operations at a time: inline vectors (no task allocations).
         let mut sends = Sends::new();
@@ -608,6 +610,7 @@ impl Comm {
                 // every rare path here: its set-up future is large, and would otherwise size
                 // (and be copied with) every message-based barrier's future.
                 return Box::pin(async move {
+                    comm.collective_gate()?;
                     let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
                     barrier.wait().await
                 })
@@ -729,6 +732,7 @@ impl Comm {
             if let Some((comm, data)) = multicast {
                 // Boxed, as in the barrier: a large future kept out of every broadcast's.
                 return Box::pin(async move {
+                    comm.collective_gate()?;
                     let chan = comm.sequence.multicast.get_or_try_init(|| Channel::new(&comm)).await?;
                     crate::multicast::broadcast(chan, root, data).await.map(|b| vec![b])
                 })
@@ -1349,9 +1353,7 @@ impl Comm {
         members.sort();
         let world: Vec<Rank> = members.iter().map(|&(_, r)| self.world_rank(r)).collect();
         let context = derive_context(derive_context(self.context(), (1 << 30) | n), color);
-        let mut c = self.with_context(context);
-        c.group = Some(Arc::new(Group::new(world, self.world_rank(self.rank()))));
-        Ok(Some(c))
+        Ok(Some(self.with_members(context, world)))
     }
 }
 

@@ -21,8 +21,8 @@ use bytes::Bytes;
 
 pub use wire::{Header, Kind, Limits, Rank, WireError};
 
-/// Why a connection to a peer ended.
-#[derive(Debug, Clone, thiserror::Error)]
+/// Why a connection to a peer ended, or why a peer is known to be gone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransportError {
     /// The peer broke the wire protocol; the connection was closed.
     #[error("protocol violation: {0}")]
@@ -36,6 +36,15 @@ pub enum TransportError {
     /// The peer said goodbye.
     #[error("peer left the job")]
     Left,
+    /// Another rank reported the peer lost (it saw the loss itself, or heard of it).
+    #[error("reported lost by rank {by}")]
+    Reported { by: Rank },
+    /// The peer announced that it is leaving without finishing (its program panicked).
+    #[error("the peer aborted")]
+    Aborted,
+    /// The launcher saw the peer's process end before it said goodbye.
+    #[error("the launcher saw its process end")]
+    Launcher,
 }
 
 impl From<io::Error> for TransportError {

@@ -38,6 +38,9 @@ pub enum Kind {
     Credit = 6,
     /// Orderly goodbye: the peer is leaving and will send nothing more.
     Bye = 7,
+    /// Failure notice: rank `aux` is lost (the sender saw it, heard of it, or, when `aux` is the
+    /// sender itself, is aborting). No payload.
+    Lost = 8,
 }
 
 impl Kind {
@@ -50,6 +53,7 @@ impl Kind {
             5 => Kind::Data,
             6 => Kind::Credit,
             7 => Kind::Bye,
+            8 => Kind::Lost,
             _ => return None,
         })
     }
@@ -165,7 +169,7 @@ impl Limits {
             Kind::Hello => TOKEN_LEN,
             Kind::Eager => self.eager_limit,
             Kind::Data => self.chunk,
-            Kind::Rts | Kind::Cts | Kind::Credit | Kind::Bye => 0,
+            Kind::Rts | Kind::Cts | Kind::Credit | Kind::Bye | Kind::Lost => 0,
         }
     }
 }
