@@ -4,7 +4,8 @@
 //! When one ends abnormally (a signal, a nonzero exit) it puts [`FAILED_KEY`] = `"<rank>\n<how>"`
 //! in the store. Every rank keeps a second store connection waiting for that key: during the
 //! bootstrap a report fails the bootstrap at once, naming the rank (the others would otherwise wait
-//! for its address or its connection until the connect timeout); afterwards it reaches the engine
+//! for its address or its connection until the connect timeout; and the bootstrap ends only once
+//! every rank is connected, so it fails at every rank or at none); afterwards it reaches the engine
 //! as a loss ([`crate::p2p::engine::Engine::report_lost`]), which spreads it like any other. The
 //! transports notice a killed rank on their own as well; the report covers what they cannot see
 //! (a rank that dies during the bootstrap) and is the launcher's word in the error.
@@ -23,6 +24,8 @@ use crate::world::{Inner, World};
 /// The key under which the launcher reports the first rank that ended abnormally.
 pub const FAILED_KEY: &str = "ferrorun/failed";
 
+/// How long a failed bootstrap waits for the launcher to report a dead rank that explains it.
+const REPORT_GRACE: Duration = Duration::from_secs(1);
 /// How long one wait for the report lasts before it is asked again.
 const WAIT: Duration = Duration::from_secs(600);
 
@@ -53,15 +56,51 @@ pub(super) async fn join_watched(
     settings: Settings,
 ) -> Result<World> {
     let (tx, mut rx) = watch::channel(None);
-    tokio::spawn(watch_store(coordinator.to_string(), token, settings.connect_timeout, tx));
+    let timeout = settings.connect_timeout;
+    tokio::spawn(watch_store(coordinator.to_string(), token, timeout, tx));
     let joined = super::join(rank, size, coordinator, token, store, settings);
-    let world = tokio::select! {
-        w = joined => w?,
-        Ok(report) = rx.wait_for(|r| r.as_ref().is_some_and(|(r, _)| *r != rank && *r < size)) => {
-            let (dead, how) = report.clone().expect("waited for");
-            tracing::warn!(rank, dead, "the launcher reports that rank {dead} {how}");
-            return Err(Error::PeerLost { rank: dead, reason: TransportError::Launcher });
+    let reported = |r: &Report| r.as_ref().is_some_and(|(r, _)| *r != rank && *r < size);
+    let dead = |report: &Report| {
+        let (dead, how) = report.clone().expect("waited for");
+        tracing::warn!(rank, dead, "the launcher reports that rank {dead} {how}");
+        Error::PeerLost { rank: dead, reason: TransportError::Launcher }
+    };
+    let joined = tokio::select! {
+        w = joined => Some(w),
+        Ok(_) = rx.wait_for(reported) => None,
+    };
+    let world = match joined {
+        Some(Ok(w)) => {
+            // Every rank connected to every other: wait until every rank got that far, so that
+            // the job starts everywhere or nowhere. A rank dying meanwhile fails every bootstrap
+            // alike, with the launcher's report (a rank that gave up because of it would otherwise
+            // be the first loss some others see, and their errors would name it).
+            let all_ready = async {
+                let mut kv = KvClient::connect(coordinator, &token, timeout).await?;
+                for r in 0..size {
+                    kv.get(&format!("ready/{r}"), timeout).await?;
+                }
+                Ok::<_, KvError>(())
+            };
+            let report = tokio::select! {
+                r = all_ready => Err(r),
+                Ok(report) = rx.wait_for(reported) => Ok(report.clone()),
+            };
+            match report {
+                Ok(report) => return Err(dead(&report)),
+                Err(ready) => ready.map_err(Error::bootstrap)?,
+            }
+            w
         }
+        // A rank that died mid-handshake may fail the bootstrap before the launcher's report
+        // arrives: the report, if it comes soon, is the better explanation.
+        Some(Err(e)) => {
+            return match tokio::time::timeout(REPORT_GRACE, rx.wait_for(reported)).await {
+                Ok(Ok(report)) => Err(dead(&report)),
+                _ => Err(e),
+            };
+        }
+        None => return Err(dead(&rx.borrow())),
     };
     let inner = world.inner().clone();
     if let Some(t) = inner.thread.lock().as_ref() {
