@@ -185,6 +185,10 @@ fn kill_case(kind: &str, n: u32, transport: &str, env: &[&str], seed: u64) -> Du
             panic!("{what}: rank {r} did not fail\n{text}")
         };
         assert_eq!(lost, Some(victim), "{what}: rank {r}'s error names the killed rank: {err}\n{text}");
+        assert!(
+            text.lines().any(|l| l.contains(&format!("FAULT-LATER rank={r} ok"))),
+            "{what}: rank {r}'s later operations\n{text}"
+        );
         slowest = slowest.max(Duration::from_nanos(at.saturating_sub(kill) as u64));
     }
     assert!(
@@ -284,7 +288,9 @@ impl Netns {
     }
 }
 
-/// 3 hosts of 2 ranks on a bridge; one host's link goes down while they loop all-reduces.
+/// 3 hosts of 2 ranks on a bridge; one host's link goes down while they loop node-leader
+/// all-reduces (data in flight: TCP's user timeout sees it), then while they all wait for a message
+/// that never comes (idle links: keep-alive probing sees it).
 #[test]
 fn link_cut_between_namespace_hosts() {
     if !is_root() {
@@ -293,11 +299,23 @@ fn link_cut_between_namespace_hosts() {
     }
     assert!(Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success()), "ip (iproute2) is missing");
     let seed = base_seed();
+    let mut results = Vec::new();
+    for (i, kind) in ["hierarchical", "idle"].into_iter().enumerate() {
+        results.push((kind, link_cut(kind, seed.wrapping_add(i as u64 * 7919) | 1)));
+    }
+    for (kind, slowest) in results {
+        println!("FAULT-MATRIX netns link-cut {kind:<12} slowest survivor {:>9.1} ms", slowest.as_secs_f64() * 1e3);
+    }
+}
+
+/// One link cut while the ranks run `kind`; returns the slowest rank's time from the cut to its
+/// failure.
+fn link_cut(kind: &str, seed: u64) -> Duration {
     let mut rng = Rng(seed);
     let cut = (rng.next() % 3) as u32;
     let delay = Duration::from_millis(100 + rng.next() % 400);
-    let what = format!("link cut: seed {seed}, host {cut} cut {delay:?} into the loop");
-    let prefix = format!("fcf{}", std::process::id() % 100_000);
+    let what = format!("link cut during {kind}: seed {seed}, host {cut} cut {delay:?} into the loop");
+    let prefix = format!("fcf{}{}", std::process::id() % 100_000, &kind[..1]);
     let mut ns = Netns(Vec::new());
     let hub = ns.add(format!("{prefix}h")).unwrap();
     sh(&["ip", "-n", &hub, "link", "add", "br0", "type", "bridge"]).unwrap();
@@ -323,7 +341,7 @@ fn link_cut_between_namespace_hosts() {
         let (ns_name, addr) = &hosts[r as usize / 2];
         let mut c = Command::new("ip");
         c.args(["netns", "exec", ns_name]).arg(&exe).args(["--exact", "fault_rank", "--nocapture", "--test-threads=1"]);
-        c.env("FERROCOMM_FAULT_KIND", "hierarchical")
+        c.env("FERROCOMM_FAULT_KIND", kind)
             .env("FERROCOMM_FAULT_VICTIM", "none")
             .env("FERROCOMM_RANK", r.to_string())
             .env("FERROCOMM_SIZE", "6")
@@ -394,7 +412,7 @@ fn link_cut_between_namespace_hosts() {
         println!("{text}");
     }
     println!("{what}: every rank failed; slowest {slowest:?} after the cut");
-    println!("FAULT-MATRIX netns link-cut         slowest survivor {:>9.1} ms", slowest.as_secs_f64() * 1e3);
+    slowest
 }
 
 // ---------------------------------------------------------------- the ranks --
@@ -404,7 +422,7 @@ fn link_cut_between_namespace_hosts() {
 fn fault_rank() {
     let Ok(kind) = std::env::var("FERROCOMM_FAULT_KIND") else { return };
     let rank: u32 = std::env::var("FERROCOMM_RANK").unwrap().parse().unwrap();
-    let victim: Option<u32> = std::env::var("FERROCOMM_FAULT_VICTIM").unwrap().parse().ok();
+    let victim: Option<u32> = std::env::var("FERROCOMM_FAULT_VICTIM").ok().and_then(|v| v.parse().ok());
     let delay = Duration::from_micros(std::env::var("FERROCOMM_FAULT_DELAY_US").map_or(0, |d| d.parse().unwrap()));
     if let Ok(token) = std::env::var("FERROCOMM_TOKEN") {
         println!("FAULT-JOB rank={rank} job={}", &token[..16]);
@@ -421,7 +439,15 @@ fn fault_rank() {
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         });
     };
+    // Warnings on stderr: a clean end must print none.
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_writer(std::io::stderr)
+        .try_init();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    if kind == "departure" {
+        return rt.block_on(departure());
+    }
     rt.block_on(async move {
         if kind == "bootstrap" && victim == Some(rank) {
             killer();
@@ -435,12 +461,25 @@ fn fault_rank() {
         };
         let w = match ferrocomm::init().await {
             Ok(w) => w,
-            Err(e) => return fail(e),
+            Err(e) => {
+                fail(e);
+                return println!("FAULT-LATER rank={rank} ok (no world)");
+            }
         };
         let t = Duration::from_secs(30);
-        if let Err(e) = w.barrier().timeout(t).await {
-            return fail(e);
-        }
+        // The survivors' own communicator, made before the kill: the loss must not touch it.
+        let rest = async {
+            w.barrier().timeout(t).await?;
+            w.split(victim.map(|v| u32::from(v == rank)), rank).timeout(t).await
+        };
+        let rest = match rest.await {
+            Ok(rest) => rest,
+            Err(e) => {
+                fail(e);
+                later(&w, None, victim).await;
+                return;
+            }
+        };
         println!("FAULT-READY rank={rank}");
         if kind != "bootstrap" && victim == Some(rank) {
             killer();
@@ -451,8 +490,39 @@ fn fault_rank() {
             Err(e) => e,
         };
         fail(e);
+        later(&w, rest.as_ref(), victim).await;
         let _ = w.finalize().timeout(t).await;
     });
+}
+
+/// After the failure: later operations on the world fail at once, naming the killed rank, and the
+/// survivors' own communicator still works. Prints `FAULT-LATER ok` or what went wrong.
+async fn later(w: &World, rest: Option<&ferrocomm::Comm>, victim: Option<u32>) {
+    let Some(victim) = victim else { return };
+    let rank = w.rank();
+    let names = |r: &ferrocomm::Result<()>| matches!(r, Err(Error::PeerLost { rank, .. }) if *rank == victim);
+    let quick = Duration::from_secs(1);
+    let barrier = w.barrier().timeout(quick).await;
+    let send = w.send((rank + 1) % w.size(), 5, vec![1u8]).timeout(quick).await;
+    let mut problems = Vec::new();
+    if !names(&barrier) {
+        problems.push(format!("barrier: {barrier:?}"));
+    }
+    if !names(&send) {
+        problems.push(format!("send: {send:?}"));
+    }
+    if let Some(rest) = rest {
+        let mut v = [1u64];
+        match rest.allreduce(&mut v, ReduceOp::Sum).timeout(Duration::from_secs(20)).await {
+            Ok(()) if v[0] == u64::from(w.size() - 1) => {}
+            other => problems.push(format!("survivors' all-reduce: {other:?} {v:?}")),
+        }
+    }
+    if problems.is_empty() {
+        println!("FAULT-LATER rank={rank} ok");
+    } else {
+        println!("FAULT-LATER rank={rank} bad: {}", problems.join("; "));
+    }
 }
 
 /// Loops the operation `kind` until it fails (or reports a hang).
@@ -499,8 +569,92 @@ async fn run(w: &World, kind: &str) -> ferrocomm::Result<()> {
                     chan.recv(root).await?;
                 }
             }
+            "idle" => {
+                // Nothing is ever sent: the loss is seen by keep-alive probing alone.
+                let m = w.recv(ferrocomm::Source::Any, u64::MAX).await?;
+                return Err(Error::Invalid(format!("a message nobody sent: {m:?}")));
+            }
             other => panic!("unknown kind {other}"),
         }
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------- departures --
+
+/// Rank 0 finalizes early; the others then see a departure, not a loss: what names rank 0 fails
+/// with `Left`, collectives of the world are refused naming it, and everything else goes on
+/// (point-to-point between the others on the world, their own communicator). Every rank ends with
+/// finalize, and nobody logs a warning.
+#[test]
+fn finalize_is_a_quiet_departure() {
+    for transport in ["shm", "tcp"] {
+        let transports = if transport == "tcp" { "tcp" } else { "auto" };
+        let out = Command::new(FERRORUN)
+            .args(["-n", "4", "--env", "FERROCOMM_FAULT_KIND=departure"])
+            .args(["--env", &format!("FERROCOMM_TRANSPORTS={transports}")])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", "fault_rank", "--nocapture", "--test-threads=1"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{transport}:\n{text}");
+        for r in 1..4 {
+            assert!(text.contains(&format!("FAULT-DEPARTURE-OK rank={r}")), "{transport}: rank {r}\n{text}");
+        }
+        assert!(!text.contains("WARN"), "{transport}: a clean job logs no warning\n{text}");
+        println!("{transport}: departures are quiet and refuse only what needs the departed rank");
+    }
+}
+
+async fn departure() {
+    let t = Duration::from_secs(20);
+    let w = ferrocomm::init().await.unwrap();
+    let (rank, n) = (w.rank(), w.size());
+    let rest = w.split(Some(u32::from(rank == 0)), rank).await.unwrap().unwrap();
+    w.barrier().timeout(t).await.unwrap();
+    if rank == 0 {
+        return w.finalize().await.unwrap();
+    }
+    let left = |r: &ferrocomm::Result<()>| matches!(r, Err(Error::PeerLost { rank: 0, reason: ferrocomm::TransportError::Left }));
+    // A receive naming rank 0 fails once its goodbye is here...
+    let r = w.recv(0, 9u64).timeout(t).await.map(drop);
+    assert!(left(&r), "{r:?}");
+    // ... and from then on collectives that need it are refused at once.
+    let r = w.barrier().timeout(t).await;
+    assert!(left(&r), "{r:?}");
+    let mut v = [1u64];
+    let r = w.allreduce(&mut v, ReduceOp::Sum).timeout(t).await;
+    assert!(left(&r), "{r:?}");
+    // Nothing else is: the others still talk on the world, and on their own communicator.
+    let (next, prev) = (rank % (n - 1) + 1, (rank + n - 3) % (n - 1) + 1);
+    let rx = w.recv(prev, 3u64);
+    w.send(next, 3, vec![rank as u8]).timeout(t).await.unwrap();
+    assert_eq!(rx.timeout(t).await.unwrap().data[0] as u32, prev);
+    rest.allreduce(&mut v, ReduceOp::Sum).timeout(t).await.unwrap();
+    assert_eq!(v[0], u64::from(n - 1));
+    rest.barrier().timeout(t).await.unwrap();
+    println!("FAULT-DEPARTURE-OK rank={rank}");
+    w.finalize().await.unwrap();
+}
+
+/// A rank whose program panics while it holds its world aborts: the others learn of it as a loss
+/// at once and fail what they were doing, whether or not it involved that rank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_rank_is_lost_at_once() {
+    let mut worlds = ferrocomm::testing::cluster(3, ferrocomm::Settings::default()).await.unwrap();
+    let (w2, w1, w0) = (worlds.pop().unwrap(), worlds.pop().unwrap(), worlds.pop().unwrap());
+    let t = Duration::from_secs(10);
+    let from2 = w0.recv(2, 1u64);
+    let barrier = w2.barrier();
+    let gives_up = tokio::spawn(async move {
+        let _w = w1;
+        panic!("rank 1 gives up (this panic is part of the test)");
+    });
+    assert!(gives_up.await.is_err());
+    let r = from2.timeout(t).await;
+    assert!(matches!(r, Err(Error::PeerLost { rank: 1, reason: ferrocomm::TransportError::Aborted })), "{r:?}");
+    let r = barrier.timeout(t).await;
+    assert!(matches!(r, Err(Error::PeerLost { rank: 1, .. })), "{r:?}");
 }

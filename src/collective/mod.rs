@@ -49,6 +49,10 @@ struct Slot {
     seq: u64,
     /// The calling communicator's buffer pool.
     pool: Arc<Pool>,
+    /// Why the call cannot run, as known when it was made: a member lost or departed. (Decided
+    /// then, not when a later phase of the call starts: by then a member may have finished the
+    /// whole call and left, which is no reason to fail.)
+    refused: Option<Error>,
 }
 
 /// A posted receive of a collective: of any length, or into a buffer of the announced length.
@@ -323,7 +327,7 @@ impl Comm {
         let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
         let comm =
             self.sequence.collective.get_or_init(|| Arc::new(self.with_context(self.context() | COLLECTIVE_BIT)));
-        Slot { comm: comm.clone(), seq, pool: self.sequence.pool.clone() }
+        Slot { comm: comm.clone(), seq, pool: self.sequence.pool.clone(), refused: self.collective_gate().err() }
     }
 
     /// The algorithm this communicator uses for `op` with `bytes` per rank (and a commutative
@@ -510,9 +514,12 @@ impl Comm {
     }
 
     async fn run(slot: Slot, mut m: Machine) -> Result<Blocks> {
-        let Slot { comm, seq, pool } = slot;
-        // A member already lost or departed: the call could never complete.
-        comm.collective_gate()?;
+        let Slot { comm, seq, pool, refused } = slot;
+        // A member already lost or departed when the call was made, or lost since: the call
+        // could never complete.
+        if let Some(e) = refused.or_else(|| comm.revoked()) {
+            return Err(e);
+        }
         let tag = |round: u32| (seq << 16) | u64::from(round);
         // A handful of operations at a time: inline vectors (no task allocations).
         let mut sends = Sends::new();
