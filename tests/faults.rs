@@ -99,7 +99,8 @@ fn parse(text: &str) -> HashMap<u32, Said> {
     let mut out: HashMap<u32, Said> = HashMap::new();
     for line in text.lines() {
         let Some(rest) = line.split("FAULT-").nth(1) else { continue };
-        let field = |k: &str| rest.split_whitespace().find_map(|w| w.strip_prefix(&format!("{k}="))).map(str::to_string);
+        let field =
+            |k: &str| rest.split_whitespace().find_map(|w| w.strip_prefix(&format!("{k}="))).map(str::to_string);
         let Some(rank) = field("rank").and_then(|r| r.parse().ok()) else { continue };
         let said = out.entry(rank).or_default();
         let at = || field("at").and_then(|a| a.parse().ok()).unwrap();
@@ -356,7 +357,10 @@ fn link_cut(kind: &str, seed: u64) -> Duration {
             .env_remove("FERROCOMM_LAUNCHER");
         c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = c.spawn().unwrap();
-        for pipe in [Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(child.stderr.take().unwrap())] {
+        for pipe in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
             let tx = tx.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(pipe).lines().map_while(Result::ok) {
@@ -372,7 +376,8 @@ fn link_cut(kind: &str, seed: u64) -> Duration {
     let mut ready = 0;
     let start = Instant::now();
     while ready < 6 {
-        let (r, line) = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what}: ranks not ready\n{text}"));
+        let (r, line) =
+            rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what}: ranks not ready\n{text}"));
         text += &format!("[{r}] {line}\n");
         ready += usize::from(line.contains("FAULT-READY"));
         assert!(start.elapsed() < Duration::from_secs(90), "{what}: ranks not ready\n{text}");
@@ -617,7 +622,9 @@ async fn departure() {
     if rank == 0 {
         return w.finalize().await.unwrap();
     }
-    let left = |r: &ferrocomm::Result<()>| matches!(r, Err(Error::PeerLost { rank: 0, reason: ferrocomm::TransportError::Left }));
+    let left = |r: &ferrocomm::Result<()>| {
+        matches!(r, Err(Error::PeerLost { rank: 0, reason: ferrocomm::TransportError::Left }))
+    };
     // A receive naming rank 0 fails once its goodbye is here...
     let r = w.recv(0, 9u64).timeout(t).await.map(drop);
     assert!(left(&r), "{r:?}");

@@ -157,10 +157,7 @@ async fn impostor(m: Misbehaviour) {
     // Rank 2 hears of it from rank 0, over their connection, which stays up: its receive fails
     // naming rank 1 too.
     let heard = at2.timeout(T).await;
-    assert!(
-        matches!(heard, Err(Error::PeerLost { rank: 1, reason: TransportError::Reported { by: 0 } })),
-        "{heard:?}"
-    );
+    assert!(matches!(heard, Err(Error::PeerLost { rank: 1, reason: TransportError::Reported { by: 0 } })), "{heard:?}");
     // The connection to the impostor was closed.
     let mut rest = Vec::new();
     let _ = tokio::time::timeout(T, to0.read_to_end(&mut rest)).await.expect("closed");

@@ -153,7 +153,10 @@ mod tests {
 
     #[test]
     fn reports_round_trip_and_garbage_is_none() {
-        assert_eq!(decode(&encode(3, "exited with signal 9 (SIGKILL)")), Some((3, "exited with signal 9 (SIGKILL)".into())));
+        assert_eq!(
+            decode(&encode(3, "exited with signal 9 (SIGKILL)")),
+            Some((3, "exited with signal 9 (SIGKILL)".into()))
+        );
         assert_eq!(decode(b"x\nhow"), None);
         assert_eq!(decode(b"3"), None);
         assert_eq!(decode(b"\xff\n"), None);

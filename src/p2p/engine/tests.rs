@@ -812,7 +812,10 @@ fn a_departure_is_not_a_loss() {
     net.engines[1].handle_frame(0, Header::new(Kind::Bye), Bytes::new());
     net.engines[1].peer_lost(0, TransportError::Closed);
     net.pump();
-    assert!(matches!(net.take(1, 1), Some(Completion::Recv(Err(Error::PeerLost { rank: 0, reason: TransportError::Left })))));
+    assert!(matches!(
+        net.take(1, 1),
+        Some(Completion::Recv(Err(Error::PeerLost { rank: 0, reason: TransportError::Left })))
+    ));
     assert!(net.take(1, 2).is_none());
     assert_eq!(net.notices(), 0);
     let e = &net.engines[1];
@@ -859,7 +862,10 @@ fn a_reported_loss_keeps_buffers_until_the_transport_lets_go() {
     assert!(net.deliver_one(1, 0), "the CTS");
     net.engines[1].report_lost(0, TransportError::Launcher);
     net.pump();
-    assert!(matches!(net.take(1, 1), Some(Completion::Recv(Err(Error::PeerLost { rank: 0, reason: TransportError::Launcher })))));
+    assert!(matches!(
+        net.take(1, 1),
+        Some(Completion::Recv(Err(Error::PeerLost { rank: 0, reason: TransportError::Launcher })))
+    ));
     assert_eq!(net.engines[1].rndv_recvs.len(), 1, "the transport may still write into it");
     assert_eq!(net.engines[1].poll_cut(), Some((0, TransportError::Launcher)));
     let (h, _) = net.links.get_mut(&(0, 1)).and_then(|l| l.pop_front()).expect("a data frame");
