@@ -5,7 +5,10 @@ use ferrocomm_transports::{Rank, TransportError};
 /// Everything a ferrocomm operation can fail with.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    /// The peer this operation involves is gone (crashed, killed, left, or broke the protocol).
+    /// A rank this operation needs is gone: lost (crashed, killed, cut off, silent past the peer
+    /// timeout, broke the protocol), or departed (`reason` [`TransportError::Left`]). `rank` is
+    /// a world rank. A loss revokes every communicator that contains the lost rank: all their
+    /// operations fail with this error naming it, whoever they involve (see `docs/failure.md`).
     #[error("rank {rank} is lost: {reason}")]
     PeerLost { rank: Rank, reason: TransportError },
     /// The matching message is longer than the posted receive buffer. The message is consumed.

@@ -288,7 +288,8 @@ impl Shared {
 
     /// Why the channel can no longer serve: a loss revoked its communicator.
     fn failure(&self) -> Option<Error> {
-        self.failed.lock().clone().or_else(|| self.comm.revoked())
+        let failed = self.failed.lock().clone();
+        failed.or_else(|| self.comm.revoked())
     }
 
     /// Waits until `f` gives an answer, re-trying it whenever the task reports progress; fails

@@ -18,6 +18,10 @@
 //! and the other ranks complete it. Single-copy calls (large calls on one host,
 //! [`shared::Lending`]) read the other ranks' memory: dropping one withdraws what this rank lent,
 //! and the others' call fails with `CollError::Withdrawn` rather than keep what it read.
+//!
+//! Failures: a loss of a member revokes the communicator, which fails every rank's pending and later
+//! calls naming the lost rank, on every path (messages, board, multicast, node-leader); a call made
+//! after a member departed fails at once (see `docs/failure.md`).
 
 pub(crate) mod shared;
 

@@ -25,6 +25,9 @@
 //!   memory a receiver spends on unexpected messages is bounded by `max_credit * eager_limit` per
 //!   peer; a peer that sends beyond its credits breaks the protocol and is disconnected.
 //!   Counters are monotonic and wrapping, so full and empty can never be confused.
+//! * Failures (`engine/revoke.rs`, with the knowledge in [`crate::p2p::failure`]): a peer's
+//!   goodbye fails what names it; a loss also revokes every context whose watch holds the lost
+//!   rank (everything posted there fails, naming it) and is told to every live peer once.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -190,6 +193,8 @@ pub struct Engine<C: Completions = VecDeque<(OpKey, Completion)>> {
     failures: Failures,
     /// Peers reported lost whose connection the driver must cut ([`Engine::poll_cut`]).
     cuts: VecDeque<Rank>,
+    /// This rank said goodbye (or is aborting): losses seen from now on are not worth a warning.
+    leaving: bool,
 }
 
 /// The matching queues of every context: a map by context id, with the context looked up last in
@@ -386,6 +391,7 @@ impl<C: Completions> Engine<C> {
             closed: false,
             failures: Failures::new(size),
             cuts: VecDeque::new(),
+            leaving: false,
         }
     }
 
@@ -964,10 +970,13 @@ impl<C: Completions> Engine<C> {
         self.fail_posted(|_| true, || Error::Shutdown);
     }
 
-    /// Says goodbye to every live peer (before an orderly shutdown).
+    /// Says goodbye to every peer not lost (before an orderly shutdown); a peer that departed
+    /// already may still be reading while it leaves, and must not take this rank's closing
+    /// connection for a loss.
     pub fn say_goodbye(&mut self) {
+        self.leaving = true;
         for peer in 0..self.peers.len() as Rank {
-            if peer != self.me && self.peers[peer as usize].lost.is_none() {
+            if peer != self.me && !matches!(self.failures.fate(peer), super::failure::Fate::Lost(_)) {
                 self.emit(peer, Header::new(Kind::Bye), Bytes::new());
             }
         }

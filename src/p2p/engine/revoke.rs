@@ -72,6 +72,7 @@ impl<C: Completions> Engine<C> {
     /// This rank leaves without finishing (its program panicked): it tells every live peer that
     /// it is lost, so that they fail what needs it at once instead of waiting on it.
     pub fn abort(&mut self) {
+        self.leaving = true;
         let notice = Header { aux: u64::from(self.me), ..Header::new(Kind::Lost) };
         for peer in 0..self.peers.len() as Rank {
             if peer != self.me && self.failures.is_alive(peer) {
@@ -107,7 +108,11 @@ impl<C: Completions> Engine<C> {
         if !self.failures.lose(lost, reason.clone()) {
             return false;
         }
-        tracing::warn!(peer = lost, %reason, "peer lost");
+        if self.leaving {
+            tracing::debug!(peer = lost, %reason, "peer lost while this rank leaves");
+        } else {
+            tracing::warn!(peer = lost, %reason, "peer lost");
+        }
         self.meters.peers_lost.increment(1);
         self.fail_peer(lost, reason);
         // The notices go before anything the revocation sends (a refused rendezvous): a peer
