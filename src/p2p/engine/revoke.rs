@@ -23,9 +23,16 @@ impl<C: Completions> Engine<C> {
     }
 
     /// Registers which ranks' loss revokes `context` (see [`Watch`]). Call it before operations
-    /// are posted there: a context nobody registered watches every rank.
+    /// are posted there: a context nobody registered watches every rank. Registered after a loss
+    /// that revokes it, it drops what arrived there meanwhile, as a revocation would have.
     pub fn watch(&mut self, context: u32, watch: Watch) {
         self.failures.watch(context, watch);
+        if self.failures.any_lost() && self.failures.revoked(context).is_some() {
+            let waiting = self.contexts.get_mut(context).map(|q| std::mem::take(&mut q.unexpected));
+            for u in waiting.into_iter().flatten() {
+                self.discard(u.src, u.body);
+            }
+        }
     }
 
     /// The error an operation on `context` fails with, if a loss revoked it.

@@ -947,3 +947,23 @@ proptest! {
         }
     }
 }
+
+/// A context made after the loss that revokes it (a communicator made late) drops what arrived for
+/// it meanwhile, credit included; one made after a loss that does not concern it keeps it all.
+#[test]
+fn a_context_registered_after_a_loss_follows_its_watch() {
+    let mut net = Net::new(3, cfg(2));
+    net.send_on(2, 1, 5, 1, data(8, 1));
+    net.send_on(2, 2, 6, 1, data(8, 2));
+    net.run();
+    net.engines[1].peer_lost(0, TransportError::Closed);
+    net.pump();
+    assert_eq!(net.engines[1].unexpected_from(2), 2, "unregistered contexts keep their messages");
+    net.engines[1].watch(5, Watch::All);
+    net.engines[1].watch(6, Watch::ranks([1, 2]));
+    assert_eq!(net.engines[1].unexpected_from(2), 1);
+    net.recv_on(1, 1, 6, Source::Rank(2));
+    assert_eq!(net.received(1, 1).0, data(8, 2));
+    net.recv_on(1, 2, 5, Source::Rank(2));
+    assert!(lost_naming(net.take(1, 2), 0));
+}
