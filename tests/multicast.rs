@@ -227,8 +227,8 @@ async fn ack_implosion_root_share_falls_to_one_per_subgroup() {
 /// "new"), and the protocol drops it as a duplicate, so every message still arrives exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn datagrams_without_the_jobs_tag_are_dropped_and_counted() {
-    use ferrocomm_multicast::transport::{MulticastTransport, UdpConfig, UdpMulticast};
     use ferrocomm::transports::auth::{JobSecret, TAG_LEN};
+    use ferrocomm_multicast::transport::{MulticastTransport, UdpConfig, UdpMulticast};
     const FORGED: u64 = 6;
     assert!(loopback_multicast(), "this test needs multicast on lo (`ip link set lo multicast on`)");
     let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -238,14 +238,8 @@ async fn datagrams_without_the_jobs_tag_are_dropped_and_counted() {
     s.multicast.port = Some(port);
     let out = ferrocomm::testing::run(3, s, move |w| async move {
         let spy = (w.rank() == 0).then(|| {
-            let cfg = UdpConfig {
-                group,
-                port,
-                interface: [127, 0, 0, 1].into(),
-                datagram: 1400,
-                ttl: 1,
-                buffer: 1 << 20,
-            };
+            let cfg =
+                UdpConfig { group, port, interface: [127, 0, 0, 1].into(), datagram: 1400, ttl: 1, buffer: 1 << 20 };
             UdpMulticast::join(&cfg).unwrap()
         });
         let chan = Channel::new(w.comm()).await.unwrap();
@@ -256,7 +250,10 @@ async fn datagrams_without_the_jobs_tag_are_dropped_and_counted() {
             // A data datagram of rank 0 (the spy also hears the pings of the group test).
             let mut buf = vec![0u8; 2048];
             let real = loop {
-                let n = tokio::time::timeout(T, std::future::poll_fn(|cx| spy.poll_recv(cx, &mut buf))).await.unwrap().unwrap();
+                let n = tokio::time::timeout(T, std::future::poll_fn(|cx| spy.poll_recv(cx, &mut buf)))
+                    .await
+                    .unwrap()
+                    .unwrap();
                 let d = &buf[..n];
                 if n > 36 + TAG_LEN && d[5] == 1 && d[20..24] == [0, 0, 0, 0] {
                     break d.to_vec();

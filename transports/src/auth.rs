@@ -297,7 +297,11 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub fn new(key: HandshakeKey, ends: Ends, hello: &[u8; NONCE_LEN]) -> Result<(Listener, Challenge), HandshakeError> {
+    pub fn new(
+        key: HandshakeKey,
+        ends: Ends,
+        hello: &[u8; NONCE_LEN],
+    ) -> Result<(Listener, Challenge), HandshakeError> {
         let nonce = fresh_nonce()?;
         let proof = to_array(&key.proof(Side::Listener, ends, hello, &nonce).finalize().into_bytes());
         Ok((Listener { key, ends, theirs: *hello, nonce }, Challenge { nonce, proof }))
@@ -429,7 +433,8 @@ mod tests {
         assert_eq!(l2.check(&proof), Err(HandshakeError::BadProof));
         // Same nonces, other ends, other protocol.
         let swapped = Ends { connector: 1, listener: 3 };
-        let other_ends = Listener { key: key(TOKEN, Protocol::Peers), ends: swapped, theirs: *c.hello(), nonce: ch.nonce };
+        let other_ends =
+            Listener { key: key(TOKEN, Protocol::Peers), ends: swapped, theirs: *c.hello(), nonce: ch.nonce };
         assert_eq!(other_ends.check(&proof), Err(HandshakeError::BadProof));
         let store = Listener { key: key(TOKEN, Protocol::Store), ends: ENDS, theirs: *c.hello(), nonce: ch.nonce };
         assert_eq!(store.check(&proof), Err(HandshakeError::BadProof));

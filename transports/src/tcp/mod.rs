@@ -199,10 +199,7 @@ mod tests {
         a_token: [u8; TOKEN_LEN],
     ) -> (Result<(), TransportError>, Result<Rank, TransportError>) {
         let (mut c, mut a) = pair().await;
-        tokio::join!(
-            handshake_connect(&mut c, 2, 1, &c_token, &LIMITS),
-            handshake_accept(&mut a, 1, &a_token, &LIMITS)
-        )
+        tokio::join!(handshake_connect(&mut c, 2, 1, &c_token, &LIMITS), handshake_accept(&mut a, 1, &a_token, &LIMITS))
     }
 
     fn is(r: &TransportError, e: HandshakeError) -> bool {
