@@ -52,8 +52,10 @@ pub(crate) struct Inner {
     pub busy: Vec<bool>,
     /// Whether each rank may read its neighbours' memory (cross-memory attach).
     pub single_copy: Vec<bool>,
-    /// A hash of the job token: tells this job's multicast datagrams from another's.
+    /// Derived from the job token: tells this job's multicast datagrams from another's.
     pub job_id: u64,
+    /// Authenticates this job's multicast datagrams.
+    pub datagram_key: ferrocomm_transports::auth::DatagramKey,
     /// The name of this job's shared-memory files, when this rank has peers over shared memory.
     pub shm_job: Option<String>,
     pub closed: AtomicBool,
@@ -531,9 +533,14 @@ impl Comm {
         &self.inner.settings
     }
 
-    /// Hash of the job token (multicast datagrams carry it).
+    /// Derived from the job token (multicast datagrams carry it).
     pub(crate) fn job_id(&self) -> u64 {
         self.inner.job_id
+    }
+
+    /// The key of the job's multicast datagram tags.
+    pub(crate) fn datagram_key(&self) -> &ferrocomm_transports::auth::DatagramKey {
+        &self.inner.datagram_key
     }
 
     /// The address this rank accepts connections on.

@@ -1,5 +1,8 @@
 //! How N processes become one job: learn who we are ([`env`](mod@env)), exchange addresses through a small
 //! key-value store ([`kv`]), then connect every pair of ranks with an authenticated handshake.
+//! Both handshakes are the challenge-response of [`ferrocomm_transports::auth`]: the job token
+//! never travels, and everything else derived from it (the multicast job id and datagram key,
+//! the shared-memory file names) goes through that module's key derivation.
 //!
 //! Rank i connects to every lower rank and accepts every higher one. With
 //! `FERROCOMM_TRANSPORTS=verbs` these TCP connections are made all the same and stay open as the
@@ -18,6 +21,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use ferrocomm_reactor::ReactorThread;
+use ferrocomm_transports::auth::JobSecret;
 use ferrocomm_transports::route::Routed;
 use ferrocomm_transports::tcp::{self, handshake_accept, handshake_connect};
 use ferrocomm_transports::wire::{Limits, TOKEN_LEN};
@@ -153,8 +157,9 @@ pub async fn join(
         let addr = kv.get(&format!("addr/{peer}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
         let addr = String::from_utf8_lossy(&addr).to_string();
         let mut s = connect_retry(&addr, deadline).await?;
-        handshake_connect(&mut s, rank, peer, &token, &limits)
+        tokio::time::timeout_at(deadline, handshake_connect(&mut s, rank, peer, &token, &limits))
             .await
+            .unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut)))
             .map_err(|e| Error::Bootstrap(format!("handshake with rank {peer} at {addr}: {e}")))?;
         tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap)?;
         conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
@@ -222,21 +227,18 @@ pub async fn join(
         domains,
         busy,
         single_copy,
-        job_id: job_id(&token),
+        job_id: JobSecret::new(token).job_id(),
+        datagram_key: JobSecret::new(token).datagram_key(),
         shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
         thread: Mutex::new(Some(thread)),
     })))
 }
 
-/// FNV-1a of the job token: the same at every rank, different between jobs.
-fn job_id(token: &[u8; TOKEN_LEN]) -> u64 {
-    env::fnv1a64(&[token])
-}
-
-/// The name of the job's shared-memory files (segments, boards).
+/// The name of the job's shared-memory files (segments, boards): derived from the token, as the
+/// names are visible to every user of the host.
 fn shm_job(token: &[u8; TOKEN_LEN]) -> String {
-    token[..8].iter().map(|b| format!("{b:02x}")).collect()
+    JobSecret::new(*token).shm_name()
 }
 
 /// Connects the shared-memory transport to the ranks on this host (`local[r]`).
