@@ -29,6 +29,10 @@ pub enum Error {
     /// Setting up the job failed (environment, key-value store, connections).
     #[error("bootstrap failed: {0}")]
     Bootstrap(String),
+    /// The job's environment cannot be used, or its key-value store cannot be hosted or reached:
+    /// each case names the variable and, for addresses, the address.
+    #[error("bootstrap failed: {0}")]
+    Job(#[from] crate::bootstrap::env::EnvError),
     /// The multicast layer could not do what was asked (see the message).
     #[error("multicast: {0}")]
     Multicast(String),

@@ -14,6 +14,7 @@
 
 pub mod env;
 pub mod kv;
+pub mod rendezvous;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -43,22 +44,18 @@ const REFUSED_KEPT: usize = 64;
 /// Time a connecting peer gets to prove itself.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Joins the job described by the environment (`ferrorun`, `mpirun`, `srun`, or `FERROCOMM_*`
-/// variables), with settings from the environment.
+/// Joins the job described by the environment (`ferrorun`, `mpirun`, `mpiexec`, `srun`, torchrun's
+/// variables, or `FERROCOMM_*` variables), with settings from the environment.
 pub async fn init() -> Result<World> {
     init_with(Settings::from_env()?).await
 }
 
 /// Like [`init`], with explicit settings.
 pub async fn init_with(settings: Settings) -> Result<World> {
-    let job = env::detect().map_err(Error::bootstrap)?;
-    let store = if job.host_store {
-        let bind: SocketAddr = job.coordinator.parse().map_err(Error::bootstrap)?;
-        Some(KvServer::start(bind, job.token).await.map_err(Error::bootstrap)?)
-    } else {
-        None
-    };
-    join(job.rank, job.size, &job.coordinator, job.token, store, settings).await
+    settings.validate()?;
+    let job = env::detect()?;
+    let (store, kv, coordinator) = rendezvous::open(&job, settings.connect_timeout).await?;
+    join_via(job.rank, job.size, kv, &coordinator, job.token, store, settings).await
 }
 
 /// Joins as `rank` of `size` through the store at `coordinator`. `store` is the store itself when
@@ -66,6 +63,21 @@ pub async fn init_with(settings: Settings) -> Result<World> {
 pub async fn join(
     rank: Rank,
     size: u32,
+    coordinator: &str,
+    token: [u8; TOKEN_LEN],
+    store: Option<KvServer>,
+    settings: Settings,
+) -> Result<World> {
+    settings.validate()?;
+    let kv = KvClient::connect(coordinator, &token, settings.connect_timeout).await.map_err(Error::bootstrap)?;
+    join_via(rank, size, kv, coordinator, token, store, settings).await
+}
+
+/// [`join`] through `kv`, a client of the store at `coordinator`.
+async fn join_via(
+    rank: Rank,
+    size: u32,
+    mut kv: KvClient,
     coordinator: &str,
     token: [u8; TOKEN_LEN],
     store: Option<KvServer>,
@@ -81,7 +93,6 @@ pub async fn join(
         chunk: settings.rndv_chunk,
         max_message: settings.max_message,
     };
-    let mut kv = KvClient::connect(coordinator, &token, settings.connect_timeout).await.map_err(Error::bootstrap)?;
     let thread = ReactorThread::spawn(&format!("ferrocomm-{rank}")).map_err(Error::bootstrap)?;
 
     // Listen, and advertise the address this host uses toward the coordinator.
@@ -449,7 +460,7 @@ fn host_identity() -> String {
 async fn route_to(coordinator: &str) -> Result<IpAddr> {
     let target = tokio::net::lookup_host(coordinator)
         .await
-        .map_err(Error::bootstrap)?
+        .map_err(|e| Error::Bootstrap(format!("cannot resolve {coordinator}: {e}")))?
         .next()
         .ok_or_else(|| Error::Bootstrap(format!("cannot resolve {coordinator}")))?;
     let probe = std::net::UdpSocket::bind((IpAddr::from([0, 0, 0, 0]), 0)).map_err(Error::bootstrap)?;
