@@ -27,7 +27,7 @@ missing=()
 command -v munged >/dev/null || missing+=(munge)
 { command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v srun >/dev/null; } ||
     missing+=(slurm-wlm)
-command -v mpirun >/dev/null && mpirun --version 2>&1 | grep -q "Open MPI" || missing+=(openmpi-bin)
+command -v mpirun.openmpi >/dev/null || missing+=(openmpi-bin)
 command -v mpiexec.mpich >/dev/null || missing+=(mpich)
 if [ ${#missing[@]} -gt 0 ]; then
     if ! command -v apt-get >/dev/null; then

@@ -251,8 +251,11 @@ pub enum EnvError {
 /// Reads the job environment of this process. Under MPICH Hydra without `FERROCOMM_COORD` or
 /// `FERROCOMM_TOKEN`, asks Hydra's process manager for the job id over `PMI_FD`.
 pub fn detect() -> Result<JobEnv, EnvError> {
+    // Hydra answers once: the exchange ends with `finalize`, after which it hangs up. The answer
+    // is kept for later calls in this process.
+    static HYDRA_JOB: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
     let get = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-    detect_with(&get, &mut pmi::hydra_kvsname)
+    detect_with(&get, &mut |fd| HYDRA_JOB.get_or_init(|| pmi::hydra_kvsname(fd)).clone())
 }
 
 /// Reads the job environment through `get`, which returns a variable's value or `None` when it

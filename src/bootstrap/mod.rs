@@ -103,7 +103,7 @@ async fn join_via(
         TcpListener::from_std(std).map_err(Error::bootstrap)?
     };
     let port = listener.local_addr().map_err(Error::bootstrap)?.port();
-    let ip = if settings.bind.is_unspecified() { route_to(coordinator).await? } else { settings.bind };
+    let ip = if settings.bind.is_unspecified() { route_to(coordinator, settings.bind).await? } else { settings.bind };
     let listen_addr = SocketAddr::new(ip, port);
     kv.put(&format!("addr/{rank}"), listen_addr.to_string().as_bytes()).await.map_err(Error::bootstrap)?;
 
@@ -456,14 +456,22 @@ fn host_identity() -> String {
     format!("{}/{}", name.trim(), boot.trim())
 }
 
-/// The local address the kernel would use to reach `coordinator` (no packet is sent).
-async fn route_to(coordinator: &str) -> Result<IpAddr> {
-    let target = tokio::net::lookup_host(coordinator)
+/// The local address the kernel would use to reach `coordinator` (no packet is sent), in the
+/// family of `bind`, the unspecified address the rank listens on: a host name may resolve to
+/// IPv6 and IPv4 addresses, and the advertised address must be one the listener accepts on.
+async fn route_to(coordinator: &str, bind: IpAddr) -> Result<IpAddr> {
+    let resolved: Vec<SocketAddr> = tokio::net::lookup_host(coordinator)
         .await
         .map_err(|e| Error::Bootstrap(format!("cannot resolve {coordinator}: {e}")))?
-        .next()
-        .ok_or_else(|| Error::Bootstrap(format!("cannot resolve {coordinator}")))?;
-    let probe = std::net::UdpSocket::bind((IpAddr::from([0, 0, 0, 0]), 0)).map_err(Error::bootstrap)?;
+        .collect();
+    let target = resolved.iter().find(|a| a.is_ipv4() == bind.is_ipv4()).ok_or_else(|| {
+        Error::Bootstrap(format!(
+            "{coordinator} resolves to no {} address, and this rank listens on {bind} \
+             (FERROCOMM_BIND): set FERROCOMM_BIND to an address of the other family",
+            if bind.is_ipv4() { "IPv4" } else { "IPv6" }
+        ))
+    })?;
+    let probe = std::net::UdpSocket::bind((bind, 0)).map_err(Error::bootstrap)?;
     probe.connect(target).map_err(Error::bootstrap)?;
     Ok(probe.local_addr().map_err(Error::bootstrap)?.ip())
 }
