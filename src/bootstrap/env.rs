@@ -220,9 +220,17 @@ pub enum EnvError {
     #[error(
         "this rank must host the key-value store at {addr} (from {var}), which resolves to {resolved}, \
          none of them an address of this host: run rank 0 on that host, or name rank 0's host in \
-         {var}, or set FERROCOMM_HOST_STORE=0 if the store runs elsewhere ({HOSTING})"
+         {var}, or set FERROCOMM_HOST_STORE=0 if the store runs elsewhere"
     )]
     NotLocal { addr: String, var: &'static str, resolved: String },
+    /// The job spans hosts, and the store's address is a loopback address at the hosting rank.
+    #[error(
+        "the job's ranks span hosts, but the key-value store's address {addr} (from {var}) resolves \
+         to {resolved} on this host, which the other hosts cannot reach (Debian's /etc/hosts maps \
+         a machine's own name to 127.0.1.1); set FERROCOMM_COORD to an address of this host that \
+         the others reach"
+    )]
+    LoopbackStore { addr: String, var: &'static str, resolved: String },
     /// This rank must host the store, but every candidate port is taken.
     #[error(
         "this rank must host the key-value store at {addr} (from {var}), but every port is in use \

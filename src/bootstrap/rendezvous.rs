@@ -27,6 +27,14 @@ const ROUND_PAUSE: Duration = Duration::from_millis(50);
 /// `host:port` connected to.
 pub async fn open(job: &JobEnv, timeout: Duration) -> Result<(Option<KvServer>, KvClient, String), EnvError> {
     if job.host_store {
+        if job.local_size.is_some_and(|local| local < job.size) {
+            let ips = resolve(&job.store).await?;
+            if ips.iter().all(IpAddr::is_loopback) {
+                let resolved: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+                let (addr, var) = (job.store.to_string(), job.store.source);
+                return Err(EnvError::LoopbackStore { addr, var, resolved: resolved.join(", ") });
+            }
+        }
         let (server, addr) = host(&job.store, job.token).await?;
         let own =
             StoreAddr { host: job.store.host.clone(), ports: vec![server.addr().port()], source: job.store.source };
@@ -196,6 +204,21 @@ mod tests {
         let e = host(&s, TOKEN).await.err().unwrap();
         assert!(matches!(e, EnvError::PortsTaken { var: "TEST_VAR", .. }), "{e}");
         assert!(e.to_string().contains("FERROCOMM_COORD"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_loopback_store_for_a_job_across_hosts_is_refused() {
+        let vars = [
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("FERROCOMM_COORD", "localhost:29999"),
+            ("PMIX_NAMESPACE", "1"),
+        ];
+        let job = super::super::env::detect_from(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string())).unwrap();
+        let e = open(&job, T).await.err().unwrap();
+        assert!(matches!(e, EnvError::LoopbackStore { var: "FERROCOMM_COORD", .. }), "{e}");
+        assert!(e.to_string().contains("127.0.1.1"), "{e}");
     }
 
     #[tokio::test]
