@@ -83,7 +83,6 @@ async fn join_via(
     store: Option<KvServer>,
     settings: Settings,
 ) -> Result<World> {
-    settings.validate()?;
     if rank >= size {
         return Err(Error::UnknownRank { rank, size });
     }
@@ -456,22 +455,24 @@ fn host_identity() -> String {
     format!("{}/{}", name.trim(), boot.trim())
 }
 
-/// The local address the kernel would use to reach `coordinator` (no packet is sent), in the
-/// family of `bind`, the unspecified address the rank listens on: a host name may resolve to
-/// IPv6 and IPv4 addresses, and the advertised address must be one the listener accepts on.
+/// The local address the kernel would use to reach `coordinator` (no packet is sent), for a rank
+/// listening on the unspecified address `bind`: a host name may resolve to IPv4 and IPv6
+/// addresses, and the advertised one must be of a family the listener accepts (an IPv6 listener
+/// accepts IPv4 too, where the host allows dual-stack sockets).
 async fn route_to(coordinator: &str, bind: IpAddr) -> Result<IpAddr> {
     let resolved: Vec<SocketAddr> = tokio::net::lookup_host(coordinator)
         .await
         .map_err(|e| Error::Bootstrap(format!("cannot resolve {coordinator}: {e}")))?
         .collect();
-    let target = resolved.iter().find(|a| a.is_ipv4() == bind.is_ipv4()).ok_or_else(|| {
+    let same = resolved.iter().find(|a| a.is_ipv4() == bind.is_ipv4());
+    let target = same.or(if bind.is_ipv6() { resolved.first() } else { None }).ok_or_else(|| {
         Error::Bootstrap(format!(
-            "{coordinator} resolves to no {} address, and this rank listens on {bind} \
-             (FERROCOMM_BIND): set FERROCOMM_BIND to an address of the other family",
-            if bind.is_ipv4() { "IPv4" } else { "IPv6" }
+            "{coordinator} resolves to no IPv4 address, and this rank listens on {bind} \
+             (FERROCOMM_BIND): set FERROCOMM_BIND=:: or an IPv6 address"
         ))
     })?;
-    let probe = std::net::UdpSocket::bind((bind, 0)).map_err(Error::bootstrap)?;
+    let any = if target.is_ipv4() { IpAddr::from([0, 0, 0, 0]) } else { IpAddr::from([0u16; 8]) };
+    let probe = std::net::UdpSocket::bind((any, 0)).map_err(Error::bootstrap)?;
     probe.connect(target).map_err(Error::bootstrap)?;
     Ok(probe.local_addr().map_err(Error::bootstrap)?.ip())
 }
