@@ -113,10 +113,17 @@ fn run_job(test: &str, launcher: &str, args: &[&str], expect_launcher: &str) -> 
         format!("{launcher} {args:?}: {} after {took:.1?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
     assert!(!killed, "{test}: the job did not finish within {JOB_LIMIT:?}: {shown}");
     assert!(out.status.success(), "{test}: {shown}");
+    let lines = reports(test, &stdout, expect_launcher, &shown);
+    let _ = writeln!(std::io::stderr().lock(), "{test}: {RANKS} ranks under {launcher} in {took:.1?}");
+    Some(lines)
+}
+
+/// Every rank's report line in `output`, each checked: under `expect_launcher`, every result ok.
+fn reports(test: &str, output: &str, expect_launcher: &str, shown: &str) -> Vec<String> {
     let mut lines = Vec::new();
     for r in 0..RANKS {
         let mark = format!("FERROCOMM-RANK {r}/{RANKS} ");
-        let line = stdout
+        let line = output
             .split(&mark)
             .nth(1)
             .and_then(|rest| rest.lines().next())
@@ -125,8 +132,7 @@ fn run_job(test: &str, launcher: &str, args: &[&str], expect_launcher: &str) -> 
         assert!(line.ends_with("ring=ok allreduce=ok barrier=ok"), "{test}: rank {r}: {line}\n{shown}");
         lines.push(line.to_string());
     }
-    let _ = writeln!(std::io::stderr().lock(), "{test}: {RANKS} ranks under {launcher} in {took:.1?}");
-    Some(lines)
+    lines
 }
 
 #[test]
@@ -142,6 +148,58 @@ fn srun_starts_a_job_with_no_ferrocomm_variable() {
     for line in &lines {
         assert!(line.contains(&format!("store={host}:")), "{line}");
     }
+}
+
+/// The sbatch script of docs/deployment.md: a batch job whose script runs the ranks with srun.
+#[test]
+fn sbatch_script_runs_its_ranks_with_srun() {
+    if let Err(why) = bring_up() {
+        loud(&format!("SKIPPED sbatch: {why}"));
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!("ferrocomm-sbatch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (script, output) = (dir.join("job.sbatch"), dir.join("job.out"));
+    let me = std::env::current_exe().unwrap();
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n\
+             #SBATCH --job-name=ferrocomm-test\n\
+             #SBATCH --ntasks={RANKS}\n\
+             #SBATCH --overcommit\n\
+             #SBATCH --time=5\n\
+             #SBATCH --output={}\n\
+             export FERROCOMM_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')\n\
+             srun {} --exact rank_job --ignored --nocapture --test-threads=1\n",
+            output.display(),
+            me.display()
+        ),
+    )
+    .unwrap();
+    let start = Instant::now();
+    let mut cmd = Command::new("sbatch");
+    cmd.arg("--wait").arg(&script).stdin(Stdio::null());
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("FERROCOMM_") {
+            cmd.env_remove(&*k);
+        }
+    }
+    let out = cmd.output().expect("sbatch runs");
+    let took = start.elapsed();
+    let job_output = std::fs::read_to_string(&output).unwrap_or_default();
+    let shown = format!(
+        "sbatch --wait: {} after {took:.1?}\n{}{}\n--- job output\n{job_output}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{shown}");
+    reports("sbatch", &job_output, "Slurm", &shown);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = writeln!(std::io::stderr().lock(), "sbatch: {RANKS} ranks in a batch job in {took:.1?}");
 }
 
 #[test]

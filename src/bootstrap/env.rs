@@ -386,8 +386,10 @@ fn from_ferrocomm<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<J
     let rank_s = vars.require("FERROCOMM_RANK", WHY)?;
     let size_s = vars.require("FERROCOMM_SIZE", WHY)?;
     let (rank, size) = rank_and_size(("FERROCOMM_RANK", &rank_s), ("FERROCOMM_SIZE", &size_s))?;
-    vars.require("FERROCOMM_COORD", "it must give host:port of the key-value store, e.g. 10.0.0.1:29500")?;
-    let store = vars.configured_store()?.expect("FERROCOMM_COORD is set");
+    let coord =
+        vars.require("FERROCOMM_COORD", "it must give host:port of the key-value store, e.g. 10.0.0.1:29500")?;
+    let (host, port) = parse_coordinator("FERROCOMM_COORD", &coord)?;
+    let store = StoreAddr { host, ports: vec![port], source: "FERROCOMM_COORD" };
     let token_s = vars.require(
         "FERROCOMM_TOKEN",
         "it must hold 64 hex digits shared by every rank, e.g. from `openssl rand -hex 32`",
@@ -502,7 +504,8 @@ fn from_hydra<F: Fn(&str) -> Option<String>>(
         )?;
         Some(format!("hydra:{}", hydra_job(&fd).map_err(|reason| EnvError::Pmi { reason })?))
     };
-    let job_id = || Ok(job_id.clone().expect("asked whenever a value is derived"));
+    // Asked above whenever a value is derived, so the error is never returned.
+    let job_id = || job_id.clone().ok_or_else(|| EnvError::Pmi { reason: "the job id was not asked for".into() });
     let store = single_host_store(
         vars,
         size,
