@@ -248,12 +248,13 @@ pub enum EnvError {
          from here, and started with the same variables?"
     )]
     StoreUnreachable { addr: String, var: &'static str, waited: Duration, last: String },
-    /// The store at the configured address belongs to another job, or the ranks' tokens differ.
+    /// What answers at the configured address is not this job's store: another job's, another
+    /// program, or the ranks' tokens differ.
     #[error(
-        "the key-value store at {addr} (from {var}) refused this rank's token: it is another job's \
-         store, or FERROCOMM_TOKEN differs between the ranks"
+        "what answers at {addr} (from {var}) is not this job's key-value store ({reason}): another \
+         job's store or another program holds the port, or FERROCOMM_TOKEN differs between the ranks"
     )]
-    StoreRefused { addr: String, var: &'static str },
+    StoreRefused { addr: String, var: &'static str, reason: String },
 }
 
 /// Reads the job environment of this process. Under MPICH Hydra without `FERROCOMM_COORD` or

@@ -113,9 +113,10 @@ pub async fn connect(store: &StoreAddr, token: &[u8; 32], timeout: Duration) -> 
             }
             match KvClient::connect(&addr, token, slice).await {
                 Ok(client) => return Ok((client, addr)),
-                // Another job's store: the wrong token never becomes right at this one port.
-                Err(KvError::Rejected { .. }) if store.ports.len() == 1 => {
-                    return Err(EnvError::StoreRefused { addr, var: store.source });
+                // Not this job's store: at a single configured port, waiting does not change that.
+                // Among candidates, the next may be this job's.
+                Err(e @ (KvError::Rejected { .. } | KvError::Handshake { .. })) if store.ports.len() == 1 => {
+                    return Err(EnvError::StoreRefused { addr, var: store.source, reason: e.to_string() });
                 }
                 Err(KvError::ConnectTimeout { last: why, .. }) => last[i] = Some(why),
                 Err(e) => last[i] = Some(e.to_string()),
