@@ -27,6 +27,12 @@ else
     echo "NOTE: not root: the multi-process multicast tests (network namespaces, iptables) will be SKIPPED"
 fi
 
+# Real launchers (tests/real_launchers.rs): Open MPI's mpirun, MPICH's Hydra mpiexec and a
+# one-node Slurm (munged, slurmctld, slurmd), installed and started idempotently; prints how long
+# the bring-up took. It exits 77 without root or apt-get, and those tests then say they SKIPPED;
+# any other failure fails those tests (they run the script again), not the rest of the suite.
+bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked

@@ -32,6 +32,11 @@ pub enum Error {
     /// Setting up the job failed (environment, key-value store, connections).
     #[error("bootstrap failed: {0}")]
     Bootstrap(String),
+    /// The job's environment cannot be used, or its key-value store cannot be hosted or reached:
+    /// each case names the variable and, for addresses, the address. (Boxed: every operation's
+    /// result carries this type, and the other variants are small.)
+    #[error("bootstrap failed: {0}")]
+    Job(Box<crate::bootstrap::env::EnvError>),
     /// The multicast layer could not do what was asked (see the message).
     #[error("multicast: {0}")]
     Multicast(String),
@@ -49,6 +54,12 @@ pub enum Error {
 
 /// Shorthand for results of ferrocomm operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<crate::bootstrap::env::EnvError> for Error {
+    fn from(e: crate::bootstrap::env::EnvError) -> Error {
+        Error::Job(Box::new(e))
+    }
+}
 
 impl Error {
     pub(crate) fn bootstrap(what: impl std::fmt::Display) -> Error {

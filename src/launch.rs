@@ -237,9 +237,9 @@ async fn run_job(n: u32, program: &Path, args: &[OsString], opts: &LaunchOptions
         rank.kill_group();
     }
     // Shared-memory files of ranks that died before every peer mapped them (the job's files are
-    // named after the first 8 bytes of its token).
+    // named by a value derived from its token).
     #[cfg(target_os = "linux")]
-    match ferrocomm_transports::shm::remove_leftovers(&token_hex[..16]) {
+    match ferrocomm_transports::shm::remove_leftovers(&ferrocomm_transports::auth::JobSecret::new(token).shm_name()) {
         Ok(0) => {}
         Ok(k) => say(format!("removed {k} shared-memory file(s) left by the job")).await,
         Err(e) => say(format!("could not look for shared-memory files left by the job: {e}")).await,

@@ -53,8 +53,10 @@ pub(crate) struct Inner {
     pub busy: Vec<bool>,
     /// Whether each rank may read its neighbours' memory (cross-memory attach).
     pub single_copy: Vec<bool>,
-    /// A hash of the job token: tells this job's multicast datagrams from another's.
+    /// Derived from the job token: tells this job's multicast datagrams from another's.
     pub job_id: u64,
+    /// Authenticates this job's multicast datagrams.
+    pub datagram_key: ferrocomm_transports::auth::DatagramKey,
     /// The name of this job's shared-memory files, when this rank has peers over shared memory.
     pub shm_job: Option<String>,
     pub closed: AtomicBool,
@@ -318,9 +320,8 @@ thread_local! {
 /// between a message's arrival and the reply the caller sends, such an instruction costs far more
 /// than its own few nanoseconds: it apparently waits until the shared-memory transport's prefetch
 /// of the reply's cache line completes (`Outbox::prefetch_next`), and the peer, polling that line,
-/// takes it back meanwhile. 8 B shared memory one way, fast phase: 0.087-0.112 us (batch medians
-/// 0.0945-0.104) with the prefetch and the drop there, 0.0805 without the drop, 0.092 before
-/// either (session 25). A second completion before the next start drops the first reference
+/// takes it back meanwhile (8 B over shared memory one way: about 0.080 us parked, 0.09-0.10 us
+/// dropped there: `ferrocomm-bench pingpong --transport shm --runs 10 --recv-into --send-from --max 8 --target-ms 100 --idle-gap 0 --no-peer`). A second completion before the next start drops the first reference
 /// then. The reference does not keep the job going ([`Live`] does); a thread that starts no
 /// operation again drops it when it ends.
 #[inline(always)]
@@ -587,9 +588,14 @@ impl Comm {
         &self.inner.settings
     }
 
-    /// Hash of the job token (multicast datagrams carry it).
+    /// Derived from the job token (multicast datagrams carry it).
     pub(crate) fn job_id(&self) -> u64 {
         self.inner.job_id
+    }
+
+    /// The key of the job's multicast datagram tags.
+    pub(crate) fn datagram_key(&self) -> &ferrocomm_transports::auth::DatagramKey {
+        &self.inner.datagram_key
     }
 
     /// The address this rank accepts connections on.

@@ -330,7 +330,7 @@ fn table(rows: &BTreeMap<Key, Row>, mpis: &[Mpi]) -> String {
     out
 }
 
-/// The goal: all-reduce and broadcast at or below Open MPI's latency at 8 B and 1 MiB.
+/// The goal: all-reduce and broadcast at or below Open MPI's latency at 8 B and 1 MiB.
 fn goal(rows: &BTreeMap<Key, Row>, ranks: &[u32]) -> Vec<String> {
     let mut out = Vec::new();
     for &n in ranks {

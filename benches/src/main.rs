@@ -46,6 +46,7 @@
 //! and latency against size).
 
 mod affinity;
+mod burst;
 mod coll_ranks;
 mod collectives;
 mod mcast;
@@ -84,6 +85,8 @@ benchmarks:
               eager path (rings, shared receive queue) between two pinned endpoints
   collectives ferrocomm vs Open MPI and MPICH collective latency (OSU method, shared memory);
               `ferrocomm-bench collectives --help` for its options
+  burst       bursts of 8 B messages among 6 ranks over TCP: each backend in adaptive and
+              blocking progress, alternated; `ferrocomm-bench burst --help`
   multicast   reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers, token
               vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`";
 
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
     };
     let result = match command {
         "pingpong" => pingpong::main(rest),
+        "burst" => burst::main(rest),
         "collectives" => collectives::main(rest),
         coll_ranks::JOB_COMMAND => coll_ranks::job_main(rest),
         coll_ranks::RANK_COMMAND => coll_ranks::rank_main(rest),

@@ -571,7 +571,7 @@ impl IdleStats {
     }
 }
 
-/// Prints what [`shm_extras`] measured, and the goals of issue 3 against it.
+/// Prints what [`shm_extras`] measured, and the shared-memory transport's goals against it.
 fn print_shm_extras(extra: &Value, rows: &[Row], names: &[&str]) {
     let r = &extra["reference"];
     println!(

@@ -44,12 +44,13 @@ fn decode(v: &[u8]) -> Option<(Rank, String)> {
     Some((rank.parse().ok()?, how.to_string()))
 }
 
-/// [`super::join`] under a launcher that reports dead ranks: a report during the bootstrap fails
+/// [`super::join`] (through `kv`, connected to the store at `coordinator`) under a launcher that reports dead ranks: a report during the bootstrap fails
 /// it with [`Error::PeerLost`] naming the rank ([`TransportError::Launcher`]); a later one reaches
 /// the engine.
 pub(super) async fn join_watched(
     rank: Rank,
     size: u32,
+    kv: KvClient,
     coordinator: &str,
     token: [u8; TOKEN_LEN],
     store: Option<super::kv::KvServer>,
@@ -58,7 +59,7 @@ pub(super) async fn join_watched(
     let (tx, mut rx) = watch::channel(None);
     let timeout = settings.connect_timeout;
     tokio::spawn(watch_store(coordinator.to_string(), token, timeout, tx));
-    let joined = super::join(rank, size, coordinator, token, store, settings);
+    let joined = super::join_via(rank, size, kv, coordinator, token, store, settings);
     let reported = |r: &Report| r.as_ref().is_some_and(|(r, _)| *r != rank && *r < size);
     let dead = |report: &Report| {
         let (dead, how) = report.clone().expect("waited for");

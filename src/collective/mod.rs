@@ -138,8 +138,8 @@ fn to_bytes<T: Element>(data: &[T]) -> Bytes {
 
 /// Large buffers reused across the collective calls of a communicator. A fresh multi-megabyte
 /// allocation is zeroed and faults in a page per 4 KiB on first touch, which dominated large
-/// collectives (measured with `ferrocomm-bench collectives`: a 1 MiB broadcast ran at 1.4 GB/s
-/// over a transport that moves 10+ GB/s). Bounded in count and bytes; small buffers are not kept.
+/// collectives (a 1 MiB broadcast into fresh buffers runs at a fraction of the transport's speed:
+/// `ferrocomm-bench collectives --ops bcast --no-mpi`). Bounded in count and bytes; small buffers are not kept.
 #[derive(Default)]
 pub(crate) struct Pool {
     bufs: parking_lot::Mutex<Vec<BytesMut>>,
@@ -387,7 +387,7 @@ impl Comm {
         let call = Call { op, ranks: self.size(), bytes, commutative };
         let table = self.collective_table();
         // Reliable multicast serves broadcast and barrier when pinned (it needs a multicast group,
-        // and pays off across hosts, not within one; see README).
+        // and pays off across hosts, not within one; see docs/multicast.md).
         if table.overrides.get(&op) == Some(&Algorithm::Multicast)
             && matches!(op, Operation::Bcast | Operation::Barrier)
         {
@@ -511,8 +511,8 @@ impl Comm {
     /// before the next wait.
     ///
     /// Boxed: the machine and the driving state stay put on the heap, so the futures of the calls
-    /// that await it stay small (they are moved, i.e. copied, on every call: several kilobytes
-    /// each before, a measurable share of a small collective).
+    /// that await it stay small (they are moved, i.e. copied, on every call; a future of several
+    /// kilobytes is a measurable share of a small collective).
     fn drive(slot: Slot, m: Machine) -> Drive {
         Box::pin(Comm::run(slot, m))
     }
@@ -1456,12 +1456,10 @@ async fn gather_single_copy<R>(
 
 /// Bytes of a reduction's piece: a piece of each rank's part and the partial result stay in cache
 /// (L2 is 1 MiB a core here), and each `process_vm_readv` moves a piece (a call has a fixed cost:
-/// the kernel pins the remote pages). Measured (`ferrocomm-bench collectives --ranks 4,2 --ops
-/// allreduce --max 1M --no-mpi --iters-large 40`, alternated, scratch reused in both):
-/// 256 KiB against 64 KiB, 1 MiB all-reduce, fast phases 111-115 against 131-137 us on 2 ranks and
-/// 372-377 against 415-427 us on 4; slow phases 360-402 against 389-410 and 975-1028 against
-/// 1003-1245. (A 128 KiB piece once looked slow; its scratch was then a fresh allocation per
-/// call, above the allocator's mmap threshold: page faults on every call.)
+/// the kernel pins the remote pages). 256 KiB pieces beat 64 KiB ones by 10-15% on a 1 MiB
+/// all-reduce (`ferrocomm-bench collectives --ranks 4,2 --ops allreduce --max 1M --no-mpi
+/// --iters-large 40`). The scratch is reused across calls: a fresh allocation above the
+/// allocator's mmap threshold would fault its pages in on every call.
 const REDUCE_PIECE: usize = 256 << 10;
 
 /// What every rank lent for a call of `len` bytes each (the first step's all-gather).

@@ -136,10 +136,9 @@ impl Segment {
     /// The call of a broadcast's root whose data (`input`) it can post at once and be done
     /// ([`Queue::root_now`]); `false` if it cannot, and then [`Segment::call`] makes it. Inlined
     /// into its caller, so that little is stored and read back between the post and the return.
-    /// 2 ranks, 8 B, alternated with the root going through `Segment::call` (`collectives-job
-    /// --ranks 2 -o bcast,allreduce,barrier -s 8 -i 100000`, medians of 8 rounds, fast phases of
-    /// the machine): broadcast 0.164 -> 0.159 us; the same check at the top of `Segment::call`,
-    /// which every board call takes, gained less and cost the barrier 4%.
+    /// Here rather than at the top of `Segment::call`, which every board call takes: there it
+    /// costs the barrier more than it gains (`collectives-job --ranks 2 -o bcast,allreduce,barrier
+    /// -s 8 -i 100000`).
     #[inline]
     pub(crate) fn root_now(&self, input: &[u8]) -> bool {
         // After a departure or loss, the call goes through `call`, which may refuse it.
@@ -264,10 +263,9 @@ impl Segment {
 /// [`BoardCall`]: a call complete when made has just posted to a line that another rank is
 /// usually reading, and until that line comes back the stores that follow wait in the CPU's
 /// store buffer; a full buffer stops the caller (see `Queue::root_now` in
-/// `ferrocomm_collectives::shared`), so the fewer bytes are moved after the post, the better.
-/// Measured against a finished future (`collectives-job --ranks 2 -o barrier,bcast,allreduce -s
-/// 8 -i 50000`, alternated, fast phases of the machine): barrier 0.172-0.205 us before,
-/// 0.155-0.189 us after; broadcast and all-reduce unchanged.
+/// `ferrocomm_collectives::shared`), so the fewer bytes are moved after the post, the better
+/// (the barrier about 10% faster than with a finished future: `collectives-job --ranks 2 -o
+/// barrier,bcast,allreduce -s 8 -i 50000`).
 pub(crate) enum Made {
     Done(Data),
     Waiting(BoardCall),
@@ -303,14 +301,10 @@ pub(crate) struct BoardCall {
 /// broadcast, all-reduce or barrier on the board returns one future type, moved (copied word by
 /// word) after the call is made, and a call complete when made has just posted to a line another
 /// rank is reading: until that line comes back, the stores that follow wait in the CPU's store
-/// queue, and once it is full the caller stops (`benches/probes/store-buffer.c`; how much of a
-/// root's time this explains is open, see session 13 in `docs/performance-history.md`). With the
-/// call's 120 bytes inline the future took 136 bytes; boxed, 48. Measured on 2 ranks, 8 B,
-/// binaries alternated (`collectives-job --ranks 2 -o barrier,bcast,allreduce -s 8 -i 100000`,
-/// medians of 8 rounds, slow phases of the machine): barrier 0.389-0.399 -> 0.361-0.384 us,
-/// all-reduce 0.502-0.513 -> 0.477-0.493 us, broadcast unchanged (its root 0.021 us faster, its
-/// receiver as much slower). A box allocated per call instead made the waiting ranks slower
-/// by more than the roots gained.
+/// queue, and once it is full the caller stops. With the call's 120 bytes inline the future
+/// takes 136 bytes; boxed, 48 (barrier and all-reduce about 5% faster in the host's slow phase:
+/// `collectives-job --ranks 2 -o barrier,bcast,allreduce -s 8 -i 100000`). A box allocated per
+/// call would make the waiting ranks slower by more than the roots gain.
 pub(crate) struct BoxedCall(Option<Box<Option<BoardCall>>>);
 
 thread_local! {

@@ -6,6 +6,7 @@
 //! can sleep until there is something to do. Payloads of rendezvous data frames are written straight
 //! into the receiver's posted buffer ([`Sink::data_dest`]), so large messages are not copied twice.
 
+pub mod auth;
 pub mod mapping;
 pub mod route;
 #[cfg(target_os = "linux")]
@@ -27,6 +28,9 @@ pub enum TransportError {
     /// The peer broke the wire protocol; the connection was closed.
     #[error("protocol violation: {0}")]
     Wire(#[from] WireError),
+    /// The connection's handshake failed (wrong job token, not a rank of this job, ...).
+    #[error("handshake: {0}")]
+    Handshake(#[from] auth::HandshakeError),
     /// The connection failed at the operating-system level.
     #[error("i/o error: {0}")]
     Io(io::ErrorKind),
