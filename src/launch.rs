@@ -43,6 +43,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::bootstrap::env::{MAX_SIZE, to_hex};
 use crate::bootstrap::kv::KvServer;
+use crate::bootstrap::notices;
 
 /// A forwarded line longer than this is passed on in pieces.
 const MAX_LINE: usize = 64 * 1024;
@@ -205,7 +206,7 @@ async fn run_job(n: u32, program: &Path, args: &[OsString], opts: &LaunchOptions
                     result = Some(code);
                     // A rank that said goodbye first (finalize) and then failed is no loss to the
                     // others: they ignore the report then.
-                    store.put(crate::bootstrap::notices::FAILED_KEY, &crate::bootstrap::notices::encode(r, &format!("exited with {what}")));
+                    store.put(notices::FAILED_KEY, &notices::encode(r, &format!("exited with {what}")));
                     say(format!("rank {r} exited with {what}; stopping the job")).await;
                     kill_at = Some(Instant::now() + opts.grace);
                 } else {
