@@ -360,6 +360,9 @@ impl Machine {
             return Err(CollError::Malformed { from, why: "block length differs from ours" });
         }
         let reducer = self.reducer.as_ref().ok_or(CollError::Malformed { from, why: "no operator to reduce with" })?;
+        if !incoming.len().is_multiple_of(reducer.element_size()) {
+            return Err(CollError::Malformed { from, why: "block of a partial element" });
+        }
         // Reduce into whichever buffer we own outright, to avoid a copy.
         let (left, right) = if incoming_first { (incoming, mine) } else { (mine, incoming) };
         let (out, other) = match left.try_into_mut() {
@@ -738,6 +741,20 @@ mod tests {
         m.deliver(0, 0, 4, Bytes::from(vec![4; 1000])).unwrap();
         assert!(m.is_done());
         assert_eq!(m.blocks().values().map(Bytes::len).collect::<Vec<_>>(), [600, 300, 600, 1000]);
+    }
+
+    /// Found by the `coll_schedule` fuzz target: a reducing receive given two blocks of the same id
+    /// whose length is not a whole number of elements (3 bytes of `i32`) reached the operator,
+    /// which panicked copying its result back. Such a block is now refused.
+    #[test]
+    fn a_block_of_partial_elements_is_refused_before_reducing() {
+        let mut recv = Schedule::new();
+        recv.recv(0, 1, Apply::Reduce { incoming_first: false });
+        let op = crate::ReduceOp::<i32>::custom(|acc, x| acc.iter_mut().zip(x).for_each(|(a, b)| *a -= b), false);
+        let mut m = Machine::new(recv, Blocks::new(), Some(op.erase()));
+        let odd = Bytes::from_static(&[9, 9, 9]);
+        let r = m.deliver(1, 0, 0, encode([(7, &odd), (7, &odd)].into_iter()));
+        assert!(matches!(r, Err(CollError::Malformed { from: 1, .. })), "{r:?}");
     }
 
     #[test]

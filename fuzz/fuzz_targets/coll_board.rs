@@ -94,7 +94,7 @@ fuzz_target!(|input: Input| {
         .map(|&(k, root, len)| {
             let root = u32::from(root) % n as u32;
             let len = usize::from(len) % (cap + 1);
-            let sum = || ReduceOp::<u8>::Sum.erase();
+            let sum = || ReduceOp::<u32>::Sum.erase();
             match k {
                 CallKind::Barrier => (Kind::Barrier, 0),
                 CallKind::Bcast => (Kind::Bcast { root }, len),
