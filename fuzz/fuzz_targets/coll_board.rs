@@ -40,14 +40,31 @@ enum CallKind {
 #[derive(Arbitrary, Debug)]
 enum Step {
     /// Rank `rank` makes its next call of the job's list (`now`: through `call_now`/`root_now`).
-    Call { rank: u8, now: bool, held: bool },
-    Advance { rank: u8 },
+    Call {
+        rank: u8,
+        now: bool,
+        held: bool,
+    },
+    Advance {
+        rank: u8,
+    },
     /// Rank `rank` collects (or gives up on) its oldest outstanding call.
-    Take { rank: u8, abandon: bool },
-    Release { rank: u8 },
-    FinishNow { rank: u8 },
+    Take {
+        rank: u8,
+        abandon: bool,
+    },
+    Release {
+        rank: u8,
+    },
+    FinishNow {
+        rank: u8,
+    },
     /// Another process writes `value` at word `at` (mostly among the lines: `at` modulo them).
-    Corrupt { at: u32, value: u64, anywhere: bool },
+    Corrupt {
+        at: u32,
+        value: u64,
+        anywhere: bool,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -121,7 +138,8 @@ fuzz_target!(|input: Input| {
                 if held && matches!(kind, Kind::Barrier | Kind::Fanin { .. }) {
                     let seq = r.queue.push_held(kind);
                     r.open.push((seq, true));
-                } else if now && matches!(kind, Kind::Bcast { root } if root as usize == me)
+                } else if now
+                    && matches!(kind, Kind::Bcast { root } if root as usize == me)
                     && r.queue.root_now(&r.board, &input)
                 {
                     // Posted and finished at once: nothing to collect.

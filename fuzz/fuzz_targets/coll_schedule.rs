@@ -3,7 +3,7 @@
 //! any operation and algorithm, fed arbitrary messages, from the peers and rounds it waits for or
 //! from anywhere, framed block lists or raw bytes. Every delivery is taken or refused with a typed
 //! error; nothing panics, and a peer's header cannot make the machine ask for more memory than
-//! the largest message it accepts.
+//! the largest message it accepts (receives of announced parts outstanding per peer).
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -18,7 +18,9 @@ const MAX: usize = 1 << 17;
 #[derive(Arbitrary, Debug)]
 enum Body {
     /// Exactly what the receive asked for, when it said a length: this many bytes of `fill`.
-    Fitting { fill: u8 },
+    Fitting {
+        fill: u8,
+    },
     /// A framed list of blocks: (id, length, fill); long ones detached behind the header.
     Blocks(Vec<(u32, u16, u8)>),
     /// A framed header naming blocks that follow detached: (id, announced length).
@@ -58,7 +60,8 @@ fn plan(i: &Input) -> Option<Machine> {
     let op = if i.commutative {
         ReduceOp::<i32>::Sum.erase()
     } else {
-        ReduceOp::<i32>::custom(|acc, x| acc.iter_mut().zip(x).for_each(|(a, b)| *a = a.wrapping_sub(*b)), false).erase()
+        ReduceOp::<i32>::custom(|acc, x| acc.iter_mut().zip(x).for_each(|(a, b)| *a = a.wrapping_sub(*b)), false)
+            .erase()
     };
     let m = match i.op % 10 {
         0 => ops::barrier(r, n, alg),
@@ -87,8 +90,10 @@ fuzz_target!(|input: Input| {
                 posted.push((from, round, part, len));
             }
         }
-        let announced: usize = posted.iter().filter_map(|p| p.3.filter(|_| p.2 > 0)).sum();
-        assert!(announced <= MAX, "receives of {announced} bytes announced by headers are posted at once");
+        for &(from, ..) in &posted {
+            let announced: usize = posted.iter().filter(|p| p.0 == from && p.2 > 0).filter_map(|p| p.3).sum();
+            assert!(announced <= MAX, "receives of {announced} bytes announced by {from}'s header posted at once");
+        }
         if m.is_done() {
             break;
         }

@@ -22,17 +22,51 @@ const JOB: u64 = 7;
 
 #[derive(Arbitrary, Debug)]
 enum Step {
-    Send { rank: u8, len: u16 },
-    Pop { rank: u8, root: u8 },
+    Send {
+        rank: u8,
+        len: u16,
+    },
+    Pop {
+        rank: u8,
+        root: u8,
+    },
     /// Delivers datagram `pick` of those in flight (`keep`: it stays for a duplicate).
-    Datagram { pick: u16, keep: bool },
-    DropDatagram { pick: u16 },
+    Datagram {
+        pick: u16,
+        keep: bool,
+    },
+    DropDatagram {
+        pick: u16,
+    },
     /// Delivers the next point-to-point message from `from` to `to`.
-    Unicast { from: u8, to: u8 },
-    Tick { micros: u32 },
-    Kill { rank: u8 },
-    InjectDatagram { to: u8, root: u8, seq: u32, len: u16, frag: u8, raw: Option<Vec<u8>> },
-    InjectControl { to: u8, from: u8, kind: u8, root: u8, a: u32, b: u32, data: Vec<u8>, raw: bool },
+    Unicast {
+        from: u8,
+        to: u8,
+    },
+    Tick {
+        micros: u32,
+    },
+    Kill {
+        rank: u8,
+    },
+    InjectDatagram {
+        to: u8,
+        root: u8,
+        seq: u32,
+        len: u16,
+        frag: u8,
+        raw: Option<Vec<u8>>,
+    },
+    InjectControl {
+        to: u8,
+        from: u8,
+        kind: u8,
+        root: u8,
+        a: u32,
+        b: u32,
+        data: Vec<u8>,
+        raw: bool,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -75,7 +109,12 @@ fuzz_target!(|input: Input| {
     };
     let cfg0 = mk(0);
     let mut ranks: Vec<Rank> = (0..size)
-        .map(|me| Rank { core: McastCore::new(mk(me), now), alive: true, sent: Vec::new(), taken: vec![0; size as usize] })
+        .map(|me| Rank {
+            core: McastCore::new(mk(me), now),
+            alive: true,
+            sent: Vec::new(),
+            taken: vec![0; size as usize],
+        })
         .collect();
     // Datagrams in flight (to every live rank but the sender), and point-to-point links.
     let mut datagrams: Vec<(u32, Bytes)> = Vec::new();
@@ -110,7 +149,11 @@ fuzz_target!(|input: Input| {
                 if let Ok(Some(m)) = ranks[me as usize].core.pop(root, now) {
                     let k = ranks[me as usize].taken[root as usize];
                     if !injected {
-                        assert_eq!(Some(&m), ranks[root as usize].sent.get(k), "rank {me} took a wrong message of {root}");
+                        assert_eq!(
+                            Some(&m),
+                            ranks[root as usize].sent.get(k),
+                            "rank {me} took a wrong message of {root}"
+                        );
                     }
                     ranks[me as usize].taken[root as usize] += 1;
                 }

@@ -24,17 +24,55 @@ const HONEST: usize = 2;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Send { rank: bool, dest: u8, context: u8, tag: u8, len: u16, now: bool },
-    Recv { rank: bool, context: u8, src: Option<u8>, tag: Option<u8>, buf: Option<u16>, now: bool },
-    Probe { rank: bool, context: u8, src: Option<u8>, tag: Option<u8> },
+    Send {
+        rank: bool,
+        dest: u8,
+        context: u8,
+        tag: u8,
+        len: u16,
+        now: bool,
+    },
+    Recv {
+        rank: bool,
+        context: u8,
+        src: Option<u8>,
+        tag: Option<u8>,
+        buf: Option<u16>,
+        now: bool,
+    },
+    Probe {
+        rank: bool,
+        context: u8,
+        src: Option<u8>,
+        tag: Option<u8>,
+    },
     /// Cancels one of the rank's outstanding operations.
-    Cancel { rank: bool, which: u8 },
+    Cancel {
+        rank: bool,
+        which: u8,
+    },
     /// Delivers the next frame on the link toward `to` (lent, or whole).
-    Deliver { to: bool, lend: bool },
-    Inject { to: bool, from: u8, header: Fields, payload: Vec<u8> },
-    Lose { rank: bool, peer: u8, crash: bool },
-    Goodbye { rank: bool },
-    Close { rank: bool },
+    Deliver {
+        to: bool,
+        lend: bool,
+    },
+    Inject {
+        to: bool,
+        from: u8,
+        header: Fields,
+        payload: Vec<u8>,
+    },
+    Lose {
+        rank: bool,
+        peer: u8,
+        crash: bool,
+    },
+    Goodbye {
+        rank: bool,
+    },
+    Close {
+        rank: bool,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -179,7 +217,8 @@ fuzz_target!(|input: Input| {
         chunk: usize::from(input.chunk % 200) + 1,
         max_message: 4096,
     };
-    let limits = Limits { world_size: size, eager_limit: cfg.eager_limit, chunk: cfg.chunk, max_message: cfg.max_message };
+    let limits =
+        Limits { world_size: size, eager_limit: cfg.eager_limit, chunk: cfg.chunk, max_message: cfg.max_message };
     let nodes = (0..HONEST as Rank)
         .map(|r| Node { engine: Engine::new(r, size, cfg), next_op: 0, pending: Vec::new(), done: HashSet::new() })
         .collect();

@@ -8,12 +8,8 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: ([u8; HEADER_LEN], u32, u32, u32, u32)| {
     let (bytes, world_size, eager, chunk, max_message) = input;
-    let limits = Limits {
-        world_size,
-        eager_limit: eager as usize,
-        chunk: chunk as usize,
-        max_message: max_message as usize,
-    };
+    let limits =
+        Limits { world_size, eager_limit: eager as usize, chunk: chunk as usize, max_message: max_message as usize };
     let Ok(h) = Header::decode(&bytes, &limits) else { return };
     assert!(h.src < limits.world_size);
     assert!(h.len as usize <= limits.max_payload(h.kind));
