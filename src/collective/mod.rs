@@ -517,13 +517,15 @@ impl Comm {
         Box::pin(Comm::run(slot, m))
     }
 
-    async fn run(slot: Slot, mut m: Machine) -> Result<Blocks> {
+    async fn run(slot: Slot, m: Machine) -> Result<Blocks> {
         let Slot { comm, seq, pool, refused } = slot;
         // A member already lost or departed when the call was made, or lost since: the call
         // could never complete.
         if let Some(e) = refused.or_else(|| comm.revoked()) {
             return Err(e);
         }
+        // A peer's message, or the blocks its header announces, cannot exceed what a receive takes.
+        let mut m = m.with_max_message(comm.settings().max_message);
         let tag = |round: u32| (seq << 16) | u64::from(round);
         // A handful of operations at a time: inline vectors (no task allocations).
         let mut sends = Sends::new();

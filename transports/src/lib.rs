@@ -15,6 +15,9 @@ pub mod tcp;
 pub mod verbs;
 pub mod wire;
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 use std::io;
 use std::task::{Context, Poll};
 
