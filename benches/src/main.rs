@@ -59,6 +59,7 @@ mod process;
 mod ranks;
 mod reference;
 mod report;
+mod sim_scale;
 mod sweep;
 mod transport;
 #[cfg(feature = "verbs")]
@@ -88,7 +89,9 @@ benchmarks:
   burst       bursts of 8 B messages among 6 ranks over TCP: each backend in adaptive and
               blocking progress, alternated; `ferrocomm-bench burst --help`
   multicast   reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers, token
-              vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`";
+              vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`
+  sim-scale   collectives on the simulated network, 64 to 4,096 ranks, against the alpha-beta
+              model of each algorithm; `ferrocomm-bench sim-scale --help`";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
         coll_ranks::JOB_COMMAND => coll_ranks::job_main(rest),
         coll_ranks::RANK_COMMAND => coll_ranks::rank_main(rest),
         "multicast" => mcast::main(rest),
+        "sim-scale" => sim_scale::main(rest),
         mcast::JOB_COMMAND => mcast::job_main(rest),
         mcast::RANK_COMMAND => mcast::rank_main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),

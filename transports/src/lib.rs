@@ -11,6 +11,7 @@ pub mod mapping;
 pub mod route;
 #[cfg(target_os = "linux")]
 pub mod shm;
+pub mod sim;
 pub mod tcp;
 pub mod verbs;
 pub mod wire;
