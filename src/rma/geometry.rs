@@ -178,7 +178,8 @@ impl Layout {
             .ok_or_else(|| bad("size overflows"))
     }
 
-    /// First byte and length of the range the runs cover (`(offset, 0)` for an empty transfer).
+    /// First byte and length of the range the runs cover (`(offset, 0)` for an empty transfer);
+    /// the end may overflow, which no bounds check passes.
     pub fn span(&self) -> Result<(usize, usize), RmaError> {
         if self.bytes()? == 0 {
             return Ok((self.side.offset, 0));
@@ -189,7 +190,8 @@ impl Layout {
             .and_then(|a| a.checked_add((self.count[1] - 1).checked_mul(s1)?))
             .and_then(|a| a.checked_add(self.block))
             .ok_or_else(|| bad("reach overflows"))?;
-        self.side.offset.checked_add(reach).ok_or_else(|| bad("reach overflows"))?;
+        // An offset so large that the end overflows is out of bounds, which the bounds check
+        // (checked too) says.
         Ok((self.side.offset, reach))
     }
 
@@ -323,7 +325,11 @@ mod tests {
         let g = Geometry::strided(8, usize::MAX, Side::at(0, 8), Side::at(0, 8));
         assert!(g.bytes().is_err());
         let g = Geometry::strided(8, 4, Side::at(0, 8), Side::at(usize::MAX - 8, 8));
-        assert!(g.remote_layout().span().is_err());
+        let (start, len) = g.remote_layout().span().unwrap();
+        let r = RmaError::check(crate::rma::Access::PUT, crate::rma::Access::WINDOW, start as u64, len as u64, 1 << 20);
+        assert!(matches!(r, Err(RmaError::OutOfBounds { .. })));
+        let g = Geometry::strided(8, 4, Side::at(0, usize::MAX / 2), Side::at(0, 8));
+        assert!(g.remote_layout().span().is_err(), "the reach itself overflows");
         let g = Geometry::strided(8, 4, Side::at(0, usize::MAX / 2), Side::at(0, 8));
         assert!(g.check_local(1 << 20).is_err());
     }
