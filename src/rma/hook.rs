@@ -63,6 +63,9 @@ impl Hook {
         let service = Service::new(me, engine.config().max_message);
         let mut h = Hook { flag, waker, key: None, service, calls: 0 };
         h.repost(engine);
+        // The first progress call registers the flag's waker on the receive (each later receive
+        // is registered by the loop that posts it).
+        h.flag.0.store(true, Ordering::Relaxed);
         h
     }
 

@@ -407,8 +407,38 @@ pub async fn fences(w: &World) {
     w.barrier().timeout(T).await.unwrap();
 }
 
+/// The first one-sided traffic of the job: the last rank publishes a segment and then makes no
+/// ferrocomm call at all (it sleeps and reads its memory) while every other rank writes its slot
+/// and counts itself in with a fetch-add: its progress task alone serves them.
+pub async fn idle_target(w: &World) {
+    let (r, n) = (w.rank(), w.size());
+    let owner = n - 1;
+    let seg = (r == owner).then(|| w.publish(8 + 64 * n as usize, Access::PUT | Access::ATOMIC).unwrap());
+    let id = w.allgather(&[seg.as_ref().map_or(0, |s| s.id().to_u64())]).timeout(T).await.unwrap()[owner as usize];
+    if let Some(seg) = &seg {
+        let word = seg.word(0).unwrap();
+        let t0 = std::time::Instant::now();
+        while word.load(std::sync::atomic::Ordering::Acquire) != u64::from(n - 1) {
+            assert!(t0.elapsed() < T, "the idle target was not served");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for p in 0..n - 1 {
+            let mut b = vec![0u8; 64];
+            seg.read(8 + 64 * p as usize, &mut b).unwrap();
+            assert_eq!(b, pattern(64, 50 + p), "slot of rank {p}");
+        }
+    } else {
+        let s = w.attach(SegmentId::from_u64(id)).timeout(T).await.unwrap();
+        check_route(w, &s);
+        w.put(&s, 8 + 64 * r as usize, &pattern(64, 50 + r)).timeout(T).await.unwrap();
+        w.fetch_add(&s, 0, 1).timeout(T).await.unwrap();
+    }
+    w.barrier().timeout(T).await.unwrap();
+}
+
 /// The whole suite, in order.
 pub async fn suite(w: &World) {
+    idle_target(w).await;
     geometries(w).await;
     fetch_add_sums(w).await;
     cas_lock(w).await;
