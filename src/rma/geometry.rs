@@ -328,7 +328,7 @@ mod tests {
         let (start, len) = g.remote_layout().span().unwrap();
         let r = RmaError::check(crate::rma::Access::PUT, crate::rma::Access::WINDOW, start as u64, len as u64, 1 << 20);
         assert!(matches!(r, Err(RmaError::OutOfBounds { .. })));
-        let g = Geometry::strided(8, 4, Side::at(0, usize::MAX / 2), Side::at(0, 8));
+        let g = Geometry::strided(8, 4, Side::at(0, 8), Side::at(0, usize::MAX / 2));
         assert!(g.remote_layout().span().is_err(), "the reach itself overflows");
         let g = Geometry::strided(8, 4, Side::at(0, usize::MAX / 2), Side::at(0, 8));
         assert!(g.check_local(1 << 20).is_err());
