@@ -58,6 +58,7 @@ mod process;
 mod ranks;
 mod reference;
 mod report;
+mod rma;
 mod sweep;
 mod transport;
 #[cfg(feature = "verbs")]
@@ -85,7 +86,9 @@ benchmarks:
   collectives ferrocomm vs Open MPI and MPICH collective latency (OSU method, shared memory);
               `ferrocomm-bench collectives --help` for its options
   multicast   reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers, token
-              vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`";
+              vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`
+  rma         one-sided put/get latency and bandwidth and fetch-add vs ucx_perftest over shared
+              memory; fetch-add to one target vs spread; `ferrocomm-bench rma --help`";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -103,6 +106,9 @@ fn main() -> ExitCode {
         mcast::RANK_COMMAND => mcast::rank_main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),
         ranks::RANK_COMMAND => ranks::rank_main(rest),
+        "rma" => rma::main(rest),
+        rma::JOB_COMMAND => rma::job_main(rest),
+        rma::RANK_COMMAND => rma::rank_main(rest),
         "shm-transport" => transport::main(rest),
         transport::RANK_COMMAND => transport::rank_main(rest),
         #[cfg(feature = "verbs")]

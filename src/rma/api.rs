@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use ferrocomm_reactor::{ProgressMode, Until, Wait};
@@ -177,28 +177,16 @@ impl Segment {
         })
     }
 
-    /// Unpublishes: requests arriving from now on are refused with [`RmaError::Unpublished`],
-    /// and this waits (at most the peer timeout) for operations that peers mapping the segment
-    /// are doing right now; those that come later back out with the same error. The memory is
-    /// freed once the last peer mapping it lets go: no late operation ever touches freed memory.
+    /// Unpublishes: operations from now on fail with [`RmaError::Unpublished`] (requests are
+    /// refused by this rank's progress, peers mapping the segment see it closed), and enqueues
+    /// waiting for room fail. An operation already under way on a peer's mapping finishes into
+    /// pages that stay allocated until that peer lets go: no late operation ever touches freed
+    /// memory, and none can be observed by this rank any more.
     pub async fn unpublish(mut self) -> Result<()> {
         self.live = false;
         let serial = self.mem.id.serial();
         locked(&self.inner, |d| d.rma.service.unpublish(serial));
-        let deadline = Instant::now() + self.inner.settings.peer_timeout;
-        loop {
-            let size = self.inner.size;
-            let lost: Vec<bool> = self.inner.reactor.with(|d| (0..size).map(|r| d.engine.lost(r).is_some()).collect());
-            let busy = self.mem.in_flight(|r| lost.get(r as usize).copied().unwrap_or(false));
-            if busy == 0 {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                tracing::warn!(id = %self.mem.id, busy, "unpublished with operations of peers still inside");
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_micros(100)).await;
-        }
+        Ok(())
     }
 }
 
@@ -552,14 +540,12 @@ impl Retry {
         if let Some(reason) = self.remote.lost.get() {
             return Some(Err(Error::PeerLost { rank: self.remote.id.owner(), reason: reason.clone() }));
         }
-        let entered = match self.mem.enter(self.inner.rank) {
-            Ok(e) => e,
-            Err(e) => return Some(Err(rma(e))),
-        };
+        if let Err(e) = self.mem.check_open() {
+            return Some(Err(rma(e)));
+        }
         if !self.mem.try_enqueue(&self.record) {
             return None;
         }
-        drop(entered);
         if self.mem.waiting(WAIT_QUEUE) {
             let (owner, serial) = (self.remote.id.owner(), self.remote.id.serial());
             locked(&self.inner, |d| d.rma.service.ring(owner, serial));
@@ -637,7 +623,7 @@ impl World {
         let id = SegmentId::new(inner.rank, serial);
         let mut nonce = [0u8; 8];
         getrandom::fill(&mut nonce).map_err(|e| Error::Invalid(format!("no randomness for a segment nonce: {e}")))?;
-        let mem = SegMem::create(id, len, access, kind, inner.size as usize, u64::from_le_bytes(nonce))
+        let mem = SegMem::create(id, len, access, kind, u64::from_le_bytes(nonce))
             .map_err(|e| Error::Invalid(format!("segment memory of {len} bytes: {e}")))?;
         let mem = Arc::new(mem);
         inner.reactor.with(|d| d.rma.service.publish(mem.clone()));
@@ -749,6 +735,15 @@ impl World {
 
     /// Writes `src` at `offset` of `dst`.
     pub fn put(&self, dst: &RemoteSegment, offset: usize, src: &[u8]) -> RmaOp<()> {
+        if let Some(mem) = &dst.r.mapped {
+            // The common case on a mapping, without a geometry: one check and one copy.
+            let r = self.precheck(&dst.r, Access::PUT, (offset, src.len())).and_then(|()| {
+                mem.check_open().map_err(|e| self.mapped_err(&dst.r, e))?;
+                mem.write_at(offset, src);
+                Ok(Reply::Unit)
+            });
+            return RmaOp::ready(r, unit);
+        }
         self.put_impl(dst, &Geometry::contiguous(0, offset, src.len()), src, false)
     }
 
@@ -779,7 +774,7 @@ impl World {
             return RmaOp::failed(e, unit);
         }
         if let Some(mem) = &r.mapped {
-            let res = mem.enter(self.rank()).map(|_entered| mem.put(g, src));
+            let res = mem.check_open().map(|()| mem.put(g, src));
             if res.is_ok() && notify && mem.notify(1) {
                 let (owner, serial) = (r.id.owner(), r.id.serial());
                 locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
@@ -823,7 +818,7 @@ impl World {
             return RmaOp::failed(e, unit);
         }
         if let Some(mem) = &r.mapped {
-            let res = mem.enter(self.rank()).map(|_entered| mem.notify(1));
+            let res = mem.check_open().map(|()| mem.notify(1));
             if res == Ok(true) {
                 let (owner, serial) = (r.id.owner(), r.id.serial());
                 locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
@@ -837,6 +832,15 @@ impl World {
     /// Reads `dst.len()` bytes at `offset` of `src` into `dst`.
     pub fn get<'a>(&self, src: &RemoteSegment, offset: usize, dst: &'a mut [u8]) -> GetOp<'a> {
         let g = Geometry::contiguous(0, offset, dst.len());
+        if let Some(mem) = &src.r.mapped {
+            // The common case on a mapping, without a geometry: one check and one copy.
+            let r = self.precheck(&src.r, Access::GET, (offset, dst.len())).and_then(|()| {
+                mem.check_open().map_err(|e| self.mapped_err(&src.r, e))?;
+                mem.read_at(offset, dst);
+                Ok(Reply::Unit)
+            });
+            return GetOp { op: RmaOp::ready(r, raw), dst, local: g.local_layout(), owner: src.owner() };
+        }
         self.get_with(src, &g, dst)
     }
 
@@ -849,7 +853,7 @@ impl World {
             let (bytes, span) = geometry.check_local(dst.len()).map_err(rma)?;
             self.precheck(r, Access::GET, span)?;
             if let Some(mem) = &r.mapped {
-                let _entered = mem.enter(self.rank()).map_err(|e| self.mapped_err(r, e))?;
+                mem.check_open().map_err(|e| self.mapped_err(r, e))?;
                 mem.get(geometry, dst);
                 return Ok(RmaOp::ready(Ok(Reply::Unit), raw));
             }
@@ -889,7 +893,7 @@ impl World {
             return RmaOp::failed(e, conv);
         }
         if let Some(mem) = &r.mapped {
-            let res = mem.enter(self.rank()).map(|_entered| mem.atomic(op, offset));
+            let res = mem.check_open().map(|()| mem.atomic(op, offset));
             return RmaOp::ready(res.map(Reply::Value).map_err(|e| self.mapped_err(r, e)), conv);
         }
         let serial = r.id.serial();

@@ -764,7 +764,7 @@ mod tests {
         }
         fn window(&mut self, len: usize, access: Access) -> Arc<SegMem> {
             let serial = self.b.reserve().unwrap();
-            let m = Arc::new(SegMem::create(SegmentId::new(1, serial), len, access, Kind::Window, 2, 7).unwrap());
+            let m = Arc::new(SegMem::create(SegmentId::new(1, serial), len, access, Kind::Window, 7).unwrap());
             self.b.publish(m.clone());
             m
         }
@@ -994,7 +994,7 @@ mod tests {
         let mut p = Pair::new();
         let serial = p.b.reserve().unwrap();
         let q = Arc::new(
-            SegMem::create(SegmentId::new(1, serial), 0, Access::QUEUE, Kind::Queue { record: 8, capacity: 2 }, 2, 1)
+            SegMem::create(SegmentId::new(1, serial), 0, Access::QUEUE, Kind::Queue { record: 8, capacity: 2 }, 1)
                 .unwrap(),
         );
         p.b.publish(q.clone());
