@@ -128,7 +128,7 @@ impl Segment {
     /// The 64-bit word at `off` (8-byte aligned), for local atomics on the words peers update
     /// with remote atomics.
     pub fn word(&self, off: usize) -> Result<&AtomicU64> {
-        if off % 8 != 0 {
+        if !off.is_multiple_of(8) {
             return Err(rma(RmaError::Misaligned { offset: off as u64 }));
         }
         self.local(off, 8)?;

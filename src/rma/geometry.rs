@@ -8,7 +8,7 @@
 //! arrays ([`Geometry::sub_array`]). Bytes travel in run order (`i` fastest): the *stream*, in
 //! which run `k = j * count[0] + i` occupies `k * block .. (k + 1) * block`. The emulated path
 //! cuts the stream into messages and each side maps stream ranges back to its own offsets
-//! ([`Layout::pieces`]).
+//! (`Layout::pieces`).
 //!
 //! Everything is checked arithmetic: a geometry whose size or reach overflows is an error, never a
 //! wrapped offset.
@@ -88,8 +88,8 @@ impl Geometry {
         remote: ArrayView,
     ) -> Result<Geometry, RmaError> {
         let side = |v: &ArrayView, name: &str| -> Result<Side, RmaError> {
-            for d in 0..3 {
-                let end = v.origin[d].checked_add(extent[d]).ok_or_else(|| bad("box overflows"))?;
+            for (d, &e) in extent.iter().enumerate() {
+                let end = v.origin[d].checked_add(e).ok_or_else(|| bad("box overflows"))?;
                 if end > v.dims[d] {
                     return Err(RmaError::Geometry(format!(
                         "the box reaches {end} in dimension {d} of the {name} array of {:?}",

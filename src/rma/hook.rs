@@ -105,7 +105,7 @@ impl Hook {
         }
         if self.service.busy() {
             self.calls = self.calls.wrapping_add(1);
-            if self.calls % LOSS_CHECK_EVERY == 0 {
+            if self.calls.is_multiple_of(LOSS_CHECK_EVERY) {
                 for r in self.service.watched() {
                     if let Some(reason) = engine.lost(r) {
                         self.service.peer_lost(r, reason.clone());

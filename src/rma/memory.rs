@@ -207,7 +207,7 @@ impl SegMem {
     /// A header word (`at` is one of the layout constants: inside the mapping).
     #[inline(always)]
     fn hdr(&self, at: usize) -> &AtomicU64 {
-        debug_assert!(at + 8 <= self.data && at % 8 == 0);
+        debug_assert!(at + 8 <= self.data && at.is_multiple_of(8));
         // SAFETY: in the header, 8-aligned (the mapping is page-aligned), alive as long as `self`.
         unsafe { &*self.map.ptr().add(at).cast::<AtomicU64>() }
     }
@@ -295,7 +295,7 @@ impl SegMem {
     /// The data word at `off` (checked aligned and inside by the caller).
     #[inline]
     pub fn word(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off.checked_add(8).is_some_and(|e| e <= self.len));
+        assert!(off.is_multiple_of(8) && off.checked_add(8).is_some_and(|e| e <= self.len));
         // SAFETY: an aligned word inside the data (asserted; the data starts page-aligned).
         unsafe { &*self.base().add(off).cast::<AtomicU64>() }
     }

@@ -6,13 +6,13 @@
 //! Layers:
 //! * [`geometry`]: transfer shapes (contiguous, strided, 2-D and 3-D sub-arrays) and their bounds
 //!   arithmetic, pure;
-//! * [`memory`]: a segment's memory (a file-backed shared mapping with a header) and every
+//! * `memory`: a segment's memory (a file-backed shared mapping with a header) and every
 //!   operation on it, as loads, stores and atomics: what the target applies, and what a peer that
 //!   maps the segment (shared memory) does itself;
-//! * [`wire`]: the request/response messages of the emulated path, encoded and checked;
-//! * [`service`]: the sans-IO protocol core of both sides of the emulated path (the target's
+//! * `wire`: the request/response messages of the emulated path, encoded and checked;
+//! * `service`: the sans-IO protocol core of both sides of the emulated path (the target's
 //!   handlers, the initiator's pending operations, peer loss, events), driven by
-//! * [`hook`]: the thin glue that runs the service inside the reactor's progress, over the
+//! * `hook`: the thin glue that runs the service inside the reactor's progress, over the
 //!   point-to-point engine on a reserved context, so the target serves requests without any call
 //!   by its application;
 //! * [`api`]: [`Segment`], [`RemoteSegment`], [`Queue`], [`Event`] and the operations on
@@ -190,7 +190,7 @@ impl RmaError {
         if !granted.contains(Access::ATOMIC) {
             return Err(RmaError::NotPermitted { needed: Access::ATOMIC, granted });
         }
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(RmaError::Misaligned { offset });
         }
         RmaError::check(Access::ATOMIC, granted, offset, 8, len)

@@ -678,10 +678,11 @@ impl Service {
     /// registers `cx` to be woken at the next completion.
     pub fn fenced(&mut self, seg: SegmentId, at: u64, cx: Option<&mut Context<'_>>) -> bool {
         let open = self.pending.iter().any(|(_, p)| p.seg == seg && p.seq < at && matches!(p.state, State::Running));
-        if open && let Some(cx) = cx {
-            if !self.fence_waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                self.fence_waiters.push(cx.waker().clone());
-            }
+        if open
+            && let Some(cx) = cx
+            && !self.fence_waiters.iter().any(|w| w.will_wake(cx.waker()))
+        {
+            self.fence_waiters.push(cx.waker().clone());
         }
         !open
     }

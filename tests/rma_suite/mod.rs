@@ -328,7 +328,7 @@ pub async fn queues_and_notify(w: &World) {
 /// them either completed (and its effect is in the memory it saw) or failed with `Unpublished`;
 /// everything later fails with `Unpublished`, attaching included.
 pub async fn unpublish_in_flight(w: &World) {
-    let (r, n) = (w.rank(), w.size());
+    let r = w.rank();
     let seg = (r == 0).then(|| w.publish(1 << 16, Access::WINDOW).unwrap());
     let id =
         SegmentId::from_u64(w.allgather(&[seg.as_ref().map_or(0, |s| s.id().to_u64())]).timeout(T).await.unwrap()[0]);
