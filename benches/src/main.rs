@@ -59,6 +59,7 @@ mod process;
 mod ranks;
 mod reference;
 mod report;
+mod rma;
 mod sim_scale;
 mod sweep;
 mod transport;
@@ -90,6 +91,8 @@ benchmarks:
               blocking progress, alternated; `ferrocomm-bench burst --help`
   multicast   reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers, token
               vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`
+  rma         one-sided put/get latency and bandwidth and fetch-add vs ucx_perftest over shared
+              memory; fetch-add to one target vs spread; `ferrocomm-bench rma --help`
   sim-scale   collectives on the simulated network, 64 to 4,096 ranks, against the alpha-beta
               model of each algorithm; `ferrocomm-bench sim-scale --help`";
 
@@ -111,6 +114,9 @@ fn main() -> ExitCode {
         mcast::RANK_COMMAND => mcast::rank_main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),
         ranks::RANK_COMMAND => ranks::rank_main(rest),
+        "rma" => rma::main(rest),
+        rma::JOB_COMMAND => rma::job_main(rest),
+        rma::RANK_COMMAND => rma::rank_main(rest),
         "shm-transport" => transport::main(rest),
         transport::RANK_COMMAND => transport::rank_main(rest),
         #[cfg(feature = "verbs")]

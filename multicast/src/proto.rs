@@ -260,6 +260,9 @@ pub struct Stats {
     pub out_of_window: u64,
     /// Datagrams or control messages refused.
     pub malformed: u64,
+    /// Datagrams the driver dropped before the core saw them: no valid tag of this job (the
+    /// driver authenticates datagrams; see [`McastCore::refused_unauthenticated`]).
+    pub unauthenticated: u64,
     /// 1 once the group test failed.
     pub groups_degraded: u64,
 }
@@ -283,6 +286,7 @@ impl Stats {
         c("ferrocomm_mcast_window_stalls", self.window_stalls, prev.window_stalls);
         c("ferrocomm_mcast_duplicates", self.duplicates, prev.duplicates);
         c("ferrocomm_mcast_malformed", self.malformed, prev.malformed);
+        c("ferrocomm_mcast_datagrams_unauthenticated", self.unauthenticated, prev.unauthenticated);
         c("ferrocomm_mcast_groups_degraded", self.groups_degraded, prev.groups_degraded);
     }
 }
@@ -1041,6 +1045,11 @@ impl McastCore {
 
     pub fn stats(&self) -> &Stats {
         &self.out.stats
+    }
+
+    /// Counts a datagram the driver dropped because its tag did not verify.
+    pub fn refused_unauthenticated(&mut self) {
+        self.out.stats.unauthenticated += 1;
     }
 
     /// The ACK layout of this rank's stream.
