@@ -34,6 +34,10 @@ cargo test --workspace --doc --locked
 # The API documentation builds without a broken or private link.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
+# The crates package as for publishing (versioned path dependencies, metadata), and each one
+# builds alone from its package, with only the tokio features it names (a few minutes).
+cargo package --workspace --locked --allow-dirty
+
 # The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so
 # they run over Soft-RoCE inside a VM (installs what it needs; skips with a message only if no VM
 # can boot here). Then the lints with the feature, whose system libraries the VM script installed,
