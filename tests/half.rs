@@ -80,7 +80,11 @@ const COUNTS: [usize; 4] = [1, 37, 40_000, 150_001];
 async fn all_operations<T: Half>(w: &Comm, pins: &[&str]) {
     let (r, n) = (w.rank(), w.size());
     for pin in pins {
-        let c = if pin.is_empty() { w.clone() } else { w.with_collective_table(Table::default().with_overrides(pin).unwrap()) };
+        let c = if pin.is_empty() {
+            w.clone()
+        } else {
+            w.with_collective_table(Table::default().with_overrides(pin).unwrap())
+        };
         for count in COUNTS {
             let what = format!("allreduce [{pin}] n={n} count={count} rank {r}");
             let mut buf = input::<T>(r, count);

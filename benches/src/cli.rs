@@ -82,8 +82,9 @@ pub struct Progress {
 impl Progress {
     pub fn new(total: u64, what: &str) -> Progress {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template("{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} (eta {eta}) {msg}")
-            .expect("a valid template");
+        let style =
+            ProgressStyle::with_template("{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} (eta {eta}) {msg}")
+                .expect("a valid template");
         bar.set_style(style);
         bar.set_prefix(what.to_string());
         bar.enable_steady_tick(Duration::from_millis(250));

@@ -271,7 +271,13 @@ fn compare(opts: &Options, s: &Schedule) -> Result<()> {
         // One panel per (ranks, operation): ferrocomm and each MPI.
         let sides: Vec<&str> = std::iter::once(OURS).chain(mpis.iter().map(|m| m.key)).collect();
         let panels = panels(&rows, |r| sides.iter().map(|&side| (side.to_string(), r.median(side))).collect());
-        let title = format!("ferrocomm vs {}: collective latency", mpis.iter().map(|m| m.name).collect::<Vec<_>>().join(", "));
+        let title = match mpis.is_empty() {
+            true => "ferrocomm: collective latency".to_string(),
+            false => format!(
+                "ferrocomm vs {}: collective latency",
+                mpis.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+            ),
+        };
         let subtitle = format!(
             "OSU method over shared memory ({transport}), progress {}, CPUs {:?}, median of {} run(s)",
             opts.progress, s.cpus, opts.runs
@@ -479,8 +485,10 @@ fn sweep(opts: &Options, s: &Schedule) -> Result<()> {
     if let Some(path) = &opts.plot {
         // One panel per (ranks, operation), one curve per algorithm.
         let panels = panels(&found, |algs| algs.iter().map(|(a, v)| (a.clone(), median(v))).collect());
-        let subtitle =
-            format!("each algorithm pinned in turn, progress {}, CPUs {:?}, median of {} run(s)", opts.progress, s.cpus, opts.runs);
+        let subtitle = format!(
+            "each algorithm pinned in turn, progress {}, CPUs {:?}, median of {} run(s)",
+            opts.progress, s.cpus, opts.runs
+        );
         plot::write(path, &plot::figure("ferrocomm: collective latency by algorithm", &subtitle, &panels))?;
     }
     println!("total time {:.1} s", started.elapsed().as_secs_f64());
@@ -509,7 +517,10 @@ mod tests {
         assert_eq!(s.large, 16384);
         assert!(o.mpis().is_empty() && o.runs == 5 && !o.sweep);
         let d = options("--env A=1 --env B=2=3").unwrap();
-        assert_eq!((d.mpis(), d.env.as_slice()), (&["openmpi".to_string(), "mpich".into()][..], &["A=1".to_string(), "B=2=3".into()][..]));
+        assert_eq!(
+            (d.mpis(), d.env.as_slice()),
+            (&["openmpi".to_string(), "mpich".into()][..], &["A=1".to_string(), "B=2=3".into()][..])
+        );
         assert_eq!(d.schedule(), Schedule::default());
         for bad in ["--ranks 1", "--ops scan", "--runs 0", "--iters 0", "--mpi lam", "--env X", "--frobnicate"] {
             assert!(options(bad).is_err(), "{bad}");

@@ -157,6 +157,34 @@ mod tests {
         Cli::try_parse_from(std::iter::once("ferrocomm-bench").chain(line.split_whitespace())).map(|c| c.command)
     }
 
+    /// The command lines of scripts/bench.sh and scripts/verbs-vm.sh (variables filled in).
+    #[test]
+    fn the_scripts_command_lines_parse() {
+        let ops = "barrier,bcast,reduce,allreduce,allgather,alltoall,sendrecv";
+        for line in [
+            "pingpong --transport shm --progress busy --runs 3 --recv-into --max 4M --json a.json --plot a.svg".to_string(),
+            "pingpong --transport shm --progress busy --runs 10 --recv-into --send-from --max 8 --target-ms 100 \
+             --idle-gap 0 --json b.json"
+                .into(),
+            "pingpong --backend uring --runs 3 --recv-into --json c.json --plot c.svg".into(),
+            "pingpong --backend portable --runs 3 --recv-into --json c.json --plot c.svg".into(),
+            format!("collectives --ranks 2 --runs 5 --ops {ops} --json d.json --plot d.svg"),
+            format!(
+                "collectives --ranks 4 --runs 3 --iters 100 --warmup 20 --iters-large 20 --warmup-large 5 --ops {ops} \
+                 --json e.json --plot e.svg"
+            ),
+            "multicast --json f.json --plot f.svg".into(),
+            "multicast --transports tcp --json g.json --plot g.svg".into(),
+            "pingpong --transport verbs --progress blocking --recv-into --runs 3 --max 4M --target-ms 300 --json h.json \
+             --plot h.svg"
+                .into(),
+        ] {
+            assert!(parse(&line).is_ok(), "{line}: {}", parse(&line).unwrap_err());
+        }
+        // verbs-vm.sh's transport-alone run exists with the feature only.
+        assert_eq!(parse("verbs-transport --json v.json").is_ok(), cfg!(feature = "verbs"));
+    }
+
     #[test]
     fn unknown_benchmarks_and_options_are_refused() {
         assert!(parse("frobnicate").is_err());

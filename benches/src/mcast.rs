@@ -130,7 +130,8 @@ pub fn main(o: Options) -> Result<()> {
     println!("{:>9} {:>7} {:>14} {:>14} {:>10}", "bytes", "iters", "multicast us", "binomial us", "p2p/mcast");
     for r in bcast["bcast"].as_array().ok_or("no rows")? {
         let (m, p) = (r["mcast_us"].as_f64().unwrap_or(0.0), r["p2p_us"].as_f64().unwrap_or(0.0));
-        println!("{:>9} {:>7} {:>14.1} {:>14.1} {:>9.2}x", r["bytes"], r["iters"], m, p, p / m);
+        let (bytes, iters) = (r["bytes"].as_u64().unwrap_or(0), r["iters"].as_u64().unwrap_or(0));
+        println!("{bytes:>9} {iters:>7} {m:>14.1} {p:>14.1} {:>9.2}x", p / m);
     }
     let b = &barrier["barrier"];
     let f = |k: &str| b[k].as_f64().unwrap_or(0.0);

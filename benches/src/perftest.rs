@@ -158,10 +158,7 @@ pub fn stream_bw(progress: &str, cpus: [usize; 2], bytes: usize, env: &[(String,
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(&exe);
     let spec = StreamSpec { progress: progress.to_string(), cpus, bytes };
-    cmd.arg(STREAM_JOB)
-        .args(spec.to_args())
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stderr(Stdio::inherit());
+    cmd.arg(STREAM_JOB).args(spec.to_args()).envs(env.iter().map(|(k, v)| (k, v))).stderr(Stdio::inherit());
     let (status, lines) = process::run_lines(cmd, STREAM_TIMEOUT)?;
     let mut mbps = None;
     for line in lines {
@@ -196,7 +193,8 @@ impl StreamSpec {
 
 /// The streaming job: two verbs ranks of this binary.
 pub fn stream_job_main(spec: StreamSpec) -> Result<()> {
-    let env = vec![("FERROCOMM_TRANSPORTS".into(), "verbs".into()), ("FERROCOMM_PROGRESS".into(), spec.progress.clone())];
+    let env =
+        vec![("FERROCOMM_TRANSPORTS".into(), "verbs".into()), ("FERROCOMM_PROGRESS".into(), spec.progress.clone())];
     ranks::launch(2, STREAM_RANK, spec.to_args(), env)
 }
 

@@ -29,7 +29,6 @@ const LOAD_WARNING: f64 = 0.05;
 /// (adaptive vs busy-poll). With --time-each, every round trip is timed and the report adds its
 /// latency percentiles (p50, p99, p99.9).
 #[derive(Clone, Debug, clap::Args)]
-#[command(next_help_heading = "Options")]
 pub struct Options {
     /// Transport to measure: tcp, shm (shared memory) or verbs (build with --features verbs;
     /// the peer is then perftest's ib_send_lat at 8 B and ib_write_bw at 1 MiB on the same
@@ -45,7 +44,8 @@ pub struct Options {
     /// ferrocomm TCP backend: auto, uring or portable
     #[arg(long, default_value = "auto", value_parser = cli::backend)]
     pub backend: String,
-    /// ferrocomm progress: busy, adaptive[:US] or blocking
+    /// ferrocomm progress: busy, adaptive (adaptive:US spins at most US microseconds before
+    /// sleeping) or blocking
     #[arg(long, default_value = "busy", value_parser = cli::progress)]
     pub progress: String,
     /// Largest power of two measured, e.g. 65536, 64K, 8M
@@ -213,7 +213,10 @@ pub fn main(mut opts: Options) -> Result<()> {
         if let Some(share) = share {
             busiest = busiest.max(share);
             if share > LOAD_WARNING {
-                bar.note(format!("warning: other work took {:.0}% of the CPUs during run {run} of {side}", share * 100.0));
+                bar.note(format!(
+                    "warning: other work took {:.0}% of the CPUs during run {run} of {side}",
+                    share * 100.0
+                ));
             }
         }
         interference.push(json!({"run": run, "side": side, "share": share}));

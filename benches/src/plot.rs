@@ -144,9 +144,8 @@ pub fn figure(title: &str, subtitle: &str, panels: &[Panel]) -> String {
                 panel(&mut out, top, &p.title, &p.ylabel, xs, ys, &yticks, &p.series);
             }
             YAxis::Log => {
-                let (lo, hi) = values()
-                    .filter(|&v| v > 0.0)
-                    .fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+                let (lo, hi) =
+                    values().filter(|&v| v > 0.0).fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
                 let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (1.0, 10.0) };
                 let lo = 10f64.powf(lo.log10().floor());
                 let hi = 10f64.powf(hi.log10().ceil()).max(lo * 10.0);
@@ -386,7 +385,8 @@ mod tests {
         assert!(s.contains(">4<") && !s.contains(">1<"));
         assert!(s.contains(">recursive-doubling<"));
         // No points: still a well-formed picture.
-        let empty = figure("e", "s", &[Panel { title: "p".into(), ylabel: "y".into(), y: YAxis::Linear, series: vec![] }]);
+        let empty =
+            figure("e", "s", &[Panel { title: "p".into(), ylabel: "y".into(), y: YAxis::Linear, series: vec![] }]);
         assert!(empty.trim_end().ends_with("</svg>"));
     }
 }

@@ -118,10 +118,10 @@ pub fn main(o: Options) -> Result<()> {
         let r = run(cpus, cma, message)?;
         println!(
             "shm transport alone (cma={cma}): 8 B one-way {:.3} us (median of {BATCHES} batches of {PINGS}), \
-             through the engine by hand {:.3} us; {} MiB messages {:.2} GB/s",
+             through the engine by hand {:.3} us; {} KiB messages {:.2} GB/s",
             r.one_way_us,
             r.engine_one_way_us,
-            message >> 20,
+            message >> 10,
             r.gbps
         );
         results.push(r);

@@ -11,8 +11,8 @@
 //!
 //! # Half precision
 //!
-//! [`f16`] (IEEE 754 binary16) and [`bf16`] (bfloat16) are elements like `f32`: the data travels
-//! in its 2-byte form, so a reduction moves half the bytes of an `f32` one. Every pairwise step
+//! [`f16`](struct@f16) (IEEE 754 binary16) and [`bf16`] (bfloat16) are elements like `f32`: the
+//! data travels in its 2-byte form, so a reduction moves half the bytes of an `f32` one. Every pairwise step
 //! (`acc ⊕ x`, one per message a rank combines) is computed in `f32` and rounded once to the
 //! nearest half value, ties to even. For `+` and `×` that *is* correctly rounded half arithmetic:
 //! `f32` has at least twice the half types' significand bits plus two (24 ≥ 2·11 + 2), so
@@ -36,8 +36,8 @@
 use std::sync::Arc;
 
 use bytemuck::Pod;
-pub use half::{bf16, f16};
 use half::slice::HalfFloatSliceExt;
+pub use half::{bf16, f16};
 
 /// A number type collectives can carry and reduce.
 pub trait Element: Pod + Send + Sync + PartialOrd + 'static {

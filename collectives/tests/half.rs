@@ -151,20 +151,22 @@ fn bf16_sums_by_every_algorithm_are_within_the_stated_tolerance() {
     sums_within_tolerance::<bf16>();
 }
 
+/// A case that never rounds: its name, operator, inputs and the operator on `f64`.
+type Exact<T> = (&'static str, ReduceOp<T>, fn(u32, usize) -> Vec<T>, fn(f64, f64) -> f64);
+
 /// Where no step rounds, and for `Min`/`Max`, every algorithm gives the same bits: the exact
 /// result.
 fn exact_cases_agree<T: Half>() {
     for n in RANKS {
         for count in COUNTS {
-            let cases: [(&str, ReduceOp<T>, fn(u32, usize) -> Vec<T>, fn(f64, f64) -> f64); 3] = [
+            let cases: [Exact<T>; 3] = [
                 ("sum of integers", ReduceOp::Sum, integers, |a, b| a + b),
                 ("min", ReduceOp::Min, input, f64::min),
                 ("max", ReduceOp::Max, input, f64::max),
             ];
             for (name, op, data, f) in cases {
-                let want: Vec<f64> = (0..count)
-                    .map(|i| (0..n).map(|r| data(r, count)[i].to_f64()).reduce(f).expect("ranks"))
-                    .collect();
+                let want: Vec<f64> =
+                    (0..count).map(|i| (0..n).map(|r| data(r, count)[i].to_f64()).reduce(f).expect("ranks")).collect();
                 for (alg, got) in allreduce_all::<T>(n, count, &op, data) {
                     let got: Vec<f64> = got.iter().map(|v| v.to_f64()).collect();
                     assert_eq!(got, want, "{} {name} {alg} n={n} count={count}", T::NAME);
@@ -189,7 +191,8 @@ fn reduce_scatter_and_scan_in_f16() {
         let seg = |r: u32, d: u32| input::<f16>(r * 31 + d, count);
         for &alg in Algorithm::for_operation(Operation::ReduceScatter) {
             let sum = ReduceOp::<f16>::Sum.erase();
-            let ms = (0..n).map(|r| ops::reduce_scatter(r, n, alg, (0..n).map(|d| bytes_of(&seg(r, d))).collect(), sum.clone()));
+            let ms = (0..n)
+                .map(|r| ops::reduce_scatter(r, n, alg, (0..n).map(|d| bytes_of(&seg(r, d))).collect(), sum.clone()));
             let o = run(ms.map(Result::unwrap).collect(), n as u64);
             for d in 0..n {
                 let got: Vec<f16> = values(&ops::reduce_scatter_result(&o.blocks[d as usize], d).unwrap());
