@@ -27,6 +27,12 @@ else
     echo "NOTE: not root: the multi-process multicast tests (network namespaces, iptables) will be SKIPPED"
 fi
 
+# Real launchers (tests/real_launchers.rs): Open MPI's mpirun, MPICH's Hydra mpiexec and a
+# one-node Slurm (munged, slurmctld, slurmd), installed and started idempotently; prints how long
+# the bring-up took. It exits 77 without root or apt-get, and those tests then say they SKIPPED;
+# any other failure fails those tests (they run the script again), not the rest of the suite.
+bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked
@@ -37,6 +43,11 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # The crates package as for publishing (versioned path dependencies, metadata), and each one
 # builds alone from its package, with only the tokio features it names (a few minutes).
 cargo package --workspace --locked --allow-dirty
+
+# Coverage-guided fuzzing, the CI smoke (docs/fuzzing.md): every fuzz target builds and runs
+# FUZZ_SECONDS (default 20) without a crash. Installs the nightly toolchain and cargo-fuzz if
+# missing. About 5 minutes on 2 cores, most of it the sanitizer build.
+bash scripts/fuzz.sh
 
 # The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so
 # they run over Soft-RoCE inside a VM (installs what it needs; skips with a message only if no VM

@@ -29,6 +29,16 @@ pub fn bytes(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A total of bytes (a memory budget), with the suffixes of [`bytes`] and no upper bound.
+pub fn total_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits);
+    let unit = bytes(&format!("1{suffix}")).map_err(|_| format!("{s:?}: not a byte count (e.g. 256M, 4G)"))?;
+    let n: usize = num.parse().map_err(|_| format!("{s:?}: not a byte count (e.g. 256M, 4G)"))?;
+    n.checked_mul(unit).filter(|&v| v > 0).ok_or_else(|| format!("{s:?}: must be at least 1 byte"))
+}
+
 /// A count of at least 1 (runs, iterations).
 pub fn at_least_one(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
@@ -133,6 +143,10 @@ mod tests {
         for bad in ["0", "2G", "x", "", "8T", "-1", "1.5K"] {
             assert!(bytes(bad).is_err(), "{bad}");
         }
+        assert_eq!(total_bytes("256M").unwrap(), 256 << 20);
+        assert_eq!(total_bytes("8G").unwrap(), 8 << 30);
+        assert_eq!(total_bytes("1000").unwrap(), 1000);
+        assert!(total_bytes("0").is_err() && total_bytes("x").is_err() && total_bytes("").is_err());
     }
 
     #[test]

@@ -60,6 +60,7 @@ mod process;
 mod ranks;
 mod reference;
 mod report;
+mod sim_scale;
 mod sweep;
 mod transport;
 #[cfg(feature = "verbs")]
@@ -91,6 +92,7 @@ enum Command {
     Collectives(collectives::Options),
     Burst(burst::Options),
     Multicast(mcast::Options),
+    SimScale(sim_scale::Options),
     // The processes the benchmarks start: this binary again, with these hidden subcommands.
     #[command(name = ranks::JOB_COMMAND, hide = true)]
     PingpongJob(ranks::JobSpec),
@@ -121,6 +123,7 @@ fn main() -> ExitCode {
         Command::Collectives(o) => collectives::main(o),
         Command::Burst(o) => burst::main(o),
         Command::Multicast(o) => mcast::main(o),
+        Command::SimScale(o) => sim_scale::main(o),
         Command::PingpongJob(s) => ranks::job_main(s),
         Command::PingpongRank(s) => ranks::rank_main(s),
         Command::StreamJob(s) => perftest::stream_job_main(s),

@@ -18,6 +18,10 @@
 //! and the other ranks complete it. Single-copy calls (large calls on one host,
 //! [`shared::Lending`]) read the other ranks' memory: dropping one withdraws what this rank lent,
 //! and the others' call fails with `CollError::Withdrawn` rather than keep what it read.
+//!
+//! Failures: a loss of a member revokes the communicator, which fails every rank's pending and later
+//! calls naming the lost rank, on every path (messages, board, multicast, node-leader); a call made
+//! after a member departed fails at once (see `docs/failure.md`).
 
 pub(crate) mod shared;
 
@@ -49,6 +53,10 @@ struct Slot {
     seq: u64,
     /// The calling communicator's buffer pool.
     pool: Arc<Pool>,
+    /// Why the call cannot run, as known when it was made: a member lost or departed. (Decided
+    /// then, not when a later phase of the call starts: by then a member may have finished the
+    /// whole call and left, which is no reason to fail.)
+    refused: Option<Error>,
 }
 
 /// A posted receive of a collective: of any length, or into a buffer of the announced length.
@@ -323,7 +331,7 @@ impl Comm {
         let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
         let comm =
             self.sequence.collective.get_or_init(|| Arc::new(self.with_context(self.context() | COLLECTIVE_BIT)));
-        Slot { comm: comm.clone(), seq, pool: self.sequence.pool.clone() }
+        Slot { comm: comm.clone(), seq, pool: self.sequence.pool.clone(), refused: self.collective_gate().err() }
     }
 
     /// The algorithm this communicator uses for `op` with `bytes` per rank (and a commutative
@@ -509,8 +517,15 @@ impl Comm {
         Box::pin(Comm::run(slot, m))
     }
 
-    async fn run(slot: Slot, mut m: Machine) -> Result<Blocks> {
-        let Slot { comm, seq, pool } = slot;
+    async fn run(slot: Slot, m: Machine) -> Result<Blocks> {
+        let Slot { comm, seq, pool, refused } = slot;
+        // A member already lost or departed when the call was made, or lost since: the call
+        // could never complete.
+        if let Some(e) = refused.or_else(|| comm.revoked()) {
+            return Err(e);
+        }
+        // A peer's message, or the blocks its header announces, cannot exceed what a receive takes.
+        let mut m = m.with_max_message(comm.settings().max_message);
         let tag = |round: u32| (seq << 16) | u64::from(round);
         // A handful of operations at a time: inline vectors (no task allocations).
         let mut sends = Sends::new();
@@ -608,6 +623,7 @@ impl Comm {
                 // every rare path here: its set-up future is large, and would otherwise size
                 // (and be copied with) every message-based barrier's future.
                 return Box::pin(async move {
+                    comm.collective_gate()?;
                     let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
                     barrier.wait().await
                 })
@@ -729,6 +745,7 @@ impl Comm {
             if let Some((comm, data)) = multicast {
                 // Boxed, as in the barrier: a large future kept out of every broadcast's.
                 return Box::pin(async move {
+                    comm.collective_gate()?;
                     let chan = comm.sequence.multicast.get_or_try_init(|| Channel::new(&comm)).await?;
                     crate::multicast::broadcast(chan, root, data).await.map(|b| vec![b])
                 })
@@ -1349,9 +1366,7 @@ impl Comm {
         members.sort();
         let world: Vec<Rank> = members.iter().map(|&(_, r)| self.world_rank(r)).collect();
         let context = derive_context(derive_context(self.context(), (1 << 30) | n), color);
-        let mut c = self.with_context(context);
-        c.group = Some(Arc::new(Group::new(world, self.world_rank(self.rank()))));
-        Ok(Some(c))
+        Ok(Some(self.with_members(context, world)))
     }
 }
 

@@ -10,7 +10,9 @@
 //!
 //! A waiting call spins inside the reactor's loop ([`Reactor::poll_until`]): transports keep
 //! progressing, spinning ranks yield when the host is oversubscribed, and a lost peer that the
-//! call waits for fails it with [`Error::PeerLost`]. Nothing rings a rank when a board counter
+//! call waits for fails it with [`Error::PeerLost`], as does any loss that revoked the
+//! communicator (a call is not even made then, nor while a member has departed: see
+//! [`Segment::gate`]). Nothing rings a rank when a board counter
 //! moves, so a rank that would sleep (adaptive and blocking modes) looks again every [`NAP`]; the
 //! default table therefore picks the board only for busy-polling ranks.
 //!
@@ -72,6 +74,10 @@ pub(crate) struct Segment {
     /// World rank of each member (lost peers are known by world rank).
     members: Vec<Rank>,
     reactor: Reactor<Driver>,
+    /// The communicator's context: a loss that revokes it fails the calls.
+    context: u32,
+    /// The world's count of departures and losses ([`crate::world::Inner::changes`]).
+    changes: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Segment {
@@ -108,7 +114,23 @@ impl Segment {
             queue: ferrocomm_reactor::Mutex::new(Queue::default()),
             members,
             reactor: inner.reactor.clone(),
+            context: comm.context(),
+            changes: inner.changes.clone(),
         })
+    }
+
+    /// Whether no rank has departed or been lost (then [`Segment::gate`] has nothing to say).
+    #[inline(always)]
+    fn untouched(&self) -> bool {
+        self.changes.load(std::sync::atomic::Ordering::Acquire) == 0
+    }
+
+    /// Why a call cannot be made: a loss revoked the communicator, or a member departed.
+    fn gate(&self) -> Result<()> {
+        if self.untouched() {
+            return Ok(());
+        }
+        self.reactor.with(|d| d.engine.gate(self.context)).map_or(Ok(()), Err)
     }
 
     /// The call of a broadcast's root whose data (`input`) it can post at once and be done
@@ -119,13 +141,15 @@ impl Segment {
     /// -s 8 -i 100000`).
     #[inline]
     pub(crate) fn root_now(&self, input: &[u8]) -> bool {
-        self.queue.lock().root_now(&self.board, input)
+        // After a departure or loss, the call goes through `call`, which may refuse it.
+        self.untouched() && self.queue.lock().root_now(&self.board, input)
     }
 
     /// Enqueues a call (described in full: it may run before its future is first polled), split
     /// into pieces of at most the board's capacity, cut on `elem`-byte element boundaries.
     /// `input`: the root's data (broadcast), this rank's contribution (all-reduce), or nothing.
     pub(crate) fn call(self: &Arc<Segment>, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<Made> {
+        self.gate()?;
         let mut q = self.queue.lock();
         if len <= self.board.capacity() {
             // Posted now, and often complete now: then just the result.
@@ -178,6 +202,7 @@ impl Segment {
     /// root's [`Lent`], or an all-gather of every rank's), then come the `held` steps, each posted
     /// when the rank gets to it ([`Lending::next`]).
     pub(crate) fn lend(self: &Arc<Segment>, kind: Kind, lent: Option<Lent>, held: &[Kind]) -> Result<Lending> {
+        self.gate()?;
         let mut q = self.queue.lock();
         let first = q.push(&self.board, kind, Lent::BYTES, lent.map_or_else(Vec::new, |l| l.encode()))?;
         for k in held {
@@ -215,12 +240,18 @@ impl Segment {
             }
         }
         // Only where a driver is at hand: a look without one would ask for nothing.
-        if let Some(d) = driver
-            && let Some(Waiting::Rank(r)) = q.waiting(&self.board, seqs.start)
-        {
-            let rank = self.members[r as usize];
-            if let Some(reason) = d.engine.lost(rank) {
-                return Poll::Ready(Err(Error::PeerLost { rank, reason: reason.clone() }));
+        if let Some(d) = driver {
+            // Revoked by a loss, whether or not the call waits for the lost rank itself.
+            if d.engine.failures().any_lost()
+                && let Some(e) = d.engine.revoked(self.context)
+            {
+                return Poll::Ready(Err(e));
+            }
+            if let Some(Waiting::Rank(r)) = q.waiting(&self.board, seqs.start) {
+                let rank = self.members[r as usize];
+                if let Some(reason) = d.engine.lost(rank) {
+                    return Poll::Ready(Err(Error::PeerLost { rank, reason: reason.clone() }));
+                }
             }
         }
         Poll::Pending
