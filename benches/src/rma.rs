@@ -180,18 +180,33 @@ async fn pair(w: &World) -> Result<Value> {
     let word = seg.word(0)?;
     let tcp = !remote.is_mapped();
     let lat_iters = if tcp { LAT_ITERS / 100 } else { LAT_ITERS };
-    // Put latency: ping-pong through each other's memory.
+    // Put latency: ping-pong through each other's memory. Over a mapping each side spins on its
+    // own word, as `ucp_put_lat` does; over requests the puts carry a notification that each side
+    // awaits (its wait runs the progress that applies the peer's put: a busy-polling rank's own
+    // calls serve requests, its progress thread stays aside while they spin).
     w.barrier().await?;
     let t0 = Instant::now();
     for i in 1..=lat_iters {
         if me == 0 {
-            w.put(remote, 0, &i.to_le_bytes()).await?;
+            if tcp {
+                w.put_notify(remote, 0, &i.to_le_bytes()).await?;
+            } else {
+                w.put(remote, 0, &i.to_le_bytes()).await?;
+            }
         }
-        while word.load(Ordering::Acquire) != i {
-            std::hint::spin_loop();
+        if tcp {
+            seg.wait_notifications(i).await?;
+        } else {
+            while word.load(Ordering::Acquire) != i {
+                std::hint::spin_loop();
+            }
         }
         if me == 1 {
-            w.put(remote, 0, &i.to_le_bytes()).await?;
+            if tcp {
+                w.put_notify(remote, 0, &i.to_le_bytes()).await?;
+            } else {
+                w.put(remote, 0, &i.to_le_bytes()).await?;
+            }
         }
     }
     let put_lat = t0.elapsed().as_secs_f64() / lat_iters as f64 / 2.0;
