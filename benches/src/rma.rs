@@ -5,6 +5,9 @@
 //!   memory and spins on its own until the peer's put has landed; the one-way time is half the
 //!   round trip.
 //! * **Get latency, 8 B**: a loop of gets, each awaited (`ucp_get`: a stream of gets).
+//! * Latencies are medians of samples of 64 operations (`ucx_perftest` reports the median of its
+//!   per-iteration times; on a shared machine the mean is dominated by preempted iterations); the
+//!   means are in the JSON.
 //! * **Put and get bandwidth, 64 KiB and 4 MiB**: a loop of transfers into (from) one remote
 //!   buffer, then a fence (`ucp_put_bw`, `ucp_get`); MB/s is 10^6 bytes per second on both sides
 //!   (`ucx_perftest` prints MiB/s, converted).
@@ -52,6 +55,8 @@ const LAT_ITERS: u64 = 200_000;
 const BW_BYTES: usize = 1 << 30;
 const ATOMIC_ITERS: u64 = 200_000;
 const SIZES: [usize; 2] = [64 << 10, 4 << 20];
+/// Operations per timed sample of the latency tests.
+const BATCH: u64 = 64;
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -185,40 +190,52 @@ async fn pair(w: &World) -> Result<Value> {
     // awaits (its wait runs the progress that applies the peer's put: a busy-polling rank's own
     // calls serve requests, its progress thread stays aside while they spin).
     w.barrier().await?;
-    let t0 = Instant::now();
-    for i in 1..=lat_iters {
-        if me == 0 {
-            if tcp {
-                w.put_notify(remote, 0, &i.to_le_bytes()).await?;
-            } else {
-                w.put(remote, 0, &i.to_le_bytes()).await?;
-            }
-        }
-        if tcp {
-            seg.wait_notifications(i).await?;
-        } else {
-            while word.load(Ordering::Acquire) != i {
-                std::hint::spin_loop();
-            }
-        }
-        if me == 1 {
-            if tcp {
-                w.put_notify(remote, 0, &i.to_le_bytes()).await?;
-            } else {
-                w.put(remote, 0, &i.to_le_bytes()).await?;
-            }
-        }
-    }
-    let put_lat = t0.elapsed().as_secs_f64() / lat_iters as f64 / 2.0;
-    w.barrier().await?;
-    let mut out = json!({"mapped": !tcp, "transport": w.transport_for(peer as u32), "put_lat_us": put_lat * 1e6});
-    if me == 0 {
-        let mut b = [0u8; 8];
+    // Samples of BATCH round trips; the report takes their median, as `ucx_perftest` takes the
+    // median of its per-iteration times (on a shared machine a preempted batch is an outlier).
+    let mut samples = Vec::new();
+    let mut i = 0u64;
+    let t_all = Instant::now();
+    while i < lat_iters {
         let t0 = Instant::now();
-        for _ in 0..lat_iters {
-            w.get(remote, 8, &mut b).await?;
+        for _ in 0..BATCH {
+            i += 1;
+            if me == 0 {
+                if tcp {
+                    w.put_notify(remote, 0, &i.to_le_bytes()).await?;
+                } else {
+                    w.put(remote, 0, &i.to_le_bytes()).await?;
+                }
+            }
+            if tcp {
+                seg.wait_notifications(i).await?;
+            } else {
+                while word.load(Ordering::Acquire) != i {
+                    std::hint::spin_loop();
+                }
+            }
+            if me == 1 {
+                if tcp {
+                    w.put_notify(remote, 0, &i.to_le_bytes()).await?;
+                } else {
+                    w.put(remote, 0, &i.to_le_bytes()).await?;
+                }
+            }
         }
-        out["get_lat_us"] = json!(t0.elapsed().as_secs_f64() / lat_iters as f64 * 1e6);
+        samples.push(t0.elapsed().as_secs_f64() / BATCH as f64 / 2.0);
+    }
+    let put_mean = t_all.elapsed().as_secs_f64() / i as f64 / 2.0;
+    w.barrier().await?;
+    let mut out = json!({"mapped": !tcp, "transport": w.transport_for(peer as u32),
+                         "put_lat_us": median(samples) * 1e6, "put_lat_mean_us": put_mean * 1e6});
+    if me == 0 {
+        let (med, mean) = timed(lat_iters, || async {
+            let mut b = [0u8; 8];
+            w.get(remote, 8, &mut b).await?;
+            Ok(())
+        })
+        .await?;
+        out["get_lat_us"] = json!(med * 1e6);
+        out["get_lat_mean_us"] = json!(mean * 1e6);
         let src = vec![7u8; 4 << 20];
         let mut dst = vec![0u8; 4 << 20];
         for size in SIZES {
@@ -236,15 +253,38 @@ async fn pair(w: &World) -> Result<Value> {
             out[format!("get_bw_{size}")] = json!((n * size) as f64 / t0.elapsed().as_secs_f64() / 1e6);
         }
         let iters = if tcp { ATOMIC_ITERS / 100 } else { ATOMIC_ITERS };
-        let t0 = Instant::now();
-        for _ in 0..iters {
+        let (med, mean) = timed(iters, || async {
             w.fetch_add(remote, 16, 1).await?;
-        }
-        out["fadd_lat_us"] = json!(t0.elapsed().as_secs_f64() / iters as f64 * 1e6);
+            Ok(())
+        })
+        .await?;
+        out["fadd_lat_us"] = json!(med * 1e6);
+        out["fadd_lat_mean_us"] = json!(mean * 1e6);
     }
     w.barrier().await?;
     seg.unpublish().await?;
     Ok(out)
+}
+
+/// Runs `op` `iters` times in batches of [`BATCH`]; returns (median of the batches' times per
+/// operation, mean time per operation), seconds.
+async fn timed<F, Fut>(iters: u64, mut op: F) -> Result<(f64, f64)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut samples = Vec::new();
+    let mut done = 0;
+    let t_all = Instant::now();
+    while done < iters {
+        let t0 = Instant::now();
+        for _ in 0..BATCH {
+            op().await?;
+        }
+        done += BATCH;
+        samples.push(t0.elapsed().as_secs_f64() / BATCH as f64);
+    }
+    Ok((median(samples), t_all.elapsed().as_secs_f64() / done as f64))
 }
 
 async fn atomics(w: &World) -> Result<Value> {
