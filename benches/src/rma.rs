@@ -57,6 +57,7 @@ const ATOMIC_ITERS: u64 = 200_000;
 const SIZES: [usize; 2] = [64 << 10, 4 << 20];
 /// Operations per timed sample of the latency tests.
 const BATCH: u64 = 64;
+const PAGE: usize = 4096;
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -180,7 +181,7 @@ async fn segments(w: &World, len: usize) -> Result<(ferrocomm::Segment, Vec<ferr
 async fn pair(w: &World) -> Result<Value> {
     let me = w.rank() as usize;
     let peer = 1 - me;
-    let (seg, remotes) = segments(w, (4 << 20) + 64).await?;
+    let (seg, remotes) = segments(w, (4 << 20) + PAGE).await?;
     let remote = &remotes[peer];
     let word = seg.word(0)?;
     let tcp = !remote.is_mapped();
@@ -236,19 +237,22 @@ async fn pair(w: &World) -> Result<Value> {
         .await?;
         out["get_lat_us"] = json!(med * 1e6);
         out["get_lat_mean_us"] = json!(mean * 1e6);
-        let src = vec![7u8; 4 << 20];
-        let mut dst = vec![0u8; 4 << 20];
+        // Page-aligned buffers on both sides, as ucx_perftest's.
+        let mut src_buf = vec![7u8; (4 << 20) + PAGE];
+        let mut dst_buf = vec![1u8; (4 << 20) + PAGE];
+        let src = aligned(&mut src_buf);
+        let dst = aligned(&mut dst_buf);
         for size in SIZES {
             let n = (BW_BYTES / size / if tcp { 16 } else { 1 }).max(4);
             let t0 = Instant::now();
             for _ in 0..n {
-                w.put(remote, 64, &src[..size]).await?;
+                w.put(remote, PAGE, &src[..size]).await?;
             }
             w.fence(remote).await?;
             out[format!("put_bw_{size}")] = json!((n * size) as f64 / t0.elapsed().as_secs_f64() / 1e6);
             let t0 = Instant::now();
             for _ in 0..n {
-                w.get(remote, 64, &mut dst[..size]).await?;
+                w.get(remote, PAGE, &mut dst[..size]).await?;
             }
             out[format!("get_bw_{size}")] = json!((n * size) as f64 / t0.elapsed().as_secs_f64() / 1e6);
         }
@@ -264,6 +268,12 @@ async fn pair(w: &World) -> Result<Value> {
     w.barrier().await?;
     seg.unpublish().await?;
     Ok(out)
+}
+
+/// The page-aligned part of `buf`.
+fn aligned(buf: &mut [u8]) -> &mut [u8] {
+    let skip = buf.as_ptr().align_offset(PAGE);
+    &mut buf[skip..]
 }
 
 /// Runs `op` `iters` times in batches of [`BATCH`]; returns (median of the batches' times per

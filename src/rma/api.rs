@@ -29,15 +29,12 @@ use ferrocomm_transports::Rank;
 use super::geometry::{Geometry, Layout};
 use super::memory::{AtomicOp, Kind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
 use super::service::{EventShared, Key, Remote, Reply};
-use super::wire::{AttachInfo, Msg, OVERHEAD};
+use super::wire::{AttachInfo, MAX_CHUNK, Msg, OVERHEAD};
 use super::{Access, RmaError, SegmentId};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::world::{Inner, World};
 
-/// Largest piece of a transfer in one message of the emulated path (each is a point-to-point
-/// message: large ones go by rendezvous, and the target copies each as it lands).
-const CHUNK_MAX: usize = 1 << 20;
 /// A producer facing a full queue on a mapping retries this many times at once (yielding to its
 /// executor in between), then every [`NAP`].
 const SPIN_TRIES: u32 = 64;
@@ -842,7 +839,7 @@ impl World {
         if bytes == 0 && !notify {
             return RmaOp::done(());
         }
-        let chunk = r.info.max_message.min(CHUNK_MAX) - OVERHEAD;
+        let chunk = r.info.max_message.min(MAX_CHUNK) - OVERHEAD;
         let local = g.local_layout();
         let pieces: Vec<(usize, Bytes)> = (0..bytes.div_ceil(chunk).max(1))
             .map(|i| (i * chunk, gather(&local, src, i * chunk..((i + 1) * chunk).min(bytes))))
@@ -932,7 +929,7 @@ impl World {
             let e = Error::Invalid(format!("one-sided operations need max_message of {MIN_MESSAGE} bytes"));
             return GetOp::failed(e, dst);
         }
-        let chunk = inner.settings.max_message.min(CHUNK_MAX) - OVERHEAD;
+        let chunk = inner.settings.max_message.min(MAX_CHUNK) - OVERHEAD;
         let (layout, serial) = (geometry.remote_layout(), r.id.serial());
         let op = emulated(
             inner,

@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use slab::Slab;
 
 use super::memory::{Kind, SegMem};
-use super::wire::{AttachInfo, Msg};
+use super::wire::{AttachInfo, MAX_CHUNK, Msg};
 use super::{Access, RmaError, SegmentId};
 use crate::error::Error;
 
@@ -205,6 +205,9 @@ impl Service {
     }
 
     fn send(&mut self, to: Rank, m: Msg) {
+        if self.closed {
+            return;
+        }
         let (tag, payload) = m.encode();
         self.out.push_back((to, tag, payload));
     }
@@ -326,6 +329,11 @@ impl Service {
                     let bytes = layout.bytes()?;
                     if start.checked_add(len).is_none_or(|e| e > bytes) {
                         return Err(RmaError::Geometry("range outside the transfer".into()));
+                    }
+                    // Initiators ask for at most a chunk per message: a larger reply (overlapping
+                    // runs make a transfer longer than its reach) is refused, not allocated.
+                    if len > MAX_CHUNK {
+                        return Err(RmaError::Geometry(format!("a get of {len} bytes in one message")));
                     }
                     mem.check(Access::GET, layout.span()?)?;
                     let mut out = vec![0u8; len];
@@ -911,6 +919,11 @@ mod tests {
         let k = p.a.start(id, |req| {
             vec![Msg::Get { req, serial: id.serial(), layout: Layout::contiguous(0, 64), start: 0, len: 1 << 40 }]
         });
+        p.run();
+        assert!(matches!(p.result(k), Err(Error::Rma(RmaError::Geometry(_)))), "no allocation sized by the peer");
+        // Overlapping runs: a short reach, a huge transfer.
+        let layout = Layout { block: 8, count: [1 << 40, 1], side: Side::at(0, 0) };
+        let k = p.a.start(id, |req| vec![Msg::Get { req, serial: id.serial(), layout, start: 0, len: 1 << 39 }]);
         p.run();
         assert!(matches!(p.result(k), Err(Error::Rma(RmaError::Geometry(_)))), "no allocation sized by the peer");
         // Unknown and unpublished ids.
