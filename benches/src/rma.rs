@@ -405,11 +405,12 @@ pub fn main(args: &[String]) -> Result<()> {
     let med = |side: &[Value], key: &str| median(side.iter().filter_map(|v| v[key].as_f64()).collect());
     let mapped = ours[0]["mapped"].as_bool().unwrap_or(false);
     println!(
-        "one-sided, 2 ranks pinned to CPUs {},{}: ferrocomm over {} ({}), ucx_perftest with UCX_TLS=posix,cma; medians of {} runs",
+        "one-sided, 2 ranks pinned to CPUs {},{}: ferrocomm over {} ({}), {}; medians of {} runs",
         o.cpus[0],
         o.cpus[1],
         ours[0]["transport"].as_str().unwrap_or("?"),
         if mapped { "segments mapped by the peer" } else { "requests served by the target's progress" },
+        if o.peer { "ucx_perftest with UCX_TLS=posix,cma" } else { "no peer" },
         o.runs
     );
     println!("{:<24} {:>14} {:>14} {:>10}", "", "ferrocomm", "ucx_perftest", "ratio");
