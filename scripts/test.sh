@@ -27,12 +27,33 @@ else
     echo "NOTE: not root: the multi-process multicast tests (network namespaces, iptables) will be SKIPPED"
 fi
 
+# Real launchers (tests/real_launchers.rs): Open MPI's mpirun, MPICH's Hydra mpiexec and a
+# one-node Slurm (munged, slurmctld, slurmd), installed and started idempotently; prints how long
+# the bring-up took. It exits 77 without root or apt-get, and those tests then say they SKIPPED;
+# any other failure fails those tests (they run the script again), not the rest of the suite.
+bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
 # The API documentation builds without a broken or private link.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
+# The library crates package as for publishing (versioned path dependencies, metadata), and each
+# one builds alone from its package, with only the tokio features it names (a few minutes). The
+# bench and the simulator are not published (publish = false). Cargo takes a package of a given
+# version as never changing (its unpacked copy, its build), so each run starts from nothing: a
+# target directory of its own, and no copy left by an earlier run.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/ferrocomm-* target/package-check
+CARGO_TARGET_DIR=target/package-check \
+    cargo package --workspace --exclude ferrocomm-bench --exclude ferrocomm-sim --locked --allow-dirty
+rm -rf target/package-check
+
+# Coverage-guided fuzzing, the CI smoke (docs/fuzzing.md): every fuzz target builds and runs
+# FUZZ_SECONDS (default 20) without a crash. Installs the nightly toolchain and cargo-fuzz if
+# missing. About 5.5 minutes on 2 cores: the sanitizer build, then 9 targets x 20 s.
+bash scripts/fuzz.sh
 
 # The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so
 # they run over Soft-RoCE inside a VM (installs what it needs; skips with a message only if no VM

@@ -10,7 +10,7 @@
 #                                RDMA write and by RDMA read) plus a rank killed mid-transfer
 #   scripts/verbs-vm.sh bench    ferrocomm verbs ping-pong and streaming bandwidth vs
 #                                ib_send_lat / ib_write_bw on rxe0, and the transport alone;
-#                                JSON, SVG and the full output (.txt) into results/. For
+#                                JSON, SVG and the printed output (.txt) into results/. For
 #                                shorter runs while tuning:
 #                                VERBS_BENCH_MODES (default "busy blocking busy-srq": progress
 #                                mode, -srq for eager slots through the shared receive queue) and
@@ -167,6 +167,7 @@ else
     mkdir -p results
     cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg "$OUT"/verbs-transport.json results/ 2>/dev/null || true
     for p in "$@"; do cp "$OUT/pingpong-$p.log" "results/pingpong-verbs-$p.txt" 2>/dev/null || true; done
+    cp "$OUT/verbs-transport.log" results/verbs-transport.txt 2>/dev/null || true
     echo "verbs-vm: VM load before the bench:" && sed 's/^/    /' "$OUT/vm-load.txt" 2>/dev/null || true
     echo "verbs-vm: results in results/pingpong-verbs-{$(echo "$@" | tr ' ' ,)}.{json,svg,txt}"
 fi

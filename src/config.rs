@@ -66,8 +66,9 @@ pub struct Settings {
     pub peer_timeout: Duration,
     /// `FERROCOMM_CONNECT_TIMEOUT_MS`: how long bootstrap waits for the store and the peers. Default 60 s.
     pub connect_timeout: Duration,
-    /// `FERROCOMM_BIND`: address the rank listens on. Default 0.0.0.0 (advertised as the address
-    /// this host uses to reach the key-value store).
+    /// `FERROCOMM_BIND`: address the rank listens on, an IP address or a host name (resolved when
+    /// the settings are read; an IPv4 address preferred). Default 0.0.0.0 (advertised as the
+    /// address this host uses to reach the key-value store).
     pub bind: IpAddr,
     /// `FERROCOMM_COLL`: pins collectives to algorithms, e.g. `allreduce=ring,bcast=binomial`
     /// (names in [`ferrocomm_collectives::Algorithm`]). Default: the measured size/rank table.
@@ -148,6 +149,25 @@ where
     }
 }
 
+/// `FERROCOMM_BIND`'s value: an IP address, or a host name resolved to one (IPv4 first).
+fn bind_address(value: &str) -> Result<IpAddr> {
+    let v = value.trim();
+    if let Ok(ip) = v.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    let bad = |reason: String| Error::Config { name: "FERROCOMM_BIND", reason: format!("{v:?}: {reason}") };
+    let found: Vec<IpAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(v, 0))
+        .map_err(|e| bad(format!("not an IP address, and cannot resolve it as a host name: {e}")))?
+        .map(|a| a.ip())
+        .collect();
+    found
+        .iter()
+        .find(|ip| ip.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| bad("the host name resolves to no address".to_string()))
+}
+
 impl Settings {
     /// Defaults overridden by the `FERROCOMM_*` environment variables.
     pub fn from_env() -> Result<Settings> {
@@ -187,8 +207,8 @@ impl Settings {
         if let Some(v) = parse::<u64>("FERROCOMM_CONNECT_TIMEOUT_MS", &get)? {
             s.connect_timeout = Duration::from_millis(v);
         }
-        if let Some(v) = parse("FERROCOMM_BIND", &get)? {
-            s.bind = v;
+        if let Some(v) = get("FERROCOMM_BIND") {
+            s.bind = bind_address(&v)?;
         }
         if let Some(v) = get("FERROCOMM_COLL") {
             s.collectives =
@@ -243,6 +263,19 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bind_addresses_may_be_host_names() {
+        let bind = |v: &str| Settings::from_vars(|k| (k == "FERROCOMM_BIND").then(|| v.to_string())).map(|s| s.bind);
+        assert_eq!(bind("10.1.2.3").unwrap(), IpAddr::from([10, 1, 2, 3]));
+        assert_eq!(bind("[::1]").unwrap(), "::1".parse::<IpAddr>().unwrap());
+        // From /etc/hosts: no resolver is asked.
+        assert!(bind("localhost").unwrap().is_loopback());
+        // A NUL byte fails before any resolver is asked.
+        let e = bind("bad\0name").unwrap_err();
+        assert!(matches!(e, Error::Config { name: "FERROCOMM_BIND", .. }), "{e}");
+        assert!(e.to_string().contains("host name"), "{e}");
+    }
 
     #[test]
     fn variables_override_defaults_and_bad_values_are_named() {

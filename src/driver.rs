@@ -78,6 +78,10 @@ impl Driver {
                 // quiet, so no buffer of a receive is freed under an in-flight read.
                 self.transport.disconnect(peer, TransportError::Wire(err));
             }
+            // Peers reported lost by others: their connections go the same way.
+            while let Some((peer, why)) = self.engine.poll_cut() {
+                self.transport.disconnect(peer, why);
+            }
             let mut queued = false;
             while let Some((peer, h, payload)) = self.engine.poll_transmit() {
                 self.transport.send(peer, h, payload);

@@ -5,7 +5,10 @@ use ferrocomm_transports::{Rank, TransportError};
 /// Everything a ferrocomm operation can fail with.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    /// The peer this operation involves is gone (crashed, killed, left, or broke the protocol).
+    /// A rank this operation needs is gone: lost (crashed, killed, cut off, silent past the peer
+    /// timeout, broke the protocol), or departed (`reason` [`TransportError::Left`]). `rank` is
+    /// a world rank. A loss revokes every communicator that contains the lost rank: all their
+    /// operations fail with this error naming it, whoever they involve (see `docs/failure.md`).
     #[error("rank {rank} is lost: {reason}")]
     PeerLost { rank: Rank, reason: TransportError },
     /// The matching message is longer than the posted receive buffer. The message is consumed.
@@ -29,6 +32,11 @@ pub enum Error {
     /// Setting up the job failed (environment, key-value store, connections).
     #[error("bootstrap failed: {0}")]
     Bootstrap(String),
+    /// The job's environment cannot be used, or its key-value store cannot be hosted or reached:
+    /// each case names the variable and, for addresses, the address. (Boxed: every operation's
+    /// result carries this type, and the other variants are small.)
+    #[error("bootstrap failed: {0}")]
+    Job(Box<crate::bootstrap::env::EnvError>),
     /// The multicast layer could not do what was asked (see the message).
     #[error("multicast: {0}")]
     Multicast(String),
@@ -50,6 +58,12 @@ pub enum Error {
 
 /// Shorthand for results of ferrocomm operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<crate::bootstrap::env::EnvError> for Error {
+    fn from(e: crate::bootstrap::env::EnvError) -> Error {
+        Error::Job(Box::new(e))
+    }
+}
 
 impl Error {
     pub(crate) fn bootstrap(what: impl std::fmt::Display) -> Error {

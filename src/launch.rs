@@ -11,10 +11,11 @@
 //!   [`crate::bootstrap::env::detect`]);
 //! * it forwards each rank's output line by line with a `[rank] ` prefix,
 //!   stdout to stdout and stderr to stderr;
-//! * it turns one rank's failure into the job's failure: the other ranks get
-//!   [`LaunchOptions::grace`] to notice (their connections to the dead rank
-//!   fail) and exit on their own, then they are killed, and the job's exit
-//!   code is the failed rank's;
+//! * it turns one rank's failure into the job's failure: it tells the other
+//!   ranks which rank ended (through the store, see
+//!   [`crate::bootstrap::notices`]; they fail what needs it at once, even
+//!   during their bootstrap), gives them [`LaunchOptions::grace`] to exit on
+//!   their own, then kills them; the job's exit code is the failed rank's;
 //! * it leaves no processes behind: each rank runs in its own process group,
 //!   which is killed as a whole (so a rank's own children go too), and each
 //!   rank gets `PR_SET_PDEATHSIG=SIGKILL` on Linux so it dies with the
@@ -42,6 +43,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::bootstrap::env::{MAX_SIZE, to_hex};
 use crate::bootstrap::kv::KvServer;
+use crate::bootstrap::notices;
 
 /// A forwarded line longer than this is passed on in pieces.
 const MAX_LINE: usize = 64 * 1024;
@@ -202,6 +204,9 @@ async fn run_job(n: u32, program: &Path, args: &[OsString], opts: &LaunchOptions
                 }
                 if result.is_none() {
                     result = Some(code);
+                    // A rank that said goodbye first (finalize) and then failed is no loss to the
+                    // others: they ignore the report then.
+                    store.put(notices::FAILED_KEY, &notices::encode(r, &format!("exited with {what}")));
                     say(format!("rank {r} exited with {what}; stopping the job")).await;
                     kill_at = Some(Instant::now() + opts.grace);
                 } else {
@@ -233,9 +238,9 @@ async fn run_job(n: u32, program: &Path, args: &[OsString], opts: &LaunchOptions
         rank.kill_group();
     }
     // Shared-memory files of ranks that died before every peer mapped them (the job's files are
-    // named after the first 8 bytes of its token).
+    // named by a value derived from its token).
     #[cfg(target_os = "linux")]
-    match ferrocomm_transports::shm::remove_leftovers(&token_hex[..16]) {
+    match ferrocomm_transports::shm::remove_leftovers(&ferrocomm_transports::auth::JobSecret::new(token).shm_name()) {
         Ok(0) => {}
         Ok(k) => say(format!("removed {k} shared-memory file(s) left by the job")).await,
         Err(e) => say(format!("could not look for shared-memory files left by the job: {e}")).await,

@@ -16,8 +16,20 @@
 //! a group that never confirms (multicast filtered, no multicast route) stays on point-to-point
 //! with a warning and the `ferrocomm_mcast_groups_degraded` metric. The API works either way.
 //!
+//! Every datagram of the job carries a 16-byte tag after the core's bytes
+//! ([`ferrocomm_transports::auth::DatagramKey`], keyed from the job token): the driver appends it
+//! on the way out and checks it first on the way in; a datagram without a valid tag (another
+//! job's, a stranger's, an altered one) is dropped and counted (`Stats::unauthenticated`, metric
+//! `ferrocomm_mcast_datagrams_unauthenticated`). The tag counts within
+//! `FERROCOMM_MCAST_DATAGRAM`, so the core fragments into datagrams 16 bytes shorter. Cost: one
+//! HMAC-SHA-256 over each datagram sent and received (3-5 us for 1400 B on the 2-CPU test VM,
+//! `examples/handshake_cost.rs`), and a copy of each datagram sent.
+//!
 //! A channel holds a handle on the communicator: drop channels before finalizing the world, and
 //! [`Channel::flush`] them first: a dropped channel abandons what it has not delivered yet.
+//!
+//! A loss that revokes the communicator ends the channel: its task stops, and every pending and
+//! later call fails with the error naming the lost rank (see `docs/failure.md`).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::pin;
@@ -29,6 +41,7 @@ use bytes::Bytes;
 use ferrocomm_multicast::barrier::{BarrierMsg, TokenBarrier as BarrierCore};
 use ferrocomm_multicast::proto::{Config, Event, McastCore, SendError, Stats, Transmit};
 use ferrocomm_multicast::transport::{MulticastTransport, UdpConfig, UdpMulticast};
+use ferrocomm_transports::auth::{DatagramKey, TAG_LEN};
 use ferrocomm_transports::{Rank, TransportError};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
@@ -71,7 +84,7 @@ pub struct McastSettings {
     /// `FERROCOMM_MCAST_SUBGROUPS`: number of ACK sub-groups (root's plus one per co-root);
     /// 0 = about sqrt(receivers) (default); 1 = no co-roots.
     pub subgroups: usize,
-    /// `FERROCOMM_MCAST_DATAGRAM`: datagram size, header included. Default 1400 (fits an
+    /// `FERROCOMM_MCAST_DATAGRAM`: datagram size, header and 16-byte tag included. Default 1400 (fits an
     /// Ethernet MTU: IP fragments would multiply the loss rate); up to 65000 on loopback.
     pub datagram: usize,
     /// `FERROCOMM_MCAST_MAX_MESSAGE`: largest multicast message. Default 4 MiB. Bounds memory:
@@ -164,6 +177,11 @@ impl McastSettings {
         Ok(s)
     }
 
+    /// The datagram size the protocol core fragments into: the configured size less the tag.
+    fn core_datagram(&self) -> usize {
+        self.datagram - TAG_LEN
+    }
+
     /// Checks that the values can work together.
     pub fn validate(&self) -> Result<()> {
         let bad = |name, reason: &str| Err(Error::Config { name, reason: reason.to_string() });
@@ -176,7 +194,7 @@ impl McastSettings {
         if self.datagram < ferrocomm_multicast::wire::HEADER + 64 || self.datagram > 65_000 {
             return bad("FERROCOMM_MCAST_DATAGRAM", "between 100 and 65000 bytes");
         }
-        if ferrocomm_multicast::wire::fragments(self.max_message, self.datagram) > usize::from(u16::MAX) {
+        if ferrocomm_multicast::wire::fragments(self.max_message, self.core_datagram()) > usize::from(u16::MAX) {
             return bad("FERROCOMM_MCAST_MAX_MESSAGE", "at most 65535 datagrams per message");
         }
         if !(0.0..=1.0).contains(&self.test_drop) {
@@ -193,6 +211,8 @@ struct Shared {
     core: Mutex<McastCore>,
     comm: Comm,
     net: Option<Box<dyn MulticastTransport>>,
+    /// Tags the datagrams sent and checks the ones received.
+    key: DatagramKey,
     /// Datagrams waiting for room in the socket.
     backlog: Mutex<std::collections::VecDeque<Bytes>>,
     sends: mpsc::UnboundedSender<Op<()>>,
@@ -202,6 +222,8 @@ struct Shared {
     ready: Notify,
     published: Mutex<Stats>,
     closed: AtomicBool,
+    /// Why the task stopped, when a loss revoked the communicator.
+    failed: Mutex<Option<Error>>,
     drop_rng: AtomicU64,
     test_drop: f64,
 }
@@ -239,6 +261,7 @@ impl Shared {
 
     fn send_datagram(&self, d: Bytes) {
         let Some(net) = &self.net else { return };
+        let d = Bytes::from(self.key.seal(&d));
         let mut backlog = self.backlog.lock();
         if backlog.is_empty() {
             match net.try_send(&d) {
@@ -281,25 +304,51 @@ impl Shared {
         ((x >> 11) as f64 / (1u64 << 53) as f64) < self.test_drop
     }
 
-    /// Waits until `f` gives an answer, re-trying it whenever the task reports progress.
-    async fn wait_for<T>(&self, mut f: impl FnMut(&mut McastCore) -> Option<T>) -> T {
+    /// Why the channel can no longer serve: a loss revoked its communicator.
+    fn failure(&self) -> Option<Error> {
+        let failed = self.failed.lock().clone();
+        failed.or_else(|| self.comm.revoked())
+    }
+
+    /// Waits until `f` gives an answer, re-trying it whenever the task reports progress; fails
+    /// once a loss revoked the communicator (then nothing would ever change).
+    async fn wait_for<T>(&self, mut f: impl FnMut(&mut McastCore) -> Option<T>) -> Result<T> {
         loop {
             let mut notified = pin!(self.ready.notified());
             notified.as_mut().enable();
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
             let r = f(&mut self.core.lock());
             if let Some(v) = r {
                 self.pump();
                 self.kick.notify_one();
-                return v;
+                return Ok(v);
             }
             if self.closed.load(Ordering::Acquire) {
                 // The task is gone: nothing will change; let `f` see the final state once more.
                 if let Some(v) = f(&mut self.core.lock()) {
-                    return v;
+                    return Ok(v);
                 }
-                std::future::pending::<()>().await;
+                return Err(self.failure().unwrap_or(Error::Shutdown));
             }
             notified.await;
+        }
+    }
+
+    /// A point-to-point operation of the channel failed for the loss of world rank `rank`: the
+    /// protocol forgets that member; true if the loss revoked the communicator (the task stops).
+    fn lost(&self, rank: Rank) -> bool {
+        let local = self.comm.local_rank(rank);
+        if local != Rank::MAX {
+            self.core.lock().peer_lost(Instant::now(), local);
+        }
+        match self.comm.revoked() {
+            Some(e) => {
+                *self.failed.lock() = Some(e);
+                true
+            }
+            None => false,
         }
     }
 }
@@ -331,7 +380,7 @@ impl Channel {
             ack_every: s.ack_every,
             ack_delay: s.ack_delay,
             subgroups: (s.subgroups > 0).then_some(s.subgroups),
-            datagram: s.datagram,
+            datagram: s.core_datagram(),
             max_message: s.max_message,
             confirm_timeout: s.confirm_timeout,
             multicast: s.enabled,
@@ -368,12 +417,14 @@ impl Channel {
             core: Mutex::new(core),
             comm: p2p,
             net,
+            key: comm.datagram_key().clone(),
             backlog: Default::default(),
             sends: tx,
             kick: Notify::new(),
             ready: Notify::new(),
             published: Default::default(),
             closed: AtomicBool::new(false),
+            failed: Mutex::new(None),
             drop_rng: AtomicU64::new(mix(&[h, u64::from(comm.rank())]) | 1),
             test_drop: s.test_drop,
         });
@@ -401,27 +452,32 @@ impl Channel {
                 Err(SendError::WindowFull) => None,
                 Err(SendError::TooLarge { len, max }) => Some(Err(Error::TooLarge { len, max })),
             })
-            .await
+            .await?
     }
 
     /// The next message from `root`, exactly once and in the order `root` sent them.
-    /// Fails with [`Error::PeerLost`] once `root` died and everything that arrived was read.
+    /// Fails with [`Error::PeerLost`] once `root` died and everything that arrived was read, or
+    /// at once when a loss revoked the communicator (the error names the world rank lost).
     pub async fn recv(&self, root: Rank) -> Result<Bytes> {
         if root >= self.size() || root == self.rank() {
             return Err(Error::UnknownRank { rank: root, size: self.size() });
         }
+        let gone = || {
+            let rank = self.shared.comm.world_rank(root);
+            self.shared.failure().unwrap_or(Error::PeerLost { rank, reason: TransportError::Closed })
+        };
         self.shared
             .wait_for(|core| match core.pop(root, Instant::now()) {
                 Ok(Some(m)) => Some(Ok(m)),
                 Ok(None) => None,
-                Err(()) => Some(Err(Error::PeerLost { rank: root, reason: TransportError::Closed })),
+                Err(()) => Some(Err(gone())),
             })
-            .await
+            .await?
     }
 
     /// The next message from any root.
     pub async fn recv_any(&self) -> Result<(Rank, Bytes)> {
-        Ok(self.shared.wait_for(|core| core.pop_any(Instant::now())).await)
+        self.shared.wait_for(|core| core.pop_any(Instant::now())).await
     }
 
     /// The messages of `root`, as a stream.
@@ -438,21 +494,21 @@ impl Channel {
 
     /// Waits until every live rank has consumed every message this rank sent.
     pub async fn flush(&self) -> Result<()> {
-        self.shared.wait_for(|core| (core.in_flight() == 0).then_some(())).await;
-        Ok(())
+        self.shared.wait_for(|core| (core.in_flight() == 0).then_some(())).await
     }
 
     /// Waits until this rank may leave without abandoning anything: every live rank consumed what
     /// it sent, and it acknowledged what it consumed (as a co-root, with its sub-group).
+    /// (A channel that a loss ended has nothing left to settle.)
     async fn settle(&self) {
-        self.shared.wait_for(|core| (core.in_flight() == 0 && core.settled()).then_some(())).await
+        let _ = self.shared.wait_for(|core| (core.in_flight() == 0 && core.settled()).then_some(())).await;
     }
 
     /// Waits (at most `limit`) for this rank's multicast test to finish: true if the group
     /// works, false if it degraded to point-to-point or is still testing.
     pub async fn wait_group(&self, limit: Duration) -> bool {
         let done = self.shared.wait_for(|core| (core.confirmed() || core.degraded()).then(|| core.confirmed()));
-        tokio::time::timeout(limit, done).await.unwrap_or(false)
+        tokio::time::timeout(limit, done).await.is_ok_and(|r| r.unwrap_or(false))
     }
 
     /// True if this rank's messages go by multicast.
@@ -511,12 +567,18 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
                 let mut r = r;
                 for _ in 0..DATAGRAM_BATCH {
                     match r {
-                        Ok(n) if !shared.drop_datagram() => {
-                            let d = Bytes::copy_from_slice(&buf[..n]);
-                            if let Err(e) = shared.core.lock().handle_datagram(Instant::now(), d) {
-                                tracing::trace!(rank = me, error = %e, "datagram refused");
+                        Ok(n) if !shared.drop_datagram() => match shared.key.open(&buf[..n]) {
+                            Ok(d) => {
+                                let d = Bytes::copy_from_slice(d);
+                                if let Err(e) = shared.core.lock().handle_datagram(Instant::now(), d) {
+                                    tracing::trace!(rank = me, error = %e, "datagram refused");
+                                }
                             }
-                        }
+                            Err(e) => {
+                                tracing::trace!(rank = me, error = %e, "datagram dropped");
+                                shared.core.lock().refused_unauthenticated();
+                            }
+                        },
                         Ok(_) => {}
                         Err(e) => tracing::debug!(rank = me, error = %e, "multicast receive failed"),
                     }
@@ -534,15 +596,21 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
                             tracing::debug!(rank = me, from = m.source, error = %e, "control message refused");
                         }
                     }
-                    Err(Error::PeerLost { rank, .. }) => shared.core.lock().peer_lost(Instant::now(), rank),
+                    Err(Error::PeerLost { rank, .. }) => {
+                        if shared.lost(rank) {
+                            break;
+                        }
+                    }
                     Err(_) => break,
                 }
                 recv = shared.comm.recv(Source::Any, TagMatch::Exact(TAG));
             }
             Some(op) = new_sends.recv() => sends.push(op),
             Some(r) = sends.next(), if !sends.is_empty() => {
-                if let Err(Error::PeerLost { rank, .. }) = r {
-                    shared.core.lock().peer_lost(Instant::now(), rank);
+                if let Err(Error::PeerLost { rank, .. }) = r
+                    && shared.lost(rank)
+                {
+                    break;
                 }
             }
             r = writable => {

@@ -27,6 +27,7 @@ use crate::config::Settings;
 use crate::driver::{Driver, SlabEngine};
 use crate::error::{Error, Result};
 use crate::p2p::engine::{Completion, RecvBuf};
+use crate::p2p::failure::Watch;
 use crate::p2p::{Payload, Source, Status, TagMatch};
 
 /// A connection attempt that was refused (wrong token, malformed frames, ...).
@@ -52,12 +53,17 @@ pub(crate) struct Inner {
     pub busy: Vec<bool>,
     /// Whether each rank may read its neighbours' memory (cross-memory attach).
     pub single_copy: Vec<bool>,
-    /// A hash of the job token: tells this job's multicast datagrams from another's.
+    /// Derived from the job token: tells this job's multicast datagrams from another's.
     pub job_id: u64,
+    /// Authenticates this job's multicast datagrams.
+    pub datagram_key: ferrocomm_transports::auth::DatagramKey,
     /// The name of this job's shared-memory files, when this rank has peers over shared memory.
     pub shm_job: Option<String>,
     pub closed: AtomicBool,
     pub thread: Mutex<Option<ReactorThread>>,
+    /// Departures and losses this rank knows of ([`crate::p2p::failure::Failures::changes`]): the
+    /// collectives' gate asks the engine only once it is not zero.
+    pub changes: Arc<AtomicU32>,
 }
 
 /// The users' hold on a rank's world: every [`World`] and [`Comm`] shares one, and the last to go
@@ -99,6 +105,9 @@ pub struct Comm {
     pub(crate) group: Option<Arc<Group>>,
     /// The collective selection table of this handle (default: the settings').
     pub(crate) table: Option<Arc<ferrocomm_collectives::Table>>,
+    /// Whose loss revokes this communicator's contexts: its members, or for a communicator made
+    /// for a parent's collectives, the parent's (see [`crate::p2p::failure`]).
+    pub(crate) watch: Watch,
 }
 
 #[derive(Default)]
@@ -156,8 +165,16 @@ pub(crate) const COLLECTIVE_BIT: u32 = 1 << 31;
 impl World {
     pub(crate) fn from_inner(inner: Arc<Inner>) -> World {
         let live = Arc::new(Live(inner.clone()));
-        let comm =
-            Comm { inner: inner.clone(), live, context: 0, sequence: Default::default(), group: None, table: None };
+        inner.reactor.with(|d| d.engine.watch(0, Watch::All));
+        let comm = Comm {
+            inner: inner.clone(),
+            live,
+            context: 0,
+            sequence: Default::default(),
+            group: None,
+            table: None,
+            watch: Watch::All,
+        };
         World { inner, comm }
     }
 
@@ -233,6 +250,8 @@ impl std::ops::Deref for World {
 
 impl Inner {
     /// Flushes queued output (for at most `limit`), says goodbye to every peer, stops progress.
+    /// On a thread that is panicking, the rank aborts instead: it tells every peer that it is
+    /// lost, so that they fail what needs it at once (a goodbye would let them wait on it).
     pub fn shut_down(&self, limit: Duration) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
@@ -251,9 +270,16 @@ impl Inner {
                 std::thread::sleep(Duration::from_micros(100));
             }
         };
-        flush(start);
+        let aborting = std::thread::panicking();
+        if !aborting {
+            flush(start);
+        }
         self.reactor.with(|d| {
-            d.engine.say_goodbye();
+            if aborting {
+                d.engine.abort();
+            } else {
+                d.engine.say_goodbye();
+            }
             d.flush();
         });
         flush(Instant::now());
@@ -297,9 +323,8 @@ thread_local! {
 /// between a message's arrival and the reply the caller sends, such an instruction costs far more
 /// than its own few nanoseconds: it apparently waits until the shared-memory transport's prefetch
 /// of the reply's cache line completes (`Outbox::prefetch_next`), and the peer, polling that line,
-/// takes it back meanwhile. 8 B shared memory one way, fast phase: 0.087-0.112 us (batch medians
-/// 0.0945-0.104) with the prefetch and the drop there, 0.0805 without the drop, 0.092 before
-/// either (session 25). A second completion before the next start drops the first reference
+/// takes it back meanwhile (8 B over shared memory one way: about 0.080 us parked, 0.09-0.10 us
+/// dropped there: `ferrocomm-bench pingpong --transport shm --runs 10 --recv-into --send-from --max 8 --target-ms 100 --idle-gap 0 --no-peer`). A second completion before the next start drops the first reference
 /// then. The reference does not keep the job going ([`Live`] does); a thread that starts no
 /// operation again drops it when it ends.
 #[inline(always)]
@@ -501,8 +526,10 @@ impl Comm {
         &self.inner
     }
 
-    /// The same ranks on another context (collective traffic, derived communicators).
+    /// The same ranks on another context (collective traffic, derived communicators), revoked by
+    /// the same losses as this one.
     pub(crate) fn with_context(&self, context: u32) -> Comm {
+        self.inner.reactor.with(|d| d.engine.watch(context, self.watch.clone()));
         Comm {
             inner: self.inner.clone(),
             live: self.live.clone(),
@@ -510,7 +537,36 @@ impl Comm {
             sequence: Default::default(),
             group: self.group.clone(),
             table: self.table.clone(),
+            watch: self.watch.clone(),
         }
+    }
+
+    /// A communicator of `members` (world ranks, in their new order) on `context`, revoked only
+    /// by their losses.
+    pub(crate) fn with_members(&self, context: u32, members: Vec<Rank>) -> Comm {
+        let mut c = self.with_context(context);
+        c.watch = Watch::ranks(members.iter().copied());
+        self.inner.reactor.with(|d| d.engine.watch(context, c.watch.clone()));
+        c.group = Some(Arc::new(Group::new(members, self.inner.rank)));
+        c
+    }
+
+    /// Why a collective on this communicator cannot run: a loss revoked it, or a member departed
+    /// (a collective needs every one). One atomic load while nobody has.
+    #[inline]
+    pub(crate) fn collective_gate(&self) -> Result<()> {
+        if self.inner.changes.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        self.inner.reactor.with(|d| d.engine.gate(self.context)).map_or(Ok(()), Err)
+    }
+
+    /// The error of every operation on this communicator once a loss revoked it.
+    pub(crate) fn revoked(&self) -> Option<Error> {
+        if self.inner.changes.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.inner.reactor.with(|d| d.engine.revoked(self.context))
     }
 
     /// The same communicator (same messages, same collective sequence) choosing collective
@@ -535,9 +591,14 @@ impl Comm {
         &self.inner.settings
     }
 
-    /// Hash of the job token (multicast datagrams carry it).
+    /// Derived from the job token (multicast datagrams carry it).
     pub(crate) fn job_id(&self) -> u64 {
         self.inner.job_id
+    }
+
+    /// The key of the job's multicast datagram tags.
+    pub(crate) fn datagram_key(&self) -> &ferrocomm_transports::auth::DatagramKey {
+        &self.inner.datagram_key
     }
 
     /// The address this rank accepts connections on.

@@ -219,3 +219,89 @@ async fn ack_implosion_root_share_falls_to_one_per_subgroup() {
         assert!(share < 1.4 / g as f64 && share > 0.3 / g as f64, "share {share} vs 1/{g}");
     }
 }
+
+/// Only datagrams tagged with the job's key reach the protocol. A spy in the group copies a real
+/// datagram of the channel and sends it back untagged, with a flipped bit in its tag, in its header
+/// and in its payload, tagged with another job's key, and as bare noise: every rank drops and
+/// counts each of these; the unaltered copy passes the tag (a tag says "from this job", not
+/// "new"), and the protocol drops it as a duplicate, so every message still arrives exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datagrams_without_the_jobs_tag_are_dropped_and_counted() {
+    use ferrocomm::transports::auth::{JobSecret, TAG_LEN};
+    use ferrocomm_multicast::transport::{MulticastTransport, UdpConfig, UdpMulticast};
+    const FORGED: u64 = 6;
+    assert!(loopback_multicast(), "this test needs multicast on lo (`ip link set lo multicast on`)");
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let group = std::net::Ipv4Addr::new(239, 255, 201, 7);
+    let mut s = settings(0.0);
+    s.multicast.group = Some(group);
+    s.multicast.port = Some(port);
+    let out = ferrocomm::testing::run(3, s, move |w| async move {
+        let spy = (w.rank() == 0).then(|| {
+            let cfg =
+                UdpConfig { group, port, interface: [127, 0, 0, 1].into(), datagram: 1400, ttl: 1, buffer: 1 << 20 };
+            UdpMulticast::join(&cfg).unwrap()
+        });
+        let chan = Channel::new(w.comm()).await.unwrap();
+        assert!(chan.wait_group(Duration::from_secs(10)).await, "rank {}: group not confirmed", w.rank());
+        w.barrier().timeout(T).await.unwrap();
+        if let Some(spy) = &spy {
+            chan.send(payload(0, 1)).timeout(T).await.unwrap();
+            // A data datagram of rank 0 (the spy also hears the pings of the group test).
+            let mut buf = vec![0u8; 2048];
+            let real = loop {
+                let n = tokio::time::timeout(T, std::future::poll_fn(|cx| spy.poll_recv(cx, &mut buf)))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let d = &buf[..n];
+                if n > 36 + TAG_LEN && d[5] == 1 && d[20..24] == [0, 0, 0, 0] {
+                    break d.to_vec();
+                }
+            };
+            let flip = |at: usize| {
+                let mut d = real.clone();
+                d[at] ^= 0x01;
+                d
+            };
+            let untagged = real[..real.len() - TAG_LEN].to_vec();
+            let other_job = JobSecret::new([0xa5; 32]).datagram_key().seal(&untagged);
+            let forged = [
+                untagged.clone(),
+                flip(real.len() - 1), // the tag
+                flip(27),             // the sequence number
+                flip(40),             // the payload
+                other_job,
+                b"noise".to_vec(),
+            ];
+            assert_eq!(forged.len() as u64, FORGED);
+            for d in forged.iter().chain([&real]) {
+                assert!(spy.try_send(d).unwrap());
+            }
+        }
+        // Each rank heard the forgeries (rank 0 too: its socket shares the group).
+        for _ in 0..1000 {
+            if chan.stats().unauthenticated >= FORGED {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if w.rank() == 0 {
+            chan.send(payload(0, 2)).timeout(T).await.unwrap();
+        } else {
+            for i in [1, 2] {
+                assert_eq!(chan.recv(0).timeout(T).await.unwrap(), payload(0, i), "rank {}", w.rank());
+            }
+        }
+        chan.flush().timeout(T).await.unwrap();
+        w.barrier().timeout(T).await.unwrap();
+        // Nothing more arrived: the replayed copy was not delivered again.
+        let extra = tokio::time::timeout(Duration::from_millis(200), chan.recv(0)).await;
+        assert!(w.rank() == 0 || extra.is_err(), "rank {}: a message delivered twice: {extra:?}", w.rank());
+        (chan.stats().unauthenticated, chan.stats().duplicates)
+    })
+    .await
+    .unwrap();
+    println!("(dropped for their tag, duplicates) per rank: {out:?}");
+    assert!(out.iter().all(|&(dropped, _)| dropped == FORGED), "{out:?}");
+}

@@ -104,9 +104,9 @@ fn hybrid_polling_between_processes() {
     panic!("hybrid polling set fewer than 5 alarms in each of 3 runs: {seen:?}");
 }
 
-/// Ranks in different progress modes agree on every collective's algorithm (they chose alike
-/// from what each announced at bootstrap; before, the busy ones took the shared-memory board and
-/// the adaptive one messages, and the first collective hung). Ranks whose collective selection
+/// Ranks in different progress modes agree on every collective's algorithm (they choose alike
+/// from what each announced at bootstrap; were the busy ones to take the shared-memory board and
+/// the adaptive one messages, the first collective would hang). Ranks whose collective selection
 /// settings differ fail at init with an error that says so.
 #[test]
 fn ranks_agree_on_collective_algorithms() {

@@ -45,7 +45,7 @@ thread_local! {
 
 /// The schedule of algorithm `name` for rank `r` of `n` with root `root`, planned by `plan` once
 /// per thread and shared by later calls of the same shape. A schedule is a pure function of those
-/// four, and planning one (a few small allocations) was about a fifth of an 8 B broadcast
+/// four, and planning one (a few small allocations) would be about a fifth of an 8 B broadcast
 /// (`perf`, 2 ranks over shared memory).
 fn planned(name: &'static str, r: u32, n: u32, root: u32, plan: impl FnOnce() -> Schedule) -> Arc<Schedule> {
     let key = (name, r, n, root);

@@ -7,75 +7,19 @@
 //! on the ring, recursive-doubling all-gather on a non-power of two) falls back to the table's
 //! order-preserving choice.
 //!
-//! The defaults come from measurement on the development machine (2 vCPUs, shared memory, busy
-//! polling, 2 and 4 ranks; 4 ranks share the 2 CPUs), with every algorithm pinned in turn:
+//! The thresholds of [`Table::default`] are the sizes where one algorithm stops beating the next,
+//! on a 2-CPU machine with 2 and 4 ranks over shared memory, busy-polling. The message-based ones
+//! come from pinning each algorithm in turn; the board's limits ([`Table::shared_limit`]) and the
+//! single-copy thresholds ([`Table::single_copy_from`]) from the same runs with the operation
+//! pinned to `shared-memory` or `single-copy` against the table without them:
 //!
 //! ```sh
-//! target/release/ferrocomm-bench collectives --sweep --ranks 2 --step 2 --runs 3
-//! target/release/ferrocomm-bench collectives --sweep --ranks 4 --step 2 --runs 5
-//! GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824 \
-//!     target/release/ferrocomm-bench collectives --sweep --ranks 4 --step 2 --runs 3 \
-//!     --ops bcast,allreduce,allgather,alltoall
+//! target/release/ferrocomm-bench collectives --sweep --ranks 2,4 --step 2 --runs 3
+//! target/release/ferrocomm-bench collectives --ranks 2,4 --no-mpi --step 2 --env FERROCOMM_COLL=bcast=single-copy
 //! ```
 //!
-//! (results in `results/collectives-sweep-*.json`). Above the 64 KiB eager limit every call pays
-//! page faults for freshly allocated message buffers (glibc returns them to the kernel after each
-//! call), which penalises the algorithms that allocate more; the third run keeps the memory and so
-//! shows the algorithms' own costs. Where the two disagree the thresholds follow the third. What
-//! decided each threshold, on 4 ranks (on 2 ranks most algorithms are the same single exchange and
-//! tie):
-//! - broadcast: binomial beat scatter + all-gather at every size up to 1 MiB in both runs (1 MiB:
-//!   229 against 427 us, tuned), so the switch sits above the measured range, at 2 MiB;
-//! - all-reduce: recursive doubling beat Rabenseifner up to 32 KiB (16.8 against 26.8 us),
-//!   Rabenseifner won from 64 KiB (34.6 against 39.7 us; 128 KiB without the tuning): switch at
-//!   64 KiB. Ring against Rabenseifner was mixed in both runs (each ahead at some of 128 KiB to
-//!   1 MiB), so the ring stays at 2 MiB;
-//! - all-gather: Bruck tied with or beat the ring up to 16 KiB per rank (16.5 against 17.8 us) and
-//!   the ring won nowhere below 1 MiB: the switch stays at 64 KiB in total (without the tuning the
-//!   ring looked better from 2 KiB, an allocation artefact);
-//! - all-to-all: Bruck beat pairwise exchange up to 8 KiB blocks in both runs (15.0 against
-//!   19.6 us, tuned): Bruck up to 8 KiB.
-//!
-//! - the shared-memory board ([`crate::shared`], only where every rank shares the host and
-//!   busy-polls) against binomial broadcast, recursive-doubling all-reduce and Bruck all-gather,
-//!   pinned in turn (`collectives --ranks N --runs 3 --ops bcast,allreduce,allgather --max 64K
-//!   --step 4 --iters 500 --warmup 50 --iters-large 300 --warmup-large 30 --no-mpi --env
-//!   FERROCOMM_COLL=bcast=shared-memory,...`, then `...=binomial,...`). 2 ranks: the board won
-//!   up to 2 KiB and tied at 8 KiB for all three (broadcast 3.35 against 3.39 us, all-reduce 5.2
-//!   against 5.0, all-gather 4.2 against 5.3), and lost from 32 KiB (7.8 against 6.7 us, 17.5
-//!   against 10.3, 14.0 against 11.3); 4 ranks: broadcast won at every size to 64 KiB (19 against
-//!   46 us), all-reduce to 32 KiB (40 against 65 us; 145 against 104 at 64 KiB), all-gather to
-//!   8 KiB (16.7 against 39.7 us; 110 against 82 at 32 KiB). Hence [`Table::shared_max`] 8 KiB,
-//!   [`Table::shared_bcast_max`] 64 KiB and [`Table::shared_allreduce_max`] 32 KiB. The same runs
-//!   for reduce (against binomial) and all-to-all (against Bruck; sizes are one rank's block):
-//!   reduce won to 32 KiB on 2 and 4 ranks (7.9 against 10.1 us, 10.9 against 19.9) and lost or
-//!   tied at 64 KiB (32.9 against 17.1, 29.7 against 28.7): [`Table::shared_reduce_max`] 32 KiB;
-//!   all-to-all won to 2 KiB blocks on 2 ranks (2.1 against 3.8 us), tied at 8 KiB (5.9 against
-//!   5.5), and won to 8 KiB on 4 (31.7 against 42.2 us): [`Table::shared_max`] as well (the
-//!   whole of a rank's data must fit one call of the board).
-//!
-//! - single copy ([`Algorithm::SingleCopy`], where the board serves and the kernel allows
-//!   cross-memory attach) against the table's choice, pinned in turn (`collectives --ranks N
-//!   --runs 3 --ops bcast,allreduce --max 512K --step 2 --no-mpi --env
-//!   FERROCOMM_COLL=bcast=single-copy,allreduce=single-copy`, then with the table, then
-//!   `allreduce=rabenseifner` and `=recursive-doubling`): broadcast by single copy won from
-//!   64 KiB on 2 ranks (9.6 against 11.3 us for binomial; 14.8 against 22.0 at 128 KiB) and beyond
-//!   the board's 64 KiB on 4 (18.6 against 41.5 us at 128 KiB): [`Table::single_copy_min`]
-//!   64 KiB. All-reduce by single copy lost to Rabenseifner on 4 ranks to 128 KiB (101.6 against
-//!   87.4 us) and won from 256 KiB (148-183 against 359-408 us); on 2 ranks recursive doubling
-//!   won at 256 KiB (41.7 against 47.7 us) and lost at 512 KiB (95.7 against 85.5):
-//!   [`Table::single_copy_allreduce_min`] 256 KiB, doubled on 2 ranks. Reduce, all-gather and
-//!   all-to-all by single copy (which lend a copy of the caller's slice) against binomial, ring
-//!   and pairwise (`--ops reduce,allgather,alltoall --max 1M --step 4 --iters-large 50`): they
-//!   won from 512 KiB on 2 and 4 ranks (4 ranks: reduce 270 against 498 us, all-gather 394
-//!   against 856, all-to-all 629 against 3416; 2 ranks at 1 MiB: 213 against 847, 178 against
-//!   232, 170 against 268) and lost or tied at 128 KiB (2 ranks: reduce 78 against 21 us,
-//!   all-to-all 34 against 26; all-gather 512 KiB on 2 ranks tied, 105 against 99):
-//!   [`Table::single_copy_gather_min`] 512 KiB.
-//!
-//! Re-measure on the target machine with more ranks than this one has: the 4-rank figures are
-//! oversubscribed, and scatter + all-gather broadcast is expected to win at large sizes with more
-//! ranks.
+//! With 4 ranks on 2 CPUs those figures are oversubscribed; re-measure on the target machine
+//! (scatter + all-gather broadcast is expected to win at large sizes with more ranks).
 
 use std::fmt;
 use std::str::FromStr;

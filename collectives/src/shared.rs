@@ -79,10 +79,8 @@ pub type Data = SmallVec<[u8; 16]>;
 /// writes learns that a slot is free by reading the other ranks' `finished` counters, a cache
 /// line each that their owners write on every call, so each such read costs a line transfer and
 /// the owner's next write another; with 32 slots that happens once in about 30 of the
-/// communicator's calls instead of once in 7. On 2 ranks, 8 B, alternated against 8 slots
-/// (`collectives-job --ranks 2 -o barrier,bcast,allreduce -s 8 -i 100000`, medians of 6 rounds
-/// in fast phases of the machine and 7 in slow ones): broadcast 0.172 -> 0.166 us and 0.367 ->
-/// 0.351 us, all-reduce 0.210 -> 0.209 us and 0.491 -> 0.439 us.
+/// communicator's calls, with 8 once in 7 (8 B broadcast and all-reduce on 2 ranks a few percent
+/// faster with 32: `collectives-job --ranks 2 -o barrier,bcast,allreduce -s 8 -i 100000`).
 pub const SLOTS: u64 = 32;
 /// Data areas of the board (see [`capacity`]): calls with more than a line's worth of data that
 /// may be in flight before the next waits for the oldest to finish everywhere.
@@ -119,11 +117,11 @@ const OFFER_PID: usize = 4;
 
 /// A reader's offer to split its copy of a single-copy call with the memory's owner: the reader
 /// copies the first half while the owner, who would otherwise only wait, writes the second half
-/// straight into the reader's destination (two CPUs copying at once; one `process_vm_readv` of
-/// 1 MiB alone takes 80-100 us here). The state word holds the call and the phase together, so an
-/// owner can only claim an offer made for its own call. The reader takes the half back when it is
-/// done with its own unless the owner claimed it first; a claimed half is being written by a
-/// running process, so the reader waits for it (or for that process's death).
+/// straight into the reader's destination (two CPUs copying at once; one `process_vm_readv` of 1
+/// MiB alone takes about 90 us on a 2-CPU VM). The state word holds the call and the phase
+/// together, so an owner can only claim an offer made for its own call. The reader takes the half
+/// back when it is done with its own unless the owner claimed it first; a claimed half is being
+/// written by a running process, so the reader waits for it (or for that process's death).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Offer {
     /// Made by the reader.
@@ -348,7 +346,7 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
 
 /// Copies `data` into the memory of `words` with `memcpy`. Word by word atomic stores cost a
 /// read-for-ownership per cache line, which the other core holds from its last read; a bulk copy
-/// writes whole lines (a 32 KiB broadcast took 4x longer word by word).
+/// writes whole lines (a 32 KiB broadcast takes about 4x longer word by word).
 fn copy_in(words: &[AtomicU64], data: &[u8]) {
     assert!(data.len() <= words.len() * 8, "checked against the capacity");
     // SAFETY: the destination is `words`' own memory, valid for `words.len() * 8` bytes, and
@@ -552,19 +550,16 @@ impl Queue {
     /// and finishes at once, without building a [`Call`] and stepping it through its phases.
     /// Returns whether it did; if not (or if `input` is larger than a slot's), the caller makes
     /// the call with [`Queue::call_now`], which rereads the counters and queues the call if it
-    /// must wait. Tried first by the root crate, before anything else is built for the call.
-    /// Measured on 2 ranks, 8 B, alternated with the general path in fast phases of the machine:
-    /// the root's mean 0.175-0.178 us before, 0.125-0.142 us after; the OSU broadcast (both
-    /// ranks) 0.22-0.23 us before, 0.17-0.21 us after.
+    /// must wait. Tried first by the root crate, before anything else is built for the call: it
+    /// takes about a quarter off an 8 B broadcast's root on 2 ranks (`collectives-job --ranks 2
+    /// -o bcast -s 8 -i 100000`).
     ///
     /// The board is written last, after this rank's own bookkeeping, so that little follows the
     /// post (and the driver returns a call complete when made as its result alone, not as a
     /// finished future): the slot's line is usually being read by a waiting receiver, so taking
     /// it back costs a cache-line round trip, and the stores that follow wait in the CPU's store
-    /// buffer meanwhile; once it is full (about 64 stores here), the caller stops until the line
-    /// comes (`benches/probes/store-buffer.c`, slow phase: a store to a line another core spins
-    /// on, then 64 stores, 90 cycles; then 96, 348 cycles). Measured, slow phases: the root's
-    /// mean 0.231-0.250 us with a finished future built after the post, 0.212-0.221 us without.
+    /// buffer meanwhile; once it is full (a few dozen stores), the caller stops until the line
+    /// comes.
     #[inline]
     pub fn root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
         let seq = self.next;
@@ -589,11 +584,9 @@ impl Queue {
     /// queue or asking which phase the call is in: a look that finds nothing is a load or two,
     /// and one that finds the call's parts goes straight to its result. Why: on 2 ranks the
     /// waits that complete here are on the critical path of every call (a broadcast's receiver
-    /// until it returns, the root's barrier until it broadcasts again). Measured: a completed
-    /// wait 381 -> 248 instructions (callgrind, two queues over one board in a loop); 2 ranks,
-    /// 8 B, binaries alternated in 8 fast phases of the machine (`collectives-job --ranks 2 -o
-    /// barrier,bcast,allreduce -s 8 -i 50000`): broadcast 0.162 -> 0.141 us (its receiver 0.238
-    /// -> 0.197), barrier 0.144 -> 0.135, all-reduce 0.211 -> 0.203.
+    /// until it returns, the root's barrier until it broadcasts again); a completed wait costs a
+    /// third fewer instructions this way (callgrind on `collectives-job --ranks 2 -o
+    /// barrier,bcast,allreduce -s 8 -i 50000`).
     #[inline]
     pub fn finish_now<M: Deref<Target = [AtomicU64]>>(
         &mut self,
@@ -777,12 +770,11 @@ fn unposted<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<us
 /// leaves first, as in the shared-memory barriers of Open MPI (coll/sm) and MPICH
 /// (release-gather). Why: where ranks outnumber CPUs a rank leaves a barrier only once it is
 /// scheduled, and when every rank reads every line the last to arrive leaves first; a broadcast
-/// from rank 0 right after the barrier then waits for rank 0 to be scheduled. Measured on 2 CPUs,
-/// 4 ranks, OSU loop (8 B broadcast from rank 0, then a barrier): the broadcast went from
-/// 1.1-1.6 us to 0.16-0.17 us and the barrier from 2.7-2.9 us to 3.6-4.4 us; the wait moved
-/// from the one into the other, their sum (3.8-4.6 us) stayed. On 2 ranks every rank reading
-/// every line is one exchange, a cache-line transfer before either leaves, where fanning in
-/// takes two (barrier 0.42 us against 0.58): kept there.
+/// from rank 0 right after the barrier then waits for rank 0 to be scheduled. Fanning in, the
+/// barrier takes that wait and the broadcast does not (4 ranks on 2 CPUs, 8 B: about 0.17 us
+/// against over 1 us; `ferrocomm-bench collectives --ranks 4 --ops barrier,bcast --max 8 --no-mpi`).
+/// On 2 ranks every rank reading every line is one exchange, a cache-line transfer before
+/// either leaves, where fanning in takes two: kept there.
 fn fans_in<M>(b: &Board<M>, c: &Call) -> bool {
     matches!(c.kind, Kind::Barrier) && b.ranks > 2
 }
@@ -852,6 +844,9 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
                 b.read(c.seq, r, x)?;
                 if x.len() != out.len() {
                     return Err(CollError::Malformed { from: r as u32, why: "all-reduce length differs" });
+                }
+                if !x.len().is_multiple_of(op.element_size()) {
+                    return Err(CollError::Malformed { from: r as u32, why: "a partial element" });
                 }
                 op.apply(&mut out, x, false);
             }
@@ -1007,6 +1002,27 @@ mod tests {
 
     fn words(v: &[u64]) -> Vec<u8> {
         bytemuck::cast_slice(v).to_vec()
+    }
+
+    /// Found by reading with the `coll_board` fuzz target in mind (the `coll_schedule` target
+    /// found the same in the message path): parts of equal length that are not whole elements
+    /// (3 bytes of `u32`, as a rank writing garbage on the board may publish) reached the operator,
+    /// which panicked. The call now fails with a typed error.
+    #[test]
+    fn parts_of_partial_elements_are_refused() {
+        let m = mem(2);
+        let boards: Vec<Board<Mem>> = (0..2).map(|me| Board::attach(m.clone(), 2, me).unwrap().0).collect();
+        let mut queues: Vec<Queue> = (0..2).map(|_| Queue::default()).collect();
+        let op = || Kind::Allreduce(ReduceOp::<u32>::Sum.erase());
+        let seqs: Vec<u64> = (0..2).map(|r| queues[r].push(&boards[r], op(), 3, vec![1, 2, 3]).unwrap()).collect();
+        for (r, q) in queues.iter_mut().enumerate() {
+            q.advance(&boards[r]);
+        }
+        for (r, q) in queues.iter_mut().enumerate() {
+            q.advance(&boards[r]);
+            let got = q.take(seqs[r]).expect("every part is posted");
+            assert!(matches!(got, Err(CollError::Malformed { .. })), "{got:?}");
+        }
     }
 
     /// Every rank count 1..=9: many rounds of every kind of call

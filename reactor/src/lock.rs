@@ -2,7 +2,7 @@
 //! store.
 //!
 //! Why not `parking_lot::Mutex`: its release is a compare-and-swap (it must look for parked
-//! waiters), and an atomic read-modify-write costs about 10 ns on the machines of the README, on
+//! waiters), and an atomic read-modify-write costs about 10 ns on x86-64, on
 //! the latency path of every operation (an 8-byte shared-memory message takes about 100 ns one
 //! way). This lock is held for short progress rounds and is rarely contended (the background task
 //! stands aside while a caller spins inline), so a waiter spins briefly, then yields its CPU, then

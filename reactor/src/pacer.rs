@@ -2,14 +2,14 @@
 //! wake a little before it is due to end, and spin through the end.
 //!
 //! An adaptive caller spins for its window, then sleeps until a doorbell wakes it. Waking an idle
-//! CPU costs tens of microseconds (15-50 us on the machines of the README), which a busy-polling
+//! CPU costs tens of microseconds (15-50 us on a virtual machine), which a busy-polling
 //! caller never pays. But many long waits are regular (a time step, a periodic request, a peer
 //! that computes for as long each round), and a regular wait's end can be foreseen. So the reactor
 //! remembers the lengths of its callers' last long waits: when they agree, a caller going to sleep
 //! arms an alarm for [`Window::wake_after`] (the shortest of them, less a lead) and, once woken,
 //! spins until [`Window::spin_until`] (the longest, plus the lead). The wake-up is paid while
 //! nothing is due. The lead follows the wake-up delays the alarms actually saw. Waits that
-//! disagree give no window: the caller sleeps as before.
+//! disagree give no window: the caller sleeps until a doorbell wakes it.
 //!
 //! Linux's block layer does the same for I/O completions (hybrid polling: sleep for half the mean
 //! completion time, then poll). This module is the bookkeeping only, with no clock and no I/O.
@@ -38,7 +38,7 @@ const LEAD_RANGE: (Duration, Duration) = (Duration::from_micros(20), Duration::f
 pub struct Window {
     /// Wake the caller this long after its wait began.
     pub wake_after: Duration,
-    /// Spin (once woken) until this long after its wait began, then sleep as before.
+    /// Spin (once woken) until this long after its wait began, then sleep until a doorbell wakes it.
     pub spin_until: Duration,
 }
 

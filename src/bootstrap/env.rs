@@ -1,60 +1,84 @@
-//! Where a rank learns who it is.
+//! Where a rank learns who it is, and where its job's key-value store is.
 //!
-//! A ferrocomm process does not choose its own rank: the launcher that
-//! started it does, and every launcher says so through a different set of
-//! environment variables. This module reads them, in a fixed order, into
-//! one [`JobEnv`]:
+//! A ferrocomm process does not choose its own rank: the launcher that started it does, and every
+//! launcher says so through different environment variables. This module reads them into one
+//! [`JobEnv`], trying the launchers in this order (the first whose variables are set wins):
 //!
-//! 1. `ferrorun` or explicit configuration: `FERROCOMM_RANK`,
-//!    `FERROCOMM_SIZE`, `FERROCOMM_COORD` (`host:port` of the key-value
-//!    store), `FERROCOMM_TOKEN` (64 hex digits). `FERROCOMM_LAUNCHER=ferrorun`
-//!    marks a job started by `ferrorun`, which runs the store itself; without
-//!    it the configuration is [`Launcher::Explicit`] and rank 0 hosts the
-//!    store only when `FERROCOMM_HOST_STORE=1`.
-//! 2. Open MPI (`mpirun`): `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`.
-//! 3. Slurm (`srun`): `SLURM_PROCID`, `SLURM_NTASKS` (or `SLURM_NPROCS`).
+//! 1. `FERROCOMM_RANK`, `FERROCOMM_SIZE`, `FERROCOMM_COORD` (`host:port` of the store),
+//!    `FERROCOMM_TOKEN` (64 hex digits): `ferrorun`, which also sets `FERROCOMM_LAUNCHER=ferrorun`
+//!    and runs the store itself, or variables set by hand ([`Launcher::Explicit`]).
+//! 2. torchrun: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
+//!    `MASTER_PORT`.
+//! 3. Open MPI's `mpirun`: `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`, `_LOCAL_SIZE`.
+//! 4. MPICH's Hydra `mpiexec`: `PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`, `MPI_LOCALNRANKS`.
+//! 5. Slurm's `srun`: `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` (or `SLURM_NTASKS`), `SLURM_LOCALID`.
 //!
-//! Under Open MPI and Slurm rank 0 hosts the store. Unless `FERROCOMM_COORD`
-//! says otherwise, its port is derived from the job id (a stable FNV-1a hash
-//! into `20000..60000`) so that every rank computes the same address without
-//! talking to anyone. Unless `FERROCOMM_TOKEN` is set, the token is derived
-//! from the job id too: such a token only keeps two jobs that happen to pick
-//! the same port apart, it is **no secret** (anyone who can read the job id
-//! can compute it). Set `FERROCOMM_TOKEN` (for example from
-//! `openssl rand -hex 32`) where other users share the nodes.
-//! `FERROCOMM_HOST_STORE=0` stops rank 0 from hosting the store under Open
-//! MPI or Slurm, for a store that is run some other way.
+//! torchrun comes before the MPIs and Slurm because they often start it (`srun torchrun ...`): its
+//! workers then carry the outer launcher's variables too, numbered per agent. Hydra inside a Slurm
+//! allocation starts its proxies with `srun`, so Hydra's variables win over Slurm's when
+//! `MPI_LOCALRANKID` shows that Hydra started the process.
 //!
-//! The default coordinator under Open MPI is `127.0.0.1`, which is right for
-//! a single-node job only: a multi-node `mpirun` job must set
-//! `FERROCOMM_COORD` to rank 0's host. Under Slurm the default host is the
-//! first host of the step's node list, where rank 0 runs with Slurm's
-//! default (block) distribution.
+//! **Who hosts the store.** Rank 0, except under `ferrorun` (which hosts it itself) and with
+//! `FERROCOMM_HOST_STORE=0` (the store is run some other way, at `FERROCOMM_COORD`).
 //!
-//! [`detect_from`] takes the lookup as a closure so that tests never touch
-//! the process environment.
+//! **Where it is.** `FERROCOMM_COORD=host:port` when set, under every launcher, and then exactly
+//! that port. Otherwise a host and [`STORE_PORTS`] candidate ports:
+//! - torchrun: `MASTER_ADDR`, ports from `MASTER_PORT` up (from `MASTER_PORT + 1` when
+//!   `TORCHELASTIC_USE_AGENT_STORE=True` says torchrun's own store holds `MASTER_PORT`);
+//! - Slurm: the first host of the step's node list (where rank 0 runs under Slurm's block and
+//!   cyclic distributions); Open MPI and Hydra: `127.0.0.1`, which serves a job on one host. They
+//!   do not tell a process where rank 0 runs, so a job whose ranks span hosts (its local size is
+//!   below its size) must set `FERROCOMM_COORD`, and detection says so;
+//! - under Slurm, Open MPI and Hydra the ports are derived from the job id (under Slurm the job
+//!   and step ids) by a hash into `20000..32000`, below Linux's default ephemeral range, so that
+//!   every rank computes the same list without talking to anyone.
+//!
+//! Rank 0 binds the first candidate that is free; the others try the candidates in turn and join
+//! the store that accepts the job's token, so two jobs whose candidates overlap (or a port some
+//! other program holds) do not stop a job.
+//!
+//! **The token.** `FERROCOMM_TOKEN`, or else derived from the job id: such a token only keeps jobs
+//! apart, it is **no secret** (anyone who can read the job id can compute it). Set
+//! `FERROCOMM_TOKEN` (for example from `openssl rand -hex 32`) where other users share the nodes.
+//!
+//! Host names are resolved when the job starts ([`super::rendezvous`]), and errors name the address
+//! and the variable it came from. [`detect_from`] takes the lookup as a closure so that tests never
+//! touch the process environment.
 
 use std::fmt;
+use std::time::Duration;
 
 use thiserror::Error;
 
 /// Largest job this bootstrap accepts (`1 << 20` ranks).
 pub const MAX_SIZE: u32 = 1 << 20;
 
-/// Ports derived from a job id fall in `PORT_BASE..PORT_BASE + PORT_SPAN`.
+/// Candidate ports of a store whose port is derived or taken from `MASTER_PORT`.
+pub const STORE_PORTS: usize = 4;
+
+/// Ports derived from a job id fall in `PORT_BASE..PORT_BASE + PORT_SPAN`: below Linux's default
+/// ephemeral range (32768 and up), from which the kernel picks the ports of outgoing connections
+/// and of listeners bound to port 0, such as every rank's own.
 const PORT_BASE: u16 = 20000;
-const PORT_SPAN: u16 = 40000;
+const PORT_SPAN: u16 = 12000;
 
 /// Values longer than this are cut short when quoted in an error message.
 const MAX_QUOTED: usize = 80;
+
+/// How long a read from Hydra's process manager may take.
+const PMI_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Who started this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launcher {
     /// `ferrorun`, which runs the key-value store itself.
     Ferrorun,
+    /// PyTorch's `torchrun`, or its variables set by another tool.
+    Torchrun,
     /// Open MPI's `mpirun` / `mpiexec`.
     OpenMpi,
+    /// MPICH's Hydra `mpiexec` (`mpiexec.hydra`, `mpiexec.mpich`).
+    Hydra,
     /// Slurm's `srun`.
     Slurm,
     /// `FERROCOMM_*` variables set by hand or by some other tool.
@@ -65,10 +89,44 @@ impl fmt::Display for Launcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Launcher::Ferrorun => "ferrorun",
+            Launcher::Torchrun => "torchrun",
             Launcher::OpenMpi => "Open MPI",
+            Launcher::Hydra => "MPICH Hydra",
             Launcher::Slurm => "Slurm",
             Launcher::Explicit => "explicit FERROCOMM_* variables",
         })
+    }
+}
+
+/// Where the job's key-value store listens: a host and the ports to try there, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreAddr {
+    /// Host name or IP address (an IPv6 address without brackets).
+    pub host: String,
+    /// Ports to try, in this order; never empty. One when configured, [`STORE_PORTS`] when
+    /// derived.
+    pub ports: Vec<u16>,
+    /// The variables the address came from, named in errors.
+    pub source: &'static str,
+}
+
+impl StoreAddr {
+    /// `host:port` (IPv6 hosts in brackets) of one of the ports.
+    pub fn addr(&self, port: u16) -> String {
+        format_host_port(&self.host, port)
+    }
+}
+
+impl fmt::Display for StoreAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.ports[..] {
+            [] => f.write_str(&self.host),
+            [one] => f.write_str(&self.addr(*one)),
+            [first, rest @ ..] => {
+                let rest: Vec<String> = rest.iter().map(u16::to_string).collect();
+                write!(f, "{} (or port {})", self.addr(*first), rest.join(", "))
+            }
+        }
     }
 }
 
@@ -79,15 +137,20 @@ pub struct JobEnv {
     pub rank: u32,
     /// Number of ranks in the job, `1..=MAX_SIZE`.
     pub size: u32,
-    /// `host:port` of the key-value store used for address exchange.
+    /// This process's rank among the job's ranks on its host, when the launcher says.
+    pub local_rank: Option<u32>,
+    /// Number of the job's ranks on this host, when the launcher says.
+    pub local_size: Option<u32>,
+    /// `host:port` of the key-value store: the first of [`JobEnv::store`]'s candidates.
     pub coordinator: String,
-    /// Shared secret (or, when derived from a job id, job separator) that
-    /// every connection to the store must present.
+    /// The store's host, its candidate ports and where they came from.
+    pub store: StoreAddr,
+    /// Shared secret (or, when derived from a job id, job separator) that every connection to the
+    /// store must present.
     pub token: [u8; 32],
     /// Who started the job.
     pub launcher: Launcher,
-    /// True when this rank (rank 0) must itself run the store at
-    /// `coordinator`.
+    /// True when this rank (rank 0) must itself run the store at [`JobEnv::store`].
     pub host_store: bool,
 }
 
@@ -97,7 +160,9 @@ impl fmt::Debug for JobEnv {
         f.debug_struct("JobEnv")
             .field("rank", &self.rank)
             .field("size", &self.size)
-            .field("coordinator", &self.coordinator)
+            .field("local_rank", &self.local_rank)
+            .field("local_size", &self.local_size)
+            .field("store", &self.store)
             .field("token", &"<redacted>")
             .field("launcher", &self.launcher)
             .field("host_store", &self.host_store)
@@ -105,13 +170,18 @@ impl fmt::Debug for JobEnv {
     }
 }
 
-/// Why the job environment could not be read.
+/// Said by every error about reaching the store: what decides who hosts it.
+const HOSTING: &str = "rank 0 hosts the store unless FERROCOMM_HOST_STORE=0 (under ferrorun, ferrorun \
+                       hosts it)";
+
+/// Why the job environment could not be read, or its store not hosted or reached.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EnvError {
     /// No launcher variables at all.
     #[error(
-        "this process was not started by a launcher: run it under `ferrorun -n N`, \
-         `mpirun -n N` or `srun -n N`, or set FERROCOMM_RANK, FERROCOMM_SIZE, \
+        "this process was not started by a launcher: run it under `ferrorun -n N`, `mpirun -n N`, \
+         `mpiexec -n N`, `srun -n N` or torchrun, or set FERROCOMM_RANK, FERROCOMM_SIZE, \
          FERROCOMM_COORD and FERROCOMM_TOKEN"
     )]
     NotLaunched,
@@ -136,24 +206,92 @@ pub enum EnvError {
     /// The rank does not fit the job size.
     #[error("rank {rank} (from {rank_var}) is out of range for a job of {size} ranks (from {size_var})")]
     RankOutOfRange { rank: u32, size: u32, rank_var: &'static str, size_var: &'static str },
+    /// Hydra's process manager did not tell the job id, from which the store's address and the
+    /// token are derived.
+    #[error(
+        "cannot ask MPICH Hydra's process manager (PMI_FD) for the job id: {reason}; set \
+         FERROCOMM_COORD and FERROCOMM_TOKEN instead"
+    )]
+    Pmi { reason: String },
+    /// The store's host name does not resolve.
+    #[error("cannot resolve the key-value store's address {addr} (from {var}): {reason}")]
+    Unresolvable { addr: String, var: &'static str, reason: String },
+    /// This rank must host the store, but the store's address is not one of this host's.
+    #[error(
+        "this rank must host the key-value store at {addr} (from {var}), which resolves to {resolved}, \
+         none of them an address of this host: run rank 0 on that host, or name rank 0's host in \
+         {var}, or set FERROCOMM_HOST_STORE=0 if the store runs elsewhere"
+    )]
+    NotLocal { addr: String, var: &'static str, resolved: String },
+    /// The job spans hosts, and the store's address is a loopback address at the hosting rank.
+    #[error(
+        "the job's ranks span hosts, but the key-value store's address {addr} (from {var}) resolves \
+         to {resolved} on this host, which the other hosts cannot reach (Debian's /etc/hosts maps \
+         a machine's own name to 127.0.1.1); set FERROCOMM_COORD to an address of this host that \
+         the others reach"
+    )]
+    LoopbackStore { addr: String, var: &'static str, resolved: String },
+    /// This rank must host the store, but every candidate port is taken.
+    #[error(
+        "this rank must host the key-value store at {addr} (from {var}), but every port is in use \
+         (another job, or another program); set FERROCOMM_COORD=host:port to a free port on rank \
+         0's host, or FERROCOMM_HOST_STORE=0 if this job's store is already running there"
+    )]
+    PortsTaken { addr: String, var: &'static str },
+    /// This rank must host the store, and binding its address failed otherwise.
+    #[error("this rank must host the key-value store at {addr} (from {var}), and cannot: {reason}")]
+    CannotHost { addr: String, var: &'static str, reason: String },
+    /// No store of this job answered in time.
+    #[error(
+        "no key-value store of this job answered at {addr} (from {var}) within {waited:?} (last \
+         error: {last}); {HOSTING}: is rank 0 running, on the host this address names, reachable \
+         from here, and started with the same variables?"
+    )]
+    StoreUnreachable { addr: String, var: &'static str, waited: Duration, last: String },
+    /// What answers at the configured address is not this job's store: another job's, another
+    /// program, or the ranks' tokens differ.
+    #[error(
+        "what answers at {addr} (from {var}) is not this job's key-value store ({reason}): another \
+         job's store or another program holds the port, or FERROCOMM_TOKEN differs between the ranks"
+    )]
+    StoreRefused { addr: String, var: &'static str, reason: String },
 }
 
-/// Reads the job environment of this process.
+/// Reads the job environment of this process. Under MPICH Hydra without `FERROCOMM_COORD` or
+/// `FERROCOMM_TOKEN`, asks Hydra's process manager for the job id over `PMI_FD`.
 pub fn detect() -> Result<JobEnv, EnvError> {
-    detect_from(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    // Hydra answers once: the exchange ends with `finalize`, after which it hangs up. The answer
+    // is kept for later calls in this process.
+    static HYDRA_JOB: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    let get = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+    detect_with(&get, &mut |fd| HYDRA_JOB.get_or_init(|| pmi::hydra_kvsname(fd)).clone())
 }
 
-/// Reads the job environment through `get`, which returns a variable's value
-/// or `None` when it is unset. Empty values count as unset.
+/// Reads the job environment through `get`, which returns a variable's value or `None` when it
+/// is unset. Empty values count as unset. A Hydra job must set `FERROCOMM_COORD` and
+/// `FERROCOMM_TOKEN` here: the job id is not asked for.
 pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<JobEnv, EnvError> {
-    let vars = Vars(&get);
-    if vars.get("FERROCOMM_RANK").is_some() || vars.get("FERROCOMM_SIZE").is_some() {
+    detect_with(&get, &mut |_| Err("detect_from does not ask the process manager".to_string()))
+}
+
+/// [`detect`] with the environment and Hydra's job id (from the value of `PMI_FD`) given.
+fn detect_with<F: Fn(&str) -> Option<String>>(
+    get: &F,
+    hydra_job: &mut dyn FnMut(&str) -> Result<String, String>,
+) -> Result<JobEnv, EnvError> {
+    let vars = Vars(get);
+    let has = |name| vars.get(name).is_some();
+    if has("FERROCOMM_RANK") || has("FERROCOMM_SIZE") {
         from_ferrocomm(&vars)
-    } else if vars.get("OMPI_COMM_WORLD_RANK").is_some() || vars.get("OMPI_COMM_WORLD_SIZE").is_some() {
+    } else if has("RANK") && has("WORLD_SIZE") {
+        from_torchrun(&vars)
+    } else if has("OMPI_COMM_WORLD_RANK") || has("OMPI_COMM_WORLD_SIZE") {
         from_open_mpi(&vars)
-    } else if vars.get("SLURM_PROCID").is_some() {
+    } else if has("PMI_RANK") && (has("MPI_LOCALRANKID") || !has("SLURM_PROCID")) {
+        from_hydra(&vars, hydra_job)
+    } else if has("SLURM_PROCID") {
         from_slurm(&vars)
-    } else if vars.get("FERROCOMM_LAUNCHER").is_some() {
+    } else if has("FERROCOMM_LAUNCHER") {
         // Marked as launched but the rank variables are gone: say which.
         Err(EnvError::Missing {
             var: "FERROCOMM_RANK",
@@ -174,6 +312,73 @@ impl<F: Fn(&str) -> Option<String>> Vars<'_, F> {
     fn require(&self, var: &'static str, why: &'static str) -> Result<String, EnvError> {
         self.get(var).ok_or(EnvError::Missing { var, why })
     }
+
+    /// The first of `names` that is set, with its name.
+    fn first_of(&self, names: &[&'static str]) -> Option<(&'static str, String)> {
+        names.iter().find_map(|&n| self.get(n).map(|v| (n, v)))
+    }
+
+    /// `FERROCOMM_COORD`, when set.
+    fn configured_store(&self) -> Result<Option<StoreAddr>, EnvError> {
+        let Some(value) = self.get("FERROCOMM_COORD") else { return Ok(None) };
+        let (host, port) = parse_coordinator("FERROCOMM_COORD", &value)?;
+        Ok(Some(StoreAddr { host, ports: vec![port], source: "FERROCOMM_COORD" }))
+    }
+
+    /// `FERROCOMM_TOKEN`, or the token derived from the job id.
+    fn token_or(&self, job_id: impl FnOnce() -> Result<String, EnvError>) -> Result<[u8; 32], EnvError> {
+        match self.get("FERROCOMM_TOKEN") {
+            Some(t) => parse_token("FERROCOMM_TOKEN", &t),
+            None => Ok(derived_token(&job_id()?)),
+        }
+    }
+
+    /// Whether rank `rank` hosts the store (not under `ferrorun`).
+    fn hosts_store(&self, rank: u32) -> Result<bool, EnvError> {
+        const VAR: &str = "FERROCOMM_HOST_STORE";
+        match self.get(VAR) {
+            None => Ok(rank == 0),
+            Some(v) => match v.trim() {
+                "0" => Ok(false),
+                "1" if rank == 0 => Ok(true),
+                "1" => Err(invalid(VAR, &v, format!("only rank 0 hosts the store, and this is rank {rank}"))),
+                _ => Err(invalid(VAR, &v, "expected 1 (rank 0 hosts the store; the default) or 0 (it runs elsewhere)")),
+            },
+        }
+    }
+
+    /// The local rank and size from `rank_var` and `size_var`, each optional.
+    fn local(&self, rank_var: &'static str, size_var: &'static str) -> Result<(Option<u32>, Option<u32>), EnvError> {
+        let rank = self.get(rank_var).map(|v| parse_u32(rank_var, &v)).transpose()?;
+        let size = self.get(size_var).map(|v| parse_u32(size_var, &v)).transpose()?;
+        check_local((rank_var, rank), (size_var, size))?;
+        Ok((rank, size))
+    }
+}
+
+fn check_local(
+    (rank_var, rank): (&'static str, Option<u32>),
+    (size_var, size): (&'static str, Option<u32>),
+) -> Result<(), EnvError> {
+    if let (Some(rank), Some(size)) = (rank, size)
+        && rank >= size
+    {
+        return Err(EnvError::RankOutOfRange { rank, size, rank_var, size_var });
+    }
+    Ok(())
+}
+
+fn job(
+    rank: u32,
+    size: u32,
+    (local_rank, local_size): (Option<u32>, Option<u32>),
+    store: StoreAddr,
+    token: [u8; 32],
+    launcher: Launcher,
+    host_store: bool,
+) -> JobEnv {
+    let coordinator = store.addr(store.ports[0]);
+    JobEnv { rank, size, local_rank, local_size, coordinator, store, token, launcher, host_store }
 }
 
 fn from_ferrocomm<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<JobEnv, EnvError> {
@@ -184,21 +389,72 @@ fn from_ferrocomm<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<J
     let (rank, size) = rank_and_size(("FERROCOMM_RANK", &rank_s), ("FERROCOMM_SIZE", &size_s))?;
     let coord =
         vars.require("FERROCOMM_COORD", "it must give host:port of the key-value store, e.g. 10.0.0.1:29500")?;
-    let coordinator = parse_coordinator("FERROCOMM_COORD", &coord)?;
+    let (host, port) = parse_coordinator("FERROCOMM_COORD", &coord)?;
+    let store = StoreAddr { host, ports: vec![port], source: "FERROCOMM_COORD" };
     let token_s = vars.require(
         "FERROCOMM_TOKEN",
         "it must hold 64 hex digits shared by every rank, e.g. from `openssl rand -hex 32`",
     )?;
     let token = parse_token("FERROCOMM_TOKEN", &token_s)?;
-    let launcher = match vars.get("FERROCOMM_LAUNCHER").as_deref().map(str::trim) {
-        Some("ferrorun") => Launcher::Ferrorun,
-        _ => Launcher::Explicit,
+    let (launcher, host_store, local) = match vars.get("FERROCOMM_LAUNCHER").as_deref().map(str::trim) {
+        // ferrorun starts every rank on its own host and hosts the store itself.
+        Some("ferrorun") => (Launcher::Ferrorun, false, (Some(rank), Some(size))),
+        _ => (Launcher::Explicit, vars.hosts_store(rank)?, (None, None)),
     };
-    let host_store = match launcher {
-        Launcher::Ferrorun => false,
-        _ => rank == 0 && vars.get("FERROCOMM_HOST_STORE").as_deref().map(str::trim) == Some("1"),
+    Ok(job(rank, size, local, store, token, launcher, host_store))
+}
+
+fn from_torchrun<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<JobEnv, EnvError> {
+    let (rank_s, size_s) = (vars.get("RANK").unwrap_or_default(), vars.get("WORLD_SIZE").unwrap_or_default());
+    let (rank, size) = rank_and_size(("RANK", &rank_s), ("WORLD_SIZE", &size_s))?;
+    let local = vars.local("LOCAL_RANK", "LOCAL_WORLD_SIZE")?;
+    let store = match vars.configured_store()? {
+        Some(s) => s,
+        None => {
+            const WHY: &str = "torchrun's RANK and WORLD_SIZE are set, so MASTER_ADDR and MASTER_PORT \
+                               must name rank 0's host and a port for the store (or set \
+                               FERROCOMM_COORD=host:port)";
+            let addr = vars.require("MASTER_ADDR", WHY)?;
+            let port_s = vars.require("MASTER_PORT", WHY)?;
+            let host = parse_host("MASTER_ADDR", &addr)?;
+            let port = parse_port("MASTER_PORT", &port_s)?;
+            // torchrun's own store may hold MASTER_PORT: its workers are then told to use it.
+            let agent = vars.get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| {
+                let v = v.trim();
+                v.eq_ignore_ascii_case("true") || v == "1"
+            });
+            let first = u32::from(port) + u32::from(agent);
+            let ports: Vec<u16> = (first..first + STORE_PORTS as u32).filter_map(|p| u16::try_from(p).ok()).collect();
+            if ports.is_empty() {
+                return Err(invalid("MASTER_PORT", &port_s, "no port is left above it for ferrocomm's store"));
+            }
+            StoreAddr { host, ports, source: "MASTER_ADDR and MASTER_PORT" }
+        }
     };
-    Ok(JobEnv { rank, size, coordinator, token, launcher, host_store })
+    let token = vars.token_or(|| {
+        let run = vars.get("TORCHELASTIC_RUN_ID").unwrap_or_default();
+        Ok(format!("torch:{}:{}:{}", run.trim(), store.addr(store.ports[0]), size))
+    })?;
+    Ok(job(rank, size, local, store, token, Launcher::Torchrun, vars.hosts_store(rank)?))
+}
+
+/// Open MPI and Hydra tell a process neither where rank 0 runs nor the hosts of the job: the
+/// store's default address, `127.0.0.1`, serves a job on one host only.
+fn single_host_store<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<'_, F>,
+    size: u32,
+    local_size: Option<u32>,
+    job_id: impl FnOnce() -> Result<String, EnvError>,
+    source: &'static str,
+    why_multi: &'static str,
+) -> Result<StoreAddr, EnvError> {
+    if let Some(s) = vars.configured_store()? {
+        return Ok(s);
+    }
+    if local_size.is_some_and(|l| l < size) {
+        return Err(EnvError::Missing { var: "FERROCOMM_COORD", why: why_multi });
+    }
+    Ok(StoreAddr { host: "127.0.0.1".to_string(), ports: derived_ports(&job_id()?).to_vec(), source })
 }
 
 fn from_open_mpi<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<JobEnv, EnvError> {
@@ -206,93 +462,141 @@ fn from_open_mpi<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<Jo
     let rank_s = vars.require("OMPI_COMM_WORLD_RANK", WHY)?;
     let size_s = vars.require("OMPI_COMM_WORLD_SIZE", WHY)?;
     let (rank, size) = rank_and_size(("OMPI_COMM_WORLD_RANK", &rank_s), ("OMPI_COMM_WORLD_SIZE", &size_s))?;
+    let local = vars.local("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")?;
     let job_id = || {
-        vars.get("OMPI_MCA_ess_base_jobid")
-            .or_else(|| vars.get("PMIX_NAMESPACE"))
-            .map(|j| format!("ompi:{}", j.trim()))
-            .ok_or(EnvError::Missing {
+        vars.first_of(&["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"]).map(|(_, j)| format!("ompi:{}", j.trim())).ok_or(
+            EnvError::Missing {
                 var: "OMPI_MCA_ess_base_jobid",
                 why: "neither it nor PMIX_NAMESPACE gives the Open MPI job id, which is needed \
-                      to derive FERROCOMM_COORD and FERROCOMM_TOKEN when they are not set",
-            })
+                      to derive the store's address and the token when FERROCOMM_COORD and \
+                      FERROCOMM_TOKEN are not set",
+            },
+        )
     };
-    let coordinator = match vars.get("FERROCOMM_COORD") {
-        Some(c) => parse_coordinator("FERROCOMM_COORD", &c)?,
-        None => format!("127.0.0.1:{}", derived_port(&job_id()?)),
-    };
-    let token = match vars.get("FERROCOMM_TOKEN") {
-        Some(t) => parse_token("FERROCOMM_TOKEN", &t)?,
-        None => derived_token(&job_id()?),
-    };
-    Ok(JobEnv {
-        rank,
+    let store = single_host_store(
+        vars,
         size,
-        coordinator,
-        token,
-        launcher: Launcher::OpenMpi,
-        host_store: rank == 0 && !store_hosting_disabled(vars),
-    })
+        local.1,
+        job_id,
+        "127.0.0.1 and the Open MPI job id",
+        "the job's ranks span hosts (OMPI_COMM_WORLD_LOCAL_SIZE < OMPI_COMM_WORLD_SIZE), and Open \
+         MPI does not say where rank 0 runs: pass `-x FERROCOMM_COORD=<rank 0's host>:<port>` to mpirun",
+    )?;
+    let token = vars.token_or(job_id)?;
+    Ok(job(rank, size, local, store, token, Launcher::OpenMpi, vars.hosts_store(rank)?))
+}
+
+fn from_hydra<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<'_, F>,
+    hydra_job: &mut dyn FnMut(&str) -> Result<String, String>,
+) -> Result<JobEnv, EnvError> {
+    let rank_s = vars.get("PMI_RANK").unwrap_or_default();
+    let size_s = vars.require("PMI_SIZE", "MPICH's Hydra sets both PMI_RANK and PMI_SIZE")?;
+    let (rank, size) = rank_and_size(("PMI_RANK", &rank_s), ("PMI_SIZE", &size_s))?;
+    let local = vars.local("MPI_LOCALRANKID", "MPI_LOCALNRANKS")?;
+    // The job id comes from the process manager: ask once, and only if something is derived.
+    let job_id = if vars.get("FERROCOMM_COORD").is_some() && vars.get("FERROCOMM_TOKEN").is_some() {
+        None
+    } else {
+        let fd = vars.require(
+            "PMI_FD",
+            "Hydra's process manager is asked for the job id through it, to derive the store's \
+             address and the token when FERROCOMM_COORD and FERROCOMM_TOKEN are not set",
+        )?;
+        Some(format!("hydra:{}", hydra_job(&fd).map_err(|reason| EnvError::Pmi { reason })?))
+    };
+    // Asked above whenever a value is derived, so the error is never returned.
+    let job_id = || job_id.clone().ok_or_else(|| EnvError::Pmi { reason: "the job id was not asked for".into() });
+    let store = single_host_store(
+        vars,
+        size,
+        local.1,
+        job_id,
+        "127.0.0.1 and the Hydra job id",
+        "the job's ranks span hosts (MPI_LOCALNRANKS < PMI_SIZE), and Hydra does not say where \
+         rank 0 runs: set FERROCOMM_COORD=<rank 0's host>:<port> (mpiexec passes the environment on)",
+    )?;
+    let token = vars.token_or(job_id)?;
+    Ok(job(rank, size, local, store, token, Launcher::Hydra, vars.hosts_store(rank)?))
 }
 
 fn from_slurm<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<JobEnv, EnvError> {
     let rank_s = vars.require("SLURM_PROCID", "Slurm sets it for every task")?;
-    let (size_var, size_s) = match vars.get("SLURM_NTASKS") {
-        Some(s) => ("SLURM_NTASKS", s),
-        None => match vars.get("SLURM_NPROCS") {
-            Some(s) => ("SLURM_NPROCS", s),
-            None => {
-                return Err(EnvError::Missing {
-                    var: "SLURM_NTASKS",
-                    why: "SLURM_PROCID is set, but neither SLURM_NTASKS nor SLURM_NPROCS gives \
-                          the task count",
-                });
-            }
-        },
+    let Some((size_var, size_s)) = vars.first_of(&["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"]) else {
+        return Err(EnvError::Missing {
+            var: "SLURM_NTASKS",
+            why: "SLURM_PROCID is set, but none of SLURM_STEP_NUM_TASKS, SLURM_NTASKS and \
+                  SLURM_NPROCS gives the task count",
+        });
     };
     let (rank, size) = rank_and_size(("SLURM_PROCID", &rank_s), (size_var, &size_s))?;
+    let step = vars.first_of(&["SLURM_STEP_ID", "SLURM_STEPID"]).map(|(_, s)| s);
+    if step.is_none() && size > 1 {
+        // The batch script (or an salloc shell) has SLURM_PROCID=0 and the job's task count.
+        return Err(EnvError::Missing {
+            var: "SLURM_STEP_ID",
+            why: "SLURM_PROCID is set without a step id, so this process is a batch script or an \
+                  salloc shell, not a task that srun started: start the ranks with `srun ./program`",
+        });
+    }
+    let local_rank = vars.get("SLURM_LOCALID").map(|v| parse_u32("SLURM_LOCALID", &v)).transpose()?;
+    let local_size = local_tasks(vars)?;
+    check_local(("SLURM_LOCALID", local_rank), ("SLURM_STEP_TASKS_PER_NODE", local_size))?;
     let job_id = || {
-        let job = vars.require(
-            "SLURM_JOB_ID",
-            "the Slurm job id is needed to derive FERROCOMM_COORD and FERROCOMM_TOKEN when \
-             they are not set",
-        )?;
-        let step = vars.get("SLURM_STEP_ID").unwrap_or_default();
+        let (_, job) = vars.first_of(&["SLURM_JOB_ID", "SLURM_JOBID"]).ok_or(EnvError::Missing {
+            var: "SLURM_JOB_ID",
+            why: "the Slurm job id is needed to derive the store's port and the token when \
+                  FERROCOMM_COORD and FERROCOMM_TOKEN are not set",
+        })?;
+        let step = step.clone().unwrap_or_else(|| "batch".to_string());
         Ok::<_, EnvError>(format!("slurm:{}.{}", job.trim(), step.trim()))
     };
-    let coordinator = match vars.get("FERROCOMM_COORD") {
-        Some(c) => parse_coordinator("FERROCOMM_COORD", &c)?,
+    let store = match vars.configured_store()? {
+        Some(s) => s,
         None => {
-            let (var, list) = match vars.get("SLURM_STEP_NODELIST") {
-                Some(l) => ("SLURM_STEP_NODELIST", l),
-                None => (
-                    "SLURM_JOB_NODELIST",
-                    vars.require(
-                        "SLURM_JOB_NODELIST",
-                        "neither it nor SLURM_STEP_NODELIST names rank 0's host; set \
-                         FERROCOMM_COORD=host:port instead",
-                    )?,
-                ),
+            let Some((var, list)) = vars.first_of(&["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"])
+            else {
+                return Err(EnvError::Missing {
+                    var: "SLURM_JOB_NODELIST",
+                    why: "neither it nor SLURM_STEP_NODELIST names rank 0's host; set \
+                          FERROCOMM_COORD=host:port instead",
+                });
             };
             let host = first_host(&list).map_err(|reason| invalid(var, &list, reason))?;
-            format_host_port(&host, derived_port(&job_id()?))
+            let source = match var {
+                "SLURM_STEP_NODELIST" => "SLURM_STEP_NODELIST and the Slurm job and step ids",
+                "SLURM_JOB_NODELIST" => "SLURM_JOB_NODELIST and the Slurm job and step ids",
+                _ => "SLURM_NODELIST and the Slurm job and step ids",
+            };
+            StoreAddr { host, ports: derived_ports(&job_id()?).to_vec(), source }
         }
     };
-    let token = match vars.get("FERROCOMM_TOKEN") {
-        Some(t) => parse_token("FERROCOMM_TOKEN", &t)?,
-        None => derived_token(&job_id()?),
-    };
-    Ok(JobEnv {
-        rank,
-        size,
-        coordinator,
-        token,
-        launcher: Launcher::Slurm,
-        host_store: rank == 0 && !store_hosting_disabled(vars),
-    })
+    let token = vars.token_or(job_id)?;
+    Ok(job(rank, size, (local_rank, local_size), store, token, Launcher::Slurm, vars.hosts_store(rank)?))
 }
 
-fn store_hosting_disabled<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> bool {
-    vars.get("FERROCOMM_HOST_STORE").as_deref().map(str::trim) == Some("0")
+/// The step's tasks on this node: entry `SLURM_NODEID` of `SLURM_STEP_TASKS_PER_NODE`, whose form
+/// is `2(x3),1` (2 tasks on each of 3 nodes, then 1).
+fn local_tasks<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<Option<u32>, EnvError> {
+    const VAR: &str = "SLURM_STEP_TASKS_PER_NODE";
+    let (Some(list), Some(node)) = (vars.get(VAR), vars.get("SLURM_NODEID")) else { return Ok(None) };
+    let node = parse_u32("SLURM_NODEID", &node)?;
+    let mut first = 0u32;
+    for entry in list.trim().split(',') {
+        let (tasks, repeat) = match entry.split_once("(x") {
+            Some((t, r)) => match r.strip_suffix(')') {
+                Some(r) => (t, r.parse::<u32>().map_err(|_| invalid(VAR, &list, "cannot read a repeat count"))?),
+                None => return Err(invalid(VAR, &list, "a repeat count lacks its ')'")),
+            },
+            None => (entry, 1),
+        };
+        let tasks = tasks.trim().parse::<u32>().map_err(|_| invalid(VAR, &list, "cannot read a task count"))?;
+        if node < first.saturating_add(repeat) {
+            return Ok(Some(tasks));
+        }
+        first = first.saturating_add(repeat);
+    }
+    Err(invalid(VAR, &list, format!("it lists {first} nodes, and SLURM_NODEID is {node}")))
 }
 
 fn invalid(var: &'static str, value: &str, reason: impl Into<String>) -> EnvError {
@@ -325,11 +629,32 @@ fn rank_and_size(
     Ok((rank, size))
 }
 
-/// Checks `host:port` (IPv6 hosts in brackets) and returns it trimmed.
-fn parse_coordinator(var: &'static str, value: &str) -> Result<String, EnvError> {
+/// A host name or IP address, an IPv6 address with or without brackets; returned without them.
+fn parse_host(var: &'static str, value: &str) -> Result<String, EnvError> {
+    let v = value.trim();
+    let host = v.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(v);
+    if host.is_empty() {
+        return Err(invalid(var, value, "the host is empty"));
+    }
+    if host.chars().any(|c| c.is_whitespace() || c == '[' || c == ']' || c == '/') {
+        return Err(invalid(var, value, "not a host name or IP address"));
+    }
+    Ok(host.to_string())
+}
+
+fn parse_port(var: &'static str, value: &str) -> Result<u16, EnvError> {
+    match value.trim().parse::<u16>() {
+        Ok(0) => Err(invalid(var, value, "port 0 cannot be connected to")),
+        Ok(p) => Ok(p),
+        Err(_) => Err(invalid(var, value, "the port is not a number in 1..=65535")),
+    }
+}
+
+/// `host:port` (IPv6 hosts in brackets), as host (without brackets) and port.
+fn parse_coordinator(var: &'static str, value: &str) -> Result<(String, u16), EnvError> {
     let v = value.trim();
     let Some((host, port)) = v.rsplit_once(':') else {
-        return Err(invalid(var, value, "expected host:port, e.g. 10.0.0.1:29500"));
+        return Err(invalid(var, value, "expected host:port, e.g. 10.0.0.1:29500 or node01:29500"));
     };
     if host.is_empty() {
         return Err(invalid(var, value, "the host is empty"));
@@ -341,11 +666,12 @@ fn parse_coordinator(var: &'static str, value: &str) -> Result<String, EnvError>
     if host.chars().any(char::is_whitespace) {
         return Err(invalid(var, value, "the host contains whitespace"));
     }
-    match port.parse::<u16>() {
-        Ok(0) => Err(invalid(var, value, "port 0 cannot be connected to")),
-        Ok(_) => Ok(v.to_string()),
-        Err(_) => Err(invalid(var, value, "the port is not a number in 1..=65535")),
-    }
+    let port = match port.parse::<u16>() {
+        Ok(0) => return Err(invalid(var, value, "port 0 cannot be connected to")),
+        Ok(p) => p,
+        Err(_) => return Err(invalid(var, value, "the port is not a number in 1..=65535")),
+    };
+    Ok((parse_host(var, host)?, port))
 }
 
 fn parse_token(var: &'static str, value: &str) -> Result<[u8; 32], EnvError> {
@@ -396,11 +722,20 @@ pub(crate) fn fnv1a64_bytes(bytes: impl IntoIterator<Item = u8>) -> u64 {
     bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
-/// Port in `20000..60000` that every rank of a job derives alike.
-fn derived_port(job_id: &str) -> u16 {
-    let h = fnv1a64(&[b"ferrocomm-port\0", job_id.as_bytes()]);
-    // PORT_SPAN fits in u16, so the remainder does too.
-    PORT_BASE + (h % u64::from(PORT_SPAN)) as u16
+/// The [`STORE_PORTS`] distinct ports in `PORT_BASE..PORT_BASE + PORT_SPAN` that every rank of a
+/// job derives alike, in the order they are tried.
+fn derived_ports(job_id: &str) -> [u16; STORE_PORTS] {
+    let mut ports = [0u16; STORE_PORTS];
+    for i in 0..STORE_PORTS {
+        let h = fnv1a64(&[b"ferrocomm-port\0", &[i as u8], job_id.as_bytes()]);
+        // PORT_SPAN fits in u16, so the remainder does too.
+        let mut offset = (h % u64::from(PORT_SPAN)) as u16;
+        while ports[..i].contains(&(PORT_BASE + offset)) {
+            offset = (offset + 1) % PORT_SPAN;
+        }
+        ports[i] = PORT_BASE + offset;
+    }
+    ports
 }
 
 /// Token that every rank of a job derives alike. It separates jobs; it is
@@ -462,6 +797,102 @@ fn first_host(list: &str) -> Result<String, String> {
     Ok(host)
 }
 
+/// Hydra's job id, asked of its process manager in the PMI-1 wire protocol: lines of
+/// `key=value` pairs over the socket `PMI_FD` that Hydra hands each process.
+///
+/// Hydra tells a process no job id in the environment. Its KVS name (`kvs_<pid>_<n>_...`) is one:
+/// the same for every rank of a job, different between jobs. A process that has sent `init`
+/// must `finalize` before it exits, or Hydra takes its exit for a crash and kills the job, so the
+/// exchange is `init`, `get_my_kvsname`, `finalize`; it is not a barrier.
+mod pmi {
+    use std::io::{Read, Write};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::net::UnixStream;
+
+    use super::PMI_TIMEOUT;
+
+    /// Longest reply line read.
+    const MAX_LINE: usize = 4096;
+
+    /// The request lines, in order, and the command each reply must carry.
+    pub(super) const EXCHANGE: [(&str, &str); 3] = [
+        ("cmd=init pmi_version=1 pmi_subversion=1\n", "response_to_init"),
+        ("cmd=get_my_kvsname\n", "my_kvsname"),
+        ("cmd=finalize\n", "finalize_ack"),
+    ];
+
+    /// The value of `key` in a reply line `cmd=... key=value ...`, after checking that the line
+    /// is the reply `cmd` and reports no failure (`rc` other than 0).
+    pub(super) fn field<'a>(line: &'a str, cmd: &str, key: &str) -> Result<Option<&'a str>, String> {
+        let mut found = None;
+        let mut command = None;
+        for pair in line.split_whitespace() {
+            let (k, v) = pair.split_once('=').ok_or_else(|| format!("malformed reply {line:?}"))?;
+            match k {
+                "cmd" => command = Some(v),
+                "rc" if v != "0" => return Err(format!("the process manager answered {line:?}")),
+                _ if k == key => found = Some(v),
+                _ => {}
+            }
+        }
+        if command != Some(cmd) {
+            return Err(format!("expected a {cmd} reply, got {line:?}"));
+        }
+        Ok(found)
+    }
+
+    /// Runs [`EXCHANGE`] over the socket numbered `fd_value` and returns the KVS name.
+    pub(super) fn hydra_kvsname(fd_value: &str) -> Result<String, String> {
+        let fd: i32 = fd_value.trim().parse().map_err(|_| format!("PMI_FD={fd_value:?} is not a descriptor number"))?;
+        // SAFETY: fstat only writes the stat buffer it is given.
+        let is_socket = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK
+        };
+        if !is_socket {
+            return Err(format!("PMI_FD={fd} is not an open socket"));
+        }
+        // A duplicate, so that the launcher's descriptor stays as it was when this one closes.
+        // SAFETY: dup has no memory-safety preconditions.
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(format!("cannot duplicate PMI_FD={fd}: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `dup` is a fresh descriptor that nothing else owns.
+        let mut sock = UnixStream::from(unsafe { OwnedFd::from_raw_fd(dup) });
+        let io = |e: std::io::Error| format!("on PMI_FD={fd}: {e}");
+        sock.set_read_timeout(Some(PMI_TIMEOUT)).map_err(io)?;
+        sock.set_write_timeout(Some(PMI_TIMEOUT)).map_err(io)?;
+        let mut kvsname = None;
+        for (request, reply) in EXCHANGE {
+            sock.write_all(request.as_bytes()).map_err(io)?;
+            let line = read_line(&mut sock).map_err(io)?;
+            if let Some(name) = field(&line, reply, "kvsname")? {
+                kvsname = Some(name.to_string());
+            }
+        }
+        kvsname.filter(|k| !k.is_empty()).ok_or_else(|| "the process manager gave no KVS name".to_string())
+    }
+
+    /// One line, without its newline, of at most [`MAX_LINE`] bytes.
+    fn read_line(sock: &mut UnixStream) -> std::io::Result<String> {
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        loop {
+            if sock.read(&mut byte)? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            match byte[0] {
+                b'\n' => return Ok(String::from_utf8_lossy(&line).into_owned()),
+                _ if line.len() == MAX_LINE => {
+                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "reply line too long"));
+                }
+                b => line.push(b),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -472,6 +903,17 @@ mod tests {
     fn env(pairs: &[(&str, &str)]) -> Result<JobEnv, EnvError> {
         let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         detect_from(move |k| map.get(k).cloned())
+    }
+
+    /// Like [`env`], with Hydra's process manager answering `kvsname` (and counting the questions).
+    fn env_hydra(pairs: &[(&str, &str)], kvsname: &str, asked: &mut u32) -> Result<JobEnv, EnvError> {
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let get = move |k: &str| map.get(k).cloned();
+        detect_with(&get, &mut |fd| {
+            assert_eq!(fd, "6");
+            *asked += 1;
+            Ok(kvsname.to_string())
+        })
     }
 
     fn invalid_var(r: Result<JobEnv, EnvError>) -> &'static str {
@@ -488,15 +930,23 @@ mod tests {
         }
     }
 
+    /// The derived candidates: STORE_PORTS distinct ports below the ephemeral range.
+    fn assert_derived(store: &StoreAddr) {
+        assert_eq!(store.ports.len(), STORE_PORTS, "{store}");
+        for (i, p) in store.ports.iter().enumerate() {
+            assert!((20000..32000).contains(p), "{store}");
+            assert!(!store.ports[..i].contains(p), "{store}");
+        }
+    }
+
     #[test]
     fn nothing_set_is_not_launched() {
         let err = env(&[("PATH", "/bin")]).unwrap_err();
         assert_eq!(err, EnvError::NotLaunched);
         let msg = err.to_string();
-        assert!(msg.contains("ferrorun -n N"), "{msg}");
-        assert!(msg.contains("mpirun"), "{msg}");
-        assert!(msg.contains("srun"), "{msg}");
-        assert!(msg.contains("FERROCOMM_RANK"), "{msg}");
+        for launcher in ["ferrorun -n N", "mpirun", "mpiexec", "srun", "torchrun", "FERROCOMM_RANK"] {
+            assert!(msg.contains(launcher), "{msg}");
+        }
     }
 
     #[test]
@@ -510,7 +960,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((j.rank, j.size), (2, 4));
+        assert_eq!((j.local_rank, j.local_size), (Some(2), Some(4)), "ferrorun runs every rank here");
         assert_eq!(j.coordinator, "127.0.0.1:4000");
+        assert_eq!(j.store, StoreAddr { host: "127.0.0.1".into(), ports: vec![4000], source: "FERROCOMM_COORD" });
         assert_eq!(j.token[0..4], [0x00, 0x11, 0x22, 0x33]);
         assert_eq!(j.token[31], 0xff);
         assert_eq!(j.launcher, Launcher::Ferrorun);
@@ -533,7 +985,7 @@ mod tests {
     }
 
     #[test]
-    fn explicit_variables_and_host_store() {
+    fn by_hand_rank_0_hosts_the_store_unless_told_otherwise() {
         let base = [
             ("FERROCOMM_RANK", "0"),
             ("FERROCOMM_SIZE", "2"),
@@ -543,19 +995,27 @@ mod tests {
         let j = env(&base).unwrap();
         assert_eq!(j.launcher, Launcher::Explicit);
         assert_eq!(j.coordinator, "[::1]:29500");
-        assert!(!j.host_store);
+        assert_eq!(j.store.host, "::1");
+        assert!(j.host_store, "rank 0 hosts by default");
+        assert_eq!((j.local_rank, j.local_size), (None, None));
 
-        let mut with = base.to_vec();
-        with.push(("FERROCOMM_HOST_STORE", "1"));
-        assert!(env(&with).unwrap().host_store);
-
-        let mut rank1 = with.clone();
-        rank1[0] = ("FERROCOMM_RANK", "1");
-        assert!(!env(&rank1).unwrap().host_store, "only rank 0 hosts");
-
-        let mut other = base.to_vec();
-        other.push(("FERROCOMM_LAUNCHER", "something-else"));
-        assert_eq!(env(&other).unwrap().launcher, Launcher::Explicit);
+        let with = |extra: (&'static str, &'static str), rank: &'static str| {
+            let mut v = base.to_vec();
+            v[0].1 = rank;
+            v.push(extra);
+            env(&v)
+        };
+        assert!(with(("FERROCOMM_HOST_STORE", "1"), "0").unwrap().host_store);
+        assert!(!with(("FERROCOMM_HOST_STORE", "0"), "0").unwrap().host_store, "the store runs elsewhere");
+        assert!(!with(("FERROCOMM_HOST_STORE", "0"), "1").unwrap().host_store);
+        assert!(!with(("PATH", "/bin"), "1").unwrap().host_store, "only rank 0 hosts");
+        assert_eq!(invalid_var(with(("FERROCOMM_HOST_STORE", "1"), "1")), "FERROCOMM_HOST_STORE");
+        assert_eq!(invalid_var(with(("FERROCOMM_HOST_STORE", "yes"), "0")), "FERROCOMM_HOST_STORE");
+        assert_eq!(with(("FERROCOMM_LAUNCHER", "something-else"), "0").unwrap().launcher, Launcher::Explicit);
+        // Host names are taken as they are (resolved when the job starts).
+        let mut named = base.to_vec();
+        named[2].1 = "node-17.cluster:29500";
+        assert_eq!(env(&named).unwrap().store.host, "node-17.cluster");
     }
 
     #[test]
@@ -601,7 +1061,7 @@ mod tests {
             good("FERROCOMM_SIZE", "1").unwrap_err(),
             EnvError::RankOutOfRange { rank: 1, size: 1, rank_var: "FERROCOMM_RANK", size_var: "FERROCOMM_SIZE" }
         );
-        for bad in ["host", "host:", ":5000", "host:0", "host:70000", "::1:5000", "ho st:1"] {
+        for bad in ["host", "host:", ":5000", "host:0", "host:70000", "::1:5000", "ho st:1", "[]:1", "a/b:1"] {
             assert_eq!(invalid_var(good("FERROCOMM_COORD", bad)), "FERROCOMM_COORD", "{bad}");
         }
         for bad in ["abc", &TOKEN_HEX[..62], "zz112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"] {
@@ -615,29 +1075,120 @@ mod tests {
     }
 
     #[test]
+    fn torchrun_variables() {
+        let pairs = [
+            ("RANK", "5"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "trainer-0.example"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_RUN_ID", "job-7"),
+        ];
+        let j = env(&pairs).unwrap();
+        assert_eq!(j.launcher, Launcher::Torchrun);
+        assert_eq!((j.rank, j.size, j.local_rank, j.local_size), (5, 8, Some(1), Some(4)));
+        assert_eq!(j.store.host, "trainer-0.example");
+        assert_eq!(j.store.ports, [29500, 29501, 29502, 29503]);
+        assert_eq!(j.store.source, "MASTER_ADDR and MASTER_PORT");
+        assert_eq!(j.coordinator, "trainer-0.example:29500");
+        assert!(!j.host_store);
+
+        let mut r0 = pairs.to_vec();
+        r0[0].1 = "0";
+        let j0 = env(&r0).unwrap();
+        assert!(j0.host_store);
+        assert_eq!(j0.token, j.token, "ranks agree on the token");
+        let mut other_run = pairs.to_vec();
+        other_run[6].1 = "job-8";
+        assert_ne!(env(&other_run).unwrap().token, j.token);
+
+        // torchrun's own store holds MASTER_PORT: ferrocomm's starts above it.
+        let mut agent = pairs.to_vec();
+        agent.push(("TORCHELASTIC_USE_AGENT_STORE", "True"));
+        assert_eq!(env(&agent).unwrap().store.ports, [29501, 29502, 29503, 29504]);
+        // The candidates stop at the last port.
+        let mut top = pairs.to_vec();
+        top[5].1 = "65534";
+        assert_eq!(env(&top).unwrap().store.ports, [65534, 65535]);
+        top.push(("TORCHELASTIC_USE_AGENT_STORE", "1"));
+        top[5].1 = "65535";
+        assert_eq!(invalid_var(env(&top)), "MASTER_PORT");
+
+        // IPv6 MASTER_ADDR, bracketed or not; FERROCOMM_* override.
+        let mut v6 = pairs.to_vec();
+        v6[4].1 = "fd00::1";
+        assert_eq!(env(&v6).unwrap().coordinator, "[fd00::1]:29500");
+        v6[4].1 = "[fd00::1]";
+        assert_eq!(env(&v6).unwrap().store.host, "fd00::1");
+        let mut set = pairs.to_vec();
+        set.extend([("FERROCOMM_COORD", "head:7000"), ("FERROCOMM_TOKEN", TOKEN_HEX)]);
+        let j = env(&set).unwrap();
+        assert_eq!((j.store.ports.as_slice(), j.store.source, j.token[1]), (&[7000][..], "FERROCOMM_COORD", 0x11));
+    }
+
+    #[test]
+    fn torchrun_malformed() {
+        let r = env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "1")]);
+        assert_eq!(missing_var(r), "MASTER_ADDR");
+        let r = env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]);
+        assert_eq!(missing_var(r), "MASTER_PORT");
+        let base = |k: &'static str, v: &'static str| {
+            let mut p = vec![("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "29500")];
+            p.push((k, v));
+            p.retain(|&(pk, pv)| pk != k || pv == v);
+            env(&p)
+        };
+        assert_eq!(invalid_var(base("MASTER_PORT", "0")), "MASTER_PORT");
+        assert_eq!(invalid_var(base("MASTER_PORT", "http")), "MASTER_PORT");
+        assert_eq!(invalid_var(base("MASTER_ADDR", "a b")), "MASTER_ADDR");
+        assert_eq!(invalid_var(base("LOCAL_RANK", "x")), "LOCAL_RANK");
+        assert!(matches!(base("RANK", "2"), Err(EnvError::RankOutOfRange { rank_var: "RANK", .. })));
+        let r = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+            ("LOCAL_RANK", "3"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ]);
+        assert!(matches!(r, Err(EnvError::RankOutOfRange { rank_var: "LOCAL_RANK", .. })));
+        // RANK alone is not torchrun's (a common name).
+        assert_eq!(env(&[("RANK", "0")]).unwrap_err(), EnvError::NotLaunched);
+    }
+
+    #[test]
     fn open_mpi_defaults() {
-        let pairs =
-            [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_MCA_ess_base_jobid", "1234567")];
+        let pairs = [
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "8"),
+            ("OMPI_MCA_ess_base_jobid", "1234567"),
+        ];
         let j = env(&pairs).unwrap();
         assert_eq!(j.launcher, Launcher::OpenMpi);
-        assert_eq!((j.rank, j.size), (0, 8));
+        assert_eq!((j.rank, j.size, j.local_rank, j.local_size), (0, 8, Some(0), Some(8)));
         assert!(j.host_store);
-        let port: u16 = j.coordinator.strip_prefix("127.0.0.1:").unwrap().parse().unwrap();
-        assert!((20000..60000).contains(&port));
+        assert_eq!(j.store.host, "127.0.0.1");
+        assert_derived(&j.store);
+        assert_eq!(j.coordinator, format!("127.0.0.1:{}", j.store.ports[0]));
 
         let mut r3 = pairs.to_vec();
         r3[0] = ("OMPI_COMM_WORLD_RANK", "3");
+        r3[2] = ("OMPI_COMM_WORLD_LOCAL_RANK", "3");
         let j3 = env(&r3).unwrap();
         assert!(!j3.host_store);
-        assert_eq!(j3.coordinator, j.coordinator, "ranks agree on the address");
+        assert_eq!(j3.store, j.store, "ranks agree on the address");
         assert_eq!(j3.token, j.token, "ranks agree on the token");
 
         let mut other_job = pairs.to_vec();
-        other_job[2] = ("OMPI_MCA_ess_base_jobid", "1234568");
+        other_job[4] = ("OMPI_MCA_ess_base_jobid", "1234568");
         let jo = env(&other_job).unwrap();
         assert_ne!(jo.token, j.token);
+        assert_ne!(jo.store.ports, j.store.ports);
 
-        // PMIX_NAMESPACE stands in for the job id.
+        // PMIX_NAMESPACE stands in for the job id; the local variables are optional.
         let j = env(&[
             ("OMPI_COMM_WORLD_RANK", "1"),
             ("OMPI_COMM_WORLD_SIZE", "2"),
@@ -645,6 +1196,24 @@ mod tests {
         ])
         .unwrap();
         assert!(j.coordinator.starts_with("127.0.0.1:"));
+        assert_eq!(j.local_rank, None);
+    }
+
+    #[test]
+    fn open_mpi_across_hosts_needs_the_coordinator() {
+        let pairs = [
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("OMPI_MCA_ess_base_jobid", "1"),
+        ];
+        let e = env(&pairs).unwrap_err();
+        assert_eq!(missing_var(Err(e.clone())), "FERROCOMM_COORD");
+        assert!(e.to_string().contains("-x FERROCOMM_COORD"), "{e}");
+        let mut set = pairs.to_vec();
+        set.push(("FERROCOMM_COORD", "head-node:29400"));
+        let j = env(&set).unwrap();
+        assert_eq!((j.coordinator.as_str(), j.host_store), ("head-node:29400", true));
     }
 
     #[test]
@@ -657,6 +1226,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(j.coordinator, "head:7000");
+        assert_eq!(j.store.ports, [7000]);
         assert_eq!(j.token[1], 0x11);
         assert!(j.host_store);
 
@@ -687,6 +1257,70 @@ mod tests {
             ("FERROCOMM_COORD", "nope"),
         ]);
         assert_eq!(invalid_var(r), "FERROCOMM_COORD");
+        let r = env(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("PMIX_NAMESPACE", "a"),
+        ]);
+        assert!(matches!(r, Err(EnvError::RankOutOfRange { rank_var: "OMPI_COMM_WORLD_LOCAL_RANK", .. })));
+    }
+
+    #[test]
+    fn hydra_variables() {
+        // As `mpiexec.mpich -n 4` on one host sets them.
+        let pairs =
+            [("PMI_RANK", "2"), ("PMI_SIZE", "4"), ("PMI_FD", "6"), ("MPI_LOCALRANKID", "2"), ("MPI_LOCALNRANKS", "4")];
+        let mut asked = 0;
+        let j = env_hydra(&pairs, "kvs_17246_0_1756458249_vm", &mut asked).unwrap();
+        assert_eq!(asked, 1, "the process manager is asked once");
+        assert_eq!(j.launcher, Launcher::Hydra);
+        assert_eq!((j.rank, j.size, j.local_rank, j.local_size), (2, 4, Some(2), Some(4)));
+        assert!(!j.host_store);
+        assert_eq!(j.store.host, "127.0.0.1");
+        assert_eq!(j.store.source, "127.0.0.1 and the Hydra job id");
+        assert_derived(&j.store);
+
+        let mut r0 = pairs.to_vec();
+        r0[0].1 = "0";
+        r0[3].1 = "0";
+        let j0 = env_hydra(&r0, "kvs_17246_0_1756458249_vm", &mut asked).unwrap();
+        assert!(j0.host_store);
+        assert_eq!((j0.store.clone(), j0.token), (j.store.clone(), j.token), "ranks agree");
+        let other = env_hydra(&pairs, "kvs_17247_0_99_vm", &mut asked).unwrap();
+        assert_ne!(other.token, j.token);
+        assert_ne!(other.store.ports, j.store.ports);
+
+        // Both set: nothing is derived, nothing asked.
+        let mut set = pairs.to_vec();
+        set.extend([("FERROCOMM_COORD", "localhost:29400"), ("FERROCOMM_TOKEN", TOKEN_HEX)]);
+        let mut asked = 0;
+        let j = env_hydra(&set, "unused", &mut asked).unwrap();
+        assert_eq!((asked, j.coordinator.as_str()), (0, "localhost:29400"));
+    }
+
+    #[test]
+    fn hydra_malformed_and_across_hosts() {
+        let mut asked = 0;
+        let r = env_hydra(&[("PMI_RANK", "0"), ("PMI_FD", "6")], "k", &mut asked);
+        assert_eq!(missing_var(r), "PMI_SIZE");
+        let r = env_hydra(&[("PMI_RANK", "0"), ("PMI_SIZE", "2")], "k", &mut asked);
+        assert_eq!(missing_var(r), "PMI_FD");
+        let r = env_hydra(&[("PMI_RANK", "0"), ("PMI_SIZE", "2x"), ("PMI_FD", "6")], "k", &mut asked);
+        assert_eq!(invalid_var(r), "PMI_SIZE");
+        let spanning = [("PMI_RANK", "0"), ("PMI_SIZE", "4"), ("PMI_FD", "6"), ("MPI_LOCALNRANKS", "2")];
+        let e = env_hydra(&spanning, "k", &mut asked).unwrap_err();
+        assert_eq!(missing_var(Err(e.clone())), "FERROCOMM_COORD");
+        assert!(e.to_string().contains("MPI_LOCALNRANKS < PMI_SIZE"), "{e}");
+        // The process manager failing is a typed error that says what to set instead.
+        let map: HashMap<&str, &str> = [("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("PMI_FD", "6")].into();
+        let get = |k: &str| map.get(k).map(|v| v.to_string());
+        let e = detect_with(&get, &mut |_| Err("connection reset".into())).unwrap_err();
+        assert_eq!(e, EnvError::Pmi { reason: "connection reset".into() });
+        assert!(e.to_string().contains("FERROCOMM_COORD and FERROCOMM_TOKEN"), "{e}");
+        // detect_from does not ask.
+        assert!(matches!(env(&[("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("PMI_FD", "6")]), Err(EnvError::Pmi { .. })));
     }
 
     #[test]
@@ -698,29 +1332,47 @@ mod tests {
             ("SLURM_STEP_ID", "0"),
             ("SLURM_STEP_NODELIST", "node[03-05,7],other"),
             ("SLURM_JOB_NODELIST", "ignored[1-9]"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NODEID", "0"),
+            ("SLURM_STEP_TASKS_PER_NODE", "4(x3),2,2"),
         ];
         let j = env(&pairs).unwrap();
         assert_eq!(j.launcher, Launcher::Slurm);
-        assert_eq!((j.rank, j.size), (0, 16));
+        assert_eq!((j.rank, j.size, j.local_rank, j.local_size), (0, 16, Some(0), Some(4)));
         assert!(j.host_store);
-        let port: u16 = j.coordinator.strip_prefix("node03:").unwrap().parse().unwrap();
-        assert!((20000..60000).contains(&port));
+        assert_eq!(j.store.host, "node03");
+        assert_eq!(j.store.source, "SLURM_STEP_NODELIST and the Slurm job and step ids");
+        assert_derived(&j.store);
+        assert!(j.coordinator.starts_with("node03:"));
 
+        // Concurrent steps of one job are separate jobs, on their own ports.
         let mut step1 = pairs.to_vec();
         step1[3] = ("SLURM_STEP_ID", "1");
         let j1 = env(&step1).unwrap();
-        assert_ne!(j1.token, j.token, "steps of one job are separate jobs");
+        assert_ne!(j1.token, j.token);
+        assert_ne!(j1.store.ports, j.store.ports);
 
-        // Job node list and SLURM_NPROCS as fallbacks.
+        // The step's task count wins over the job's; the local size is this node's entry.
+        let mut step = pairs.to_vec();
+        step.extend([("SLURM_STEP_NUM_TASKS", "10")]);
+        step[7] = ("SLURM_NODEID", "3");
+        let js = env(&step).unwrap();
+        assert_eq!((js.size, js.local_size), (10, Some(2)));
+        step[7] = ("SLURM_NODEID", "5");
+        assert_eq!(invalid_var(env(&step)), "SLURM_STEP_TASKS_PER_NODE");
+
+        // Older names and fallbacks: SLURM_JOBID, SLURM_STEPID, SLURM_NPROCS, the job's node list.
         let j = env(&[
             ("SLURM_PROCID", "5"),
             ("SLURM_NPROCS", "6"),
-            ("SLURM_JOB_ID", "1"),
+            ("SLURM_JOBID", "1"),
+            ("SLURM_STEPID", "0"),
             ("SLURM_JOB_NODELIST", "cn1,cn2"),
         ])
         .unwrap();
         assert!(j.coordinator.starts_with("cn1:"));
-        assert_eq!(j.size, 6);
+        assert_eq!(j.store.source, "SLURM_JOB_NODELIST and the Slurm job and step ids");
+        assert_eq!((j.size, j.local_rank, j.local_size), (6, None, None));
         assert!(!j.host_store);
 
         let j = env(&[
@@ -734,12 +1386,26 @@ mod tests {
     }
 
     #[test]
+    fn slurm_batch_script_is_not_a_task() {
+        // sbatch's script itself: the job's task count, rank 0, no step.
+        let batch = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4"), ("SLURM_JOB_ID", "5"), ("SLURM_JOB_NODELIST", "vm")];
+        let e = env(&batch).unwrap_err();
+        assert_eq!(missing_var(Err(e.clone())), "SLURM_STEP_ID");
+        assert!(e.to_string().contains("srun ./program"), "{e}");
+        // A one-task job may run there.
+        let mut one = batch.to_vec();
+        one[1].1 = "1";
+        assert!(env(&one).unwrap().host_store);
+    }
+
+    #[test]
     fn slurm_malformed() {
         let base = |procid: &'static str, ntasks: &'static str, list: &'static str| {
             env(&[
                 ("SLURM_PROCID", procid),
                 ("SLURM_NTASKS", ntasks),
                 ("SLURM_JOB_ID", "9"),
+                ("SLURM_STEP_ID", "0"),
                 ("SLURM_STEP_NODELIST", list),
             ])
         };
@@ -751,30 +1417,60 @@ mod tests {
         }
         let r = env(&[("SLURM_PROCID", "0"), ("SLURM_JOB_ID", "9"), ("SLURM_JOB_NODELIST", "n1")]);
         assert_eq!(missing_var(r), "SLURM_NTASKS");
-        let r = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_ID", "9")]);
+        let r = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_STEP_ID", "0"), ("SLURM_JOB_ID", "9")]);
         assert_eq!(missing_var(r), "SLURM_JOB_NODELIST");
-        let r = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_NODELIST", "n1")]);
+        let r =
+            env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_STEP_ID", "0"), ("SLURM_JOB_NODELIST", "n1")]);
         assert_eq!(missing_var(r), "SLURM_JOB_ID");
+        for bad in ["4(x", "4(x2", "x", "4(xa)"] {
+            let bad: &'static str = bad;
+            let r = env(&[
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_JOB_ID", "9"),
+                ("SLURM_JOB_NODELIST", "n1"),
+                ("SLURM_NODEID", "0"),
+                ("SLURM_STEP_TASKS_PER_NODE", bad),
+            ]);
+            assert_eq!(invalid_var(r), "SLURM_STEP_TASKS_PER_NODE", "{bad}");
+        }
     }
 
     #[test]
     fn order_of_sources() {
-        // mpirun inside a Slurm allocation: Open MPI's variables win.
-        let j = env(&[
+        let slurm = [
             ("SLURM_PROCID", "0"),
             ("SLURM_NTASKS", "1"),
             ("SLURM_JOB_ID", "1"),
+            ("SLURM_STEP_ID", "0"),
             ("SLURM_JOB_NODELIST", "n1"),
-            ("OMPI_COMM_WORLD_RANK", "1"),
-            ("OMPI_COMM_WORLD_SIZE", "2"),
-            ("PMIX_NAMESPACE", "x"),
-        ])
-        .unwrap();
-        assert_eq!(j.launcher, Launcher::OpenMpi);
-        // ferrorun's variables win over both.
+        ];
+        // mpirun inside a Slurm allocation: Open MPI's variables win.
+        let mut v = slurm.to_vec();
+        v.extend([("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("PMIX_NAMESPACE", "x")]);
+        assert_eq!(env(&v).unwrap().launcher, Launcher::OpenMpi);
+        // srun torchrun: torchrun's numbering wins over Slurm's.
+        let mut v = slurm.to_vec();
+        v.extend([("RANK", "3"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "n1"), ("MASTER_PORT", "29500")]);
+        let j = env(&v).unwrap();
+        assert_eq!((j.launcher, j.rank), (Launcher::Torchrun, 3));
+        // Hydra inside a Slurm allocation (its proxies started by srun): Hydra's numbering wins.
+        let mut v = slurm.to_vec();
+        v.extend([("PMI_RANK", "2"), ("PMI_SIZE", "4"), ("MPI_LOCALRANKID", "0"), ("PMI_FD", "6")]);
+        let mut asked = 0;
+        let j = env_hydra(&v, "kvs", &mut asked).unwrap();
+        assert_eq!((j.launcher, j.rank), (Launcher::Hydra, 2));
+        // srun --mpi=pmi2 sets PMI_RANK too, without Hydra's MPI_LOCALRANKID: Slurm's.
+        let mut v = slurm.to_vec();
+        v.extend([("PMI_RANK", "0"), ("PMI_SIZE", "1")]);
+        assert_eq!(env(&v).unwrap().launcher, Launcher::Slurm);
+        // ferrorun's variables win over all.
         let j = env(&[
             ("OMPI_COMM_WORLD_RANK", "1"),
             ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
             ("FERROCOMM_RANK", "0"),
             ("FERROCOMM_SIZE", "3"),
             ("FERROCOMM_COORD", "h:1"),
@@ -794,7 +1490,16 @@ mod tests {
         assert_eq!(first_host("a,b").unwrap(), "a");
         assert_eq!(first_host("r[2-3]n[010-011]").unwrap(), "r2n010");
         assert_eq!(first_host("n[5]-ib").unwrap(), "n5-ib");
+        assert_eq!(first_host("node[01-03,07]").unwrap(), "node01");
         assert!(first_host("").is_err());
+    }
+
+    #[test]
+    fn store_addresses_display_every_candidate() {
+        let s = StoreAddr { host: "fd00::1".into(), ports: vec![20001, 20002], source: "X" };
+        assert_eq!(s.to_string(), "[fd00::1]:20001 (or port 20002)");
+        let s = StoreAddr { host: "n1".into(), ports: vec![5], source: "X" };
+        assert_eq!(s.to_string(), "n1:5");
     }
 
     #[test]
@@ -806,9 +1511,18 @@ mod tests {
     #[test]
     fn derived_values_are_stable() {
         // Every rank, on every machine, must compute the same values.
-        assert_eq!(derived_port("slurm:1.0"), derived_port("slurm:1.0"));
+        assert_eq!(derived_ports("slurm:1.0"), derived_ports("slurm:1.0"));
+        assert_eq!(derived_ports("slurm:1.0"), [27521, 24404, 23923, 25694]);
         assert_eq!(fnv1a64(&[b"a"]), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(fnv1a64(&[b""]), 0xcbf2_9ce4_8422_2325);
+        // Candidates stay distinct whatever the hashes give.
+        for job in 0..2000 {
+            let ports = derived_ports(&format!("slurm:{job}.0"));
+            let mut sorted = ports.to_vec();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), STORE_PORTS);
+        }
     }
 
     #[test]
@@ -823,5 +1537,59 @@ mod tests {
         ]);
         let msg = r.unwrap_err().to_string();
         assert!(msg.len() < 300, "{msg}");
+    }
+
+    #[test]
+    fn pmi_replies() {
+        assert_eq!(pmi::field("cmd=my_kvsname kvsname=kvs_1_0", "my_kvsname", "kvsname"), Ok(Some("kvs_1_0")));
+        assert_eq!(pmi::field("cmd=finalize_ack", "finalize_ack", "kvsname"), Ok(None));
+        assert_eq!(pmi::field("cmd=response_to_init pmi_version=1 rc=0", "response_to_init", "x"), Ok(None));
+        assert!(pmi::field("cmd=response_to_init rc=-1", "response_to_init", "x").is_err());
+        assert!(pmi::field("cmd=other kvsname=k", "my_kvsname", "kvsname").is_err());
+        assert!(pmi::field("garbage", "my_kvsname", "kvsname").is_err());
+        assert!(pmi::field("", "my_kvsname", "kvsname").is_err());
+    }
+
+    /// The PMI exchange over a real socket pair, with this test playing Hydra's process manager.
+    #[test]
+    fn pmi_exchange_with_a_process_manager() {
+        use std::io::{BufRead, BufReader, Write};
+        use std::os::fd::AsRawFd;
+        use std::os::unix::net::UnixStream;
+
+        let (ours, manager) = UnixStream::pair().unwrap();
+        let served = std::thread::spawn(move || {
+            let mut lines = BufReader::new(manager.try_clone().unwrap());
+            let mut out = manager;
+            let mut seen = Vec::new();
+            for reply in [
+                "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n",
+                "cmd=my_kvsname kvsname=kvs_42_0_7_host\n",
+                "cmd=finalize_ack\n",
+            ] {
+                let mut line = String::new();
+                lines.read_line(&mut line).unwrap();
+                seen.push(line);
+                out.write_all(reply.as_bytes()).unwrap();
+            }
+            seen
+        });
+        let fd = ours.as_raw_fd().to_string();
+        assert_eq!(pmi::hydra_kvsname(&fd).unwrap(), "kvs_42_0_7_host");
+        let seen = served.join().unwrap();
+        let sent: Vec<&str> = pmi::EXCHANGE.iter().map(|(request, _)| *request).collect();
+        assert_eq!(seen, sent);
+        // Our descriptor is left open (a duplicate was used).
+        assert!(ours.peer_addr().is_ok());
+
+        // A manager that hangs up, and descriptors that are not sockets, are errors.
+        let (ours, manager) = UnixStream::pair().unwrap();
+        drop(manager);
+        assert!(pmi::hydra_kvsname(&ours.as_raw_fd().to_string()).is_err());
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        let e = pmi::hydra_kvsname(&file.as_raw_fd().to_string()).unwrap_err();
+        assert!(e.contains("not an open socket"), "{e}");
+        assert!(pmi::hydra_kvsname("x").is_err());
+        assert!(pmi::hydra_kvsname("-1").is_err());
     }
 }

@@ -9,8 +9,12 @@
 //! The store may be reachable by other users of the machine, so it trusts
 //! nothing it reads:
 //!
-//! * every connection first proves the job's 32-byte token (compared in
-//!   constant time); a wrong token closes the connection;
+//! * every connection first passes the challenge-response handshake of
+//!   [`ferrocomm_transports::auth`]: the store proves it holds the job token,
+//!   then the client does, each with an HMAC over both sides' fresh nonces
+//!   (checked in constant time). The token itself never travels, and a
+//!   client sends nothing keyed to a store that has not proven itself; a
+//!   wrong token fails on both sides with a clear error;
 //! * keys are at most [`MAX_KEY_LEN`] bytes, values at most
 //!   [`MAX_VALUE_LEN`], the store holds at most [`MAX_ENTRIES`] keys, and a
 //!   length field is checked before anything is allocated for it;
@@ -20,7 +24,11 @@
 //! Wire format (all integers little-endian):
 //!
 //! ```text
-//! handshake  client: "FCKV" version:u8=1 token:[u8;32]   server: 0u8 (accepted)
+//! handshake  client: "FCKV" version:u8=2 nonce:[u8;32]
+//!            server: "FCKV" version:u8=2 0u8 nonce:[u8;32] proof:[u8;32]
+//!                  | "FCKV" version:u8=2 1u8 (the client's version is not spoken here; closes)
+//!            client: 0u8 proof:[u8;32] | 1u8 (the store's proof is wrong; closes)
+//!            server: 0u8 (accepted) | closes (the client's proof is wrong)
 //! put        client: 1u8 key_len:u16 key value_len:u32 value
 //!            server: 0u8 (stored) | 2u8 (store full)
 //! get        client: 2u8 key_len:u16 key wait_ms:u32
@@ -33,8 +41,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use ferrocomm_transports::auth::{
+    CHALLENGE_LEN, Challenge, Connector, Ends, HandshakeError, HandshakeKey, JobSecret, Listener, NONCE_LEN, PROOF_LEN,
+    Protocol,
+};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
@@ -48,8 +60,16 @@ pub const MAX_VALUE_LEN: usize = 64 * 1024;
 pub const MAX_ENTRIES: usize = 1 << 20;
 
 const MAGIC: &[u8; 4] = b"FCKV";
-const VERSION: u8 = 1;
-const HANDSHAKE_LEN: usize = 4 + 1 + 32;
+const VERSION: u8 = 2;
+/// The client's hello: magic, version, nonce.
+const HELLO_LEN: usize = 4 + 1 + NONCE_LEN;
+/// The start of the store's answer: magic, version, status.
+const ANSWER_LEN: usize = 4 + 1 + 1;
+
+const HS_CHALLENGE: u8 = 0;
+const HS_WRONG_VERSION: u8 = 1;
+const HS_PROOF: u8 = 0;
+const HS_REFUSE: u8 = 1;
 
 const OP_PUT: u8 = 1;
 const OP_GET: u8 = 2;
@@ -58,7 +78,7 @@ const ST_OK: u8 = 0;
 const ST_NOT_FOUND: u8 = 1;
 const ST_FULL: u8 = 2;
 
-/// How long a new connection may take to present its token.
+/// How long a new connection may take to complete the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the rest of a request may take once its first byte arrived.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -79,12 +99,22 @@ pub enum KvError {
     /// Nothing accepted the connection before the timeout.
     #[error("the key-value store at {addr} did not accept a connection within {waited:?} (last error: {last})")]
     ConnectTimeout { addr: String, waited: Duration, last: String },
-    /// The peer closed the connection during the handshake: wrong token, or
-    /// not a ferrocomm store.
+    /// The peer closed the connection during the handshake: not a ferrocomm
+    /// store, or it refused this client's proof of the token.
     #[error(
-        "the key-value store at {addr} refused the connection: wrong token (another job?) or not a ferrocomm store"
+        "the key-value store at {addr} closed the connection during the handshake: not a ferrocomm store of this \
+         version, or it refused this client's proof of the job token"
     )]
     Rejected { addr: String },
+    /// The handshake failed: the store did not prove the job token (wrong
+    /// token on one side, or a stranger at the store's address), or speaks
+    /// another version.
+    #[error("handshake with the key-value store at {addr}: {source}")]
+    Handshake {
+        addr: String,
+        #[source]
+        source: HandshakeError,
+    },
     /// No rank put the key before the timeout.
     #[error("timed out after {waited:?} waiting for key {key:?} in the key-value store")]
     Timeout { key: String, waited: Duration },
@@ -119,7 +149,7 @@ struct Store {
 }
 
 struct Shared {
-    token: [u8; 32],
+    key: HandshakeKey,
     max_entries: usize,
     store: Mutex<Store>,
 }
@@ -187,6 +217,7 @@ impl Shared {
 pub struct KvServer {
     addr: SocketAddr,
     task: JoinHandle<()>,
+    shared: Arc<Shared>,
 }
 
 impl KvServer {
@@ -199,14 +230,21 @@ impl KvServer {
     async fn start_with(bind: SocketAddr, token: [u8; 32], max_entries: usize) -> io::Result<KvServer> {
         let listener = TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared { token, max_entries, store: Mutex::new(Store::default()) });
-        let task = tokio::spawn(accept_loop(listener, shared));
-        Ok(KvServer { addr, task })
+        let key = JobSecret::new(token).handshake_key(Protocol::Store);
+        let shared = Arc::new(Shared { key, max_entries, store: Mutex::new(Store::default()) });
+        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        Ok(KvServer { addr, task, shared })
     }
 
     /// The address the store listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Stores `value` under `key` from the process that runs the store, as a client's put would
+    /// (a launcher telling the ranks something). False when the store is full.
+    pub fn put(&self, key: &str, value: &[u8]) -> bool {
+        self.shared.put(key.as_bytes().to_vec(), value.to_vec())
     }
 }
 
@@ -268,25 +306,10 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
 
 async fn serve(stream: TcpStream, shared: &Shared) -> End {
     let mut conn = BufReader::new(stream);
-    let mut hello = [0u8; HANDSHAKE_LEN];
-    match timeout(HANDSHAKE_TIMEOUT, conn.read_exact(&mut hello)).await {
-        Err(_) => return End::Bad(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")),
-        Ok(Err(e)) => return e.into(),
-        Ok(Ok(_)) => {}
-    }
-    if &hello[..4] != MAGIC {
-        return End::Bad("not a ferrocomm key-value client (bad magic)".into());
-    }
-    if hello[4] != VERSION {
-        return End::Bad(format!("protocol version {} (this store speaks {VERSION})", hello[4]));
-    }
-    let mut presented = [0u8; 32];
-    presented.copy_from_slice(&hello[5..]);
-    if !ct_eq(&presented, &shared.token) {
-        return End::Bad("wrong token".into());
-    }
-    if let Err(e) = conn.write_all(&[ST_OK]).await {
-        return e.into();
+    match timeout(HANDSHAKE_TIMEOUT, handshake(&mut conn, &shared.key)).await {
+        Err(_) => return End::Bad(format!("handshake not completed within {HANDSHAKE_TIMEOUT:?}")),
+        Ok(Err(end)) => return end,
+        Ok(Ok(())) => {}
     }
 
     loop {
@@ -330,7 +353,7 @@ enum Request {
     Get { key: Vec<u8>, wait: Duration },
 }
 
-async fn read_request(conn: &mut BufReader<TcpStream>, op: u8) -> Result<Request, End> {
+async fn read_request<R: AsyncRead + Unpin>(conn: &mut R, op: u8) -> Result<Request, End> {
     let key_len = usize::from(conn.read_u16_le().await?);
     if key_len > MAX_KEY_LEN {
         return Err(End::Bad(format!("key length {key_len} exceeds {MAX_KEY_LEN}")));
@@ -351,13 +374,33 @@ async fn read_request(conn: &mut BufReader<TcpStream>, op: u8) -> Result<Request
     }
 }
 
-/// Equality that takes the same time wherever the inputs differ.
-fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        diff |= x ^ y;
+/// The store's side of the handshake: answers a hello with a challenge, then checks the client's
+/// proof. Every read is of a fixed size.
+async fn handshake(conn: &mut BufReader<TcpStream>, key: &HandshakeKey) -> Result<(), End> {
+    let mut hello = [0u8; HELLO_LEN];
+    conn.read_exact(&mut hello).await?;
+    if &hello[..4] != MAGIC {
+        return Err(End::Bad("not a ferrocomm key-value client (bad magic)".into()));
     }
-    std::hint::black_box(diff) == 0
+    if hello[4] != VERSION {
+        // Say which version this store speaks, so the client can name the mismatch.
+        conn.write_all(&[&MAGIC[..], &[VERSION, HS_WRONG_VERSION]].concat()).await?;
+        return Err(End::Bad(format!("protocol version {} (this store speaks {VERSION})", hello[4])));
+    }
+    let nonce = hello[5..].try_into().expect("nonce length");
+    let (listener, challenge) = Listener::new(key.clone(), Ends::STORE, nonce).map_err(|e| End::Bad(e.to_string()))?;
+    conn.write_all(&[&MAGIC[..], &[VERSION, HS_CHALLENGE], &challenge.to_bytes()].concat()).await?;
+    match conn.read_u8().await? {
+        HS_PROOF => {
+            let mut proof = [0u8; PROOF_LEN];
+            conn.read_exact(&mut proof).await?;
+            listener.check(&proof).map_err(|e| End::Bad(format!("wrong token: {e}")))?;
+        }
+        HS_REFUSE => return Err(End::Bad(format!("wrong token: {}", HandshakeError::Refused))),
+        other => return Err(End::Bad(format!("unknown handshake step {other:#04x}"))),
+    }
+    conn.write_all(&[ST_OK]).await?;
+    Ok(())
 }
 
 // ---------------------------------------------------------------- client --
@@ -406,13 +449,37 @@ impl KvClient {
         deadline: Instant,
         waited: Duration,
     ) -> Result<KvClient, KvError> {
-        let mut hello = Vec::with_capacity(HANDSHAKE_LEN);
-        hello.extend_from_slice(MAGIC);
-        hello.push(VERSION);
-        hello.extend_from_slice(token);
+        let failed = |source| KvError::Handshake { addr: addr.to_string(), source };
+        let key = JobSecret::new(*token).handshake_key(Protocol::Store);
+        let connector = Connector::new(key, Ends::STORE).map_err(failed)?;
         let exchange = async {
-            stream.write_all(&hello).await?;
-            stream.read_u8().await
+            stream.write_all(&[&MAGIC[..], &[VERSION], connector.hello()].concat()).await?;
+            let mut answer = [0u8; ANSWER_LEN];
+            stream.read_exact(&mut answer).await?;
+            if &answer[..4] != MAGIC {
+                return Ok(Err(failed(HandshakeError::Malformed("not a ferrocomm key-value store (bad magic)"))));
+            }
+            match answer[5] {
+                HS_CHALLENGE if answer[4] == VERSION => {}
+                HS_WRONG_VERSION => {
+                    return Ok(Err(failed(HandshakeError::WrongVersion { ours: VERSION, theirs: answer[4] })));
+                }
+                _ => return Ok(Err(failed(HandshakeError::Malformed("unknown answer to the hello")))),
+            }
+            let mut challenge = [0u8; CHALLENGE_LEN];
+            stream.read_exact(&mut challenge).await?;
+            match connector.answer(&Challenge::from_bytes(&challenge)) {
+                Ok(proof) => stream.write_all(&[&[HS_PROOF][..], &proof].concat()).await?,
+                Err(e) => {
+                    // Nothing keyed goes to a store that did not prove itself; tell it why we go.
+                    let _ = stream.write_all(&[HS_REFUSE]).await;
+                    return Ok(Err(failed(e)));
+                }
+            }
+            stream.read_u8().await.map(|status| match status {
+                ST_OK => Ok(()),
+                other => Err(KvError::Protocol(format!("handshake answered with {other:#04x}"))),
+            })
         };
         match tokio::time::timeout_at(deadline, exchange).await {
             Err(_) => Err(KvError::ConnectTimeout {
@@ -420,8 +487,8 @@ impl KvClient {
                 waited,
                 last: "no answer to the handshake".to_string(),
             }),
-            Ok(Ok(ST_OK)) => Ok(KvClient { stream, in_flight: false }),
-            Ok(Ok(other)) => Err(KvError::Protocol(format!("handshake answered with {other:#04x}"))),
+            Ok(Ok(Ok(()))) => Ok(KvClient { stream, in_flight: false }),
+            Ok(Ok(Err(e))) => Err(e),
             Ok(Err(e))
                 if matches!(
                     e.kind(),
@@ -474,19 +541,7 @@ impl KvClient {
         let stream = &mut self.stream;
         let exchange = async {
             stream.write_all(&req).await?;
-            match stream.read_u8().await? {
-                ST_OK => {
-                    let len = stream.read_u32_le().await? as usize;
-                    if len > MAX_VALUE_LEN {
-                        return Err(KvError::Protocol(format!("value length {len} exceeds {MAX_VALUE_LEN}")));
-                    }
-                    let mut value = vec![0u8; len];
-                    stream.read_exact(&mut value).await?;
-                    Ok(Some(value))
-                }
-                ST_NOT_FOUND => Ok(None),
-                other => Err(KvError::Protocol(format!("get answered with {other:#04x}"))),
-            }
+            read_get_reply(stream).await
         };
         // The server answers by itself after `timeout`; the slack only
         // guards against a store that hangs. Past it the reply may still
@@ -510,6 +565,23 @@ impl KvClient {
     }
 }
 
+/// The store's answer to a get: the value, or `None` if nobody put the key in time.
+async fn read_get_reply<R: AsyncRead + Unpin>(stream: &mut R) -> Result<Option<Vec<u8>>, KvError> {
+    match stream.read_u8().await? {
+        ST_OK => {
+            let len = stream.read_u32_le().await? as usize;
+            if len > MAX_VALUE_LEN {
+                return Err(KvError::Protocol(format!("value length {len} exceeds {MAX_VALUE_LEN}")));
+            }
+            let mut value = vec![0u8; len];
+            stream.read_exact(&mut value).await?;
+            Ok(Some(value))
+        }
+        ST_NOT_FOUND => Ok(None),
+        other => Err(KvError::Protocol(format!("get answered with {other:#04x}"))),
+    }
+}
+
 fn check_key(key: &str) -> Result<(), KvError> {
     if key.len() > MAX_KEY_LEN {
         return Err(KvError::KeyTooLong { len: key.len() });
@@ -525,6 +597,9 @@ fn retryable(e: &io::Error) -> bool {
         ConnectionRefused | ConnectionReset | ConnectionAborted | TimedOut | HostUnreachable | NetworkUnreachable
     )
 }
+
+#[doc(hidden)]
+pub mod fuzzing;
 
 #[cfg(test)]
 mod tests {
@@ -548,9 +623,13 @@ mod tests {
     /// A raw connection that has passed the handshake.
     async fn raw_authenticated(addr: &str) -> TcpStream {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(MAGIC).await.unwrap();
-        s.write_all(&[VERSION]).await.unwrap();
-        s.write_all(&TOKEN).await.unwrap();
+        let c = Connector::new(JobSecret::new(TOKEN).handshake_key(Protocol::Store), Ends::STORE).unwrap();
+        s.write_all(&[&MAGIC[..], &[VERSION], c.hello()].concat()).await.unwrap();
+        let mut answer = [0u8; ANSWER_LEN + CHALLENGE_LEN];
+        s.read_exact(&mut answer).await.unwrap();
+        assert_eq!(answer[..ANSWER_LEN], [b'F', b'C', b'K', b'V', VERSION, HS_CHALLENGE]);
+        let proof = c.answer(&Challenge::from_bytes(answer[ANSWER_LEN..].try_into().unwrap())).unwrap();
+        s.write_all(&[&[HS_PROOF][..], &proof].concat()).await.unwrap();
         assert_eq!(s.read_u8().await.unwrap(), ST_OK);
         s
     }
@@ -562,6 +641,16 @@ mod tests {
             Ok(Ok(0)) => true,
             Ok(Err(e)) => e.kind() == io::ErrorKind::ConnectionReset,
             _ => false,
+        }
+    }
+
+    /// Everything the server sends until it closes `s`.
+    async fn rest_until_closed(s: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        match tokio::time::timeout(T, s.read_to_end(&mut got)).await {
+            Ok(Ok(_)) => got,
+            Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionReset => got,
+            other => panic!("not closed: {other:?}"),
         }
     }
 
@@ -655,28 +744,88 @@ mod tests {
         assert_eq!(c.get("never", Duration::ZERO).await.unwrap(), b"now");
     }
 
+    fn handshake_error(r: Result<KvClient, KvError>) -> HandshakeError {
+        match r {
+            Err(KvError::Handshake { source, .. }) => source,
+            Err(e) => panic!("not a handshake error: {e}"),
+            Ok(_) => panic!("connected"),
+        }
+    }
+
     #[tokio::test]
-    async fn wrong_token_is_refused_while_others_continue() {
+    async fn wrong_token_is_refused_on_both_sides_while_others_continue() {
         let log = Captured::default();
         let _guard = log.install();
         let (_s, addr) = server().await;
         let mut good = KvClient::connect(&addr, &TOKEN, T).await.unwrap();
         good.put("a", b"1").await.unwrap();
 
+        // The client holds the wrong token.
         let mut bad_token = TOKEN;
         bad_token[31] ^= 1;
-        let err = match KvClient::connect(&addr, &bad_token, T).await {
-            Err(e) => e,
-            Ok(_) => panic!("wrong token accepted"),
-        };
-        assert!(matches!(err, KvError::Rejected { .. }), "{err}");
+        let err = KvClient::connect(&addr, &bad_token, T).await;
+        let e = handshake_error(err);
+        assert_eq!(e, HandshakeError::BadProof);
+        assert!(e.to_string().contains("different tokens"), "{e}");
+
+        // The store holds the wrong token.
+        let wrong = KvServer::start(loopback(), bad_token).await.unwrap();
+        let e = handshake_error(KvClient::connect(&wrong.addr().to_string(), &TOKEN, T).await);
+        assert_eq!(e, HandshakeError::BadProof);
+
+        // A client that skips checking the store's proof and sends a guess.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&[&MAGIC[..], &[VERSION], &[3u8; NONCE_LEN]].concat()).await.unwrap();
+        let mut answer = [0u8; ANSWER_LEN + CHALLENGE_LEN];
+        s.read_exact(&mut answer).await.unwrap();
+        s.write_all(&[&[HS_PROOF][..], &[0u8; PROOF_LEN]].concat()).await.unwrap();
+        assert!(rest_until_closed(&mut s).await.is_empty(), "accepted a wrong proof");
 
         assert_eq!(good.get("a", T).await.unwrap(), b"1");
         still_serves(&addr).await;
         let text = log.text();
-        assert!(text.contains("wrong token"), "{text}");
+        assert_eq!(text.matches("wrong token").count(), 3, "{text}");
+        assert!(text.contains("refused this side's proof"), "the refusal is reported: {text}");
+        assert!(text.contains("did not prove it holds the job token"), "{text}");
         assert!(text.contains("127.0.0.1:"), "peer not named: {text}");
         assert!(text.contains("WARN"), "{text}");
+    }
+
+    /// A fake store (it bound the address first) records everything a client sends, answering
+    /// with a challenge it cannot make right. The recording holds no part of the token and
+    /// nothing that opens a real store: replayed there, it is refused.
+    #[tokio::test]
+    async fn a_fake_store_learns_nothing_it_can_replay() {
+        let fake = TcpListener::bind(loopback()).await.unwrap();
+        let fake_addr = fake.local_addr().unwrap().to_string();
+        let recorder = tokio::spawn(async move {
+            let (mut s, _) = fake.accept().await.unwrap();
+            let mut hello = [0u8; HELLO_LEN];
+            s.read_exact(&mut hello).await.unwrap();
+            // The best a stranger can do: a well-formed challenge with a made-up proof.
+            s.write_all(&[&MAGIC[..], &[VERSION, HS_CHALLENGE], &[0x5a; CHALLENGE_LEN]].concat()).await.unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest).await;
+            [&hello[..], &rest].concat()
+        });
+        let e = handshake_error(KvClient::connect(&fake_addr, &TOKEN, T).await);
+        assert_eq!(e, HandshakeError::BadProof);
+        let recorded = recorder.await.unwrap();
+        assert_eq!(recorded.len(), HELLO_LEN + 1, "hello and refusal only");
+        assert_eq!(recorded[HELLO_LEN], HS_REFUSE);
+        assert!(!recorded.windows(4).any(|w| TOKEN.windows(4).any(|t| t == w)), "token bytes sent");
+
+        // Replayed to the real store: it answers with a fresh challenge, the recording holds no
+        // proof for it, and no request is served.
+        let log = Captured::default();
+        let _guard = log.install();
+        let (_s, addr) = server().await;
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&recorded).await.unwrap();
+        s.write_all(&[OP_GET, 1, 0, b'k', 0, 0, 0, 0]).await.ok();
+        let answer = rest_until_closed(&mut s).await;
+        assert_eq!(answer.len(), ANSWER_LEN + CHALLENGE_LEN, "challenge, then closed: {answer:?}");
+        assert!(log.text().contains("wrong token"), "{}", log.text());
     }
 
     #[tokio::test]
@@ -714,13 +863,19 @@ mod tests {
         s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n-----------------").await.unwrap();
         assert!(closed_by_server(&mut s).await);
 
-        // A handshake of the wrong version.
+        // A handshake of the wrong version: told which version the store speaks.
         let mut s = TcpStream::connect(&addr).await.unwrap();
         let mut hello = MAGIC.to_vec();
         hello.push(99);
-        hello.extend_from_slice(&TOKEN);
+        hello.extend_from_slice(&[0; NONCE_LEN]);
         s.write_all(&hello).await.unwrap();
-        assert!(closed_by_server(&mut s).await);
+        assert_eq!(rest_until_closed(&mut s).await, [&MAGIC[..], &[VERSION, HS_WRONG_VERSION]].concat());
+
+        // An unknown handshake step after the challenge.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&[&MAGIC[..], &[VERSION], &[0; NONCE_LEN]].concat()).await.unwrap();
+        s.write_all(&[0x77; 40]).await.unwrap();
+        assert_eq!(rest_until_closed(&mut s).await.len(), ANSWER_LEN + CHALLENGE_LEN);
 
         // An unknown request after a good handshake.
         let mut s = raw_authenticated(&addr).await;
@@ -737,6 +892,8 @@ mod tests {
         assert_eq!(good.get("x", T).await.unwrap(), b"y");
         let text = log.text();
         assert!(text.contains("bad magic"), "{text}");
+        assert!(text.contains("protocol version 99"), "{text}");
+        assert!(text.contains("unknown handshake step"), "{text}");
         assert!(text.contains("unknown request type"), "{text}");
         assert!(text.contains("middle of a message"), "{text}");
     }
@@ -823,12 +980,32 @@ mod tests {
         assert!(matches!(c.put("k", b"v").await, Err(KvError::Broken)));
     }
 
-    #[test]
-    fn constant_time_compare() {
-        let a = [1u8; 32];
-        let mut b = a;
-        assert!(ct_eq(&a, &b));
-        b[0] = 0;
-        assert!(!ct_eq(&a, &b));
+    /// A store of another version: the client names both versions.
+    #[tokio::test]
+    async fn another_version_is_named() {
+        let fake = TcpListener::bind(loopback()).await.unwrap();
+        let addr = fake.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut s, _) = fake.accept().await.unwrap();
+            let mut hello = [0u8; HELLO_LEN];
+            s.read_exact(&mut hello).await.unwrap();
+            s.write_all(&[&MAGIC[..], &[7, HS_WRONG_VERSION]].concat()).await.unwrap();
+        });
+        let e = handshake_error(KvClient::connect(&addr, &TOKEN, T).await);
+        assert_eq!(e, HandshakeError::WrongVersion { ours: VERSION, theirs: 7 });
+    }
+
+    /// Something else at the address: a clear error, no allocation sized by it.
+    #[tokio::test]
+    async fn not_a_store_is_named() {
+        let fake = TcpListener::bind(loopback()).await.unwrap();
+        let addr = fake.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut s, _) = fake.accept().await.unwrap();
+            s.write_all(b"SSH-2.0-OpenSSH_9.2\r\n").await.unwrap();
+            let _ = s.read(&mut [0u8; 64]).await;
+        });
+        let e = handshake_error(KvClient::connect(&addr, &TOKEN, T).await);
+        assert!(matches!(e, HandshakeError::Malformed(_)), "{e}");
     }
 }

@@ -1,5 +1,8 @@
 //! How N processes become one job: learn who we are ([`env`](mod@env)), exchange addresses through a small
 //! key-value store ([`kv`]), then connect every pair of ranks with an authenticated handshake.
+//! Both handshakes are the challenge-response of [`ferrocomm_transports::auth`]: the job token
+//! never travels, and everything else derived from it (the multicast job id and datagram key,
+//! the shared-memory file names) goes through that module's key derivation.
 //!
 //! Rank i connects to every lower rank and accepts every higher one. With
 //! `FERROCOMM_TRANSPORTS=verbs` these TCP connections are made all the same and stay open as the
@@ -11,6 +14,8 @@
 
 pub mod env;
 pub mod kv;
+pub mod notices;
+pub mod rendezvous;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -18,6 +23,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use ferrocomm_reactor::ReactorThread;
+use ferrocomm_transports::auth::JobSecret;
 use ferrocomm_transports::route::Routed;
 use ferrocomm_transports::tcp::{self, handshake_accept, handshake_connect};
 use ferrocomm_transports::wire::{Limits, TOKEN_LEN};
@@ -39,22 +45,22 @@ const REFUSED_KEPT: usize = 64;
 /// Time a connecting peer gets to prove itself.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Joins the job described by the environment (`ferrorun`, `mpirun`, `srun`, or `FERROCOMM_*`
-/// variables), with settings from the environment.
+/// Joins the job described by the environment (`ferrorun`, `mpirun`, `mpiexec`, `srun`, torchrun's
+/// variables, or `FERROCOMM_*` variables), with settings from the environment.
 pub async fn init() -> Result<World> {
     init_with(Settings::from_env()?).await
 }
 
 /// Like [`init`], with explicit settings.
 pub async fn init_with(settings: Settings) -> Result<World> {
-    let job = env::detect().map_err(Error::bootstrap)?;
-    let store = if job.host_store {
-        let bind: SocketAddr = job.coordinator.parse().map_err(Error::bootstrap)?;
-        Some(KvServer::start(bind, job.token).await.map_err(Error::bootstrap)?)
-    } else {
-        None
-    };
-    join(job.rank, job.size, &job.coordinator, job.token, store, settings).await
+    settings.validate()?;
+    let job = env::detect()?;
+    let (store, kv, coordinator) = rendezvous::open(&job, settings.connect_timeout).await?;
+    if job.launcher == env::Launcher::Ferrorun {
+        // Its store lives as long as the job, and it reports ranks that die.
+        return notices::join_watched(job.rank, job.size, kv, &coordinator, job.token, store, settings).await;
+    }
+    join_via(job.rank, job.size, kv, &coordinator, job.token, store, settings).await
 }
 
 /// Joins as `rank` of `size` through the store at `coordinator`. `store` is the store itself when
@@ -68,6 +74,20 @@ pub async fn join(
     settings: Settings,
 ) -> Result<World> {
     settings.validate()?;
+    let kv = KvClient::connect(coordinator, &token, settings.connect_timeout).await.map_err(Error::bootstrap)?;
+    join_via(rank, size, kv, coordinator, token, store, settings).await
+}
+
+/// [`join`] through `kv`, a client of the store at `coordinator`.
+async fn join_via(
+    rank: Rank,
+    size: u32,
+    mut kv: KvClient,
+    coordinator: &str,
+    token: [u8; TOKEN_LEN],
+    store: Option<KvServer>,
+    settings: Settings,
+) -> Result<World> {
     if rank >= size {
         return Err(Error::UnknownRank { rank, size });
     }
@@ -77,7 +97,6 @@ pub async fn join(
         chunk: settings.rndv_chunk,
         max_message: settings.max_message,
     };
-    let mut kv = KvClient::connect(coordinator, &token, settings.connect_timeout).await.map_err(Error::bootstrap)?;
     let thread = ReactorThread::spawn(&format!("ferrocomm-{rank}")).map_err(Error::bootstrap)?;
 
     // Listen, and advertise the address this host uses toward the coordinator.
@@ -88,7 +107,7 @@ pub async fn join(
         TcpListener::from_std(std).map_err(Error::bootstrap)?
     };
     let port = listener.local_addr().map_err(Error::bootstrap)?.port();
-    let ip = if settings.bind.is_unspecified() { route_to(coordinator).await? } else { settings.bind };
+    let ip = if settings.bind.is_unspecified() { route_to(coordinator, settings.bind).await? } else { settings.bind };
     let listen_addr = SocketAddr::new(ip, port);
     kv.put(&format!("addr/{rank}"), listen_addr.to_string().as_bytes()).await.map_err(Error::bootstrap)?;
 
@@ -153,8 +172,9 @@ pub async fn join(
         let addr = kv.get(&format!("addr/{peer}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
         let addr = String::from_utf8_lossy(&addr).to_string();
         let mut s = connect_retry(&addr, deadline).await?;
-        handshake_connect(&mut s, rank, peer, &token, &limits)
+        tokio::time::timeout_at(deadline, handshake_connect(&mut s, rank, peer, &token, &limits))
             .await
+            .unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut)))
             .map_err(|e| Error::Bootstrap(format!("handshake with rank {peer} at {addr}: {e}")))?;
         tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap)?;
         conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
@@ -210,6 +230,7 @@ pub async fn join(
     let mut engine = Engine::with_completions(rank, size, cfg);
     let rma = crate::rma::hook::Hook::new(&mut engine, rank);
     let driver = Driver { engine, transport, rma };
+    let changes = driver.engine.failures().changes();
     let reactor = thread.run(driver, settings.progress);
     // Spinning ranks must give way at once on a crowded host.
     reactor.set_oversubscribed(crowded);
@@ -224,21 +245,19 @@ pub async fn join(
         domains,
         busy,
         single_copy,
-        job_id: job_id(&token),
+        job_id: JobSecret::new(token).job_id(),
+        datagram_key: JobSecret::new(token).datagram_key(),
         shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
         thread: Mutex::new(Some(thread)),
+        changes,
     })))
 }
 
-/// FNV-1a of the job token: the same at every rank, different between jobs.
-fn job_id(token: &[u8; TOKEN_LEN]) -> u64 {
-    env::fnv1a64(&[token])
-}
-
-/// The name of the job's shared-memory files (segments, boards).
+/// The name of the job's shared-memory files (segments, boards): derived from the token, as the
+/// names are visible to every user of the host.
 fn shm_job(token: &[u8; TOKEN_LEN]) -> String {
-    token[..8].iter().map(|b| format!("{b:02x}")).collect()
+    JobSecret::new(*token).shm_name()
 }
 
 /// Connects the shared-memory transport to the ranks on this host (`local[r]`).
@@ -445,14 +464,24 @@ fn host_identity() -> String {
     format!("{}/{}", name.trim(), boot.trim())
 }
 
-/// The local address the kernel would use to reach `coordinator` (no packet is sent).
-async fn route_to(coordinator: &str) -> Result<IpAddr> {
-    let target = tokio::net::lookup_host(coordinator)
+/// The local address the kernel would use to reach `coordinator` (no packet is sent), for a rank
+/// listening on the unspecified address `bind`: a host name may resolve to IPv4 and IPv6
+/// addresses, and the advertised one must be of a family the listener accepts (an IPv6 listener
+/// accepts IPv4 too, where the host allows dual-stack sockets).
+async fn route_to(coordinator: &str, bind: IpAddr) -> Result<IpAddr> {
+    let resolved: Vec<SocketAddr> = tokio::net::lookup_host(coordinator)
         .await
-        .map_err(Error::bootstrap)?
-        .next()
-        .ok_or_else(|| Error::Bootstrap(format!("cannot resolve {coordinator}")))?;
-    let probe = std::net::UdpSocket::bind((IpAddr::from([0, 0, 0, 0]), 0)).map_err(Error::bootstrap)?;
+        .map_err(|e| Error::Bootstrap(format!("cannot resolve {coordinator}: {e}")))?
+        .collect();
+    let same = resolved.iter().find(|a| a.is_ipv4() == bind.is_ipv4());
+    let target = same.or(if bind.is_ipv6() { resolved.first() } else { None }).ok_or_else(|| {
+        Error::Bootstrap(format!(
+            "{coordinator} resolves to no IPv4 address, and this rank listens on {bind} \
+             (FERROCOMM_BIND): set FERROCOMM_BIND=:: or an IPv6 address"
+        ))
+    })?;
+    let any = if target.is_ipv4() { IpAddr::from([0, 0, 0, 0]) } else { IpAddr::from([0u16; 8]) };
+    let probe = std::net::UdpSocket::bind((any, 0)).map_err(Error::bootstrap)?;
     probe.connect(target).map_err(Error::bootstrap)?;
     Ok(probe.local_addr().map_err(Error::bootstrap)?.ip())
 }

@@ -18,6 +18,10 @@
 //! and the other ranks complete it. Single-copy calls (large calls on one host,
 //! [`shared::Lending`]) read the other ranks' memory: dropping one withdraws what this rank lent,
 //! and the others' call fails with `CollError::Withdrawn` rather than keep what it read.
+//!
+//! Failures: a loss of a member revokes the communicator, which fails every rank's pending and later
+//! calls naming the lost rank, on every path (messages, board, multicast, node-leader); a departed
+//! member fails only the steps that wait for what it never sent (see `docs/failure.md`).
 
 pub(crate) mod shared;
 
@@ -49,6 +53,10 @@ struct Slot {
     seq: u64,
     /// The calling communicator's buffer pool.
     pool: Arc<Pool>,
+    /// Why the call cannot run, as known when it was made: a member lost or departed. (Decided
+    /// then, not when a later phase of the call starts: by then a member may have finished the
+    /// whole call and left, which is no reason to fail.)
+    refused: Option<Error>,
 }
 
 /// A posted receive of a collective: of any length, or into a buffer of the announced length.
@@ -130,8 +138,8 @@ fn to_bytes<T: Element>(data: &[T]) -> Bytes {
 
 /// Large buffers reused across the collective calls of a communicator. A fresh multi-megabyte
 /// allocation is zeroed and faults in a page per 4 KiB on first touch, which dominated large
-/// collectives (measured with `ferrocomm-bench collectives`: a 1 MiB broadcast ran at 1.4 GB/s
-/// over a transport that moves 10+ GB/s). Bounded in count and bytes; small buffers are not kept.
+/// collectives (a 1 MiB broadcast into fresh buffers runs at a fraction of the transport's speed:
+/// `ferrocomm-bench collectives --ops bcast --no-mpi`). Bounded in count and bytes; small buffers are not kept.
 #[derive(Default)]
 pub(crate) struct Pool {
     bufs: parking_lot::Mutex<Vec<BytesMut>>,
@@ -323,7 +331,7 @@ impl Comm {
         let seq = self.sequence.collectives.fetch_add(1, Ordering::Relaxed);
         let comm =
             self.sequence.collective.get_or_init(|| Arc::new(self.with_context(self.context() | COLLECTIVE_BIT)));
-        Slot { comm: comm.clone(), seq, pool: self.sequence.pool.clone() }
+        Slot { comm: comm.clone(), seq, pool: self.sequence.pool.clone(), refused: self.collective_gate().err() }
     }
 
     /// The algorithm this communicator uses for `op` with `bytes` per rank (and a commutative
@@ -379,7 +387,7 @@ impl Comm {
         let call = Call { op, ranks: self.size(), bytes, commutative };
         let table = self.collective_table();
         // Reliable multicast serves broadcast and barrier when pinned (it needs a multicast group,
-        // and pays off across hosts, not within one; see README).
+        // and pays off across hosts, not within one; see docs/multicast.md).
         if table.overrides.get(&op) == Some(&Algorithm::Multicast)
             && matches!(op, Operation::Bcast | Operation::Barrier)
         {
@@ -503,14 +511,21 @@ impl Comm {
     /// before the next wait.
     ///
     /// Boxed: the machine and the driving state stay put on the heap, so the futures of the calls
-    /// that await it stay small (they are moved, i.e. copied, on every call: several kilobytes
-    /// each before, a measurable share of a small collective).
+    /// that await it stay small (they are moved, i.e. copied, on every call; a future of several
+    /// kilobytes is a measurable share of a small collective).
     fn drive(slot: Slot, m: Machine) -> Drive {
         Box::pin(Comm::run(slot, m))
     }
 
-    async fn run(slot: Slot, mut m: Machine) -> Result<Blocks> {
-        let Slot { comm, seq, pool } = slot;
+    async fn run(slot: Slot, m: Machine) -> Result<Blocks> {
+        let Slot { comm, seq, pool, refused } = slot;
+        // A member already lost or departed when the call was made, or lost since: the call
+        // could never complete.
+        if let Some(e) = refused.or_else(|| comm.revoked()) {
+            return Err(e);
+        }
+        // A peer's message, or the blocks its header announces, cannot exceed what a receive takes.
+        let mut m = m.with_max_message(comm.settings().max_message);
         let tag = |round: u32| (seq << 16) | u64::from(round);
         // A handful of operations at a time: inline vectors (no task allocations).
         let mut sends = Sends::new();
@@ -608,6 +623,7 @@ impl Comm {
                 // every rare path here: its set-up future is large, and would otherwise size
                 // (and be copied with) every message-based barrier's future.
                 return Box::pin(async move {
+                    comm.collective_gate()?;
                     let barrier = comm.sequence.token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
                     barrier.wait().await
                 })
@@ -729,6 +745,7 @@ impl Comm {
             if let Some((comm, data)) = multicast {
                 // Boxed, as in the barrier: a large future kept out of every broadcast's.
                 return Box::pin(async move {
+                    comm.collective_gate()?;
                     let chan = comm.sequence.multicast.get_or_try_init(|| Channel::new(&comm)).await?;
                     crate::multicast::broadcast(chan, root, data).await.map(|b| vec![b])
                 })
@@ -1349,9 +1366,7 @@ impl Comm {
         members.sort();
         let world: Vec<Rank> = members.iter().map(|&(_, r)| self.world_rank(r)).collect();
         let context = derive_context(derive_context(self.context(), (1 << 30) | n), color);
-        let mut c = self.with_context(context);
-        c.group = Some(Arc::new(Group::new(world, self.world_rank(self.rank()))));
-        Ok(Some(c))
+        Ok(Some(self.with_members(context, world)))
     }
 }
 
@@ -1443,12 +1458,10 @@ async fn gather_single_copy<R>(
 
 /// Bytes of a reduction's piece: a piece of each rank's part and the partial result stay in cache
 /// (L2 is 1 MiB a core here), and each `process_vm_readv` moves a piece (a call has a fixed cost:
-/// the kernel pins the remote pages). Measured (`ferrocomm-bench collectives --ranks 4,2 --ops
-/// allreduce --max 1M --no-mpi --iters-large 40`, alternated, scratch reused in both):
-/// 256 KiB against 64 KiB, 1 MiB all-reduce, fast phases 111-115 against 131-137 us on 2 ranks and
-/// 372-377 against 415-427 us on 4; slow phases 360-402 against 389-410 and 975-1028 against
-/// 1003-1245. (A 128 KiB piece once looked slow; its scratch was then a fresh allocation per
-/// call, above the allocator's mmap threshold: page faults on every call.)
+/// the kernel pins the remote pages). 256 KiB pieces beat 64 KiB ones by 10-15% on a 1 MiB
+/// all-reduce (`ferrocomm-bench collectives --ranks 4,2 --ops allreduce --max 1M --no-mpi
+/// --iters-large 40`). The scratch is reused across calls: a fresh allocation above the
+/// allocator's mmap threshold would fault its pages in on every call.
 const REDUCE_PIECE: usize = 256 << 10;
 
 /// What every rank lent for a call of `len` bytes each (the first step's all-gather).

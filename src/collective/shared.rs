@@ -10,7 +10,9 @@
 //!
 //! A waiting call spins inside the reactor's loop ([`Reactor::poll_until`]): transports keep
 //! progressing, spinning ranks yield when the host is oversubscribed, and a lost peer that the
-//! call waits for fails it with [`Error::PeerLost`]. Nothing rings a rank when a board counter
+//! call waits for fails it with [`Error::PeerLost`], as does any loss that revoked the
+//! communicator (a call is not even made then: see [`Segment::gate`]); a departed peer fails it
+//! only while the call waits for a word it never posted. Nothing rings a rank when a board counter
 //! moves, so a rank that would sleep (adaptive and blocking modes) looks again every [`NAP`]; the
 //! default table therefore picks the board only for busy-polling ranks.
 //!
@@ -72,6 +74,10 @@ pub(crate) struct Segment {
     /// World rank of each member (lost peers are known by world rank).
     members: Vec<Rank>,
     reactor: Reactor<Driver>,
+    /// The communicator's context: a loss that revokes it fails the calls.
+    context: u32,
+    /// The world's count of departures and losses ([`crate::world::Inner::changes`]).
+    changes: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Segment {
@@ -108,25 +114,42 @@ impl Segment {
             queue: ferrocomm_reactor::Mutex::new(Queue::default()),
             members,
             reactor: inner.reactor.clone(),
+            context: comm.context(),
+            changes: inner.changes.clone(),
         })
+    }
+
+    /// Whether no rank has departed or been lost (then [`Segment::gate`] has nothing to say).
+    #[inline(always)]
+    fn untouched(&self) -> bool {
+        self.changes.load(std::sync::atomic::Ordering::Acquire) == 0
+    }
+
+    /// Why a call cannot be made: a loss revoked the communicator.
+    fn gate(&self) -> Result<()> {
+        if self.untouched() {
+            return Ok(());
+        }
+        self.reactor.with(|d| d.engine.gate(self.context)).map_or(Ok(()), Err)
     }
 
     /// The call of a broadcast's root whose data (`input`) it can post at once and be done
     /// ([`Queue::root_now`]); `false` if it cannot, and then [`Segment::call`] makes it. Inlined
     /// into its caller, so that little is stored and read back between the post and the return.
-    /// 2 ranks, 8 B, alternated with the root going through `Segment::call` (`collectives-job
-    /// --ranks 2 -o bcast,allreduce,barrier -s 8 -i 100000`, medians of 8 rounds, fast phases of
-    /// the machine): broadcast 0.164 -> 0.159 us; the same check at the top of `Segment::call`,
-    /// which every board call takes, gained less and cost the barrier 4%.
+    /// Here rather than at the top of `Segment::call`, which every board call takes: there it
+    /// costs the barrier more than it gains (`collectives-job --ranks 2 -o bcast,allreduce,barrier
+    /// -s 8 -i 100000`).
     #[inline]
     pub(crate) fn root_now(&self, input: &[u8]) -> bool {
-        self.queue.lock().root_now(&self.board, input)
+        // After a departure or loss, the call goes through `call`, which may refuse it.
+        self.untouched() && self.queue.lock().root_now(&self.board, input)
     }
 
     /// Enqueues a call (described in full: it may run before its future is first polled), split
     /// into pieces of at most the board's capacity, cut on `elem`-byte element boundaries.
     /// `input`: the root's data (broadcast), this rank's contribution (all-reduce), or nothing.
     pub(crate) fn call(self: &Arc<Segment>, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<Made> {
+        self.gate()?;
         let mut q = self.queue.lock();
         if len <= self.board.capacity() {
             // Posted now, and often complete now: then just the result.
@@ -179,6 +202,7 @@ impl Segment {
     /// root's [`Lent`], or an all-gather of every rank's), then come the `held` steps, each posted
     /// when the rank gets to it ([`Lending::next`]).
     pub(crate) fn lend(self: &Arc<Segment>, kind: Kind, lent: Option<Lent>, held: &[Kind]) -> Result<Lending> {
+        self.gate()?;
         let mut q = self.queue.lock();
         let first = q.push(&self.board, kind, Lent::BYTES, lent.map_or_else(Vec::new, |l| l.encode()))?;
         for k in held {
@@ -216,12 +240,18 @@ impl Segment {
             }
         }
         // Only where a driver is at hand: a look without one would ask for nothing.
-        if let Some(d) = driver
-            && let Some(Waiting::Rank(r)) = q.waiting(&self.board, seqs.start)
-        {
-            let rank = self.members[r as usize];
-            if let Some(reason) = d.engine.lost(rank) {
-                return Poll::Ready(Err(Error::PeerLost { rank, reason: reason.clone() }));
+        if let Some(d) = driver {
+            // Revoked by a loss, whether or not the call waits for the lost rank itself.
+            if d.engine.failures().any_lost()
+                && let Some(e) = d.engine.revoked(self.context)
+            {
+                return Poll::Ready(Err(e));
+            }
+            if let Some(Waiting::Rank(r)) = q.waiting(&self.board, seqs.start) {
+                let rank = self.members[r as usize];
+                if let Some(reason) = d.engine.lost(rank) {
+                    return Poll::Ready(Err(Error::PeerLost { rank, reason: reason.clone() }));
+                }
             }
         }
         Poll::Pending
@@ -233,10 +263,9 @@ impl Segment {
 /// [`BoardCall`]: a call complete when made has just posted to a line that another rank is
 /// usually reading, and until that line comes back the stores that follow wait in the CPU's
 /// store buffer; a full buffer stops the caller (see `Queue::root_now` in
-/// `ferrocomm_collectives::shared`), so the fewer bytes are moved after the post, the better.
-/// Measured against a finished future (`collectives-job --ranks 2 -o barrier,bcast,allreduce -s
-/// 8 -i 50000`, alternated, fast phases of the machine): barrier 0.172-0.205 us before,
-/// 0.155-0.189 us after; broadcast and all-reduce unchanged.
+/// `ferrocomm_collectives::shared`), so the fewer bytes are moved after the post, the better
+/// (the barrier about 10% faster than with a finished future: `collectives-job --ranks 2 -o
+/// barrier,bcast,allreduce -s 8 -i 50000`).
 pub(crate) enum Made {
     Done(Data),
     Waiting(BoardCall),
@@ -272,14 +301,10 @@ pub(crate) struct BoardCall {
 /// broadcast, all-reduce or barrier on the board returns one future type, moved (copied word by
 /// word) after the call is made, and a call complete when made has just posted to a line another
 /// rank is reading: until that line comes back, the stores that follow wait in the CPU's store
-/// queue, and once it is full the caller stops (`benches/probes/store-buffer.c`; how much of a
-/// root's time this explains is open, see session 13 in `docs/performance-history.md`). With the
-/// call's 120 bytes inline the future took 136 bytes; boxed, 48. Measured on 2 ranks, 8 B,
-/// binaries alternated (`collectives-job --ranks 2 -o barrier,bcast,allreduce -s 8 -i 100000`,
-/// medians of 8 rounds, slow phases of the machine): barrier 0.389-0.399 -> 0.361-0.384 us,
-/// all-reduce 0.502-0.513 -> 0.477-0.493 us, broadcast unchanged (its root 0.021 us faster, its
-/// receiver as much slower). A box allocated per call instead made the waiting ranks slower
-/// by more than the roots gained.
+/// queue, and once it is full the caller stops. With the call's 120 bytes inline the future
+/// takes 136 bytes; boxed, 48 (barrier and all-reduce about 5% faster in the host's slow phase:
+/// `collectives-job --ranks 2 -o barrier,bcast,allreduce -s 8 -i 100000`). A box allocated per
+/// call would make the waiting ranks slower by more than the roots gain.
 pub(crate) struct BoxedCall(Option<Box<Option<BoardCall>>>);
 
 thread_local! {

@@ -9,9 +9,9 @@
 //!
 //! The steps of a small message's receive and send are `#[inline(always)]`: the latency path
 //! runs through the transport, this engine, the operation slab and the future, and inlined into
-//! one another its steps can pass their values in registers instead of through memory. With the
-//! same marks in the other crates: 8 B over shared memory 0.116 -> 0.1085 us one way (fast-phase
-//! medians of 8 alternated runs, session 22); each crate's marks alone made no clear difference.
+//! one another its steps can pass their values in registers instead of through memory. The marks
+//! pay only together with those of the other crates on the path (8 B over shared memory about
+//! 7 ns faster one way: `ferrocomm-bench pingpong --transport shm --runs 10 --recv-into --send-from --max 8 --target-ms 100 --idle-gap 0 --no-peer`).
 //!
 //! Rules it keeps:
 //! * Matching is MPI's: source and tag match exactly or by wildcard; messages from one sender on one
@@ -25,6 +25,9 @@
 //!   memory a receiver spends on unexpected messages is bounded by `max_credit * eager_limit` per
 //!   peer; a peer that sends beyond its credits breaks the protocol and is disconnected.
 //!   Counters are monotonic and wrapping, so full and empty can never be confused.
+//! * Failures (`engine/revoke.rs`, with the knowledge in [`crate::p2p::failure`]): a peer's
+//!   goodbye fails what names it; a loss also revokes every context whose watch holds the lost
+//!   rank (everything posted there fails, naming it) and is told to every live peer once.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -36,6 +39,7 @@ use ferrocomm_transports::{Header, Kind, Outgoing, Rank, Sink, TransportError, W
 use metrics::{Counter, Histogram};
 use slab::Slab;
 
+use super::failure::Failures;
 use super::{Payload, Source, Status, TagMatch};
 use crate::error::Error;
 
@@ -130,6 +134,7 @@ struct Queues {
 struct RndvSend {
     op: Option<OpKey>,
     peer: Rank,
+    context: u32,
     data: Bytes,
 }
 
@@ -138,6 +143,7 @@ struct RndvSend {
 struct RndvRecv {
     op: Option<OpKey>,
     peer: Rank,
+    context: u32,
     buf: BytesMut,
     got: usize,
     tag: u64,
@@ -165,6 +171,7 @@ struct Peer {
     freed: u32,
     /// The `freed` value the peer last heard from us.
     advertised: u32,
+    /// Why operations naming the peer fail: it departed or was lost (see [`Failures`]).
     lost: Option<TransportError>,
 }
 
@@ -182,16 +189,23 @@ pub struct Engine<C: Completions = VecDeque<(OpKey, Completion)>> {
     meters: Meters,
     /// Set by [`Engine::close`]: operations posted from then on fail at once.
     closed: bool,
+    /// What this rank knows of the others' fate, and the contexts' watches.
+    failures: Failures,
+    /// Peers reported lost whose connection the driver must cut ([`Engine::poll_cut`]).
+    cuts: VecDeque<Rank>,
+    /// This rank said goodbye (or is aborting): losses seen from now on are not worth a warning.
+    leaving: bool,
 }
 
 /// The matching queues of every context: a map by context id, with the context looked up last in
 /// front of it. Nearly every message is on the context of the one before (a program's traffic sits
 /// on one or two communicators), and the map's probe (hash, control group, key) sat on the 8 B
-/// message's path: with this cache in front, 0.096 -> 0.094 us one way (session 24).
+/// message's path (8 B over shared memory about 2 ns faster one way with this cache in front:
+/// `ferrocomm-bench pingpong --transport shm --runs 10 --recv-into --send-from --max 8 --target-ms 100 --idle-gap 0 --no-peer`).
 #[derive(Default)]
 struct Contexts {
     queues: Vec<Queues>,
-    /// Index into `queues` by context id. Contexts are never removed (as before the cache). A
+    /// Index into `queues` by context id. Contexts are never removed. A
     /// peer's messages make new ones only up to its credit: each unexpected message holds its
     /// credit until a receive of this rank matches it.
     index: HashMap<u32, usize, BuildHasherDefault<ContextHasher>>,
@@ -376,6 +390,9 @@ impl<C: Completions> Engine<C> {
             violations: VecDeque::new(),
             meters: Meters::new(),
             closed: false,
+            failures: Failures::new(size),
+            cuts: VecDeque::new(),
+            leaving: false,
         }
     }
 
@@ -389,10 +406,10 @@ impl<C: Completions> Engine<C> {
         &mut self.done
     }
 
-    /// Whether [`Engine::poll_transmit`] or [`Engine::poll_violation`] has something, or
-    /// completions wait in a queue.
+    /// Whether [`Engine::poll_transmit`], [`Engine::poll_violation`] or [`Engine::poll_cut`] has
+    /// something, or completions wait in a queue.
     pub fn has_output(&self) -> bool {
-        !(self.transmit.is_empty() && self.violations.is_empty()) || self.done.waiting()
+        !(self.transmit.is_empty() && self.violations.is_empty() && self.cuts.is_empty()) || self.done.waiting()
     }
 
     /// The next peer that broke the protocol: disconnect it, then call [`Engine::peer_lost`].
@@ -453,6 +470,11 @@ impl<C: Completions> Engine<C> {
         data: D,
         wire: impl FnOnce(Rank, Header, D),
     ) -> Result<Result<(), Error>, D> {
+        if self.failures.any_lost()
+            && let Some(e) = self.revoked(context)
+        {
+            return Ok(Err(e));
+        }
         if let Some(e) = self.lost_error(dest) {
             return Ok(Err(e));
         }
@@ -497,7 +519,7 @@ impl<C: Completions> Engine<C> {
             self.queue_credited(dest, Header { len: data.len() as u32, ..header }, data, Some(op));
         } else {
             let len = data.len() as u64;
-            let msg = self.rndv_sends.insert(RndvSend { op: Some(op), peer: dest, data });
+            let msg = self.rndv_sends.insert(RndvSend { op: Some(op), peer: dest, context, data });
             let rts = Header { kind: Kind::Rts, seq: msg as u64, aux: len, ..header };
             let _span = tracing::trace_span!("rts", dest, tag, len, msg).entered();
             self.meters.rendezvous_sends.increment(1);
@@ -603,6 +625,11 @@ impl<C: Completions> Engine<C> {
         tag: TagMatch,
         buf: RecvBuf,
     ) -> Result<Result<(Payload, Status), Error>, RecvBuf> {
+        if self.failures.any_lost()
+            && let Some(e) = self.revoked(context)
+        {
+            return Ok(Err(e));
+        }
         let Some(q) = self.contexts.get_mut(context) else { return Err(buf) };
         match q.unexpected.iter().position(|u| matches(src, tag, u.src, u.tag)) {
             Some(i) if matches!(q.unexpected[i].body, Body::Eager(_)) => {
@@ -622,10 +649,15 @@ impl<C: Completions> Engine<C> {
         if self.closed {
             return self.done.complete(op, Completion::Recv(Err(Error::Shutdown)));
         }
+        if self.failures.any_lost()
+            && let Some(e) = self.revoked(context)
+        {
+            return self.done.complete(op, Completion::Recv(Err(e)));
+        }
         let q = self.contexts.entry(context);
         if let Some(i) = q.unexpected.iter().position(|u| matches(src, tag, u.src, u.tag)) {
             let u = take_at(&mut q.unexpected, i).unwrap();
-            self.deliver(op, u.src, u.tag, u.body, buf);
+            self.deliver(op, context, u.src, u.tag, u.body, buf);
             return;
         }
         if let Source::Rank(r) = src
@@ -653,6 +685,9 @@ impl<C: Completions> Engine<C> {
 
     /// The first unexpected message that a receive of (`src`, `tag`) would match now.
     pub fn iprobe(&self, context: u32, src: Source, tag: TagMatch) -> Option<Status> {
+        if self.failures.any_lost() && self.failures.revoked(context).is_some() {
+            return None;
+        }
         let q = self.contexts.get(context)?;
         q.unexpected.iter().find(|u| matches(src, tag, u.src, u.tag)).map(Unexpected::status)
     }
@@ -661,6 +696,11 @@ impl<C: Completions> Engine<C> {
     pub fn post_probe(&mut self, op: OpKey, context: u32, src: Source, tag: TagMatch) {
         if self.closed {
             return self.done.complete(op, Completion::Probe(Err(Error::Shutdown)));
+        }
+        if self.failures.any_lost()
+            && let Some(e) = self.revoked(context)
+        {
+            return self.done.complete(op, Completion::Probe(Err(e)));
         }
         if let Some(s) = self.iprobe(context, src, tag) {
             self.done.complete(op, Completion::Probe(Ok(s)));
@@ -687,10 +727,13 @@ impl<C: Completions> Engine<C> {
     }
 
     fn arrive(&mut self, src: Rank, context: u32, tag: u64, body: Body) {
+        if self.failures.any_lost() && self.discards(context) {
+            return self.discard(src, body);
+        }
         let q = self.contexts.entry(context);
         if let Some(i) = q.posted.iter().position(|p| matches(p.src, p.tag, src, tag)) {
             let p = take_at(&mut q.posted, i).unwrap();
-            self.deliver(p.op, src, tag, body, p.buf);
+            self.deliver(p.op, context, src, tag, body, p.buf);
             return;
         }
         let u = Unexpected { src, tag, body };
@@ -707,7 +750,7 @@ impl<C: Completions> Engine<C> {
     }
 
     /// A message meets its receive.
-    fn deliver(&mut self, op: OpKey, src: Rank, tag: u64, body: Body, buf: RecvBuf) {
+    fn deliver(&mut self, op: OpKey, context: u32, src: Rank, tag: u64, body: Body, buf: RecvBuf) {
         self.free_credit(src);
         let capacity = buf.capacity(self.cfg.max_message);
         match body {
@@ -734,7 +777,8 @@ impl<C: Completions> Engine<C> {
                         (b, true)
                     }
                 };
-                let key = self.rndv_recvs.insert(RndvRecv { op: Some(op), peer: src, buf, got: 0, tag, user_buf });
+                let key =
+                    self.rndv_recvs.insert(RndvRecv { op: Some(op), peer: src, context, buf, got: 0, tag, user_buf });
                 let _span = tracing::trace_span!("cts", src, tag, len, msg).entered();
                 self.emit(src, Header { aux: key as u64, ..cts }, Bytes::new());
             }
@@ -785,7 +829,8 @@ impl<C: Completions> Engine<C> {
             Kind::Cts => self.on_cts(peer, h),
             Kind::Data => self.on_data(peer, h),
             Kind::Credit => {}
-            Kind::Bye => self.peer_lost(peer, TransportError::Left),
+            Kind::Bye => self.depart(peer),
+            Kind::Lost => self.on_lost(peer, h.aux),
             Kind::Hello => self.violation(peer, WireError::Unexpected(h.kind)),
         }
     }
@@ -879,41 +924,6 @@ impl<C: Completions> Engine<C> {
         }
     }
 
-    /// `peer` is gone: every operation that involves it fails now. After a crash that includes
-    /// wildcard receives (as in ULFM); after an orderly goodbye only those naming the peer.
-    pub fn peer_lost(&mut self, peer: Rank, reason: TransportError) {
-        let p = &mut self.peers[peer as usize];
-        if p.lost.is_some() {
-            return;
-        }
-        tracing::warn!(peer, %reason, "peer lost");
-        self.meters.peers_lost.increment(1);
-        p.lost = Some(reason.clone());
-        let err = || Error::PeerLost { rank: peer, reason: reason.clone() };
-        for b in std::mem::take(&mut p.backlog) {
-            if let Some(op) = b.op {
-                self.done.complete(op, Completion::Send(Err(err())));
-            }
-        }
-        self.transmit.retain(|(dest, ..)| *dest != peer);
-        let sends: Vec<usize> = self.rndv_sends.iter().filter(|(_, s)| s.peer == peer).map(|(k, _)| k).collect();
-        for k in sends {
-            if let Some(op) = self.rndv_sends.remove(k).op {
-                self.done.complete(op, Completion::Send(Err(err())));
-            }
-        }
-        let recvs: Vec<usize> = self.rndv_recvs.iter().filter(|(_, r)| r.peer == peer).map(|(k, _)| k).collect();
-        for k in recvs {
-            if let Some(op) = self.rndv_recvs.remove(k).op {
-                self.done.complete(op, Completion::Recv(Err(err())));
-            }
-        }
-        // A crash may have taken a message a wildcard receive was waiting for; an orderly
-        // goodbye cannot have (the peer sent everything before it), so wildcards keep waiting.
-        let crashed = !matches!(reason, TransportError::Left);
-        self.fail_posted(|src| src == Source::Rank(peer) || (crashed && src == Source::Any), err);
-    }
-
     /// Fails, with `err()`, every posted receive and probe whose source `involves` names.
     fn fail_posted(&mut self, involves: impl Fn(Source) -> bool, err: impl Fn() -> Error) {
         for q in self.contexts.values_mut() {
@@ -961,10 +971,13 @@ impl<C: Completions> Engine<C> {
         self.fail_posted(|_| true, || Error::Shutdown);
     }
 
-    /// Says goodbye to every live peer (before an orderly shutdown).
+    /// Says goodbye to every peer not lost (before an orderly shutdown); a peer that departed
+    /// already may still be reading while it leaves, and must not take this rank's closing
+    /// connection for a loss.
     pub fn say_goodbye(&mut self) {
+        self.leaving = true;
         for peer in 0..self.peers.len() as Rank {
-            if peer != self.me && self.peers[peer as usize].lost.is_none() {
+            if peer != self.me && !matches!(self.failures.fate(peer), super::failure::Fate::Lost(_)) {
                 self.emit(peer, Header::new(Kind::Bye), Bytes::new());
             }
         }
@@ -972,8 +985,9 @@ impl<C: Completions> Engine<C> {
 }
 
 // SAFETY: `data_dest` hands out slices of `rndv_recvs` buffers. They are never resized, and a
-// receive's buffer is dropped only after its last data frame arrived (`handle_frame`) or its peer
-// was reported lost (`peer_lost`); a cancelled receive keeps its buffer until then.
+// receive's buffer is dropped only after its last data frame arrived (`handle_frame`) or the
+// transport reported its peer lost (`peer_lost`); a cancelled receive, or one failed by a loss
+// learnt otherwise (`revoke.rs`), keeps its buffer until then.
 unsafe impl<C: Completions> Sink for Engine<C> {
     fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
         Engine::data_dest(self, peer, h)
@@ -990,5 +1004,6 @@ unsafe impl<C: Completions> Sink for Engine<C> {
     }
 }
 
+mod revoke;
 #[cfg(test)]
 mod tests;

@@ -6,13 +6,18 @@
 //! can sleep until there is something to do. Payloads of rendezvous data frames are written straight
 //! into the receiver's posted buffer ([`Sink::data_dest`]), so large messages are not copied twice.
 
+pub mod auth;
 pub mod mapping;
 pub mod route;
 #[cfg(target_os = "linux")]
 pub mod shm;
+pub mod sim;
 pub mod tcp;
 pub mod verbs;
 pub mod wire;
+
+#[doc(hidden)]
+pub mod fuzzing;
 
 use std::io;
 use std::task::{Context, Poll};
@@ -21,12 +26,15 @@ use bytes::Bytes;
 
 pub use wire::{Header, Kind, Limits, Rank, WireError};
 
-/// Why a connection to a peer ended.
-#[derive(Debug, Clone, thiserror::Error)]
+/// Why a connection to a peer ended, or why a peer is known to be gone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransportError {
     /// The peer broke the wire protocol; the connection was closed.
     #[error("protocol violation: {0}")]
     Wire(#[from] WireError),
+    /// The connection's handshake failed (wrong job token, not a rank of this job, ...).
+    #[error("handshake: {0}")]
+    Handshake(#[from] auth::HandshakeError),
     /// The connection failed at the operating-system level.
     #[error("i/o error: {0}")]
     Io(io::ErrorKind),
@@ -36,6 +44,15 @@ pub enum TransportError {
     /// The peer said goodbye.
     #[error("peer left the job")]
     Left,
+    /// Another rank reported the peer lost (it saw the loss itself, or heard of it).
+    #[error("reported lost by rank {by}")]
+    Reported { by: Rank },
+    /// The peer announced that it is leaving without finishing (its program panicked).
+    #[error("the peer aborted")]
+    Aborted,
+    /// The launcher saw the peer's process end before it said goodbye.
+    #[error("the launcher saw its process end")]
+    Launcher,
 }
 
 impl From<io::Error> for TransportError {

@@ -9,12 +9,13 @@ use std::fmt;
 
 /// `"FCOM"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"FCOM");
-/// Wire version; bumped on any incompatible change.
-pub const VERSION: u8 = 1;
+/// Wire version; bumped on any incompatible change (2: the challenge-response `Hello`).
+pub const VERSION: u8 = 2;
 /// Size of an encoded [`Header`].
 pub const HEADER_LEN: usize = 48;
-/// Length of the job token carried by a `Hello` frame.
-pub const TOKEN_LEN: usize = 32;
+pub use crate::auth::TOKEN_LEN;
+/// Largest `Hello` payload: the listener's challenge.
+pub const HELLO_MAX: usize = crate::auth::CHALLENGE_LEN;
 
 /// A rank (process index) inside a job.
 pub type Rank = u32;
@@ -23,7 +24,8 @@ pub type Rank = u32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Kind {
-    /// Connection set-up: payload is the job token; `src` is the claimed rank.
+    /// Connection set-up, the handshake of [`crate::auth`]; `src` is the sender's rank, `aux` the
+    /// rank it wants at the other end, [`flags`] tell the step.
     Hello = 1,
     /// A whole small message: `tag`, `context`, payload = data.
     Eager = 2,
@@ -38,6 +40,9 @@ pub enum Kind {
     Credit = 6,
     /// Orderly goodbye: the peer is leaving and will send nothing more.
     Bye = 7,
+    /// Failure notice: rank `aux` is lost (the sender saw it, heard of it, or, when `aux` is the
+    /// sender itself, is aborting). No payload.
+    Lost = 8,
 }
 
 impl Kind {
@@ -50,6 +55,7 @@ impl Kind {
             5 => Kind::Data,
             6 => Kind::Credit,
             7 => Kind::Bye,
+            8 => Kind::Lost,
             _ => return None,
         })
     }
@@ -59,8 +65,12 @@ impl Kind {
 pub mod flags {
     /// On `Cts`: the receive buffer is too small; the sender must not send data.
     pub const TRUNCATED: u16 = 1;
-    /// On `Hello`: the acceptor accepts the connection.
-    pub const ACCEPT: u16 = 2;
+    /// On `Hello`: the listener's challenge (its nonce and proof). No flag: the connector's hello.
+    pub const CHALLENGE: u16 = 2;
+    /// On `Hello`: the connector's proof.
+    pub const PROOF: u16 = 4;
+    /// On `Hello`: the connector refuses the listener's proof (no payload).
+    pub const REFUSE: u16 = 8;
 }
 
 /// The decoded frame header.
@@ -162,10 +172,10 @@ impl Limits {
     /// Largest payload a frame of `kind` may carry.
     pub fn max_payload(&self, kind: Kind) -> usize {
         match kind {
-            Kind::Hello => TOKEN_LEN,
+            Kind::Hello => HELLO_MAX,
             Kind::Eager => self.eager_limit,
             Kind::Data => self.chunk,
-            Kind::Rts | Kind::Cts | Kind::Credit | Kind::Bye => 0,
+            Kind::Rts | Kind::Cts | Kind::Credit | Kind::Bye | Kind::Lost => 0,
         }
     }
 }
@@ -185,8 +195,6 @@ pub enum WireError {
     UnknownRank { rank: Rank, size: u32 },
     #[error("frame claims source rank {got} on the connection of rank {expected}")]
     WrongSource { expected: Rank, got: Rank },
-    #[error("wrong job token")]
-    BadToken,
     #[error("unexpected {0:?} frame")]
     Unexpected(Kind),
     /// A transport's own framing around the header is broken (verbs slots).

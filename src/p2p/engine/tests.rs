@@ -341,7 +341,9 @@ fn lost_peer_fails_everything_that_involves_it() {
         };
         assert!(failed, "op {op}");
     }
-    assert!(net.take(1, 3).is_none(), "a receive from a live rank keeps waiting");
+    // Context 0 was never registered, so it watches every rank: the loss revokes it, and the
+    // receive from a live rank fails too, naming the lost rank.
+    assert!(matches!(net.take(1, 3), Some(Completion::Recv(Err(Error::PeerLost { rank: 0, .. })))));
     net.engines[1].post_send(6, 0, 0, 0, data(1, 0));
     net.pump();
     assert!(matches!(net.take(1, 6), Some(Completion::Send(Err(Error::PeerLost { .. })))));
@@ -528,7 +530,11 @@ fn rendezvous_announced_before_the_sender_was_lost_fails_when_matched() {
         net.recv(1, 2, Source::Rank(0), TagMatch::Exact(7), RecvBuf::Alloc);
         net.recv(1, 3, Source::Any, TagMatch::Any, RecvBuf::Alloc);
         assert!(matches!(net.take(1, 2), Some(Completion::Recv(Err(Error::PeerLost { rank: 0, .. })))), "{reason}");
-        assert!(net.take(1, 3).is_none(), "nothing else was announced: {reason}");
+        // After a goodbye, nothing else was announced; after a loss, the context is revoked.
+        match reason {
+            TransportError::Left => assert!(net.take(1, 3).is_none()),
+            _ => assert!(matches!(net.take(1, 3), Some(Completion::Recv(Err(Error::PeerLost { rank: 0, .. }))))),
+        }
     }
 }
 
@@ -686,4 +692,278 @@ fn frames_that_can_go_at_once_skip_the_transmit_queue() {
     assert_eq!(sent, 4);
     let back = net.engines[0].send_now_via(1, 0, 9, &payload[..], |_, _, _| panic!("no credit"));
     assert_eq!(back.unwrap_err(), &payload[..]);
+}
+
+// ---- failure knowledge: revocation and its spreading ----
+
+use crate::p2p::failure::{Fate, Watch};
+
+impl Net {
+    /// Registers `context`'s watch at every engine.
+    fn watch(&mut self, context: u32, w: Watch) {
+        for e in &mut self.engines {
+            e.watch(context, w.clone());
+        }
+    }
+
+    fn recv_on(&mut self, at: Rank, op: OpKey, context: u32, src: Source) {
+        self.engines[at as usize].post_recv(op, context, src, TagMatch::Any, RecvBuf::Alloc);
+        self.pump();
+    }
+
+    fn send_on(&mut self, from: Rank, op: OpKey, context: u32, to: Rank, data: Bytes) {
+        self.engines[from as usize].post_send(op, to, context, 0, data);
+        self.pump();
+    }
+
+    /// The `Lost` frames waiting on the links.
+    fn notices(&self) -> usize {
+        self.links.values().flatten().filter(|(h, _)| h.kind == Kind::Lost).count()
+    }
+}
+
+fn lost_naming(c: Option<Completion>, rank: Rank) -> bool {
+    let e = match c {
+        Some(Completion::Send(Err(e))) | Some(Completion::Recv(Err(e))) | Some(Completion::Probe(Err(e))) => e,
+        _ => return false,
+    };
+    matches!(e, Error::PeerLost { rank: r, .. } if r == rank)
+}
+
+/// A loss revokes the contexts whose watch holds the lost rank: every operation there fails, also
+/// between two survivors, naming the lost rank; a context without it goes on.
+#[test]
+fn a_loss_revokes_only_the_contexts_that_watch_it() {
+    let mut net = Net::new(3, cfg(4));
+    net.watch(1, Watch::All);
+    net.watch(2, Watch::ranks([1, 2]));
+    net.recv_on(1, 1, 1, Source::Rank(2));
+    net.recv_on(1, 2, 2, Source::Rank(2));
+    net.engines[1].post_probe(3, 1, Source::Any, TagMatch::Any);
+    net.send_on(1, 4, 1, 2, data(EAGER + 1, 0)); // rendezvous to a survivor: waits for its CTS
+    net.engines[1].peer_lost(0, TransportError::Closed);
+    net.pump();
+    for op in [1, 3, 4] {
+        assert!(lost_naming(net.take(1, op), 0), "op {op}");
+    }
+    assert!(net.take(1, 2).is_none(), "the communicator without rank 0 goes on");
+    // Later operations on the revoked context fail at once, whatever they name.
+    assert!(matches!(net.engines[1].send_now(2, 1, 0, data(8, 0)), Ok(Err(Error::PeerLost { rank: 0, .. }))));
+    let now = net.engines[1].recv_now(1, Source::Rank(2), TagMatch::Any, RecvBuf::Alloc);
+    assert!(matches!(now, Ok(Err(Error::PeerLost { rank: 0, .. }))), "{now:?}");
+    net.recv_on(1, 5, 1, Source::Rank(2));
+    assert!(lost_naming(net.take(1, 5), 0));
+    // Rank 2 hears of it and revokes the same context; the other one still carries messages.
+    net.run();
+    assert!(matches!(net.engines[2].failures().fate(0), Fate::Lost(TransportError::Reported { by: 1 })));
+    net.send_on(2, 1, 2, 1, data(8, 7));
+    net.send_on(2, 2, 1, 1, data(8, 8));
+    net.run();
+    assert_eq!(net.received(1, 2).0, data(8, 7));
+    assert!(lost_naming(net.take(2, 2), 0));
+    // The rendezvous rank 1 gave up on was answered in order (no violation: `pump` checks).
+    assert!(net.engines[1].rndv_sends.is_empty() || net.engines[1].rndv_sends.iter().all(|(_, s)| s.op.is_none()));
+}
+
+/// Every live rank hears of a loss from the first rank that saw it, and passes the news on once:
+/// no rank tells another twice, and a report of a known loss is not passed on.
+#[test]
+fn news_of_a_loss_reaches_every_live_rank_once() {
+    let mut net = Net::new(5, cfg(4));
+    net.watch(1, Watch::All);
+    for r in 1..5 {
+        net.recv_on(r, 1, 1, Source::Any);
+    }
+    net.engines[1].peer_lost(0, TransportError::Io(std::io::ErrorKind::TimedOut));
+    net.pump();
+    assert_eq!(net.notices(), 3, "rank 1 tells ranks 2, 3 and 4");
+    let mut sent = 0;
+    loop {
+        sent += net.notices();
+        let keys: Vec<_> = net.links.iter().filter(|(_, l)| !l.is_empty()).map(|(k, _)| *k).collect();
+        if keys.is_empty() {
+            break;
+        }
+        for (f, t) in keys {
+            while net.deliver_one(f, t) {}
+        }
+    }
+    assert_eq!(sent, 4 * 3, "each of the 4 survivors tells the 3 others once");
+    for r in 1..5 {
+        assert!(lost_naming(net.take(r, 1), 0), "rank {r}'s wildcard receive");
+        assert_eq!(net.engines[r as usize].failures().lost(), &[0]);
+    }
+    // The ranks told by others cut their own connection to the lost rank; the witness need not.
+    assert_eq!(net.engines[1].poll_cut(), None);
+    for r in 2..5 {
+        assert!(matches!(net.engines[r as usize].poll_cut(), Some((0, TransportError::Reported { .. }))));
+    }
+}
+
+/// A goodbye fails what names the departed rank and spreads nothing; collectives that would need
+/// it are refused by the gate; its connection closing afterwards is no loss.
+#[test]
+fn a_departure_is_not_a_loss() {
+    let mut net = Net::new(3, cfg(4));
+    net.watch(1, Watch::All);
+    net.watch(2, Watch::ranks([1, 2]));
+    net.recv_on(1, 1, 1, Source::Rank(0));
+    net.recv_on(1, 2, 1, Source::Rank(2));
+    net.engines[1].handle_frame(0, Header::new(Kind::Bye), Bytes::new());
+    net.engines[1].peer_lost(0, TransportError::Closed);
+    net.pump();
+    assert!(matches!(
+        net.take(1, 1),
+        Some(Completion::Recv(Err(Error::PeerLost { rank: 0, reason: TransportError::Left })))
+    ));
+    assert!(net.take(1, 2).is_none());
+    assert_eq!(net.notices(), 0);
+    let e = &net.engines[1];
+    assert_eq!(e.failures().fate(0), &Fate::Departed);
+    assert!(e.revoked(1).is_none());
+    assert!(matches!(e.gate(1), Some(Error::PeerLost { rank: 0, reason: TransportError::Left })));
+    assert!(e.gate(2).is_none());
+}
+
+/// Messages that arrive, or wait unmatched, on a revoked context are dropped and their credit
+/// handed back: traffic between the same two survivors on another communicator is not held up.
+/// A rendezvous announcement is refused, and the sender forgets it without a protocol violation.
+#[test]
+fn a_revoked_context_gives_its_credit_back() {
+    let mut net = Net::new(3, cfg(2));
+    net.watch(1, Watch::All);
+    net.watch(2, Watch::ranks([1, 2]));
+    net.send_on(2, 1, 1, 1, data(8, 1));
+    net.send_on(2, 2, 1, 1, data(EAGER + 1, 2)); // its RTS takes the last credit
+    net.run();
+    assert_eq!(net.engines[1].unexpected_from(2), 2);
+    net.engines[1].peer_lost(0, TransportError::Closed);
+    net.run();
+    assert_eq!(net.engines[1].unexpected_from(2), 0);
+    assert!(lost_naming(net.take(2, 2), 0), "the rendezvous send fails with the loss");
+    assert!(net.engines[2].rndv_sends.is_empty(), "the refusal made the sender forget it");
+    for i in 0..4u8 {
+        net.send_on(2, 10 + i as usize, 2, 1, data(8, i));
+        net.recv_on(1, 10 + i as usize, 2, Source::Rank(2));
+        net.run();
+        assert_eq!(net.received(1, 10 + i as usize).0, data(8, i));
+    }
+}
+
+/// A loss learnt from a report (the launcher) fails the receive of a rendezvous under way at once,
+/// but its buffer stays until the transport lets go of the connection, which the engine asks it
+/// to cut.
+#[test]
+fn a_reported_loss_keeps_buffers_until_the_transport_lets_go() {
+    let mut net = Net::new(2, cfg(4));
+    net.recv(1, 1, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+    net.send(0, 1, 1, 0, data(EAGER * 3, 5));
+    assert!(net.deliver_one(0, 1), "the RTS");
+    assert!(net.deliver_one(1, 0), "the CTS");
+    net.engines[1].report_lost(0, TransportError::Launcher);
+    net.pump();
+    assert!(matches!(
+        net.take(1, 1),
+        Some(Completion::Recv(Err(Error::PeerLost { rank: 0, reason: TransportError::Launcher })))
+    ));
+    assert_eq!(net.engines[1].rndv_recvs.len(), 1, "the transport may still write into it");
+    assert_eq!(net.engines[1].poll_cut(), Some((0, TransportError::Launcher)));
+    let (h, _) = net.links.get_mut(&(0, 1)).and_then(|l| l.pop_front()).expect("a data frame");
+    assert_eq!(h.kind, Kind::Data);
+    assert!(matches!(net.engines[1].data_dest(0, &h), Ok(Some(_))));
+    net.engines[1].peer_lost(0, TransportError::Closed);
+    assert!(net.engines[1].rndv_recvs.is_empty());
+    assert!(net.engines[1].poll_cut().is_none());
+}
+
+/// A `Lost` notice naming a rank outside the job breaks the protocol; one naming its sender is
+/// that rank aborting.
+#[test]
+fn lost_notices_are_checked() {
+    let mut e = Engine::new(1, 3, cfg(2));
+    e.handle_frame(0, Header { aux: 3, ..Header::new(Kind::Lost) }, Bytes::new());
+    assert!(matches!(e.poll_violation(), Some((0, WireError::UnknownRank { rank: 3, size: 3 }))));
+    let mut net = Net::new(3, cfg(2));
+    net.engines[0].abort();
+    net.run();
+    assert!(matches!(net.engines[1].failures().fate(0), Fate::Lost(TransportError::Aborted)));
+    assert!(matches!(net.engines[2].failures().fate(0), Fate::Lost(TransportError::Aborted)));
+}
+
+proptest! {
+    /// Losses seen by random ranks at random moments, with the links delivering in random order:
+    /// in the end every survivor knows every loss, its operations on the world's context fail
+    /// naming its first-learnt loss, and no rank told another of the same loss twice.
+    #[test]
+    fn losses_reach_every_survivor(n in 3u32..7, seed in any::<u64>(), witnesses in proptest::collection::vec((0u32..7, 0u32..7), 1..3)) {
+        let mut net = Net::new(n, cfg(4));
+        net.watch(1, Watch::All);
+        let mut rng = seed | 1;
+        let mut next = move || { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; rng };
+        // The lost ranks (distinct), and who sees each; at least two ranks survive.
+        let mut lost: Vec<(Rank, Rank)> = Vec::new();
+        for (l, w) in witnesses {
+            let (l, w) = (l % n, w % n);
+            if l != w && lost.iter().all(|&(x, _)| x != l && x != w) && lost.len() + 2 < n as usize {
+                lost.push((l, w));
+            }
+        }
+        prop_assume!(!lost.is_empty());
+        let dead: Vec<Rank> = lost.iter().map(|&(l, _)| l).collect();
+        for r in 0..n {
+            net.recv_on(r, 1, 1, Source::Any);
+        }
+        let mut told = HashMap::new();
+        let mut pending = lost.clone();
+        loop {
+            if !pending.is_empty() && next() % 3 == 0 {
+                let (l, w) = pending.remove(0);
+                net.engines[w as usize].peer_lost(l, TransportError::Closed);
+                net.pump();
+            }
+            let keys: Vec<_> = net.links.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
+            if keys.is_empty() && pending.is_empty() {
+                break;
+            }
+            if keys.is_empty() {
+                continue;
+            }
+            let (f, t) = keys[(next() % keys.len() as u64) as usize];
+            if let Some((h, _)) = net.links[&(f, t)].front() && h.kind == Kind::Lost {
+                *told.entry((f, t, h.aux)).or_insert(0) += 1;
+            }
+            net.deliver_one(f, t);
+        }
+        prop_assert!(told.values().all(|&c| c == 1), "told twice: {:?}", told);
+        for r in (0..n).filter(|r| !dead.contains(r)) {
+            let e = &net.engines[r as usize];
+            let mut known = e.failures().lost().to_vec();
+            known.sort();
+            let mut expect = dead.clone();
+            expect.sort();
+            prop_assert_eq!(&known, &expect, "rank {}", r);
+            let first = e.failures().lost()[0];
+            prop_assert!(lost_naming(net.take(r, 1), first), "rank {}", r);
+        }
+    }
+}
+
+/// A context made after the loss that revokes it (a communicator made late) drops what arrived for
+/// it meanwhile, credit included; one made after a loss that does not concern it keeps it all.
+#[test]
+fn a_context_registered_after_a_loss_follows_its_watch() {
+    let mut net = Net::new(3, cfg(2));
+    net.send_on(2, 1, 5, 1, data(8, 1));
+    net.send_on(2, 2, 6, 1, data(8, 2));
+    net.run();
+    net.engines[1].peer_lost(0, TransportError::Closed);
+    net.pump();
+    assert_eq!(net.engines[1].unexpected_from(2), 2, "unregistered contexts keep their messages");
+    net.engines[1].watch(5, Watch::All);
+    net.engines[1].watch(6, Watch::ranks([1, 2]));
+    assert_eq!(net.engines[1].unexpected_from(2), 1);
+    net.recv_on(1, 1, 6, Source::Rank(2));
+    assert_eq!(net.received(1, 1).0, data(8, 2));
+    net.recv_on(1, 2, 5, Source::Rank(2));
+    assert!(lost_naming(net.take(1, 2), 0));
 }

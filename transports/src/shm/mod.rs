@@ -85,12 +85,10 @@ pub struct ShmConfig {
     /// through the ring: a frame that fits is written at once and costs no system call.
     ///
     /// The default, 64 KiB, sends every rendezvous chunk (messages above the 64 KiB eager limit, in
-    /// 512 KiB chunks) by split single copy. Measured on this session's host (`ferrocomm-bench
-    /// pingpong --transport shm --recv-into --no-peer`, alternating builds): 4 MiB messages at
-    /// 19-20 GB/s split, against 6.1-8.4 GB/s streamed through the ring and 10-11 GB/s for
-    /// `process_vm_readv` by the receiver alone; 128 KiB in 7.9 us against 18 us streamed. (On an
-    /// earlier host streaming reached 24-25 GB/s and single copy without the split 9-11 GB/s, and
-    /// the default was 4 MiB: streaming.)
+    /// 512 KiB chunks) by split single copy: on a 2-CPU VM, 4 MiB messages at about 20 GB/s split,
+    /// against 6-8 GB/s streamed through the ring and about 10 GB/s for `process_vm_readv` by the
+    /// receiver alone (`ferrocomm-bench pingpong --transport shm --recv-into --no-peer` with each
+    /// threshold). Where streaming is faster than single copy, raise it.
     pub cma_threshold: usize,
     /// Bodies of at least this many bytes are copied into the ring with non-temporal stores, so
     /// that the receiver reads them from memory and not out of this CPU's cache (module `stream`:

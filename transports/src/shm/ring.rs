@@ -42,7 +42,7 @@
 //!
 //! The small-message path (`parse`, `write_now` and their steps) is `#[inline(always)]`, so that
 //! a progress round and a direct write are one function each: see the protocol engine's module
-//! documentation for why and what it measured.
+//! documentation for why.
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
@@ -62,8 +62,8 @@ const DESC_DST: u64 = 16;
 const DESC_STATE: u64 = 24;
 
 /// States of a single-copy descriptor's split: large copies are done half by each side, at once
-/// (measured here with a C program, 4 MiB between two processes: `process_vm_readv` alone 9.4-11
-/// GB/s, the receiver reading one half while the sender writes the other 23-27 GB/s).
+/// (4 MiB between two processes: `process_vm_readv` alone about 10 GB/s, the receiver reading one
+/// half while the sender writes the other about 25 GB/s; `ferrocomm-bench shm-transport`).
 ///
 /// The consumer stores where the second half goes, then `Offered`, and copies the first half; then
 /// it takes the second half back (`Offered` -> `Mine`) unless the producer took it first (`Offered`
@@ -103,8 +103,8 @@ pub(crate) fn frame_start(end: u64) -> u64 {
 
 /// Where the body (payload or descriptor) of `len` bytes of the frame at `at` starts: right after
 /// the header when small (an 8-byte body shares the header's line), else on the next cache line.
-/// `memcpy` (`rep movsb`) copies from or to a misaligned ring several times slower: 16 KiB bodies
-/// right after the header took 8.8 us per ping-pong message, 2.6 us line-aligned.
+/// `memcpy` (`rep movsb`) copies from or to a misaligned ring several times slower (16 KiB bodies:
+/// about 3x).
 #[inline]
 pub(crate) fn body_start(at: u64, len: u64) -> u64 {
     let after = at + FRAME_HDR;
@@ -178,7 +178,7 @@ impl Atomics for Std {
     /// A full barrier. On x86-64 a locked read-modify-write (here of the word at the stack
     /// pointer, or-ing in nothing) orders every earlier load and store before every later one,
     /// as `mfence` does for ordinary write-back memory (which is all the rings use), at a fraction
-    /// of its cost: 8 against 33 ns measured on the machine of the README. Linux's `smp_mb()` is
+    /// of its cost (8 against 33 ns on a 2-CPU VM). Linux's `smp_mb()` is
     /// the same instruction. The fence is on the latency path: a consumer fences after each
     /// release of ring space, a producer after each publication.
     #[inline(always)]
@@ -650,13 +650,11 @@ impl Outbox {
     /// The consumer, waiting for that reply, keeps polling the line, so the reply's first store
     /// would wait for the line to be taken back from it (a cross-core request), and the
     /// consumer's next look for the line to come back (a second one). Asked for now, the first
-    /// request overlaps with the work before the reply: 8 B one way through the async API 0.092
-    /// -> 0.0805 us (fast-phase medians of 6 alternated runs, session 25). Atomic
-    /// read-modify-writes between it and the reply eat the gain (measured): such an instruction
-    /// apparently waits for the prefetch to complete, and the consumer takes the line back
-    /// meanwhile. With the drop of the awaited operation's reference to its world there as well
-    /// as the reactor lock's swap: 0.087-0.112 us (batch medians 0.0945-0.104); see `park` in the
-    /// API.
+    /// request overlaps with the work before the reply (8 B one way through the async API about
+    /// 11 ns faster: `ferrocomm-bench pingpong --transport shm --runs 10 --recv-into --send-from --max 8 --target-ms 100 --idle-gap 0 --no-peer`). Atomic
+    /// read-modify-writes between it and the reply eat the gain: such an instruction apparently
+    /// waits for the prefetch to complete, and the consumer takes the line back meanwhile; see
+    /// `park` in the API.
     #[inline(always)]
     pub fn prefetch_next<A: Atomics>(&self, ring: &Ring<A>) {
         if let Some(at) = self.next_line() {
@@ -666,9 +664,9 @@ impl Outbox {
 
     /// Where the next frame starts, if a frame as long as the last one [`Outbox::write_now`]
     /// wrote would lie whole in that cache line (payloads of up to 8 bytes) and nothing is queued
-    /// before it. Frames of two lines or more are left alone: prefetching their lines made 11-67 B
-    /// slower in the host's usual (fast) phase, 0.100-0.111 -> 0.120-0.141 us one way, and
-    /// prefetching the first line only, much slower in the slow phase (0.38-0.39 -> 0.50-0.53).
+    /// before it. Frames of two lines or more are left alone: prefetching their lines makes 11-67 B
+    /// about 20% slower one way, and prefetching only the first line, slower still when CPUs are
+    /// slow to hand lines over.
     pub fn next_line(&self) -> Option<u64> {
         let at = frame_start(self.head);
         let end = body_start(at, self.last_len) + self.last_len;

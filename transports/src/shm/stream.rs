@@ -2,23 +2,16 @@
 //!
 //! Why: a large body copied into the ring with ordinary stores sits dirty in the writer's cache,
 //! and the reader pulls every line of it from there. How fast one CPU takes a dirty line from
-//! another depends on where the two sit; this host flips between phases where that costs 3.5x
-//! more. Non-temporal stores write whole lines toward memory (no ownership of the ring's lines
-//! to take from the reader first), and the reader then finds the body in memory, not in the
-//! other CPU's cache. Measured with two pinned threads bouncing a message through a 256 KiB
-//! region, each copying it out and back in (`results/shm-nt-session19/nt.rs`), one way:
-//!
-//! | body | copy-in by memcpy, fast phase | slow phase | non-temporal copy-in, either phase |
-//! |---|---|---|---|
-//! | 4 KiB | 0.52-0.56 us | 2.05-2.17 us | 0.67-0.75 us |
-//! | 8 KiB | 0.98 us | | 0.96 us (fast phase) |
-//! | 64 KiB | 5.6-8.5 us | 28-32 us | 5.0-5.7 us |
-//!
-//! Through the transport, two ranks exchanging 64 KiB they have just written take 8 us one way
-//! in the slow phase, against 34-42 us with ordinary copies, and about as long as those in the
-//! fast phase. Below [`MIN`] the ordinary copy wins while the phase is fast, so small bodies keep
-//! it. Ranks that share a CPU (more ranks than CPUs) read faster from the cache: bootstrap turns
-//! this off for them.
+//! another depends on where the two sit (across dies or sockets, or on a virtual machine whose
+//! CPUs drift apart, it can cost 3-4x more). Non-temporal stores write whole lines toward memory
+//! (no ownership of the ring's lines to take from the reader first), and the reader then finds
+//! the body in memory, not in the other CPU's cache: a 64 KiB body moves at the same speed
+//! wherever the CPUs sit, as fast as an ordinary copy between CPUs that share a cache, several
+//! times faster between CPUs slow to hand lines over. At 8 KiB the two copies are even, below it
+//! the ordinary copy wins, hence [`MIN`]. Compare
+//! `FERROCOMM_SHM_NT_MIN=0 ferrocomm-bench pingpong --transport shm --max 64K --no-peer` with the
+//! default. Ranks that share a CPU (more ranks than CPUs) read faster from the cache: bootstrap
+//! turns this off for them.
 
 /// Bodies of at least this many bytes are written with non-temporal stores.
 pub(crate) const MIN: usize = 8 * 1024;

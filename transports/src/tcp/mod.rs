@@ -1,4 +1,5 @@
-//! TCP: one stream per pair of ranks, the authenticated handshake, and two backends.
+//! TCP: one stream per pair of ranks, the authenticated handshake ([`crate::auth`]), and two
+//! backends.
 //!
 //! * [`uring`] (Linux): one io_uring per rank; receives land directly in posted buffers, sends are
 //!   vectored `sendmsg` submissions; the ring's eventfd is what the progress loop sleeps on.
@@ -7,7 +8,7 @@
 //!
 //! Both share `framing`, so they differ only in how bytes cross the kernel boundary.
 
-mod framing;
+pub(crate) mod framing;
 pub mod portable;
 #[cfg(target_os = "linux")]
 pub mod uring;
@@ -17,7 +18,10 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::wire::{HEADER_LEN, Header, Kind, Limits, Rank, TOKEN_LEN, WireError, flags};
+use crate::auth::{
+    CHALLENGE_LEN, Challenge, Connector, Ends, HandshakeError, JobSecret, Listener, NONCE_LEN, PROOF_LEN, Protocol,
+};
+use crate::wire::{HEADER_LEN, HELLO_MAX, Header, Kind, Limits, Rank, TOKEN_LEN, WireError, flags};
 use crate::{Transport, TransportError};
 
 /// Which TCP backend to use.
@@ -84,36 +88,35 @@ pub fn tune(stream: &TcpStream, peer_timeout: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
-fn hello(me: Rank, token: &[u8; TOKEN_LEN], accept: bool) -> Vec<u8> {
-    let h = Header {
-        src: me,
-        len: TOKEN_LEN as u32,
-        flags: if accept { flags::ACCEPT } else { 0 },
-        ..Header::new(Kind::Hello)
-    };
+/// A `Hello` frame of the handshake step `flags`, from `me` to `to`.
+fn hello(me: Rank, to: Rank, flags: u16, payload: &[u8]) -> Vec<u8> {
+    let h = Header { src: me, aux: u64::from(to), len: payload.len() as u32, flags, ..Header::new(Kind::Hello) };
     let mut v = h.encode().to_vec();
-    v.extend_from_slice(token);
+    v.extend_from_slice(payload);
     v
 }
 
-async fn read_hello(s: &mut TcpStream, limits: &Limits) -> Result<(Header, [u8; TOKEN_LEN]), TransportError> {
+/// Reads one `Hello` frame: its header, and its payload into a fixed buffer (the header's
+/// check bounds `len` by [`HELLO_MAX`], so nothing is sized by the peer).
+async fn read_hello(s: &mut TcpStream, limits: &Limits) -> Result<(Header, [u8; HELLO_MAX]), TransportError> {
     let mut raw = [0u8; HEADER_LEN];
     s.read_exact(&mut raw).await?;
     let h = Header::decode(&raw, limits)?;
-    if h.kind != Kind::Hello || h.len as usize != TOKEN_LEN {
+    if h.kind != Kind::Hello {
         return Err(WireError::Unexpected(h.kind).into());
     }
-    let mut token = [0u8; TOKEN_LEN];
-    s.read_exact(&mut token).await?;
-    Ok((h, token))
+    let mut payload = [0u8; HELLO_MAX];
+    s.read_exact(&mut payload[..h.len as usize]).await?;
+    Ok((h, payload))
 }
 
-/// Constant-time comparison, so the token cannot be guessed byte by byte from timing.
-fn same_token(a: &[u8; TOKEN_LEN], b: &[u8; TOKEN_LEN]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+fn malformed(what: &'static str) -> TransportError {
+    HandshakeError::Malformed(what).into()
 }
 
-/// Connecting side: proves the job token, then waits for the acceptor's proof.
+/// Connecting side of the peers' handshake ([`crate::auth`]): sends a nonce, checks the
+/// acceptor's proof, and only then proves the job token itself. A listener that fails its proof
+/// gets a refusal and nothing keyed.
 pub async fn handshake_connect(
     s: &mut TcpStream,
     me: Rank,
@@ -121,28 +124,159 @@ pub async fn handshake_connect(
     token: &[u8; TOKEN_LEN],
     limits: &Limits,
 ) -> Result<(), TransportError> {
-    s.write_all(&hello(me, token, false)).await?;
-    let (h, theirs) = read_hello(s, limits).await?;
-    if !same_token(&theirs, token) {
-        return Err(WireError::BadToken.into());
-    }
+    let key = JobSecret::new(*token).handshake_key(Protocol::Peers);
+    let c = Connector::new(key, Ends { connector: me, listener: expect })?;
+    s.write_all(&hello(me, expect, 0, c.hello())).await?;
+    let (h, payload) = read_hello(s, limits).await?;
     if h.src != expect {
         return Err(WireError::WrongSource { expected: expect, got: h.src }.into());
+    }
+    if h.flags != flags::CHALLENGE || h.len as usize != CHALLENGE_LEN || h.aux != u64::from(me) {
+        return Err(malformed("expected the listener's challenge"));
+    }
+    let challenge = Challenge::from_bytes(payload[..CHALLENGE_LEN].try_into().expect("challenge length"));
+    match c.answer(&challenge) {
+        Ok(proof) => s.write_all(&hello(me, expect, flags::PROOF, &proof)).await?,
+        Err(e) => {
+            // Tell the listener why we leave (best effort): a rank with another token then
+            // reports the mismatch too, instead of a closed connection.
+            let _ = s.write_all(&hello(me, expect, flags::REFUSE, &[])).await;
+            return Err(e.into());
+        }
     }
     Ok(())
 }
 
-/// Accepting side: checks the peer's token and claimed rank; answers only a peer that proved it.
+/// Accepting side of the peers' handshake: answers a hello meant for `me` with a challenge, then
+/// checks the connector's proof. Returns the rank the connector proved to be (its claim is bound
+/// into both proofs).
 pub async fn handshake_accept(
     s: &mut TcpStream,
     me: Rank,
     token: &[u8; TOKEN_LEN],
     limits: &Limits,
 ) -> Result<Rank, TransportError> {
-    let (h, theirs) = read_hello(s, limits).await?;
-    if !same_token(&theirs, token) {
-        return Err(WireError::BadToken.into());
+    let (h, payload) = read_hello(s, limits).await?;
+    if h.flags != 0 || h.len as usize != NONCE_LEN {
+        return Err(malformed("expected a hello"));
     }
-    s.write_all(&hello(me, token, true)).await?;
+    if h.aux != u64::from(me) {
+        return Err(HandshakeError::WrongListener { wanted: h.aux, me }.into());
+    }
+    let key = JobSecret::new(*token).handshake_key(Protocol::Peers);
+    let nonce = payload[..NONCE_LEN].try_into().expect("nonce length");
+    let (l, challenge) = Listener::new(key, Ends { connector: h.src, listener: me }, nonce)?;
+    s.write_all(&hello(me, h.src, flags::CHALLENGE, &challenge.to_bytes())).await?;
+    let (p, payload) = read_hello(s, limits).await?;
+    if p.src != h.src {
+        return Err(WireError::WrongSource { expected: h.src, got: p.src }.into());
+    }
+    match (p.flags, p.len as usize) {
+        (flags::PROOF, PROOF_LEN) => l.check(&payload[..PROOF_LEN])?,
+        (flags::REFUSE, 0) => return Err(HandshakeError::Refused.into()),
+        _ => return Err(malformed("expected the connector's proof")),
+    }
     Ok(h.src)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    const TOKEN: [u8; TOKEN_LEN] = [9; TOKEN_LEN];
+    const LIMITS: Limits = Limits { world_size: 4, eager_limit: 1024, chunk: 4096, max_message: 1 << 20 };
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        (c, l.accept().await.unwrap().0)
+    }
+
+    /// Rank 2 connects to rank 1: (connector's result, acceptor's result).
+    async fn handshake(
+        c_token: [u8; TOKEN_LEN],
+        a_token: [u8; TOKEN_LEN],
+    ) -> (Result<(), TransportError>, Result<Rank, TransportError>) {
+        let (mut c, mut a) = pair().await;
+        tokio::join!(handshake_connect(&mut c, 2, 1, &c_token, &LIMITS), handshake_accept(&mut a, 1, &a_token, &LIMITS))
+    }
+
+    fn is(r: &TransportError, e: HandshakeError) -> bool {
+        matches!(r, TransportError::Handshake(x) if *x == e)
+    }
+
+    #[tokio::test]
+    async fn one_token_passes() {
+        let (c, a) = handshake(TOKEN, TOKEN).await;
+        c.unwrap();
+        assert_eq!(a.unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_wrong_token_fails_on_both_sides_either_way() {
+        let mut other = TOKEN;
+        other[0] ^= 0x80;
+        for (c_token, a_token) in [(other, TOKEN), (TOKEN, other)] {
+            let (c, a) = handshake(c_token, a_token).await;
+            let (c, a) = (c.unwrap_err(), a.unwrap_err());
+            assert!(is(&c, HandshakeError::BadProof), "{c}");
+            assert!(is(&a, HandshakeError::Refused), "{a}");
+            assert!(c.to_string().contains("different tokens"), "{c}");
+            assert!(a.to_string().contains("different tokens"), "{a}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stranger_without_the_token_gets_no_connection() {
+        let (mut c, mut a) = pair().await;
+        let stranger = async {
+            c.write_all(&hello(3, 1, 0, &[5; NONCE_LEN])).await.unwrap();
+            let (h, _) = read_hello(&mut c, &LIMITS).await.unwrap();
+            assert_eq!((h.flags, h.len as usize), (flags::CHALLENGE, CHALLENGE_LEN));
+            c.write_all(&hello(3, 1, flags::PROOF, &[0xee; PROOF_LEN])).await.unwrap();
+        };
+        let (_, r) = tokio::join!(stranger, handshake_accept(&mut a, 1, &TOKEN, &LIMITS));
+        assert!(is(&r.unwrap_err(), HandshakeError::BadProof));
+    }
+
+    #[tokio::test]
+    async fn a_reflected_challenge_is_no_proof() {
+        let (mut c, mut a) = pair().await;
+        let stranger = async {
+            c.write_all(&hello(3, 1, 0, &[5; NONCE_LEN])).await.unwrap();
+            let (_, payload) = read_hello(&mut c, &LIMITS).await.unwrap();
+            c.write_all(&hello(3, 1, flags::PROOF, &payload[NONCE_LEN..CHALLENGE_LEN])).await.unwrap();
+        };
+        let (_, r) = tokio::join!(stranger, handshake_accept(&mut a, 1, &TOKEN, &LIMITS));
+        assert!(is(&r.unwrap_err(), HandshakeError::BadProof));
+    }
+
+    #[tokio::test]
+    async fn misdirected_and_malformed_hellos_are_refused() {
+        // Meant for rank 3.
+        let (mut c, mut a) = pair().await;
+        c.write_all(&hello(2, 3, 0, &[1; NONCE_LEN])).await.unwrap();
+        let r = handshake_accept(&mut a, 1, &TOKEN, &LIMITS).await.unwrap_err();
+        assert!(is(&r, HandshakeError::WrongListener { wanted: 3, me: 1 }), "{r}");
+        // A proof where the hello belongs.
+        let (mut c, mut a) = pair().await;
+        c.write_all(&hello(2, 1, flags::PROOF, &[1; PROOF_LEN])).await.unwrap();
+        let r = handshake_accept(&mut a, 1, &TOKEN, &LIMITS).await.unwrap_err();
+        assert!(matches!(r, TransportError::Handshake(HandshakeError::Malformed(_))), "{r}");
+        // A longer payload than any handshake step: refused by the header check, unread.
+        let (mut c, mut a) = pair().await;
+        let h = Header { src: 2, aux: 1, len: HELLO_MAX as u32 + 1, ..Header::new(Kind::Hello) };
+        c.write_all(&h.encode()).await.unwrap();
+        let r = handshake_accept(&mut a, 1, &TOKEN, &LIMITS).await.unwrap_err();
+        assert!(matches!(r, TransportError::Wire(WireError::Oversize { .. })), "{r}");
+        // A listener that answers the hello with something else than a challenge.
+        let (mut c, mut a) = pair().await;
+        let fake = async {
+            let _ = read_hello(&mut a, &LIMITS).await.unwrap();
+            a.write_all(&hello(1, 2, flags::PROOF, &[0; PROOF_LEN])).await.unwrap();
+        };
+        let (r, _) = tokio::join!(handshake_connect(&mut c, 2, 1, &TOKEN, &LIMITS), fake);
+        assert!(matches!(r, Err(TransportError::Handshake(HandshakeError::Malformed(_)))), "{r:?}");
+    }
 }

@@ -27,10 +27,9 @@
 //! ```
 //!
 //! Only the bytes used are written: an 8-byte eager message is a 32-byte write (72 as a full
-//! frame, 96 when every slot carried the extension), a credit update 16 bytes: less for Soft-RoCE
-//! to copy and checksum in software (though below about 100 bytes the size moves `ib_send_lat`
-//! by under a microsecond there; see `docs/performance-history.md`), and less to cross PCIe
-//! inline on a real device.
+//! frame), a credit update 16 bytes: less for Soft-RoCE to copy and checksum in software (though
+//! below about 100 bytes the size moves `ib_send_lat` by under a microsecond there), and less to
+//! cross PCIe inline on a real device.
 //!
 //! Credits ([`Credits`]): every slot written uses one credit; `freed`, piggybacked on every slot,
 //! is the receiver's monotonic count of slots it has emptied (wrapping u32, compared by
