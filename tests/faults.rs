@@ -14,8 +14,13 @@
 //! * **link cut**: 6 ranks on 3 hosts (network namespaces on a bridge, 2 ranks each, shared memory
 //!   within a host and TCP between hosts) loop a node-leader all-reduce; one host's link is set
 //!   down. Every rank must fail within the bound: the cut host's ranks naming a rank of another
-//!   host, the others naming a rank of the cut host. Needs root (without it the test says so
-//!   loudly and passes).
+//!   host, the others naming a rank of the cut host; once with data in flight, once with every
+//!   link idle. Needs root (without it the test says so loudly and passes).
+//! * **after the failure**: every survivor's later world operations fail at once naming the
+//!   killed rank, and a communicator of the survivors made before the kill still works.
+//! * **departures**: a rank that finalizes early is no loss (operations naming it fail with
+//!   `Left`, collectives started after are refused, nothing else), and a clean job logs no
+//!   warning; a rank whose program panics is a loss to the others at once.
 //!
 //! The seed is printed with each case; `FERROCOMM_FAULT_SEED=n` replays a run,
 //! `FERROCOMM_FAULT_ONLY=allreduce,scan` runs only those kinds. The ranks are this
