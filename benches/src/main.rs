@@ -59,6 +59,8 @@ mod process;
 mod ranks;
 mod reference;
 mod report;
+mod rma;
+mod sim_scale;
 mod sweep;
 mod transport;
 #[cfg(feature = "verbs")]
@@ -88,7 +90,11 @@ benchmarks:
   burst       bursts of 8 B messages among 6 ranks over TCP: each backend in adaptive and
               blocking progress, alternated; `ferrocomm-bench burst --help`
   multicast   reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers, token
-              vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`";
+              vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`
+  rma         one-sided put/get latency and bandwidth and fetch-add vs ucx_perftest over shared
+              memory; fetch-add to one target vs spread; `ferrocomm-bench rma --help`
+  sim-scale   collectives on the simulated network, 64 to 4,096 ranks, against the alpha-beta
+              model of each algorithm; `ferrocomm-bench sim-scale --help`";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -103,10 +109,14 @@ fn main() -> ExitCode {
         coll_ranks::JOB_COMMAND => coll_ranks::job_main(rest),
         coll_ranks::RANK_COMMAND => coll_ranks::rank_main(rest),
         "multicast" => mcast::main(rest),
+        "sim-scale" => sim_scale::main(rest),
         mcast::JOB_COMMAND => mcast::job_main(rest),
         mcast::RANK_COMMAND => mcast::rank_main(rest),
         ranks::JOB_COMMAND => ranks::job_main(rest),
         ranks::RANK_COMMAND => ranks::rank_main(rest),
+        "rma" => rma::main(rest),
+        rma::JOB_COMMAND => rma::job_main(rest),
+        rma::RANK_COMMAND => rma::rank_main(rest),
         "shm-transport" => transport::main(rest),
         transport::RANK_COMMAND => transport::rank_main(rest),
         #[cfg(feature = "verbs")]

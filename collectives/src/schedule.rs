@@ -17,7 +17,7 @@
 //!   them, so reductions combine in a fixed order whatever the arrival order: results are
 //!   reproducible bit for bit, and non-commutative operators see their operands in rank order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -180,7 +180,7 @@ pub struct Machine {
     missing: usize,
     blocks: Blocks,
     reducer: Option<Reducer>,
-    actions: std::collections::VecDeque<Action>,
+    actions: VecDeque<Action>,
     /// Largest message accepted from a peer (guards memory against a misbehaving peer).
     max_message: usize,
     /// Buffers the machine is done with (reduced operands), for the driver to reuse.
@@ -294,17 +294,21 @@ impl Machine {
                     None if data.is_empty() => Vec::new(),
                     None => return Err(CollError::Malformed { from, why: "a signal with a payload" }),
                 };
-                self.arrived[slot] = Some(Arrival { blocks, detached: Vec::new(), waiting: 0 });
+                self.arrived[slot] = Some(Arrival { blocks, detached: Vec::new(), waiting: 0, posted: 0 });
             }
             // The header: its detached blocks follow as messages of their own.
             None if part == 0 => {
                 let a = Arrival::new(decode(from, data)?);
-                for (part, len) in (1..).zip(a.detached.iter().map(|d| d.2)) {
-                    self.actions.push_back(Action::Recv { from, round, part, len: Some(len) });
+                if a.detached.iter().any(|d| d.2 > self.max_message) {
+                    return Err(CollError::Malformed { from, why: "detached block larger than the collective allows" });
                 }
-                self.arrived[slot] = Some(a);
+                let a = self.arrived[slot].insert(a);
+                a.post_parts(from, round, self.max_message, &mut self.actions);
             }
-            Some(a) if part > 0 => a.fill(part, data).ok_or(CollError::Unexpected { from, round })?,
+            Some(a) if part > 0 => {
+                a.fill(part, data).ok_or(CollError::Unexpected { from, round })?;
+                a.post_parts(from, round, self.max_message, &mut self.actions);
+            }
             _ => return Err(CollError::Unexpected { from, round }),
         }
         if self.arrived[slot].as_ref().is_some_and(|a| a.waiting > 0) {
@@ -356,6 +360,9 @@ impl Machine {
             return Err(CollError::Malformed { from, why: "block length differs from ours" });
         }
         let reducer = self.reducer.as_ref().ok_or(CollError::Malformed { from, why: "no operator to reduce with" })?;
+        if !incoming.len().is_multiple_of(reducer.element_size()) {
+            return Err(CollError::Malformed { from, why: "block of a partial element" });
+        }
         // Reduce into whichever buffer we own outright, to avoid a copy.
         let (left, right) = if incoming_first { (incoming, mine) } else { (mine, incoming) };
         let (out, other) = match left.try_into_mut() {
@@ -455,6 +462,8 @@ struct Arrival {
     /// For part p (1..), the index in `blocks` it fills, whether it came, and its length.
     detached: Vec<(usize, bool, usize)>,
     waiting: usize,
+    /// Parts whose receive has been asked for (parts 1..=posted).
+    posted: usize,
 }
 
 impl Arrival {
@@ -465,11 +474,33 @@ impl Arrival {
             waiting: detached.len(),
             detached,
             blocks: entries.into_iter().map(|(id, b)| (id, b.unwrap_or_default())).collect(),
+            posted: 0,
         }
     }
 
-    /// Fills detached part `part`; `None` if there is no such part or it came already.
+    /// Asks for the receives of the next parts, in order, as long as the parts asked for and
+    /// not yet come add up to at most `budget` bytes (and always for one): the driver allocates
+    /// each receive's buffer when it posts it, so a header cannot make this rank set aside more
+    /// than one message's worth beyond what has come. A sender's parts are each at most one
+    /// message, so they all come in the end.
+    fn post_parts(&mut self, from: u32, round: u32, budget: usize, actions: &mut VecDeque<Action>) {
+        let mut outstanding: usize = self.detached[..self.posted].iter().filter(|d| !d.1).map(|d| d.2).sum();
+        while let Some(&(_, _, len)) = self.detached.get(self.posted) {
+            if outstanding > 0 && outstanding.saturating_add(len) > budget {
+                return;
+            }
+            outstanding += len;
+            self.posted += 1;
+            actions.push_back(Action::Recv { from, round, part: self.posted as u32, len: Some(len) });
+        }
+    }
+
+    /// Fills detached part `part`; `None` if there is no such part, its receive was not asked
+    /// for yet, or it came already.
     fn fill(&mut self, part: u32, data: Bytes) -> Option<()> {
+        if part as usize > self.posted {
+            return None;
+        }
         let (i, came, len) = self.detached.get_mut(part as usize - 1)?;
         if *came || data.len() != *len {
             return None;
@@ -668,6 +699,62 @@ mod tests {
         assert_eq!(unknown.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 0, len: None }));
         assert!(matches!(unknown.deliver(0, 0, 1, Bytes::new()), Err(CollError::Unexpected { .. })), "no parts");
         unknown.deliver(0, 0, 0, block).unwrap();
+    }
+
+    /// Found by the `coll_schedule` fuzz target: a 16-byte header announcing a detached block of
+    /// 1.3 GB made the machine ask the driver for a receive of that length, which the driver
+    /// allocates when it posts it. A part larger than a message is refused; parts within the
+    /// limit are asked for only while those outstanding fit one message, and all come in the end.
+    #[test]
+    fn announced_parts_cannot_make_the_receiver_allocate_beyond_one_message() {
+        let header = |lens: &[u32]| {
+            let mut h = Vec::new();
+            h.extend_from_slice(&(lens.len() as u32).to_le_bytes());
+            for (id, &l) in lens.iter().enumerate() {
+                h.extend_from_slice(&(id as u32).to_le_bytes());
+                h.extend_from_slice(&(l | DETACHED).to_le_bytes());
+            }
+            h.resize(h.len().next_multiple_of(ALIGN), 0);
+            Bytes::from(h)
+        };
+        let mut recv = Schedule::new();
+        recv.recv(0, 0, Apply::Store);
+        let mut m = Machine::new(recv.clone(), Blocks::new(), None).with_max_message(1000);
+        assert_eq!(m.poll_action(), Some(Action::Recv { from: 0, round: 0, part: 0, len: None }));
+        let r = m.deliver(0, 0, 0, header(&[1_342_137_902]));
+        assert!(matches!(r, Err(CollError::Malformed { .. })), "{r:?}");
+        assert_eq!(m.poll_action(), None, "no receive of 1.3 GB asked for");
+
+        let mut m = Machine::new(recv, Blocks::new(), None).with_max_message(1000);
+        m.poll_action();
+        m.deliver(0, 0, 0, header(&[600, 300, 600, 1000])).unwrap();
+        let asked = |m: &mut Machine| std::iter::from_fn(|| m.poll_action()).collect::<Vec<_>>();
+        let part = |part, len| Action::Recv { from: 0, round: 0, part, len: Some(len) };
+        assert_eq!(asked(&mut m), [part(1, 600), part(2, 300)]);
+        assert!(m.deliver(0, 0, 3, Bytes::from(vec![3; 600])).is_err(), "a part not asked for yet");
+        m.deliver(0, 0, 2, Bytes::from(vec![2; 300])).unwrap();
+        assert_eq!(asked(&mut m), [], "600 + 600 outstanding would exceed 1000");
+        m.deliver(0, 0, 1, Bytes::from(vec![1; 600])).unwrap();
+        assert_eq!(asked(&mut m), [part(3, 600)]);
+        m.deliver(0, 0, 3, Bytes::from(vec![3; 600])).unwrap();
+        assert_eq!(asked(&mut m), [part(4, 1000)], "one part is always asked for");
+        m.deliver(0, 0, 4, Bytes::from(vec![4; 1000])).unwrap();
+        assert!(m.is_done());
+        assert_eq!(m.blocks().values().map(Bytes::len).collect::<Vec<_>>(), [600, 300, 600, 1000]);
+    }
+
+    /// Found by the `coll_schedule` fuzz target: a reducing receive given two blocks of the same id
+    /// whose length is not a whole number of elements (3 bytes of `i32`) reached the operator,
+    /// which panicked copying its result back. Such a block is now refused.
+    #[test]
+    fn a_block_of_partial_elements_is_refused_before_reducing() {
+        let mut recv = Schedule::new();
+        recv.recv(0, 1, Apply::Reduce { incoming_first: false });
+        let op = crate::ReduceOp::<i32>::custom(|acc, x| acc.iter_mut().zip(x).for_each(|(a, b)| *a -= b), false);
+        let mut m = Machine::new(recv, Blocks::new(), Some(op.erase()));
+        let odd = Bytes::from_static(&[9, 9, 9]);
+        let r = m.deliver(1, 0, 0, encode([(7, &odd), (7, &odd)].into_iter()));
+        assert!(matches!(r, Err(CollError::Malformed { from: 1, .. })), "{r:?}");
     }
 
     #[test]

@@ -845,6 +845,9 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
                 if x.len() != out.len() {
                     return Err(CollError::Malformed { from: r as u32, why: "all-reduce length differs" });
                 }
+                if !x.len().is_multiple_of(op.element_size()) {
+                    return Err(CollError::Malformed { from: r as u32, why: "a partial element" });
+                }
                 op.apply(&mut out, x, false);
             }
         }
@@ -999,6 +1002,27 @@ mod tests {
 
     fn words(v: &[u64]) -> Vec<u8> {
         bytemuck::cast_slice(v).to_vec()
+    }
+
+    /// Found by reading with the `coll_board` fuzz target in mind (the `coll_schedule` target
+    /// found the same in the message path): parts of equal length that are not whole elements
+    /// (3 bytes of `u32`, as a rank writing garbage on the board may publish) reached the operator,
+    /// which panicked. The call now fails with a typed error.
+    #[test]
+    fn parts_of_partial_elements_are_refused() {
+        let m = mem(2);
+        let boards: Vec<Board<Mem>> = (0..2).map(|me| Board::attach(m.clone(), 2, me).unwrap().0).collect();
+        let mut queues: Vec<Queue> = (0..2).map(|_| Queue::default()).collect();
+        let op = || Kind::Allreduce(ReduceOp::<u32>::Sum.erase());
+        let seqs: Vec<u64> = (0..2).map(|r| queues[r].push(&boards[r], op(), 3, vec![1, 2, 3]).unwrap()).collect();
+        for (r, q) in queues.iter_mut().enumerate() {
+            q.advance(&boards[r]);
+        }
+        for (r, q) in queues.iter_mut().enumerate() {
+            q.advance(&boards[r]);
+            let got = q.take(seqs[r]).expect("every part is posted");
+            assert!(matches!(got, Err(CollError::Malformed { .. })), "{got:?}");
+        }
     }
 
     /// Every rank count 1..=9: many rounds of every kind of call

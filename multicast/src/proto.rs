@@ -35,7 +35,7 @@
 //! Sequence numbers are per root, `u32`, wrapping, compared in serial-number arithmetic; a window
 //! is far below 2^31 so comparisons are unambiguous.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -740,9 +740,11 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    fn new(cfg: &Config, root: Rank, now: Instant) -> Receiver {
+    /// The receiver of `root`'s stream, made after the ranks in `lost` were reported lost: with
+    /// nothing of the stream received yet, their loss needs no message (nothing to acknowledge).
+    fn new(cfg: &Config, root: Rank, now: Instant, lost: &BTreeSet<Rank>) -> Receiver {
         let layout = Layout::new(root, cfg.size, cfg.subgroups);
-        let coroot = layout.is_coroot(cfg.me).then(|| CoRoot {
+        let mut coroot = layout.is_coroot(cfg.me).then(|| CoRoot {
             collector: Collector::new(
                 false,
                 layout.members_of(cfg.me).into_iter().map(|m| (m, false)),
@@ -751,13 +753,20 @@ impl Receiver {
                 now,
             ),
         });
+        if let Some(c) = &mut coroot {
+            lost.iter().for_each(|&r| _ = c.collector.lost(r));
+        }
+        let mut target = layout.collector_of(cfg.me);
+        if lost.contains(&target) {
+            target = root;
+        }
         Receiver {
             root,
             next: cfg.first_seq,
             consumed: cfg.first_seq,
             ready: VecDeque::new(),
             parts: HashMap::new(),
-            target: layout.collector_of(cfg.me),
+            target,
             acked: cfg.first_seq,
             ack_since: None,
             nacked: None,
@@ -994,19 +1003,40 @@ impl Receiver {
 }
 
 /// Every role of one rank on one channel.
+///
+/// The receiver of another root's stream is made when something of that stream first arrives
+/// (or the root is lost): a rank of a large job keeps state only for the roots that send, and
+/// making a receiver costs a pass over the ranks (its ACK layout), which for every root at once
+/// would be quadratic in the job's size per rank.
 pub struct McastCore {
     cfg: Config,
     expect: Expect,
     root: RootSender,
-    receivers: Vec<Option<Receiver>>,
+    /// By root, in rank order (`pop_any` takes the lowest first).
+    receivers: BTreeMap<Rank, Receiver>,
+    /// Ranks reported lost, for receivers made later.
+    lost: BTreeSet<Rank>,
     out: Out,
 }
 
 impl McastCore {
     pub fn new(cfg: Config, now: Instant) -> McastCore {
         let root = RootSender::new(&cfg, now);
-        let receivers = (0..cfg.size).map(|r| (r != cfg.me).then(|| Receiver::new(&cfg, r, now))).collect();
-        McastCore { expect: cfg.expect(), cfg, root, receivers, out: Out::default() }
+        McastCore {
+            expect: cfg.expect(),
+            cfg,
+            root,
+            receivers: BTreeMap::new(),
+            lost: BTreeSet::new(),
+            out: Out::default(),
+        }
+    }
+
+    /// The receiver of `root`'s stream (another rank of the channel), made on first use.
+    fn receiver(&mut self, root: Rank, now: Instant) -> &mut Receiver {
+        debug_assert!(root < self.cfg.size && root != self.cfg.me);
+        let (cfg, lost) = (&self.cfg, &self.lost);
+        self.receivers.entry(root).or_insert_with(|| Receiver::new(cfg, root, now, lost))
     }
 
     pub fn config(&self) -> &Config {
@@ -1047,7 +1077,7 @@ impl McastCore {
     /// [`McastCore::in_flight`] is 0): the others would learn nothing more from it, and a root
     /// that hears of its departure drops its datagrams still on the way.
     pub fn settled(&self) -> bool {
-        self.receivers.iter().flatten().all(|r| r.root_lost || r.acked == r.consumed)
+        self.receivers.values().all(|r| r.root_lost || r.acked == r.consumed)
     }
 
     /// Sequence number the next message of this rank will get.
@@ -1064,7 +1094,7 @@ impl McastCore {
     /// The next message of `root`, in order. `Err(())`: the root died and nothing more will come.
     #[allow(clippy::result_unit_err)]
     pub fn pop(&mut self, root: Rank, now: Instant) -> Result<Option<Bytes>, ()> {
-        let Some(Some(r)) = self.receivers.get_mut(root as usize) else { return Ok(None) };
+        let Some(r) = self.receivers.get_mut(&root) else { return Ok(None) };
         match r.pop(&self.cfg, now, &mut self.out) {
             Some(m) => Ok(Some(m)),
             None if r.root_lost => Err(()),
@@ -1074,7 +1104,7 @@ impl McastCore {
 
     /// The next message from any root (lowest rank first).
     pub fn pop_any(&mut self, now: Instant) -> Option<(Rank, Bytes)> {
-        let root = self.receivers.iter().flatten().find(|r| !r.ready.is_empty())?.root;
+        let root = self.receivers.values().find(|r| !r.ready.is_empty())?.root;
         self.pop(root, now).ok().flatten().map(|m| (root, m))
     }
 
@@ -1098,7 +1128,8 @@ impl McastCore {
                 Ok(())
             }
             Datagram::Data { root, seq, len, frag, frags, payload } => {
-                let r = self.receivers[root as usize].as_mut().expect("every other rank has a receiver");
+                self.receiver(root, now);
+                let r = self.receivers.get_mut(&root).expect("just made");
                 if r.root_lost {
                     return Ok(());
                 }
@@ -1132,27 +1163,25 @@ impl McastCore {
                 self.root.on_ping_ack(from, nonce, &mut self.out);
                 Ok(())
             }
+            // A leaf may be ahead of its co-root: its ACK or NACK can come first.
             Control::Ack { root, upto } => {
+                self.receiver(root, now);
                 let (cfg, out) = (&self.cfg, &mut self.out);
-                let r =
-                    self.receivers[root as usize].as_mut().ok_or(ProtoError::Unexpected { what: "ACK", from, root })?;
+                let r = self.receivers.get_mut(&root).expect("just made");
                 r.on_leaf_ack(cfg, from, upto, now, out)
             }
             Control::Nack { root, from: a, to: b } => {
-                let out = &mut self.out;
-                let r = self.receivers[root as usize].as_mut().ok_or(ProtoError::Unexpected {
-                    what: "NACK",
-                    from,
-                    root,
-                })?;
-                r.on_nack(from, a, b, now, out)
+                self.receiver(root, now);
+                let r = self.receivers.get_mut(&root).expect("just made");
+                r.on_nack(from, a, b, now, &mut self.out)
             }
             Control::Data { root, seq, copy, data } if root != me && (from == root || !copy) => {
                 if data.len() > self.cfg.max_message {
                     return Err(ProtoError::TooLarge { len: data.len(), max: self.cfg.max_message });
                 }
+                self.receiver(root, now);
                 let cfg = &self.cfg;
-                let r = self.receivers[root as usize].as_mut().expect("every other rank has a receiver");
+                let r = self.receivers.get_mut(&root).expect("just made");
                 if !r.root_lost {
                     r.on_data(cfg, seq, copy, data, now, &mut self.out);
                 }
@@ -1169,21 +1198,24 @@ impl McastCore {
         if r >= self.cfg.size || r == self.cfg.me {
             return;
         }
+        self.lost.insert(r);
+        // Its own stream ends whether or not anything of it came: made now, it reports that.
+        self.receiver(r, now);
         self.root.lost(r, now, &mut self.out);
-        for rec in self.receivers.iter_mut().flatten() {
+        for rec in self.receivers.values_mut() {
             rec.lost(&self.cfg, r, now, &mut self.out);
         }
     }
 
     /// When [`McastCore::handle_timeout`] must be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let rec = self.receivers.iter().flatten().filter_map(|r| r.deadline(&self.cfg)).min();
+        let rec = self.receivers.values().filter_map(|r| r.deadline(&self.cfg)).min();
         [self.root.deadline(&self.cfg), rec].into_iter().flatten().min()
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
         self.root.on_timeout(&self.cfg, now, &mut self.out);
-        for r in self.receivers.iter_mut().flatten() {
+        for r in self.receivers.values_mut() {
             r.on_timeout(&self.cfg, now, &mut self.out);
         }
     }
@@ -1198,17 +1230,17 @@ impl McastCore {
 
     /// True if `root`'s stream has messages waiting to be popped.
     pub fn has_ready(&self, root: Rank) -> bool {
-        self.receivers.get(root as usize).and_then(|r| r.as_ref()).is_some_and(|r| !r.ready.is_empty())
+        self.receivers.get(&root).is_some_and(|r| !r.ready.is_empty())
     }
 
     /// True if `root` died (its stream may still hold messages).
     pub fn root_lost(&self, root: Rank) -> bool {
-        self.receivers.get(root as usize).and_then(|r| r.as_ref()).is_some_and(|r| r.root_lost)
+        self.receivers.get(&root).is_some_and(|r| r.root_lost)
     }
 
     /// Messages (complete or partial) this rank holds for `root` beyond what the application took.
     pub fn buffered(&self, root: Rank) -> usize {
-        self.receivers.get(root as usize).and_then(|r| r.as_ref()).map_or(0, |r| r.ready.len() + r.parts.len())
+        self.receivers.get(&root).map_or(0, |r| r.ready.len() + r.parts.len())
     }
 }
 

@@ -46,7 +46,7 @@ use ferrocomm_transports::auth::{
     Protocol,
 };
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
@@ -353,7 +353,7 @@ enum Request {
     Get { key: Vec<u8>, wait: Duration },
 }
 
-async fn read_request(conn: &mut BufReader<TcpStream>, op: u8) -> Result<Request, End> {
+async fn read_request<R: AsyncRead + Unpin>(conn: &mut R, op: u8) -> Result<Request, End> {
     let key_len = usize::from(conn.read_u16_le().await?);
     if key_len > MAX_KEY_LEN {
         return Err(End::Bad(format!("key length {key_len} exceeds {MAX_KEY_LEN}")));
@@ -541,19 +541,7 @@ impl KvClient {
         let stream = &mut self.stream;
         let exchange = async {
             stream.write_all(&req).await?;
-            match stream.read_u8().await? {
-                ST_OK => {
-                    let len = stream.read_u32_le().await? as usize;
-                    if len > MAX_VALUE_LEN {
-                        return Err(KvError::Protocol(format!("value length {len} exceeds {MAX_VALUE_LEN}")));
-                    }
-                    let mut value = vec![0u8; len];
-                    stream.read_exact(&mut value).await?;
-                    Ok(Some(value))
-                }
-                ST_NOT_FOUND => Ok(None),
-                other => Err(KvError::Protocol(format!("get answered with {other:#04x}"))),
-            }
+            read_get_reply(stream).await
         };
         // The server answers by itself after `timeout`; the slack only
         // guards against a store that hangs. Past it the reply may still
@@ -577,6 +565,23 @@ impl KvClient {
     }
 }
 
+/// The store's answer to a get: the value, or `None` if nobody put the key in time.
+async fn read_get_reply<R: AsyncRead + Unpin>(stream: &mut R) -> Result<Option<Vec<u8>>, KvError> {
+    match stream.read_u8().await? {
+        ST_OK => {
+            let len = stream.read_u32_le().await? as usize;
+            if len > MAX_VALUE_LEN {
+                return Err(KvError::Protocol(format!("value length {len} exceeds {MAX_VALUE_LEN}")));
+            }
+            let mut value = vec![0u8; len];
+            stream.read_exact(&mut value).await?;
+            Ok(Some(value))
+        }
+        ST_NOT_FOUND => Ok(None),
+        other => Err(KvError::Protocol(format!("get answered with {other:#04x}"))),
+    }
+}
+
 fn check_key(key: &str) -> Result<(), KvError> {
     if key.len() > MAX_KEY_LEN {
         return Err(KvError::KeyTooLong { len: key.len() });
@@ -592,6 +597,9 @@ fn retryable(e: &io::Error) -> bool {
         ConnectionRefused | ConnectionReset | ConnectionAborted | TimedOut | HostUnreachable | NetworkUnreachable
     )
 }
+
+#[doc(hidden)]
+pub mod fuzzing;
 
 #[cfg(test)]
 mod tests {

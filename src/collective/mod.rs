@@ -20,8 +20,8 @@
 //! and the others' call fails with `CollError::Withdrawn` rather than keep what it read.
 //!
 //! Failures: a loss of a member revokes the communicator, which fails every rank's pending and later
-//! calls naming the lost rank, on every path (messages, board, multicast, node-leader); a call made
-//! after a member departed fails at once (see `docs/failure.md`).
+//! calls naming the lost rank, on every path (messages, board, multicast, node-leader); a departed
+//! member fails only the steps that wait for what it never sent (see `docs/failure.md`).
 
 pub(crate) mod shared;
 
@@ -517,13 +517,15 @@ impl Comm {
         Box::pin(Comm::run(slot, m))
     }
 
-    async fn run(slot: Slot, mut m: Machine) -> Result<Blocks> {
+    async fn run(slot: Slot, m: Machine) -> Result<Blocks> {
         let Slot { comm, seq, pool, refused } = slot;
         // A member already lost or departed when the call was made, or lost since: the call
         // could never complete.
         if let Some(e) = refused.or_else(|| comm.revoked()) {
             return Err(e);
         }
+        // A peer's message, or the blocks its header announces, cannot exceed what a receive takes.
+        let mut m = m.with_max_message(comm.settings().max_message);
         let tag = |round: u32| (seq << 16) | u64::from(round);
         // A handful of operations at a time: inline vectors (no task allocations).
         let mut sends = Sends::new();

@@ -11,9 +11,13 @@ pub mod mapping;
 pub mod route;
 #[cfg(target_os = "linux")]
 pub mod shm;
+pub mod sim;
 pub mod tcp;
 pub mod verbs;
 pub mod wire;
+
+#[doc(hidden)]
+pub mod fuzzing;
 
 use std::io;
 use std::task::{Context, Poll};

@@ -548,3 +548,39 @@ fn coroot_is_settled_only_once_its_report_covers_its_leaves() {
     root.handle_control(later, 1, report.expect("a report to the root")).unwrap();
     assert_eq!(root.in_flight(), 1, "the root's own leaf has not acknowledged yet");
 }
+
+#[test]
+fn a_rank_keeps_state_only_for_the_roots_that_send_to_it() {
+    let t0 = Instant::now();
+    let mut core = McastCore::new(cfg(1, 4096), t0);
+    assert!(core.receivers.is_empty(), "nothing per root before anything arrives");
+    let d = wire::encode_data(42, 9, 3, 0, b"x", 300).pop().unwrap();
+    core.handle_datagram(t0, d).unwrap();
+    assert_eq!(core.receivers.keys().copied().collect::<Vec<_>>(), [3]);
+    assert_eq!(core.pop(3, t0), Ok(Some(Bytes::from_static(b"x"))));
+    core.peer_lost(t0, 7);
+    assert!(core.root_lost(7), "a lost root's stream ends even if nothing of it came");
+    assert!(
+        core.poll_event()
+            .into_iter()
+            .chain(std::iter::from_fn(|| core.poll_event()))
+            .any(|e| e == Event::RootLost { root: 7 })
+    );
+    assert_eq!(core.receivers.len(), 2);
+}
+
+#[test]
+fn coroot_dead_before_the_stream_starts_its_leaves_acknowledge_to_the_root() {
+    let mut s = Sim::new(17, |_| {});
+    s.confirm_groups();
+    let layout = s.cores[0].layout().clone();
+    let victim = layout.coroots[0];
+    let leaves = layout.members_of(victim);
+    assert!(!leaves.is_empty());
+    s.kill(victim);
+    s.run(Duration::from_millis(10), |_| false);
+    s.outbox[0] = (0..100).map(|i| message(0, i)).collect();
+    assert!(s.run(Duration::from_secs(30), |s| s.all_received(0, 100)), "leaves of the dead co-root stalled");
+    check_exactly_once_in_order(&s, 0, 100);
+    assert!(s.run(Duration::from_secs(5), |s| s.cores[0].in_flight() == 0), "window drains without the dead");
+}

@@ -8,7 +8,7 @@
 //!
 //! Both share `framing`, so they differ only in how bytes cross the kernel boundary.
 
-mod framing;
+pub(crate) mod framing;
 pub mod portable;
 #[cfg(target_os = "linux")]
 pub mod uring;
