@@ -18,9 +18,10 @@
 //!   link idle. Needs root (without it the test says so loudly and passes).
 //! * **after the failure**: every survivor's later world operations fail at once naming the
 //!   killed rank, and a communicator of the survivors made before the kill still works.
-//! * **departures**: a rank that finalizes early is no loss (operations naming it fail with
-//!   `Left`, collectives started after are refused, nothing else), and a clean job logs no
-//!   warning; a rank whose program panics is a loss to the others at once.
+//! * **departures**: a rank that finalizes early is no loss (a receive naming it fails with
+//!   `Left`; the collectives it finished before leaving complete on the others, even when called
+//!   after its goodbye; nothing else is touched), and a clean job logs no warning; a rank whose
+//!   program panics is a loss to the others at once.
 //!
 //! The seed is printed with each case; `FERROCOMM_FAULT_SEED=n` replays a run,
 //! `FERROCOMM_FAULT_ONLY=allreduce,scan` runs only those kinds. The ranks are this
