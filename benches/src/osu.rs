@@ -20,19 +20,29 @@ pub const OPS: [&str; 7] = ["barrier", "bcast", "reduce", "allreduce", "allgathe
 /// The operations measured by default.
 const DEFAULT_OPS: [&str; 5] = ["barrier", "bcast", "allreduce", "allgather", "alltoall"];
 
-/// What to measure and how often: the OSU method's parameters.
-#[derive(Clone, Debug, PartialEq)]
+/// What to measure and how often: the OSU method's parameters, as the flags `osu_coll` takes
+/// ([`Schedule::to_args`]); the ferrocomm ranks parse the same flags.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
 pub struct Schedule {
+    /// Operations, of [`OPS`].
+    #[arg(short = 'o', value_delimiter = ',', required = true)]
     pub ops: Vec<String>,
     /// Bytes per rank (see `osu_coll.c` for what that means per operation).
+    #[arg(short = 's', value_delimiter = ',', required = true)]
     pub sizes: Vec<usize>,
+    #[arg(short = 'i', default_value_t = 1000)]
     pub iters: u64,
+    #[arg(short = 'w', default_value_t = 200)]
     pub warmup: u64,
     /// Counts for sizes above `large` bytes.
+    #[arg(short = 'I', default_value_t = 100)]
     pub iters_large: u64,
+    #[arg(short = 'W', default_value_t = 10)]
     pub warmup_large: u64,
+    #[arg(short = 'L', default_value_t = 8192)]
     pub large: usize,
     /// Rank r runs on `cpus[r % len]`; none: not pinned.
+    #[arg(short = 'p', value_delimiter = ',')]
     pub cpus: Vec<usize>,
 }
 
@@ -70,10 +80,6 @@ fn list<T: ToString>(v: &[T]) -> String {
     v.iter().map(T::to_string).collect::<Vec<_>>().join(",")
 }
 
-fn parse_list<T: std::str::FromStr>(flag: &str, v: &str) -> Result<Vec<T>> {
-    v.split(',').map(|x| x.trim().parse().map_err(|_| format!("{flag} {v:?}: not a list of numbers").into())).collect()
-}
-
 impl Schedule {
     /// The flags `osu_coll` takes (the ferrocomm ranks take the same).
     pub fn to_args(&self) -> Vec<String> {
@@ -97,22 +103,6 @@ impl Schedule {
             a.extend(["-p".into(), list(&self.cpus)]);
         }
         a
-    }
-
-    /// Parses one flag of [`Schedule::to_args`]; false if `flag` is not one of them.
-    pub fn set(&mut self, flag: &str, v: &str) -> Result<bool> {
-        match flag {
-            "-o" => self.ops = v.split(',').map(String::from).collect(),
-            "-s" => self.sizes = parse_list(flag, v)?,
-            "-i" => self.iters = v.parse()?,
-            "-w" => self.warmup = v.parse()?,
-            "-I" => self.iters_large = v.parse()?,
-            "-W" => self.warmup_large = v.parse()?,
-            "-L" => self.large = v.parse()?,
-            "-p" => self.cpus = parse_list(flag, v)?,
-            _ => return Ok(false),
-        }
-        Ok(true)
     }
 
     /// Warm-up and timed iterations for `bytes`.
@@ -260,14 +250,14 @@ mod tests {
     #[test]
     fn schedule_round_trips_through_flags() {
         let s = Schedule { ops: vec!["bcast".into()], sizes: vec![8, 64], cpus: vec![], ..Schedule::default() };
-        let args = s.to_args();
-        let mut back = Schedule::default();
-        for pair in args.chunks(2) {
-            assert!(back.set(&pair[0], &pair[1]).unwrap(), "{pair:?}");
-        }
-        back.cpus.clear();
-        assert_eq!(back, s);
-        assert!(!back.set("--frobnicate", "1").unwrap());
+        let line = format!("collectives-rank {}", s.to_args().join(" "));
+        let crate::Command::CollectivesRank(back) = crate::tests::parse(&line).unwrap() else { panic!("{line}") };
+        assert_eq!(back.schedule, s);
+        let pinned = Schedule { cpus: vec![1, 0, 1], ..s.clone() };
+        let line = format!("collectives-rank {}", pinned.to_args().join(" "));
+        let crate::Command::CollectivesRank(back) = crate::tests::parse(&line).unwrap() else { panic!("{line}") };
+        assert_eq!(back.schedule, pinned);
+        assert!(crate::tests::parse("collectives-rank -o bcast -s 8 --frobnicate 1").is_err());
         assert_eq!(s.counts(8), (200, 1000));
         assert_eq!(s.counts(16384), (10, 100));
     }

@@ -140,9 +140,9 @@ impl Perftest {
     }
 }
 
-/// Hidden first arguments of `pingpong`: the streaming job, and one of its ranks.
-pub const STREAM_JOB: &str = "--verbs-stream-job";
-pub const STREAM_RANK: &str = "--verbs-stream-rank";
+/// Hidden subcommands: the streaming job, and one of its ranks.
+pub const STREAM_JOB: &str = "verbs-stream-job";
+pub const STREAM_RANK: &str = "verbs-stream-rank";
 /// Sends outstanding per window (`osu_bw`'s default).
 pub const WINDOW: usize = 32;
 /// Timed windows after one warm-up window: 192 messages, about `ib_write_bw -n 200`.
@@ -157,10 +157,8 @@ const STREAM_TIMEOUT: Duration = Duration::from_secs(300);
 pub fn stream_bw(progress: &str, cpus: [usize; 2], bytes: usize, env: &[(String, String)]) -> Result<f64> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(&exe);
-    cmd.args(["pingpong", STREAM_JOB])
-        .args(stream_args(progress, cpus, bytes))
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stderr(Stdio::inherit());
+    let spec = StreamSpec { progress: progress.to_string(), cpus, bytes };
+    cmd.arg(STREAM_JOB).args(spec.to_args()).envs(env.iter().map(|(k, v)| (k, v))).stderr(Stdio::inherit());
     let (status, lines) = process::run_lines(cmd, STREAM_TIMEOUT)?;
     let mut mbps = None;
     for line in lines {
@@ -175,28 +173,34 @@ pub fn stream_bw(progress: &str, cpus: [usize; 2], bytes: usize, env: &[(String,
     mbps.ok_or_else(|| "the streaming job printed no result".into())
 }
 
-fn stream_args(progress: &str, cpus: [usize; 2], bytes: usize) -> Vec<String> {
-    vec![progress.to_string(), format!("{},{}", cpus[0], cpus[1]), bytes.to_string()]
+/// The arguments of the streaming job and its ranks.
+#[derive(Clone, Debug, clap::Args)]
+pub struct StreamSpec {
+    /// `FERROCOMM_PROGRESS` of the ranks.
+    pub progress: String,
+    /// CPU of rank 0 and of rank 1.
+    #[arg(value_parser = crate::cli::cpu_pair)]
+    pub cpus: [usize; 2],
+    /// Message size.
+    pub bytes: usize,
 }
 
-fn parse_stream_args(args: &[String]) -> Result<(String, [usize; 2], usize)> {
-    match args {
-        [progress, cpus, bytes] => Ok((progress.clone(), crate::pingpong::parse_cpus(cpus)?, bytes.parse()?)),
-        _ => Err(format!("{STREAM_JOB}/{STREAM_RANK}: expected PROGRESS CPUS BYTES, got {args:?}").into()),
+impl StreamSpec {
+    fn to_args(&self) -> Vec<String> {
+        vec![self.progress.clone(), format!("{},{}", self.cpus[0], self.cpus[1]), self.bytes.to_string()]
     }
 }
 
 /// The streaming job: two verbs ranks of this binary.
-pub fn stream_job_main(args: &[String]) -> Result<()> {
-    let (progress, ..) = parse_stream_args(args)?;
-    let env = vec![("FERROCOMM_TRANSPORTS".into(), "verbs".into()), ("FERROCOMM_PROGRESS".into(), progress)];
-    let rank_args = std::iter::once(STREAM_RANK.to_string()).chain(args.iter().cloned()).collect();
-    ranks::launch(2, "pingpong", rank_args, env)
+pub fn stream_job_main(spec: StreamSpec) -> Result<()> {
+    let env =
+        vec![("FERROCOMM_TRANSPORTS".into(), "verbs".into()), ("FERROCOMM_PROGRESS".into(), spec.progress.clone())];
+    ranks::launch(2, STREAM_RANK, spec.to_args(), env)
 }
 
 /// One rank of the streaming job; rank 0 prints `{"stream_MBps": ...}`.
-pub fn stream_rank_main(args: &[String]) -> Result<()> {
-    let (_, cpus, bytes) = parse_stream_args(args)?;
+pub fn stream_rank_main(spec: StreamSpec) -> Result<()> {
+    let StreamSpec { cpus, bytes, .. } = spec;
     let rt = ranks::pinned_pair_runtime(&cpus)?;
     rt.block_on(async {
         let world = ranks::init_pair().await?;

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::sweep::{mb_per_s, median};
+use crate::sweep::{PERCENTILE_NAMES, PERCENTILES, mb_per_s, median};
 
 /// A throughput drop this large from one size to the next is called a dip.
 const DIP: f64 = 0.15;
@@ -17,6 +17,9 @@ pub struct Row {
     pub ferrocomm_median: Vec<f64>,
     /// ferrocomm's one-way times by NetPIPE's method (each run's best trial), seconds.
     pub ferrocomm_best_trial: Vec<f64>,
+    /// ferrocomm's one-way [`PERCENTILES`] of each run whose round trips were each timed,
+    /// seconds.
+    pub ferrocomm_percentiles: Vec<[f64; 3]>,
     /// Each peer's one-way times, seconds, one per run (`peers[i]` is peer `i`).
     pub peers: Vec<Vec<f64>>,
 }
@@ -27,6 +30,10 @@ impl Row {
     }
     pub fn ferrocomm_mbps(&self) -> Option<f64> {
         median(&self.ferrocomm).map(|s| mb_per_s(self.bytes, s))
+    }
+    /// ferrocomm's one-way percentile `k` of [`PERCENTILES`], µs: the median over runs.
+    pub fn ferrocomm_percentile_us(&self, k: usize) -> Option<f64> {
+        median(&self.ferrocomm_percentiles.iter().map(|p| p[k]).collect::<Vec<_>>()).map(|s| s * 1e6)
     }
     pub fn peer_us(&self, i: usize) -> Option<f64> {
         median(self.peers.get(i)?).map(|s| s * 1e6)
@@ -85,9 +92,16 @@ fn num(v: Option<f64>, decimals: usize) -> String {
     }
 }
 
-/// The per-size table: ferrocomm, then each peer with the ratios against it.
+/// The per-size table: ferrocomm (with its latency percentiles where every round trip was
+/// timed), then each peer with the ratios against it.
 pub fn table(rows: &[Row], peers: &[&str]) -> String {
+    let percentiles = rows.iter().any(|r| !r.ferrocomm_percentiles.is_empty());
     let mut out = format!("{:>9} {:>13} {:>15}", "bytes", "ferrocomm_us", "ferrocomm_MBps");
+    if percentiles {
+        for name in PERCENTILE_NAMES {
+            out += &format!(" {:>9}", format!("{name}_us"));
+        }
+    }
     for p in peers {
         out +=
             &format!(" | {:>12} {:>9} {:>14} {:>8}", format!("{p}_us"), "lat_ratio", format!("{p}_MBps"), "bw_ratio");
@@ -95,6 +109,11 @@ pub fn table(rows: &[Row], peers: &[&str]) -> String {
     out += "\n";
     for r in rows {
         out += &format!("{:>9} {:>13} {:>15}", r.bytes, num(r.ferrocomm_us(), 2), num(r.ferrocomm_mbps(), 2));
+        if percentiles {
+            for k in 0..PERCENTILES.len() {
+                out += &format!(" {:>9}", num(r.ferrocomm_percentile_us(k), 3));
+            }
+        }
         for i in 0..peers.len() {
             out += &format!(
                 " | {:>12} {:>9} {:>14} {:>8}",
@@ -135,6 +154,14 @@ pub fn summary(rows: &[Row], peers: &[&str]) -> String {
             out += &format!("summary: 8 B latency: ferrocomm {} us", num(r.ferrocomm_us(), 3));
             for (i, p) in peers.iter().enumerate() {
                 out += &format!("; {p} {} us, ratio {}", num(r.peer_us(i), 3), num(r.latency_ratio(i), 3));
+            }
+            if !r.ferrocomm_percentiles.is_empty() {
+                out += &format!(
+                    "\nsummary: 8 B latency percentiles (every round trip timed): ferrocomm p50 {} us, p99 {} us, p99.9 {} us",
+                    num(r.ferrocomm_percentile_us(0), 3),
+                    num(r.ferrocomm_percentile_us(1), 3),
+                    num(r.ferrocomm_percentile_us(2), 3)
+                );
             }
             let netpipe: Vec<(usize, &&str)> = peers.iter().enumerate().filter(|(_, p)| p.starts_with("NP")).collect();
             if !netpipe.is_empty() {
@@ -271,6 +298,10 @@ pub fn to_json(meta: &Meta, rows: &[Row]) -> Value {
                 "ferrocomm_median_runs_us": r.ferrocomm_median.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
                 "ferrocomm_best_trial_us": r.ferrocomm_best_trial_us(),
                 "ferrocomm_best_trial_runs_us": r.ferrocomm_best_trial.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
+                "ferrocomm_p50_us": r.ferrocomm_percentile_us(0),
+                "ferrocomm_p99_us": r.ferrocomm_percentile_us(1),
+                "ferrocomm_p99_9_us": r.ferrocomm_percentile_us(2),
+                "ferrocomm_percentiles_runs_us": r.ferrocomm_percentiles.iter().map(|p| p.map(|s| s * 1e6)).collect::<Vec<_>>(),
                 "peers": peers,
             })
         })
@@ -289,6 +320,7 @@ pub fn to_json(meta: &Meta, rows: &[Row]) -> Value {
         "runs": meta.runs,
         "interference": meta.interference,
         "statistic": "median over runs",
+        "percentiles": "with every round trip timed (--time-each): one-way p50, p99, p99.9 of each run from an HDR histogram (ns, 3 significant digits); median over runs",
         "cpus": meta.cpus,
         "max": meta.max,
         "headline_ratios": headlines,
@@ -321,6 +353,35 @@ mod tests {
         assert!(s.contains("A 10.000 us, ratio 2.000") && s.contains("B 20.000 us, ratio 1.000"), "{s}");
         assert_eq!(s.lines().count(), 3, "{s}");
         assert_eq!(table(&rows, &["A", "B"]).lines().count(), 4);
+        assert!(!table(&rows, &["A"]).contains("p99_us"));
+    }
+
+    #[test]
+    fn percentiles_in_table_and_json() {
+        let mut rows = vec![r(8, 20e-6, 10e-6), r(64, 30e-6, 10e-6)];
+        rows[0].ferrocomm_percentiles = vec![[1e-6, 2e-6, 3e-6], [1.5e-6, 4e-6, 9e-6], [1.2e-6, 3e-6, 5e-6]];
+        assert_eq!(rows[0].ferrocomm_percentile_us(1), Some(3.0));
+        let t = table(&rows, &["A"]);
+        assert!(t.lines().next().unwrap().contains("p99.9_us"), "{t}");
+        assert!(t.lines().nth(1).unwrap().contains("1.200") && t.lines().nth(2).unwrap().contains(" - "), "{t}");
+        let meta = Meta {
+            transport: "shm",
+            backend: "shm",
+            transport_name: "shm",
+            progress: "busy",
+            receive: "recv",
+            send: "send",
+            peers: &[],
+            interference: &[],
+            extra: Value::Null,
+            runs: 3,
+            cpus: [0, 1],
+            max: 64,
+        };
+        let v = to_json(&meta, &rows);
+        assert_eq!(v["rows"][0]["ferrocomm_p99_9_us"].as_f64(), Some(5.0));
+        assert!(summary(&rows, &["A"]).contains("ferrocomm p50 1.200 us, p99 3.000 us, p99.9 5.000 us"));
+        assert!(v["rows"][1]["ferrocomm_p50_us"].is_null());
     }
 
     #[test]
