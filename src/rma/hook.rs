@@ -58,6 +58,10 @@ pub(crate) struct Hook {
 impl Hook {
     /// The hook of rank `me`, with its receive posted on `engine`.
     pub fn new(engine: &mut SlabEngine, me: Rank) -> Hook {
+        // The service fails what a loss ends itself and serves the others: its context is never
+        // revoked (a revoked one would fail every receive posted again at once), a loss only
+        // interrupts the posted receive.
+        engine.watch(CONTEXT, crate::p2p::failure::Watch::Interrupt);
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let waker = Waker::from(flag.clone());
         let service = Service::new(me, engine.config().max_message);
