@@ -177,7 +177,6 @@ fn oversubscribed_shared_memory() {
 }
 
 #[test]
-#[ignore = "a killed rank's loss is not failing every pending operation after the merges of the failure, auth, launch and one-sided work (as tests/faults.rs' kill matrix); run with --ignored"]
 fn killed_rank_fails_its_peers_operations_promptly() {
     let _machine = sharing_the_machine();
     for backend in ["uring", "portable", "shm"] {
@@ -261,7 +260,6 @@ fn suite_over_verbs() {
 /// poll of the call). Also a 1 MiB single-copy broadcast whose root (rank 2) dies with its memory
 /// lent: the receivers, which offer it half of their copy (split), fail the same way.
 #[test]
-#[ignore = "a killed rank's loss is not failing every pending operation after the merges of the failure, auth, launch and one-sided work (as tests/faults.rs' kill matrix); run with --ignored"]
 fn killed_rank_fails_the_collective() {
     let _machine = sharing_the_machine();
     let board = format!("FERROCOMM_COLL={}", coll::BOARD);
