@@ -10,7 +10,6 @@
 mod coll;
 mod common;
 
-use std::process::{Command, Stdio};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -27,28 +26,8 @@ fn launch(n: u32, scenario: &str, transport: &str) -> (Option<i32>, String, Dura
 
 /// [`launch`] with extra `KEY=VALUE` variables for every rank.
 fn launch_env(n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
-    let (choice, backend) = match transport {
-        "shm" => ("auto", "auto"),
-        "verbs" => ("verbs", "auto"),
-        _ => ("tcp", transport),
-    };
-    let exe = std::env::current_exe().unwrap();
-    let t0 = Instant::now();
-    let mut cmd = Command::new(FERRORUN);
-    cmd.args(["-n", &n.to_string(), "--grace", "5", "--env", &format!("{SCENARIO}={scenario}")])
-        .args(["--env", &format!("FERROCOMM_TCP_BACKEND={backend}")])
-        .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")]);
-    for e in env {
-        cmd.args(["--env", e]);
-    }
-    let out = cmd
-        .arg(exe)
-        .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code(), text, t0.elapsed())
+    common::Job { ferrorun: FERRORUN, rank_test: "rank_process", scenario_var: SCENARIO, grace_s: 5 }
+        .run(n, scenario, transport, env)
 }
 
 /// The hybrid-polling test times waits, so it runs alone: it holds this lock for writing, and

@@ -8,7 +8,8 @@
 
 mod rma_suite;
 
-use std::process::{Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
 use ferrocomm::{Access, Deadline, Error, SegmentId};
@@ -19,27 +20,8 @@ const SCENARIO: &str = "FERROCOMM_RMA_SCENARIO";
 /// Runs `scenario` on `n` ranks over `transport` (`shm`, `uring`, `portable`), with extra
 /// variables.
 fn launch(n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
-    let (choice, backend) = match transport {
-        "shm" => ("auto", "auto"),
-        _ => ("tcp", transport),
-    };
-    let exe = std::env::current_exe().unwrap();
-    let t0 = Instant::now();
-    let mut cmd = Command::new(FERRORUN);
-    cmd.args(["-n", &n.to_string(), "--grace", "10", "--env", &format!("{SCENARIO}={scenario}")])
-        .args(["--env", &format!("FERROCOMM_TCP_BACKEND={backend}")])
-        .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")]);
-    for e in env {
-        cmd.args(["--env", e]);
-    }
-    let out = cmd
-        .arg(exe)
-        .args(["--exact", "rma_rank_process", "--nocapture", "--test-threads=1"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code(), text, t0.elapsed())
+    common::Job { ferrorun: FERRORUN, rank_test: "rma_rank_process", scenario_var: SCENARIO, grace_s: 10 }
+        .run(n, scenario, transport, env)
 }
 
 fn said(text: &str, r: u32, what: &str) -> bool {

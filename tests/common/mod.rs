@@ -287,3 +287,41 @@ pub async fn suite(w: &World) {
     flood_is_bounded(w).await;
     dup_isolation(w).await;
 }
+
+/// A job of this test binary's rank function started under `ferrorun`: `n` ranks over
+/// `transport` (`shm`, `verbs`, or a TCP backend: `uring`, `portable`), each told its scenario in
+/// `scenario_var`, with `env` (`KEY=VALUE`) for every rank. Returns the launcher's exit code, the
+/// ranks' output and the job's wall time.
+pub struct Job<'a> {
+    pub ferrorun: &'a str,
+    pub rank_test: &'a str,
+    pub scenario_var: &'a str,
+    pub grace_s: u32,
+}
+
+impl Job<'_> {
+    pub fn run(&self, n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
+        let (choice, backend) = match transport {
+            "shm" => ("auto", "auto"),
+            "verbs" => ("verbs", "auto"),
+            _ => ("tcp", transport),
+        };
+        let t0 = Instant::now();
+        let mut cmd = std::process::Command::new(self.ferrorun);
+        cmd.args(["-n", &n.to_string(), "--grace", &self.grace_s.to_string()])
+            .args(["--env", &format!("{}={scenario}", self.scenario_var)])
+            .args(["--env", &format!("FERROCOMM_TCP_BACKEND={backend}")])
+            .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")]);
+        for e in env {
+            cmd.args(["--env", e]);
+        }
+        let out = cmd
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", self.rank_test, "--nocapture", "--test-threads=1"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text, t0.elapsed())
+    }
+}
