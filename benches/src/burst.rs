@@ -47,7 +47,7 @@ const CONFIGS: [Config; 4] = [
     Config { name: "uring blocking", backend: TcpBackend::Uring, progress: ProgressMode::Blocking },
 ];
 
-pub fn main(args: &[String]) -> crate::Result<()> {
+pub(crate) fn main(args: &[String]) -> crate::Result<()> {
     let (mut ranks, mut messages, mut runs, mut json) = (6u32, 2500u32, 5usize, None::<String>);
     let mut it = args.iter();
     while let Some(flag) = it.next() {

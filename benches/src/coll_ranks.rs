@@ -18,16 +18,16 @@ use crate::osu::{Measurement, Schedule};
 use crate::{Result, affinity, process};
 
 /// Hidden subcommand: the job, which launches the ranks.
-pub const JOB_COMMAND: &str = "collectives-job";
+pub(crate) const JOB_COMMAND: &str = "collectives-job";
 /// Hidden subcommand: one rank.
-pub const RANK_COMMAND: &str = "collectives-rank";
+pub(crate) const RANK_COMMAND: &str = "collectives-rank";
 
 /// The longest a ferrocomm job may take.
 const JOB_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What a ferrocomm job is asked to do.
 #[derive(Clone, Debug)]
-pub struct JobSpec {
+pub(crate) struct JobSpec {
     pub ranks: u32,
     /// `FERROCOMM_PROGRESS` for the ranks.
     pub progress: String,
@@ -69,7 +69,7 @@ impl JobSpec {
     }
 
     /// The command that runs this job, for the report.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("FERROCOMM_TRANSPORTS=auto FERROCOMM_PROGRESS={} ferrocomm-bench {JOB_COMMAND} {}", self.progress, {
             self.to_args().join(" ")
         })
@@ -77,13 +77,13 @@ impl JobSpec {
 }
 
 /// The transport the ranks used and rank 0's measurements.
-pub struct JobResult {
+pub(crate) struct JobResult {
     pub transport: String,
     pub measurements: Vec<Measurement>,
 }
 
 /// Runs one ferrocomm job and collects rank 0's `result` lines.
-pub fn run(spec: &JobSpec) -> Result<JobResult> {
+pub(crate) fn run(spec: &JobSpec) -> Result<JobResult> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(&exe);
     cmd.arg(JOB_COMMAND).args(spec.to_args()).stderr(Stdio::inherit());
@@ -99,7 +99,7 @@ pub fn run(spec: &JobSpec) -> Result<JobResult> {
 }
 
 /// `collectives-job`: launches the ranks and waits for them.
-pub fn job_main(args: &[String]) -> Result<()> {
+pub(crate) fn job_main(args: &[String]) -> Result<()> {
     let spec = JobSpec::from_args(args)?;
     // All ranks share this host: shared memory between every pair.
     let env =
@@ -113,7 +113,7 @@ pub fn job_main(args: &[String]) -> Result<()> {
 }
 
 /// `collectives-rank`: one rank of the job.
-pub fn rank_main(args: &[String]) -> Result<()> {
+pub(crate) fn rank_main(args: &[String]) -> Result<()> {
     let spec = JobSpec::from_args(args)?;
     let rank: usize = std::env::var("FERROCOMM_RANK")
         .map_err(|_| "FERROCOMM_RANK is not set: collectives-rank runs under the benchmark's launcher")?

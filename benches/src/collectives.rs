@@ -27,7 +27,7 @@ const LOAD_WARNING: f64 = 0.05;
 /// The side name of ferrocomm in rows and JSON.
 const OURS: &str = "ferrocomm";
 
-pub const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 usage: ferrocomm-bench collectives [options]
 
 OSU-style latency (warm-up, then timed iterations each followed by a barrier; per-rank mean,
@@ -56,7 +56,7 @@ options:
 
 /// The options of `collectives`.
 #[derive(Clone, Debug)]
-pub struct Options {
+pub(crate) struct Options {
     pub ranks: Vec<u32>,
     pub schedule: Schedule,
     pub max: usize,
@@ -72,7 +72,7 @@ pub struct Options {
 
 impl Options {
     /// Parses `args`; `None` when help was asked for.
-    pub fn parse(args: &[String]) -> Result<Option<Options>> {
+    pub(crate) fn parse(args: &[String]) -> Result<Option<Options>> {
         let mut o = Options {
             ranks: vec![2, 4],
             schedule: Schedule::default(),
@@ -205,7 +205,7 @@ impl Watch {
 }
 
 /// `ferrocomm-bench collectives`.
-pub fn main(args: &[String]) -> Result<()> {
+pub(crate) fn main(args: &[String]) -> Result<()> {
     let Some(opts) = Options::parse(args)? else {
         println!("{USAGE}");
         return Ok(());

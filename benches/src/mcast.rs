@@ -33,10 +33,10 @@ use crate::{Result, process};
 /// Runs per size and method (median reported).
 const RUNS: usize = 3;
 
-pub const JOB_COMMAND: &str = "multicast-job";
-pub const RANK_COMMAND: &str = "multicast-rank";
+pub(crate) const JOB_COMMAND: &str = "multicast-job";
+pub(crate) const RANK_COMMAND: &str = "multicast-rank";
 
-pub const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 usage: ferrocomm-bench multicast [options]
 
 One root to --ranks - 1 receivers, each a process on this machine, multicast on loopback
@@ -118,7 +118,7 @@ impl Options {
 }
 
 /// `multicast`: runs the job, prints the report.
-pub fn main(args: &[String]) -> Result<()> {
+pub(crate) fn main(args: &[String]) -> Result<()> {
     let o = Options::parse(args)?;
     let exe = std::env::current_exe()?;
     let mut child = Command::new(&exe)
@@ -186,7 +186,7 @@ pub fn main(args: &[String]) -> Result<()> {
 }
 
 /// `multicast-job`: launches the ranks.
-pub fn job_main(args: &[String]) -> Result<()> {
+pub(crate) fn job_main(args: &[String]) -> Result<()> {
     let o = Options::parse(args)?;
     let exe = std::env::current_exe()?;
     let rank_args: Vec<OsString> =
@@ -254,7 +254,7 @@ fn spin(d: Duration) {
 }
 
 /// `multicast-rank`: one rank.
-pub fn rank_main(args: &[String]) -> Result<()> {
+pub(crate) fn rank_main(args: &[String]) -> Result<()> {
     let o = Options::parse(args)?;
     // One thread: the channel's driver task and the rank's code wake each other without a
     // cross-thread hand-off (9 ranks share 2 cores here).

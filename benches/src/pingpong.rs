@@ -20,7 +20,7 @@ use crate::{Result, affinity, plot, process, reference, sweep, transport};
 /// Other work above this share of the benchmark's CPUs, during a run, earns a warning.
 const LOAD_WARNING: f64 = 0.05;
 
-pub const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 usage: ferrocomm-bench pingpong [options]
 
 Ping-pong latency and throughput of ferrocomm against NetPIPE (NPtcp over TCP; NPopenmpi and
@@ -58,7 +58,7 @@ options:
 
 /// The options of `pingpong`.
 #[derive(Clone, Debug)]
-pub struct Options {
+pub(crate) struct Options {
     /// `tcp` or `shm`.
     pub transport: String,
     pub backend: String,
@@ -104,7 +104,7 @@ impl Default for Options {
 
 impl Options {
     /// Parses `args`; `None` when help was asked for.
-    pub fn parse(args: &[String]) -> Result<Option<Options>> {
+    pub(crate) fn parse(args: &[String]) -> Result<Option<Options>> {
         let mut o = Options::default();
         let mut it = args.iter();
         while let Some(arg) = it.next() {
@@ -170,7 +170,7 @@ fn send_call(send_from: bool) -> &'static str {
 }
 
 /// `A,B`: two CPU numbers.
-pub fn parse_cpus(s: &str) -> Result<[usize; 2]> {
+pub(crate) fn parse_cpus(s: &str) -> Result<[usize; 2]> {
     let parsed: Option<Vec<usize>> = s.split(',').map(|c| c.trim().parse().ok()).collect();
     match parsed.as_deref() {
         Some(&[a, b]) => Ok([a, b]),
@@ -179,7 +179,7 @@ pub fn parse_cpus(s: &str) -> Result<[usize; 2]> {
 }
 
 /// A byte count: digits with an optional binary suffix (`K`, `M`, `G`, optionally `iB`/`B`).
-pub fn parse_bytes(s: &str) -> Result<usize> {
+pub(crate) fn parse_bytes(s: &str) -> Result<usize> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(digits);
@@ -198,7 +198,7 @@ pub fn parse_bytes(s: &str) -> Result<usize> {
 }
 
 /// `ferrocomm-bench pingpong`.
-pub fn main(args: &[String]) -> Result<()> {
+pub(crate) fn main(args: &[String]) -> Result<()> {
     // The verbs streaming measurement runs its ranks through this subcommand.
     match args.first().map(String::as_str) {
         Some(perftest::STREAM_JOB) => return perftest::stream_job_main(&args[1..]),

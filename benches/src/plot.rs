@@ -50,7 +50,7 @@ impl Area {
 }
 
 /// The picture for `rows`; `peers` names the peers' curves.
-pub fn svg(title: &str, subtitle: &str, rows: &[Row], peers: &[&str]) -> String {
+pub(crate) fn svg(title: &str, subtitle: &str, rows: &[Row], peers: &[&str]) -> String {
     let curves = |pick: fn(&Row) -> Option<f64>, peer_pick: fn(&Row, usize) -> Option<f64>| {
         let mut s = vec![Series {
             name: "ferrocomm".into(),

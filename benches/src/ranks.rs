@@ -37,9 +37,9 @@ use crate::sweep::{self, MIN_ITERATIONS, MIN_WARMUP, STOP_AFTER, WARMUP};
 use crate::{Result, affinity, process};
 
 /// Hidden subcommand: the job, which launches the ranks.
-pub const JOB_COMMAND: &str = "pingpong-job";
+pub(crate) const JOB_COMMAND: &str = "pingpong-job";
 /// Hidden subcommand: one rank.
-pub const RANK_COMMAND: &str = "pingpong-rank";
+pub(crate) const RANK_COMMAND: &str = "pingpong-rank";
 
 /// Ping-pong payloads.
 const TAG_DATA: u64 = 1;
@@ -61,7 +61,7 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What the ferrocomm side is asked to do.
 #[derive(Clone, Debug)]
-pub struct JobSpec {
+pub(crate) struct JobSpec {
     /// `FERROCOMM_TCP_BACKEND` for the ranks.
     pub backend: String,
     /// `FERROCOMM_PROGRESS` for the ranks.
@@ -90,7 +90,7 @@ pub struct JobSpec {
 }
 
 /// Round trips measured with an idle gap.
-pub const IDLE_PINGS: u64 = 2000;
+pub(crate) const IDLE_PINGS: u64 = 2000;
 
 impl JobSpec {
     fn to_args(&self) -> Vec<String> {
@@ -176,7 +176,7 @@ impl JobSpec {
 
 /// One size as rank 0 measured it.
 #[derive(Clone, Debug)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub bytes: usize,
     /// Timed iterations (round trips).
     pub iterations: u64,
@@ -193,19 +193,19 @@ pub struct Sample {
 
 /// One ferrocomm sweep.
 #[derive(Clone, Debug)]
-pub struct SweepResult {
+pub(crate) struct SweepResult {
     /// The transport the ranks ended up with (e.g. `tcp-uring`).
     pub transport: String,
     pub samples: Vec<Sample>,
 }
 
 /// Runs one ferrocomm sweep as a job of two ranks and collects rank 0's measurements.
-pub fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
+pub(crate) fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
     parse_result(&run_job(spec)?.0)
 }
 
 /// One idle-gap measurement ([`run_idle`]).
-pub struct IdleRun {
+pub(crate) struct IdleRun {
     /// One-way times, seconds.
     pub samples: Vec<f64>,
     /// The share of one CPU the waiting peer (rank 1, all its threads) used meanwhile.
@@ -214,7 +214,7 @@ pub struct IdleRun {
 
 /// Runs the idle-gap measurement ([`JobSpec::idle_gap_us`] must not be 0): one-way times in
 /// seconds, one per round trip.
-pub fn run_idle(spec: &JobSpec) -> Result<IdleRun> {
+pub(crate) fn run_idle(spec: &JobSpec) -> Result<IdleRun> {
     let (line, peer) = run_job(spec)?;
     let peer_cpu_share =
         peer.and_then(|p| serde_json::from_str::<Value>(&p).ok()).and_then(|v| v["peer_cpu_share"].as_f64());
@@ -273,7 +273,7 @@ fn parse_result(line: &str) -> Result<SweepResult> {
 }
 
 /// `pingpong-job`: launches the two ranks and waits for them.
-pub fn job_main(args: &[String]) -> Result<()> {
+pub(crate) fn job_main(args: &[String]) -> Result<()> {
     let spec = JobSpec::from_args(args)?;
     let transports = match spec.backend.as_str() {
         "shm" => "auto",
@@ -292,7 +292,7 @@ pub fn job_main(args: &[String]) -> Result<()> {
 
 /// Runs `n` ranks of this binary's `rank_command` with `args` and `env` through [`run_local`],
 /// and waits for them.
-pub fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, String)>) -> Result<()> {
+pub(crate) fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, String)>) -> Result<()> {
     let exe = std::env::current_exe()?;
     let rank_args: Vec<OsString> = std::iter::once(rank_command.to_string()).chain(args).map(OsString::from).collect();
     let opts = LaunchOptions { env, ..LaunchOptions::default() };
@@ -303,7 +303,7 @@ pub fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, S
 }
 
 /// `pingpong-rank`: one rank of the job.
-pub fn rank_main(args: &[String]) -> Result<()> {
+pub(crate) fn rank_main(args: &[String]) -> Result<()> {
     let spec = JobSpec::from_args(args)?;
     let rt = pinned_pair_runtime(&spec.cpus)?;
     rt.block_on(async {
@@ -344,7 +344,7 @@ pub fn rank_main(args: &[String]) -> Result<()> {
 /// For one rank of a two-rank job under the benchmark's launcher: pins this thread to the rank's
 /// CPU of `cpus` (first of all, so that every thread started from here on, tokio's and
 /// ferrocomm's progress thread, inherits it) and builds the rank's runtime.
-pub fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runtime> {
+pub(crate) fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runtime> {
     let rank: usize = std::env::var("FERROCOMM_RANK")
         .map_err(|_| "FERROCOMM_RANK is not set: this rank runs under the benchmark's launcher")?
         .parse()?;
@@ -354,7 +354,7 @@ pub fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runtime> {
 }
 
 /// Joins the job, which must have exactly two ranks.
-pub async fn init_pair() -> Result<World> {
+pub(crate) async fn init_pair() -> Result<World> {
     let world = ferrocomm::init().await?;
     if world.size() != 2 {
         return Err("the job runs with exactly 2 ranks".into());

@@ -51,7 +51,7 @@ fn size_name(b: usize) -> String {
     }
 }
 
-pub fn main(args: &[String]) -> crate::Result<()> {
+pub(crate) fn main(args: &[String]) -> crate::Result<()> {
     let mut ranks: Vec<u32> = vec![64, 256, 1024, 4096];
     let mut sizes: Vec<usize> = vec![8, 65536, 1 << 20];
     let mut kinds: Vec<String> = ["barrier", "bcast", "mcast", "allreduce"].map(String::from).to_vec();

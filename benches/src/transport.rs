@@ -38,7 +38,7 @@ use serde_json::{Value, json};
 use crate::{Result, affinity, process, sweep};
 
 /// Hidden subcommand: one rank of the transport benchmark.
-pub const RANK_COMMAND: &str = "shm-transport-rank";
+pub(crate) const RANK_COMMAND: &str = "shm-transport-rank";
 
 /// Round trips per timed latency batch.
 const PINGS: usize = 20_000;
@@ -51,7 +51,7 @@ const CHUNK: usize = 512 << 10;
 /// The longest a rank waits for anything.
 const STALL: Duration = Duration::from_secs(60);
 
-pub const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 usage: ferrocomm-bench shm-transport [options]
 
 The shared-memory transport alone (no engine, no futures): 8-byte frame ping-pong latency and
@@ -67,7 +67,7 @@ options:
 
 /// What one run measured.
 #[derive(Clone, Debug)]
-pub struct TransportResult {
+pub(crate) struct TransportResult {
     pub cma: String,
     pub one_way_us: f64,
     pub batches_us: Vec<f64>,
@@ -79,7 +79,7 @@ pub struct TransportResult {
 }
 
 impl TransportResult {
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({"cma": self.cma, "one_way_8B_us": self.one_way_us, "batches_us": self.batches_us,
                "engine_one_way_8B_us": self.engine_one_way_us, "engine_batches_us": self.engine_batches_us,
                "message_bytes": self.message, "bandwidth_GBps": self.gbps})
@@ -87,7 +87,7 @@ impl TransportResult {
 }
 
 /// `ferrocomm-bench shm-transport`.
-pub fn main(args: &[String]) -> Result<()> {
+pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut cpus = [0, 1];
     let mut modes = vec!["auto".to_string(), "off".to_string()];
     let mut message = 4 << 20;
@@ -133,7 +133,7 @@ pub fn main(args: &[String]) -> Result<()> {
 }
 
 /// Runs the two ranks once and returns rank 0's measurements.
-pub fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResult> {
+pub(crate) fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResult> {
     let exe = std::env::current_exe()?;
     let job = format!("bench{}", std::process::id());
     let spawn = |rank: usize| {
@@ -292,7 +292,7 @@ pub(crate) struct Node<T> {
 
 impl<T: Transport> Node<T> {
     /// Busy-polls until `frames` frames have arrived.
-    pub fn spin_until(&mut self, frames: usize) -> Result<()> {
+    pub(crate) fn spin_until(&mut self, frames: usize) -> Result<()> {
         let mut watchdog = Watchdog::default();
         while self.s.frames < frames {
             self.t.progress(&mut self.s);
@@ -307,13 +307,13 @@ impl<T: Transport> Node<T> {
     }
 
     /// Sends an 8-byte eager frame to the other rank.
-    pub fn eager(&mut self, tag: u64) {
+    pub(crate) fn eager(&mut self, tag: u64) {
         let h = Header { src: self.me, tag, len: 8, ..Header::new(Kind::Eager) };
         self.t.send(1 - self.me, h, Bytes::from_static(&[7; 8]));
     }
 
     /// Says goodbye (a `Credit` frame) and waits until our output is out and the peer's goodbye in.
-    pub fn finish(&mut self) -> Result<()> {
+    pub(crate) fn finish(&mut self) -> Result<()> {
         self.t.send(1 - self.me, Header { src: self.me, ..Header::new(Kind::Credit) }, Bytes::new());
         let start = Instant::now();
         while self.t.has_pending_output() && start.elapsed() < STALL {
@@ -342,7 +342,7 @@ fn timed_batches(mut round_trip: impl FnMut() -> Result<()>) -> Result<Vec<f64>>
 }
 
 /// `shm-transport-rank RANK CPU JOB CMA MESSAGE`.
-pub fn rank_main(args: &[String]) -> Result<()> {
+pub(crate) fn rank_main(args: &[String]) -> Result<()> {
     let [rank, cpu, job, cma, message] = args else {
         return Err("shm-transport-rank RANK CPU JOB CMA MESSAGE".into());
     };
