@@ -15,19 +15,28 @@ use bytemuck::Pod;
 
 /// A number type collectives can carry and reduce.
 pub trait Element: Pod + Send + Sync + PartialOrd + 'static {
+    /// The type's name, for messages.
     const NAME: &'static str;
+    /// `a + b` (wrapping for integers).
     fn add(a: Self, b: Self) -> Self;
+    /// `a * b` (wrapping for integers).
     fn mul(a: Self, b: Self) -> Self;
     /// Bitwise operations; `None` for floating-point types.
     fn bits(a: Self, b: Self, op: BitOp) -> Option<Self>;
+    /// Whether the value counts as true for the logical operators (non-zero).
     fn is_true(self) -> bool;
+    /// 1 for true, 0 for false.
     fn from_bool(b: bool) -> Self;
 }
 
+/// A bitwise operation, for [`Element::bits`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BitOp {
+    /// `a & b`.
     And,
+    /// `a | b`.
     Or,
+    /// `a ^ b`.
     Xor,
 }
 
@@ -66,19 +75,31 @@ pub type UserOp<T> = Arc<dyn Fn(&mut [T], &[T]) + Send + Sync>;
 
 /// A reduction operator on elements of type `T`.
 pub enum ReduceOp<T> {
+    /// Sum (wrapping for integers).
     Sum,
+    /// Product (wrapping for integers).
     Product,
+    /// Smallest element.
     Min,
+    /// Largest element.
     Max,
+    /// Bitwise and (integers only).
     BitAnd,
+    /// Bitwise or (integers only).
     BitOr,
+    /// Bitwise exclusive or (integers only).
     BitXor,
+    /// 1 where both are non-zero, else 0.
     LogicalAnd,
+    /// 1 where either is non-zero, else 0.
     LogicalOr,
+    /// 1 where exactly one is non-zero, else 0.
     LogicalXor,
     /// A user operator: `f(acc, x)` sets `acc[i] = acc[i] ⊕ x[i]`.
     Custom {
+        /// The operator.
         f: UserOp<T>,
+        /// Whether operands may be combined in any order (it must be associative regardless).
         commutative: bool,
     },
 }
@@ -130,6 +151,7 @@ impl<T: Element> ReduceOp<T> {
         ReduceOp::Custom { f: Arc::new(f), commutative }
     }
 
+    /// Whether operands may be combined in any order (every built-in operator is).
     pub fn is_commutative(&self) -> bool {
         !matches!(self, ReduceOp::Custom { commutative: false, .. })
     }
@@ -255,6 +277,7 @@ impl Reducer {
         }
     }
 
+    /// Whether operands may be combined in any order.
     pub fn is_commutative(&self) -> bool {
         self.commutative
     }

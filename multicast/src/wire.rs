@@ -29,24 +29,52 @@ const KIND_PING: u8 = 2;
 /// Why a datagram was refused. None of these is fatal: the datagram is dropped and counted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DatagramError {
+    /// Fewer bytes than [`HEADER`].
     #[error("datagram of {len} bytes is shorter than the header")]
-    TooShort { len: usize },
+    TooShort {
+        /// Bytes received.
+        len: usize,
+    },
+    /// More bytes than the channel's datagram size.
     #[error("datagram of {len} bytes exceeds the datagram size {max}")]
-    Oversize { len: usize, max: usize },
+    Oversize {
+        /// Bytes received.
+        len: usize,
+        /// The channel's datagram size.
+        max: usize,
+    },
+    /// The first four bytes are not [`MAGIC`].
     #[error("bad magic {0:#010x}")]
     BadMagic(u32),
+    /// A format version other than [`VERSION`].
     #[error("unsupported version {0}")]
     BadVersion(u8),
+    /// A kind byte that is neither data nor ping.
     #[error("unknown datagram kind {0}")]
     BadKind(u8),
+    /// The job hash is not this job's.
     #[error("datagram of another job")]
     WrongJob,
+    /// The channel id is not this channel's.
     #[error("datagram of channel {0}, not this one")]
     OtherChannel(u32),
+    /// The root is not a rank of the channel.
     #[error("root rank {rank} is not in the group of {size}")]
-    UnknownRank { rank: Rank, size: u32 },
+    UnknownRank {
+        /// The root named by the datagram.
+        rank: Rank,
+        /// Ranks in the channel.
+        size: u32,
+    },
+    /// The message length exceeds the channel's largest message.
     #[error("message of {len} bytes exceeds the maximum of {max}")]
-    MessageTooLarge { len: usize, max: usize },
+    MessageTooLarge {
+        /// The message length named by the datagram.
+        len: usize,
+        /// The channel's largest message.
+        max: usize,
+    },
+    /// Fragment count, index and payload length do not agree with the message length.
     #[error("inconsistent fragment: {0}")]
     Inconsistent(&'static str),
 }
@@ -55,18 +83,41 @@ pub enum DatagramError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Datagram {
     /// Fragment `frag` of `frags` of message `seq` (of `len` bytes) from `root`.
-    Data { root: Rank, seq: u32, len: u32, frag: u16, frags: u16, payload: Bytes },
+    Data {
+        /// The sending rank.
+        root: Rank,
+        /// The message's sequence number in `root`'s stream.
+        seq: u32,
+        /// The whole message's length in bytes.
+        len: u32,
+        /// This fragment's index.
+        frag: u16,
+        /// The message's fragment count.
+        frags: u16,
+        /// This fragment's bytes.
+        payload: Bytes,
+    },
     /// The multicast test: answer with [`Control::PingAck`].
-    Ping { root: Rank, nonce: u32 },
+    Ping {
+        /// The pinging rank.
+        root: Rank,
+        /// Echoed in the answer, to tell this test from earlier ones.
+        nonce: u32,
+    },
 }
 
 /// What a datagram must match to be accepted.
 #[derive(Debug, Clone, Copy)]
 pub struct Expect {
+    /// Hash of the job token.
     pub job: u64,
+    /// The channel id.
     pub channel: u32,
+    /// Ranks in the channel: a root must be below it.
     pub size: u32,
+    /// Largest datagram, header included.
     pub datagram: usize,
+    /// Largest message.
     pub max_message: usize,
 }
 
@@ -182,32 +233,72 @@ pub fn decode(d: Bytes, e: &Expect) -> Result<Datagram, DatagramError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
     /// Leaf to its collector (co-root or root): every message of `root` below `upto` is consumed.
-    Ack { root: Rank, upto: u32 },
+    Ack {
+        /// The stream's root.
+        root: Rank,
+        /// First sequence number not consumed.
+        upto: u32,
+    },
     /// Co-root to root: its whole sub-group (itself included) has every message below `upto`.
-    Report { root: Rank, upto: u32 },
+    Report {
+        /// The stream's root.
+        root: Rank,
+        /// First sequence number the sub-group does not have.
+        upto: u32,
+    },
     /// Messages `from..to` of `root` are missing here.
-    Nack { root: Rank, from: u32, to: u32 },
+    Nack {
+        /// The stream's root.
+        root: Rank,
+        /// First missing sequence number.
+        from: u32,
+        /// End (exclusive) of the missing run.
+        to: u32,
+    },
     /// Message `seq` of `root` in full: the root's reliable copy to a co-root (`copy`), or a
     /// retransmission.
-    Data { root: Rank, seq: u32, copy: bool, data: Bytes },
+    Data {
+        /// The stream's root.
+        root: Rank,
+        /// The message's sequence number.
+        seq: u32,
+        /// The root's copy to a co-root, rather than a retransmission.
+        copy: bool,
+        /// The whole message.
+        data: Bytes,
+    },
     /// Answer to a ping.
-    PingAck { root: Rank, nonce: u32 },
+    PingAck {
+        /// The pinging rank.
+        root: Rank,
+        /// The ping's nonce.
+        nonce: u32,
+    },
 }
 
 /// A control message that could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ControlError {
+    /// Fewer bytes than the control header.
     #[error("control message of {0} bytes is too short")]
     TooShort(usize),
+    /// A kind byte no [`Control`] variant has.
     #[error("unknown control kind {0}")]
     BadKind(u8),
+    /// The root is not a rank of the channel.
     #[error("root rank {rank} is not in the group of {size}")]
-    UnknownRank { rank: Rank, size: u32 },
+    UnknownRank {
+        /// The root named by the message.
+        rank: Rank,
+        /// Ranks in the channel.
+        size: u32,
+    },
 }
 
 const CONTROL_HEADER: usize = 16;
 
 impl Control {
+    /// The message's bytes: a 16-byte header (kind, root, two words), then any data.
     pub fn encode(&self) -> Bytes {
         let (kind, root, a, b, data) = match self {
             Control::Ack { root, upto } => (1u8, *root, *upto, 0, None),
@@ -228,6 +319,7 @@ impl Control {
         m.freeze()
     }
 
+    /// Checks and decodes a message of a channel of `size` ranks.
     pub fn decode(m: Bytes, size: u32) -> Result<Control, ControlError> {
         if m.len() < CONTROL_HEADER {
             return Err(ControlError::TooShort(m.len()));
