@@ -76,7 +76,9 @@ pub mod flags {
 /// The decoded frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// What the frame is.
     pub kind: Kind,
+    /// Bits of [`flags`].
     pub flags: u16,
     /// Sending rank.
     pub src: Rank,
@@ -183,18 +185,42 @@ impl Limits {
 /// A frame that breaks the wire rules. The connection it arrived on is closed; nothing else is.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
+    /// The first four bytes are not [`MAGIC`].
     #[error("bad magic {0:#010x}")]
     BadMagic(u32),
+    /// A wire version other than [`VERSION`].
     #[error("unsupported wire version {0} (this build speaks {VERSION})")]
     BadVersion(u8),
+    /// A kind byte no [`Kind`] has.
     #[error("unknown frame kind {0}")]
     UnknownKind(u8),
+    /// A payload (or announced length) beyond the [`Limits`] for its kind.
     #[error("{kind:?} frame of {len} bytes exceeds the limit of {max}")]
-    Oversize { kind: Kind, len: u64, max: u64 },
+    Oversize {
+        /// The frame's kind.
+        kind: Kind,
+        /// The length it carries or announces.
+        len: u64,
+        /// The limit for that kind.
+        max: u64,
+    },
+    /// A rank outside the job.
     #[error("rank {rank} is not in this job of {size} ranks")]
-    UnknownRank { rank: Rank, size: u32 },
+    UnknownRank {
+        /// The rank named.
+        rank: Rank,
+        /// Ranks in the job.
+        size: u32,
+    },
+    /// A source rank other than the connection's peer.
     #[error("frame claims source rank {got} on the connection of rank {expected}")]
-    WrongSource { expected: Rank, got: Rank },
+    WrongSource {
+        /// The connection's peer.
+        expected: Rank,
+        /// The source the frame names.
+        got: Rank,
+    },
+    /// A frame of a kind not allowed at this point of the connection.
     #[error("unexpected {0:?} frame")]
     Unexpected(Kind),
     /// A transport's own framing around the header is broken (verbs slots).

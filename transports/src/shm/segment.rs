@@ -18,20 +18,38 @@ use crate::wire::Rank;
 /// Why set-up failed; carried inside the `io::Error` the set-up calls return.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShmError {
+    /// The job id cannot name a file in /dev/shm.
     #[error("job id {0:?}: use 1 to 64 characters of [A-Za-z0-9_.-]")]
     BadJobId(String),
+    /// A peer's descriptor does not decode.
     #[error("descriptor of rank {rank}: {what}")]
-    BadDescriptor { rank: Rank, what: &'static str },
+    BadDescriptor {
+        /// The peer.
+        rank: Rank,
+        /// What is wrong with it.
+        what: &'static str,
+    },
+    /// A local peer gave no descriptor.
     #[error("no descriptor for local peer {0}")]
     MissingPeer(Rank),
+    /// A descriptor for a rank that is not on this host.
     #[error("descriptor for rank {0}, which is not a local peer")]
     UnexpectedPeer(Rank),
+    /// Two descriptors for one rank.
     #[error("two descriptors for rank {0}")]
     DuplicatePeer(Rank),
+    /// A peer's segment does not hold what its descriptor says.
     #[error("segment of rank {rank} does not match its descriptor: {what}")]
-    BadSegment { rank: Rank, what: &'static str },
+    BadSegment {
+        /// The peer.
+        rank: Rank,
+        /// What does not match.
+        what: &'static str,
+    },
+    /// A peer's process exited during set-up.
     #[error("rank {0} is not running any more")]
     PeerGone(Rank),
+    /// Set-up was called outside a tokio runtime.
     #[error("the shared-memory transport must be connected inside a tokio runtime")]
     NoRuntime,
 }

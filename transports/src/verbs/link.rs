@@ -43,7 +43,9 @@ use std::collections::VecDeque;
 
 use crate::wire::{HEADER_LEN, Header, Kind, Limits, Rank, WireError};
 
+/// Bytes of the link prefix every slot starts with.
 pub const PREFIX: usize = 16;
+/// Bytes of the extension naming a remote buffer or a token.
 pub const EXT: usize = 24;
 /// The most bytes before a slot's payload (a slot holds this plus the eager limit).
 pub const SLOT_HEADER: usize = PREFIX + HEADER_LEN + EXT;
@@ -110,19 +112,26 @@ impl LinkKind {
 /// A range of remote memory, and the sender's token for a lent chunk (read offers and DONE).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Remote {
+    /// The buffer's address in the peer's memory.
     pub addr: u64,
+    /// The remote key of its registration.
     pub rkey: u32,
+    /// The sender's token for the lent chunk.
     pub token: u32,
+    /// The buffer's length in bytes.
     pub len: u64,
 }
 
 /// A decoded slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Packet {
+    /// What the slot carries.
     pub kind: LinkKind,
     /// The peer's count of our slots it has freed.
     pub freed: u32,
+    /// The engine header, for the kinds that carry one.
     pub header: Option<Header>,
+    /// The extension (zero for the kinds without one).
     pub remote: Remote,
     /// Inline payload bytes, at `LinkKind::payload_at`: see [`Packet::payload`].
     pub payload_len: usize,
