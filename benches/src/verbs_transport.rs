@@ -27,7 +27,7 @@ use crate::perftest::{self, Perftest};
 use crate::transport::{CountSink, Node};
 use crate::{Result, affinity, sweep};
 
-pub const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 usage: ferrocomm-bench verbs-transport [options]
 
 The verbs transport alone (no engine, no futures): 8-byte eager frame ping-pong latency between
@@ -44,7 +44,7 @@ options:
   --json FILE         write the results as JSON";
 
 /// `ferrocomm-bench verbs-transport`.
-pub fn main(args: &[String]) -> Result<()> {
+pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut cpus = [0, 1];
     let mut device = None;
     let mut paths = vec![Eager::Ring, Eager::SharedQueue];
