@@ -13,8 +13,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-/// Rank of a process in the job (the same type as ferrocomm's).
-pub type Rank = u32;
+pub use ferrocomm_transports::Rank;
 
 /// "FCMC".
 pub const MAGIC: u32 = 0x4643_4d43;
@@ -23,8 +22,14 @@ pub const VERSION: u8 = 1;
 /// Bytes of header in front of every datagram's payload.
 pub const HEADER: usize = 36;
 
-const KIND_DATA: u8 = 1;
-const KIND_PING: u8 = 2;
+ferrocomm_transports::wire_enum! {
+    /// A datagram's kind byte.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum DatagramKind: u8 {
+        Data = 1,
+        Ping = 2,
+    }
+}
 
 /// Why a datagram was refused. None of these is fatal: the datagram is dropped and counted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -154,7 +159,7 @@ pub fn encode_data(job: u64, channel: u32, root: Rank, seq: u32, data: &[u8], da
         .map(|i| {
             let chunk = &data[(i * p).min(data.len())..((i + 1) * p).min(data.len())];
             let mut b = BytesMut::with_capacity(HEADER + chunk.len());
-            header(&mut b, KIND_DATA, n as u16, job, channel, root, seq, data.len() as u32, i as u16);
+            header(&mut b, DatagramKind::Data as u8, n as u16, job, channel, root, seq, data.len() as u32, i as u16);
             b.put_slice(chunk);
             b.freeze()
         })
@@ -164,7 +169,7 @@ pub fn encode_data(job: u64, channel: u32, root: Rank, seq: u32, data: &[u8], da
 /// A ping datagram.
 pub fn encode_ping(job: u64, channel: u32, root: Rank, nonce: u32) -> Bytes {
     let mut b = BytesMut::with_capacity(HEADER);
-    header(&mut b, KIND_PING, 1, job, channel, root, nonce, 0, 0);
+    header(&mut b, DatagramKind::Ping as u8, 1, job, channel, root, nonce, 0, 0);
     b.freeze()
 }
 
@@ -206,9 +211,9 @@ pub fn decode(d: Bytes, e: &Expect) -> Result<Datagram, DatagramError> {
     let seq = be32(&d, 24);
     let len = be32(&d, 28);
     let frag = be16(&d, 32);
-    match kind {
-        KIND_PING => Ok(Datagram::Ping { root, nonce: seq }),
-        KIND_DATA => {
+    match DatagramKind::from_repr(kind) {
+        Some(DatagramKind::Ping) => Ok(Datagram::Ping { root, nonce: seq }),
+        Some(DatagramKind::Data) => {
             if len as usize > e.max_message {
                 return Err(DatagramError::MessageTooLarge { len: len as usize, max: e.max_message });
             }
@@ -225,7 +230,7 @@ pub fn decode(d: Bytes, e: &Expect) -> Result<Datagram, DatagramError> {
             }
             Ok(Datagram::Data { root, seq, len, frag, frags, payload: d.slice(HEADER..) })
         }
-        k => Err(DatagramError::BadKind(k)),
+        None => Err(DatagramError::BadKind(kind)),
     }
 }
 
@@ -297,18 +302,30 @@ pub enum ControlError {
 
 const CONTROL_HEADER: usize = 16;
 
+ferrocomm_transports::wire_enum! {
+    /// A control message's kind byte.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum ControlKind: u8 {
+        Ack = 1,
+        Report = 2,
+        Nack = 3,
+        Data = 4,
+        PingAck = 5,
+    }
+}
+
 impl Control {
     /// The message's bytes: a 16-byte header (kind, root, two words), then any data.
     pub fn encode(&self) -> Bytes {
         let (kind, root, a, b, data) = match self {
-            Control::Ack { root, upto } => (1u8, *root, *upto, 0, None),
-            Control::Report { root, upto } => (2, *root, *upto, 0, None),
-            Control::Nack { root, from, to } => (3, *root, *from, *to, None),
-            Control::Data { root, seq, copy, data } => (4, *root, *seq, u32::from(*copy), Some(data)),
-            Control::PingAck { root, nonce } => (5, *root, *nonce, 0, None),
+            Control::Ack { root, upto } => (ControlKind::Ack, *root, *upto, 0, None),
+            Control::Report { root, upto } => (ControlKind::Report, *root, *upto, 0, None),
+            Control::Nack { root, from, to } => (ControlKind::Nack, *root, *from, *to, None),
+            Control::Data { root, seq, copy, data } => (ControlKind::Data, *root, *seq, u32::from(*copy), Some(data)),
+            Control::PingAck { root, nonce } => (ControlKind::PingAck, *root, *nonce, 0, None),
         };
         let mut m = BytesMut::with_capacity(CONTROL_HEADER + data.map_or(0, |d| d.len()));
-        m.put_u8(kind);
+        m.put_u8(kind as u8);
         m.put_bytes(0, 3);
         m.put_u32(root);
         m.put_u32(a);
@@ -328,13 +345,13 @@ impl Control {
         if root >= size {
             return Err(ControlError::UnknownRank { rank: root, size });
         }
-        Ok(match m[0] {
-            1 => Control::Ack { root, upto: a },
-            2 => Control::Report { root, upto: a },
-            3 => Control::Nack { root, from: a, to: b },
-            4 => Control::Data { root, seq: a, copy: b != 0, data: m.slice(CONTROL_HEADER..) },
-            5 => Control::PingAck { root, nonce: a },
-            k => return Err(ControlError::BadKind(k)),
+        Ok(match ControlKind::from_repr(m[0]) {
+            Some(ControlKind::Ack) => Control::Ack { root, upto: a },
+            Some(ControlKind::Report) => Control::Report { root, upto: a },
+            Some(ControlKind::Nack) => Control::Nack { root, from: a, to: b },
+            Some(ControlKind::Data) => Control::Data { root, seq: a, copy: b != 0, data: m.slice(CONTROL_HEADER..) },
+            Some(ControlKind::PingAck) => Control::PingAck { root, nonce: a },
+            None => return Err(ControlError::BadKind(m[0])),
         })
     }
 }

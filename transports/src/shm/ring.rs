@@ -61,24 +61,25 @@ pub(crate) const DESC_LEN: usize = 32;
 const DESC_DST: u64 = 16;
 const DESC_STATE: u64 = 24;
 
-/// States of a single-copy descriptor's split: large copies are done half by each side, at once
-/// (4 MiB between two processes: `process_vm_readv` alone about 10 GB/s, the receiver reading one
-/// half while the sender writes the other about 25 GB/s; `ferrocomm-bench shm-transport`).
-///
-/// The consumer stores where the second half goes, then `Offered`, and copies the first half; then
-/// it takes the second half back (`Offered` -> `Mine`) unless the producer took it first (`Offered`
-/// -> `Claimed`, then `Done` or `Failed` once written). A claimed half is always being written by a
-/// running process, so the consumer waits for it (or for that process's death) before it lets go
-/// of the destination; nobody waits for a half nobody has claimed.
-#[repr(u64)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Split {
-    None = 0,
-    Offered = 1,
-    Mine = 2,
-    Claimed = 3,
-    Done = 4,
-    Failed = 5,
+crate::wire_enum! {
+    /// States of a single-copy descriptor's split: large copies are done half by each side, at once
+    /// (4 MiB between two processes: `process_vm_readv` alone about 10 GB/s, the receiver reading one
+    /// half while the sender writes the other about 25 GB/s; `ferrocomm-bench shm-transport`).
+    ///
+    /// The consumer stores where the second half goes, then `Offered`, and copies the first half; then
+    /// it takes the second half back (`Offered` -> `Mine`) unless the producer took it first (`Offered`
+    /// -> `Claimed`, then `Done` or `Failed` once written). A claimed half is always being written by a
+    /// running process, so the consumer waits for it (or for that process's death) before it lets go
+    /// of the destination; nobody waits for a half nobody has claimed.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum Split: u64 {
+        None = 0,
+        Offered = 1,
+        Mine = 2,
+        Claimed = 3,
+        Done = 4,
+        Failed = 5,
+    }
 }
 
 /// Bytes of a frame's stamp, which comes before its header.
@@ -1039,9 +1040,9 @@ fn split_copy<A: Atomics>(
         now = state.load(Acquire);
     }
     read?;
-    match now {
-        v if v == Split::Done as u64 => Ok(()),
-        v if v == Split::Mine as u64 || v == Split::Failed as u64 => remote.read(addr + half as u64, second),
+    match Split::from_repr(now) {
+        Some(Split::Done) => Ok(()),
+        Some(Split::Mine | Split::Failed) => remote.read(addr + half as u64, second),
         _ => Err(corrupt("split state")),
     }
 }
