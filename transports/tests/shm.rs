@@ -18,7 +18,7 @@ use ferrocomm_transports::shm::{Doorbell, ShmConfig, ShmEndpoint, ShmError, ShmT
 use ferrocomm_transports::{Header, Kind, Limits, Rank, Sink, Transport, TransportError, WireError};
 
 mod common;
-use common::{DISCARD, data, eager, pattern};
+use common::{DISCARD, check_frames, data, eager, pattern};
 
 const ROLE: &str = "FERROCOMM_SHM_TEST_ROLE";
 const JOB: &str = "FERROCOMM_SHM_TEST_JOB";
@@ -99,19 +99,7 @@ unsafe impl Sink for TestSink {
 
 /// Checks that `sink` received `sent` (from `from`), in order, with the right content.
 fn check_received(sink: &TestSink, from: Rank, sent: &[(Header, Bytes)]) {
-    assert_eq!(sink.frames.len(), sent.len(), "frame count");
-    for (i, ((peer, h, payload), (want_h, want_p))) in sink.frames.iter().zip(sent).enumerate() {
-        assert_eq!(*peer, from, "frame {i}: peer");
-        assert_eq!(h, want_h, "frame {i}: header");
-        if h.kind == Kind::Data {
-            assert!(payload.is_empty(), "frame {i}: data frames carry no payload");
-            if h.seq != DISCARD {
-                assert_eq!(sink.hashes[i], fnv(want_p), "frame {i}: data content");
-            }
-        } else {
-            assert!(payload == want_p, "frame {i}: payload content");
-        }
-    }
+    check_frames(&sink.frames, from, sent, |i, _, want| sink.hashes[i] == fnv(want));
 }
 
 struct Node {

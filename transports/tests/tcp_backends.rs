@@ -10,7 +10,7 @@ use ferrocomm_transports::tcp::{self, Backend};
 use ferrocomm_transports::{Header, Kind, Limits, Rank, Transport, TransportError, WireError};
 
 mod common;
-use common::{DISCARD, REFUSE, TestSink, data, eager, socket_pair};
+use common::{DISCARD, REFUSE, TestSink, check_frames, data, eager, socket_pair};
 
 const EAGER: usize = 64 * 1024;
 const MIB: usize = 1 << 20;
@@ -80,20 +80,7 @@ fn spin(node: &mut Node) {
 
 /// Checks that `sink` received exactly `sent`, in order, with the right content.
 fn check_received(sink: &TestSink, from: Rank, sent: &[(Header, Bytes)]) {
-    assert_eq!(sink.frames.len(), sent.len(), "frame count");
-    for (i, ((peer, h, payload), (want_h, want_p))) in sink.frames.iter().zip(sent).enumerate() {
-        assert_eq!(*peer, from, "frame {i}: peer");
-        assert_eq!(h, want_h, "frame {i}: header");
-        if h.kind == Kind::Data {
-            assert!(payload.is_empty(), "frame {i}: data frames carry no payload");
-            if h.seq != DISCARD {
-                let got = &sink.data[h.aux as usize..][..h.len as usize];
-                assert!(got == &want_p[..], "frame {i}: data content");
-            }
-        } else {
-            assert!(payload == want_p, "frame {i}: payload content");
-        }
-    }
+    check_frames(&sink.frames, from, sent, |_, h, want| &sink.data[h.aux as usize..][..h.len as usize] == want);
 }
 
 /// Sends `frames` from `a` (rank 0) to `b` (rank 1) and waits for all of them.

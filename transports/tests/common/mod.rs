@@ -41,6 +41,30 @@ pub(crate) fn data(src: Rank, seq: u64, offset: usize, len: usize) -> (Header, B
     (h, Bytes::from(pattern(seq, len)))
 }
 
+/// Checks that `frames` (as a sink recorded them) are exactly `sent`, from `from`, in order: each
+/// header, each non-`Data` payload, and, through `landed(i, header, want)`, where each `Data` frame
+/// not discarded wrote its bytes (`Data` frames carry no payload of their own).
+pub(crate) fn check_frames(
+    frames: &[(Rank, Header, Bytes)],
+    from: Rank,
+    sent: &[(Header, Bytes)],
+    landed: impl Fn(usize, &Header, &[u8]) -> bool,
+) {
+    assert_eq!(frames.len(), sent.len(), "frame count");
+    for (i, ((peer, h, payload), (want_h, want_p))) in frames.iter().zip(sent).enumerate() {
+        assert_eq!(*peer, from, "frame {i}: peer");
+        assert_eq!(h, want_h, "frame {i}: header");
+        if h.kind == Kind::Data {
+            assert!(payload.is_empty(), "frame {i}: data frames carry no payload");
+            if h.seq != DISCARD {
+                assert!(landed(i, h, want_p), "frame {i}: data content");
+            }
+        } else {
+            assert!(payload == want_p, "frame {i}: payload content");
+        }
+    }
+}
+
 /// Two connected loopback TCP sockets, with Nagle off.
 pub(crate) fn socket_pair() -> (TcpStream, TcpStream) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
