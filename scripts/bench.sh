@@ -4,7 +4,7 @@
 #   bash scripts/bench.sh [shm] [tcp] [collectives] [multicast] [verbs]    (default: all five)
 #
 # Each benchmark writes results/NAME.json (every run's figures), results/NAME.txt (the printed
-# table and summary) and, for ping-pong, results/NAME.svg (latency and throughput against size).
+# table and summary) and results/NAME.svg (latency, for ping-pong also throughput, against size).
 # docs/benchmarks.md describes the method and the files. Run it on a quiet machine: the two
 # benchmark CPUs (0 and 1) must not be shared.
 set -euo pipefail
@@ -60,17 +60,20 @@ if want collectives; then
     # on 4 ranks over 2 CPUs takes milliseconds per call, hence fewer iterations there.
     ops=barrier,bcast,reduce,allreduce,allgather,alltoall,sendrecv
     "$bench" collectives --ranks 2 --runs 5 --ops "$ops" \
-        --json results/collectives-2ranks.json | tee results/collectives-2ranks.txt
+        --json results/collectives-2ranks.json --plot results/collectives-2ranks.svg | tee results/collectives-2ranks.txt
     "$bench" collectives --ranks 4 --runs 3 --iters 100 --warmup 20 --iters-large 20 --warmup-large 5 \
-        --ops "$ops" --json results/collectives-4ranks.json | tee results/collectives-4ranks.txt
+        --ops "$ops" --json results/collectives-4ranks.json --plot results/collectives-4ranks.svg \
+        | tee results/collectives-4ranks.txt
 fi
 
 if want multicast; then
     # Reliable multicast on loopback against a binomial tree, point-to-point over shared memory
     # and over TCP.
     ip link set lo multicast on 2>/dev/null || echo "note: cannot enable multicast on lo (not root?)"
-    "$bench" multicast --json results/multicast-shm.json | tee results/multicast-shm.txt
-    "$bench" multicast --transports tcp --json results/multicast-tcp.json | tee results/multicast-tcp.txt
+    "$bench" multicast --json results/multicast-shm.json --plot results/multicast-shm.svg \
+        | tee results/multicast-shm.txt
+    "$bench" multicast --transports tcp --json results/multicast-tcp.json --plot results/multicast-tcp.svg \
+        | tee results/multicast-tcp.txt
 fi
 
 if want verbs; then

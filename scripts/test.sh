@@ -40,6 +40,16 @@ cargo test --workspace --doc --locked
 # The API documentation builds without a broken or private link.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
+# The library crates package as for publishing (versioned path dependencies, metadata), and each
+# one builds alone from its package, with only the tokio features it names (a few minutes). The
+# bench and the simulator are not published (publish = false). Cargo takes a package of a given
+# version as never changing (its unpacked copy, its build), so each run starts from nothing: a
+# target directory of its own, and no copy left by an earlier run.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/ferrocomm-* target/package-check
+CARGO_TARGET_DIR=target/package-check \
+    cargo package --workspace --exclude ferrocomm-bench --exclude ferrocomm-sim --locked --allow-dirty
+rm -rf target/package-check
+
 # Coverage-guided fuzzing, the CI smoke (docs/fuzzing.md): every fuzz target builds and runs
 # FUZZ_SECONDS (default 20) without a crash. Installs the nightly toolchain and cargo-fuzz if
 # missing. About 5.5 minutes on 2 cores: the sanitizer build, then 9 targets x 20 s.

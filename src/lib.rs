@@ -29,7 +29,7 @@ mod world;
 pub use bootstrap::{init, init_with};
 pub use config::{ProgressMode, Settings, TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous, VerbsSettings};
 pub use error::{Error, Result};
-pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table};
+pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table, bf16, f16};
 pub use ferrocomm_reactor::HybridStats;
 pub use ferrocomm_transports as transports;
 pub use ferrocomm_transports::{Rank, TransportError, WireError};

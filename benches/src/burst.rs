@@ -17,12 +17,27 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ferrocomm::{ProgressMode, Settings, Source, TcpBackend, TransportChoice, testing};
 
-const USAGE: &str = "\
-usage: ferrocomm-bench burst [--ranks N] [--messages M] [--runs R] [--json FILE]
-  --ranks N      ranks in the job (default 6)
-  --messages M   8 B messages each rank sends per pattern (default 2500)
-  --runs R       alternated runs of every configuration (default 5)
-  --json FILE    write every run's times as JSON";
+/// Bursts of 8 B messages among in-process ranks over TCP: each backend in adaptive and blocking
+/// progress, alternated.
+///
+/// Three patterns: exchange (every rank to every other), ring, storm (every rank to rank 0, a
+/// wildcard receive). Reports each configuration's median time over the runs with its spread,
+/// and the ratio of adaptive to blocking progress for each backend.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// Ranks in the job
+    #[arg(long, value_name = "N", default_value_t = 6, value_parser = clap::value_parser!(u32).range(2..))]
+    pub ranks: u32,
+    /// 8 B messages each rank sends per pattern
+    #[arg(long, value_name = "M", default_value_t = 2500)]
+    pub messages: u32,
+    /// Alternated runs of every configuration
+    #[arg(long, value_name = "R", default_value_t = 5, value_parser = crate::cli::at_least_one)]
+    pub runs: usize,
+    /// Write every run's times as JSON
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<String>,
+}
 
 const PATTERNS: [&str; 3] = ["exchange", "ring", "storm"];
 
@@ -47,40 +62,26 @@ const CONFIGS: [Config; 4] = [
     Config { name: "uring blocking", backend: TcpBackend::Uring, progress: ProgressMode::Blocking },
 ];
 
-pub(crate) fn main(args: &[String]) -> crate::Result<()> {
-    let (mut ranks, mut messages, mut runs, mut json) = (6u32, 2500u32, 5usize, None::<String>);
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        if flag == "-h" || flag == "--help" {
-            println!("{USAGE}");
-            return Ok(());
-        }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        match flag.as_str() {
-            "--ranks" => ranks = value.parse()?,
-            "--messages" => messages = value.parse()?,
-            "--runs" => runs = value.parse()?,
-            "--json" => json = Some(value.clone()),
-            _ => return Err(format!("unknown option {flag}\n{USAGE}").into()),
-        }
-    }
-    if ranks < 2 || runs == 0 {
-        return Err("--ranks must be at least 2 and --runs at least 1".into());
-    }
+pub fn main(o: Options) -> crate::Result<()> {
+    let Options { ranks, messages, runs, json } = o;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     // times[pattern][config] = one time per run
     let mut times = vec![vec![Vec::new(); CONFIGS.len()]; PATTERNS.len()];
+    let bar = crate::cli::Progress::new((runs * PATTERNS.len() * CONFIGS.len()) as u64, "burst");
     for run in 0..runs {
         for (p, pattern) in PATTERNS.iter().enumerate() {
             // Rotate the order of the configurations from run to run.
             for k in 0..CONFIGS.len() {
                 let c = (k + run) % CONFIGS.len();
+                bar.step(format!("run {}: {pattern}, {}", run + 1, CONFIGS[c].name));
                 let t = rt.block_on(job(ranks, messages, pattern, &CONFIGS[c]))?;
                 times[p][c].push(t.as_secs_f64());
+                bar.inc();
             }
         }
-        eprintln!("burst: run {}/{runs} done", run + 1);
+        bar.note(format!("burst: run {}/{runs} done", run + 1));
     }
+    drop(bar);
     println!("{ranks} ranks, {messages} messages of 8 B per rank, {runs} runs; median (min-max) in ms");
     println!(
         "{:<10} {:>26} {:>26} {:>26} {:>26} {:>16} {:>16}",

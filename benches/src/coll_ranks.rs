@@ -18,23 +18,29 @@ use crate::osu::{Measurement, Schedule};
 use crate::{Result, affinity, process};
 
 /// Hidden subcommand: the job, which launches the ranks.
-pub(crate) const JOB_COMMAND: &str = "collectives-job";
+pub const JOB_COMMAND: &str = "collectives-job";
 /// Hidden subcommand: one rank.
-pub(crate) const RANK_COMMAND: &str = "collectives-rank";
+pub const RANK_COMMAND: &str = "collectives-rank";
 
 /// The longest a ferrocomm job may take.
 const JOB_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// What a ferrocomm job is asked to do.
-#[derive(Clone, Debug)]
-pub(crate) struct JobSpec {
+/// What a ferrocomm job is asked to do: the arguments of the hidden `collectives-job` and
+/// `collectives-rank` subcommands ([`JobSpec::to_args`]).
+#[derive(Clone, Debug, clap::Args)]
+pub struct JobSpec {
+    #[arg(long, default_value_t = 2)]
     pub ranks: u32,
     /// `FERROCOMM_PROGRESS` for the ranks.
+    #[arg(long, default_value = "busy")]
     pub progress: String,
     /// Algorithm overrides (`op=algorithm,...`) applied with `Comm::with_collective_table`.
+    #[arg(long)]
     pub pin: Option<String>,
     /// Extra environment of the ranks (`KEY=VALUE`), e.g. allocator tuning; not given to the MPIs.
+    #[arg(long, value_parser = crate::cli::key_value)]
     pub env: Vec<String>,
+    #[command(flatten)]
     pub schedule: Schedule,
 }
 
@@ -51,25 +57,8 @@ impl JobSpec {
         a
     }
 
-    fn from_args(args: &[String]) -> Result<JobSpec> {
-        let mut spec =
-            JobSpec { ranks: 2, progress: "busy".into(), pin: None, env: Vec::new(), schedule: Schedule::default() };
-        for pair in args.chunks(2) {
-            let [flag, v] = pair else { return Err(format!("{} needs a value", pair[0]).into()) };
-            match flag.as_str() {
-                "--ranks" => spec.ranks = v.parse()?,
-                "--progress" => spec.progress = v.clone(),
-                "--pin" => spec.pin = Some(v.clone()),
-                "--env" => spec.env.push(v.clone()),
-                _ if spec.schedule.set(flag, v)? => {}
-                _ => return Err(format!("unknown option {flag}").into()),
-            }
-        }
-        Ok(spec)
-    }
-
     /// The command that runs this job, for the report.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         format!("FERROCOMM_TRANSPORTS=auto FERROCOMM_PROGRESS={} ferrocomm-bench {JOB_COMMAND} {}", self.progress, {
             self.to_args().join(" ")
         })
@@ -77,13 +66,13 @@ impl JobSpec {
 }
 
 /// The transport the ranks used and rank 0's measurements.
-pub(crate) struct JobResult {
+pub struct JobResult {
     pub transport: String,
     pub measurements: Vec<Measurement>,
 }
 
 /// Runs one ferrocomm job and collects rank 0's `result` lines.
-pub(crate) fn run(spec: &JobSpec) -> Result<JobResult> {
+pub fn run(spec: &JobSpec) -> Result<JobResult> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(&exe);
     cmd.arg(JOB_COMMAND).args(spec.to_args()).stderr(Stdio::inherit());
@@ -99,8 +88,7 @@ pub(crate) fn run(spec: &JobSpec) -> Result<JobResult> {
 }
 
 /// `collectives-job`: launches the ranks and waits for them.
-pub(crate) fn job_main(args: &[String]) -> Result<()> {
-    let spec = JobSpec::from_args(args)?;
+pub fn job_main(spec: JobSpec) -> Result<()> {
     // All ranks share this host: shared memory between every pair.
     let env =
         vec![("FERROCOMM_TRANSPORTS".into(), "auto".into()), ("FERROCOMM_PROGRESS".into(), spec.progress.clone())];
@@ -113,8 +101,7 @@ pub(crate) fn job_main(args: &[String]) -> Result<()> {
 }
 
 /// `collectives-rank`: one rank of the job.
-pub(crate) fn rank_main(args: &[String]) -> Result<()> {
-    let spec = JobSpec::from_args(args)?;
+pub fn rank_main(spec: JobSpec) -> Result<()> {
     let rank: usize = std::env::var("FERROCOMM_RANK")
         .map_err(|_| "FERROCOMM_RANK is not set: collectives-rank runs under the benchmark's launcher")?
         .parse()?;
@@ -265,13 +252,14 @@ mod tests {
             env: vec!["A=b=c".into()],
             schedule: Schedule { sizes: vec![8, 1 << 20], ..Schedule::default() },
         };
-        let back = JobSpec::from_args(&spec.to_args()).unwrap();
+        let line = format!("{JOB_COMMAND} {}", spec.to_args().join(" "));
+        let crate::Command::CollectivesJob(back) = crate::tests::parse(&line).unwrap() else { panic!("{line}") };
         assert_eq!(
             (back.ranks, back.progress.as_str(), back.pin.as_deref()),
             (4, "adaptive:20", Some("allreduce=ring"))
         );
         assert_eq!(back.schedule, spec.schedule);
         assert_eq!(back.env, spec.env);
-        assert!(JobSpec::from_args(&["--ranks".into()]).is_err());
+        assert!(crate::tests::parse(&format!("{JOB_COMMAND} --ranks")).is_err());
     }
 }

@@ -18,136 +18,103 @@ use serde_json::{Value, json};
 
 use crate::coll_ranks::{self, JobSpec};
 use crate::osu::{self, Measurement, Mpi, Schedule};
-use crate::pingpong::parse_bytes;
 use crate::sweep::median;
-use crate::{Result, affinity, process};
+use crate::{Result, affinity, cli, plot, process};
 
 /// Other work above this share of the benchmark's CPUs, during a run, earns a warning.
 const LOAD_WARNING: f64 = 0.05;
 /// The side name of ferrocomm in rows and JSON.
 const OURS: &str = "ferrocomm";
 
-pub(crate) const USAGE: &str = "\
-usage: ferrocomm-bench collectives [options]
-
-OSU-style latency (warm-up, then timed iterations each followed by a barrier; per-rank mean,
-averaged over ranks) of barrier, broadcast, all-reduce (f32 sum), all-gather and all-to-all, for
-ferrocomm over shared memory and for Open MPI and MPICH running benches/mpi/osu_coll.c (built here
-with mpicc.openmpi and mpicc.mpich), alternating, medians over --runs runs.
-
-options:
-  --ranks N,M,...      rank counts (default 2,4)
-  --ops OP,...         of barrier,bcast,allreduce,allgather,alltoall (default all), also reduce
-                       and sendrecv
-  --max BYTES          largest size (default 1M); sizes are 8 B times --step while below, and --max
-  --step K             size factor (default 4; 2 for every power of two)
-  --iters N --warmup N             per size up to --large bytes (default 1000, 200: OSU's)
-  --iters-large N --warmup-large N above --large (default 100, 10: OSU's)
-  --large BYTES        (default 8192)
-  --runs K             runs per side; the report gives medians (default 3)
-  --cpus A,B,...       rank r runs on the (r mod count)-th CPU, on every side (default 0,1)
-  --progress P         ferrocomm progress mode (default busy, as MPI busy-polls)
-  --mpi M,...          of openmpi,mpich (default both); --no-mpi for ferrocomm alone
-  --env KEY=VALUE      extra environment of the ferrocomm ranks only (repeatable), e.g.
-                       GLIBC_TUNABLES=... to try allocator settings
-  --json FILE          write the results as JSON
-  --sweep              instead: ferrocomm alone, each algorithm of each operation pinned in turn
-                       (Comm::with_collective_table), to find the selection table's switch points";
-
-/// The options of `collectives`.
-#[derive(Clone, Debug)]
-pub(crate) struct Options {
+/// ferrocomm vs Open MPI and MPICH: collective latency (OSU method, shared memory).
+///
+/// OSU-style latency (warm-up, then timed iterations each followed by a barrier; per-rank mean,
+/// averaged over ranks) of barrier, broadcast, all-reduce (f32 sum), all-gather and all-to-all,
+/// for ferrocomm over shared memory and for Open MPI and MPICH running benches/mpi/osu_coll.c
+/// (built here with mpicc.openmpi and mpicc.mpich), alternating, medians over --runs runs.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// Rank counts
+    #[arg(long, value_name = "N,M,...", value_delimiter = ',', default_value = "2,4",
+          value_parser = clap::value_parser!(u32).range(2..))]
     pub ranks: Vec<u32>,
-    pub schedule: Schedule,
+    /// Operations, of barrier,bcast,allreduce,allgather,alltoall (the default), reduce and
+    /// sendrecv
+    #[arg(long, value_name = "OP,...", value_delimiter = ',', default_value = "barrier,bcast,allreduce,allgather,alltoall",
+          value_parser = osu::OPS)]
+    pub ops: Vec<String>,
+    /// Largest size; sizes are 8 B times --step while below, and --max
+    #[arg(long, value_name = "BYTES", default_value = "1M", value_parser = cli::bytes)]
     pub max: usize,
-    pub step: usize,
+    /// Size factor (2 for every power of two)
+    #[arg(long, value_name = "K", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..))]
+    pub step: u32,
+    /// Timed iterations per size up to --large bytes (OSU's default)
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = cli::at_least_one_u64)]
+    pub iters: u64,
+    /// Warm-up iterations per size up to --large bytes
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub warmup: u64,
+    /// Timed iterations per size above --large bytes
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = cli::at_least_one_u64)]
+    pub iters_large: u64,
+    /// Warm-up iterations per size above --large bytes
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub warmup_large: u64,
+    /// Where the large sizes begin
+    #[arg(long, value_name = "BYTES", default_value = "8K", value_parser = cli::bytes)]
+    pub large: usize,
+    /// Runs per side; the report gives medians
+    #[arg(long, value_name = "K", default_value_t = 3, value_parser = cli::at_least_one)]
     pub runs: usize,
+    /// Rank r runs on the (r mod count)-th CPU, on every side
+    #[arg(long, value_name = "A,B,...", value_delimiter = ',', default_value = "0,1")]
+    pub cpus: Vec<usize>,
+    /// ferrocomm progress mode (busy, as MPI busy-polls)
+    #[arg(long, default_value = "busy", value_parser = cli::progress)]
     pub progress: String,
-    pub mpis: Vec<String>,
-    pub json: Option<PathBuf>,
-    pub sweep: bool,
-    /// `--env KEY=VALUE`: extra environment of the ferrocomm ranks.
+    /// MPIs to compare with
+    #[arg(long, value_name = "M,...", value_delimiter = ',', default_value = "openmpi,mpich",
+          value_parser = Mpi::KEYS)]
+    pub mpi: Vec<String>,
+    /// ferrocomm alone (no MPI)
+    #[arg(long)]
+    pub no_mpi: bool,
+    /// Extra environment of the ferrocomm ranks only (repeatable), e.g. GLIBC_TUNABLES=... to
+    /// try allocator settings
+    #[arg(long, value_name = "KEY=VALUE", value_parser = cli::key_value)]
     pub env: Vec<String>,
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write latency against size as SVG, one panel per operation and rank count (with --sweep:
+    /// one curve per algorithm)
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Instead: ferrocomm alone, each algorithm of each operation pinned in turn
+    /// (Comm::with_collective_table), to find the selection table's switch points
+    #[arg(long)]
+    pub sweep: bool,
 }
 
 impl Options {
-    /// Parses `args`; `None` when help was asked for.
-    pub(crate) fn parse(args: &[String]) -> Result<Option<Options>> {
-        let mut o = Options {
-            ranks: vec![2, 4],
-            schedule: Schedule::default(),
-            max: 1 << 20,
-            step: 4,
-            runs: 3,
-            progress: "busy".into(),
-            mpis: Mpi::KEYS.iter().map(|s| s.to_string()).collect(),
-            json: None,
-            sweep: false,
-            env: Vec::new(),
-        };
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-                _ => (arg.as_str(), None),
-            };
-            let mut value = || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("{flag} needs a value"));
-            let s = &mut o.schedule;
-            match flag {
-                "-h" | "--help" => return Ok(None),
-                "--ranks" => {
-                    o.ranks = value()?.split(',').map(|r| r.trim().parse()).collect::<std::result::Result<_, _>>()?;
-                    if o.ranks.iter().any(|&r| r < 2) {
-                        return Err("--ranks: at least 2".into());
-                    }
-                }
-                "--ops" => {
-                    let ops: Vec<String> = value()?.split(',').map(String::from).collect();
-                    if let Some(bad) = ops.iter().find(|op| !osu::OPS.contains(&op.as_str())) {
-                        return Err(format!("--ops: unknown operation {bad:?}").into());
-                    }
-                    s.ops = ops;
-                }
-                "--max" => o.max = parse_bytes(&value()?)?,
-                "--step" => o.step = value()?.parse::<usize>().map_err(|e| format!("--step: {e}"))?.max(2),
-                "--iters" => s.iters = value()?.parse()?,
-                "--warmup" => s.warmup = value()?.parse()?,
-                "--iters-large" => s.iters_large = value()?.parse()?,
-                "--warmup-large" => s.warmup_large = value()?.parse()?,
-                "--large" => s.large = parse_bytes(&value()?)?,
-                "--runs" => {
-                    o.runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?;
-                    if o.runs == 0 {
-                        return Err("--runs must be at least 1".into());
-                    }
-                }
-                "--cpus" => {
-                    s.cpus = value()?.split(',').map(|c| c.trim().parse()).collect::<std::result::Result<_, _>>()?;
-                }
-                "--progress" => {
-                    let p = value()?;
-                    p.parse::<ferrocomm::ProgressMode>().map_err(|e| format!("--progress: {e}"))?;
-                    o.progress = p;
-                }
-                "--mpi" => o.mpis = value()?.split(',').map(String::from).collect(),
-                "--no-mpi" => o.mpis.clear(),
-                "--json" => o.json = Some(value()?.into()),
-                "--sweep" => o.sweep = true,
-                "--env" => {
-                    let e = value()?;
-                    if !e.contains('=') {
-                        return Err(format!("--env {e:?}: expected KEY=VALUE").into());
-                    }
-                    o.env.push(e);
-                }
-                other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
-            }
+    /// The OSU schedule these options ask for.
+    pub fn schedule(&self) -> Schedule {
+        Schedule {
+            ops: self.ops.clone(),
+            sizes: osu::sizes(self.max, self.step as usize),
+            iters: self.iters,
+            warmup: self.warmup,
+            iters_large: self.iters_large,
+            warmup_large: self.warmup_large,
+            large: self.large,
+            cpus: self.cpus.clone(),
         }
-        if o.schedule.iters == 0 || o.schedule.iters_large == 0 {
-            return Err("--iters and --iters-large must be at least 1".into());
-        }
-        o.schedule.sizes = osu::sizes(o.max, o.step);
-        Ok(Some(o))
+    }
+
+    /// The MPIs to run (none with --no-mpi).
+    pub fn mpis(&self) -> &[String] {
+        if self.no_mpi { &[] } else { &self.mpi }
     }
 }
 
@@ -205,16 +172,16 @@ impl Watch {
 }
 
 /// `ferrocomm-bench collectives`.
-pub(crate) fn main(args: &[String]) -> Result<()> {
-    let Some(opts) = Options::parse(args)? else {
-        println!("{USAGE}");
-        return Ok(());
-    };
+pub fn main(opts: Options) -> Result<()> {
+    let schedule = opts.schedule();
+    if schedule.sizes.is_empty() {
+        return Err("--max must be at least 8 bytes".into());
+    }
     let allowed = affinity::allowed_cpus()?;
-    if let Some(c) = opts.schedule.cpus.iter().find(|c| !allowed.contains(c)) {
+    if let Some(c) = schedule.cpus.iter().find(|c| !allowed.contains(c)) {
         return Err(format!("CPU {c} is not available to this process (available: {allowed:?}); see --cpus").into());
     }
-    if opts.sweep { sweep(&opts) } else { compare(&opts) }
+    if opts.sweep { sweep(&opts, &schedule) } else { compare(&opts, &schedule) }
 }
 
 fn spec(opts: &Options, ranks: u32, schedule: &Schedule, pin: Option<String>) -> JobSpec {
@@ -222,11 +189,10 @@ fn spec(opts: &Options, ranks: u32, schedule: &Schedule, pin: Option<String>) ->
 }
 
 /// ferrocomm and the MPIs, side by side.
-fn compare(opts: &Options) -> Result<()> {
+fn compare(opts: &Options, s: &Schedule) -> Result<()> {
     let started = Instant::now();
     let dir = std::env::current_exe()?.parent().ok_or("the executable has no directory")?.join("osu_coll");
-    let mpis = opts.mpis.iter().map(|k| Mpi::build(k, &dir)).collect::<Result<Vec<_>>>()?;
-    let s = &opts.schedule;
+    let mpis = opts.mpis().iter().map(|k| Mpi::build(k, &dir)).collect::<Result<Vec<_>>>()?;
     println!(
         "collectives, OSU method: {} sizes from {} to {} B, {} iterations after {} warm-up ({} after {} above {} B), \
          median of {} run(s), ranks on CPUs {:?}",
@@ -254,23 +220,26 @@ fn compare(opts: &Options) -> Result<()> {
     let mut transport = String::from("?");
     let mut watch = Watch { busiest: 0.0, log: Vec::new() };
     let sides = 1 + mpis.len();
+    let bar = cli::Progress::new((opts.runs * opts.ranks.len() * sides) as u64, "collectives");
     for run in 1..=opts.runs {
         for &n in &opts.ranks {
             // Rotate the order of the sides from run to run.
             for i in 0..sides {
                 let side = (i + run - 1) % sides;
+                let name = if side == 0 { OURS } else { mpis[side - 1].key };
+                bar.step(format!("run {run}: {n} ranks: {name}"));
                 let meter = process::Interference::start(&s.cpus);
                 let t = Instant::now();
-                let (name, found) = if side == 0 {
+                let found = if side == 0 {
                     let r = coll_ranks::run(&spec(opts, n, s, None))?;
                     transport = r.transport;
-                    (OURS, r.measurements)
+                    r.measurements
                 } else {
-                    let m = &mpis[side - 1];
-                    (m.key, m.run(n, s)?)
+                    mpis[side - 1].run(n, s)?
                 };
-                watch.note(meter, run, n, name);
-                eprintln!("run {run}/{}: {n} ranks: {name}: {:.1} s", opts.runs, t.elapsed().as_secs_f64());
+                bar.suspend(|| watch.note(meter, run, n, name));
+                bar.inc();
+                bar.note(format!("run {run}/{}: {n} ranks: {name}: {:.1} s", opts.runs, t.elapsed().as_secs_f64()));
                 for m in found {
                     let row = rows.entry(key(n, &m)).or_default();
                     row.runs.entry(name.to_string()).or_default().push(m.avg_us);
@@ -281,6 +250,7 @@ fn compare(opts: &Options) -> Result<()> {
             }
         }
     }
+    drop(bar);
     if watch.busiest > LOAD_WARNING {
         println!(
             "warning: other work took up to {:.0}% of the CPUs during a run; the results are noisy",
@@ -297,8 +267,55 @@ fn compare(opts: &Options) -> Result<()> {
         let doc = to_json(opts, &rows, &mpis, &transport, &commands, &watch.log);
         write_json(path, &doc)?;
     }
+    if let Some(path) = &opts.plot {
+        // One panel per (ranks, operation): ferrocomm and each MPI.
+        let sides: Vec<&str> = std::iter::once(OURS).chain(mpis.iter().map(|m| m.key)).collect();
+        let panels = panels(&rows, |r| sides.iter().map(|&side| (side.to_string(), r.median(side))).collect());
+        let title = match mpis.is_empty() {
+            true => "ferrocomm: collective latency".to_string(),
+            false => format!(
+                "ferrocomm vs {}: collective latency",
+                mpis.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        let subtitle = format!(
+            "OSU method over shared memory ({transport}), progress {}, CPUs {:?}, median of {} run(s)",
+            opts.progress, s.cpus, opts.runs
+        );
+        plot::write(path, &plot::figure(&title, &subtitle, &panels))?;
+    }
     println!("total time {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// One latency panel per (ranks, operation) of `rows` with a size axis (the barrier has none);
+/// `curves` gives a row's named values (median latency in µs, `None` where not measured).
+fn panels<R>(rows: &BTreeMap<Key, R>, curves: impl Fn(&R) -> Vec<(String, Option<f64>)>) -> Vec<plot::Panel> {
+    let mut panels: Vec<plot::Panel> = Vec::new();
+    let mut last = None;
+    for (&(n, op, bytes), r) in rows {
+        if bytes == 0 {
+            continue;
+        }
+        if last != Some((n, op)) {
+            last = Some((n, op));
+            panels.push(plot::Panel {
+                title: format!("{}, {n} ranks", osu::OPS.get(op).unwrap_or(&"?")),
+                ylabel: "latency (µs)".into(),
+                y: plot::YAxis::Log,
+                series: Vec::new(),
+            });
+        }
+        let panel = panels.last_mut().expect("pushed");
+        for (name, v) in curves(r) {
+            let Some(v) = v else { continue };
+            match panel.series.iter_mut().find(|s| s.name == name) {
+                Some(s) => s.points.push((bytes as f64, v)),
+                None => panel.series.push(plot::Series { name, points: vec![(bytes as f64, v)] }),
+            }
+        }
+    }
+    panels
 }
 
 fn table(rows: &BTreeMap<Key, Row>, mpis: &[Mpi]) -> String {
@@ -372,7 +389,7 @@ fn to_json(
             v
         })
         .collect();
-    let s = &opts.schedule;
+    let s = &opts.schedule();
     json!({
         "bench": "collectives",
         "method": "OSU: warm-up, timed iterations each followed by a barrier; per-rank mean latency, averaged over ranks",
@@ -397,25 +414,30 @@ fn write_json(path: &std::path::Path, v: &Value) -> Result<()> {
 }
 
 /// ferrocomm alone, each algorithm pinned in turn.
-fn sweep(opts: &Options) -> Result<()> {
+fn sweep(opts: &Options, s: &Schedule) -> Result<()> {
     let started = Instant::now();
     // (ranks, op, bytes) -> algorithm -> run latencies.
     let mut found: BTreeMap<Key, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
     let mut watch = Watch { busiest: 0.0, log: Vec::new() };
     let mut commands = Vec::new();
+    let algorithms: usize =
+        s.ops.iter().map(|op| op.parse::<Operation>().map_or(0, |o| Algorithm::for_operation(o).len())).sum();
+    let bar = cli::Progress::new((opts.runs * opts.ranks.len() * algorithms) as u64, "collectives --sweep");
     for run in 1..=opts.runs {
         for &n in &opts.ranks {
-            for op in &opts.schedule.ops {
+            for op in &s.ops {
                 let operation: Operation = op.parse()?;
-                let schedule = Schedule { ops: vec![op.clone()], ..opts.schedule.clone() };
+                let schedule = Schedule { ops: vec![op.clone()], ..s.clone() };
                 for alg in Algorithm::for_operation(operation) {
+                    bar.step(format!("run {run}: {n} ranks: {op}={alg}"));
                     let job = spec(opts, n, &schedule, Some(format!("{operation}={alg}")));
                     if run == 1 {
                         commands.push(job.describe());
                     }
                     let meter = process::Interference::start(&schedule.cpus);
                     let result = coll_ranks::run(&job)?;
-                    watch.note(meter, run, n, &format!("{op}={alg}"));
+                    bar.suspend(|| watch.note(meter, run, n, &format!("{op}={alg}")));
+                    bar.inc();
                     for m in result.measurements {
                         // The pin does not hold when the algorithm cannot serve the call.
                         let used = m.algorithm.clone().unwrap_or_default();
@@ -426,9 +448,10 @@ fn sweep(opts: &Options) -> Result<()> {
                     }
                 }
             }
-            eprintln!("run {run}/{}: {n} ranks done, {:.0} s", opts.runs, started.elapsed().as_secs_f64());
+            bar.note(format!("run {run}/{}: {n} ranks done, {:.0} s", opts.runs, started.elapsed().as_secs_f64()));
         }
     }
+    drop(bar);
     let mut out = String::new();
     let mut last: Option<(u32, usize)> = None;
     let mut doc = Vec::new();
@@ -459,6 +482,15 @@ fn sweep(opts: &Options) -> Result<()> {
         });
         write_json(path, &v)?;
     }
+    if let Some(path) = &opts.plot {
+        // One panel per (ranks, operation), one curve per algorithm.
+        let panels = panels(&found, |algs| algs.iter().map(|(a, v)| (a.clone(), median(v))).collect());
+        let subtitle = format!(
+            "each algorithm pinned in turn, progress {}, CPUs {:?}, median of {} run(s)",
+            opts.progress, s.cpus, opts.runs
+        );
+        plot::write(path, &plot::figure("ferrocomm: collective latency by algorithm", &subtitle, &panels))?;
+    }
     println!("total time {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -467,23 +499,31 @@ fn sweep(opts: &Options) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
+    fn options(line: &str) -> std::result::Result<Options, clap::Error> {
+        match crate::tests::parse(&format!("collectives {line}"))? {
+            crate::Command::Collectives(o) => Ok(o),
+            other => panic!("not collectives: {other:?}"),
+        }
     }
 
     #[test]
-    fn options() {
-        let o = Options::parse(&args("--ranks 2,3 --ops bcast,allreduce --max 64K --step 2 --runs 5 --no-mpi"))
-            .unwrap()
-            .unwrap();
+    fn options_parse() {
+        let o = options("--ranks 2,3 --ops bcast,allreduce --max 64K --step 2 --runs 5 --no-mpi --large 16K").unwrap();
+        let s = o.schedule();
         assert_eq!(o.ranks, vec![2, 3]);
-        assert_eq!(o.schedule.ops, vec!["bcast", "allreduce"]);
-        assert_eq!(o.schedule.sizes.last(), Some(&65536));
-        assert_eq!(o.schedule.sizes.len(), 14);
-        assert!(o.mpis.is_empty() && o.runs == 5 && !o.sweep);
-        assert!(Options::parse(&args("--help")).unwrap().is_none());
-        for bad in ["--ranks 1", "--ops scan", "--runs 0", "--iters 0", "--frobnicate"] {
-            assert!(Options::parse(&args(bad)).is_err(), "{bad}");
+        assert_eq!(s.ops, vec!["bcast", "allreduce"]);
+        assert_eq!(s.sizes.last(), Some(&65536));
+        assert_eq!(s.sizes.len(), 14);
+        assert_eq!(s.large, 16384);
+        assert!(o.mpis().is_empty() && o.runs == 5 && !o.sweep);
+        let d = options("--env A=1 --env B=2=3").unwrap();
+        assert_eq!(
+            (d.mpis(), d.env.as_slice()),
+            (&["openmpi".to_string(), "mpich".into()][..], &["A=1".to_string(), "B=2=3".into()][..])
+        );
+        assert_eq!(d.schedule(), Schedule::default());
+        for bad in ["--ranks 1", "--ops scan", "--runs 0", "--iters 0", "--mpi lam", "--env X", "--frobnicate"] {
+            assert!(options(bad).is_err(), "{bad}");
         }
     }
 

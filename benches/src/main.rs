@@ -47,6 +47,7 @@
 
 mod affinity;
 mod burst;
+mod cli;
 mod coll_ranks;
 mod collectives;
 mod mcast;
@@ -68,67 +69,92 @@ mod verbs_transport;
 
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
+
 /// Errors end the program with a message; none is expected to be handled.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-const USAGE: &str = "\
-usage: ferrocomm-bench <benchmark> [options]
+/// ferrocomm measured side by side with reference peers (NetPIPE, Open MPI, MPICH, perftest) on
+/// the same machine, CPUs and message sizes. `ferrocomm-bench <benchmark> --help` for each
+/// benchmark's options; sizes take `K`, `M` and `G` suffixes everywhere (`64K`, `8M`).
+#[derive(Debug, Parser)]
+#[command(name = "ferrocomm-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-benchmarks:
-  pingpong    ferrocomm vs NetPIPE ping-pong latency and throughput (NetPIPE method): NPtcp
-              over TCP, NPopenmpi and NPmpich2 over shared memory (--transport shm);
-              `ferrocomm-bench pingpong --help` for its options
-  shm-transport
-              the shared-memory transport alone (no engine, no futures): 8 B latency and
-              bandwidth between two pinned processes; and the 8 B latency through the
-              protocol engine driven by hand (no reactor, no futures)
-  verbs-transport
-              the verbs transport alone (build with --features verbs): 8 B latency of each
-              eager path (rings, shared receive queue) between two pinned endpoints
-  collectives ferrocomm vs Open MPI and MPICH collective latency (OSU method, shared memory);
-              `ferrocomm-bench collectives --help` for its options
-  burst       bursts of 8 B messages among 6 ranks over TCP: each backend in adaptive and
-              blocking progress, alternated; `ferrocomm-bench burst --help`
-  multicast   reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers, token
-              vs dissemination barrier with one rank late; `ferrocomm-bench multicast --help`
-  rma         one-sided put/get latency and bandwidth and fetch-add vs ucx_perftest over shared
-              memory; fetch-add to one target vs spread; `ferrocomm-bench rma --help`
-  sim-scale   collectives on the simulated network, 64 to 4,096 ranks, against the alpha-beta
-              model of each algorithm; `ferrocomm-bench sim-scale --help`";
+#[derive(Debug, Subcommand)]
+enum Command {
+    Pingpong(pingpong::Options),
+    ShmTransport(transport::Options),
+    #[cfg(feature = "verbs")]
+    VerbsTransport(verbs_transport::Options),
+    Collectives(collectives::Options),
+    Burst(burst::Options),
+    Multicast(mcast::Options),
+    SimScale(sim_scale::Options),
+    /// One-sided put/get latency and bandwidth and fetch-add against ucx_perftest over shared
+    /// memory; fetch-add to one target against spread across targets (`rma --help`).
+    #[command(disable_help_flag = true)]
+    Rma {
+        /// The benchmark's own options (`rma --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    #[command(name = rma::JOB_COMMAND, hide = true, disable_help_flag = true)]
+    RmaJob {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    #[command(name = rma::RANK_COMMAND, hide = true, disable_help_flag = true)]
+    RmaRank {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    // The processes the benchmarks start: this binary again, with these hidden subcommands.
+    #[command(name = ranks::JOB_COMMAND, hide = true)]
+    PingpongJob(ranks::JobSpec),
+    #[command(name = ranks::RANK_COMMAND, hide = true)]
+    PingpongRank(ranks::JobSpec),
+    #[command(name = perftest::STREAM_JOB, hide = true)]
+    StreamJob(perftest::StreamSpec),
+    #[command(name = perftest::STREAM_RANK, hide = true)]
+    StreamRank(perftest::StreamSpec),
+    #[command(name = coll_ranks::JOB_COMMAND, hide = true)]
+    CollectivesJob(coll_ranks::JobSpec),
+    #[command(name = coll_ranks::RANK_COMMAND, hide = true)]
+    CollectivesRank(coll_ranks::JobSpec),
+    #[command(name = mcast::JOB_COMMAND, hide = true)]
+    MulticastJob(mcast::Options),
+    #[command(name = mcast::RANK_COMMAND, hide = true)]
+    MulticastRank(mcast::Options),
+    #[command(name = transport::RANK_COMMAND, hide = true)]
+    ShmTransportRank(transport::RankSpec),
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (command, rest) = match args.split_first() {
-        Some((c, rest)) => (c.as_str(), rest),
-        None => ("--help", &[][..]),
-    };
-    let result = match command {
-        "pingpong" => pingpong::main(rest),
-        "burst" => burst::main(rest),
-        "collectives" => collectives::main(rest),
-        coll_ranks::JOB_COMMAND => coll_ranks::job_main(rest),
-        coll_ranks::RANK_COMMAND => coll_ranks::rank_main(rest),
-        "multicast" => mcast::main(rest),
-        "sim-scale" => sim_scale::main(rest),
-        mcast::JOB_COMMAND => mcast::job_main(rest),
-        mcast::RANK_COMMAND => mcast::rank_main(rest),
-        ranks::JOB_COMMAND => ranks::job_main(rest),
-        ranks::RANK_COMMAND => ranks::rank_main(rest),
-        "rma" => rma::main(rest),
-        rma::JOB_COMMAND => rma::job_main(rest),
-        rma::RANK_COMMAND => rma::rank_main(rest),
-        "shm-transport" => transport::main(rest),
-        transport::RANK_COMMAND => transport::rank_main(rest),
+    let result = match Cli::parse().command {
+        Command::Pingpong(o) => pingpong::main(o),
+        Command::ShmTransport(o) => transport::main(o),
         #[cfg(feature = "verbs")]
-        "verbs-transport" => verbs_transport::main(rest),
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        other => {
-            eprintln!("ferrocomm-bench: unknown benchmark {other:?}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+        Command::VerbsTransport(o) => verbs_transport::main(o),
+        Command::Collectives(o) => collectives::main(o),
+        Command::Burst(o) => burst::main(o),
+        Command::Multicast(o) => mcast::main(o),
+        Command::SimScale(o) => sim_scale::main(o),
+        Command::Rma { args } => rma::main(&args),
+        Command::RmaJob { args } => rma::job_main(&args),
+        Command::RmaRank { args } => rma::rank_main(&args),
+        Command::PingpongJob(s) => ranks::job_main(s),
+        Command::PingpongRank(s) => ranks::rank_main(s),
+        Command::StreamJob(s) => perftest::stream_job_main(s),
+        Command::StreamRank(s) => perftest::stream_rank_main(s),
+        Command::CollectivesJob(s) => coll_ranks::job_main(s),
+        Command::CollectivesRank(s) => coll_ranks::rank_main(s),
+        Command::MulticastJob(o) => mcast::job_main(o),
+        Command::MulticastRank(o) => mcast::rank_main(o),
+        Command::ShmTransportRank(s) => transport::rank_main(s),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -136,5 +162,58 @@ fn main() -> ExitCode {
             eprintln!("ferrocomm-bench: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// The command line is consistent (no clashing flags, defaults that parse).
+    #[test]
+    fn command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// Parses `line` (without the program name) into its command.
+    pub fn parse(line: &str) -> std::result::Result<Command, clap::Error> {
+        Cli::try_parse_from(std::iter::once("ferrocomm-bench").chain(line.split_whitespace())).map(|c| c.command)
+    }
+
+    /// The command lines of scripts/bench.sh and scripts/verbs-vm.sh (variables filled in).
+    #[test]
+    fn the_scripts_command_lines_parse() {
+        let ops = "barrier,bcast,reduce,allreduce,allgather,alltoall,sendrecv";
+        for line in [
+            "pingpong --transport shm --progress busy --runs 3 --recv-into --max 4M --json a.json --plot a.svg".to_string(),
+            "pingpong --transport shm --progress busy --runs 10 --recv-into --send-from --max 8 --target-ms 100 \
+             --idle-gap 0 --json b.json"
+                .into(),
+            "pingpong --backend uring --runs 3 --recv-into --json c.json --plot c.svg".into(),
+            "pingpong --backend portable --runs 3 --recv-into --json c.json --plot c.svg".into(),
+            format!("collectives --ranks 2 --runs 5 --ops {ops} --json d.json --plot d.svg"),
+            format!(
+                "collectives --ranks 4 --runs 3 --iters 100 --warmup 20 --iters-large 20 --warmup-large 5 --ops {ops} \
+                 --json e.json --plot e.svg"
+            ),
+            "multicast --json f.json --plot f.svg".into(),
+            "multicast --transports tcp --json g.json --plot g.svg".into(),
+            "pingpong --transport verbs --progress blocking --recv-into --runs 3 --max 4M --target-ms 300 --json h.json \
+             --plot h.svg"
+                .into(),
+        ] {
+            assert!(parse(&line).is_ok(), "{line}: {}", parse(&line).unwrap_err());
+        }
+        // verbs-vm.sh's transport-alone run exists with the feature only.
+        assert_eq!(parse("verbs-transport --json v.json").is_ok(), cfg!(feature = "verbs"));
+    }
+
+    #[test]
+    fn unknown_benchmarks_and_options_are_refused() {
+        assert!(parse("frobnicate").is_err());
+        assert!(parse("pingpong --frobnicate").is_err());
+        assert!(parse("").is_err());
     }
 }

@@ -28,77 +28,50 @@ use ferrocomm::multicast::{Channel, TokenBarrier, broadcast};
 use ferrocomm::{Comm, Rank};
 use serde_json::{Value, json};
 
-use crate::{Result, process};
+use crate::{Result, cli, plot, process};
 
 /// Runs per size and method (median reported).
 const RUNS: usize = 3;
 
-pub(crate) const JOB_COMMAND: &str = "multicast-job";
-pub(crate) const RANK_COMMAND: &str = "multicast-rank";
+pub const JOB_COMMAND: &str = "multicast-job";
+pub const RANK_COMMAND: &str = "multicast-rank";
 
-pub(crate) const USAGE: &str = "\
-usage: ferrocomm-bench multicast [options]
-
-One root to --ranks - 1 receivers, each a process on this machine, multicast on loopback
-(needs `ip link set lo multicast on`): broadcast by reliable multicast vs a point-to-point
-binomial tree, 8 B to 1 MiB; token barrier vs dissemination barrier, latency and
-synchronization delay with the last rank delayed.
-
-options:
-  --ranks N        ranks, root included (default 9)
-  --max BYTES      largest broadcast (default 1048576)
-  --delay-us D     busy loop of the delayed rank before each barrier (default 2000)
-  --datagram B     multicast datagram size (default 60000: loopback's MTU is 64 KiB)
-  --progress P     ferrocomm progress mode of the ranks (default blocking: more ranks than cores)
-  --transports T   point-to-point between the ranks: auto (shared memory, default) or tcp
-  --json FILE      write the results as JSON";
-
-#[derive(Clone, Debug)]
-struct Options {
+/// Reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers; token vs
+/// dissemination barrier with one rank late.
+///
+/// One root to --ranks - 1 receivers, each a process on this machine, multicast on loopback
+/// (needs `ip link set lo multicast on`): broadcast by reliable multicast vs a point-to-point
+/// binomial tree, 8 B to --max; token barrier vs dissemination barrier, latency and
+/// synchronization delay with the last rank delayed.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// Ranks, root included
+    #[arg(long, value_name = "N", default_value_t = 9, value_parser = clap::value_parser!(u32).range(2..))]
     ranks: u32,
+    /// Largest broadcast
+    #[arg(long, value_name = "BYTES", default_value = "1M", value_parser = cli::bytes)]
     max: usize,
+    /// Busy loop of the delayed rank before each barrier, microseconds
+    #[arg(long, value_name = "D", default_value_t = 2000)]
     delay_us: u64,
+    /// Multicast datagram size (loopback's MTU is 64 KiB)
+    #[arg(long, value_name = "BYTES", default_value = "60000", value_parser = cli::bytes)]
     datagram: usize,
+    /// ferrocomm progress mode of the ranks (blocking: more ranks than cores)
+    #[arg(long, default_value = "blocking", value_parser = cli::progress)]
     progress: String,
+    /// Point-to-point between the ranks: auto (shared memory) or tcp
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp"])]
     transports: String,
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Write the broadcast latency against size as SVG
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 impl Options {
-    fn parse(args: &[String]) -> Result<Options> {
-        let mut o = Options {
-            ranks: 9,
-            max: 1 << 20,
-            delay_us: 2000,
-            datagram: 60_000,
-            progress: "blocking".into(),
-            transports: "auto".into(),
-            json: None,
-        };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            if flag == "-h" || flag == "--help" {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-            match flag.as_str() {
-                "--ranks" => o.ranks = v.parse()?,
-                "--max" => o.max = crate::pingpong::parse_bytes(v)?,
-                "--delay-us" => o.delay_us = v.parse()?,
-                "--datagram" => o.datagram = v.parse()?,
-                "--progress" => o.progress = v.clone(),
-                "--transports" => o.transports = v.clone(),
-                "--json" => o.json = Some(v.into()),
-                _ => return Err(format!("unknown option {flag}\n{USAGE}").into()),
-            }
-        }
-        if o.ranks < 2 {
-            return Err("--ranks must be at least 2".into());
-        }
-        Ok(o)
-    }
-
     fn to_args(&self) -> Vec<String> {
         vec![
             "--ranks".into(),
@@ -118,8 +91,7 @@ impl Options {
 }
 
 /// `multicast`: runs the job, prints the report.
-pub(crate) fn main(args: &[String]) -> Result<()> {
-    let o = Options::parse(args)?;
+pub fn main(o: Options) -> Result<()> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(&exe)
         .arg(JOB_COMMAND)
@@ -158,7 +130,8 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     println!("{:>9} {:>7} {:>14} {:>14} {:>10}", "bytes", "iters", "multicast us", "binomial us", "p2p/mcast");
     for r in bcast["bcast"].as_array().ok_or("no rows")? {
         let (m, p) = (r["mcast_us"].as_f64().unwrap_or(0.0), r["p2p_us"].as_f64().unwrap_or(0.0));
-        println!("{:>9} {:>7} {:>14.1} {:>14.1} {:>9.2}x", r["bytes"], r["iters"], m, p, p / m);
+        let (bytes, iters) = (r["bytes"].as_u64().unwrap_or(0), r["iters"].as_u64().unwrap_or(0));
+        println!("{bytes:>9} {iters:>7} {m:>14.1} {p:>14.1} {:>9.2}x", p / m);
     }
     let b = &barrier["barrier"];
     let f = |k: &str| b[k].as_f64().unwrap_or(0.0);
@@ -175,6 +148,27 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         f("diss_sync_us") / f("token_sync_us"),
         f("p2p_us")
     );
+    if let Some(path) = &o.plot {
+        let rows = bcast["bcast"].as_array().ok_or("no rows")?;
+        let curve = |name: &str, key: &str| plot::Series {
+            name: name.into(),
+            points: rows.iter().filter_map(|r| Some((r["bytes"].as_f64()?, r[key].as_f64()?))).collect(),
+        };
+        let panel = plot::Panel {
+            title: "Broadcast latency vs message size".into(),
+            ylabel: "latency (µs)".into(),
+            y: plot::YAxis::Log,
+            series: vec![curve("reliable multicast", "mcast_us"), curve("binomial tree (point-to-point)", "p2p_us")],
+        };
+        let subtitle = format!(
+            "1 root -> {} receivers, {} progress, point-to-point {}, datagram {} B; median of {RUNS} runs",
+            o.ranks - 1,
+            o.progress,
+            o.transports,
+            o.datagram
+        );
+        plot::write(path, &plot::figure("ferrocomm: reliable multicast vs binomial broadcast", &subtitle, &[panel]))?;
+    }
     if let Some(path) = &o.json {
         let all = json!({ "ranks": o.ranks, "datagram": o.datagram, "progress": o.progress, "delay_us": o.delay_us,
                           "transports": o.transports,
@@ -186,8 +180,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
 }
 
 /// `multicast-job`: launches the ranks.
-pub(crate) fn job_main(args: &[String]) -> Result<()> {
-    let o = Options::parse(args)?;
+pub fn job_main(o: Options) -> Result<()> {
     let exe = std::env::current_exe()?;
     let rank_args: Vec<OsString> =
         std::iter::once(RANK_COMMAND.to_string()).chain(o.to_args()).map(OsString::from).collect();
@@ -254,8 +247,7 @@ fn spin(d: Duration) {
 }
 
 /// `multicast-rank`: one rank.
-pub(crate) fn rank_main(args: &[String]) -> Result<()> {
-    let o = Options::parse(args)?;
+pub fn rank_main(o: Options) -> Result<()> {
     // One thread: the channel's driver task and the rank's code wake each other without a
     // cross-thread hand-off (9 ranks share 2 cores here).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -16,23 +16,33 @@ const MPI_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The operations measured, by their `osu_coll` names. `reduce` and `sendrecv` (an exchange with
 /// rank r^1, the point-to-point baseline) are measured only when asked for.
-pub(crate) const OPS: [&str; 7] = ["barrier", "bcast", "reduce", "allreduce", "allgather", "alltoall", "sendrecv"];
+pub const OPS: [&str; 7] = ["barrier", "bcast", "reduce", "allreduce", "allgather", "alltoall", "sendrecv"];
 /// The operations measured by default.
 const DEFAULT_OPS: [&str; 5] = ["barrier", "bcast", "allreduce", "allgather", "alltoall"];
 
-/// What to measure and how often: the OSU method's parameters.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Schedule {
+/// What to measure and how often: the OSU method's parameters, as the flags `osu_coll` takes
+/// ([`Schedule::to_args`]); the ferrocomm ranks parse the same flags.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
+pub struct Schedule {
+    /// Operations, of [`OPS`].
+    #[arg(short = 'o', value_delimiter = ',', required = true)]
     pub ops: Vec<String>,
     /// Bytes per rank (see `osu_coll.c` for what that means per operation).
+    #[arg(short = 's', value_delimiter = ',', required = true)]
     pub sizes: Vec<usize>,
+    #[arg(short = 'i', default_value_t = 1000)]
     pub iters: u64,
+    #[arg(short = 'w', default_value_t = 200)]
     pub warmup: u64,
     /// Counts for sizes above `large` bytes.
+    #[arg(short = 'I', default_value_t = 100)]
     pub iters_large: u64,
+    #[arg(short = 'W', default_value_t = 10)]
     pub warmup_large: u64,
+    #[arg(short = 'L', default_value_t = 8192)]
     pub large: usize,
     /// Rank r runs on `cpus[r % len]`; none: not pinned.
+    #[arg(short = 'p', value_delimiter = ',')]
     pub cpus: Vec<usize>,
 }
 
@@ -53,7 +63,7 @@ impl Default for Schedule {
 }
 
 /// 8 bytes, times `step` while at most `max`, and `max` itself.
-pub(crate) fn sizes(max: usize, step: usize) -> Vec<usize> {
+pub fn sizes(max: usize, step: usize) -> Vec<usize> {
     let mut out = Vec::new();
     let mut s = 8;
     while s <= max {
@@ -70,13 +80,9 @@ fn list<T: ToString>(v: &[T]) -> String {
     v.iter().map(T::to_string).collect::<Vec<_>>().join(",")
 }
 
-fn parse_list<T: std::str::FromStr>(flag: &str, v: &str) -> Result<Vec<T>> {
-    v.split(',').map(|x| x.trim().parse().map_err(|_| format!("{flag} {v:?}: not a list of numbers").into())).collect()
-}
-
 impl Schedule {
     /// The flags `osu_coll` takes (the ferrocomm ranks take the same).
-    pub(crate) fn to_args(&self) -> Vec<String> {
+    pub fn to_args(&self) -> Vec<String> {
         let mut a = vec![
             "-o".into(),
             self.ops.join(","),
@@ -99,31 +105,15 @@ impl Schedule {
         a
     }
 
-    /// Parses one flag of [`Schedule::to_args`]; false if `flag` is not one of them.
-    pub(crate) fn set(&mut self, flag: &str, v: &str) -> Result<bool> {
-        match flag {
-            "-o" => self.ops = v.split(',').map(String::from).collect(),
-            "-s" => self.sizes = parse_list(flag, v)?,
-            "-i" => self.iters = v.parse()?,
-            "-w" => self.warmup = v.parse()?,
-            "-I" => self.iters_large = v.parse()?,
-            "-W" => self.warmup_large = v.parse()?,
-            "-L" => self.large = v.parse()?,
-            "-p" => self.cpus = parse_list(flag, v)?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
     /// Warm-up and timed iterations for `bytes`.
-    pub(crate) fn counts(&self, bytes: usize) -> (u64, u64) {
+    pub fn counts(&self, bytes: usize) -> (u64, u64) {
         if bytes > self.large { (self.warmup_large, self.iters_large) } else { (self.warmup, self.iters) }
     }
 }
 
 /// One `result` line: an operation at one size, averaged over ranks.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Measurement {
+pub struct Measurement {
     pub op: String,
     pub bytes: usize,
     pub iterations: u64,
@@ -137,7 +127,7 @@ pub(crate) struct Measurement {
 
 impl Measurement {
     /// The line both sides print.
-    pub(crate) fn line(&self) -> String {
+    pub fn line(&self) -> String {
         let mut s = format!(
             "result {} {} {} {:.4} {:.4} {:.4}",
             self.op, self.bytes, self.iterations, self.avg_us, self.min_us, self.max_us
@@ -149,7 +139,7 @@ impl Measurement {
     }
 
     /// Parses a `result` line; `None` for any other line.
-    pub(crate) fn parse(line: &str) -> Option<Measurement> {
+    pub fn parse(line: &str) -> Option<Measurement> {
         let mut f = line.strip_prefix("result ")?.split_whitespace();
         Some(Measurement {
             op: f.next()?.to_string(),
@@ -165,7 +155,7 @@ impl Measurement {
 
 /// One MPI implementation: its compiler wrapper and launcher, and `osu_coll` built against it.
 #[derive(Clone, Debug)]
-pub(crate) struct Mpi {
+pub struct Mpi {
     /// `openmpi` or `mpich`.
     pub key: &'static str,
     pub name: &'static str,
@@ -175,10 +165,10 @@ pub(crate) struct Mpi {
 
 impl Mpi {
     /// The MPIs this benchmark knows, in report order.
-    pub(crate) const KEYS: [&'static str; 2] = ["openmpi", "mpich"];
+    pub const KEYS: [&'static str; 2] = ["openmpi", "mpich"];
 
     /// Builds `osu_coll` against MPI `key` into `dir` (once; again when the source is newer).
-    pub(crate) fn build(key: &str, dir: &Path) -> Result<Mpi> {
+    pub fn build(key: &str, dir: &Path) -> Result<Mpi> {
         let (key, name, mpicc, mpirun) = match key {
             "openmpi" => ("openmpi", "Open MPI", "mpicc.openmpi", "mpirun.openmpi"),
             "mpich" => ("mpich", "MPICH", "mpicc.mpich", "mpirun.mpich"),
@@ -213,7 +203,7 @@ impl Mpi {
     }
 
     /// The command line, for the report.
-    pub(crate) fn describe(&self, n: u32, schedule: &Schedule) -> String {
+    pub fn describe(&self, n: u32, schedule: &Schedule) -> String {
         let mut parts = vec![self.mpirun.to_string()];
         parts.extend(self.launcher_args(n));
         parts.push(self.exe.display().to_string());
@@ -222,7 +212,7 @@ impl Mpi {
     }
 
     /// Runs `osu_coll` on `n` ranks.
-    pub(crate) fn run(&self, n: u32, schedule: &Schedule) -> Result<Vec<Measurement>> {
+    pub fn run(&self, n: u32, schedule: &Schedule) -> Result<Vec<Measurement>> {
         let mut cmd = Command::new(self.mpirun);
         cmd.args(self.launcher_args(n)).arg(&self.exe).args(schedule.to_args());
         let (status, lines) =
@@ -237,7 +227,7 @@ impl Mpi {
 
 /// The `result` lines among `lines` (prefixed by the launcher's `[rank] ` or not); other lines
 /// except comments are passed on to standard error.
-pub(crate) fn collect(lines: &[String]) -> Vec<Measurement> {
+pub fn collect(lines: &[String]) -> Vec<Measurement> {
     let mut out = Vec::new();
     for line in lines {
         let bare = match line.split_once("] ") {
@@ -260,14 +250,14 @@ mod tests {
     #[test]
     fn schedule_round_trips_through_flags() {
         let s = Schedule { ops: vec!["bcast".into()], sizes: vec![8, 64], cpus: vec![], ..Schedule::default() };
-        let args = s.to_args();
-        let mut back = Schedule::default();
-        for pair in args.chunks(2) {
-            assert!(back.set(&pair[0], &pair[1]).unwrap(), "{pair:?}");
-        }
-        back.cpus.clear();
-        assert_eq!(back, s);
-        assert!(!back.set("--frobnicate", "1").unwrap());
+        let line = format!("collectives-rank {}", s.to_args().join(" "));
+        let crate::Command::CollectivesRank(back) = crate::tests::parse(&line).unwrap() else { panic!("{line}") };
+        assert_eq!(back.schedule, s);
+        let pinned = Schedule { cpus: vec![1, 0, 1], ..s.clone() };
+        let line = format!("collectives-rank {}", pinned.to_args().join(" "));
+        let crate::Command::CollectivesRank(back) = crate::tests::parse(&line).unwrap() else { panic!("{line}") };
+        assert_eq!(back.schedule, pinned);
+        assert!(crate::tests::parse("collectives-rank -o bcast -s 8 --frobnicate 1").is_err());
         assert_eq!(s.counts(8), (200, 1000));
         assert_eq!(s.counts(16384), (10, 100));
     }

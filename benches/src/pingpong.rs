@@ -15,149 +15,84 @@ use crate::netpipe::{Flavour, NetPipe};
 use crate::perftest::{self, Perftest};
 use crate::ranks::{self, JobSpec};
 use crate::report::{self, Meta, Row};
-use crate::{Result, affinity, plot, process, reference, sweep, transport};
+use crate::{Result, affinity, cli, plot, process, reference, sweep, transport};
 
 /// Other work above this share of the benchmark's CPUs, during a run, earns a warning.
 const LOAD_WARNING: f64 = 0.05;
 
-pub(crate) const USAGE: &str = "\
-usage: ferrocomm-bench pingpong [options]
-
-Ping-pong latency and throughput of ferrocomm against NetPIPE (NPtcp over TCP; NPopenmpi and
-NPmpich2 over shared memory), NetPIPE method: sizes 1 B and powers of two up to --max, each also
-at -3 and +3 bytes; medians over --runs runs. Over shared memory also: reference lines (cache-line
-ping-pong, memcpy), the transport alone, and the latency to an idle peer (adaptive vs busy-poll).
-
-options:
-  --transport T             transport to measure: tcp (default), shm (shared memory) or verbs
-                            (build with --features verbs; the peer is then perftest's
-                            ib_send_lat at 8 B and ib_write_bw at 1 MiB on the same device)
-  --device D                RDMA device for verbs (default: the first one)
-  --gid-index N             GID index for verbs (default: the first RoCE v2 IPv4 entry)
-  --backend B               ferrocomm TCP backend: auto, uring or portable (default auto)
-  --progress P              ferrocomm progress: busy, adaptive[:US] or blocking (default busy)
-  --max BYTES               largest power of two measured, e.g. 65536, 64K, 8M (default 8M)
-  --runs K                  runs per side; the report gives medians (default 3)
-  --cpus A,B                CPUs of rank 0 / NPtcp transmitter and rank 1 / receiver (default 0,1)
-  --json FILE               write the results as JSON
-  --plot FILE.svg           write throughput and latency plots as SVG
-  --no-peer                 measure ferrocomm alone (no NPtcp needed)
-  --recv-into               ferrocomm receives with recv_into into one reused buffer per rank
-                            instead of recv (a buffer per message)
-  --send-from               ferrocomm sends with send_from (a borrowed slice, copied as MPI
-                            sends) instead of send (a shared handle)
-  --idle-gap US             shm: microseconds between the pings of the idle-peer measurement
-                            (default 1000; 0 skips it)
-  --target-ms MS            how long ferrocomm's timed batch of each size lasts (default 30;
-                            more where round trips are slow, as under emulation)
-  --time-each               time every ferrocomm round trip with the CPU's cycle counter, as
-                            ib_send_lat does, so that the median is the median round trip like
-                            its t_typical (the default with --transport verbs; otherwise the
-                            median is over 15 timed slices of each batch, the clock read once
-                            per slice)";
-
-/// The options of `pingpong`.
-#[derive(Clone, Debug)]
-pub(crate) struct Options {
-    /// `tcp` or `shm`.
+/// ferrocomm vs NetPIPE: ping-pong latency and throughput (NetPIPE method).
+///
+/// Ping-pong latency and throughput of ferrocomm against NetPIPE (NPtcp over TCP; NPopenmpi and
+/// NPmpich2 over shared memory), NetPIPE method: sizes 1 B and powers of two up to --max, each
+/// also at -3 and +3 bytes; medians over --runs runs. Over shared memory also: reference lines
+/// (cache-line ping-pong, memcpy), the transport alone, and the latency to an idle peer
+/// (adaptive vs busy-poll). With --time-each, every round trip is timed and the report adds its
+/// latency percentiles (p50, p99, p99.9).
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// Transport to measure: tcp, shm (shared memory) or verbs (build with --features verbs;
+    /// the peer is then perftest's ib_send_lat at 8 B and ib_write_bw at 1 MiB on the same
+    /// device)
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "shm", "verbs"])]
     pub transport: String,
-    pub backend: String,
-    pub progress: String,
-    pub max: usize,
-    pub runs: usize,
-    pub cpus: [usize; 2],
-    pub json: Option<PathBuf>,
-    pub plot: Option<PathBuf>,
-    pub peer: bool,
-    pub recv_into: bool,
-    pub send_from: bool,
-    pub idle_gap_us: u64,
-    pub target_ms: u64,
-    /// Time each round trip (see `--time-each`).
-    pub time_each: bool,
+    /// RDMA device for verbs [default: the first one]
+    #[arg(long, value_name = "D")]
     pub device: Option<String>,
+    /// GID index for verbs [default: the first RoCE v2 IPv4 entry]
+    #[arg(long, value_name = "N")]
     pub gid_index: Option<u32>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            transport: "tcp".into(),
-            backend: "auto".into(),
-            progress: "busy".into(),
-            max: 8 << 20,
-            runs: 3,
-            cpus: [0, 1],
-            json: None,
-            plot: None,
-            peer: true,
-            recv_into: false,
-            send_from: false,
-            idle_gap_us: 1000,
-            target_ms: sweep::TARGET.as_millis() as u64,
-            time_each: false,
-            device: None,
-            gid_index: None,
-        }
-    }
+    /// ferrocomm TCP backend: auto, uring or portable
+    #[arg(long, default_value = "auto", value_parser = cli::backend)]
+    pub backend: String,
+    /// ferrocomm progress: busy, adaptive (adaptive:US spins at most US microseconds before
+    /// sleeping) or blocking
+    #[arg(long, default_value = "busy", value_parser = cli::progress)]
+    pub progress: String,
+    /// Largest power of two measured, e.g. 65536, 64K, 8M
+    #[arg(long, value_name = "BYTES", default_value = "8M", value_parser = cli::bytes)]
+    pub max: usize,
+    /// Runs per side; the report gives medians
+    #[arg(long, value_name = "K", default_value_t = 3, value_parser = cli::at_least_one)]
+    pub runs: usize,
+    /// CPUs of rank 0 / the peer's transmitter and of rank 1 / its receiver
+    #[arg(long, value_name = "A,B", default_value = "0,1", value_parser = cli::cpu_pair)]
+    pub cpus: [usize; 2],
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write throughput and latency plots as SVG
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Measure ferrocomm alone (no peer needed)
+    #[arg(long)]
+    pub no_peer: bool,
+    /// ferrocomm receives with recv_into into one reused buffer per rank instead of recv (a
+    /// buffer per message)
+    #[arg(long)]
+    pub recv_into: bool,
+    /// ferrocomm sends with send_from (a borrowed slice, copied as MPI sends) instead of send
+    /// (a shared handle)
+    #[arg(long)]
+    pub send_from: bool,
+    /// shm: microseconds between the pings of the idle-peer measurement (0 skips it)
+    #[arg(long = "idle-gap", value_name = "US", default_value_t = 1000)]
+    pub idle_gap_us: u64,
+    /// How long ferrocomm's timed batch of each size lasts, milliseconds (more where round
+    /// trips are slow, as under emulation)
+    #[arg(long, value_name = "MS", default_value_t = sweep::TARGET.as_millis() as u64, value_parser = cli::at_least_one_u64)]
+    pub target_ms: u64,
+    /// Time every ferrocomm round trip with the CPU's cycle counter, as ib_send_lat does: the
+    /// median is then the median round trip like its t_typical, and the report adds p50, p99
+    /// and p99.9 (the default with --transport verbs; otherwise the median is over 15 timed
+    /// slices of each batch, the clock read once per slice)
+    #[arg(long)]
+    pub time_each: bool,
 }
 
 impl Options {
-    /// Parses `args`; `None` when help was asked for.
-    pub(crate) fn parse(args: &[String]) -> Result<Option<Options>> {
-        let mut o = Options::default();
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-                _ => (arg.as_str(), None),
-            };
-            let mut value = || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("{flag} needs a value"));
-            match flag {
-                "-h" | "--help" => return Ok(None),
-                "--transport" => match value()?.as_str() {
-                    t @ ("tcp" | "shm" | "verbs") => o.transport = t.into(),
-                    t => return Err(format!("--transport {t}: tcp, shm or verbs").into()),
-                },
-                "--backend" => {
-                    let b = value()?;
-                    b.parse::<ferrocomm::TcpBackend>().map_err(|e| format!("--backend: {e}"))?;
-                    o.backend = b;
-                }
-                "--progress" => {
-                    let p = value()?;
-                    p.parse::<ferrocomm::ProgressMode>().map_err(|e| format!("--progress: {e}"))?;
-                    o.progress = p;
-                }
-                "--max" => o.max = parse_bytes(&value()?)?,
-                "--runs" => {
-                    o.runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?;
-                    if o.runs == 0 {
-                        return Err("--runs must be at least 1".into());
-                    }
-                }
-                "--cpus" => o.cpus = parse_cpus(&value()?)?,
-                "--json" => o.json = Some(value()?.into()),
-                "--plot" => o.plot = Some(value()?.into()),
-                "--no-peer" => o.peer = false,
-                "--device" => o.device = Some(value()?),
-                "--gid-index" => o.gid_index = Some(value()?.parse().map_err(|e| format!("--gid-index: {e}"))?),
-                "--recv-into" => o.recv_into = true,
-                "--send-from" => o.send_from = true,
-                "--time-each" => o.time_each = true,
-                "--idle-gap" => o.idle_gap_us = value()?.parse().map_err(|e| format!("--idle-gap: {e}"))?,
-                "--target-ms" => {
-                    o.target_ms = value()?.parse().map_err(|e| format!("--target-ms: {e}"))?;
-                    if o.target_ms == 0 {
-                        return Err("--target-ms must be at least 1".into());
-                    }
-                }
-                other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
-            }
-        }
-        // perftest's latency is the median of round trips each timed alone.
-        o.time_each |= o.transport == "verbs";
-        Ok(Some(o))
+    /// Whether the peer runs (not `--no-peer`).
+    pub fn peer(&self) -> bool {
+        !self.no_peer
     }
 }
 
@@ -169,46 +104,10 @@ fn send_call(send_from: bool) -> &'static str {
     if send_from { "send_from (a borrowed slice)" } else { "send" }
 }
 
-/// `A,B`: two CPU numbers.
-pub(crate) fn parse_cpus(s: &str) -> Result<[usize; 2]> {
-    let parsed: Option<Vec<usize>> = s.split(',').map(|c| c.trim().parse().ok()).collect();
-    match parsed.as_deref() {
-        Some(&[a, b]) => Ok([a, b]),
-        _ => Err(format!("--cpus {s:?}: expected two CPU numbers, A,B").into()),
-    }
-}
-
-/// A byte count: digits with an optional binary suffix (`K`, `M`, `G`, optionally `iB`/`B`).
-pub(crate) fn parse_bytes(s: &str) -> Result<usize> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(digits);
-    let shift = match suffix.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => return Err(format!("{s:?}: not a byte count (e.g. 65536, 64K, 8M)").into()),
-    };
-    let n: usize = num.parse().map_err(|_| format!("{s:?}: not a byte count (e.g. 65536, 64K, 8M)"))?;
-    match n.checked_mul(1 << shift) {
-        Some(v) if (1..=1 << 30).contains(&v) => Ok(v),
-        _ => Err(format!("{s:?}: must be between 1 byte and 1 GiB").into()),
-    }
-}
-
 /// `ferrocomm-bench pingpong`.
-pub(crate) fn main(args: &[String]) -> Result<()> {
-    // The verbs streaming measurement runs its ranks through this subcommand.
-    match args.first().map(String::as_str) {
-        Some(perftest::STREAM_JOB) => return perftest::stream_job_main(&args[1..]),
-        Some(perftest::STREAM_RANK) => return perftest::stream_rank_main(&args[1..]),
-        _ => {}
-    }
-    let Some(opts) = Options::parse(args)? else {
-        println!("{USAGE}");
-        return Ok(());
-    };
+pub fn main(mut opts: Options) -> Result<()> {
+    // perftest's latency is the median of round trips each timed alone.
+    opts.time_each |= opts.transport == "verbs";
     let started = Instant::now();
     let allowed = affinity::allowed_cpus()?;
     if let Some(c) = opts.cpus.iter().find(|c| !allowed.contains(c)) {
@@ -219,7 +118,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     }
     let shm = opts.transport == "shm";
     let verbs = opts.transport == "verbs";
-    let flavours: &[Flavour] = match (opts.peer && !verbs, shm) {
+    let flavours: &[Flavour] = match (opts.peer() && !verbs, shm) {
         (false, _) => &[],
         (true, false) => &[Flavour::Tcp],
         (true, true) => &[Flavour::OpenMpi, Flavour::Mpich],
@@ -234,7 +133,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         let gid = opts.gid_index.unwrap_or_else(|| perftest::default_gid_index(&device));
         env.push(("FERROCOMM_VERBS_DEVICE".to_string(), device.clone()));
         env.push(("FERROCOMM_VERBS_GID_INDEX".to_string(), gid.to_string()));
-        if opts.peer {
+        if opts.peer() {
             perf = Some(Perftest::find(&device, gid)?);
             names.push("perftest");
         }
@@ -304,71 +203,88 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut busiest = 0.0_f64;
     let mut interference = Vec::new();
     // Other work on the benchmark's CPUs during one side's sweep, noted and warned about.
+    // Steps of a run: ferrocomm's sweep, its streaming bandwidth (verbs), each peer's sizes,
+    // perftest.
+    let streams = perf.is_some() && opts.max >= 1 << 20;
+    let per_run = 1 + usize::from(streams) + peers.len() * rows.len() + usize::from(perf.is_some());
+    let bar = cli::Progress::new((opts.runs * per_run) as u64, "pingpong");
     let mut watch = |meter: Option<process::Interference>, run: usize, side: &str| {
         let share = meter.and_then(|m| m.share());
         if let Some(share) = share {
             busiest = busiest.max(share);
             if share > LOAD_WARNING {
-                eprintln!("warning: other work took {:.0}% of the CPUs during run {run} of {side}", share * 100.0);
+                bar.note(format!(
+                    "warning: other work took {:.0}% of the CPUs during run {run} of {side}",
+                    share * 100.0
+                ));
             }
         }
         interference.push(json!({"run": run, "side": side, "share": share}));
     };
     for run in 1..=opts.runs {
+        bar.step(format!("run {run}: ferrocomm"));
         let meter = process::Interference::start(&opts.cpus);
         let t = Instant::now();
         let result = ranks::run_sweep(&spec)?;
+        bar.inc();
         for s in &result.samples {
             if let Some(row) = rows.iter_mut().find(|r| r.bytes == s.bytes) {
                 row.ferrocomm.push(s.one_way);
                 row.ferrocomm_median.push(s.median_one_way);
                 row.ferrocomm_best_trial.push(s.best_trial_one_way);
+                row.ferrocomm_percentiles.extend(s.percentiles);
             }
         }
         let iterations: u64 = result.samples.iter().map(|s| s.iterations).sum();
-        eprintln!(
+        bar.note(format!(
             "run {run}/{}: ferrocomm ({}): {} sizes, {iterations} timed round trips, {:.1} s",
             opts.runs,
             result.transport,
             result.samples.len(),
             t.elapsed().as_secs_f64()
-        );
+        ));
         transport_name = result.transport;
         watch(meter, run, "ferrocomm");
-        if perf.is_some() && opts.max >= 1 << 20 {
+        if streams {
+            bar.step(format!("run {run}: ferrocomm streaming"));
             let t = Instant::now();
             let mbps = perftest::stream_bw(&opts.progress, opts.cpus, 1 << 20, &spec.env)?;
+            bar.inc();
             stream_mbps.push(mbps);
-            eprintln!(
+            bar.note(format!(
                 "run {run}/{}: ferrocomm streaming 1 MiB, window {}: {mbps:.1} MB/s, {:.1} s",
                 opts.runs,
                 perftest::WINDOW,
                 t.elapsed().as_secs_f64()
-            );
+            ));
         }
         for (i, np) in peers.iter().enumerate() {
             let meter = process::Interference::start(&opts.cpus);
             let t = Instant::now();
             for row in rows.iter_mut() {
+                bar.step(format!("run {run}: {} {} B", np.name(), row.bytes));
                 row.peers[i].push(np.measure(row.bytes, opts.cpus)?);
+                bar.inc();
             }
             watch(meter, run, np.name());
-            eprintln!(
+            bar.note(format!(
                 "run {run}/{}: {}: {} sizes, {:.1} s",
                 opts.runs,
                 np.name(),
                 rows.len(),
                 t.elapsed().as_secs_f64()
-            );
+            ));
         }
         if let Some(p) = &perf {
             // perftest's figures go into the rows of their sizes, as one-way times.
+            bar.step(format!("run {run}: perftest"));
             let t = Instant::now();
             let (lat, typical) = p.send_lat(8, opts.cpus)?;
             perf_typical.push(typical);
             // Only a sweep that reaches 1 MiB has a row for ib_write_bw (an 8 B run then pairs
             // ferrocomm and ib_send_lat a few seconds apart, not ten).
             let bw = if opts.max >= 1 << 20 { Some(p.write_bw(1 << 20, opts.cpus)?) } else { None };
+            bar.inc();
             let last = names.len() - 1;
             let bw_one_way = bw.map(|bw| (1 << 20, (1 << 20) as f64 / (bw * 1e6)));
             for (bytes, one_way) in std::iter::once((8, lat)).chain(bw_one_way) {
@@ -377,7 +293,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 }
             }
             let ours = report::row(&rows, 8).and_then(|r| r.ferrocomm_median.last().copied());
-            eprintln!(
+            bar.note(format!(
                 "run {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {}, {:.1} s; \
                  this run's 8 B medians: ferrocomm / ib_send_lat = {}",
                 opts.runs,
@@ -386,9 +302,10 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 bw.map_or("not run (--max below 1 MiB)".into(), |bw| format!("{bw:.1} MB/s")),
                 t.elapsed().as_secs_f64(),
                 ours.map_or("-".into(), |o| format!("{:.2} / {:.2} us = {:.3}", o * 1e6, typical * 1e6, o / typical)),
-            );
+            ));
         }
     }
+    drop(bar);
     let extra = if shm { shm_extras(&opts, &rows)? } else { Value::Null };
 
     if busiest > LOAD_WARNING {
@@ -524,6 +441,12 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
             "adaptive_p90_us": adaptive.p90_us,
             "busy_p90_us": busy.p90_us,
             "adaptive_random_gaps_p90_us": random.p90_us,
+            "adaptive_p99_us": adaptive.p99_us,
+            "busy_p99_us": busy.p99_us,
+            "adaptive_random_gaps_p99_us": random.p99_us,
+            "adaptive_p99_9_us": adaptive.p999_us,
+            "busy_p99_9_us": busy.p999_us,
+            "adaptive_random_gaps_p99_9_us": random.p999_us,
             "peer_cpu_share_adaptive": adaptive.peer_cpu,
             "peer_cpu_share_busy": busy.peer_cpu,
             "peer_cpu_share_adaptive_random_gaps": random.peer_cpu,
@@ -543,23 +466,25 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
     }))
 }
 
-/// One idle-peer run, summed up.
+/// One idle-peer run, summed up (one-way times, µs, from the HDR histogram of its pings).
 #[derive(Clone, Copy, Default)]
 struct IdleStats {
     median_us: f64,
     p90_us: f64,
+    p99_us: f64,
+    p999_us: f64,
     /// Share of one CPU the waiting peer used.
     peer_cpu: f64,
 }
 
 impl IdleStats {
     fn of(r: &ranks::IdleRun) -> IdleStats {
-        let mut s = r.samples.clone();
-        s.sort_by(f64::total_cmp);
-        let p90 = s.get((s.len() * 9 / 10).min(s.len().saturating_sub(1))).copied().unwrap_or(f64::NAN);
+        let q = sweep::quantiles(&r.samples, &[0.9, 0.99, 0.999]).unwrap_or_else(|| vec![f64::NAN; 3]);
         IdleStats {
-            median_us: sweep::median(&s).unwrap_or(f64::NAN) * 1e6,
-            p90_us: p90 * 1e6,
+            median_us: sweep::median(&r.samples).unwrap_or(f64::NAN) * 1e6,
+            p90_us: q[0] * 1e6,
+            p99_us: q[1] * 1e6,
+            p999_us: q[2] * 1e6,
             peer_cpu: r.peer_cpu_share.unwrap_or(f64::NAN),
         }
     }
@@ -567,7 +492,13 @@ impl IdleStats {
     /// Field by field, the median over runs.
     fn median_of(runs: &[IdleStats]) -> IdleStats {
         let m = |f: fn(&IdleStats) -> f64| sweep::median(&runs.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN);
-        IdleStats { median_us: m(|s| s.median_us), p90_us: m(|s| s.p90_us), peer_cpu: m(|s| s.peer_cpu) }
+        IdleStats {
+            median_us: m(|s| s.median_us),
+            p90_us: m(|s| s.p90_us),
+            p99_us: m(|s| s.p99_us),
+            p999_us: m(|s| s.p999_us),
+            peer_cpu: m(|s| s.peer_cpu),
+        }
     }
 }
 
@@ -609,6 +540,19 @@ fn print_shm_extras(extra: &Value, rows: &[Row], names: &[&str]) {
             f("peer_cpu_share_busy") * 100.0,
             f("ratio_adaptive_to_busy_idle"),
             f("ratio_adaptive_to_busy_back_to_back"),
+        );
+        println!(
+            "idle peer percentiles (one way, p50 / p99 / p99.9 us): adaptive {:.3} / {:.3} / {:.3}; busy-poll {:.3} / {:.3} / {:.3}; \
+             adaptive with random gaps {:.3} / {:.3} / {:.3}",
+            f("adaptive_us"),
+            f("adaptive_p99_us"),
+            f("adaptive_p99_9_us"),
+            f("busy_us"),
+            f("busy_p99_us"),
+            f("busy_p99_9_us"),
+            f("adaptive_random_gaps_us"),
+            f("adaptive_random_gaps_p99_us"),
+            f("adaptive_random_gaps_p99_9_us"),
         );
         println!(
             "idle peer, random gaps (0.5-1.5x): adaptive {:.3} us (p90 {:.3}, peer CPU {:.0}%): {:.2}x busy-poll, {:.2}x the wake-up floor",
@@ -658,38 +602,39 @@ fn print_shm_extras(extra: &Value, rows: &[Row], names: &[&str]) {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
-
-    #[test]
-    fn options() {
-        let o = Options::parse(&args("--backend uring --progress=adaptive:20 --max 64K --runs 5 --cpus 1,0 --no-peer"))
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (o.backend.as_str(), o.progress.as_str(), o.max, o.runs, o.cpus),
-            ("uring", "adaptive:20", 65536, 5, [1, 0])
-        );
-        assert!(!o.peer);
-        let o = Options::parse(&args("--transport shm --idle-gap 200")).unwrap().unwrap();
-        assert_eq!((o.transport.as_str(), o.idle_gap_us), ("shm", 200));
-        assert!(Options::parse(&args("--help")).unwrap().is_none());
-        let v = Options::parse(&args("--transport verbs --device rxe0 --gid-index 1")).unwrap().unwrap();
-        assert_eq!((v.transport.as_str(), v.device.as_deref(), v.gid_index), ("verbs", Some("rxe0"), Some(1)));
-        for bad in
-            ["--backend rdma", "--transport udp", "--gid-index x", "--runs 0", "--max", "--cpus 1", "--frobnicate"]
-        {
-            assert!(Options::parse(&args(bad)).is_err(), "{bad}");
+    fn options(line: &str) -> std::result::Result<Options, clap::Error> {
+        match crate::tests::parse(&format!("pingpong {line}"))? {
+            crate::Command::Pingpong(o) => Ok(o),
+            other => panic!("not pingpong: {other:?}"),
         }
     }
 
     #[test]
-    fn byte_counts() {
-        assert_eq!(parse_bytes("8M").unwrap(), 8 << 20);
-        assert_eq!(parse_bytes("8MiB").unwrap(), 8 << 20);
-        assert_eq!(parse_bytes("4k").unwrap(), 4096);
-        assert_eq!(parse_bytes("65536").unwrap(), 65536);
-        assert!(parse_bytes("0").is_err() && parse_bytes("2G").is_err() && parse_bytes("x").is_err());
+    fn options_parse() {
+        let o = options("--backend uring --progress=adaptive:20 --max 64K --runs 5 --cpus 1,0 --no-peer").unwrap();
+        assert_eq!(
+            (o.backend.as_str(), o.progress.as_str(), o.max, o.runs, o.cpus),
+            ("uring", "adaptive:20", 65536, 5, [1, 0])
+        );
+        assert!(!o.peer());
+        let o = options("--transport shm --idle-gap 200").unwrap();
+        assert_eq!((o.transport.as_str(), o.idle_gap_us, o.max, o.target_ms), ("shm", 200, 8 << 20, 30));
+        assert!(o.peer() && !o.time_each);
+        let v = options("--transport verbs --device rxe0 --gid-index 1 --max 4M --target-ms 300").unwrap();
+        assert_eq!((v.transport.as_str(), v.device.as_deref(), v.gid_index), ("verbs", Some("rxe0"), Some(1)));
+        assert_eq!(options("--max 1G").unwrap().max, 1 << 30);
+        for bad in [
+            "--backend rdma",
+            "--transport udp",
+            "--gid-index x",
+            "--runs 0",
+            "--target-ms 0",
+            "--max",
+            "--max 2G",
+            "--cpus 1",
+            "--frobnicate",
+        ] {
+            assert!(options(bad).is_err(), "{bad}");
+        }
     }
 }

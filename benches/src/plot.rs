@@ -1,6 +1,9 @@
-//! A hand-made SVG of a sweep: throughput against size (log x) and latency against size (log-log).
+//! Hand-made SVG figures: panels of curves against message size (log x), each panel's y axis
+//! linear or logarithmic. Ping-pong draws throughput and latency; collectives one latency panel
+//! per operation and rank count; multicast the broadcast latency of both methods.
 
 use std::fmt::Write;
+use std::path::Path;
 
 use crate::report::Row;
 
@@ -9,14 +12,30 @@ const PANEL_HEIGHT: f64 = 400.0;
 const HEADER: f64 = 56.0;
 /// Plot area insets within a panel: left, right, top, bottom.
 const INSET: (f64, f64, f64, f64) = (84.0, 30.0, 36.0, 54.0);
-const FERROCOMM_COLOR: &str = "#1f63b4";
-const PEER_COLORS: [&str; 3] = ["#e8710a", "#2ca02c", "#9467bd"];
+/// Curve colours in order: ferrocomm's first, then the peers' or the other algorithms'.
+const COLORS: [&str; 8] = ["#1f63b4", "#e8710a", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#7f7f7f"];
 
-/// One curve.
-struct Series {
-    name: String,
-    color: &'static str,
-    points: Vec<(f64, f64)>,
+/// One curve: `(bytes, value)` points.
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// How a panel's y axis maps values.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum YAxis {
+    /// From 0 to a round top.
+    Linear,
+    /// From the decade below the lowest value to the decade above the highest.
+    Log,
+}
+
+/// One panel: its title, y label and axis, and curves (coloured in order).
+pub struct Panel {
+    pub title: String,
+    pub ylabel: String,
+    pub y: YAxis,
+    pub series: Vec<Series>,
 }
 
 /// An axis mapping values to `0..=1`.
@@ -49,29 +68,49 @@ impl Area {
     }
 }
 
-/// The picture for `rows`; `peers` names the peers' curves.
-pub(crate) fn svg(title: &str, subtitle: &str, rows: &[Row], peers: &[&str]) -> String {
+/// The ping-pong picture for `rows`: throughput and latency; `peers` names the peers' curves.
+pub fn svg(title: &str, subtitle: &str, rows: &[Row], peers: &[&str]) -> String {
     let curves = |pick: fn(&Row) -> Option<f64>, peer_pick: fn(&Row, usize) -> Option<f64>| {
         let mut s = vec![Series {
             name: "ferrocomm".into(),
-            color: FERROCOMM_COLOR,
             points: rows.iter().filter_map(|r| Some((r.bytes as f64, pick(r)?))).collect(),
         }];
         for (i, p) in peers.iter().enumerate() {
             s.push(Series {
                 name: p.to_string(),
-                color: PEER_COLORS[i % PEER_COLORS.len()],
                 points: rows.iter().filter_map(|r| Some((r.bytes as f64, peer_pick(r, i)?))).collect(),
             });
         }
         s
     };
-    let throughput = curves(Row::ferrocomm_mbps, Row::peer_mbps);
-    let latency = curves(Row::ferrocomm_us, Row::peer_us);
-    let max_bytes = rows.iter().map(|r| r.bytes).max().unwrap_or(2).max(2) as f64;
-    let xs = Scale::Log { lo: 1.0, hi: max_bytes };
+    let panels = [
+        Panel {
+            title: "Throughput vs message size".into(),
+            ylabel: "throughput (MB/s)".into(),
+            y: YAxis::Linear,
+            series: curves(Row::ferrocomm_mbps, Row::peer_mbps),
+        },
+        Panel {
+            title: "Latency (one-way, round trip / 2) vs message size".into(),
+            ylabel: "latency (µs)".into(),
+            y: YAxis::Log,
+            series: curves(Row::ferrocomm_us, Row::peer_us),
+        },
+    ];
+    figure(title, subtitle, &panels)
+}
 
-    let height = HEADER + 2.0 * PANEL_HEIGHT;
+/// A figure of `panels` stacked, all on one x axis (message size, log scale, from 1 byte or from
+/// the smallest size to the largest).
+pub fn figure(title: &str, subtitle: &str, panels: &[Panel]) -> String {
+    let xs_all = || panels.iter().flat_map(|p| p.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
+    let max_bytes = xs_all().fold(2.0, f64::max);
+    let min_bytes = xs_all().filter(|&x| x >= 1.0).fold(max_bytes, f64::min);
+    // The x axis starts at a power of 4 (where the ticks are) at or below the smallest size.
+    let lo = 4f64.powf((min_bytes.log(4.0)).floor()).max(1.0);
+    let xs = Scale::Log { lo, hi: max_bytes.max(lo * 4.0) };
+
+    let height = HEADER + panels.len() as f64 * PANEL_HEIGHT;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -90,34 +129,40 @@ pub(crate) fn svg(title: &str, subtitle: &str, rows: &[Row], peers: &[&str]) -> 
         WIDTH / 2.0,
         esc(subtitle)
     );
-
-    let ymax = throughput.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0, f64::max);
-    let (top, step) = nice_linear(ymax);
-    let ys = Scale::Linear { lo: 0.0, hi: top };
-    let yticks: Vec<(f64, String)> =
-        (0..).map(|i| i as f64 * step).take_while(|&v| v <= top * 1.0001).map(|v| (v, linear_label(v, step))).collect();
-    panel(&mut out, HEADER, "Throughput vs message size", "throughput (MB/s)", xs, ys, &yticks, &throughput);
-
-    let (lo, hi) = latency
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
-        .fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (1.0, 10.0) };
-    let lo = 10f64.powf(lo.log10().floor());
-    let hi = 10f64.powf(hi.log10().ceil()).max(lo * 10.0);
-    let ys = Scale::Log { lo, hi };
-    panel(
-        &mut out,
-        HEADER + PANEL_HEIGHT,
-        "Latency (one-way, round trip / 2) vs message size",
-        "latency (µs)",
-        xs,
-        ys,
-        &log_ticks(lo, hi),
-        &latency,
-    );
+    for (k, p) in panels.iter().enumerate() {
+        let values = || p.series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
+        let top = HEADER + k as f64 * PANEL_HEIGHT;
+        match p.y {
+            YAxis::Linear => {
+                let (top_value, step) = nice_linear(values().fold(0.0, f64::max));
+                let ys = Scale::Linear { lo: 0.0, hi: top_value };
+                let yticks: Vec<(f64, String)> = (0..)
+                    .map(|i| i as f64 * step)
+                    .take_while(|&v| v <= top_value * 1.0001)
+                    .map(|v| (v, linear_label(v, step)))
+                    .collect();
+                panel(&mut out, top, &p.title, &p.ylabel, xs, ys, &yticks, &p.series);
+            }
+            YAxis::Log => {
+                let (lo, hi) =
+                    values().filter(|&v| v > 0.0).fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+                let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (1.0, 10.0) };
+                let lo = 10f64.powf(lo.log10().floor());
+                let hi = 10f64.powf(hi.log10().ceil()).max(lo * 10.0);
+                let ys = Scale::Log { lo, hi };
+                panel(&mut out, top, &p.title, &p.ylabel, xs, ys, &log_ticks(lo, hi), &p.series);
+            }
+        }
+    }
     out += "</svg>\n";
     out
+}
+
+/// Writes `svg` to `path` and says so.
+pub fn write(path: &Path, svg: &str) -> crate::Result<()> {
+    std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -142,8 +187,9 @@ fn panel(
     );
     // Grid and ticks.
     let _ = writeln!(out, r##"<g stroke="#e3e3e3" stroke-width="1">"##);
-    let Scale::Log { hi: max_bytes, .. } = xs else { unreachable!("sizes are on a log scale") };
-    let xticks: Vec<f64> = (0..).map(|k| 4f64.powi(k)).take_while(|&v| v <= max_bytes).collect();
+    let Scale::Log { lo: min_bytes, hi: max_bytes } = xs else { unreachable!("sizes are on a log scale") };
+    let xticks: Vec<f64> =
+        (0..).map(|k| 4f64.powi(k)).skip_while(|&v| v < min_bytes).take_while(|&v| v <= max_bytes).collect();
     for &x in &xticks {
         let (px, _) = a.at(xs, ys, (x, 1.0));
         let _ = writeln!(out, r#"<line x1="{px:.1}" y1="{:.1}" x2="{px:.1}" y2="{:.1}"/>"#, a.y, a.y + a.h);
@@ -185,7 +231,8 @@ fn panel(
         esc(ylabel)
     );
     // Curves.
-    for s in series {
+    for (i, s) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
         let pts: Vec<String> = s
             .points
             .iter()
@@ -196,11 +243,10 @@ fn panel(
             .collect();
         let _ = writeln!(
             out,
-            r#"<polyline fill="none" stroke="{}" stroke-width="1.8" stroke-linejoin="round" points="{}"/>"#,
-            s.color,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1.8" stroke-linejoin="round" points="{}"/>"#,
             pts.join(" ")
         );
-        let _ = writeln!(out, r#"<g fill="{}">"#, s.color);
+        let _ = writeln!(out, r#"<g fill="{color}">"#);
         for p in &pts {
             let (x, y) = p.split_once(',').expect("x,y");
             let _ = writeln!(out, r#"<circle cx="{x}" cy="{y}" r="2.4"/>"#);
@@ -209,9 +255,11 @@ fn panel(
     }
     // Legend, top left.
     let (lx, ly) = (a.x + 14.0, a.y + 12.0);
+    let longest = series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0);
     let _ = writeln!(
         out,
-        r##"<rect x="{lx:.1}" y="{ly:.1}" width="130" height="{:.1}" fill="white" fill-opacity="0.9" stroke="#999"/>"##,
+        r##"<rect x="{lx:.1}" y="{ly:.1}" width="{:.1}" height="{:.1}" fill="white" fill-opacity="0.9" stroke="#999"/>"##,
+        (50.0 + 7.0 * longest as f64).max(130.0),
         10.0 + 18.0 * series.len() as f64
     );
     for (i, s) in series.iter().enumerate() {
@@ -221,7 +269,7 @@ fn panel(
             r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{}" stroke-width="2.5"/>"#,
             lx + 8.0,
             lx + 32.0,
-            s.color
+            COLORS[i % COLORS.len()]
         );
         let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, lx + 40.0, y + 4.0, esc(&s.name));
     }
@@ -314,5 +362,31 @@ mod tests {
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         assert_eq!(s.matches("<polyline").count(), 4);
         assert!(s.contains("t &lt;1&gt;") && s.contains(">NPtcp<"));
+    }
+
+    #[test]
+    fn figures_of_any_panels() {
+        let curve = |name: &str, k: f64| Series {
+            name: name.into(),
+            points: [8.0, 64.0, 4096.0, 1048576.0].iter().map(|&b| (b, 10.0 * k + b * 1e-3)).collect(),
+        };
+        let panels: Vec<Panel> = (0..3)
+            .map(|i| Panel {
+                title: format!("panel {i}"),
+                ylabel: "latency (µs)".into(),
+                y: YAxis::Log,
+                series: vec![curve("ferrocomm", 1.0), curve("openmpi", 2.0), curve("recursive-doubling", 3.0)],
+            })
+            .collect();
+        let s = figure("f", "s", &panels);
+        assert_eq!(s.matches("<polyline").count(), 9);
+        assert!(s.contains(r#"height="1256""#), "three panels tall");
+        // The x axis starts at the power of 4 below 8 bytes, not at 1 byte.
+        assert!(s.contains(">4<") && !s.contains(">1<"));
+        assert!(s.contains(">recursive-doubling<"));
+        // No points: still a well-formed picture.
+        let empty =
+            figure("e", "s", &[Panel { title: "p".into(), ylabel: "y".into(), y: YAxis::Linear, series: vec![] }]);
+        assert!(empty.trim_end().ends_with("</svg>"));
     }
 }

@@ -34,12 +34,12 @@ use ferrocomm::{Message, Op, Rank, Status, World};
 use serde_json::{Value, json};
 
 use crate::sweep::{self, MIN_ITERATIONS, MIN_WARMUP, STOP_AFTER, WARMUP};
-use crate::{Result, affinity, process};
+use crate::{Result, affinity, cli, process};
 
 /// Hidden subcommand: the job, which launches the ranks.
-pub(crate) const JOB_COMMAND: &str = "pingpong-job";
+pub const JOB_COMMAND: &str = "pingpong-job";
 /// Hidden subcommand: one rank.
-pub(crate) const RANK_COMMAND: &str = "pingpong-rank";
+pub const RANK_COMMAND: &str = "pingpong-rank";
 
 /// Ping-pong payloads.
 const TAG_DATA: u64 = 1;
@@ -59,38 +59,50 @@ const FIRST_GUESS: Duration = Duration::from_millis(1);
 /// The longest a whole ferrocomm sweep may take.
 const JOB_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// What the ferrocomm side is asked to do.
-#[derive(Clone, Debug)]
-pub(crate) struct JobSpec {
+/// What the ferrocomm side is asked to do: the arguments of the hidden `pingpong-job` and
+/// `pingpong-rank` subcommands ([`JobSpec::to_args`]).
+#[derive(Clone, Debug, clap::Args)]
+pub struct JobSpec {
     /// `FERROCOMM_TCP_BACKEND` for the ranks.
+    #[arg(long, default_value = "auto")]
     pub backend: String,
     /// `FERROCOMM_PROGRESS` for the ranks.
+    #[arg(long, default_value = "busy")]
     pub progress: String,
     /// The sweep's `--max`.
+    #[arg(long, default_value_t = 0)]
     pub max: usize,
     /// CPU of rank 0 and of rank 1.
+    #[arg(long, default_value = "0,1", value_parser = cli::cpu_pair)]
     pub cpus: [usize; 2],
     /// Receive into one preallocated buffer (`recv_into`) instead of `recv`.
+    #[arg(long)]
     pub recv_into: bool,
     /// Send with `send_from` a borrowed slice instead of `send` of a shared handle.
+    #[arg(long)]
     pub send_from: bool,
     /// Not 0: measure [`IDLE_PINGS`] single 8-byte round trips, this many microseconds apart.
+    #[arg(long = "idle-gap", default_value_t = 0)]
     pub idle_gap_us: u64,
     /// With an idle gap: draw each gap at random between half and one and a half of it, so that
     /// the peer cannot foresee the pings (hybrid polling has nothing to go on).
+    #[arg(long)]
     pub idle_jitter: bool,
     /// How long the timed batch of each size lasts, milliseconds ([`sweep::TARGET`] by default;
     /// longer where a round trip is slow, as under emulation, for enough round trips per size).
+    #[arg(long, default_value_t = sweep::TARGET.as_millis() as u64)]
     pub target_ms: u64,
-    /// Time each round trip alone (cycle counter), for a median round trip like perftest's;
-    /// otherwise [`SUB_BATCHES`] slices of each batch.
+    /// Time each round trip alone (cycle counter), for a median round trip like perftest's and
+    /// latency percentiles; otherwise [`SUB_BATCHES`] slices of each batch.
+    #[arg(long)]
     pub time_each: bool,
     /// Extra environment of the job and its ranks (verbs device, GID index); not an argument.
+    #[arg(skip)]
     pub env: Vec<(String, String)>,
 }
 
 /// Round trips measured with an idle gap.
-pub(crate) const IDLE_PINGS: u64 = 2000;
+pub const IDLE_PINGS: u64 = 2000;
 
 impl JobSpec {
     fn to_args(&self) -> Vec<String> {
@@ -123,60 +135,11 @@ impl JobSpec {
         }
         args
     }
-
-    fn from_args(args: &[String]) -> Result<JobSpec> {
-        let mut spec = JobSpec {
-            backend: "auto".into(),
-            progress: "busy".into(),
-            max: 0,
-            cpus: [0, 1],
-            recv_into: false,
-            send_from: false,
-            idle_gap_us: 0,
-            idle_jitter: false,
-            target_ms: sweep::TARGET.as_millis() as u64,
-            time_each: false,
-            env: vec![],
-        };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            match flag.as_str() {
-                "--recv-into" => {
-                    spec.recv_into = true;
-                    continue;
-                }
-                "--send-from" => {
-                    spec.send_from = true;
-                    continue;
-                }
-                "--idle-jitter" => {
-                    spec.idle_jitter = true;
-                    continue;
-                }
-                "--time-each" => {
-                    spec.time_each = true;
-                    continue;
-                }
-                _ => {}
-            }
-            let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-            match flag.as_str() {
-                "--backend" => spec.backend = value.clone(),
-                "--progress" => spec.progress = value.clone(),
-                "--max" => spec.max = value.parse()?,
-                "--cpus" => spec.cpus = crate::pingpong::parse_cpus(value)?,
-                "--idle-gap" => spec.idle_gap_us = value.parse()?,
-                "--target-ms" => spec.target_ms = value.parse()?,
-                _ => return Err(format!("unknown option {flag}").into()),
-            }
-        }
-        Ok(spec)
-    }
 }
 
 /// One size as rank 0 measured it.
 #[derive(Clone, Debug)]
-pub(crate) struct Sample {
+pub struct Sample {
     pub bytes: usize,
     /// Timed iterations (round trips).
     pub iterations: u64,
@@ -189,23 +152,26 @@ pub(crate) struct Sample {
     /// NetPIPE's method: the batch cut into [`TRIALS`] consecutive trials, the best trial's mean
     /// round trip / 2, seconds.
     pub best_trial_one_way: f64,
+    /// With every round trip timed ([`JobSpec::time_each`]): the one-way [`sweep::PERCENTILES`]
+    /// (round trip / 2), seconds.
+    pub percentiles: Option<[f64; 3]>,
 }
 
 /// One ferrocomm sweep.
 #[derive(Clone, Debug)]
-pub(crate) struct SweepResult {
+pub struct SweepResult {
     /// The transport the ranks ended up with (e.g. `tcp-uring`).
     pub transport: String,
     pub samples: Vec<Sample>,
 }
 
 /// Runs one ferrocomm sweep as a job of two ranks and collects rank 0's measurements.
-pub(crate) fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
+pub fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
     parse_result(&run_job(spec)?.0)
 }
 
 /// One idle-gap measurement ([`run_idle`]).
-pub(crate) struct IdleRun {
+pub struct IdleRun {
     /// One-way times, seconds.
     pub samples: Vec<f64>,
     /// The share of one CPU the waiting peer (rank 1, all its threads) used meanwhile.
@@ -214,7 +180,7 @@ pub(crate) struct IdleRun {
 
 /// Runs the idle-gap measurement ([`JobSpec::idle_gap_us`] must not be 0): one-way times in
 /// seconds, one per round trip.
-pub(crate) fn run_idle(spec: &JobSpec) -> Result<IdleRun> {
+pub fn run_idle(spec: &JobSpec) -> Result<IdleRun> {
     let (line, peer) = run_job(spec)?;
     let peer_cpu_share =
         peer.and_then(|p| serde_json::from_str::<Value>(&p).ok()).and_then(|v| v["peer_cpu_share"].as_f64());
@@ -265,6 +231,9 @@ fn parse_result(line: &str) -> Result<SweepResult> {
                 one_way: r["one_way_s"].as_f64()?,
                 median_one_way: r["median_one_way_s"].as_f64()?,
                 best_trial_one_way: r["best_trial_one_way_s"].as_f64()?,
+                percentiles: r["percentiles_one_way_s"]
+                    .as_array()
+                    .and_then(|p| Some([p.first()?.as_f64()?, p.get(1)?.as_f64()?, p.get(2)?.as_f64()?])),
             })
         })
         .collect::<Option<Vec<_>>>()
@@ -273,8 +242,7 @@ fn parse_result(line: &str) -> Result<SweepResult> {
 }
 
 /// `pingpong-job`: launches the two ranks and waits for them.
-pub(crate) fn job_main(args: &[String]) -> Result<()> {
-    let spec = JobSpec::from_args(args)?;
+pub fn job_main(spec: JobSpec) -> Result<()> {
     let transports = match spec.backend.as_str() {
         "shm" => "auto",
         "verbs" => "verbs",
@@ -292,7 +260,7 @@ pub(crate) fn job_main(args: &[String]) -> Result<()> {
 
 /// Runs `n` ranks of this binary's `rank_command` with `args` and `env` through [`run_local`],
 /// and waits for them.
-pub(crate) fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, String)>) -> Result<()> {
+pub fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, String)>) -> Result<()> {
     let exe = std::env::current_exe()?;
     let rank_args: Vec<OsString> = std::iter::once(rank_command.to_string()).chain(args).map(OsString::from).collect();
     let opts = LaunchOptions { env, ..LaunchOptions::default() };
@@ -303,8 +271,7 @@ pub(crate) fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(St
 }
 
 /// `pingpong-rank`: one rank of the job.
-pub(crate) fn rank_main(args: &[String]) -> Result<()> {
-    let spec = JobSpec::from_args(args)?;
+pub fn rank_main(spec: JobSpec) -> Result<()> {
     let rt = pinned_pair_runtime(&spec.cpus)?;
     rt.block_on(async {
         let world = init_pair().await?;
@@ -322,7 +289,8 @@ pub(crate) fn rank_main(args: &[String]) -> Result<()> {
                 .iter()
                 .map(|s| {
                     json!({"bytes": s.bytes, "iterations": s.iterations, "one_way_s": s.one_way,
-                           "median_one_way_s": s.median_one_way, "best_trial_one_way_s": s.best_trial_one_way})
+                           "median_one_way_s": s.median_one_way, "best_trial_one_way_s": s.best_trial_one_way,
+                           "percentiles_one_way_s": s.percentiles})
                 })
                 .collect();
             // One line of a few KiB, well under the launcher's 64 KiB line limit.
@@ -344,7 +312,7 @@ pub(crate) fn rank_main(args: &[String]) -> Result<()> {
 /// For one rank of a two-rank job under the benchmark's launcher: pins this thread to the rank's
 /// CPU of `cpus` (first of all, so that every thread started from here on, tokio's and
 /// ferrocomm's progress thread, inherits it) and builds the rank's runtime.
-pub(crate) fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runtime> {
+pub fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runtime> {
     let rank: usize = std::env::var("FERROCOMM_RANK")
         .map_err(|_| "FERROCOMM_RANK is not set: this rank runs under the benchmark's launcher")?
         .parse()?;
@@ -354,7 +322,7 @@ pub(crate) fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runt
 }
 
 /// Joins the job, which must have exactly two ranks.
-pub(crate) async fn init_pair() -> Result<World> {
+pub async fn init_pair() -> Result<World> {
     let world = ferrocomm::init().await?;
     if world.size() != 2 {
         return Err("the job runs with exactly 2 ranks".into());
@@ -460,6 +428,7 @@ async fn measure(
             one_way,
             median_one_way: timed.median / 2.0,
             best_trial_one_way: timed.best_trial / 2.0,
+            percentiles: timed.percentiles.map(|p| p.map(|t| t / 2.0)),
         });
         if one_way > STOP_AFTER.as_secs_f64() {
             break;
@@ -509,6 +478,8 @@ struct Timed {
     median: f64,
     /// NetPIPE's figure: the mean round trip of the best of [`TRIALS`] consecutive trials.
     best_trial: f64,
+    /// With every round trip timed: its [`sweep::PERCENTILES`].
+    percentiles: Option<[f64; 3]>,
 }
 
 /// Rank 0: `count` round trips of `data`, timed: the whole batch, the median round trip and the
@@ -550,7 +521,8 @@ async fn batch(
         let trips = sweep::trips(&stamps, total.as_secs_f64());
         let each: Vec<(f64, u64)> = trips.iter().map(|&t| (t, 1)).collect();
         let best_trial = best_trial(&each);
-        return Ok(Timed { total, median: sweep::median(&trips).unwrap_or(0.0), best_trial });
+        let percentiles = sweep::percentiles(&trips);
+        return Ok(Timed { total, median: sweep::median(&trips).unwrap_or(0.0), best_trial, percentiles });
     }
     // Each slice's (seconds, round trips).
     let per_slice = count.div_ceil(SUB_BATCHES).max(1);
@@ -568,7 +540,12 @@ async fn batch(
         last = now;
     }
     let means: Vec<f64> = slices.iter().map(|&(t, n)| t / n as f64).collect();
-    Ok(Timed { total: start.elapsed(), median: sweep::median(&means).unwrap_or(0.0), best_trial: best_trial(&slices) })
+    Ok(Timed {
+        total: start.elapsed(),
+        median: sweep::median(&means).unwrap_or(0.0),
+        best_trial: best_trial(&slices),
+        percentiles: None,
+    })
 }
 
 /// NetPIPE's statistic over consecutive timed parts of a batch, each `(seconds, round trips)`:
@@ -667,7 +644,8 @@ mod tests {
             time_each: true,
             env: vec![],
         };
-        let back = JobSpec::from_args(&spec.to_args()).unwrap();
+        let line = format!("{JOB_COMMAND} {}", spec.to_args().join(" "));
+        let crate::Command::PingpongJob(back) = crate::tests::parse(&line).unwrap() else { panic!("{line}") };
         assert!(back.idle_jitter && back.time_each && back.send_from);
         assert_eq!(
             (back.backend.as_str(), back.progress.as_str(), back.max, back.cpus, back.recv_into, back.idle_gap_us),

@@ -2,14 +2,14 @@
 
 use serde_json::{Value, json};
 
-use crate::sweep::{mb_per_s, median};
+use crate::sweep::{PERCENTILE_NAMES, PERCENTILES, mb_per_s, median};
 
 /// A throughput drop this large from one size to the next is called a dip.
 const DIP: f64 = 0.15;
 
 /// One message size: every run's one-way time on each side.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Row {
+pub struct Row {
     pub bytes: usize,
     /// ferrocomm's one-way times, seconds, one per run.
     pub ferrocomm: Vec<f64>,
@@ -17,44 +17,51 @@ pub(crate) struct Row {
     pub ferrocomm_median: Vec<f64>,
     /// ferrocomm's one-way times by NetPIPE's method (each run's best trial), seconds.
     pub ferrocomm_best_trial: Vec<f64>,
+    /// ferrocomm's one-way [`PERCENTILES`] of each run whose round trips were each timed,
+    /// seconds.
+    pub ferrocomm_percentiles: Vec<[f64; 3]>,
     /// Each peer's one-way times, seconds, one per run (`peers[i]` is peer `i`).
     pub peers: Vec<Vec<f64>>,
 }
 
 impl Row {
-    pub(crate) fn ferrocomm_us(&self) -> Option<f64> {
+    pub fn ferrocomm_us(&self) -> Option<f64> {
         median(&self.ferrocomm).map(|s| s * 1e6)
     }
-    pub(crate) fn ferrocomm_mbps(&self) -> Option<f64> {
+    pub fn ferrocomm_mbps(&self) -> Option<f64> {
         median(&self.ferrocomm).map(|s| mb_per_s(self.bytes, s))
     }
-    pub(crate) fn peer_us(&self, i: usize) -> Option<f64> {
+    /// ferrocomm's one-way percentile `k` of [`PERCENTILES`], µs: the median over runs.
+    pub fn ferrocomm_percentile_us(&self, k: usize) -> Option<f64> {
+        median(&self.ferrocomm_percentiles.iter().map(|p| p[k]).collect::<Vec<_>>()).map(|s| s * 1e6)
+    }
+    pub fn peer_us(&self, i: usize) -> Option<f64> {
         median(self.peers.get(i)?).map(|s| s * 1e6)
     }
-    pub(crate) fn peer_mbps(&self, i: usize) -> Option<f64> {
+    pub fn peer_mbps(&self, i: usize) -> Option<f64> {
         median(self.peers.get(i)?).map(|s| mb_per_s(self.bytes, s))
     }
     /// ferrocomm's latency over peer `i`'s: above 1 means ferrocomm is slower.
-    pub(crate) fn latency_ratio(&self, i: usize) -> Option<f64> {
+    pub fn latency_ratio(&self, i: usize) -> Option<f64> {
         Some(self.ferrocomm_us()? / self.peer_us(i)?)
     }
     /// ferrocomm's one-way time by NetPIPE's method (median over runs of each run's best trial).
-    pub(crate) fn ferrocomm_best_trial_us(&self) -> Option<f64> {
+    pub fn ferrocomm_best_trial_us(&self) -> Option<f64> {
         median(&self.ferrocomm_best_trial).map(|s| s * 1e6)
     }
     /// [`Row::latency_ratio`] by NetPIPE's method on both sides: like-for-like with a NetPIPE peer,
     /// which reports only its best trial.
-    pub(crate) fn best_trial_ratio(&self, i: usize) -> Option<f64> {
+    pub fn best_trial_ratio(&self, i: usize) -> Option<f64> {
         Some(self.ferrocomm_best_trial_us()? / self.peer_us(i)?)
     }
     /// ferrocomm's throughput over peer `i`'s: below 1 means ferrocomm is slower.
-    pub(crate) fn bandwidth_ratio(&self, i: usize) -> Option<f64> {
+    pub fn bandwidth_ratio(&self, i: usize) -> Option<f64> {
         Some(self.ferrocomm_mbps()? / self.peer_mbps(i)?)
     }
 }
 
 /// What was measured, for the record.
-pub(crate) struct Meta<'a> {
+pub struct Meta<'a> {
     /// `tcp` or `shm`.
     pub transport: &'a str,
     pub backend: &'a str,
@@ -85,9 +92,16 @@ fn num(v: Option<f64>, decimals: usize) -> String {
     }
 }
 
-/// The per-size table: ferrocomm, then each peer with the ratios against it.
-pub(crate) fn table(rows: &[Row], peers: &[&str]) -> String {
+/// The per-size table: ferrocomm (with its latency percentiles where every round trip was
+/// timed), then each peer with the ratios against it.
+pub fn table(rows: &[Row], peers: &[&str]) -> String {
+    let percentiles = rows.iter().any(|r| !r.ferrocomm_percentiles.is_empty());
     let mut out = format!("{:>9} {:>13} {:>15}", "bytes", "ferrocomm_us", "ferrocomm_MBps");
+    if percentiles {
+        for name in PERCENTILE_NAMES {
+            out += &format!(" {:>9}", format!("{name}_us"));
+        }
+    }
     for p in peers {
         out +=
             &format!(" | {:>12} {:>9} {:>14} {:>8}", format!("{p}_us"), "lat_ratio", format!("{p}_MBps"), "bw_ratio");
@@ -95,6 +109,11 @@ pub(crate) fn table(rows: &[Row], peers: &[&str]) -> String {
     out += "\n";
     for r in rows {
         out += &format!("{:>9} {:>13} {:>15}", r.bytes, num(r.ferrocomm_us(), 2), num(r.ferrocomm_mbps(), 2));
+        if percentiles {
+            for k in 0..PERCENTILES.len() {
+                out += &format!(" {:>9}", num(r.ferrocomm_percentile_us(k), 3));
+            }
+        }
         for i in 0..peers.len() {
             out += &format!(
                 " | {:>12} {:>9} {:>14} {:>8}",
@@ -109,16 +128,16 @@ pub(crate) fn table(rows: &[Row], peers: &[&str]) -> String {
     out
 }
 
-pub(crate) fn row(rows: &[Row], bytes: usize) -> Option<&Row> {
+pub fn row(rows: &[Row], bytes: usize) -> Option<&Row> {
     rows.iter().find(|r| r.bytes == bytes)
 }
 
 /// Sizes whose ratios are headlines: latency at the first, bandwidth at the others.
-pub(crate) const HEADLINE_LATENCY: usize = 8;
-pub(crate) const HEADLINE_BANDWIDTH: [usize; 2] = [64 << 10, 4 << 20];
+pub const HEADLINE_LATENCY: usize = 8;
+pub const HEADLINE_BANDWIDTH: [usize; 2] = [64 << 10, 4 << 20];
 
 /// Headline ratios against peer `i`: 8 B latency, 64 KiB and 4 MiB bandwidth (when measured).
-pub(crate) fn headline(rows: &[Row], i: usize) -> Value {
+pub fn headline(rows: &[Row], i: usize) -> Value {
     let lat = row(rows, HEADLINE_LATENCY).and_then(|r| r.latency_ratio(i));
     let bw = |b| row(rows, b).and_then(|r| r.bandwidth_ratio(i));
     json!({"latency_ratio_8B": lat, "bandwidth_ratio_64KiB": bw(HEADLINE_BANDWIDTH[0]),
@@ -128,13 +147,21 @@ pub(crate) fn headline(rows: &[Row], i: usize) -> Value {
 /// The headline lines: ferrocomm's 8 B latency and 64 KiB / 4 MiB bandwidth, with each peer's
 /// figures and the ratios. The NetPIPE peers (`NP...`) report only the best of their trials, so
 /// the 8 B latency is also given by that method on both sides.
-pub(crate) fn summary(rows: &[Row], peers: &[&str]) -> String {
+pub fn summary(rows: &[Row], peers: &[&str]) -> String {
     let mut out = String::new();
     match row(rows, HEADLINE_LATENCY) {
         Some(r) => {
             out += &format!("summary: 8 B latency: ferrocomm {} us", num(r.ferrocomm_us(), 3));
             for (i, p) in peers.iter().enumerate() {
                 out += &format!("; {p} {} us, ratio {}", num(r.peer_us(i), 3), num(r.latency_ratio(i), 3));
+            }
+            if !r.ferrocomm_percentiles.is_empty() {
+                out += &format!(
+                    "\nsummary: 8 B latency percentiles (every round trip timed): ferrocomm p50 {} us, p99 {} us, p99.9 {} us",
+                    num(r.ferrocomm_percentile_us(0), 3),
+                    num(r.ferrocomm_percentile_us(1), 3),
+                    num(r.ferrocomm_percentile_us(2), 3)
+                );
             }
             let netpipe: Vec<(usize, &&str)> = peers.iter().enumerate().filter(|(_, p)| p.starts_with("NP")).collect();
             if !netpipe.is_empty() {
@@ -171,7 +198,7 @@ pub(crate) fn summary(rows: &[Row], peers: &[&str]) -> String {
 /// median of each run's window measurement; the like-for-like figure) and ping-pong throughput.
 /// perftest is peer `i`; `perf_median` holds `ib_send_lat`'s median of each run, seconds.
 /// A line of text and the JSON.
-pub(crate) fn verbs_summary(rows: &[Row], i: usize, perf_median: &[f64], stream_mbps: &[f64]) -> (String, Value) {
+pub fn verbs_summary(rows: &[Row], i: usize, perf_median: &[f64], stream_mbps: &[f64]) -> (String, Value) {
     let (lat, bw) = (row(rows, 8), row(rows, 1 << 20));
     let f_median = lat.and_then(|r| median(&r.ferrocomm_median)).map(|s| s * 1e6);
     let p_median = median(perf_median).map(|s| s * 1e6);
@@ -234,7 +261,7 @@ pub(crate) fn verbs_summary(rows: &[Row], i: usize, perf_median: &[f64], stream_
     (line, v)
 }
 
-pub(crate) fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<String> {
+pub fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<String> {
     let points: Vec<(usize, f64)> = rows.iter().filter_map(|r| Some((r.bytes, mbps(r)?))).collect();
     points
         .windows(2)
@@ -244,7 +271,7 @@ pub(crate) fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<Stri
 }
 
 /// The `--json` document.
-pub(crate) fn to_json(meta: &Meta, rows: &[Row]) -> Value {
+pub fn to_json(meta: &Meta, rows: &[Row]) -> Value {
     let names: Vec<&str> = meta.peers.iter().map(|(n, _)| n.as_str()).collect();
     let json_rows: Vec<Value> = rows
         .iter()
@@ -271,6 +298,10 @@ pub(crate) fn to_json(meta: &Meta, rows: &[Row]) -> Value {
                 "ferrocomm_median_runs_us": r.ferrocomm_median.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
                 "ferrocomm_best_trial_us": r.ferrocomm_best_trial_us(),
                 "ferrocomm_best_trial_runs_us": r.ferrocomm_best_trial.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
+                "ferrocomm_p50_us": r.ferrocomm_percentile_us(0),
+                "ferrocomm_p99_us": r.ferrocomm_percentile_us(1),
+                "ferrocomm_p99_9_us": r.ferrocomm_percentile_us(2),
+                "ferrocomm_percentiles_runs_us": r.ferrocomm_percentiles.iter().map(|p| p.map(|s| s * 1e6)).collect::<Vec<_>>(),
                 "peers": peers,
             })
         })
@@ -289,6 +320,7 @@ pub(crate) fn to_json(meta: &Meta, rows: &[Row]) -> Value {
         "runs": meta.runs,
         "interference": meta.interference,
         "statistic": "median over runs",
+        "percentiles": "with every round trip timed (--time-each): one-way p50, p99, p99.9 of each run from an HDR histogram (ns, 3 significant digits); median over runs",
         "cpus": meta.cpus,
         "max": meta.max,
         "headline_ratios": headlines,
@@ -321,6 +353,35 @@ mod tests {
         assert!(s.contains("A 10.000 us, ratio 2.000") && s.contains("B 20.000 us, ratio 1.000"), "{s}");
         assert_eq!(s.lines().count(), 3, "{s}");
         assert_eq!(table(&rows, &["A", "B"]).lines().count(), 4);
+        assert!(!table(&rows, &["A"]).contains("p99_us"));
+    }
+
+    #[test]
+    fn percentiles_in_table_and_json() {
+        let mut rows = vec![r(8, 20e-6, 10e-6), r(64, 30e-6, 10e-6)];
+        rows[0].ferrocomm_percentiles = vec![[1e-6, 2e-6, 3e-6], [1.5e-6, 4e-6, 9e-6], [1.2e-6, 3e-6, 5e-6]];
+        assert_eq!(rows[0].ferrocomm_percentile_us(1), Some(3.0));
+        let t = table(&rows, &["A"]);
+        assert!(t.lines().next().unwrap().contains("p99.9_us"), "{t}");
+        assert!(t.lines().nth(1).unwrap().contains("1.200") && t.lines().nth(2).unwrap().contains(" - "), "{t}");
+        let meta = Meta {
+            transport: "shm",
+            backend: "shm",
+            transport_name: "shm",
+            progress: "busy",
+            receive: "recv",
+            send: "send",
+            peers: &[],
+            interference: &[],
+            extra: Value::Null,
+            runs: 3,
+            cpus: [0, 1],
+            max: 64,
+        };
+        let v = to_json(&meta, &rows);
+        assert_eq!(v["rows"][0]["ferrocomm_p99_9_us"].as_f64(), Some(5.0));
+        assert!(summary(&rows, &["A"]).contains("ferrocomm p50 1.200 us, p99 3.000 us, p99.9 5.000 us"));
+        assert!(v["rows"][1]["ferrocomm_p50_us"].is_null());
     }
 
     #[test]

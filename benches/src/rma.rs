@@ -82,7 +82,7 @@ impl Options {
             }
             let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
             match flag.as_str() {
-                "--cpus" => o.cpus = crate::pingpong::parse_cpus(v)?,
+                "--cpus" => o.cpus = crate::cli::cpu_pair(v)?,
                 "--runs" => o.runs = v.parse()?,
                 "--atomic-ranks" => o.atomic_ranks = v.parse()?,
                 "--transports" => o.transports = v.clone(),
@@ -142,7 +142,7 @@ pub(crate) fn job_main(args: &[String]) -> Result<()> {
 /// `rma-rank`: one rank; rank 0 prints the results as one JSON line.
 pub(crate) fn rank_main(args: &[String]) -> Result<()> {
     let [kind, _, cpus, _] = args else { return Err(format!("{RANK_COMMAND}: bad arguments {args:?}").into()) };
-    let cpus = crate::pingpong::parse_cpus(cpus)?;
+    let cpus = crate::cli::cpu_pair(cpus)?;
     let rank: usize = std::env::var("FERROCOMM_RANK")?.parse()?;
     affinity::pin_current_thread(cpus[rank % 2])?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

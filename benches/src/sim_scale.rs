@@ -22,30 +22,51 @@ use ferrocomm_sim::model::{AlphaBeta, Op};
 use ferrocomm_sim::scale::{Point, broadcast_stream, curve_ops, measure};
 use ferrocomm_sim::{Link, NetConfig};
 
-const USAGE: &str = "\
-usage: ferrocomm-bench sim-scale [options]
-  --ranks LIST      rank counts (default 64,256,1024,4096)
-  --sizes LIST      bytes per rank's vector or per broadcast (default 8,65536,1048576)
-  --ops LIST        barrier, bcast, mcast, allreduce (default all)
-  --latency-ns N    one-way link latency (default 2000)
-  --gbit G          link bandwidth in Gbit/s (default 10)
-  --max-bytes N     skip points with ranks x size above N (default 268435456)
-  --no-crossover    skip the multicast vs binomial broadcast search
-  --json FILE       write every point as JSON
-  --text FILE       write the report to FILE as well";
+/// Collectives on the simulated network, 64 to 4,096 ranks, against the alpha-beta model of each
+/// algorithm.
+///
+/// Every point is one run of the real engine and collective machines for every rank, in one
+/// thread, in virtual time: exact for the modelled network, independent of this machine's load.
+/// Also finds, per size, the rank count above which a broadcast by reliable multicast beats a
+/// binomial one.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// Rank counts
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "64,256,1024,4096",
+          value_parser = clap::value_parser!(u32).range(2..))]
+    ranks: Vec<u32>,
+    /// Bytes per rank's vector or per broadcast
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "8,64K,1M", value_parser = crate::cli::bytes)]
+    sizes: Vec<usize>,
+    /// Operations: barrier, bcast, mcast, allreduce
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "barrier,bcast,mcast,allreduce",
+          value_parser = ["barrier", "bcast", "mcast", "allreduce"])]
+    ops: Vec<String>,
+    /// One-way link latency, nanoseconds
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    latency_ns: u64,
+    /// Link bandwidth in Gbit/s
+    #[arg(long, value_name = "G", default_value_t = 10.0)]
+    gbit: f64,
+    /// Skip points with ranks x size above this many bytes
+    #[arg(long, value_name = "BYTES", default_value = "256M", value_parser = crate::cli::total_bytes)]
+    max_bytes: usize,
+    /// Skip the multicast vs binomial broadcast search
+    #[arg(long)]
+    no_crossover: bool,
+    /// Write every point as JSON
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
+    /// Write the report to FILE as well
+    #[arg(long, value_name = "FILE")]
+    text: Option<String>,
+}
 
 /// Broadcasts per stream in the multicast vs binomial comparison.
 const STREAM: usize = 16;
 
 /// Above this many ranks the scatter + all-gather broadcast (p^2 messages) is not simulated.
 const RING_MAX: u32 = 1024;
-
-fn list<T: std::str::FromStr>(v: &str) -> crate::Result<Vec<T>>
-where
-    T::Err: std::fmt::Display,
-{
-    v.split(',').map(|x| x.trim().parse::<T>().map_err(|e| format!("{x:?}: {e}").into())).collect()
-}
 
 fn size_name(b: usize) -> String {
     match b {
@@ -55,41 +76,9 @@ fn size_name(b: usize) -> String {
     }
 }
 
-pub(crate) fn main(args: &[String]) -> crate::Result<()> {
-    let mut ranks: Vec<u32> = vec![64, 256, 1024, 4096];
-    let mut sizes: Vec<usize> = vec![8, 65536, 1 << 20];
-    let mut kinds: Vec<String> = ["barrier", "bcast", "mcast", "allreduce"].map(String::from).to_vec();
-    let (mut latency, mut gbit, mut max_bytes) = (2000u64, 10.0f64, 256usize << 20);
-    let (mut crossover, mut json, mut text) = (true, None::<String>, None::<String>);
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            "--no-crossover" => {
-                crossover = false;
-                continue;
-            }
-            _ => {}
-        }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        match flag.as_str() {
-            "--ranks" => ranks = list(value)?,
-            "--sizes" => sizes = list(value)?,
-            "--ops" => kinds = list(value)?,
-            "--latency-ns" => latency = value.parse()?,
-            "--gbit" => gbit = value.parse()?,
-            "--max-bytes" => max_bytes = value.parse()?,
-            "--json" => json = Some(value.clone()),
-            "--text" => text = Some(value.clone()),
-            _ => return Err(format!("unknown option {flag}\n{USAGE}").into()),
-        }
-    }
-    if let Some(k) = kinds.iter().find(|k| !["barrier", "bcast", "mcast", "allreduce"].contains(&k.as_str())) {
-        return Err(format!("unknown operation {k:?}\n{USAGE}").into());
-    }
+pub fn main(o: Options) -> crate::Result<()> {
+    let Options { ranks, sizes, ops: kinds, latency_ns: latency, gbit, max_bytes, json, text, .. } = o;
+    let crossover = !o.no_crossover;
     if ranks.iter().any(|&p| p < 2) || gbit <= 0.0 {
         return Err("rank counts must be at least 2 and the bandwidth positive".into());
     }

@@ -85,6 +85,30 @@ pub(crate) fn median(values: &[f64]) -> Option<f64> {
     }
 }
 
+/// The latency percentiles reported where every iteration is timed, and their names.
+pub const PERCENTILES: [f64; 3] = [50.0, 99.0, 99.9];
+pub const PERCENTILE_NAMES: [&str; 3] = ["p50", "p99", "p99.9"];
+
+/// The quantiles `qs` (each in 0..=1) of `seconds`, from an HDR histogram of nanoseconds with 3
+/// significant digits (1 ns resolution up to 1 µs, 0.1% above); `None` when empty.
+pub fn quantiles(seconds: &[f64], qs: &[f64]) -> Option<Vec<f64>> {
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("3 significant digits is valid");
+    for &s in seconds {
+        // The histogram resizes itself for large values; a negative or NaN time is a bug upstream.
+        h.record((s * 1e9).round().max(0.0) as u64).ok()?;
+    }
+    if h.is_empty() {
+        return None;
+    }
+    Some(qs.iter().map(|&q| h.value_at_quantile(q) as f64 * 1e-9).collect())
+}
+
+/// [`PERCENTILES`] of `seconds` (see [`quantiles`]).
+pub fn percentiles(seconds: &[f64]) -> Option<[f64; 3]> {
+    let v = quantiles(seconds, &PERCENTILES.map(|p| p / 100.0))?;
+    Some([v[0], v[1], v[2]])
+}
+
 /// Throughput in MB/s (10^6 bytes per second) of `bytes` moved one way in `seconds`.
 pub(crate) fn mb_per_s(bytes: usize, seconds: f64) -> f64 {
     bytes as f64 / seconds / 1e6
@@ -119,6 +143,20 @@ mod tests {
         assert_eq!(iterations(1e-3, TARGET, MIN_ITERATIONS), 30);
         assert_eq!(iterations(0.1, TARGET, MIN_ITERATIONS), MIN_ITERATIONS);
         assert_eq!(iterations(0.0, TARGET, MIN_ITERATIONS), MAX_ITERATIONS);
+    }
+
+    #[test]
+    fn percentiles_from_the_histogram() {
+        // 1000 one-way times of 100 ns, 10 of 10 µs, one of 1 ms.
+        let mut v = vec![100e-9; 1000];
+        v.extend([10e-6; 10]);
+        v.push(1e-3);
+        let [p50, p99, p999] = percentiles(&v).unwrap();
+        assert!((p50 - 100e-9).abs() < 1e-10, "{p50}");
+        assert!((p99 - 10e-6).abs() < 1e-8, "{p99}");
+        assert!((p999 - 10e-6).abs() < 1e-8, "{p999}");
+        assert!((quantiles(&v, &[1.0]).unwrap()[0] - 1e-3).abs() < 1e-6);
+        assert_eq!(percentiles(&[]), None);
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! Rank 0 prints one JSON line with the results.
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -35,10 +36,10 @@ use ferrocomm::transports::shm::{ShmConfig, ShmEndpoint, ShmTransport, SingleCop
 use ferrocomm::transports::{Header, Kind, Limits, Rank, Sink, Transport, TransportError, WireError};
 use serde_json::{Value, json};
 
-use crate::{Result, affinity, process, sweep};
+use crate::{Result, affinity, cli, process, sweep};
 
 /// Hidden subcommand: one rank of the transport benchmark.
-pub(crate) const RANK_COMMAND: &str = "shm-transport-rank";
+pub const RANK_COMMAND: &str = "shm-transport-rank";
 
 /// Round trips per timed latency batch.
 const PINGS: usize = 20_000;
@@ -51,23 +52,41 @@ const CHUNK: usize = 512 << 10;
 /// The longest a rank waits for anything.
 const STALL: Duration = Duration::from_secs(60);
 
-pub(crate) const USAGE: &str = "\
-usage: ferrocomm-bench shm-transport [options]
+/// The shared-memory transport alone (no engine, no futures).
+///
+/// 8-byte frame ping-pong latency and bandwidth of large messages in 512 KiB Data frames,
+/// between two processes pinned to two CPUs; and the 8-byte ping-pong through the protocol
+/// engine driven by hand (no reactor, no futures).
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// CPUs of the two ranks
+    #[arg(long, value_name = "A,B", default_value = "0,1", value_parser = cli::cpu_pair)]
+    pub cpus: [usize; 2],
+    /// Single copy by process_vm_readv (auto, from 16 KiB frames) or streamed (off) [default:
+    /// both, one after the other]
+    #[arg(long, value_parser = ["auto", "off"])]
+    pub cma: Option<String>,
+    /// Bandwidth message size (rounded to whole 512 KiB frames)
+    #[arg(long, value_name = "BYTES", default_value = "4M", value_parser = cli::bytes)]
+    pub message: usize,
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
 
-The shared-memory transport alone (no engine, no futures): 8-byte frame ping-pong latency and
-bandwidth of large messages in 512 KiB Data frames, between two processes pinned to two CPUs;
-and the 8-byte ping-pong through the protocol engine driven by hand (no reactor, no futures).
-
-options:
-  --cpus A,B        CPUs of the two ranks (default 0,1)
-  --cma auto|off    single copy by process_vm_readv (auto, from 16 KiB frames) or streamed (off);
-                    default: both, one after the other
-  --message BYTES   bandwidth message size (default 4M)
-  --json FILE       write the results as JSON";
+/// The arguments of one rank (`shm-transport-rank RANK CPU JOB CMA MESSAGE`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct RankSpec {
+    rank: Rank,
+    cpu: usize,
+    job: String,
+    cma: String,
+    message: usize,
+}
 
 /// What one run measured.
 #[derive(Clone, Debug)]
-pub(crate) struct TransportResult {
+pub struct TransportResult {
     pub cma: String,
     pub one_way_us: f64,
     pub batches_us: Vec<f64>,
@@ -79,7 +98,7 @@ pub(crate) struct TransportResult {
 }
 
 impl TransportResult {
-    pub(crate) fn to_json(&self) -> Value {
+    pub fn to_json(&self) -> Value {
         json!({"cma": self.cma, "one_way_8B_us": self.one_way_us, "batches_us": self.batches_us,
                "engine_one_way_8B_us": self.engine_one_way_us, "engine_batches_us": self.engine_batches_us,
                "message_bytes": self.message, "bandwidth_GBps": self.gbps})
@@ -87,53 +106,38 @@ impl TransportResult {
 }
 
 /// `ferrocomm-bench shm-transport`.
-pub(crate) fn main(args: &[String]) -> Result<()> {
-    let mut cpus = [0, 1];
-    let mut modes = vec!["auto".to_string(), "off".to_string()];
-    let mut message = 4 << 20;
-    let mut json_path = None;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().cloned().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            "--cpus" => cpus = crate::pingpong::parse_cpus(&value()?)?,
-            "--cma" => match value()?.as_str() {
-                m @ ("auto" | "off") => modes = vec![m.to_string()],
-                m => return Err(format!("--cma {m}: auto or off").into()),
-            },
-            "--message" => message = crate::pingpong::parse_bytes(&value()?)?.max(CHUNK) / CHUNK * CHUNK,
-            "--json" => json_path = Some(value()?),
-            other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
-        }
-    }
+pub fn main(o: Options) -> Result<()> {
+    let cpus = o.cpus;
+    let modes: Vec<String> = match o.cma {
+        Some(m) => vec![m],
+        None => vec!["auto".into(), "off".into()],
+    };
+    let message = o.message.max(CHUNK) / CHUNK * CHUNK;
     let mut results = Vec::new();
     for cma in &modes {
         let r = run(cpus, cma, message)?;
         println!(
             "shm transport alone (cma={cma}): 8 B one-way {:.3} us (median of {BATCHES} batches of {PINGS}), \
-             through the engine by hand {:.3} us; {} MiB messages {:.2} GB/s",
+             through the engine by hand {:.3} us; {} KiB messages {:.2} GB/s",
             r.one_way_us,
             r.engine_one_way_us,
-            message >> 20,
+            message >> 10,
             r.gbps
         );
         results.push(r);
     }
-    if let Some(path) = json_path {
+    if let Some(path) = o.json {
         let doc = json!({"bench": "shm-transport", "cpus": cpus,
                          "runs": results.iter().map(TransportResult::to_json).collect::<Vec<_>>()});
-        std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n").map_err(|e| format!("{path}: {e}"))?;
-        println!("wrote {path}");
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
     }
     Ok(())
 }
 
 /// Runs the two ranks once and returns rank 0's measurements.
-pub(crate) fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResult> {
+pub fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResult> {
     let exe = std::env::current_exe()?;
     let job = format!("bench{}", std::process::id());
     let spawn = |rank: usize| {
@@ -292,7 +296,7 @@ pub(crate) struct Node<T> {
 
 impl<T: Transport> Node<T> {
     /// Busy-polls until `frames` frames have arrived.
-    pub(crate) fn spin_until(&mut self, frames: usize) -> Result<()> {
+    pub fn spin_until(&mut self, frames: usize) -> Result<()> {
         let mut watchdog = Watchdog::default();
         while self.s.frames < frames {
             self.t.progress(&mut self.s);
@@ -307,13 +311,13 @@ impl<T: Transport> Node<T> {
     }
 
     /// Sends an 8-byte eager frame to the other rank.
-    pub(crate) fn eager(&mut self, tag: u64) {
+    pub fn eager(&mut self, tag: u64) {
         let h = Header { src: self.me, tag, len: 8, ..Header::new(Kind::Eager) };
         self.t.send(1 - self.me, h, Bytes::from_static(&[7; 8]));
     }
 
     /// Says goodbye (a `Credit` frame) and waits until our output is out and the peer's goodbye in.
-    pub(crate) fn finish(&mut self) -> Result<()> {
+    pub fn finish(&mut self) -> Result<()> {
         self.t.send(1 - self.me, Header { src: self.me, ..Header::new(Kind::Credit) }, Bytes::new());
         let start = Instant::now();
         while self.t.has_pending_output() && start.elapsed() < STALL {
@@ -342,13 +346,10 @@ fn timed_batches(mut round_trip: impl FnMut() -> Result<()>) -> Result<Vec<f64>>
 }
 
 /// `shm-transport-rank RANK CPU JOB CMA MESSAGE`.
-pub(crate) fn rank_main(args: &[String]) -> Result<()> {
-    let [rank, cpu, job, cma, message] = args else {
-        return Err("shm-transport-rank RANK CPU JOB CMA MESSAGE".into());
-    };
-    let me: Rank = rank.parse()?;
-    let message: usize = message.parse()?;
-    affinity::pin_current_thread(cpu.parse()?)?;
+pub fn rank_main(spec: RankSpec) -> Result<()> {
+    let RankSpec { rank: me, cpu, job, cma, message } = spec;
+    let (job, cma) = (job.as_str(), cma.as_str());
+    affinity::pin_current_thread(cpu)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let cfg = ShmConfig {
         cma_threshold: 16 << 10,

@@ -25,55 +25,48 @@ use serde_json::json;
 
 use crate::perftest::{self, Perftest};
 use crate::transport::{CountSink, Node};
-use crate::{Result, affinity, sweep};
+use crate::{Result, affinity, cli, sweep};
 
-pub(crate) const USAGE: &str = "\
-usage: ferrocomm-bench verbs-transport [options]
-
-The verbs transport alone (no engine, no futures): 8-byte eager frame ping-pong latency between
-two endpoints of one process on two pinned threads, over the RDMA device.
-
-options:
-  --cpus A,B          CPUs of the two endpoints (default 0,1)
-  --device D          RDMA device (default: the first one)
-  --eager P           ring, srq or both (default both)
-  --pings N           round trips per timed batch (default 2000)
-  --batches N         timed batches; the median is reported (default 11)
-  --runs K            runs, each followed by ib_send_lat (default 3)
-  --no-peer           without ib_send_lat
-  --json FILE         write the results as JSON";
+/// The verbs transport alone (no engine, no futures; build with --features verbs).
+///
+/// 8-byte eager frame ping-pong latency between two endpoints of one process on two pinned
+/// threads, over the RDMA device, for each eager path (rings, shared receive queue).
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// CPUs of the two endpoints
+    #[arg(long, value_name = "A,B", default_value = "0,1", value_parser = cli::cpu_pair)]
+    pub cpus: [usize; 2],
+    /// RDMA device [default: the first one]
+    #[arg(long, value_name = "D")]
+    pub device: Option<String>,
+    /// Eager path: ring, srq or both
+    #[arg(long, value_name = "P", default_value = "both")]
+    pub eager: String,
+    /// Round trips per timed batch
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = cli::at_least_one)]
+    pub pings: usize,
+    /// Timed batches; the median is reported
+    #[arg(long, value_name = "N", default_value_t = 11, value_parser = cli::at_least_one)]
+    pub batches: usize,
+    /// Runs, each followed by ib_send_lat
+    #[arg(long, value_name = "K", default_value_t = 3, value_parser = cli::at_least_one)]
+    pub runs: usize,
+    /// Without ib_send_lat
+    #[arg(long)]
+    pub no_peer: bool,
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<String>,
+}
 
 /// `ferrocomm-bench verbs-transport`.
-pub(crate) fn main(args: &[String]) -> Result<()> {
-    let mut cpus = [0, 1];
-    let mut device = None;
-    let mut paths = vec![Eager::Ring, Eager::SharedQueue];
-    let (mut pings, mut batches, mut runs_wanted, mut peer) = (2000, 11, 3, true);
-    let mut json_path = None;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().cloned().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            "--cpus" => cpus = crate::pingpong::parse_cpus(&value()?)?,
-            "--device" => device = Some(value()?),
-            "--eager" => {
-                paths = match value()?.as_str() {
-                    "both" => vec![Eager::Ring, Eager::SharedQueue],
-                    p => vec![p.parse::<Eager>()?],
-                }
-            }
-            "--pings" => pings = value()?.parse::<usize>()?.max(1),
-            "--batches" => batches = value()?.parse::<usize>()?.max(1),
-            "--runs" => runs_wanted = value()?.parse::<usize>()?.max(1),
-            "--no-peer" => peer = false,
-            "--json" => json_path = Some(value()?),
-            other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
-        }
-    }
+pub fn main(o: Options) -> Result<()> {
+    let Options { cpus, device, pings, batches, runs: runs_wanted, json: json_path, .. } = o;
+    let peer = !o.no_peer;
+    let paths = match o.eager.as_str() {
+        "both" => vec![Eager::Ring, Eager::SharedQueue],
+        p => vec![p.parse::<Eager>()?],
+    };
     let perf = match peer {
         true => {
             let dev = device.clone().or_else(perftest::first_device).ok_or("no RDMA device")?;

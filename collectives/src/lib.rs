@@ -16,7 +16,7 @@ pub mod select;
 pub mod shared;
 pub mod sim;
 
-pub use reduce::{Element, ReduceOp, Reducer};
+pub use reduce::{Element, ReduceOp, Reducer, bf16, f16};
 pub use schedule::{Action, Apply, Blocks, Form, Machine, Schedule};
 pub use select::{Algorithm, Operation, Table};
 
