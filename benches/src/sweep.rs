@@ -86,12 +86,12 @@ pub(crate) fn median(values: &[f64]) -> Option<f64> {
 }
 
 /// The latency percentiles reported where every iteration is timed, and their names.
-pub const PERCENTILES: [f64; 3] = [50.0, 99.0, 99.9];
-pub const PERCENTILE_NAMES: [&str; 3] = ["p50", "p99", "p99.9"];
+pub(crate) const PERCENTILES: [f64; 3] = [50.0, 99.0, 99.9];
+pub(crate) const PERCENTILE_NAMES: [&str; 3] = ["p50", "p99", "p99.9"];
 
 /// The quantiles `qs` (each in 0..=1) of `seconds`, from an HDR histogram of nanoseconds with 3
 /// significant digits (1 ns resolution up to 1 µs, 0.1% above); `None` when empty.
-pub fn quantiles(seconds: &[f64], qs: &[f64]) -> Option<Vec<f64>> {
+pub(crate) fn quantiles(seconds: &[f64], qs: &[f64]) -> Option<Vec<f64>> {
     let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("3 significant digits is valid");
     for &s in seconds {
         // The histogram resizes itself for large values; a negative or NaN time is a bug upstream.
@@ -104,7 +104,7 @@ pub fn quantiles(seconds: &[f64], qs: &[f64]) -> Option<Vec<f64>> {
 }
 
 /// [`PERCENTILES`] of `seconds` (see [`quantiles`]).
-pub fn percentiles(seconds: &[f64]) -> Option<[f64; 3]> {
+pub(crate) fn percentiles(seconds: &[f64]) -> Option<[f64; 3]> {
     let v = quantiles(seconds, &PERCENTILES.map(|p| p / 100.0))?;
     Some([v[0], v[1], v[2]])
 }
