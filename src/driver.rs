@@ -65,7 +65,7 @@ impl Driver {
     #[inline]
     fn push_queued(&mut self) {
         if self.transport.has_queued_output() {
-            self.transport.progress(&mut self.engine);
+            self.transport_progress();
         }
     }
 
@@ -95,17 +95,26 @@ impl Driver {
                 // before).
                 return work + 1;
             }
-            work += 1 + self.transport.progress(&mut self.engine);
+            work += 1 + self.transport_progress();
         }
+    }
+}
+
+impl Driver {
+    /// The transport's progress, and then the one-sided service's if a one-sided message came
+    /// (or it has work of its own): every path that lets frames into the engine runs it, so that a
+    /// request delivered while a send pushed its bytes is served without waiting for the next
+    /// wake-up (which that delivery consumed).
+    #[inline]
+    fn transport_progress(&mut self) -> usize {
+        let n = self.transport.progress(&mut self.engine);
+        if self.rma.wants() { n + self.rma.progress(&mut self.engine) } else { n }
     }
 }
 
 impl Progress for Driver {
     fn progress(&mut self) -> usize {
-        let mut n = self.transport.progress(&mut self.engine);
-        if self.rma.wants() {
-            n += self.rma.progress(&mut self.engine);
-        }
+        let n = self.transport_progress();
         n + self.flush()
     }
 

@@ -43,3 +43,8 @@ pub use world::{Comm, Deadline, Message, Op, Refused, World};
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The one-sided chapter's examples compile.
+#[doc = include_str!("../docs/one-sided.md")]
+#[cfg(doctest)]
+pub struct OneSidedDoctests;

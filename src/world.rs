@@ -551,8 +551,8 @@ impl Comm {
         c
     }
 
-    /// Why a collective on this communicator cannot run: a loss revoked it, or a member departed
-    /// (a collective needs every one). One atomic load while nobody has.
+    /// Why a collective on this communicator cannot run: a loss revoked it. One atomic load while
+    /// no rank has departed or been lost.
     #[inline]
     pub(crate) fn collective_gate(&self) -> Result<()> {
         if self.inner.changes.load(Ordering::Acquire) == 0 {

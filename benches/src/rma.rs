@@ -5,6 +5,9 @@
 //!   memory and spins on its own until the peer's put has landed; the one-way time is half the
 //!   round trip.
 //! * **Get latency, 8 B**: a loop of gets, each awaited (`ucp_get`: a stream of gets).
+//! * Latencies are medians of samples of 64 operations (`ucx_perftest` reports the median of its
+//!   per-iteration times; on a shared machine the mean is dominated by preempted iterations); the
+//!   means are in the JSON.
 //! * **Put and get bandwidth, 64 KiB and 4 MiB**: a loop of transfers into (from) one remote
 //!   buffer, then a fence (`ucp_put_bw`, `ucp_get`); MB/s is 10^6 bytes per second on both sides
 //!   (`ucx_perftest` prints MiB/s, converted).
@@ -52,6 +55,9 @@ const LAT_ITERS: u64 = 200_000;
 const BW_BYTES: usize = 1 << 30;
 const ATOMIC_ITERS: u64 = 200_000;
 const SIZES: [usize; 2] = [64 << 10, 4 << 20];
+/// Operations per timed sample of the latency tests.
+const BATCH: u64 = 64;
+const PAGE: usize = 4096;
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -175,61 +181,120 @@ async fn segments(w: &World, len: usize) -> Result<(ferrocomm::Segment, Vec<ferr
 async fn pair(w: &World) -> Result<Value> {
     let me = w.rank() as usize;
     let peer = 1 - me;
-    let (seg, remotes) = segments(w, (4 << 20) + 64).await?;
+    let (seg, remotes) = segments(w, (4 << 20) + PAGE).await?;
     let remote = &remotes[peer];
     let word = seg.word(0)?;
     let tcp = !remote.is_mapped();
     let lat_iters = if tcp { LAT_ITERS / 100 } else { LAT_ITERS };
-    // Put latency: ping-pong through each other's memory.
+    // Put latency: ping-pong through each other's memory. Over a mapping each side spins on its
+    // own word, as `ucp_put_lat` does; over requests the puts carry a notification that each side
+    // awaits (its wait runs the progress that applies the peer's put: a busy-polling rank's own
+    // calls serve requests, its progress thread stays aside while they spin).
     w.barrier().await?;
-    let t0 = Instant::now();
-    for i in 1..=lat_iters {
-        if me == 0 {
-            w.put(remote, 0, &i.to_le_bytes()).await?;
-        }
-        while word.load(Ordering::Acquire) != i {
-            std::hint::spin_loop();
-        }
-        if me == 1 {
-            w.put(remote, 0, &i.to_le_bytes()).await?;
-        }
-    }
-    let put_lat = t0.elapsed().as_secs_f64() / lat_iters as f64 / 2.0;
-    w.barrier().await?;
-    let mut out = json!({"mapped": !tcp, "transport": w.transport_for(peer as u32), "put_lat_us": put_lat * 1e6});
-    if me == 0 {
-        let mut b = [0u8; 8];
+    // Samples of BATCH round trips; the report takes their median, as `ucx_perftest` takes the
+    // median of its per-iteration times (on a shared machine a preempted batch is an outlier).
+    let mut samples = Vec::new();
+    let mut i = 0u64;
+    let t_all = Instant::now();
+    while i < lat_iters {
         let t0 = Instant::now();
-        for _ in 0..lat_iters {
-            w.get(remote, 8, &mut b).await?;
+        for _ in 0..BATCH {
+            i += 1;
+            if me == 0 {
+                if tcp {
+                    w.put_notify(remote, 0, &i.to_le_bytes()).await?;
+                } else {
+                    w.put(remote, 0, &i.to_le_bytes()).await?;
+                }
+            }
+            if tcp {
+                seg.wait_notifications(i).await?;
+            } else {
+                while word.load(Ordering::Acquire) != i {
+                    std::hint::spin_loop();
+                }
+            }
+            if me == 1 {
+                if tcp {
+                    w.put_notify(remote, 0, &i.to_le_bytes()).await?;
+                } else {
+                    w.put(remote, 0, &i.to_le_bytes()).await?;
+                }
+            }
         }
-        out["get_lat_us"] = json!(t0.elapsed().as_secs_f64() / lat_iters as f64 * 1e6);
-        let src = vec![7u8; 4 << 20];
-        let mut dst = vec![0u8; 4 << 20];
+        samples.push(t0.elapsed().as_secs_f64() / BATCH as f64 / 2.0);
+    }
+    let put_mean = t_all.elapsed().as_secs_f64() / i as f64 / 2.0;
+    w.barrier().await?;
+    let mut out = json!({"mapped": !tcp, "transport": w.transport_for(peer as u32),
+                         "put_lat_us": median(samples) * 1e6, "put_lat_mean_us": put_mean * 1e6});
+    if me == 0 {
+        let (med, mean) = timed(lat_iters, || async {
+            let mut b = [0u8; 8];
+            w.get(remote, 8, &mut b).await?;
+            Ok(())
+        })
+        .await?;
+        out["get_lat_us"] = json!(med * 1e6);
+        out["get_lat_mean_us"] = json!(mean * 1e6);
+        // Page-aligned buffers on both sides, as ucx_perftest's.
+        let mut src_buf = vec![7u8; (4 << 20) + PAGE];
+        let mut dst_buf = vec![1u8; (4 << 20) + PAGE];
+        let src = aligned(&mut src_buf);
+        let dst = aligned(&mut dst_buf);
         for size in SIZES {
             let n = (BW_BYTES / size / if tcp { 16 } else { 1 }).max(4);
             let t0 = Instant::now();
             for _ in 0..n {
-                w.put(remote, 64, &src[..size]).await?;
+                w.put(remote, PAGE, &src[..size]).await?;
             }
             w.fence(remote).await?;
             out[format!("put_bw_{size}")] = json!((n * size) as f64 / t0.elapsed().as_secs_f64() / 1e6);
             let t0 = Instant::now();
             for _ in 0..n {
-                w.get(remote, 64, &mut dst[..size]).await?;
+                w.get(remote, PAGE, &mut dst[..size]).await?;
             }
             out[format!("get_bw_{size}")] = json!((n * size) as f64 / t0.elapsed().as_secs_f64() / 1e6);
         }
         let iters = if tcp { ATOMIC_ITERS / 100 } else { ATOMIC_ITERS };
-        let t0 = Instant::now();
-        for _ in 0..iters {
+        let (med, mean) = timed(iters, || async {
             w.fetch_add(remote, 16, 1).await?;
-        }
-        out["fadd_lat_us"] = json!(t0.elapsed().as_secs_f64() / iters as f64 * 1e6);
+            Ok(())
+        })
+        .await?;
+        out["fadd_lat_us"] = json!(med * 1e6);
+        out["fadd_lat_mean_us"] = json!(mean * 1e6);
     }
     w.barrier().await?;
     seg.unpublish().await?;
     Ok(out)
+}
+
+/// The page-aligned part of `buf`.
+fn aligned(buf: &mut [u8]) -> &mut [u8] {
+    let skip = buf.as_ptr().align_offset(PAGE);
+    &mut buf[skip..]
+}
+
+/// Runs `op` `iters` times in batches of [`BATCH`]; returns (median of the batches' times per
+/// operation, mean time per operation), seconds.
+async fn timed<F, Fut>(iters: u64, mut op: F) -> Result<(f64, f64)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut samples = Vec::new();
+    let mut done = 0;
+    let t_all = Instant::now();
+    while done < iters {
+        let t0 = Instant::now();
+        for _ in 0..BATCH {
+            op().await?;
+        }
+        done += BATCH;
+        samples.push(t0.elapsed().as_secs_f64() / BATCH as f64);
+    }
+    Ok((median(samples), t_all.elapsed().as_secs_f64() / done as f64))
 }
 
 async fn atomics(w: &World) -> Result<Value> {
@@ -340,11 +405,12 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let med = |side: &[Value], key: &str| median(side.iter().filter_map(|v| v[key].as_f64()).collect());
     let mapped = ours[0]["mapped"].as_bool().unwrap_or(false);
     println!(
-        "one-sided, 2 ranks pinned to CPUs {},{}: ferrocomm over {} ({}), ucx_perftest with UCX_TLS=posix,cma; medians of {} runs",
+        "one-sided, 2 ranks pinned to CPUs {},{}: ferrocomm over {} ({}), {}; medians of {} runs",
         o.cpus[0],
         o.cpus[1],
         ours[0]["transport"].as_str().unwrap_or("?"),
         if mapped { "segments mapped by the peer" } else { "requests served by the target's progress" },
+        if o.peer { "ucx_perftest with UCX_TLS=posix,cma" } else { "no peer" },
         o.runs
     );
     println!("{:<24} {:>14} {:>14} {:>10}", "", "ferrocomm", "ucx_perftest", "ratio");

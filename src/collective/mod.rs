@@ -53,9 +53,8 @@ struct Slot {
     seq: u64,
     /// The calling communicator's buffer pool.
     pool: Arc<Pool>,
-    /// Why the call cannot run, as known when it was made: a member lost or departed. (Decided
-    /// then, not when a later phase of the call starts: by then a member may have finished the
-    /// whole call and left, which is no reason to fail.)
+    /// Why the call cannot run, as known when it was made: a member lost (the communicator
+    /// revoked).
     refused: Option<Error>,
 }
 
@@ -519,8 +518,8 @@ impl Comm {
 
     async fn run(slot: Slot, m: Machine) -> Result<Blocks> {
         let Slot { comm, seq, pool, refused } = slot;
-        // A member already lost or departed when the call was made, or lost since: the call
-        // could never complete.
+        // A member already lost when the call was made, or lost since: the call could never
+        // complete.
         if let Some(e) = refused.or_else(|| comm.revoked()) {
             return Err(e);
         }

@@ -49,6 +49,10 @@ pub enum Watch {
     All,
     /// These world ranks (sorted, no duplicates).
     Ranks(Arc<[Rank]>),
+    /// None: a loss only interrupts the receives from any source waiting there (they fail,
+    /// naming it), and operations go on. For an internal service that handles each loss itself
+    /// and keeps serving the others (one-sided communication's context).
+    Interrupt,
 }
 
 impl Watch {
@@ -65,6 +69,7 @@ impl Watch {
         match self {
             Watch::All => true,
             Watch::Ranks(v) => v.binary_search(&r).is_ok(),
+            Watch::Interrupt => false,
         }
     }
 }
@@ -168,6 +173,11 @@ impl Failures {
         self.watches.get(&context).is_none_or(|w| w.holds(r))
     }
 
+    /// Whether a loss interrupts `context`'s receives from any source ([`Watch::Interrupt`]).
+    pub fn interrupts(&self, context: u32) -> bool {
+        self.watches.get(&context) == Some(&Watch::Interrupt)
+    }
+
     /// The rank whose loss revoked `context`, if it is revoked: the first learnt lost among those
     /// it watches.
     #[inline]
@@ -247,6 +257,8 @@ mod tests {
         assert_eq!(f.revoked(1), Some(4), "named after the first loss, not the latest");
         assert_eq!(f.revoked(2), Some(1));
         assert!(f.watches(2, 1) && !f.watches(2, 4) && f.watches(99, 5));
+        f.watch(5, Watch::Interrupt);
+        assert!(f.revoked(5).is_none() && f.interrupts(5) && !f.interrupts(1));
         // A later registration decides for itself.
         f.watch(4, watch(&[0, 2]));
         assert_eq!(f.revoked(4), None);

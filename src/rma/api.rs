@@ -29,15 +29,12 @@ use ferrocomm_transports::Rank;
 use super::geometry::{Geometry, Layout};
 use super::memory::{AtomicOp, Kind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
 use super::service::{EventShared, Key, Remote, Reply};
-use super::wire::{AttachInfo, Msg, OVERHEAD};
+use super::wire::{AttachInfo, MAX_CHUNK, Msg, OVERHEAD};
 use super::{Access, RmaError, SegmentId};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::world::{Inner, World};
 
-/// Largest piece of a transfer in one message of the emulated path (each is a point-to-point
-/// message: large ones go by rendezvous, and the target copies each as it lands).
-const CHUNK_MAX: usize = 1 << 20;
 /// A producer facing a full queue on a mapping retries this many times at once (yielding to its
 /// executor in between), then every [`NAP`].
 const SPIN_TRIES: u32 = 64;
@@ -424,19 +421,31 @@ impl Event {
     }
 }
 
-enum St {
-    Ready(Result<Reply>),
-    Pending { inner: Arc<Inner>, key: Key, wait: Wait },
-    Retry(Box<Retry>),
+/// An operation waiting for its replies.
+struct Waiting<T> {
+    inner: Arc<Inner>,
+    key: Key,
+    wait: Wait,
+    conv: fn(Reply) -> Result<T>,
+}
+
+enum St<T> {
+    Ready(T),
+    Failed(Box<Error>),
+    Pending(Box<Waiting<T>>),
+    /// An enqueue on a mapping, waiting for room.
+    Retry(Box<Retry>, fn(Reply) -> Result<T>),
     Done,
 }
 
 /// A one-sided operation in flight. Await it for remote completion and its result, or hand it to
 /// an [`Event`]. Dropping it does not cancel the operation.
+///
+/// An operation that completed in its call (on a mapping) is two words, returned in registers:
+/// the latency path of a put on a mapping moves nothing through memory.
 #[must_use = "an operation completes remotely only when awaited or handed to an event"]
 pub struct RmaOp<T> {
-    st: St,
-    conv: fn(Reply) -> Result<T>,
+    st: St<T>,
 }
 
 fn unit(_: Reply) -> Result<()> {
@@ -455,18 +464,28 @@ fn raw(r: Reply) -> Result<Reply> {
 }
 
 impl<T> RmaOp<T> {
-    fn ready(r: Result<Reply>, conv: fn(Reply) -> Result<T>) -> RmaOp<T> {
-        RmaOp { st: St::Ready(r), conv }
+    #[inline]
+    fn done(v: T) -> RmaOp<T> {
+        RmaOp { st: St::Ready(v) }
     }
 
-    fn failed(e: Error, conv: fn(Reply) -> Result<T>) -> RmaOp<T> {
-        RmaOp::ready(Err(e), conv)
+    #[cold]
+    fn failed(e: Error) -> RmaOp<T> {
+        RmaOp { st: St::Failed(Box::new(e)) }
+    }
+
+    #[inline]
+    fn of(r: Result<T>) -> RmaOp<T> {
+        match r {
+            Ok(v) => RmaOp::done(v),
+            Err(e) => RmaOp::failed(e),
+        }
     }
 
     /// Whether the operation has completed (it was done by the call itself: on a mapping, or
     /// refused before anything was sent).
     pub fn is_complete(&self) -> bool {
-        matches!(self.st, St::Ready(_))
+        matches!(self.st, St::Ready(_) | St::Failed(_))
     }
 
     /// Hands the operation to `ev` (its result, beyond success or failure, is dropped) and
@@ -474,9 +493,10 @@ impl<T> RmaOp<T> {
     pub fn on(mut self, ev: &Event) -> Ticket {
         let t = Ticket(ev.shared.issued.fetch_add(1, Ordering::AcqRel) + 1);
         match std::mem::replace(&mut self.st, St::Done) {
-            St::Ready(r) => ev.shared.complete(r.map(|_| ())),
-            St::Pending { inner, key, .. } => inner.reactor.lock().rma.service.on_event(key, ev.shared.clone()),
-            St::Retry(mut retry) => {
+            St::Ready(_) => ev.shared.complete(Ok(())),
+            St::Failed(e) => ev.shared.complete(Err(*e)),
+            St::Pending(w) => w.inner.reactor.lock().rma.service.on_event(w.key, ev.shared.clone()),
+            St::Retry(mut retry, _) => {
                 let shared = ev.shared.clone();
                 let drive = async move { std::future::poll_fn(|cx| retry.poll(cx)).await };
                 match tokio::runtime::Handle::try_current() {
@@ -492,31 +512,42 @@ impl<T> RmaOp<T> {
     }
 }
 
+// The result is only ever moved out whole, never pinned.
+impl<T> Unpin for RmaOp<T> {}
+
 impl<T> Future for RmaOp<T> {
     type Output = Result<T>;
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
         let r = match &mut this.st {
-            St::Pending { inner, key, wait } => {
-                let k = *key;
-                std::task::ready!(inner.reactor.poll_until(cx, wait, |d, cx| d.rma.service.poll(k, cx)))
+            St::Pending(w) => {
+                let (k, conv) = (w.key, w.conv);
+                let r =
+                    std::task::ready!(w.inner.reactor.poll_until(cx, &mut w.wait, |d, cx| d.rma.service.poll(k, cx)));
+                this.st = St::Done;
+                return Poll::Ready(r.and_then(conv));
             }
-            St::Retry(retry) => std::task::ready!(retry.poll(cx)).map(|()| Reply::Unit),
-            St::Ready(_) => match std::mem::replace(&mut this.st, St::Done) {
-                St::Ready(r) => r,
-                _ => unreachable!(),
-            },
-            St::Done => Err(Error::Shutdown),
+            St::Retry(retry, conv) => {
+                let conv = *conv;
+                let r = std::task::ready!(retry.poll(cx));
+                this.st = St::Done;
+                return Poll::Ready(r.and_then(|()| conv(Reply::Unit)));
+            }
+            _ => std::mem::replace(&mut this.st, St::Done),
         };
-        this.st = St::Done;
-        Poll::Ready(r.and_then(this.conv))
+        Poll::Ready(match r {
+            St::Ready(v) => Ok(v),
+            St::Failed(e) => Err(*e),
+            _ => Err(Error::Shutdown),
+        })
     }
 }
 
 impl<T> Drop for RmaOp<T> {
     fn drop(&mut self) {
-        if let St::Pending { inner, key, .. } = &self.st {
-            inner.reactor.lock().rma.service.detach(*key);
+        if let St::Pending(w) = &self.st {
+            w.inner.reactor.lock().rma.service.detach(w.key);
         }
     }
 }
@@ -573,25 +604,49 @@ impl Retry {
 /// A get in flight: its data lands in the borrowed buffer when it completes.
 #[must_use = "a get completes only when awaited"]
 pub struct GetOp<'a> {
-    op: RmaOp<Reply>,
+    /// `None`: done in the call.
+    op: Option<Box<PendingGet>>,
+    failed: Option<Box<Error>>,
     dst: &'a mut [u8],
+}
+
+/// A get over requests: the operation, and how its replies map to the local buffer.
+struct PendingGet {
+    op: RmaOp<Reply>,
     local: Layout,
     owner: Rank,
+}
+
+impl<'a> GetOp<'a> {
+    fn done(dst: &'a mut [u8]) -> GetOp<'a> {
+        GetOp { op: None, failed: None, dst }
+    }
+
+    #[cold]
+    fn failed(e: Error, dst: &'a mut [u8]) -> GetOp<'a> {
+        GetOp { op: None, failed: Some(Box::new(e)), dst }
+    }
 }
 
 impl Future for GetOp<'_> {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = self.get_mut();
-        let r = std::task::ready!(Pin::new(&mut this.op).poll(cx));
+        if let Some(e) = this.failed.take() {
+            return Poll::Ready(Err(*e));
+        }
+        let Some(p) = this.op.as_mut() else { return Poll::Ready(Ok(())) };
+        let r = std::task::ready!(Pin::new(&mut p.op).poll(cx));
+        let (local, owner) = (p.local, p.owner);
+        this.op = None;
         Poll::Ready(r.and_then(|reply| {
             let Reply::Data(pieces) = reply else { return Ok(()) };
-            let total = this.local.bytes().map_err(rma)?;
+            let total = local.bytes().map_err(rma)?;
             for (start, data) in pieces {
                 if start.checked_add(data.len()).is_none_or(|e| e > total) {
-                    return Err(rma(RmaError::Malformed { rank: this.owner, what: "data outside the get" }));
+                    return Err(rma(RmaError::Malformed { rank: owner, what: "data outside the get" }));
                 }
-                for (off, s, len) in this.local.pieces(start..start + data.len()) {
+                for (off, s, len) in local.pieces(start..start + data.len()) {
                     this.dst[off..off + len].copy_from_slice(&data[s - start..s - start + len]);
                 }
             }
@@ -740,9 +795,9 @@ impl World {
             let r = self.precheck(&dst.r, Access::PUT, (offset, src.len())).and_then(|()| {
                 mem.check_open().map_err(|e| self.mapped_err(&dst.r, e))?;
                 mem.write_at(offset, src);
-                Ok(Reply::Unit)
+                Ok(())
             });
-            return RmaOp::ready(r, unit);
+            return RmaOp::of(r);
         }
         self.put_impl(dst, &Geometry::contiguous(0, offset, src.len()), src, false)
     }
@@ -768,10 +823,10 @@ impl World {
         let r = &dst.r;
         let (bytes, span) = match g.check_local(src.len()) {
             Ok(x) => x,
-            Err(e) => return RmaOp::failed(rma(e), unit),
+            Err(e) => return RmaOp::failed(rma(e)),
         };
         if let Err(e) = self.precheck(r, Access::PUT, span) {
-            return RmaOp::failed(e, unit);
+            return RmaOp::failed(e);
         }
         if let Some(mem) = &r.mapped {
             let res = mem.check_open().map(|()| mem.put(g, src));
@@ -779,12 +834,12 @@ impl World {
                 let (owner, serial) = (r.id.owner(), r.id.serial());
                 locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
             }
-            return RmaOp::ready(res.map(|()| Reply::Unit).map_err(|e| self.mapped_err(r, e)), unit);
+            return RmaOp::of(res.map_err(|e| self.mapped_err(r, e)));
         }
         if bytes == 0 && !notify {
-            return RmaOp::ready(Ok(Reply::Unit), unit);
+            return RmaOp::done(());
         }
-        let chunk = r.info.max_message.min(CHUNK_MAX) - OVERHEAD;
+        let chunk = r.info.max_message.min(MAX_CHUNK) - OVERHEAD;
         let local = g.local_layout();
         let pieces: Vec<(usize, Bytes)> = (0..bytes.div_ceil(chunk).max(1))
             .map(|i| (i * chunk, gather(&local, src, i * chunk..((i + 1) * chunk).min(bytes))))
@@ -815,7 +870,7 @@ impl World {
     pub fn notify(&self, dst: &RemoteSegment) -> RmaOp<()> {
         let r = &dst.r;
         if let Err(e) = self.precheck(r, Access::PUT, (0, 0)) {
-            return RmaOp::failed(e, unit);
+            return RmaOp::failed(e);
         }
         if let Some(mem) = &r.mapped {
             let res = mem.check_open().map(|()| mem.notify(1));
@@ -823,7 +878,7 @@ impl World {
                 let (owner, serial) = (r.id.owner(), r.id.serial());
                 locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
             }
-            return RmaOp::ready(res.map(|_| Reply::Unit).map_err(|e| self.mapped_err(r, e)), unit);
+            return RmaOp::of(res.map(drop).map_err(|e| self.mapped_err(r, e)));
         }
         let serial = r.id.serial();
         emulated(self.rma_inner(), r.id, |req| vec![Msg::Notify { req, serial, n: 1 }], unit)
@@ -837,9 +892,12 @@ impl World {
             let r = self.precheck(&src.r, Access::GET, (offset, dst.len())).and_then(|()| {
                 mem.check_open().map_err(|e| self.mapped_err(&src.r, e))?;
                 mem.read_at(offset, dst);
-                Ok(Reply::Unit)
+                Ok(())
             });
-            return GetOp { op: RmaOp::ready(r, raw), dst, local: g.local_layout(), owner: src.owner() };
+            return match r {
+                Ok(()) => GetOp::done(dst),
+                Err(e) => GetOp::failed(e, dst),
+            };
         }
         self.get_with(src, &g, dst)
     }
@@ -847,41 +905,47 @@ impl World {
     /// Reads the runs of `geometry` from `src` into `dst`.
     pub fn get_with<'a>(&self, src: &RemoteSegment, geometry: &Geometry, dst: &'a mut [u8]) -> GetOp<'a> {
         let r = &src.r;
-        let local = geometry.local_layout();
-        let owner = r.id.owner();
-        let op = (|| {
+        let checked = (|| {
             let (bytes, span) = geometry.check_local(dst.len()).map_err(rma)?;
             self.precheck(r, Access::GET, span)?;
-            if let Some(mem) = &r.mapped {
-                mem.check_open().map_err(|e| self.mapped_err(r, e))?;
-                mem.get(geometry, dst);
-                return Ok(RmaOp::ready(Ok(Reply::Unit), raw));
+            Ok(bytes)
+        })();
+        let bytes = match checked {
+            Ok(b) => b,
+            Err(e) => return GetOp::failed(e, dst),
+        };
+        if let Some(mem) = &r.mapped {
+            if let Err(e) = mem.check_open() {
+                return GetOp::failed(self.mapped_err(r, e), dst);
             }
-            if bytes == 0 {
-                return Ok(RmaOp::ready(Ok(Reply::Unit), raw));
-            }
-            let inner = self.rma_inner();
-            if inner.settings.max_message < MIN_MESSAGE {
-                return Err(Error::Invalid(format!("one-sided operations need max_message of {MIN_MESSAGE} bytes")));
-            }
-            let chunk = inner.settings.max_message.min(CHUNK_MAX) - OVERHEAD;
-            let (layout, serial) = (geometry.remote_layout(), r.id.serial());
-            Ok(emulated(
-                inner,
-                r.id,
-                |req| {
-                    (0..bytes.div_ceil(chunk))
-                        .map(|i| {
-                            let start = i * chunk;
-                            Msg::Get { req, serial, layout, start, len: chunk.min(bytes - start) }
-                        })
-                        .collect()
-                },
-                raw,
-            ))
-        })()
-        .unwrap_or_else(|e| RmaOp::failed(e, raw));
-        GetOp { op, dst, local, owner }
+            mem.get(geometry, dst);
+            return GetOp::done(dst);
+        }
+        if bytes == 0 {
+            return GetOp::done(dst);
+        }
+        let inner = self.rma_inner();
+        if inner.settings.max_message < MIN_MESSAGE {
+            let e = Error::Invalid(format!("one-sided operations need max_message of {MIN_MESSAGE} bytes"));
+            return GetOp::failed(e, dst);
+        }
+        let chunk = inner.settings.max_message.min(MAX_CHUNK) - OVERHEAD;
+        let (layout, serial) = (geometry.remote_layout(), r.id.serial());
+        let op = emulated(
+            inner,
+            r.id,
+            |req| {
+                (0..bytes.div_ceil(chunk))
+                    .map(|i| {
+                        let start = i * chunk;
+                        Msg::Get { req, serial, layout, start, len: chunk.min(bytes - start) }
+                    })
+                    .collect()
+            },
+            raw,
+        );
+        let pending = PendingGet { op, local: geometry.local_layout(), owner: r.id.owner() };
+        GetOp { op: Some(Box::new(pending)), failed: None, dst }
     }
 
     fn atomic<T>(&self, dst: &RemoteSegment, offset: usize, op: AtomicOp, conv: fn(Reply) -> Result<T>) -> RmaOp<T> {
@@ -890,11 +954,11 @@ impl World {
             .map_err(rma)
             .and_then(|()| self.precheck(r, Access::ATOMIC, (offset, 8)))
         {
-            return RmaOp::failed(e, conv);
+            return RmaOp::failed(e);
         }
         if let Some(mem) = &r.mapped {
             let res = mem.check_open().map(|()| mem.atomic(op, offset));
-            return RmaOp::ready(res.map(Reply::Value).map_err(|e| self.mapped_err(r, e)), conv);
+            return RmaOp::of(res.map_err(|e| self.mapped_err(r, e)).and_then(|v| conv(Reply::Value(v))));
         }
         let serial = r.id.serial();
         emulated(self.rma_inner(), r.id, |req| vec![Msg::Atomic { req, serial, op, off: offset }], conv)
@@ -943,13 +1007,13 @@ impl World {
     pub fn enqueue(&self, dst: &RemoteSegment, record: &[u8]) -> RmaOp<()> {
         let r = &dst.r;
         if let Err(e) = self.precheck(r, Access::QUEUE, (0, 0)) {
-            return RmaOp::failed(e, unit);
+            return RmaOp::failed(e);
         }
         let Kind::Queue { record: rlen, .. } = r.info.kind else {
-            return RmaOp::failed(rma(RmaError::NotPermitted { needed: Access::QUEUE, granted: r.info.access }), unit);
+            return RmaOp::failed(rma(RmaError::NotPermitted { needed: Access::QUEUE, granted: r.info.access }));
         };
         if record.len() != rlen {
-            return RmaOp::failed(rma(RmaError::RecordSize { len: record.len() as u64, record: rlen as u64 }), unit);
+            return RmaOp::failed(rma(RmaError::RecordSize { len: record.len() as u64, record: rlen as u64 }));
         }
         if let Some(mem) = &r.mapped {
             let retry = Retry {
@@ -961,8 +1025,8 @@ impl World {
                 nap: None,
             };
             return match retry.attempt() {
-                Some(res) => RmaOp::ready(res.map(|()| Reply::Unit), unit),
-                None => RmaOp { st: St::Retry(Box::new(retry)), conv: unit },
+                Some(res) => RmaOp::of(res),
+                None => RmaOp { st: St::Retry(Box::new(retry), unit) },
             };
         }
         let (serial, record) = (r.id.serial(), Bytes::copy_from_slice(record));
@@ -987,8 +1051,10 @@ fn emulated<T>(
         (key, d.rma.service.poll(key, None))
     });
     match now {
-        Poll::Ready(r) => RmaOp::ready(r, conv),
-        Poll::Pending => RmaOp { st: St::Pending { inner: inner.clone(), key, wait: Wait::default() }, conv },
+        Poll::Ready(r) => RmaOp::of(r.and_then(conv)),
+        Poll::Pending => {
+            RmaOp { st: St::Pending(Box::new(Waiting { inner: inner.clone(), key, wait: Wait::default(), conv })) }
+        }
     }
 }
 

@@ -28,9 +28,9 @@ use crate::p2p::{Source, TagMatch};
 /// communicator of id `0x7fff_ffff`, one chance in 2^31 per duplicate).
 pub(crate) const CONTEXT: u32 = u32::MAX;
 
-/// How many hook calls pass between two looks at the engine's list of lost peers (a crash also
-/// fails the posted receive, which calls the hook at once; the look covers peers lost while no
-/// receive was posted, and orderly departures).
+/// How many hook calls pass, while operations are in flight, between two looks at the engine's
+/// list of lost peers (a crash also fails the posted receive, which calls the hook at once; the
+/// looks cover peers that left in order, which fails no receive for any source).
 const LOSS_CHECK_EVERY: u32 = 64;
 
 /// Set by the posted receive's completion.
@@ -58,6 +58,10 @@ pub(crate) struct Hook {
 impl Hook {
     /// The hook of rank `me`, with its receive posted on `engine`.
     pub fn new(engine: &mut SlabEngine, me: Rank) -> Hook {
+        // The service fails what a loss ends itself and serves the others: its context is never
+        // revoked (a revoked one would fail every receive posted again at once), a loss only
+        // interrupts the posted receive.
+        engine.watch(CONTEXT, crate::p2p::failure::Watch::Interrupt);
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let waker = Waker::from(flag.clone());
         let service = Service::new(me, engine.config().max_message);
@@ -103,15 +107,16 @@ impl Hook {
                 self.repost(engine);
             }
         }
+        let lost = |r: Rank| engine.lost(r).cloned();
+        if work > 0 {
+            // A message completed the receive during the transport's progress: a crash handled in
+            // the same progress, after it, found no receive posted to fail.
+            work += self.service.scan_lost(lost);
+        }
         if self.service.busy() {
             self.calls = self.calls.wrapping_add(1);
             if self.calls.is_multiple_of(LOSS_CHECK_EVERY) {
-                for r in self.service.watched() {
-                    if let Some(reason) = engine.lost(r) {
-                        self.service.peer_lost(r, reason.clone());
-                        work += 1;
-                    }
-                }
+                work += self.service.scan_lost(|r| engine.lost(r).cloned());
             }
             if self.service.serve_held() {
                 work += 1;

@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use slab::Slab;
 
 use super::memory::{Kind, SegMem};
-use super::wire::{AttachInfo, Msg};
+use super::wire::{AttachInfo, MAX_CHUNK, Msg};
 use super::{Access, RmaError, SegmentId};
 use crate::error::Error;
 
@@ -178,24 +178,36 @@ impl Service {
         self.out.pop_front()
     }
 
-    /// Whether the service needs progress rounds of its own (operations in flight to watch, held
-    /// enqueues to retry, mapped segments whose owners must be watched).
+    /// Whether the service needs progress rounds of its own: operations in flight, whose targets
+    /// it watches, or held enqueues to retry.
     pub fn busy(&self) -> bool {
-        !self.pending.is_empty() || !self.held.is_empty() || !self.remotes.is_empty()
+        !self.pending.is_empty() || !self.held.is_empty()
     }
 
-    /// Ranks whose loss matters now: targets of operations in flight and owners of attached
-    /// segments not known lost yet.
-    pub fn watched(&self) -> Vec<Rank> {
-        let mut v: Vec<Rank> = self.inflight.keys().copied().collect();
-        v.extend(self.remotes.values().filter(|r| r.lost.get().is_none()).map(|r| r.id.owner()));
-        v.sort_unstable();
-        v.dedup();
-        v.retain(|r| !self.lost.contains_key(r));
-        v
+    /// Learns of the lost ranks among those it watches (targets of operations in flight, owners of
+    /// attached segments) from `lost`; returns how many. Allocates only when it finds one.
+    pub fn scan_lost(&mut self, lost: impl Fn(Rank) -> Option<TransportError>) -> usize {
+        let mut found = Vec::new();
+        let owners = self.remotes.values().filter(|r| r.lost.get().is_none()).map(|r| r.id.owner());
+        for r in self.inflight.keys().copied().chain(owners) {
+            if !self.lost.contains_key(&r)
+                && !found.iter().any(|(f, _)| *f == r)
+                && let Some(reason) = lost(r)
+            {
+                found.push((r, reason));
+            }
+        }
+        let n = found.len();
+        for (r, reason) in found {
+            self.peer_lost(r, reason);
+        }
+        n
     }
 
     fn send(&mut self, to: Rank, m: Msg) {
+        if self.closed {
+            return;
+        }
         let (tag, payload) = m.encode();
         self.out.push_back((to, tag, payload));
     }
@@ -317,6 +329,11 @@ impl Service {
                     let bytes = layout.bytes()?;
                     if start.checked_add(len).is_none_or(|e| e > bytes) {
                         return Err(RmaError::Geometry("range outside the transfer".into()));
+                    }
+                    // Initiators ask for at most a chunk per message: a larger reply (overlapping
+                    // runs make a transfer longer than its reach) is refused, not allocated.
+                    if len > MAX_CHUNK {
+                        return Err(RmaError::Geometry(format!("a get of {len} bytes in one message")));
                     }
                     mem.check(Access::GET, layout.span()?)?;
                     let mut out = vec![0u8; len];
@@ -904,6 +921,11 @@ mod tests {
         });
         p.run();
         assert!(matches!(p.result(k), Err(Error::Rma(RmaError::Geometry(_)))), "no allocation sized by the peer");
+        // Overlapping runs: a short reach, a huge transfer.
+        let layout = Layout { block: 8, count: [1 << 40, 1], side: Side::at(0, 0) };
+        let k = p.a.start(id, |req| vec![Msg::Get { req, serial: id.serial(), layout, start: 0, len: 1 << 39 }]);
+        p.run();
+        assert!(matches!(p.result(k), Err(Error::Rma(RmaError::Geometry(_)))), "no allocation sized by the peer");
         // Unknown and unpublished ids.
         let unknown = SegmentId::new(1, 99);
         let k = p.a.start(unknown, |req| vec![Msg::Attach { req, serial: 99 }]);
@@ -956,7 +978,8 @@ mod tests {
         let k1 = p.a.start(id, |req| vec![Msg::Notify { req, serial: id.serial(), n: 1 }]);
         let k2 = p.a.start(id, |req| vec![Msg::Notify { req, serial: id.serial(), n: 1 }]);
         p.a.on_event(k2, ev.clone());
-        assert_eq!(p.a.watched(), vec![1]);
+        assert_eq!(p.a.scan_lost(|_| None), 0);
+        assert_eq!(p.a.inflight.keys().copied().collect::<Vec<_>>(), vec![1]);
         p.a.peer_lost(1, TransportError::Closed);
         assert!(matches!(p.result(k1), Err(Error::PeerLost { rank: 1, .. })));
         assert_eq!(ev.done.load(Ordering::SeqCst), 1);
@@ -965,7 +988,8 @@ mod tests {
         let k3 = p.a.start(id, |req| vec![Msg::Notify { req, serial: id.serial(), n: 1 }]);
         assert!(matches!(p.result(k3), Err(Error::PeerLost { rank: 1, .. })));
         p.run();
-        assert!(p.a.pending.is_empty() && p.a.watched().is_empty());
+        assert!(p.a.pending.is_empty() && p.a.inflight.is_empty());
+        assert_eq!(p.a.scan_lost(|_| Some(TransportError::Closed)), 0, "rank 1 is known lost already");
     }
 
     #[test]

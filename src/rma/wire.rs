@@ -28,6 +28,10 @@ const VALUE: u64 = 18;
 const ATTACHED: u64 = 19;
 const FAIL: u64 = 20;
 
+/// Largest piece of a transfer in one message (each is a point-to-point message: large ones go
+/// by rendezvous, and the target copies each as it lands); a get asking for more is refused.
+pub(crate) const MAX_CHUNK: usize = 1 << 20;
+
 /// Bytes of a put or data message before its data (the largest fixed part), for cutting
 /// transfers to the message limit.
 pub(crate) const OVERHEAD: usize = 128;

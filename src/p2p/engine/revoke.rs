@@ -41,8 +41,8 @@ impl<C: Completions> Engine<C> {
         self.failures.revoked(context).and_then(|r| self.failures.error(r))
     }
 
-    /// Why a collective on `context` cannot run: the loss that revoked it, or a departed member
-    /// (see [`Failures::gate`]).
+    /// Why a collective on `context` cannot run: the loss that revoked it (see
+    /// [`Failures::gate`]).
     pub fn gate(&self, context: u32) -> Option<Error> {
         self.failures.gate(context).and_then(|r| self.failures.error(r))
     }
@@ -99,8 +99,8 @@ impl<C: Completions> Engine<C> {
         self.report_lost(lost, reason);
     }
 
-    /// `peer` said goodbye: what names it fails; collectives that need it are stopped by the gate
-    /// ([`Engine::gate`]). Nothing is revoked: it finished what it meant to send.
+    /// `peer` said goodbye: what names it fails (a collective fails where it waits for a message
+    /// from it). Nothing is revoked: it finished what it meant to send.
     pub(super) fn depart(&mut self, peer: Rank) {
         if !self.failures.depart(peer) {
             return;
@@ -171,6 +171,24 @@ impl<C: Completions> Engine<C> {
         let newly = |context: u32| failures.revoked(context) == Some(lost);
         let mut dropped = Vec::new();
         for (&context, &i) in &self.contexts.index {
+            if failures.interrupts(context) {
+                // Not revoked: only what waits for any source learns of the loss (the message it
+                // waits for may have been the lost rank's).
+                let q = &mut self.contexts.queues[i];
+                let (hit, kept): (VecDeque<_>, _) =
+                    std::mem::take(&mut q.posted).into_iter().partition(|p| p.src == Source::Any);
+                q.posted = kept;
+                for p in hit {
+                    self.done.complete(p.op, Completion::Recv(Err(err.clone())));
+                }
+                let (hit, kept): (Vec<_>, _) =
+                    std::mem::take(&mut q.probes).into_iter().partition(|p| p.src == Source::Any);
+                q.probes = kept;
+                for p in hit {
+                    self.done.complete(p.op, Completion::Probe(Err(err.clone())));
+                }
+                continue;
+            }
             if !newly(context) {
                 continue;
             }

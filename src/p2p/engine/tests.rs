@@ -800,8 +800,9 @@ fn news_of_a_loss_reaches_every_live_rank_once() {
     }
 }
 
-/// A goodbye fails what names the departed rank and spreads nothing; collectives that would need
-/// it are refused by the gate; its connection closing afterwards is no loss.
+/// A goodbye fails what names the departed rank and spreads nothing; it refuses no collective up
+/// front (the departed rank may have finished its part); its connection closing afterwards is no
+/// loss.
 #[test]
 fn a_departure_is_not_a_loss() {
     let mut net = Net::new(3, cfg(4));
@@ -966,4 +967,29 @@ fn a_context_registered_after_a_loss_follows_its_watch() {
     assert_eq!(net.received(1, 1).0, data(8, 2));
     net.recv_on(1, 2, 5, Source::Rank(2));
     assert!(lost_naming(net.take(1, 2), 0));
+}
+
+/// A context registered to be interrupted, not revoked (one-sided communication's): a loss fails
+/// the receives from any source waiting there, naming it, and nothing else; receives posted
+/// afterwards wait, and messages between survivors flow.
+#[test]
+fn an_interrupted_context_is_not_revoked() {
+    let mut net = Net::new(3, cfg(4));
+    net.watch(7, Watch::Interrupt);
+    net.recv_on(1, 1, 7, Source::Any);
+    net.recv_on(1, 2, 7, Source::Rank(2));
+    net.engines[1].post_probe(3, 7, Source::Any, TagMatch::Any);
+    net.engines[1].peer_lost(0, TransportError::Closed);
+    net.pump();
+    assert!(lost_naming(net.take(1, 1), 0));
+    assert!(lost_naming(net.take(1, 3), 0));
+    assert!(net.take(1, 2).is_none());
+    net.recv_on(1, 4, 7, Source::Any);
+    assert!(net.take(1, 4).is_none(), "posted again, it waits");
+    net.send_on(2, 1, 7, 1, data(8, 3));
+    net.run();
+    assert_eq!(net.received(1, 2).0, data(8, 3));
+    net.send_on(2, 2, 7, 1, data(8, 4));
+    net.run();
+    assert_eq!(net.received(1, 4).0, data(8, 4));
 }
