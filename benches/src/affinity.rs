@@ -4,7 +4,7 @@ use std::io;
 use std::mem::size_of;
 
 /// Pins the calling thread to `cpu`. Threads it starts afterwards inherit the pinning.
-pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+pub(crate) fn pin_current_thread(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("no CPU {cpu}")));
     }
@@ -20,7 +20,7 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
 }
 
 /// The CPUs this process may run on.
-pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+pub(crate) fn allowed_cpus() -> io::Result<Vec<usize>> {
     // SAFETY: as above, all zeroes is a valid (empty) cpu_set_t.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.

@@ -24,7 +24,7 @@ use ferrocomm::{ProgressMode, Settings, Source, TcpBackend, TransportChoice, tes
 /// wildcard receive). Reports each configuration's median time over the runs with its spread,
 /// and the ratio of adaptive to blocking progress for each backend.
 #[derive(Clone, Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Ranks in the job
     #[arg(long, value_name = "N", default_value_t = 6, value_parser = clap::value_parser!(u32).range(2..))]
     pub ranks: u32,
@@ -62,7 +62,7 @@ const CONFIGS: [Config; 4] = [
     Config { name: "uring blocking", backend: TcpBackend::Uring, progress: ProgressMode::Blocking },
 ];
 
-pub fn main(o: Options) -> crate::Result<()> {
+pub(crate) fn main(o: Options) -> crate::Result<()> {
     let Options { ranks, messages, runs, json } = o;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     // times[pattern][config] = one time per run

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// A byte count: digits with an optional binary suffix, `K`, `M` or `G` (any case, optionally
 /// followed by `B` or `iB`): `65536`, `64K`, `64KiB`, `8M`, `1G`. Between 1 byte and 1 GiB.
-pub fn bytes(s: &str) -> Result<usize, String> {
+pub(crate) fn bytes(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(digits);
@@ -30,7 +30,7 @@ pub fn bytes(s: &str) -> Result<usize, String> {
 }
 
 /// A total of bytes (a memory budget), with the suffixes of [`bytes()`] and no upper bound.
-pub fn total_bytes(s: &str) -> Result<usize, String> {
+pub(crate) fn total_bytes(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(digits);
@@ -40,7 +40,7 @@ pub fn total_bytes(s: &str) -> Result<usize, String> {
 }
 
 /// A count of at least 1 (runs, iterations).
-pub fn at_least_one(s: &str) -> Result<usize, String> {
+pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
         Ok(_) => Err("must be at least 1".into()),
@@ -49,12 +49,12 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
 }
 
 /// [`at_least_one`] as a `u64`.
-pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
+pub(crate) fn at_least_one_u64(s: &str) -> Result<u64, String> {
     at_least_one(s).map(|n| n as u64)
 }
 
 /// `A,B`: two CPU numbers.
-pub fn cpu_pair(s: &str) -> Result<[usize; 2], String> {
+pub(crate) fn cpu_pair(s: &str) -> Result<[usize; 2], String> {
     let cpus: Option<Vec<usize>> = s.split(',').map(|c| c.trim().parse().ok()).collect();
     match cpus.as_deref() {
         Some(&[a, b]) => Ok([a, b]),
@@ -63,19 +63,19 @@ pub fn cpu_pair(s: &str) -> Result<[usize; 2], String> {
 }
 
 /// A ferrocomm progress mode (`busy`, `adaptive[:US]`, `blocking`), kept as written.
-pub fn progress(s: &str) -> Result<String, String> {
+pub(crate) fn progress(s: &str) -> Result<String, String> {
     s.parse::<ferrocomm::ProgressMode>().map_err(|e| e.to_string())?;
     Ok(s.to_string())
 }
 
 /// A ferrocomm TCP backend (`auto`, `uring`, `portable`), kept as written.
-pub fn backend(s: &str) -> Result<String, String> {
+pub(crate) fn backend(s: &str) -> Result<String, String> {
     s.parse::<ferrocomm::TcpBackend>().map_err(|e| e.to_string())?;
     Ok(s.to_string())
 }
 
 /// `KEY=VALUE`.
-pub fn key_value(s: &str) -> Result<String, String> {
+pub(crate) fn key_value(s: &str) -> Result<String, String> {
     match s.split_once('=') {
         Some((k, _)) if !k.is_empty() => Ok(s.to_string()),
         _ => Err(format!("{s:?}: expected KEY=VALUE")),
@@ -85,12 +85,12 @@ pub fn key_value(s: &str) -> Result<String, String> {
 /// The progress bar of a sweep of `total` steps (runs times sides, sizes, algorithms), on
 /// standard error. Hidden when standard error is not a terminal (a log file, a pipe, CI): the
 /// step messages are then printed as plain lines instead, as they would be without a bar.
-pub struct Progress {
+pub(crate) struct Progress {
     bar: ProgressBar,
 }
 
 impl Progress {
-    pub fn new(total: u64, what: &str) -> Progress {
+    pub(crate) fn new(total: u64, what: &str) -> Progress {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         let style =
             ProgressStyle::with_template("{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} (eta {eta}) {msg}")
@@ -102,22 +102,22 @@ impl Progress {
     }
 
     /// Says what runs now.
-    pub fn step(&self, what: impl Into<String>) {
+    pub(crate) fn step(&self, what: impl Into<String>) {
         self.bar.set_message(what.into());
     }
 
     /// One step done.
-    pub fn inc(&self) {
+    pub(crate) fn inc(&self) {
         self.bar.inc(1);
     }
 
     /// A line for the log (above the bar while it shows, on standard error in any case).
-    pub fn note(&self, line: impl AsRef<str>) {
+    pub(crate) fn note(&self, line: impl AsRef<str>) {
         self.bar.suspend(|| eprintln!("{}", line.as_ref()));
     }
 
     /// Runs `f` with the bar cleared, for output that would garble it.
-    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+    pub(crate) fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
         self.bar.suspend(f)
     }
 }

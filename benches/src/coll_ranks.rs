@@ -18,9 +18,9 @@ use crate::osu::{Measurement, Schedule};
 use crate::{Result, affinity, process};
 
 /// Hidden subcommand: the job, which launches the ranks.
-pub const JOB_COMMAND: &str = "collectives-job";
+pub(crate) const JOB_COMMAND: &str = "collectives-job";
 /// Hidden subcommand: one rank.
-pub const RANK_COMMAND: &str = "collectives-rank";
+pub(crate) const RANK_COMMAND: &str = "collectives-rank";
 
 /// The longest a ferrocomm job may take.
 const JOB_TIMEOUT: Duration = Duration::from_secs(600);
@@ -28,7 +28,7 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(600);
 /// What a ferrocomm job is asked to do: the arguments of the hidden `collectives-job` and
 /// `collectives-rank` subcommands ([`JobSpec::to_args`]).
 #[derive(Clone, Debug, clap::Args)]
-pub struct JobSpec {
+pub(crate) struct JobSpec {
     #[arg(long, default_value_t = 2)]
     pub ranks: u32,
     /// `FERROCOMM_PROGRESS` for the ranks.
@@ -58,7 +58,7 @@ impl JobSpec {
     }
 
     /// The command that runs this job, for the report.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("FERROCOMM_TRANSPORTS=auto FERROCOMM_PROGRESS={} ferrocomm-bench {JOB_COMMAND} {}", self.progress, {
             self.to_args().join(" ")
         })
@@ -66,13 +66,13 @@ impl JobSpec {
 }
 
 /// The transport the ranks used and rank 0's measurements.
-pub struct JobResult {
+pub(crate) struct JobResult {
     pub transport: String,
     pub measurements: Vec<Measurement>,
 }
 
 /// Runs one ferrocomm job and collects rank 0's `result` lines.
-pub fn run(spec: &JobSpec) -> Result<JobResult> {
+pub(crate) fn run(spec: &JobSpec) -> Result<JobResult> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(&exe);
     cmd.arg(JOB_COMMAND).args(spec.to_args()).stderr(Stdio::inherit());
@@ -88,7 +88,7 @@ pub fn run(spec: &JobSpec) -> Result<JobResult> {
 }
 
 /// `collectives-job`: launches the ranks and waits for them.
-pub fn job_main(spec: JobSpec) -> Result<()> {
+pub(crate) fn job_main(spec: JobSpec) -> Result<()> {
     // All ranks share this host: shared memory between every pair.
     let env =
         vec![("FERROCOMM_TRANSPORTS".into(), "auto".into()), ("FERROCOMM_PROGRESS".into(), spec.progress.clone())];
@@ -101,7 +101,7 @@ pub fn job_main(spec: JobSpec) -> Result<()> {
 }
 
 /// `collectives-rank`: one rank of the job.
-pub fn rank_main(spec: JobSpec) -> Result<()> {
+pub(crate) fn rank_main(spec: JobSpec) -> Result<()> {
     let rank: usize = std::env::var("FERROCOMM_RANK")
         .map_err(|_| "FERROCOMM_RANK is not set: collectives-rank runs under the benchmark's launcher")?
         .parse()?;

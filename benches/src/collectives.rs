@@ -33,7 +33,7 @@ const OURS: &str = "ferrocomm";
 /// for ferrocomm over shared memory and for Open MPI and MPICH running benches/mpi/osu_coll.c
 /// (built here with mpicc.openmpi and mpicc.mpich), alternating, medians over --runs runs.
 #[derive(Clone, Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Rank counts
     #[arg(long, value_name = "N,M,...", value_delimiter = ',', default_value = "2,4",
           value_parser = clap::value_parser!(u32).range(2..))]
@@ -99,7 +99,7 @@ pub struct Options {
 
 impl Options {
     /// The OSU schedule these options ask for.
-    pub fn schedule(&self) -> Schedule {
+    pub(crate) fn schedule(&self) -> Schedule {
         Schedule {
             ops: self.ops.clone(),
             sizes: osu::sizes(self.max, self.step as usize),
@@ -113,7 +113,7 @@ impl Options {
     }
 
     /// The MPIs to run (none with --no-mpi).
-    pub fn mpis(&self) -> &[String] {
+    pub(crate) fn mpis(&self) -> &[String] {
         if self.no_mpi { &[] } else { &self.mpi }
     }
 }
@@ -172,7 +172,7 @@ impl Watch {
 }
 
 /// `ferrocomm-bench collectives`.
-pub fn main(opts: Options) -> Result<()> {
+pub(crate) fn main(opts: Options) -> Result<()> {
     let schedule = opts.schedule();
     if schedule.sizes.is_empty() {
         return Err("--max must be at least 8 bytes".into());

@@ -178,7 +178,7 @@ mod tests {
     }
 
     /// Parses `line` (without the program name) into its command.
-    pub fn parse(line: &str) -> std::result::Result<Command, clap::Error> {
+    pub(crate) fn parse(line: &str) -> std::result::Result<Command, clap::Error> {
         Cli::try_parse_from(std::iter::once("ferrocomm-bench").chain(line.split_whitespace())).map(|c| c.command)
     }
 

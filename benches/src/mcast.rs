@@ -33,8 +33,8 @@ use crate::{Result, cli, plot, process};
 /// Runs per size and method (median reported).
 const RUNS: usize = 3;
 
-pub const JOB_COMMAND: &str = "multicast-job";
-pub const RANK_COMMAND: &str = "multicast-rank";
+pub(crate) const JOB_COMMAND: &str = "multicast-job";
+pub(crate) const RANK_COMMAND: &str = "multicast-rank";
 
 /// Reliable multicast vs point-to-point: broadcast 8 B..1 MiB to 8 receivers; token vs
 /// dissemination barrier with one rank late.
@@ -44,7 +44,7 @@ pub const RANK_COMMAND: &str = "multicast-rank";
 /// binomial tree, 8 B to --max; token barrier vs dissemination barrier, latency and
 /// synchronization delay with the last rank delayed.
 #[derive(Clone, Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Ranks, root included
     #[arg(long, value_name = "N", default_value_t = 9, value_parser = clap::value_parser!(u32).range(2..))]
     ranks: u32,
@@ -91,7 +91,7 @@ impl Options {
 }
 
 /// `multicast`: runs the job, prints the report.
-pub fn main(o: Options) -> Result<()> {
+pub(crate) fn main(o: Options) -> Result<()> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(&exe)
         .arg(JOB_COMMAND)
@@ -180,7 +180,7 @@ pub fn main(o: Options) -> Result<()> {
 }
 
 /// `multicast-job`: launches the ranks.
-pub fn job_main(o: Options) -> Result<()> {
+pub(crate) fn job_main(o: Options) -> Result<()> {
     let exe = std::env::current_exe()?;
     let rank_args: Vec<OsString> =
         std::iter::once(RANK_COMMAND.to_string()).chain(o.to_args()).map(OsString::from).collect();
@@ -247,7 +247,7 @@ fn spin(d: Duration) {
 }
 
 /// `multicast-rank`: one rank.
-pub fn rank_main(o: Options) -> Result<()> {
+pub(crate) fn rank_main(o: Options) -> Result<()> {
     // One thread: the channel's driver task and the rank's code wake each other without a
     // cross-thread hand-off (9 ranks share 2 cores here).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

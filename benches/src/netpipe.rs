@@ -32,7 +32,7 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which NetPIPE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flavour {
+pub(crate) enum Flavour {
     Tcp,
     OpenMpi,
     Mpich,
@@ -50,7 +50,7 @@ impl Flavour {
 }
 
 /// A NetPIPE peer and the tools to run it.
-pub struct NetPipe {
+pub(crate) struct NetPipe {
     flavour: Flavour,
     np: PathBuf,
     mpirun: Option<PathBuf>,
@@ -61,7 +61,7 @@ pub struct NetPipe {
 
 impl NetPipe {
     /// Finds the programs of `flavour` and `taskset` in `PATH`.
-    pub fn find(flavour: Flavour) -> Result<NetPipe> {
+    pub(crate) fn find(flavour: Flavour) -> Result<NetPipe> {
         let (np, launcher, install) = flavour.programs();
         let missing = |what: &str| {
             format!(
@@ -86,12 +86,12 @@ impl NetPipe {
     }
 
     /// The peer's name (its executable's).
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         self.flavour.programs().0
     }
 
     /// The command run for size `bytes`, for the record (`PORT` and `FILE` vary).
-    pub fn describe(&self, cpus: [usize; 2], bytes: &str) -> String {
+    pub(crate) fn describe(&self, cpus: [usize; 2], bytes: &str) -> String {
         let np = self.name();
         match self.flavour {
             Flavour::Tcp => {
@@ -128,7 +128,7 @@ impl NetPipe {
     }
 
     /// One measurement of `bytes`: the one-way time in seconds.
-    pub fn measure(&self, bytes: usize, cpus: [usize; 2]) -> Result<f64> {
+    pub(crate) fn measure(&self, bytes: usize, cpus: [usize; 2]) -> Result<f64> {
         let file = self.scratch.join(format!("np-{bytes}.out"));
         let _ = std::fs::remove_file(&file);
         match (&self.flavour, &self.mpirun) {
@@ -209,7 +209,7 @@ impl Drop for NetPipe {
 /// The `(bytes, one-way seconds)` pairs of a NetPIPE output file; malformed lines are skipped.
 /// The time comes from the throughput column (2^20 bits per second), more precise than the
 /// seconds column, which serves only when the throughput is missing.
-pub fn parse_output(text: &str) -> Vec<(usize, f64)> {
+pub(crate) fn parse_output(text: &str) -> Vec<(usize, f64)> {
     text.lines()
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();

@@ -16,14 +16,14 @@ const MPI_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The operations measured, by their `osu_coll` names. `reduce` and `sendrecv` (an exchange with
 /// rank r^1, the point-to-point baseline) are measured only when asked for.
-pub const OPS: [&str; 7] = ["barrier", "bcast", "reduce", "allreduce", "allgather", "alltoall", "sendrecv"];
+pub(crate) const OPS: [&str; 7] = ["barrier", "bcast", "reduce", "allreduce", "allgather", "alltoall", "sendrecv"];
 /// The operations measured by default.
 const DEFAULT_OPS: [&str; 5] = ["barrier", "bcast", "allreduce", "allgather", "alltoall"];
 
 /// What to measure and how often: the OSU method's parameters, as the flags `osu_coll` takes
 /// ([`Schedule::to_args`]); the ferrocomm ranks parse the same flags.
 #[derive(Clone, Debug, PartialEq, clap::Args)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     /// Operations, of [`OPS`].
     #[arg(short = 'o', value_delimiter = ',', required = true)]
     pub ops: Vec<String>,
@@ -63,7 +63,7 @@ impl Default for Schedule {
 }
 
 /// 8 bytes, times `step` while at most `max`, and `max` itself.
-pub fn sizes(max: usize, step: usize) -> Vec<usize> {
+pub(crate) fn sizes(max: usize, step: usize) -> Vec<usize> {
     let mut out = Vec::new();
     let mut s = 8;
     while s <= max {
@@ -82,7 +82,7 @@ fn list<T: ToString>(v: &[T]) -> String {
 
 impl Schedule {
     /// The flags `osu_coll` takes (the ferrocomm ranks take the same).
-    pub fn to_args(&self) -> Vec<String> {
+    pub(crate) fn to_args(&self) -> Vec<String> {
         let mut a = vec![
             "-o".into(),
             self.ops.join(","),
@@ -106,14 +106,14 @@ impl Schedule {
     }
 
     /// Warm-up and timed iterations for `bytes`.
-    pub fn counts(&self, bytes: usize) -> (u64, u64) {
+    pub(crate) fn counts(&self, bytes: usize) -> (u64, u64) {
         if bytes > self.large { (self.warmup_large, self.iters_large) } else { (self.warmup, self.iters) }
     }
 }
 
 /// One `result` line: an operation at one size, averaged over ranks.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Measurement {
+pub(crate) struct Measurement {
     pub op: String,
     pub bytes: usize,
     pub iterations: u64,
@@ -127,7 +127,7 @@ pub struct Measurement {
 
 impl Measurement {
     /// The line both sides print.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let mut s = format!(
             "result {} {} {} {:.4} {:.4} {:.4}",
             self.op, self.bytes, self.iterations, self.avg_us, self.min_us, self.max_us
@@ -139,7 +139,7 @@ impl Measurement {
     }
 
     /// Parses a `result` line; `None` for any other line.
-    pub fn parse(line: &str) -> Option<Measurement> {
+    pub(crate) fn parse(line: &str) -> Option<Measurement> {
         let mut f = line.strip_prefix("result ")?.split_whitespace();
         Some(Measurement {
             op: f.next()?.to_string(),
@@ -155,7 +155,7 @@ impl Measurement {
 
 /// One MPI implementation: its compiler wrapper and launcher, and `osu_coll` built against it.
 #[derive(Clone, Debug)]
-pub struct Mpi {
+pub(crate) struct Mpi {
     /// `openmpi` or `mpich`.
     pub key: &'static str,
     pub name: &'static str,
@@ -165,10 +165,10 @@ pub struct Mpi {
 
 impl Mpi {
     /// The MPIs this benchmark knows, in report order.
-    pub const KEYS: [&'static str; 2] = ["openmpi", "mpich"];
+    pub(crate) const KEYS: [&'static str; 2] = ["openmpi", "mpich"];
 
     /// Builds `osu_coll` against MPI `key` into `dir` (once; again when the source is newer).
-    pub fn build(key: &str, dir: &Path) -> Result<Mpi> {
+    pub(crate) fn build(key: &str, dir: &Path) -> Result<Mpi> {
         let (key, name, mpicc, mpirun) = match key {
             "openmpi" => ("openmpi", "Open MPI", "mpicc.openmpi", "mpirun.openmpi"),
             "mpich" => ("mpich", "MPICH", "mpicc.mpich", "mpirun.mpich"),
@@ -203,7 +203,7 @@ impl Mpi {
     }
 
     /// The command line, for the report.
-    pub fn describe(&self, n: u32, schedule: &Schedule) -> String {
+    pub(crate) fn describe(&self, n: u32, schedule: &Schedule) -> String {
         let mut parts = vec![self.mpirun.to_string()];
         parts.extend(self.launcher_args(n));
         parts.push(self.exe.display().to_string());
@@ -212,7 +212,7 @@ impl Mpi {
     }
 
     /// Runs `osu_coll` on `n` ranks.
-    pub fn run(&self, n: u32, schedule: &Schedule) -> Result<Vec<Measurement>> {
+    pub(crate) fn run(&self, n: u32, schedule: &Schedule) -> Result<Vec<Measurement>> {
         let mut cmd = Command::new(self.mpirun);
         cmd.args(self.launcher_args(n)).arg(&self.exe).args(schedule.to_args());
         let (status, lines) =
@@ -227,7 +227,7 @@ impl Mpi {
 
 /// The `result` lines among `lines` (prefixed by the launcher's `[rank] ` or not); other lines
 /// except comments are passed on to standard error.
-pub fn collect(lines: &[String]) -> Vec<Measurement> {
+pub(crate) fn collect(lines: &[String]) -> Vec<Measurement> {
     let mut out = Vec::new();
     for line in lines {
         let bare = match line.split_once("] ") {

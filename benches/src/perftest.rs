@@ -28,11 +28,11 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the client keeps trying to reach a server that is still starting.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub const INSTALL_HINT: &str =
+pub(crate) const INSTALL_HINT: &str =
     "ib_send_lat / ib_write_bw not in PATH: install them with `apt-get install perftest` (or pass --no-peer)";
 
 /// The perftest executables and the device to use.
-pub struct Perftest {
+pub(crate) struct Perftest {
     send_lat: PathBuf,
     write_bw: PathBuf,
     pub device: String,
@@ -40,7 +40,7 @@ pub struct Perftest {
 }
 
 /// The first RDMA device of this host, from sysfs.
-pub fn first_device() -> Option<String> {
+pub(crate) fn first_device() -> Option<String> {
     let mut names: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
@@ -51,7 +51,7 @@ pub fn first_device() -> Option<String> {
 
 /// The GID index ferrocomm's verbs transport picks by default (first RoCE v2 entry with an IPv4
 /// address, else first RoCE v2, else 0), read from sysfs so both sides use the same one.
-pub fn default_gid_index(device: &str) -> u32 {
+pub(crate) fn default_gid_index(device: &str) -> u32 {
     let port = format!("/sys/class/infiniband/{device}/ports/1");
     let read =
         |what: &str, i: u32| std::fs::read_to_string(format!("{port}/{what}/{i}")).ok().map(|s| s.trim().to_string());
@@ -69,7 +69,7 @@ pub fn default_gid_index(device: &str) -> u32 {
 }
 
 impl Perftest {
-    pub fn find(device: &str, gid_index: u32) -> Result<Perftest> {
+    pub(crate) fn find(device: &str, gid_index: u32) -> Result<Perftest> {
         let send_lat = process::find_in_path("ib_send_lat").ok_or(INSTALL_HINT)?;
         let write_bw = process::find_in_path("ib_write_bw").ok_or(INSTALL_HINT)?;
         Ok(Perftest { send_lat, write_bw, device: device.to_string(), gid_index })
@@ -92,7 +92,7 @@ impl Perftest {
     }
 
     /// The commands, for the record.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "ib_send_lat {0} & ib_send_lat {0} 127.0.0.1; ib_write_bw {1} & ib_write_bw {1} 127.0.0.1",
             self.args(8, LAT_ITERS).join(" "),
@@ -127,13 +127,13 @@ impl Perftest {
     }
 
     /// `ib_send_lat` at `bytes`: the mean and the typical (median) one-way time, seconds.
-    pub fn send_lat(&self, bytes: usize, cpus: [usize; 2]) -> Result<(f64, f64)> {
+    pub(crate) fn send_lat(&self, bytes: usize, cpus: [usize; 2]) -> Result<(f64, f64)> {
         let out = self.pair(&self.send_lat, &self.args(bytes, LAT_ITERS), cpus)?;
         Ok((column(&out, bytes, "t_avg")? * 1e-6, column(&out, bytes, "t_typical")? * 1e-6))
     }
 
     /// `ib_write_bw` at `bytes`: the average bandwidth, MB/s (10^6 bytes per second).
-    pub fn write_bw(&self, bytes: usize, cpus: [usize; 2]) -> Result<f64> {
+    pub(crate) fn write_bw(&self, bytes: usize, cpus: [usize; 2]) -> Result<f64> {
         let out = self.pair(&self.write_bw, &self.args(bytes, BW_ITERS), cpus)?;
         let unit = if out.contains("BW average[MiB/sec]") { 1.048576 } else { 1.0 };
         Ok(column(&out, bytes, "BW average")? * unit)
@@ -141,10 +141,10 @@ impl Perftest {
 }
 
 /// Hidden subcommands: the streaming job, and one of its ranks.
-pub const STREAM_JOB: &str = "verbs-stream-job";
-pub const STREAM_RANK: &str = "verbs-stream-rank";
+pub(crate) const STREAM_JOB: &str = "verbs-stream-job";
+pub(crate) const STREAM_RANK: &str = "verbs-stream-rank";
 /// Sends outstanding per window (`osu_bw`'s default).
-pub const WINDOW: usize = 32;
+pub(crate) const WINDOW: usize = 32;
 /// Timed windows after one warm-up window: 192 messages, about `ib_write_bw -n 200`.
 const STREAM_WINDOWS: usize = 6;
 const TAG_DATA: u64 = 1;
@@ -154,7 +154,7 @@ const STREAM_TIMEOUT: Duration = Duration::from_secs(300);
 /// ferrocomm's streaming bandwidth, MB/s: rank 0 keeps [`WINDOW`] sends of `bytes` outstanding,
 /// rank 1 answers each window with one empty message (the `osu_bw` method). `env` holds the
 /// device settings; run as a job of two ranks pinned to `cpus`.
-pub fn stream_bw(progress: &str, cpus: [usize; 2], bytes: usize, env: &[(String, String)]) -> Result<f64> {
+pub(crate) fn stream_bw(progress: &str, cpus: [usize; 2], bytes: usize, env: &[(String, String)]) -> Result<f64> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(&exe);
     let spec = StreamSpec { progress: progress.to_string(), cpus, bytes };
@@ -175,7 +175,7 @@ pub fn stream_bw(progress: &str, cpus: [usize; 2], bytes: usize, env: &[(String,
 
 /// The arguments of the streaming job and its ranks.
 #[derive(Clone, Debug, clap::Args)]
-pub struct StreamSpec {
+pub(crate) struct StreamSpec {
     /// `FERROCOMM_PROGRESS` of the ranks.
     pub progress: String,
     /// CPU of rank 0 and of rank 1.
@@ -192,14 +192,14 @@ impl StreamSpec {
 }
 
 /// The streaming job: two verbs ranks of this binary.
-pub fn stream_job_main(spec: StreamSpec) -> Result<()> {
+pub(crate) fn stream_job_main(spec: StreamSpec) -> Result<()> {
     let env =
         vec![("FERROCOMM_TRANSPORTS".into(), "verbs".into()), ("FERROCOMM_PROGRESS".into(), spec.progress.clone())];
     ranks::launch(2, STREAM_RANK, spec.to_args(), env)
 }
 
 /// One rank of the streaming job; rank 0 prints `{"stream_MBps": ...}`.
-pub fn stream_rank_main(spec: StreamSpec) -> Result<()> {
+pub(crate) fn stream_rank_main(spec: StreamSpec) -> Result<()> {
     let StreamSpec { cpus, bytes, .. } = spec;
     let rt = ranks::pinned_pair_runtime(&cpus)?;
     rt.block_on(async {

@@ -29,7 +29,7 @@ const LOAD_WARNING: f64 = 0.05;
 /// (adaptive vs busy-poll). With --time-each, every round trip is timed and the report adds its
 /// latency percentiles (p50, p99, p99.9).
 #[derive(Clone, Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Transport to measure: tcp, shm (shared memory) or verbs (build with --features verbs;
     /// the peer is then perftest's ib_send_lat at 8 B and ib_write_bw at 1 MiB on the same
     /// device)
@@ -91,7 +91,7 @@ pub struct Options {
 
 impl Options {
     /// Whether the peer runs (not `--no-peer`).
-    pub fn peer(&self) -> bool {
+    pub(crate) fn peer(&self) -> bool {
         !self.no_peer
     }
 }
@@ -105,7 +105,7 @@ fn send_call(send_from: bool) -> &'static str {
 }
 
 /// `ferrocomm-bench pingpong`.
-pub fn main(mut opts: Options) -> Result<()> {
+pub(crate) fn main(mut opts: Options) -> Result<()> {
     // perftest's latency is the median of round trips each timed alone.
     opts.time_each |= opts.transport == "verbs";
     let started = Instant::now();

@@ -16,14 +16,14 @@ const INSET: (f64, f64, f64, f64) = (84.0, 30.0, 36.0, 54.0);
 const COLORS: [&str; 8] = ["#1f63b4", "#e8710a", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#7f7f7f"];
 
 /// One curve: `(bytes, value)` points.
-pub struct Series {
+pub(crate) struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
 }
 
 /// How a panel's y axis maps values.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum YAxis {
+pub(crate) enum YAxis {
     /// From 0 to a round top.
     Linear,
     /// From the decade below the lowest value to the decade above the highest.
@@ -31,7 +31,7 @@ pub enum YAxis {
 }
 
 /// One panel: its title, y label and axis, and curves (coloured in order).
-pub struct Panel {
+pub(crate) struct Panel {
     pub title: String,
     pub ylabel: String,
     pub y: YAxis,
@@ -69,7 +69,7 @@ impl Area {
 }
 
 /// The ping-pong picture for `rows`: throughput and latency; `peers` names the peers' curves.
-pub fn svg(title: &str, subtitle: &str, rows: &[Row], peers: &[&str]) -> String {
+pub(crate) fn svg(title: &str, subtitle: &str, rows: &[Row], peers: &[&str]) -> String {
     let curves = |pick: fn(&Row) -> Option<f64>, peer_pick: fn(&Row, usize) -> Option<f64>| {
         let mut s = vec![Series {
             name: "ferrocomm".into(),
@@ -102,7 +102,7 @@ pub fn svg(title: &str, subtitle: &str, rows: &[Row], peers: &[&str]) -> String 
 
 /// A figure of `panels` stacked, all on one x axis (message size, log scale, from 1 byte or from
 /// the smallest size to the largest).
-pub fn figure(title: &str, subtitle: &str, panels: &[Panel]) -> String {
+pub(crate) fn figure(title: &str, subtitle: &str, panels: &[Panel]) -> String {
     let xs_all = || panels.iter().flat_map(|p| p.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let max_bytes = xs_all().fold(2.0, f64::max);
     let min_bytes = xs_all().filter(|&x| x >= 1.0).fold(max_bytes, f64::min);
@@ -159,7 +159,7 @@ pub fn figure(title: &str, subtitle: &str, panels: &[Panel]) -> String {
 }
 
 /// Writes `svg` to `path` and says so.
-pub fn write(path: &Path, svg: &str) -> crate::Result<()> {
+pub(crate) fn write(path: &Path, svg: &str) -> crate::Result<()> {
     std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
     println!("wrote {}", path.display());
     Ok(())

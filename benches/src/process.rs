@@ -13,7 +13,7 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// Waits for `child` until `deadline`; past it, kills the child (ours, by its handle) and fails
 /// with `TimedOut`.
-pub fn wait_until(child: &mut Child, deadline: Instant) -> io::Result<ExitStatus> {
+pub(crate) fn wait_until(child: &mut Child, deadline: Instant) -> io::Result<ExitStatus> {
     let mut poll = Duration::from_millis(1);
     loop {
         if let Some(status) = child.try_wait()? {
@@ -30,7 +30,7 @@ pub fn wait_until(child: &mut Child, deadline: Instant) -> io::Result<ExitStatus
 }
 
 /// The executable `name` in `PATH`, if any.
-pub fn find_in_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn find_in_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| is_executable(p))
 }
@@ -41,7 +41,7 @@ fn is_executable(p: &Path) -> bool {
 
 /// Whether some socket listens on TCP `port` (IPv4 or IPv6), read from `/proc/net/tcp*` so that
 /// nothing connects to the listener. `None` when the tables cannot be read.
-pub fn tcp_listening(port: u16) -> Option<bool> {
+pub(crate) fn tcp_listening(port: u16) -> Option<bool> {
     let mut readable = false;
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(table) else { continue };
@@ -61,7 +61,7 @@ pub fn tcp_listening(port: u16) -> Option<bool> {
 }
 
 /// A TCP port that was free a moment ago.
-pub fn free_port() -> io::Result<u16> {
+pub(crate) fn free_port() -> io::Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }
 
@@ -69,7 +69,7 @@ pub fn free_port() -> io::Result<u16> {
 /// (user, system, and time stolen by the hypervisor, from `/proc/stat`) minus the CPU time of
 /// this process and its waited-for children (`getrusage`). Interrupt time is left out, since the
 /// benchmark's own network traffic is partly accounted there.
-pub struct Interference {
+pub(crate) struct Interference {
     cpus: Vec<usize>,
     busy: f64,
     ours: f64,
@@ -78,7 +78,7 @@ pub struct Interference {
 
 impl Interference {
     /// Starts watching `cpus`; `None` when `/proc/stat` cannot be read.
-    pub fn start(cpus: &[usize]) -> Option<Interference> {
+    pub(crate) fn start(cpus: &[usize]) -> Option<Interference> {
         let mut cpus = cpus.to_vec();
         cpus.sort_unstable();
         cpus.dedup();
@@ -86,7 +86,7 @@ impl Interference {
     }
 
     /// The share (0 to 1) of the CPUs' time that other work used since [`Interference::start`].
-    pub fn share(&self) -> Option<f64> {
+    pub(crate) fn share(&self) -> Option<f64> {
         let busy = busy_seconds(&self.cpus)? - self.busy;
         let ours = our_cpu_seconds() - self.ours;
         let capacity = self.since.elapsed().as_secs_f64() * self.cpus.len() as f64;
@@ -121,7 +121,7 @@ fn busy_seconds(cpus: &[usize]) -> Option<f64> {
 }
 
 /// CPU time of this process and of its children that have been waited for, seconds.
-pub fn our_cpu_seconds() -> f64 {
+pub(crate) fn our_cpu_seconds() -> f64 {
     let usage = |who| {
         // SAFETY: all-zero is a valid rusage, and getrusage writes only into it.
         let mut u: libc::rusage = unsafe { std::mem::zeroed() };
@@ -137,7 +137,7 @@ pub fn our_cpu_seconds() -> f64 {
 
 /// Runs `cmd` with its standard output piped until it exits or `timeout` passes; returns its exit
 /// status and its output lines (standard error is inherited).
-pub fn run_lines(mut cmd: std::process::Command, timeout: Duration) -> io::Result<(ExitStatus, Vec<String>)> {
+pub(crate) fn run_lines(mut cmd: std::process::Command, timeout: Duration) -> io::Result<(ExitStatus, Vec<String>)> {
     use std::io::BufRead;
     let mut child = cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).spawn()?;
     let out = child.stdout.take().ok_or_else(|| io::Error::other("the child's output is not piped"))?;

@@ -37,9 +37,9 @@ use crate::sweep::{self, MIN_ITERATIONS, MIN_WARMUP, STOP_AFTER, WARMUP};
 use crate::{Result, affinity, cli, process};
 
 /// Hidden subcommand: the job, which launches the ranks.
-pub const JOB_COMMAND: &str = "pingpong-job";
+pub(crate) const JOB_COMMAND: &str = "pingpong-job";
 /// Hidden subcommand: one rank.
-pub const RANK_COMMAND: &str = "pingpong-rank";
+pub(crate) const RANK_COMMAND: &str = "pingpong-rank";
 
 /// Ping-pong payloads.
 const TAG_DATA: u64 = 1;
@@ -62,7 +62,7 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(300);
 /// What the ferrocomm side is asked to do: the arguments of the hidden `pingpong-job` and
 /// `pingpong-rank` subcommands ([`JobSpec::to_args`]).
 #[derive(Clone, Debug, clap::Args)]
-pub struct JobSpec {
+pub(crate) struct JobSpec {
     /// `FERROCOMM_TCP_BACKEND` for the ranks.
     #[arg(long, default_value = "auto")]
     pub backend: String,
@@ -102,7 +102,7 @@ pub struct JobSpec {
 }
 
 /// Round trips measured with an idle gap.
-pub const IDLE_PINGS: u64 = 2000;
+pub(crate) const IDLE_PINGS: u64 = 2000;
 
 impl JobSpec {
     fn to_args(&self) -> Vec<String> {
@@ -139,7 +139,7 @@ impl JobSpec {
 
 /// One size as rank 0 measured it.
 #[derive(Clone, Debug)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub bytes: usize,
     /// Timed iterations (round trips).
     pub iterations: u64,
@@ -159,19 +159,19 @@ pub struct Sample {
 
 /// One ferrocomm sweep.
 #[derive(Clone, Debug)]
-pub struct SweepResult {
+pub(crate) struct SweepResult {
     /// The transport the ranks ended up with (e.g. `tcp-uring`).
     pub transport: String,
     pub samples: Vec<Sample>,
 }
 
 /// Runs one ferrocomm sweep as a job of two ranks and collects rank 0's measurements.
-pub fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
+pub(crate) fn run_sweep(spec: &JobSpec) -> Result<SweepResult> {
     parse_result(&run_job(spec)?.0)
 }
 
 /// One idle-gap measurement ([`run_idle`]).
-pub struct IdleRun {
+pub(crate) struct IdleRun {
     /// One-way times, seconds.
     pub samples: Vec<f64>,
     /// The share of one CPU the waiting peer (rank 1, all its threads) used meanwhile.
@@ -180,7 +180,7 @@ pub struct IdleRun {
 
 /// Runs the idle-gap measurement ([`JobSpec::idle_gap_us`] must not be 0): one-way times in
 /// seconds, one per round trip.
-pub fn run_idle(spec: &JobSpec) -> Result<IdleRun> {
+pub(crate) fn run_idle(spec: &JobSpec) -> Result<IdleRun> {
     let (line, peer) = run_job(spec)?;
     let peer_cpu_share =
         peer.and_then(|p| serde_json::from_str::<Value>(&p).ok()).and_then(|v| v["peer_cpu_share"].as_f64());
@@ -242,7 +242,7 @@ fn parse_result(line: &str) -> Result<SweepResult> {
 }
 
 /// `pingpong-job`: launches the two ranks and waits for them.
-pub fn job_main(spec: JobSpec) -> Result<()> {
+pub(crate) fn job_main(spec: JobSpec) -> Result<()> {
     let transports = match spec.backend.as_str() {
         "shm" => "auto",
         "verbs" => "verbs",
@@ -260,7 +260,7 @@ pub fn job_main(spec: JobSpec) -> Result<()> {
 
 /// Runs `n` ranks of this binary's `rank_command` with `args` and `env` through [`run_local`],
 /// and waits for them.
-pub fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, String)>) -> Result<()> {
+pub(crate) fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, String)>) -> Result<()> {
     let exe = std::env::current_exe()?;
     let rank_args: Vec<OsString> = std::iter::once(rank_command.to_string()).chain(args).map(OsString::from).collect();
     let opts = LaunchOptions { env, ..LaunchOptions::default() };
@@ -271,7 +271,7 @@ pub fn launch(n: u32, rank_command: &str, args: Vec<String>, env: Vec<(String, S
 }
 
 /// `pingpong-rank`: one rank of the job.
-pub fn rank_main(spec: JobSpec) -> Result<()> {
+pub(crate) fn rank_main(spec: JobSpec) -> Result<()> {
     let rt = pinned_pair_runtime(&spec.cpus)?;
     rt.block_on(async {
         let world = init_pair().await?;
@@ -312,7 +312,7 @@ pub fn rank_main(spec: JobSpec) -> Result<()> {
 /// For one rank of a two-rank job under the benchmark's launcher: pins this thread to the rank's
 /// CPU of `cpus` (first of all, so that every thread started from here on, tokio's and
 /// ferrocomm's progress thread, inherits it) and builds the rank's runtime.
-pub fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runtime> {
+pub(crate) fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runtime> {
     let rank: usize = std::env::var("FERROCOMM_RANK")
         .map_err(|_| "FERROCOMM_RANK is not set: this rank runs under the benchmark's launcher")?
         .parse()?;
@@ -322,7 +322,7 @@ pub fn pinned_pair_runtime(cpus: &[usize]) -> Result<tokio::runtime::Runtime> {
 }
 
 /// Joins the job, which must have exactly two ranks.
-pub async fn init_pair() -> Result<World> {
+pub(crate) async fn init_pair() -> Result<World> {
     let world = ferrocomm::init().await?;
     if world.size() != 2 {
         return Err("the job runs with exactly 2 ranks".into());

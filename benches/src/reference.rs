@@ -31,7 +31,7 @@ const COPIES: usize = 200;
 /// Repetitions of each measurement (the median is reported).
 const REPEAT: usize = 5;
 /// The memcpy size.
-pub const MEMCPY_BYTES: usize = 4 << 20;
+pub(crate) const MEMCPY_BYTES: usize = 4 << 20;
 /// Wake-ups measured, and the sleep before each (the idle-peer measurement's default gap).
 const WAKEUPS: usize = 300;
 const WAKEUP_GAP: std::time::Duration = std::time::Duration::from_millis(1);
@@ -44,7 +44,7 @@ struct Padded(AtomicU64);
 
 /// The reference measurements.
 #[derive(Clone, Debug)]
-pub struct Reference {
+pub(crate) struct Reference {
     /// Cache-line ping-pong, one way, microseconds (median over repetitions).
     pub cacheline_us: f64,
     pub cacheline_runs_us: Vec<f64>,
@@ -59,7 +59,7 @@ pub struct Reference {
 }
 
 impl Reference {
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({
             "cacheline_pingpong_one_way_us": self.cacheline_us,
             "cacheline_runs_us": self.cacheline_runs_us,
@@ -74,7 +74,7 @@ impl Reference {
 }
 
 /// Measures both reference lines on `cpus`.
-pub fn measure(cpus: [usize; 2]) -> Result<Reference> {
+pub(crate) fn measure(cpus: [usize; 2]) -> Result<Reference> {
     let mut cacheline_runs_us = Vec::new();
     let mut memcpy_runs_gbps = Vec::new();
     for _ in 0..REPEAT {

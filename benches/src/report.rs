@@ -9,7 +9,7 @@ const DIP: f64 = 0.15;
 
 /// One message size: every run's one-way time on each side.
 #[derive(Clone, Debug, Default)]
-pub struct Row {
+pub(crate) struct Row {
     pub bytes: usize,
     /// ferrocomm's one-way times, seconds, one per run.
     pub ferrocomm: Vec<f64>,
@@ -25,43 +25,43 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn ferrocomm_us(&self) -> Option<f64> {
+    pub(crate) fn ferrocomm_us(&self) -> Option<f64> {
         median(&self.ferrocomm).map(|s| s * 1e6)
     }
-    pub fn ferrocomm_mbps(&self) -> Option<f64> {
+    pub(crate) fn ferrocomm_mbps(&self) -> Option<f64> {
         median(&self.ferrocomm).map(|s| mb_per_s(self.bytes, s))
     }
     /// ferrocomm's one-way percentile `k` of [`PERCENTILES`], µs: the median over runs.
-    pub fn ferrocomm_percentile_us(&self, k: usize) -> Option<f64> {
+    pub(crate) fn ferrocomm_percentile_us(&self, k: usize) -> Option<f64> {
         median(&self.ferrocomm_percentiles.iter().map(|p| p[k]).collect::<Vec<_>>()).map(|s| s * 1e6)
     }
-    pub fn peer_us(&self, i: usize) -> Option<f64> {
+    pub(crate) fn peer_us(&self, i: usize) -> Option<f64> {
         median(self.peers.get(i)?).map(|s| s * 1e6)
     }
-    pub fn peer_mbps(&self, i: usize) -> Option<f64> {
+    pub(crate) fn peer_mbps(&self, i: usize) -> Option<f64> {
         median(self.peers.get(i)?).map(|s| mb_per_s(self.bytes, s))
     }
     /// ferrocomm's latency over peer `i`'s: above 1 means ferrocomm is slower.
-    pub fn latency_ratio(&self, i: usize) -> Option<f64> {
+    pub(crate) fn latency_ratio(&self, i: usize) -> Option<f64> {
         Some(self.ferrocomm_us()? / self.peer_us(i)?)
     }
     /// ferrocomm's one-way time by NetPIPE's method (median over runs of each run's best trial).
-    pub fn ferrocomm_best_trial_us(&self) -> Option<f64> {
+    pub(crate) fn ferrocomm_best_trial_us(&self) -> Option<f64> {
         median(&self.ferrocomm_best_trial).map(|s| s * 1e6)
     }
     /// [`Row::latency_ratio`] by NetPIPE's method on both sides: like-for-like with a NetPIPE peer,
     /// which reports only its best trial.
-    pub fn best_trial_ratio(&self, i: usize) -> Option<f64> {
+    pub(crate) fn best_trial_ratio(&self, i: usize) -> Option<f64> {
         Some(self.ferrocomm_best_trial_us()? / self.peer_us(i)?)
     }
     /// ferrocomm's throughput over peer `i`'s: below 1 means ferrocomm is slower.
-    pub fn bandwidth_ratio(&self, i: usize) -> Option<f64> {
+    pub(crate) fn bandwidth_ratio(&self, i: usize) -> Option<f64> {
         Some(self.ferrocomm_mbps()? / self.peer_mbps(i)?)
     }
 }
 
 /// What was measured, for the record.
-pub struct Meta<'a> {
+pub(crate) struct Meta<'a> {
     /// `tcp` or `shm`.
     pub transport: &'a str,
     pub backend: &'a str,
@@ -94,7 +94,7 @@ fn num(v: Option<f64>, decimals: usize) -> String {
 
 /// The per-size table: ferrocomm (with its latency percentiles where every round trip was
 /// timed), then each peer with the ratios against it.
-pub fn table(rows: &[Row], peers: &[&str]) -> String {
+pub(crate) fn table(rows: &[Row], peers: &[&str]) -> String {
     let percentiles = rows.iter().any(|r| !r.ferrocomm_percentiles.is_empty());
     let mut out = format!("{:>9} {:>13} {:>15}", "bytes", "ferrocomm_us", "ferrocomm_MBps");
     if percentiles {
@@ -128,16 +128,16 @@ pub fn table(rows: &[Row], peers: &[&str]) -> String {
     out
 }
 
-pub fn row(rows: &[Row], bytes: usize) -> Option<&Row> {
+pub(crate) fn row(rows: &[Row], bytes: usize) -> Option<&Row> {
     rows.iter().find(|r| r.bytes == bytes)
 }
 
 /// Sizes whose ratios are headlines: latency at the first, bandwidth at the others.
-pub const HEADLINE_LATENCY: usize = 8;
-pub const HEADLINE_BANDWIDTH: [usize; 2] = [64 << 10, 4 << 20];
+pub(crate) const HEADLINE_LATENCY: usize = 8;
+pub(crate) const HEADLINE_BANDWIDTH: [usize; 2] = [64 << 10, 4 << 20];
 
 /// Headline ratios against peer `i`: 8 B latency, 64 KiB and 4 MiB bandwidth (when measured).
-pub fn headline(rows: &[Row], i: usize) -> Value {
+pub(crate) fn headline(rows: &[Row], i: usize) -> Value {
     let lat = row(rows, HEADLINE_LATENCY).and_then(|r| r.latency_ratio(i));
     let bw = |b| row(rows, b).and_then(|r| r.bandwidth_ratio(i));
     json!({"latency_ratio_8B": lat, "bandwidth_ratio_64KiB": bw(HEADLINE_BANDWIDTH[0]),
@@ -147,7 +147,7 @@ pub fn headline(rows: &[Row], i: usize) -> Value {
 /// The headline lines: ferrocomm's 8 B latency and 64 KiB / 4 MiB bandwidth, with each peer's
 /// figures and the ratios. The NetPIPE peers (`NP...`) report only the best of their trials, so
 /// the 8 B latency is also given by that method on both sides.
-pub fn summary(rows: &[Row], peers: &[&str]) -> String {
+pub(crate) fn summary(rows: &[Row], peers: &[&str]) -> String {
     let mut out = String::new();
     match row(rows, HEADLINE_LATENCY) {
         Some(r) => {
@@ -198,7 +198,7 @@ pub fn summary(rows: &[Row], peers: &[&str]) -> String {
 /// median of each run's window measurement; the like-for-like figure) and ping-pong throughput.
 /// perftest is peer `i`; `perf_median` holds `ib_send_lat`'s median of each run, seconds.
 /// A line of text and the JSON.
-pub fn verbs_summary(rows: &[Row], i: usize, perf_median: &[f64], stream_mbps: &[f64]) -> (String, Value) {
+pub(crate) fn verbs_summary(rows: &[Row], i: usize, perf_median: &[f64], stream_mbps: &[f64]) -> (String, Value) {
     let (lat, bw) = (row(rows, 8), row(rows, 1 << 20));
     let f_median = lat.and_then(|r| median(&r.ferrocomm_median)).map(|s| s * 1e6);
     let p_median = median(perf_median).map(|s| s * 1e6);
@@ -261,7 +261,7 @@ pub fn verbs_summary(rows: &[Row], i: usize, perf_median: &[f64], stream_mbps: &
     (line, v)
 }
 
-pub fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<String> {
+pub(crate) fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<String> {
     let points: Vec<(usize, f64)> = rows.iter().filter_map(|r| Some((r.bytes, mbps(r)?))).collect();
     points
         .windows(2)
@@ -271,7 +271,7 @@ pub fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<String> {
 }
 
 /// The `--json` document.
-pub fn to_json(meta: &Meta, rows: &[Row]) -> Value {
+pub(crate) fn to_json(meta: &Meta, rows: &[Row]) -> Value {
     let names: Vec<&str> = meta.peers.iter().map(|(n, _)| n.as_str()).collect();
     let json_rows: Vec<Value> = rows
         .iter()

@@ -33,10 +33,10 @@ use serde_json::{Value, json};
 
 use crate::{Result, affinity, process};
 
-pub const JOB_COMMAND: &str = "rma-job";
-pub const RANK_COMMAND: &str = "rma-rank";
+pub(crate) const JOB_COMMAND: &str = "rma-job";
+pub(crate) const RANK_COMMAND: &str = "rma-rank";
 
-pub const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 usage: ferrocomm-bench rma [options]
 
 ferrocomm one-sided operations against ucx_perftest (UCP, UCX_TLS=posix,cma) over shared memory:
@@ -130,7 +130,7 @@ fn ferrocomm_job(o: &Options, kind: &str, ranks: u32) -> Result<Value> {
 }
 
 /// `rma-job KIND RANKS CPUS TRANSPORTS`: launches the ranks.
-pub fn job_main(args: &[String]) -> Result<()> {
+pub(crate) fn job_main(args: &[String]) -> Result<()> {
     let [_, ranks, _, transports] = args else { return Err(format!("{JOB_COMMAND}: bad arguments {args:?}").into()) };
     let exe = std::env::current_exe()?;
     let rank_args: Vec<OsString> =
@@ -146,7 +146,7 @@ pub fn job_main(args: &[String]) -> Result<()> {
 }
 
 /// `rma-rank`: one rank; rank 0 prints the results as one JSON line.
-pub fn rank_main(args: &[String]) -> Result<()> {
+pub(crate) fn rank_main(args: &[String]) -> Result<()> {
     let [kind, _, cpus, _] = args else { return Err(format!("{RANK_COMMAND}: bad arguments {args:?}").into()) };
     let cpus = crate::cli::cpu_pair(cpus)?;
     let rank: usize = std::env::var("FERROCOMM_RANK")?.parse()?;
@@ -370,7 +370,7 @@ fn ucx(perftest: &PathBuf, cpus: [usize; 2], test: &str, size: usize, iters: u64
 }
 
 /// `rma`: runs both sides, prints the report.
-pub fn main(args: &[String]) -> Result<()> {
+pub(crate) fn main(args: &[String]) -> Result<()> {
     let o = Options::parse(args)?;
     let perftest = if o.peer {
         Some(

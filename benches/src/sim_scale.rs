@@ -30,7 +30,7 @@ use ferrocomm_sim::{Link, NetConfig};
 /// Also finds, per size, the rank count above which a broadcast by reliable multicast beats a
 /// binomial one.
 #[derive(Clone, Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Rank counts
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "64,256,1024,4096",
           value_parser = clap::value_parser!(u32).range(2..))]
@@ -76,7 +76,7 @@ fn size_name(b: usize) -> String {
     }
 }
 
-pub fn main(o: Options) -> crate::Result<()> {
+pub(crate) fn main(o: Options) -> crate::Result<()> {
     let Options { ranks, sizes, ops: kinds, latency_ns: latency, gbit, max_bytes, json, text, .. } = o;
     let crossover = !o.no_crossover;
     if ranks.iter().any(|&p| p < 2) || gbit <= 0.0 {

@@ -4,25 +4,25 @@
 use std::time::{Duration, Instant};
 
 /// Bytes below and above each power of two that are probed too.
-pub const PERTURBATION: usize = 3;
+pub(crate) const PERTURBATION: usize = 3;
 /// How long the warm-up batch of a size should last.
-pub const WARMUP: Duration = Duration::from_millis(5);
+pub(crate) const WARMUP: Duration = Duration::from_millis(5);
 /// How long the timed batch of a size should last.
-pub const TARGET: Duration = Duration::from_millis(30);
+pub(crate) const TARGET: Duration = Duration::from_millis(30);
 /// Fewest timed iterations per size, however slow one is.
-pub const MIN_ITERATIONS: u64 = 10;
+pub(crate) const MIN_ITERATIONS: u64 = 10;
 /// Fewest warm-up iterations per size.
-pub const MIN_WARMUP: u64 = 2;
+pub(crate) const MIN_WARMUP: u64 = 2;
 /// Most iterations in one batch, however fast one is: enough for a batch of 8-byte shared-memory
 /// round trips (about 0.4 us) to last the 300 ms asked of it, as NetPIPE's trials do.
-pub const MAX_ITERATIONS: u64 = 2_000_000;
+pub(crate) const MAX_ITERATIONS: u64 = 2_000_000;
 /// The sweep stops after a size whose one-way time exceeds this.
-pub const STOP_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const STOP_AFTER: Duration = Duration::from_secs(1);
 
 /// The message sizes of a sweep up to `max`, ascending and distinct: 1 byte, then each power of
 /// two up to `max` together with it plus and minus [`PERTURBATION`] bytes (where positive). The
 /// perturbed sizes of the largest power may exceed `max` by [`PERTURBATION`], as in NetPIPE.
-pub fn sizes(max: usize) -> Vec<usize> {
+pub(crate) fn sizes(max: usize) -> Vec<usize> {
     let mut out = vec![1];
     let mut p: usize = 1;
     while p <= max {
@@ -42,13 +42,13 @@ pub fn sizes(max: usize) -> Vec<usize> {
 }
 
 /// The largest size [`sizes`] can return for `max`.
-pub fn largest(max: usize) -> usize {
+pub(crate) fn largest(max: usize) -> usize {
     sizes(max).last().copied().unwrap_or(1)
 }
 
 /// Iterations for a batch lasting about `target` when one round trip takes `round_trip` seconds,
 /// within `min..=MAX_ITERATIONS`.
-pub fn iterations(round_trip: f64, target: Duration, min: u64) -> u64 {
+pub(crate) fn iterations(round_trip: f64, target: Duration, min: u64) -> u64 {
     let per = round_trip.max(1e-9);
     let n = (target.as_secs_f64() / per).round();
     (n.min(MAX_ITERATIONS as f64) as u64).clamp(min, MAX_ITERATIONS)
@@ -58,7 +58,7 @@ pub fn iterations(round_trip: f64, target: Duration, min: u64) -> u64 {
 /// software emulation the clock is a system call reading an emulated device, microseconds a
 /// read), else the clock in nanoseconds. Only differences taken on one CPU are used (rank 0 is
 /// pinned), scaled by the batch's length on the clock.
-pub fn stamp() -> u64 {
+pub(crate) fn stamp() -> u64 {
     ferrocomm_reactor::cycles().unwrap_or_else(|| {
         static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
@@ -67,14 +67,14 @@ pub fn stamp() -> u64 {
 
 /// The times between consecutive [`stamp`]s, in seconds: the stamps' units scaled so that
 /// the whole span lasts `seconds` (the clock's measure of it).
-pub fn trips(stamps: &[u64], seconds: f64) -> Vec<f64> {
+pub(crate) fn trips(stamps: &[u64], seconds: f64) -> Vec<f64> {
     let span = stamps.last().zip(stamps.first()).map_or(1, |(l, f)| l.wrapping_sub(*f).max(1));
     let per_unit = seconds / span as f64;
     stamps.windows(2).map(|w| w[1].wrapping_sub(w[0]) as f64 * per_unit).collect()
 }
 
 /// The median of `values` (the mean of the middle two for an even count); `None` when empty.
-pub fn median(values: &[f64]) -> Option<f64> {
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -86,12 +86,12 @@ pub fn median(values: &[f64]) -> Option<f64> {
 }
 
 /// The latency percentiles reported where every iteration is timed, and their names.
-pub const PERCENTILES: [f64; 3] = [50.0, 99.0, 99.9];
-pub const PERCENTILE_NAMES: [&str; 3] = ["p50", "p99", "p99.9"];
+pub(crate) const PERCENTILES: [f64; 3] = [50.0, 99.0, 99.9];
+pub(crate) const PERCENTILE_NAMES: [&str; 3] = ["p50", "p99", "p99.9"];
 
 /// The quantiles `qs` (each in 0..=1) of `seconds`, from an HDR histogram of nanoseconds with 3
 /// significant digits (1 ns resolution up to 1 µs, 0.1% above); `None` when empty.
-pub fn quantiles(seconds: &[f64], qs: &[f64]) -> Option<Vec<f64>> {
+pub(crate) fn quantiles(seconds: &[f64], qs: &[f64]) -> Option<Vec<f64>> {
     let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("3 significant digits is valid");
     for &s in seconds {
         // The histogram resizes itself for large values; a negative or NaN time is a bug upstream.
@@ -104,13 +104,13 @@ pub fn quantiles(seconds: &[f64], qs: &[f64]) -> Option<Vec<f64>> {
 }
 
 /// [`PERCENTILES`] of `seconds` (see [`quantiles`]).
-pub fn percentiles(seconds: &[f64]) -> Option<[f64; 3]> {
+pub(crate) fn percentiles(seconds: &[f64]) -> Option<[f64; 3]> {
     let v = quantiles(seconds, &PERCENTILES.map(|p| p / 100.0))?;
     Some([v[0], v[1], v[2]])
 }
 
 /// Throughput in MB/s (10^6 bytes per second) of `bytes` moved one way in `seconds`.
-pub fn mb_per_s(bytes: usize, seconds: f64) -> f64 {
+pub(crate) fn mb_per_s(bytes: usize, seconds: f64) -> f64 {
     bytes as f64 / seconds / 1e6
 }
 

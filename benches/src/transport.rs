@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use crate::{Result, affinity, cli, process, sweep};
 
 /// Hidden subcommand: one rank of the transport benchmark.
-pub const RANK_COMMAND: &str = "shm-transport-rank";
+pub(crate) const RANK_COMMAND: &str = "shm-transport-rank";
 
 /// Round trips per timed latency batch.
 const PINGS: usize = 20_000;
@@ -58,7 +58,7 @@ const STALL: Duration = Duration::from_secs(60);
 /// between two processes pinned to two CPUs; and the 8-byte ping-pong through the protocol
 /// engine driven by hand (no reactor, no futures).
 #[derive(Clone, Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// CPUs of the two ranks
     #[arg(long, value_name = "A,B", default_value = "0,1", value_parser = cli::cpu_pair)]
     pub cpus: [usize; 2],
@@ -76,7 +76,7 @@ pub struct Options {
 
 /// The arguments of one rank (`shm-transport-rank RANK CPU JOB CMA MESSAGE`).
 #[derive(Clone, Debug, clap::Args)]
-pub struct RankSpec {
+pub(crate) struct RankSpec {
     rank: Rank,
     cpu: usize,
     job: String,
@@ -86,7 +86,7 @@ pub struct RankSpec {
 
 /// What one run measured.
 #[derive(Clone, Debug)]
-pub struct TransportResult {
+pub(crate) struct TransportResult {
     pub cma: String,
     pub one_way_us: f64,
     pub batches_us: Vec<f64>,
@@ -98,7 +98,7 @@ pub struct TransportResult {
 }
 
 impl TransportResult {
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({"cma": self.cma, "one_way_8B_us": self.one_way_us, "batches_us": self.batches_us,
                "engine_one_way_8B_us": self.engine_one_way_us, "engine_batches_us": self.engine_batches_us,
                "message_bytes": self.message, "bandwidth_GBps": self.gbps})
@@ -106,7 +106,7 @@ impl TransportResult {
 }
 
 /// `ferrocomm-bench shm-transport`.
-pub fn main(o: Options) -> Result<()> {
+pub(crate) fn main(o: Options) -> Result<()> {
     let cpus = o.cpus;
     let modes: Vec<String> = match o.cma {
         Some(m) => vec![m],
@@ -137,7 +137,7 @@ pub fn main(o: Options) -> Result<()> {
 }
 
 /// Runs the two ranks once and returns rank 0's measurements.
-pub fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResult> {
+pub(crate) fn run(cpus: [usize; 2], cma: &str, message: usize) -> Result<TransportResult> {
     let exe = std::env::current_exe()?;
     let job = format!("bench{}", std::process::id());
     let spawn = |rank: usize| {
@@ -296,7 +296,7 @@ pub(crate) struct Node<T> {
 
 impl<T: Transport> Node<T> {
     /// Busy-polls until `frames` frames have arrived.
-    pub fn spin_until(&mut self, frames: usize) -> Result<()> {
+    pub(crate) fn spin_until(&mut self, frames: usize) -> Result<()> {
         let mut watchdog = Watchdog::default();
         while self.s.frames < frames {
             self.t.progress(&mut self.s);
@@ -311,13 +311,13 @@ impl<T: Transport> Node<T> {
     }
 
     /// Sends an 8-byte eager frame to the other rank.
-    pub fn eager(&mut self, tag: u64) {
+    pub(crate) fn eager(&mut self, tag: u64) {
         let h = Header { src: self.me, tag, len: 8, ..Header::new(Kind::Eager) };
         self.t.send(1 - self.me, h, Bytes::from_static(&[7; 8]));
     }
 
     /// Says goodbye (a `Credit` frame) and waits until our output is out and the peer's goodbye in.
-    pub fn finish(&mut self) -> Result<()> {
+    pub(crate) fn finish(&mut self) -> Result<()> {
         self.t.send(1 - self.me, Header { src: self.me, ..Header::new(Kind::Credit) }, Bytes::new());
         let start = Instant::now();
         while self.t.has_pending_output() && start.elapsed() < STALL {
@@ -346,7 +346,7 @@ fn timed_batches(mut round_trip: impl FnMut() -> Result<()>) -> Result<Vec<f64>>
 }
 
 /// `shm-transport-rank RANK CPU JOB CMA MESSAGE`.
-pub fn rank_main(spec: RankSpec) -> Result<()> {
+pub(crate) fn rank_main(spec: RankSpec) -> Result<()> {
     let RankSpec { rank: me, cpu, job, cma, message } = spec;
     let (job, cma) = (job.as_str(), cma.as_str());
     affinity::pin_current_thread(cpu)?;

@@ -32,7 +32,7 @@ use crate::{Result, affinity, cli, sweep};
 /// 8-byte eager frame ping-pong latency between two endpoints of one process on two pinned
 /// threads, over the RDMA device, for each eager path (rings, shared receive queue).
 #[derive(Clone, Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// CPUs of the two endpoints
     #[arg(long, value_name = "A,B", default_value = "0,1", value_parser = cli::cpu_pair)]
     pub cpus: [usize; 2],
@@ -60,7 +60,7 @@ pub struct Options {
 }
 
 /// `ferrocomm-bench verbs-transport`.
-pub fn main(o: Options) -> Result<()> {
+pub(crate) fn main(o: Options) -> Result<()> {
     let Options { cpus, device, pings, batches, runs: runs_wanted, json: json_path, .. } = o;
     let peer = !o.no_peer;
     let paths = match o.eager.as_str() {

@@ -74,6 +74,7 @@ impl Binomial {
     }
 }
 
+/// Barrier schedules.
 pub mod barrier {
     use super::*;
 
@@ -103,6 +104,7 @@ pub mod barrier {
     }
 }
 
+/// Broadcast schedules.
 pub mod bcast {
     use super::*;
 
@@ -139,6 +141,7 @@ pub mod bcast {
     }
 }
 
+/// Scatter schedules.
 pub mod scatter {
     use super::*;
 
@@ -167,6 +170,7 @@ pub mod scatter {
     }
 }
 
+/// Gather schedules.
 pub mod gather {
     use super::*;
 
@@ -198,6 +202,7 @@ pub mod gather {
     }
 }
 
+/// Reduce schedules.
 pub mod reduce {
     use super::*;
 
@@ -246,6 +251,7 @@ pub mod reduce {
     }
 }
 
+/// Allreduce schedules.
 pub mod allreduce {
     use super::*;
 
@@ -361,6 +367,7 @@ pub mod allreduce {
     }
 }
 
+/// Reduce-scatter schedules.
 pub mod reduce_scatter {
     use super::*;
 
@@ -384,6 +391,7 @@ pub mod reduce_scatter {
     }
 }
 
+/// Allgather schedules.
 pub mod allgather {
     use super::*;
 
@@ -436,6 +444,7 @@ pub mod allgather {
     }
 }
 
+/// All-to-all schedules.
 pub mod alltoall {
     use super::*;
 
@@ -475,6 +484,7 @@ pub mod alltoall {
     }
 }
 
+/// Inclusive scan schedules.
 pub mod scan {
     use super::*;
 
@@ -500,19 +510,24 @@ pub mod scan {
 pub mod rounds {
     use super::log2_ceil;
 
+    /// The dissemination barrier's.
     pub fn dissemination(n: u32) -> u32 {
         log2_ceil(n)
     }
+    /// A binomial tree's (broadcast, scatter, gather, reduce).
     pub fn binomial(n: u32) -> u32 {
         log2_ceil(n)
     }
+    /// Broadcast as a binomial scatter then a ring allgather.
     pub fn scatter_allgather(n: u32) -> u32 {
         if n == 1 { 0 } else { log2_ceil(n) + n - 1 }
     }
+    /// Recursive-doubling allreduce (two more rounds off a power of two).
     pub fn recursive_doubling_allreduce(n: u32) -> u32 {
         let k = if n.is_power_of_two() { n.trailing_zeros() } else { n.ilog2() + 2 };
         if n == 1 { 0 } else { k }
     }
+    /// Rabenseifner's allreduce: recursive halving then doubling.
     pub fn rabenseifner(n: u32) -> u32 {
         if n == 1 {
             0
@@ -522,12 +537,15 @@ pub mod rounds {
             2 * n.ilog2() + 2
         }
     }
+    /// Ring allreduce: a ring reduce-scatter then a ring allgather.
     pub fn ring_allreduce(n: u32) -> u32 {
         2 * (n - 1)
     }
+    /// A ring's (allgather, reduce-scatter).
     pub fn ring(n: u32) -> u32 {
         n - 1
     }
+    /// Bruck's allgather.
     pub fn bruck(n: u32) -> u32 {
         log2_ceil(n)
     }

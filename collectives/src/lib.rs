@@ -23,23 +23,45 @@ pub use select::{Algorithm, Operation, Table};
 /// Why a collective could not proceed. Every variant names the peer at fault where there is one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CollError {
+    /// A message that does not decode as the schedule expects.
     #[error("malformed collective message from rank {from}: {why}")]
-    Malformed { from: u32, why: &'static str },
+    Malformed {
+        /// The sender.
+        from: u32,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A message the schedule does not expect from that rank in that round.
     #[error("unexpected collective message from rank {from} for round {round}")]
-    Unexpected { from: u32, round: u32 },
+    Unexpected {
+        /// The sender.
+        from: u32,
+        /// The round it was tagged with.
+        round: u32,
+    },
+    /// Arguments or state that do not fit the collective (an algorithm that does not implement
+    /// it, a wrong number of blocks or bytes, a shared board that does not match the call).
     #[error("{0}")]
     Invalid(String),
     /// A single-copy call: rank `rank` left it (its future was dropped or failed) while its memory
     /// was lent, so what was read from it is not kept.
     #[error("rank {rank} left the single-copy collective before its memory was read")]
-    Withdrawn { rank: u32 },
+    Withdrawn {
+        /// The rank that left.
+        rank: u32,
+    },
     /// A single-copy call: the kernel refused to copy from rank `rank`'s memory.
     #[error(
         "single copy from rank {rank} failed: {reason} (cross-memory attach needs ptrace permission; pinning \
          other algorithms avoids it: FERROCOMM_COLL=bcast=binomial,allreduce=rabenseifner,reduce=binomial,\
          allgather=ring,alltoall=pairwise)"
     )]
-    SingleCopy { rank: u32, reason: String },
+    SingleCopy {
+        /// The rank whose memory could not be read.
+        rank: u32,
+        /// The kernel's error.
+        reason: String,
+    },
 }
 
 /// The dissemination barrier schedule, kept for callers that only need the exchange pattern.

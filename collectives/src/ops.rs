@@ -92,6 +92,7 @@ fn rel(r: u32, root: u32, n: u32) -> u32 {
     (r + n - root) % n
 }
 
+/// Rank `r`'s machine for a barrier of `n` ranks.
 pub fn barrier(r: u32, n: u32, alg: Algorithm) -> Result<Machine, CollError> {
     let s = match alg {
         Algorithm::Dissemination => planned("barrier::dissemination", r, n, 0, || barrier::dissemination(r, n)),
@@ -133,6 +134,7 @@ pub fn bcast(
     Ok(Machine::new(s, blocks, None))
 }
 
+/// The broadcast data, from the blocks a finished bcast machine holds.
 pub fn bcast_result(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Bytes, CollError> {
     concat(blocks, bcast_ids(n, alg))
 }
@@ -199,6 +201,7 @@ pub fn allreduce(r: u32, n: u32, alg: Algorithm, data: Bytes, op: Reducer) -> Re
     Ok(Machine::new(s, blocks, Some(op)))
 }
 
+/// The reduced data, from the blocks a finished allreduce machine holds.
 pub fn allreduce_result(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Bytes, CollError> {
     concat(blocks, allreduce_ids(n, alg))
 }
@@ -244,6 +247,7 @@ pub fn scatter(r: u32, n: u32, root: u32, alg: Algorithm, parts: Option<Vec<Byte
     Ok(Machine::new(s, blocks.unwrap_or_default(), None))
 }
 
+/// Rank `r`'s block, from the blocks a finished scatter machine holds.
 pub fn scatter_result(blocks: &Blocks, r: u32, n: u32, root: u32) -> Result<Bytes, CollError> {
     concat(blocks, [rel(r, root, n)])
 }
@@ -262,6 +266,7 @@ pub fn allgather(r: u32, n: u32, alg: Algorithm, data: Bytes) -> Result<Machine,
     Ok(Machine::new(s, Blocks::from([(r, data)]), None))
 }
 
+/// Every rank's block in rank order, from the blocks a finished allgather machine holds.
 pub fn allgather_result(blocks: &Blocks, n: u32) -> Result<Vec<Bytes>, CollError> {
     (0..n).map(|i| concat(blocks, [i])).collect()
 }
@@ -302,6 +307,7 @@ pub fn reduce_scatter(r: u32, n: u32, alg: Algorithm, segments: Vec<Bytes>, op: 
     Ok(Machine::new(s, (0..n).zip(segments).collect(), Some(op)))
 }
 
+/// Rank `r`'s reduced segment, from the blocks a finished reduce-scatter machine holds.
 pub fn reduce_scatter_result(blocks: &Blocks, r: u32) -> Result<Bytes, CollError> {
     concat(blocks, [r])
 }

@@ -41,12 +41,17 @@ pub use half::{bf16, f16};
 
 /// A number type collectives can carry and reduce.
 pub trait Element: Pod + Send + Sync + PartialOrd + 'static {
+    /// The type's name, for messages.
     const NAME: &'static str;
+    /// `a + b` (wrapping for integers).
     fn add(a: Self, b: Self) -> Self;
+    /// `a * b` (wrapping for integers).
     fn mul(a: Self, b: Self) -> Self;
     /// Bitwise operations; `None` for floating-point types.
     fn bits(a: Self, b: Self, op: BitOp) -> Option<Self>;
+    /// Whether the value counts as true for the logical operators (non-zero).
     fn is_true(self) -> bool;
+    /// 1 for true, 0 for false.
     fn from_bool(b: bool) -> Self;
     /// `acc[i] = add(acc[i], x[i])` for every `i` (the slices have one length): element by
     /// element unless a type does better (half types convert blocks of elements at once). It
@@ -68,10 +73,14 @@ fn each<T: Copy>(acc: &mut [T], x: &[T], f: impl Fn(T, T) -> T) {
     acc.iter_mut().zip(x).for_each(|(a, b)| *a = f(*a, *b));
 }
 
+/// A bitwise operation, for [`Element::bits`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BitOp {
+    /// `a & b`.
     And,
+    /// `a | b`.
     Or,
+    /// `a ^ b`.
     Xor,
 }
 
@@ -183,19 +192,31 @@ pub type UserOp<T> = Arc<dyn Fn(&mut [T], &[T]) + Send + Sync>;
 
 /// A reduction operator on elements of type `T`.
 pub enum ReduceOp<T> {
+    /// Sum (wrapping for integers).
     Sum,
+    /// Product (wrapping for integers).
     Product,
+    /// Smallest element.
     Min,
+    /// Largest element.
     Max,
+    /// Bitwise and (integers only).
     BitAnd,
+    /// Bitwise or (integers only).
     BitOr,
+    /// Bitwise exclusive or (integers only).
     BitXor,
+    /// 1 where both are non-zero, else 0.
     LogicalAnd,
+    /// 1 where either is non-zero, else 0.
     LogicalOr,
+    /// 1 where exactly one is non-zero, else 0.
     LogicalXor,
     /// A user operator: `f(acc, x)` sets `acc[i] = acc[i] ⊕ x[i]`.
     Custom {
+        /// The operator.
         f: UserOp<T>,
+        /// Whether operands may be combined in any order (it must be associative regardless).
         commutative: bool,
     },
 }
@@ -247,6 +268,7 @@ impl<T: Element> ReduceOp<T> {
         ReduceOp::Custom { f: Arc::new(f), commutative }
     }
 
+    /// Whether operands may be combined in any order (every built-in operator is).
     pub fn is_commutative(&self) -> bool {
         !matches!(self, ReduceOp::Custom { commutative: false, .. })
     }
@@ -368,6 +390,7 @@ impl Reducer {
         }
     }
 
+    /// Whether operands may be combined in any order.
     pub fn is_commutative(&self) -> bool {
         self.commutative
     }

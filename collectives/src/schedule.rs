@@ -33,10 +33,16 @@ pub enum Apply {
     /// Combine each block into the one with the same id: `mine ⊕ incoming`, or `incoming ⊕ mine`
     /// when `incoming_first` (the sender's data comes earlier in rank order). A block not held yet
     /// is stored.
-    Reduce { incoming_first: bool },
+    Reduce {
+        /// Whether the incoming block is the left operand.
+        incoming_first: bool,
+    },
     /// The message carries exactly one block; combine it (incoming first) into each of `into`.
     /// Used by scans, where one partial result feeds two accumulators.
-    ReduceInto { into: Vec<u32> },
+    ReduceInto {
+        /// The accumulators' block ids.
+        into: Vec<u32>,
+    },
 }
 
 /// Which blocks a send carries.
@@ -46,7 +52,14 @@ pub enum Select {
     Ids(Vec<u32>),
     /// Bruck's rule for all-to-all: the blocks whose destination (`id % n`) lies at a distance
     /// `(dest - me) mod n` with bit `bit` set. They are *moved*: the sender no longer holds them.
-    DistanceBit { me: u32, n: u32, bit: u32 },
+    DistanceBit {
+        /// The sending rank.
+        me: u32,
+        /// Ranks in the collective.
+        n: u32,
+        /// The distance bit of this round.
+        bit: u32,
+    },
     /// One block sent bare ([`Form::Bare`]): the message is its bytes (empty for `None`, a signal).
     /// The receiving step must say [`Form::Bare`] with the same id.
     Bare(Option<u32>),
@@ -69,15 +82,29 @@ pub enum Form {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Send the selected blocks to `to`.
-    Send { to: u32, blocks: Select },
+    Send {
+        /// The destination rank.
+        to: u32,
+        /// The blocks the message carries.
+        blocks: Select,
+    },
     /// Expect one message from `from`, laid out as `form`, then apply it.
-    Recv { from: u32, apply: Apply, form: Form },
+    Recv {
+        /// The source rank.
+        from: u32,
+        /// What to do with the blocks.
+        apply: Apply,
+        /// How the message is laid out.
+        form: Form,
+    },
 }
 
 /// A round: its global number and its steps.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Round {
+    /// The round's number in the whole collective (messages are tagged with it).
     pub number: u32,
+    /// This rank's steps in the round.
     pub steps: Vec<Step>,
 }
 
@@ -88,6 +115,7 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// An empty schedule (nothing to do).
     pub fn new() -> Schedule {
         Schedule::default()
     }
@@ -140,6 +168,7 @@ impl Schedule {
         self
     }
 
+    /// The rounds, in increasing number.
     pub fn rounds(&self) -> &[Round] {
         &self.rounds
     }
@@ -157,12 +186,28 @@ pub type Blocks = BTreeMap<u32, Bytes>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Send `data` to `to`, tagged with `round`.
-    Send { to: u32, round: u32, data: Bytes },
+    Send {
+        /// The destination rank.
+        to: u32,
+        /// The round, for the tag.
+        round: u32,
+        /// The message.
+        data: Bytes,
+    },
     /// Post a receive for the message `from` sends in `round`. `part` 0 is the message itself;
     /// parts 1.. are its detached blocks, which follow it in order (post them in the order asked,
     /// and deliver each with its part number). `len` is the exact length when the header said it
     /// (detached blocks), so the driver can receive straight into a buffer of its own.
-    Recv { from: u32, round: u32, part: u32, len: Option<usize> },
+    Recv {
+        /// The source rank.
+        from: u32,
+        /// The round, for the tag.
+        round: u32,
+        /// 0 for the message, 1.. for its detached blocks.
+        part: u32,
+        /// The exact length, when known.
+        len: Option<usize>,
+    },
 }
 
 /// Runs one rank's [`Schedule`]. Sans-IO: the driver posts what [`Machine::poll_action`] returns
@@ -261,6 +306,7 @@ impl Machine {
         std::mem::take(&mut self.spare)
     }
 
+    /// The blocks held at the end: the collective's result, read by the `*_result` functions.
     pub fn into_blocks(self) -> Blocks {
         self.blocks
     }

@@ -27,15 +27,25 @@ use std::str::FromStr;
 /// The collective operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Operation {
+    /// Every rank waits for all.
     Barrier,
+    /// The root's data to every rank.
     Bcast,
+    /// Every rank's data combined at the root.
     Reduce,
+    /// Every rank's data combined, the result at every rank.
     Allreduce,
+    /// Every rank's block to the root.
     Gather,
+    /// One block of the root's to each rank.
     Scatter,
+    /// Every rank's block to every rank.
     Allgather,
+    /// Block `j` of rank `i` to rank `j`, for all pairs.
     Alltoall,
+    /// Every rank's data combined, then cut into one block per rank.
     ReduceScatter,
+    /// Inclusive prefix reduction in rank order.
     Scan,
 }
 
@@ -58,15 +68,25 @@ const _: () = {
 /// Every algorithm of the menu. Which operations each serves is in [`Algorithm::serves`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {
+    /// Straight to or from one rank (or each pair): n-1 messages at one rank.
     Linear,
+    /// Dissemination: ceil(log2 n) rounds of one message each (barrier).
     Dissemination,
+    /// A binomial tree: ceil(log2 n) rounds.
     Binomial,
+    /// Broadcast as a binomial scatter then a ring allgather (large messages).
     ScatterAllgather,
+    /// Recursive doubling: ceil(log2 n) pairwise exchange rounds.
     RecursiveDoubling,
+    /// Rabenseifner's allreduce: recursive-halving reduce-scatter, recursive-doubling allgather.
     Rabenseifner,
+    /// A ring: n-1 rounds between neighbours (bandwidth-optimal for large messages).
     Ring,
+    /// Bruck's algorithm: ceil(log2 n) rounds of rotated blocks.
     Bruck,
+    /// Pairwise exchange: in step s, send to r+s and receive from r-s.
     Pairwise,
+    /// A reduce to rank 0, then a scatter of the result.
     ReduceThenScatter,
     /// Node-leader hierarchy (intra-node step over shared memory, leaders over the network).
     Hierarchical,
@@ -80,6 +100,7 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in declaration order.
     pub const ALL: [Algorithm; 14] = [
         Algorithm::Linear,
         Algorithm::Dissemination,
@@ -113,6 +134,7 @@ impl Algorithm {
         }
     }
 
+    /// Whether this is one of the flat algorithms implemented for `op`.
     pub fn serves(self, op: Operation) -> bool {
         Algorithm::for_operation(op).contains(&self)
     }
@@ -195,6 +217,7 @@ impl FromStr for Operation {
 /// What a call looks like to the selector.
 #[derive(Clone, Copy, Debug)]
 pub struct Call {
+    /// The operation.
     pub op: Operation,
     /// Ranks in the communicator.
     pub ranks: u32,

@@ -199,6 +199,7 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
         Ok((Board { words, ranks, me, capacity, data_start }, attached))
     }
 
+    /// Ranks that share the board.
     pub fn ranks(&self) -> usize {
         self.ranks
     }
@@ -373,11 +374,14 @@ fn copy_out(words: &[AtomicU64], out: &mut Data, len: usize) {
 /// What a call does.
 #[derive(Clone, Debug)]
 pub enum Kind {
+    /// Every rank waits for all. No data.
     Barrier,
     /// The root's data is its input (the other ranks give none); the root's result is empty.
     Bcast {
+        /// The broadcasting rank.
         root: u32,
     },
+    /// Every rank's data combined with the reducer, in rank order; the result at every rank.
     Allreduce(Reducer),
     /// Every rank's part (all of one length), laid end to end in rank order.
     Allgather,
@@ -386,11 +390,14 @@ pub enum Kind {
     Alltoall,
     /// Combined in rank order at the root (empty result elsewhere).
     Reduce {
+        /// The rank that receives the result.
         root: u32,
+        /// The reduction.
         op: Reducer,
     },
     /// Every rank tells the root it is there; only the root waits (for all). No data.
     Fanin {
+        /// The rank that waits.
         root: u32,
     },
 }
@@ -679,6 +686,7 @@ impl Queue {
         self.calls.len()
     }
 
+    /// Whether no call is left to collect.
     pub fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
@@ -890,8 +898,11 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
 /// Memory a rank lends to the others for a single-copy call: where it is, in which process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lent {
+    /// The lending process.
     pub pid: u32,
+    /// The memory's address in that process.
     pub addr: u64,
+    /// The memory's length in bytes.
     pub len: u64,
 }
 
@@ -904,6 +915,7 @@ impl Lent {
         Lent { pid: std::process::id(), addr: data.as_ptr() as u64, len: data.len() as u64 }
     }
 
+    /// Its [`Lent::BYTES`] bytes on the board: pid, address, length, little-endian words.
     pub fn encode(&self) -> Vec<u8> {
         [u64::from(self.pid), self.addr, self.len].iter().flat_map(|w| w.to_le_bytes()).collect()
     }

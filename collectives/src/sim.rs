@@ -21,7 +21,9 @@ pub struct Outcome {
     pub blocks: Vec<Blocks>,
     /// The longest causal chain of messages: the algorithm's number of rounds.
     pub rounds: u32,
+    /// Messages sent, by all ranks.
     pub messages: u64,
+    /// Bytes sent, by all ranks.
     pub bytes: u64,
     /// Virtual time at which the last rank finished.
     pub time: u64,
@@ -30,6 +32,7 @@ pub struct Outcome {
 /// Network parameters.
 #[derive(Clone, Copy, Debug)]
 pub struct Network {
+    /// Seed of the latency draws (the same seed, the same run).
     pub seed: u64,
     /// Latencies are drawn uniformly from 1..=max_latency virtual time units.
     pub max_latency: u64,

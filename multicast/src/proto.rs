@@ -56,7 +56,9 @@ fn dist(from: u32, to: u32) -> u32 {
 /// `subgroups`, `datagram`, `first_seq`, `job` and `channel`.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// This rank.
     pub me: Rank,
+    /// Ranks in the channel.
     pub size: u32,
     /// Hash of the job token: datagrams carrying another value are refused.
     pub job: u64,
@@ -74,13 +76,16 @@ pub struct Config {
     pub datagram: usize,
     /// Largest message.
     pub max_message: usize,
-    /// Retransmission timeout before any RTT sample, and its bounds.
+    /// Retransmission timeout before any RTT sample.
     pub rto_initial: Duration,
+    /// Lower bound of the retransmission timeout.
     pub rto_min: Duration,
+    /// Upper bound of the retransmission timeout.
     pub rto_max: Duration,
-    /// Re-ping period of the group test, and how long the test may take before the group is
-    /// declared unusable (point-to-point from then on).
+    /// Re-ping period of the group test.
     pub ping_interval: Duration,
+    /// How long the group test may take before the group is declared unusable (point-to-point
+    /// from then on).
     pub confirm_timeout: Duration,
     /// First sequence number of every stream (tests start near the wrap-around).
     pub first_seq: u32,
@@ -126,6 +131,7 @@ impl Config {
 /// Who acknowledges to whom in one root's stream.
 #[derive(Clone, Debug)]
 pub struct Layout {
+    /// The stream's root.
     pub root: Rank,
     /// The co-roots, in order.
     pub coroots: Vec<Rank>,
@@ -159,6 +165,7 @@ impl Layout {
         Layout { root, coroots, collector }
     }
 
+    /// Number of sub-groups: the root's plus one per co-root.
     pub fn subgroups(&self) -> usize {
         self.coroots.len() + 1
     }
@@ -175,6 +182,7 @@ impl Layout {
             .collect()
     }
 
+    /// Whether `r` is a co-root of this stream.
     pub fn is_coroot(&self, r: Rank) -> bool {
         self.coroots.contains(&r)
     }
@@ -186,16 +194,27 @@ pub enum Transmit {
     /// One datagram to the multicast group.
     Multicast(Bytes),
     /// An encoded [`Control`] message to one rank, over reliable point-to-point.
-    Unicast { to: Rank, msg: Bytes },
+    Unicast {
+        /// The destination rank.
+        to: Rank,
+        /// The encoded message.
+        msg: Bytes,
+    },
 }
 
 /// What the core tells the application.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// Messages of `root` are ready: [`McastCore::pop`].
-    Ready { root: Rank },
+    Ready {
+        /// The stream's root.
+        root: Rank,
+    },
     /// Every live receiver has consumed this rank's messages below `upto`.
-    DeliveredToAll { upto: u32 },
+    DeliveredToAll {
+        /// First sequence number not yet consumed by every live receiver.
+        upto: u32,
+    },
     /// The window has room again.
     WindowOpen,
     /// The multicast test succeeded: this rank's messages now go by multicast.
@@ -203,41 +222,80 @@ pub enum Event {
     /// The multicast test never succeeded: this rank's messages go by point-to-point.
     GroupDegraded,
     /// `root` died: its stream ends once what arrived has been consumed.
-    RootLost { root: Rank },
+    RootLost {
+        /// The dead root.
+        root: Rank,
+    },
     /// Receiver `rank` died: it no longer holds up the window.
-    ReceiverLost { rank: Rank },
+    ReceiverLost {
+        /// The dead receiver.
+        rank: Rank,
+    },
     /// This rank reported to `root`'s stream that it consumed everything below `upto` (its whole
     /// sub-group, as a co-root): what [`McastCore::settled`] waits for.
-    Acknowledged { root: Rank, upto: u32 },
+    Acknowledged {
+        /// The stream's root.
+        root: Rank,
+        /// First sequence number not reported.
+        upto: u32,
+    },
 }
 
 /// Why a send was not taken.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
+    /// [`Config::window`] messages are unacknowledged: wait for [`Event::WindowOpen`].
     #[error("the window is full")]
     WindowFull,
+    /// The message exceeds [`Config::max_message`].
     #[error("message of {len} bytes exceeds the maximum of {max}")]
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        /// The message's length.
+        len: usize,
+        /// [`Config::max_message`].
+        max: usize,
+    },
 }
 
 /// A control message that made no sense here (dropped and counted).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProtoError {
+    /// A control message that did not decode.
     #[error(transparent)]
     Decode(#[from] ControlError),
+    /// A datagram that did not pass its checks.
     #[error(transparent)]
     Datagram(#[from] DatagramError),
+    /// A well-formed message that its sender's role does not send to this rank.
     #[error("{what} from rank {from} for root {root}, which it has no business sending here")]
-    Unexpected { what: &'static str, from: Rank, root: Rank },
+    Unexpected {
+        /// Which message.
+        what: &'static str,
+        /// The sender.
+        from: Rank,
+        /// The stream's root.
+        root: Rank,
+    },
+    /// An ACK or report beyond the last message sent.
     #[error("acknowledgement from rank {from} of messages never sent")]
-    AckBeyondSent { from: Rank },
+    AckBeyondSent {
+        /// The acknowledging rank.
+        from: Rank,
+    },
+    /// A reliable copy larger than [`Config::max_message`].
     #[error("message of {len} bytes exceeds the maximum of {max}")]
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        /// The message's length.
+        len: usize,
+        /// [`Config::max_message`].
+        max: usize,
+    },
 }
 
 /// Counters; the driver publishes them as metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Datagrams sent to the multicast group (fragments and pings).
     pub datagrams_sent: u64,
     /// Reliable point-to-point copies sent by the root (to co-roots, or to everyone without the group).
     pub copies_sent: u64,
@@ -245,8 +303,11 @@ pub struct Stats {
     pub acks_at_root: u64,
     /// ACKs received by this rank as a co-root.
     pub acks_at_coroot: u64,
+    /// ACKs and co-root reports sent.
     pub acks_sent: u64,
+    /// NACKs sent.
     pub nacks_sent: u64,
+    /// NACKs received.
     pub nacks_received: u64,
     /// Retransmissions sent (as root or co-root).
     pub retransmissions: u64,
@@ -1020,6 +1081,7 @@ pub struct McastCore {
 }
 
 impl McastCore {
+    /// The core of rank `cfg.me`, starting the group test at `now`.
     pub fn new(cfg: Config, now: Instant) -> McastCore {
         let root = RootSender::new(&cfg, now);
         McastCore {
@@ -1039,10 +1101,12 @@ impl McastCore {
         self.receivers.entry(root).or_insert_with(|| Receiver::new(cfg, root, now, lost))
     }
 
+    /// The parameters it was made with.
     pub fn config(&self) -> &Config {
         &self.cfg
     }
 
+    /// Its counters.
     pub fn stats(&self) -> &Stats {
         &self.out.stats
     }
@@ -1213,6 +1277,7 @@ impl McastCore {
         [self.root.deadline(&self.cfg), rec].into_iter().flatten().min()
     }
 
+    /// Runs the timers due at `now` (ACK delay, retransmission, pings).
     pub fn handle_timeout(&mut self, now: Instant) {
         self.root.on_timeout(&self.cfg, now, &mut self.out);
         for r in self.receivers.values_mut() {
@@ -1220,10 +1285,12 @@ impl McastCore {
         }
     }
 
+    /// The next datagram or control message to send.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.out.transmit.pop_front()
     }
 
+    /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.out.events.pop_front()
     }

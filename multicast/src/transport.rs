@@ -32,6 +32,7 @@ pub trait MulticastTransport: Send + Sync {
 pub struct UdpConfig {
     /// Group address (224.0.0.0/4).
     pub group: Ipv4Addr,
+    /// UDP port of the group.
     pub port: u16,
     /// Local interface address to send from and join on (127.0.0.1 for loopback,
     /// 0.0.0.0 for the kernel's choice).

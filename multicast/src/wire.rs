@@ -13,8 +13,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-/// Rank of a process in the job (the same type as ferrocomm's).
-pub type Rank = u32;
+pub use ferrocomm_transports::Rank;
 
 /// "FCMC".
 pub const MAGIC: u32 = 0x4643_4d43;
@@ -23,30 +22,64 @@ pub const VERSION: u8 = 1;
 /// Bytes of header in front of every datagram's payload.
 pub const HEADER: usize = 36;
 
-const KIND_DATA: u8 = 1;
-const KIND_PING: u8 = 2;
+ferrocomm_transports::wire_enum! {
+    /// A datagram's kind byte.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum DatagramKind: u8 {
+        Data = 1,
+        Ping = 2,
+    }
+}
 
 /// Why a datagram was refused. None of these is fatal: the datagram is dropped and counted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DatagramError {
+    /// Fewer bytes than [`HEADER`].
     #[error("datagram of {len} bytes is shorter than the header")]
-    TooShort { len: usize },
+    TooShort {
+        /// Bytes received.
+        len: usize,
+    },
+    /// More bytes than the channel's datagram size.
     #[error("datagram of {len} bytes exceeds the datagram size {max}")]
-    Oversize { len: usize, max: usize },
+    Oversize {
+        /// Bytes received.
+        len: usize,
+        /// The channel's datagram size.
+        max: usize,
+    },
+    /// The first four bytes are not [`MAGIC`].
     #[error("bad magic {0:#010x}")]
     BadMagic(u32),
+    /// A format version other than [`VERSION`].
     #[error("unsupported version {0}")]
     BadVersion(u8),
+    /// A kind byte that is neither data nor ping.
     #[error("unknown datagram kind {0}")]
     BadKind(u8),
+    /// The job hash is not this job's.
     #[error("datagram of another job")]
     WrongJob,
+    /// The channel id is not this channel's.
     #[error("datagram of channel {0}, not this one")]
     OtherChannel(u32),
+    /// The root is not a rank of the channel.
     #[error("root rank {rank} is not in the group of {size}")]
-    UnknownRank { rank: Rank, size: u32 },
+    UnknownRank {
+        /// The root named by the datagram.
+        rank: Rank,
+        /// Ranks in the channel.
+        size: u32,
+    },
+    /// The message length exceeds the channel's largest message.
     #[error("message of {len} bytes exceeds the maximum of {max}")]
-    MessageTooLarge { len: usize, max: usize },
+    MessageTooLarge {
+        /// The message length named by the datagram.
+        len: usize,
+        /// The channel's largest message.
+        max: usize,
+    },
+    /// Fragment count, index and payload length do not agree with the message length.
     #[error("inconsistent fragment: {0}")]
     Inconsistent(&'static str),
 }
@@ -55,18 +88,41 @@ pub enum DatagramError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Datagram {
     /// Fragment `frag` of `frags` of message `seq` (of `len` bytes) from `root`.
-    Data { root: Rank, seq: u32, len: u32, frag: u16, frags: u16, payload: Bytes },
+    Data {
+        /// The sending rank.
+        root: Rank,
+        /// The message's sequence number in `root`'s stream.
+        seq: u32,
+        /// The whole message's length in bytes.
+        len: u32,
+        /// This fragment's index.
+        frag: u16,
+        /// The message's fragment count.
+        frags: u16,
+        /// This fragment's bytes.
+        payload: Bytes,
+    },
     /// The multicast test: answer with [`Control::PingAck`].
-    Ping { root: Rank, nonce: u32 },
+    Ping {
+        /// The pinging rank.
+        root: Rank,
+        /// Echoed in the answer, to tell this test from earlier ones.
+        nonce: u32,
+    },
 }
 
 /// What a datagram must match to be accepted.
 #[derive(Debug, Clone, Copy)]
 pub struct Expect {
+    /// Hash of the job token.
     pub job: u64,
+    /// The channel id.
     pub channel: u32,
+    /// Ranks in the channel: a root must be below it.
     pub size: u32,
+    /// Largest datagram, header included.
     pub datagram: usize,
+    /// Largest message.
     pub max_message: usize,
 }
 
@@ -103,7 +159,7 @@ pub fn encode_data(job: u64, channel: u32, root: Rank, seq: u32, data: &[u8], da
         .map(|i| {
             let chunk = &data[(i * p).min(data.len())..((i + 1) * p).min(data.len())];
             let mut b = BytesMut::with_capacity(HEADER + chunk.len());
-            header(&mut b, KIND_DATA, n as u16, job, channel, root, seq, data.len() as u32, i as u16);
+            header(&mut b, DatagramKind::Data as u8, n as u16, job, channel, root, seq, data.len() as u32, i as u16);
             b.put_slice(chunk);
             b.freeze()
         })
@@ -113,7 +169,7 @@ pub fn encode_data(job: u64, channel: u32, root: Rank, seq: u32, data: &[u8], da
 /// A ping datagram.
 pub fn encode_ping(job: u64, channel: u32, root: Rank, nonce: u32) -> Bytes {
     let mut b = BytesMut::with_capacity(HEADER);
-    header(&mut b, KIND_PING, 1, job, channel, root, nonce, 0, 0);
+    header(&mut b, DatagramKind::Ping as u8, 1, job, channel, root, nonce, 0, 0);
     b.freeze()
 }
 
@@ -155,9 +211,9 @@ pub fn decode(d: Bytes, e: &Expect) -> Result<Datagram, DatagramError> {
     let seq = be32(&d, 24);
     let len = be32(&d, 28);
     let frag = be16(&d, 32);
-    match kind {
-        KIND_PING => Ok(Datagram::Ping { root, nonce: seq }),
-        KIND_DATA => {
+    match DatagramKind::from_repr(kind) {
+        Some(DatagramKind::Ping) => Ok(Datagram::Ping { root, nonce: seq }),
+        Some(DatagramKind::Data) => {
             if len as usize > e.max_message {
                 return Err(DatagramError::MessageTooLarge { len: len as usize, max: e.max_message });
             }
@@ -174,7 +230,7 @@ pub fn decode(d: Bytes, e: &Expect) -> Result<Datagram, DatagramError> {
             }
             Ok(Datagram::Data { root, seq, len, frag, frags, payload: d.slice(HEADER..) })
         }
-        k => Err(DatagramError::BadKind(k)),
+        None => Err(DatagramError::BadKind(kind)),
     }
 }
 
@@ -182,42 +238,94 @@ pub fn decode(d: Bytes, e: &Expect) -> Result<Datagram, DatagramError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
     /// Leaf to its collector (co-root or root): every message of `root` below `upto` is consumed.
-    Ack { root: Rank, upto: u32 },
+    Ack {
+        /// The stream's root.
+        root: Rank,
+        /// First sequence number not consumed.
+        upto: u32,
+    },
     /// Co-root to root: its whole sub-group (itself included) has every message below `upto`.
-    Report { root: Rank, upto: u32 },
+    Report {
+        /// The stream's root.
+        root: Rank,
+        /// First sequence number the sub-group does not have.
+        upto: u32,
+    },
     /// Messages `from..to` of `root` are missing here.
-    Nack { root: Rank, from: u32, to: u32 },
+    Nack {
+        /// The stream's root.
+        root: Rank,
+        /// First missing sequence number.
+        from: u32,
+        /// End (exclusive) of the missing run.
+        to: u32,
+    },
     /// Message `seq` of `root` in full: the root's reliable copy to a co-root (`copy`), or a
     /// retransmission.
-    Data { root: Rank, seq: u32, copy: bool, data: Bytes },
+    Data {
+        /// The stream's root.
+        root: Rank,
+        /// The message's sequence number.
+        seq: u32,
+        /// The root's copy to a co-root, rather than a retransmission.
+        copy: bool,
+        /// The whole message.
+        data: Bytes,
+    },
     /// Answer to a ping.
-    PingAck { root: Rank, nonce: u32 },
+    PingAck {
+        /// The pinging rank.
+        root: Rank,
+        /// The ping's nonce.
+        nonce: u32,
+    },
 }
 
 /// A control message that could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ControlError {
+    /// Fewer bytes than the control header.
     #[error("control message of {0} bytes is too short")]
     TooShort(usize),
+    /// A kind byte no [`Control`] variant has.
     #[error("unknown control kind {0}")]
     BadKind(u8),
+    /// The root is not a rank of the channel.
     #[error("root rank {rank} is not in the group of {size}")]
-    UnknownRank { rank: Rank, size: u32 },
+    UnknownRank {
+        /// The root named by the message.
+        rank: Rank,
+        /// Ranks in the channel.
+        size: u32,
+    },
 }
 
 const CONTROL_HEADER: usize = 16;
 
+ferrocomm_transports::wire_enum! {
+    /// A control message's kind byte.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum ControlKind: u8 {
+        Ack = 1,
+        Report = 2,
+        Nack = 3,
+        Data = 4,
+        PingAck = 5,
+    }
+}
+
 impl Control {
+    /// The message's bytes: a 16-byte header (kind, root, two words), then any data.
     pub fn encode(&self) -> Bytes {
         let (kind, root, a, b, data) = match self {
-            Control::Ack { root, upto } => (1u8, *root, *upto, 0, None),
-            Control::Report { root, upto } => (2, *root, *upto, 0, None),
-            Control::Nack { root, from, to } => (3, *root, *from, *to, None),
-            Control::Data { root, seq, copy, data } => (4, *root, *seq, u32::from(*copy), Some(data)),
-            Control::PingAck { root, nonce } => (5, *root, *nonce, 0, None),
+            Control::Ack { root, upto } => (ControlKind::Ack, *root, *upto, 0, None),
+            Control::Report { root, upto } => (ControlKind::Report, *root, *upto, 0, None),
+            Control::Nack { root, from, to } => (ControlKind::Nack, *root, *from, *to, None),
+            Control::Data { root, seq, copy, data } => (ControlKind::Data, *root, *seq, u32::from(*copy), Some(data)),
+            Control::PingAck { root, nonce } => (ControlKind::PingAck, *root, *nonce, 0, None),
         };
         let mut m = BytesMut::with_capacity(CONTROL_HEADER + data.map_or(0, |d| d.len()));
-        m.put_u8(kind);
+        m.put_u8(kind as u8);
         m.put_bytes(0, 3);
         m.put_u32(root);
         m.put_u32(a);
@@ -228,6 +336,7 @@ impl Control {
         m.freeze()
     }
 
+    /// Checks and decodes a message of a channel of `size` ranks.
     pub fn decode(m: Bytes, size: u32) -> Result<Control, ControlError> {
         if m.len() < CONTROL_HEADER {
             return Err(ControlError::TooShort(m.len()));
@@ -236,13 +345,13 @@ impl Control {
         if root >= size {
             return Err(ControlError::UnknownRank { rank: root, size });
         }
-        Ok(match m[0] {
-            1 => Control::Ack { root, upto: a },
-            2 => Control::Report { root, upto: a },
-            3 => Control::Nack { root, from: a, to: b },
-            4 => Control::Data { root, seq: a, copy: b != 0, data: m.slice(CONTROL_HEADER..) },
-            5 => Control::PingAck { root, nonce: a },
-            k => return Err(ControlError::BadKind(k)),
+        Ok(match ControlKind::from_repr(m[0]) {
+            Some(ControlKind::Ack) => Control::Ack { root, upto: a },
+            Some(ControlKind::Report) => Control::Report { root, upto: a },
+            Some(ControlKind::Nack) => Control::Nack { root, from: a, to: b },
+            Some(ControlKind::Data) => Control::Data { root, seq: a, copy: b != 0, data: m.slice(CONTROL_HEADER..) },
+            Some(ControlKind::PingAck) => Control::PingAck { root, nonce: a },
+            None => return Err(ControlError::BadKind(m[0])),
         })
     }
 }

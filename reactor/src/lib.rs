@@ -600,6 +600,7 @@ pub struct Until<P, F> {
 }
 
 impl<P, F> Until<P, F> {
+    /// A future that drives `reactor` until `check` (as for [`Reactor::poll_until`]) is ready.
     pub fn new(reactor: Reactor<P>, check: F) -> Self {
         Until { reactor, wait: Wait::default(), check }
     }

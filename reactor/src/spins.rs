@@ -42,7 +42,7 @@ impl Default for Spins {
 impl Spins {
     /// Counts the calling thread as spinning until the guard is dropped.
     #[inline]
-    pub fn start(&self) -> Spin<'_> {
+    pub(crate) fn start(&self) -> Spin<'_> {
         match thread_line() {
             Some(i) => {
                 let w = &self.lines[i].0;
@@ -58,7 +58,7 @@ impl Spins {
     }
 
     /// Callers spinning now, and spins started ever (wrapping).
-    pub fn read(&self) -> (u32, u32) {
+    pub(crate) fn read(&self) -> (u32, u32) {
         let words = self.lines.iter().map(|l| &l.0).chain([&self.shared]);
         words
             .map(|w| w.load(Ordering::Acquire))

@@ -25,8 +25,11 @@ pub fn engine_config(eager_limit: usize) -> Config {
 /// (`src/driver.rs`): frames in through the engine's `Sink`, frames out from its transmit queue,
 /// protocol violations and peers reported lost by others to `disconnect`.
 pub struct Node {
+    /// This rank.
     pub rank: Rank,
+    /// Its point-to-point engine.
     pub engine: Engine,
+    /// Its end of the simulated network.
     pub transport: SimTransport,
     next_op: OpKey,
 }
@@ -119,6 +122,7 @@ pub struct Report {
     pub time: Time,
     /// Steps taken (process calls).
     pub steps: u64,
+    /// What crossed the network.
     pub stats: NetStats,
     /// The network's fingerprint of the run ([`SimNet::trace`]).
     pub trace: u64,

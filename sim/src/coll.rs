@@ -41,6 +41,7 @@ pub struct CollRank {
 }
 
 impl CollRank {
+    /// Rank `node` running `calls` (each rank's machine of each collective) one after the other.
     pub fn new(node: Node, calls: impl IntoIterator<Item = Machine>) -> CollRank {
         let mut calls: VecDeque<Machine> = calls.into_iter().collect();
         let current = calls.pop_front();
@@ -57,6 +58,7 @@ impl CollRank {
         }
     }
 
+    /// Its engine and transport.
     pub fn node(&self) -> &Node {
         &self.node
     }

@@ -56,8 +56,18 @@ pub use ferrocomm_transports::sim::{Link, NetConfig, NetStats, SimNet, Time};
 pub enum SimError {
     /// Nothing is in flight and no timer is set, but these ranks are not done.
     #[error("deadlock at {at} ns: {} ranks wait with nothing in flight (first: {:?})", .waiting.len(), &.waiting[..(.waiting.len().min(8))])]
-    Deadlock { at: Time, waiting: Vec<u32> },
+    Deadlock {
+        /// Virtual time of the deadlock.
+        at: Time,
+        /// The ranks not done.
+        waiting: Vec<u32>,
+    },
     /// Virtual time passed the run's limit with these ranks not done.
     #[error("time limit of {limit} ns passed: {} ranks not done (first: {:?})", .waiting.len(), &.waiting[..(.waiting.len().min(8))])]
-    TimeLimit { limit: Time, waiting: Vec<u32> },
+    TimeLimit {
+        /// The run's limit.
+        limit: Time,
+        /// The ranks not done.
+        waiting: Vec<u32>,
+    },
 }

@@ -44,10 +44,11 @@ pub struct McastRank {
     pub got: Vec<(Rank, Bytes)>,
     /// How many messages this rank must read before it is done.
     pub expect: usize,
-    /// When the group test ended at this root, when its first message went out, and when the
-    /// last expected message was read here.
+    /// When the group test ended at this root.
     pub confirmed_at: Option<Time>,
+    /// When this root's first message went out.
     pub first_send_at: Option<Time>,
+    /// When the last expected message was read here.
     pub read_all_at: Option<Time>,
     /// When this root's last message was acknowledged by every receiver (its window empty).
     pub acked_at: Option<Time>,
@@ -85,6 +86,7 @@ impl McastRank {
         }
     }
 
+    /// Its protocol core.
     pub fn core(&self) -> &McastCore {
         &self.core
     }

@@ -16,7 +16,9 @@ use ferrocomm_transports::wire::HEADER_LEN;
 /// The two parameters of the model, in nanoseconds and nanoseconds per byte.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AlphaBeta {
+    /// Per-message cost (latency and header), ns.
     pub alpha: f64,
+    /// Per-byte cost, ns/B.
     pub beta: f64,
 }
 
@@ -30,14 +32,18 @@ impl AlphaBeta {
 /// The collective operations the scale curves cover, with the algorithm that runs them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
+    /// A barrier.
     Barrier(Algorithm),
+    /// A broadcast.
     Bcast(Algorithm),
+    /// An allreduce.
     Allreduce(Algorithm),
     /// A broadcast by reliable multicast (one message from the root).
     McastBcast,
 }
 
 impl Op {
+    /// `operation/algorithm`, as the curves are labelled.
     pub fn name(&self) -> String {
         match self {
             Op::Barrier(a) => format!("barrier/{a}"),

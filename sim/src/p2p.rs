@@ -18,15 +18,19 @@ use crate::cluster::{Node, OpKey, Process};
 /// receives `(Any, Any)` (a wildcard on the first could take a message an exact receive waits
 /// for).
 pub const CONTEXT: u32 = 7;
+/// See [`CONTEXT`].
 pub const WILD_CONTEXT: u32 = 8;
 
 /// One message of the script.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Msg {
+    /// The sender.
     pub src: Rank,
+    /// The receiver.
     pub dst: Rank,
     /// Unique per (src, dst): the message's index among those from `src` to `dst`.
     pub index: u32,
+    /// Its length in bytes.
     pub len: usize,
     /// Received by a wildcard receive.
     pub wild: bool,
@@ -38,6 +42,7 @@ impl Msg {
         u64::from(self.index)
     }
 
+    /// Its context: [`WILD_CONTEXT`] for a wildcard receive, else [`CONTEXT`].
     pub fn context(&self) -> u32 {
         if self.wild { WILD_CONTEXT } else { CONTEXT }
     }
@@ -90,10 +95,13 @@ pub struct P2pRank {
     sends: usize,
     /// What arrived, as (context, source, tag, bytes), in completion order.
     pub got: Vec<(u32, Rank, u64, Bytes)>,
+    /// Failed operations.
     pub errors: Vec<String>,
 }
 
 impl P2pRank {
+    /// Rank `node`'s part of `script`: it sends its messages at once and posts its receives at
+    /// virtual time `post_at`.
     pub fn new(node: Node, script: &[Msg], post_at: Time) -> P2pRank {
         let me = node.rank;
         P2pRank {
@@ -109,6 +117,7 @@ impl P2pRank {
         }
     }
 
+    /// Its engine and transport.
     pub fn node(&self) -> &Node {
         &self.node
     }

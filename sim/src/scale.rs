@@ -14,8 +14,11 @@ use crate::model::{AlphaBeta, Op};
 /// One point of a curve.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Point {
+    /// The operation.
     pub op: Op,
+    /// Ranks taking part.
     pub ranks: u32,
+    /// Message (or vector) bytes.
     pub bytes: usize,
     /// Simulated time of the operation, nanoseconds.
     pub sim_ns: Time,
@@ -24,8 +27,9 @@ pub struct Point {
     pub acked_ns: Option<Time>,
     /// The alpha-beta model's time, nanoseconds.
     pub model_ns: f64,
-    /// Frames and datagrams the network carried.
+    /// Frames the network carried.
     pub frames: u64,
+    /// Datagrams the network carried.
     pub datagrams: u64,
 }
 

@@ -102,13 +102,23 @@ pub enum HandshakeError {
     Refused,
     /// The other side speaks another version of the handshake.
     #[error("handshake version {theirs} on the other side, this build speaks {ours}")]
-    WrongVersion { ours: u8, theirs: u8 },
+    WrongVersion {
+        /// This build's version.
+        ours: u8,
+        /// The other side's.
+        theirs: u8,
+    },
     /// The bytes are not this handshake.
     #[error("not a ferrocomm handshake: {0}")]
     Malformed(&'static str),
     /// The connector wants another rank than the one it reached (a stale address).
     #[error("the connection is meant for rank {wanted}, but this is rank {me}")]
-    WrongListener { wanted: u64, me: u32 },
+    WrongListener {
+        /// The rank the connector wants.
+        wanted: u64,
+        /// This rank.
+        me: u32,
+    },
     /// No random nonce could be drawn from the operating system.
     #[error("cannot draw a random nonce: {0}")]
     Random(String),
@@ -136,7 +146,9 @@ impl Protocol {
 /// one (the store's handshake names no ranks: [`Ends::STORE`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ends {
+    /// The connecting rank.
     pub connector: u32,
+    /// The listening rank.
     pub listener: u32,
 }
 
@@ -158,6 +170,7 @@ impl fmt::Debug for JobSecret {
 }
 
 impl JobSecret {
+    /// The secret of a job whose token is `token`.
     pub fn new(token: [u8; TOKEN_LEN]) -> JobSecret {
         JobSecret { token }
     }
@@ -241,11 +254,14 @@ fn fresh_nonce() -> Result<[u8; NONCE_LEN], HandshakeError> {
 /// The listener's answer to a hello: its nonce and its proof.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Challenge {
+    /// The listener's fresh nonce.
     pub nonce: [u8; NONCE_LEN],
+    /// The listener's proof over both nonces and the ends.
     pub proof: [u8; PROOF_LEN],
 }
 
 impl Challenge {
+    /// Its bytes on the wire: the nonce, then the proof.
     pub fn to_bytes(&self) -> [u8; CHALLENGE_LEN] {
         let mut b = [0u8; CHALLENGE_LEN];
         b[..NONCE_LEN].copy_from_slice(&self.nonce);
@@ -253,6 +269,7 @@ impl Challenge {
         b
     }
 
+    /// The challenge in `b` (any bytes are a challenge; the proof is checked by [`Connector::answer`]).
     pub fn from_bytes(b: &[u8; CHALLENGE_LEN]) -> Challenge {
         Challenge { nonce: to_array(&b[..NONCE_LEN]), proof: to_array(&b[NONCE_LEN..]) }
     }
@@ -267,6 +284,7 @@ pub struct Connector {
 }
 
 impl Connector {
+    /// A handshake of the connection `ends`, with a fresh nonce.
     pub fn new(key: HandshakeKey, ends: Ends) -> Result<Connector, HandshakeError> {
         Ok(Connector { key, ends, nonce: fresh_nonce()? })
     }
@@ -297,6 +315,8 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// Answers the connector's `hello` on the connection `ends`: the listener, and the challenge
+    /// to send back.
     pub fn new(
         key: HandshakeKey,
         ends: Ends,
@@ -319,8 +339,10 @@ impl Listener {
 /// Why a datagram's tag was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TagError {
+    /// The datagram is shorter than a tag.
     #[error("datagram of {0} bytes is too short to carry a tag")]
     Missing(usize),
+    /// The tag is not the job key's tag of the datagram.
     #[error("datagram tag does not verify (not from this job, or altered)")]
     Bad,
 }

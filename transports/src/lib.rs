@@ -46,7 +46,10 @@ pub enum TransportError {
     Left,
     /// Another rank reported the peer lost (it saw the loss itself, or heard of it).
     #[error("reported lost by rank {by}")]
-    Reported { by: Rank },
+    Reported {
+        /// The reporting rank.
+        by: Rank,
+    },
     /// The peer announced that it is leaving without finishing (its program panicked).
     #[error("the peer aborted")]
     Aborted,

@@ -29,9 +29,12 @@ pub struct Mapping {
 // SAFETY: the mapping is plain shared memory; concurrent access is governed by the protocol of
 // whoever reads and writes through `ptr` (the rings, the collectives' board).
 unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`: `&Mapping` only hands out the pointer and length; every access through
+// the pointer is `unsafe` and synchronised by that protocol.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
+    /// Maps the first `len` bytes of `file`, shared and read-write (the file must be that long).
     pub fn new(file: &File, len: usize) -> io::Result<Mapping> {
         // SAFETY: a fresh mapping of `len` bytes of `file`; nothing else refers to that range.
         let ptr = unsafe {
@@ -50,14 +53,17 @@ impl Mapping {
         Ok(Mapping { ptr: ptr.cast(), len })
     }
 
+    /// The first byte of the mapping.
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
 
+    /// Bytes mapped.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether no byte is mapped.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

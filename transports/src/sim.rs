@@ -71,14 +71,17 @@ impl Link {
         Link { latency: latency_ns, byte_ps: (8000.0 / gbit_s).round() as u64, jitter: 0, loss: 0.0, duplicate: 0.0 }
     }
 
+    /// The link with [`Link::jitter`] set.
     pub fn with_jitter(self, jitter: Time) -> Link {
         Link { jitter, ..self }
     }
 
+    /// The link with [`Link::loss`] set.
     pub fn with_loss(self, loss: f64) -> Link {
         Link { loss, ..self }
     }
 
+    /// The link with [`Link::duplicate`] set.
     pub fn with_duplicate(self, duplicate: f64) -> Link {
         Link { duplicate, ..self }
     }
@@ -149,17 +152,21 @@ impl std::fmt::Debug for NetConfig {
 /// What crossed the network so far.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NetStats {
-    /// Frames sent on the frame path, and their bytes on the wire (headers included).
+    /// Frames sent on the frame path.
     pub frames: u64,
+    /// Their bytes on the wire (headers included).
     pub frame_bytes: u64,
     /// Frame-path losses, each repaired by a retransmission.
     pub retransmissions: u64,
-    /// Datagrams sent, and their bytes on the wire (one copy each).
+    /// Datagrams sent.
     pub datagrams: u64,
+    /// Their bytes on the wire (one copy each).
     pub datagram_bytes: u64,
-    /// Datagram copies delivered, lost, and duplicated.
+    /// Datagram copies delivered.
     pub datagram_copies: u64,
+    /// Datagram copies lost.
     pub datagrams_lost: u64,
+    /// Datagram copies delivered twice.
     pub datagrams_duplicated: u64,
     /// Frames and datagrams dropped because a rank died or a connection closed.
     pub dropped: u64,
@@ -464,6 +471,7 @@ pub struct SimNet {
 }
 
 impl SimNet {
+    /// A network of `size` ranks, all alive, with the links and seed of `cfg`.
     pub fn new(size: u32, cfg: NetConfig) -> SimNet {
         let n = size as usize;
         let state = State {
@@ -493,6 +501,7 @@ impl SimNet {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Ranks on the network.
     pub fn size(&self) -> u32 {
         self.lock().size
     }
@@ -571,10 +580,12 @@ impl SimNet {
         }
     }
 
+    /// Whether rank `r` has been killed.
     pub fn is_dead(&self, r: Rank) -> bool {
         self.lock().dead[r as usize]
     }
 
+    /// What crossed the network so far.
     pub fn stats(&self) -> NetStats {
         self.lock().stats.clone()
     }
@@ -599,10 +610,12 @@ pub struct SimTransport {
 }
 
 impl SimTransport {
+    /// This end's rank.
     pub fn rank(&self) -> Rank {
         self.me
     }
 
+    /// The network it is on.
     pub fn net(&self) -> &SimNet {
         &self.net
     }
@@ -700,6 +713,7 @@ pub struct SimDatagrams {
 }
 
 impl SimDatagrams {
+    /// This member's rank.
     pub fn rank(&self) -> Rank {
         self.me
     }

@@ -20,44 +20,76 @@ pub const HELLO_MAX: usize = crate::auth::CHALLENGE_LEN;
 /// A rank (process index) inside a job.
 pub type Rank = u32;
 
-/// What a frame is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Kind {
-    /// Connection set-up, the handshake of [`crate::auth`]; `src` is the sender's rank, `aux` the
-    /// rank it wants at the other end, [`flags`] tell the step.
-    Hello = 1,
-    /// A whole small message: `tag`, `context`, payload = data.
-    Eager = 2,
-    /// Rendezvous request-to-send: `seq` = sender's message id, `aux` = total length.
-    Rts = 3,
-    /// Receiver is ready (clear-to-send) for message `seq`; `aux` = receiver's operation id.
-    /// With [`flags::TRUNCATED`] the receiver refuses the data (its buffer is too small).
-    Cts = 4,
-    /// A chunk of rendezvous data for receiver operation `seq`, at byte offset `aux`.
-    Data = 5,
-    /// Credit update only (the piggybacked `credit` field is the content).
-    Credit = 6,
-    /// Orderly goodbye: the peer is leaving and will send nothing more.
-    Bye = 7,
-    /// Failure notice: rank `aux` is lost (the sender saw it, heard of it, or, when `aux` is the
-    /// sender itself, is aborting). No payload.
-    Lost = 8,
+/// Declares a field-less enum whose variants are the values of an integer on the wire (a frame's
+/// kind byte, a state word in shared memory), with `#[repr]` of that integer, so that
+/// `Variant as u8` encodes, and `from_repr`, which decodes: the variant of a value, `None` for a
+/// value no variant has:
+///
+/// ```
+/// ferrocomm_transports::wire_enum! {
+///     /// What a message is.
+///     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///     pub enum Code: u8 {
+///         /// A request.
+///         Request = 1,
+///         /// Its answer.
+///         Reply = 2,
+///     }
+/// }
+/// assert_eq!(Code::from_repr(Code::Reply as u8), Some(Code::Reply));
+/// assert_eq!(Code::from_repr(0), None);
+/// ```
+#[macro_export]
+macro_rules! wire_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident: $repr:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $value:literal),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr($repr)]
+        $vis enum $name {
+            $($(#[$vmeta])* $variant = $value),+
+        }
+
+        impl $name {
+            /// The variant whose value is `v`; `None` for a value no variant has.
+            // Some enums are only ever encoded in the crate that declares them.
+            #[allow(dead_code)]
+            $vis const fn from_repr(v: $repr) -> Option<Self> {
+                match v {
+                    $($value => Some(Self::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
 }
 
-impl Kind {
-    fn from_u8(v: u8) -> Option<Kind> {
-        Some(match v {
-            1 => Kind::Hello,
-            2 => Kind::Eager,
-            3 => Kind::Rts,
-            4 => Kind::Cts,
-            5 => Kind::Data,
-            6 => Kind::Credit,
-            7 => Kind::Bye,
-            8 => Kind::Lost,
-            _ => return None,
-        })
+wire_enum! {
+    /// What a frame is.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Kind: u8 {
+        /// Connection set-up, the handshake of [`crate::auth`]; `src` is the sender's rank, `aux` the
+        /// rank it wants at the other end, [`flags`] tell the step.
+        Hello = 1,
+        /// A whole small message: `tag`, `context`, payload = data.
+        Eager = 2,
+        /// Rendezvous request-to-send: `seq` = sender's message id, `aux` = total length.
+        Rts = 3,
+        /// Receiver is ready (clear-to-send) for message `seq`; `aux` = receiver's operation id.
+        /// With [`flags::TRUNCATED`] the receiver refuses the data (its buffer is too small).
+        Cts = 4,
+        /// A chunk of rendezvous data for receiver operation `seq`, at byte offset `aux`.
+        Data = 5,
+        /// Credit update only (the piggybacked `credit` field is the content).
+        Credit = 6,
+        /// Orderly goodbye: the peer is leaving and will send nothing more.
+        Bye = 7,
+        /// Failure notice: rank `aux` is lost (the sender saw it, heard of it, or, when `aux` is the
+        /// sender itself, is aborting). No payload.
+        Lost = 8,
     }
 }
 
@@ -76,7 +108,9 @@ pub mod flags {
 /// The decoded frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// What the frame is.
     pub kind: Kind,
+    /// Bits of [`flags`].
     pub flags: u16,
     /// Sending rank.
     pub src: Rank,
@@ -129,7 +163,7 @@ impl Header {
         if b[4] != VERSION {
             return Err(WireError::BadVersion(b[4]));
         }
-        let kind = Kind::from_u8(b[5]).ok_or(WireError::UnknownKind(b[5]))?;
+        let kind = Kind::from_repr(b[5]).ok_or(WireError::UnknownKind(b[5]))?;
         let h = Header {
             kind,
             flags: u16::from_le_bytes([b[6], b[7]]),
@@ -183,18 +217,42 @@ impl Limits {
 /// A frame that breaks the wire rules. The connection it arrived on is closed; nothing else is.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
+    /// The first four bytes are not [`MAGIC`].
     #[error("bad magic {0:#010x}")]
     BadMagic(u32),
+    /// A wire version other than [`VERSION`].
     #[error("unsupported wire version {0} (this build speaks {VERSION})")]
     BadVersion(u8),
+    /// A kind byte no [`Kind`] has.
     #[error("unknown frame kind {0}")]
     UnknownKind(u8),
+    /// A payload (or announced length) beyond the [`Limits`] for its kind.
     #[error("{kind:?} frame of {len} bytes exceeds the limit of {max}")]
-    Oversize { kind: Kind, len: u64, max: u64 },
+    Oversize {
+        /// The frame's kind.
+        kind: Kind,
+        /// The length it carries or announces.
+        len: u64,
+        /// The limit for that kind.
+        max: u64,
+    },
+    /// A rank outside the job.
     #[error("rank {rank} is not in this job of {size} ranks")]
-    UnknownRank { rank: Rank, size: u32 },
+    UnknownRank {
+        /// The rank named.
+        rank: Rank,
+        /// Ranks in the job.
+        size: u32,
+    },
+    /// A source rank other than the connection's peer.
     #[error("frame claims source rank {got} on the connection of rank {expected}")]
-    WrongSource { expected: Rank, got: Rank },
+    WrongSource {
+        /// The connection's peer.
+        expected: Rank,
+        /// The source the frame names.
+        got: Rank,
+    },
+    /// A frame of a kind not allowed at this point of the connection.
     #[error("unexpected {0:?} frame")]
     Unexpected(Kind),
     /// A transport's own framing around the header is broken (verbs slots).

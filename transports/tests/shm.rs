@@ -17,6 +17,9 @@ use bytes::Bytes;
 use ferrocomm_transports::shm::{Doorbell, ShmConfig, ShmEndpoint, ShmError, ShmTransport, SingleCopy};
 use ferrocomm_transports::{Header, Kind, Limits, Rank, Sink, Transport, TransportError, WireError};
 
+mod common;
+use common::{DISCARD, check_frames, data, eager, pattern};
+
 const ROLE: &str = "FERROCOMM_SHM_TEST_ROLE";
 const JOB: &str = "FERROCOMM_SHM_TEST_JOB";
 const DIR: &str = "FERROCOMM_SHM_TEST_DIR";
@@ -26,8 +29,6 @@ const KIB: usize = 1024;
 const MIB: usize = 1 << 20;
 const EAGER: usize = 64 * KIB;
 const DATA_LEN: usize = 16 * MIB;
-/// A `Data` frame with this `seq` is discarded by the test sink (`data_dest` -> `None`).
-const DISCARD: u64 = u64::MAX;
 
 fn limits() -> Limits {
     Limits { world_size: 2, eager_limit: EAGER, chunk: 4 * MIB, max_message: 64 * MIB }
@@ -57,28 +58,6 @@ fn config(s: &str) -> ShmConfig {
 
 fn fnv(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100_0000_01b3))
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn eager(src: Rank, tag: u64, len: usize) -> (Header, Bytes) {
-    let h = Header { src, tag, len: len as u32, ..Header::new(Kind::Eager) };
-    (h, Bytes::from(pattern(tag, len)))
-}
-
-fn data(src: Rank, seq: u64, offset: usize, len: usize) -> (Header, Bytes) {
-    let h = Header { src, seq, aux: offset as u64, len: len as u32, ..Header::new(Kind::Data) };
-    (h, Bytes::from(pattern(seq, len)))
 }
 
 /// Records frames; `Data` payloads land in `data` at offset `h.aux` and are hashed on arrival.
@@ -120,19 +99,7 @@ unsafe impl Sink for TestSink {
 
 /// Checks that `sink` received `sent` (from `from`), in order, with the right content.
 fn check_received(sink: &TestSink, from: Rank, sent: &[(Header, Bytes)]) {
-    assert_eq!(sink.frames.len(), sent.len(), "frame count");
-    for (i, ((peer, h, payload), (want_h, want_p))) in sink.frames.iter().zip(sent).enumerate() {
-        assert_eq!(*peer, from, "frame {i}: peer");
-        assert_eq!(h, want_h, "frame {i}: header");
-        if h.kind == Kind::Data {
-            assert!(payload.is_empty(), "frame {i}: data frames carry no payload");
-            if h.seq != DISCARD {
-                assert_eq!(sink.hashes[i], fnv(want_p), "frame {i}: data content");
-            }
-        } else {
-            assert!(payload == want_p, "frame {i}: payload content");
-        }
-    }
+    check_frames(&sink.frames, from, sent, |i, _, want| sink.hashes[i] == fnv(want));
 }
 
 struct Node {

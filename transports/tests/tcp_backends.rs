@@ -1,48 +1,22 @@
 //! The same checks against both TCP backends (and across them), over real loopback sockets.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ferrocomm_transports::tcp::{self, Backend};
-use ferrocomm_transports::{Header, Kind, Limits, Rank, Sink, Transport, TransportError, WireError};
+use ferrocomm_transports::{Header, Kind, Limits, Rank, Transport, TransportError, WireError};
+
+mod common;
+use common::{DISCARD, REFUSE, TestSink, check_frames, data, eager, socket_pair};
 
 const EAGER: usize = 64 * 1024;
 const MIB: usize = 1 << 20;
-/// A `Data` frame with this `seq` is discarded by the test sink (`data_dest` -> `None`).
-const DISCARD: u64 = u64::MAX;
-/// A `Data` frame with this `seq` is refused by the test sink (`data_dest` -> `Err`).
-const REFUSE: u64 = u64::MAX - 1;
 
 fn limits() -> Limits {
     Limits { world_size: 2, eager_limit: EAGER, chunk: 8 * MIB, max_message: 64 * MIB }
-}
-
-/// Records frames; `Data` payloads land in `data` at offset `h.aux`.
-struct TestSink {
-    frames: Vec<(Rank, Header, Bytes)>,
-    lost: Vec<(Rank, TransportError)>,
-    data: Vec<u8>,
-}
-
-// SAFETY: `data` is allocated once and never resized or touched by the test while a transport
-// that may write into it is alive (every `Node` drops its transport before its sink).
-unsafe impl Sink for TestSink {
-    fn data_dest(&mut self, _peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
-        match h.seq {
-            DISCARD => Ok(None),
-            REFUSE => Err(WireError::Unexpected(Kind::Data)),
-            _ => Ok(Some(&mut self.data[h.aux as usize..][..h.len as usize])),
-        }
-    }
-    fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
-        self.frames.push((peer, h, payload));
-    }
-    fn peer_lost(&mut self, peer: Rank, err: TransportError) {
-        self.lost.push((peer, err));
-    }
 }
 
 struct Node {
@@ -56,21 +30,12 @@ impl Node {
         let t = tcp::build(backend, conns, limits(), EAGER).expect("build transport");
         let want = if backend == Backend::Uring { "tcp-uring" } else { "tcp-portable" };
         assert_eq!(t.name(), want);
-        Node { t, s: TestSink { frames: Vec::new(), lost: Vec::new(), data: vec![0; data_len] } }
+        Node { t, s: TestSink::with_data(data_len) }
     }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-}
-
-fn socket_pair() -> (TcpStream, TcpStream) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (b, _) = l.accept().unwrap();
-    a.set_nodelay(true).unwrap();
-    b.set_nodelay(true).unwrap();
-    (a, b)
 }
 
 /// Rank 0 and rank 1, connected.
@@ -113,44 +78,9 @@ fn spin(node: &mut Node) {
     }
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn eager(src: Rank, tag: u64, len: usize) -> (Header, Bytes) {
-    let h = Header { src, tag, len: len as u32, ..Header::new(Kind::Eager) };
-    (h, Bytes::from(pattern(tag, len)))
-}
-
-fn data(src: Rank, seq: u64, offset: usize, len: usize) -> (Header, Bytes) {
-    let h = Header { src, seq, aux: offset as u64, len: len as u32, ..Header::new(Kind::Data) };
-    (h, Bytes::from(pattern(seq, len)))
-}
-
 /// Checks that `sink` received exactly `sent`, in order, with the right content.
 fn check_received(sink: &TestSink, from: Rank, sent: &[(Header, Bytes)]) {
-    assert_eq!(sink.frames.len(), sent.len(), "frame count");
-    for (i, ((peer, h, payload), (want_h, want_p))) in sink.frames.iter().zip(sent).enumerate() {
-        assert_eq!(*peer, from, "frame {i}: peer");
-        assert_eq!(h, want_h, "frame {i}: header");
-        if h.kind == Kind::Data {
-            assert!(payload.is_empty(), "frame {i}: data frames carry no payload");
-            if h.seq != DISCARD {
-                let got = &sink.data[h.aux as usize..][..h.len as usize];
-                assert!(got == &want_p[..], "frame {i}: data content");
-            }
-        } else {
-            assert!(payload == want_p, "frame {i}: payload content");
-        }
-    }
+    check_frames(&sink.frames, from, sent, |_, h, want| &sink.data[h.aux as usize..][..h.len as usize] == want);
 }
 
 /// Sends `frames` from `a` (rank 0) to `b` (rank 1) and waits for all of them.

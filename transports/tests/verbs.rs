@@ -6,13 +6,15 @@
 
 #![cfg(feature = "verbs")]
 
-use std::net::{TcpListener, TcpStream};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ferrocomm_transports::verbs::{Eager, Rendezvous, VerbsConfig, VerbsEndpoint, VerbsTransport, device_names};
-use ferrocomm_transports::{Header, Kind, Limits, Rank, Sink, Transport, TransportError, WireError};
+use ferrocomm_transports::{Header, Kind, Limits, Transport, TransportError};
+
+mod common;
+use common::{TestSink, eager, pattern, socket_pair};
 
 const KIB: usize = 1024;
 const MIB: usize = 1 << 20;
@@ -32,44 +34,6 @@ fn device_here(test: &str) -> bool {
     here
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// Records frames; `Data` payloads land in `data` at offset `h.aux`.
-#[derive(Default)]
-struct TestSink {
-    frames: Vec<(Rank, Header, Bytes)>,
-    lost: Vec<(Rank, TransportError)>,
-    data: Vec<u8>,
-}
-
-// SAFETY: `data` is sized once before any transfer and never resized while a transport may
-// write into it.
-unsafe impl Sink for TestSink {
-    fn data_dest(&mut self, _peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
-        let end = h.aux as usize + h.len as usize;
-        if end > self.data.len() {
-            return Err(WireError::Oversize { kind: Kind::Data, len: end as u64, max: self.data.len() as u64 });
-        }
-        Ok(Some(&mut self.data[h.aux as usize..end]))
-    }
-    fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
-        self.frames.push((peer, h, payload));
-    }
-    fn peer_lost(&mut self, peer: Rank, err: TransportError) {
-        self.lost.push((peer, err));
-    }
-}
-
 struct Pair {
     // Dropped before the sinks they write into, and before the runtime they are registered with.
     t: [VerbsTransport; 2],
@@ -85,9 +49,7 @@ fn pair_with(cfg: VerbsConfig) -> Pair {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let (e0, d0) = VerbsEndpoint::create(0, limits(), cfg.clone()).unwrap();
     let (e1, d1) = VerbsEndpoint::create(1, limits(), cfg).unwrap();
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (b, _) = l.accept().unwrap();
+    let (a, b) = socket_pair();
     let _g = rt.enter();
     let t0 = e0.connect(vec![(1, d1)], vec![None, Some(a)], limits()).unwrap();
     let t1 = e1.connect(vec![(0, d0)], vec![Some(b), None], limits()).unwrap();
@@ -134,10 +96,6 @@ impl Pair {
         let r = rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), fut).await });
         assert!(r.is_ok(), "stalled waiting for {what}");
     }
-}
-
-fn eager(src: Rank, tag: u64, len: usize) -> (Header, Bytes) {
-    (Header { src, tag, len: len as u32, ..Header::new(Kind::Eager) }, Bytes::from(pattern(tag, len)))
 }
 
 /// Sends a rendezvous message of `len` bytes from 0 to 1 the way the engine does (RTS, CTS,

@@ -95,7 +95,9 @@ pub struct ShmConfig {
     /// robust where CPUs are slow to hand each other dirty cache lines, as across dies or sockets);
     /// 0: never. Default 8 KiB; bootstrap turns it off on a host with more ranks than CPUs.
     pub nt_copy_min: usize,
+    /// Whether large `Data` frames are copied straight from the sender's memory.
     pub single_copy: SingleCopy,
+    /// How a sender reaches a sleeping receiver's doorbell.
     pub doorbell: Doorbell,
     /// Idle progress calls between two checks of the peers' liveness (busy calls count 1/16).
     pub liveness_polls: u32,
@@ -118,8 +120,9 @@ impl Default for ShmConfig {
 /// Counters of one transport (for tests and tuning).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShmStats {
-    /// `Data` frames sent as descriptors / received by `process_vm_readv`.
+    /// `Data` frames sent as descriptors.
     pub single_copy_sent: u64,
+    /// `Data` frames received by `process_vm_readv`.
     pub single_copy_received: u64,
     /// `Data` frames streamed through a ring.
     pub streamed_data_sent: u64,

@@ -21,20 +21,50 @@ use crate::{Sink, TransportError};
 
 struct Model;
 
-impl Word for AtomicU64 {
-    fn load(&self, o: Ordering) -> u64 {
-        AtomicU64::load(self, o)
-    }
-    fn store(&self, v: u64, o: Ordering) {
-        AtomicU64::store(self, v, o)
-    }
-    fn swap(&self, v: u64, o: Ordering) -> u64 {
-        AtomicU64::swap(self, v, o)
-    }
-    fn cas(&self, current: u64, new: u64) -> Result<u64, u64> {
-        AtomicU64::compare_exchange(self, current, new, Ordering::AcqRel, Ordering::Acquire)
-    }
+/// The ring's [`Word`] on a model checker's `AtomicU64`, and [`Bell`], an eventfd made of its
+/// mutex and condition variable: shuttle and loom have the same API, so both models declare
+/// them by this macro.
+macro_rules! model_primitives {
+    () => {
+        impl Word for AtomicU64 {
+            fn load(&self, o: Ordering) -> u64 {
+                AtomicU64::load(self, o)
+            }
+            fn store(&self, v: u64, o: Ordering) {
+                AtomicU64::store(self, v, o)
+            }
+            fn swap(&self, v: u64, o: Ordering) -> u64 {
+                AtomicU64::swap(self, v, o)
+            }
+            fn cas(&self, current: u64, new: u64) -> Result<u64, u64> {
+                AtomicU64::compare_exchange(self, current, new, Ordering::AcqRel, Ordering::Acquire)
+            }
+        }
+
+        /// An eventfd: a counter that wakes its reader.
+        #[derive(Default)]
+        struct Bell {
+            count: Mutex<u64>,
+            cv: Condvar,
+        }
+
+        impl Bell {
+            fn ring(&self) {
+                *self.count.lock().unwrap() += 1;
+                self.cv.notify_all();
+            }
+            fn wait(&self) {
+                let mut c = self.count.lock().unwrap();
+                while *c == 0 {
+                    c = self.cv.wait(c).unwrap();
+                }
+                *c = 0;
+            }
+        }
+    };
 }
+
+model_primitives!();
 
 impl Atomics for Model {
     type W = AtomicU64;
@@ -50,27 +80,6 @@ const THRESHOLD: u64 = 128;
 /// The consumer's stamp key.
 const KEY: u64 = 0x5eed_f00d_1234_5678;
 const PRODUCERS: Rank = 2;
-
-/// An eventfd: a counter that wakes its reader.
-#[derive(Default)]
-struct Bell {
-    count: Mutex<u64>,
-    cv: Condvar,
-}
-
-impl Bell {
-    fn ring(&self) {
-        *self.count.lock().unwrap() += 1;
-        self.cv.notify_all();
-    }
-    fn wait(&self) {
-        let mut c = self.count.lock().unwrap();
-        while *c == 0 {
-            c = self.cv.wait(c).unwrap();
-        }
-        *c = 0;
-    }
-}
 
 /// A ring in heap memory, shared by its two threads.
 struct HeapRing {
@@ -372,21 +381,7 @@ mod weak_memory {
 
     struct Loom;
 
-    impl Word for AtomicU64 {
-        fn load(&self, o: Ordering) -> u64 {
-            AtomicU64::load(self, o)
-        }
-        fn store(&self, v: u64, o: Ordering) {
-            AtomicU64::store(self, v, o)
-        }
-        fn swap(&self, v: u64, o: Ordering) -> u64 {
-            AtomicU64::swap(self, v, o)
-        }
-        fn cas(&self, current: u64, new: u64) -> Result<u64, u64> {
-            AtomicU64::compare_exchange(self, current, new, Ordering::AcqRel, Ordering::Acquire)
-        }
-    }
-
+    model_primitives!();
     impl Atomics for Loom {
         type W = AtomicU64;
         fn fence() {
@@ -395,26 +390,6 @@ mod weak_memory {
     }
 
     const CAP: usize = 128;
-
-    #[derive(Default)]
-    struct Bell {
-        count: Mutex<u64>,
-        cv: Condvar,
-    }
-
-    impl Bell {
-        fn ring(&self) {
-            *self.count.lock().unwrap() += 1;
-            self.cv.notify_all();
-        }
-        fn wait(&self) {
-            let mut c = self.count.lock().unwrap();
-            while *c == 0 {
-                c = self.cv.wait(c).unwrap();
-            }
-            *c = 0;
-        }
-    }
 
     struct Shared {
         hdr: RingHdr<AtomicU64>,

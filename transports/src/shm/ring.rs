@@ -61,24 +61,25 @@ pub(crate) const DESC_LEN: usize = 32;
 const DESC_DST: u64 = 16;
 const DESC_STATE: u64 = 24;
 
-/// States of a single-copy descriptor's split: large copies are done half by each side, at once
-/// (4 MiB between two processes: `process_vm_readv` alone about 10 GB/s, the receiver reading one
-/// half while the sender writes the other about 25 GB/s; `ferrocomm-bench shm-transport`).
-///
-/// The consumer stores where the second half goes, then `Offered`, and copies the first half; then
-/// it takes the second half back (`Offered` -> `Mine`) unless the producer took it first (`Offered`
-/// -> `Claimed`, then `Done` or `Failed` once written). A claimed half is always being written by a
-/// running process, so the consumer waits for it (or for that process's death) before it lets go
-/// of the destination; nobody waits for a half nobody has claimed.
-#[repr(u64)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Split {
-    None = 0,
-    Offered = 1,
-    Mine = 2,
-    Claimed = 3,
-    Done = 4,
-    Failed = 5,
+crate::wire_enum! {
+    /// States of a single-copy descriptor's split: large copies are done half by each side, at once
+    /// (4 MiB between two processes: `process_vm_readv` alone about 10 GB/s, the receiver reading one
+    /// half while the sender writes the other about 25 GB/s; `ferrocomm-bench shm-transport`).
+    ///
+    /// The consumer stores where the second half goes, then `Offered`, and copies the first half; then
+    /// it takes the second half back (`Offered` -> `Mine`) unless the producer took it first (`Offered`
+    /// -> `Claimed`, then `Done` or `Failed` once written). A claimed half is always being written by a
+    /// running process, so the consumer waits for it (or for that process's death) before it lets go
+    /// of the destination; nobody waits for a half nobody has claimed.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum Split: u64 {
+        None = 0,
+        Offered = 1,
+        Mine = 2,
+        Claimed = 3,
+        Done = 4,
+        Failed = 5,
+    }
 }
 
 /// Bytes of a frame's stamp, which comes before its header.
@@ -246,7 +247,7 @@ impl<A: Atomics> Ring<A> {
     /// `hdr` must point to a valid `RingHdr`, `data` to `cap` bytes (a power of two, at least
     /// [`MIN_RING`]) and `words` to `cap / 8` atomic words standing for them, all valid for as
     /// long as the ring is used.
-    pub unsafe fn new(hdr: *const RingHdr<A::W>, data: *mut u8, words: *const A::W, cap: usize) -> Ring<A> {
+    pub(super) unsafe fn new(hdr: *const RingHdr<A::W>, data: *mut u8, words: *const A::W, cap: usize) -> Ring<A> {
         debug_assert!(cap.is_power_of_two() && cap >= MIN_RING);
         Ring { hdr, data, words, cap: cap as u64 }
     }
@@ -260,18 +261,18 @@ impl<A: Atomics> Ring<A> {
     }
 
     #[inline]
-    pub fn hdr(&self) -> &RingHdr<A::W> {
+    pub(super) fn hdr(&self) -> &RingHdr<A::W> {
         // SAFETY: see `new`.
         unsafe { &*self.hdr }
     }
 
     /// Whether either side closed the connection.
-    pub fn closed(&self) -> bool {
+    pub(super) fn closed(&self) -> bool {
         self.hdr().ctl.closed.load(Acquire) != 0
     }
 
     /// Marks the connection closed (seen by both sides).
-    pub fn close(&self) {
+    pub(super) fn close(&self) {
         self.hdr().ctl.closed.store(1, Release);
     }
 
@@ -448,7 +449,7 @@ pub(crate) struct Outbox {
 impl Outbox {
     /// An empty outbox that copies bodies of at least `nt_min` bytes with non-temporal stores
     /// (0: none; see [`stream`]).
-    pub fn new(nt_min: usize) -> Outbox {
+    pub(super) fn new(nt_min: usize) -> Outbox {
         Outbox { nt_min, ..Outbox::default() }
     }
 
@@ -457,17 +458,17 @@ impl Outbox {
         self.nt_min != 0 && len >= self.nt_min
     }
 
-    pub fn push(&mut self, h: &Header, payload: Bytes) {
+    pub(super) fn push(&mut self, h: &Header, payload: Bytes) {
         self.queue.push_back(Item { header: h.encode(), is_data: h.kind == Kind::Data, payload });
     }
 
     /// Frames not yet (wholly) in the ring.
-    pub fn queued(&self) -> usize {
+    pub(super) fn queued(&self) -> usize {
         self.queue.len()
     }
 
     /// Frames not yet in the ring, or sources the consumer may still be copying.
-    pub fn pending(&self) -> bool {
+    pub(super) fn pending(&self) -> bool {
         !self.queue.is_empty() || !self.inflight.is_empty()
     }
 
@@ -538,7 +539,7 @@ impl Outbox {
 
     /// Writes as much of the queue as fits and publishes it; releases single-copy sources the
     /// consumer is done with. `sleeping` is the consumer's sleeping flag.
-    pub fn flush<A: Atomics>(&mut self, ring: &Ring<A>, sleeping: &A::W) -> Result<Flushed, TransportError> {
+    pub(super) fn flush<A: Atomics>(&mut self, ring: &Ring<A>, sleeping: &A::W) -> Result<Flushed, TransportError> {
         let mut out = Flushed { work: self.release(ring)?, ..Flushed::default() };
         if self.queue.is_empty() {
             return Ok(out);
@@ -616,7 +617,7 @@ impl Outbox {
     /// due for non-temporal copies, and while single-copy sources are in flight (the queue's
     /// flush releases them).
     #[inline(always)]
-    pub fn write_now<A: Atomics>(
+    pub(super) fn write_now<A: Atomics>(
         &mut self,
         ring: &Ring<A>,
         sleeping: &A::W,
@@ -656,7 +657,7 @@ impl Outbox {
     /// waits for the prefetch to complete, and the consumer takes the line back meanwhile; see
     /// `park` in the API.
     #[inline(always)]
-    pub fn prefetch_next<A: Atomics>(&self, ring: &Ring<A>) {
+    pub(super) fn prefetch_next<A: Atomics>(&self, ring: &Ring<A>) {
         if let Some(at) = self.next_line() {
             prefetch_for_write(ring.word(at) as *const A::W as *const u8);
         }
@@ -667,7 +668,7 @@ impl Outbox {
     /// before it. Frames of two lines or more are left alone: prefetching their lines makes 11-67 B
     /// about 20% slower one way, and prefetching only the first line, slower still when CPUs are
     /// slow to hand lines over.
-    pub fn next_line(&self) -> Option<u64> {
+    pub(super) fn next_line(&self) -> Option<u64> {
         let at = frame_start(self.head);
         let end = body_start(at, self.last_len) + self.last_len;
         (end <= (at & !(LINE - 1)) + LINE && self.queue.is_empty()).then_some(at)
@@ -676,7 +677,7 @@ impl Outbox {
     /// Writes the second half of single copies the consumer offered to split (see [`Split`]);
     /// returns how many. Call often while descriptors are in flight: the consumer copies the
     /// first half meanwhile, and takes the second back if nobody has claimed it by then.
-    pub fn help<A: Atomics>(&self, ring: &Ring<A>, remote: &mut dyn Remote) -> u64 {
+    pub(super) fn help<A: Atomics>(&self, ring: &Ring<A>, remote: &mut dyn Remote) -> u64 {
         let mut n = 0;
         // Only descriptors `tail` has not passed as far as this side knows: the space of the
         // others may hold new frames already.
@@ -697,7 +698,7 @@ impl Outbox {
     }
 
     /// Before sleeping: asks the consumer to ring when it frees space (if anything is pending).
-    pub fn announce_sleep<A: Atomics>(&self, ring: &Ring<A>) -> bool {
+    pub(super) fn announce_sleep<A: Atomics>(&self, ring: &Ring<A>) -> bool {
         let wait = self.pending();
         if wait {
             ring.hdr().prod_wait.0.store(1, Relaxed);
@@ -706,7 +707,7 @@ impl Outbox {
     }
 
     /// After the sleep announcement and the fence: whether a flush would do something now.
-    pub fn can_progress<A: Atomics>(&mut self, ring: &Ring<A>) -> bool {
+    pub(super) fn can_progress<A: Atomics>(&mut self, ring: &Ring<A>) -> bool {
         if !self.pending() {
             return false;
         }
@@ -724,7 +725,7 @@ impl Outbox {
     }
 
     /// Drops everything queued (the connection is gone).
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.queue.clear();
         self.inflight.clear();
         self.sent = None;
@@ -792,7 +793,7 @@ pub(crate) struct Inbox {
 const FRAME_BUDGET: usize = 256;
 
 impl Inbox {
-    pub fn new(peer: Rank, limits: Limits, threshold: u64, key: u64, split_min: u64) -> Inbox {
+    pub(super) fn new(peer: Rank, limits: Limits, threshold: u64, key: u64, split_min: u64) -> Inbox {
         let state = State::Header;
         Inbox { peer, limits, threshold, key, split_min, tail: 0, published: 0, head: 0, end: 0, state }
     }
@@ -809,7 +810,7 @@ impl Inbox {
     }
 
     /// Whether the ring holds bytes not consumed yet (after the sleep announcement and fence).
-    pub fn has_input<A: Atomics>(&self, ring: &Ring<A>) -> bool {
+    pub(super) fn has_input<A: Atomics>(&self, ring: &Ring<A>) -> bool {
         // A frame taken by its stamp before the producer published `head` does not count: the
         // producer publishes, fences and looks at the sleeping flag after stamping.
         ring.hdr().head.0.load(Acquire) > self.tail
@@ -837,7 +838,7 @@ impl Inbox {
     /// Delivers the frames the ring holds (a bounded number); publishes the space consumed when
     /// the producer may need it (see the module's "lazy release").
     #[inline(always)]
-    pub fn parse<A: Atomics>(
+    pub(super) fn parse<A: Atomics>(
         &mut self,
         ring: &Ring<A>,
         sink: &mut dyn Sink,
@@ -1002,7 +1003,7 @@ impl Inbox {
 
     /// Before sleeping is announced by the caller; after the fence, tells whether the producer
     /// waits for space and must be rung. Call after a parse that released space.
-    pub fn producer_waits<A: Atomics>(&self, ring: &Ring<A>) -> bool {
+    pub(super) fn producer_waits<A: Atomics>(&self, ring: &Ring<A>) -> bool {
         A::fence();
         take_flag(&ring.hdr().prod_wait.0)
     }
@@ -1039,9 +1040,9 @@ fn split_copy<A: Atomics>(
         now = state.load(Acquire);
     }
     read?;
-    match now {
-        v if v == Split::Done as u64 => Ok(()),
-        v if v == Split::Mine as u64 || v == Split::Failed as u64 => remote.read(addr + half as u64, second),
+    match Split::from_repr(now) {
+        Some(Split::Done) => Ok(()),
+        Some(Split::Mine | Split::Failed) => remote.read(addr + half as u64, second),
         _ => Err(corrupt("split state")),
     }
 }

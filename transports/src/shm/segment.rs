@@ -18,20 +18,38 @@ use crate::wire::Rank;
 /// Why set-up failed; carried inside the `io::Error` the set-up calls return.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShmError {
+    /// The job id cannot name a file in /dev/shm.
     #[error("job id {0:?}: use 1 to 64 characters of [A-Za-z0-9_.-]")]
     BadJobId(String),
+    /// A peer's descriptor does not decode.
     #[error("descriptor of rank {rank}: {what}")]
-    BadDescriptor { rank: Rank, what: &'static str },
+    BadDescriptor {
+        /// The peer.
+        rank: Rank,
+        /// What is wrong with it.
+        what: &'static str,
+    },
+    /// A local peer gave no descriptor.
     #[error("no descriptor for local peer {0}")]
     MissingPeer(Rank),
+    /// A descriptor for a rank that is not on this host.
     #[error("descriptor for rank {0}, which is not a local peer")]
     UnexpectedPeer(Rank),
+    /// Two descriptors for one rank.
     #[error("two descriptors for rank {0}")]
     DuplicatePeer(Rank),
+    /// A peer's segment does not hold what its descriptor says.
     #[error("segment of rank {rank} does not match its descriptor: {what}")]
-    BadSegment { rank: Rank, what: &'static str },
+    BadSegment {
+        /// The peer.
+        rank: Rank,
+        /// What does not match.
+        what: &'static str,
+    },
+    /// A peer's process exited during set-up.
     #[error("rank {0} is not running any more")]
     PeerGone(Rank),
+    /// Set-up was called outside a tokio runtime.
     #[error("the shared-memory transport must be connected inside a tokio runtime")]
     NoRuntime,
 }
@@ -83,7 +101,7 @@ const DESC_VERSION: u32 = 1;
 const DESC_FIXED: usize = 80;
 
 impl Desc {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(super) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(DESC_FIXED + 4 * self.slots.len());
         b.extend_from_slice(&DESC_MAGIC);
         for v in [DESC_VERSION, self.rank, self.pid as u32, self.eventfd as u32, self.slots.len() as u32, 0] {
@@ -99,7 +117,7 @@ impl Desc {
     }
 
     /// Decodes and checks the descriptor of `rank` as seen by rank `me` in a job of `world` ranks.
-    pub fn decode(rank: Rank, b: &[u8], me: Rank, world: u32) -> Result<Desc, ShmError> {
+    pub(super) fn decode(rank: Rank, b: &[u8], me: Rank, world: u32) -> Result<Desc, ShmError> {
         let bad = |what| ShmError::BadDescriptor { rank, what };
         if b.len() < DESC_FIXED {
             return Err(bad("too short"));
@@ -203,7 +221,7 @@ pub(crate) struct Segment {
 
 impl Segment {
     /// Creates, sizes, maps and initialises this rank's segment.
-    pub fn create(path: PathBuf, me: Rank, slots: &[Rank], cap: usize, nonce: u64) -> io::Result<Segment> {
+    pub(super) fn create(path: PathBuf, me: Rank, slots: &[Rank], cap: usize, nonce: u64) -> io::Result<Segment> {
         let layout = Layout::new(slots.len(), cap).ok_or(io::ErrorKind::InvalidInput)?;
         let file = OpenOptions::new()
             .read(true)
@@ -247,7 +265,7 @@ impl Segment {
     }
 
     /// Opens and maps the segment `desc` describes, checking that it is the one described.
-    pub fn open(job: &str, desc: &Desc) -> io::Result<Segment> {
+    pub(super) fn open(job: &str, desc: &Desc) -> io::Result<Segment> {
         let bad = |what| io::Error::from(ShmError::BadSegment { rank: desc.rank, what });
         let layout = Layout::new(desc.slots.len(), desc.capacity).ok_or_else(|| bad("size"))?;
         let path = segment_path(job, desc.rank, desc.nonce);
@@ -294,23 +312,23 @@ impl Segment {
     }
 
     /// The owner's sleeping flag.
-    pub fn sleeping(&self) -> &AtomicU64 {
+    pub(super) fn sleeping(&self) -> &AtomicU64 {
         &self.hdr().sleeping.0
     }
 
     /// Counts one more peer as attached; true when that completes the set.
-    pub fn attach(&self) -> bool {
+    pub(super) fn attach(&self) -> bool {
         let n = self.hdr().attached.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
         n == self.layout.n as u64
     }
 
     /// Whether every peer has attached.
-    pub fn all_attached(&self) -> bool {
+    pub(super) fn all_attached(&self) -> bool {
         self.hdr().attached.0.load(std::sync::atomic::Ordering::Acquire) >= self.layout.n as u64
     }
 
     /// Ring `k` (written by the segment owner's `k`-th peer).
-    pub fn ring(&self, k: usize) -> Ring<Std> {
+    pub(super) fn ring(&self, k: usize) -> Ring<Std> {
         assert!(k < self.layout.n);
         let off = self.layout.ring(k);
         // SAFETY: header and data lie inside the mapping, which outlives every `Ring` taken from
@@ -325,7 +343,7 @@ impl Segment {
     }
 
     /// Pre-faults ring `k` for writing.
-    pub fn populate_ring(&self, k: usize) {
+    pub(super) fn populate_ring(&self, k: usize) {
         self.map.populate(self.layout.ring(k), RING_HDR_LEN + self.layout.cap);
     }
 }

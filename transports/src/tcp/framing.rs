@@ -45,7 +45,7 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
-    pub fn new(peer: Rank, limits: Limits) -> Reader {
+    pub(crate) fn new(peer: Rank, limits: Limits) -> Reader {
         Reader {
             peer,
             limits,
@@ -59,7 +59,7 @@ impl Reader {
 
     /// Where the next read should land. Direct reads go into the receiver's buffer when the read
     /// buffer holds nothing more of the current data frame.
-    pub fn target(&mut self, sink: &mut dyn Sink) -> Result<ReadTarget, TransportError> {
+    pub(crate) fn target(&mut self, sink: &mut dyn Sink) -> Result<ReadTarget, TransportError> {
         if let State::Direct { h, got, discard } = &self.state
             && self.start == self.end
         {
@@ -88,7 +88,7 @@ impl Reader {
 
     /// Accounts `n` bytes that arrived at the last [`Reader::target`], and delivers every frame
     /// they complete. Returns the number of frames delivered.
-    pub fn advance(&mut self, n: usize, sink: &mut dyn Sink) -> Result<usize, TransportError> {
+    pub(crate) fn advance(&mut self, n: usize, sink: &mut dyn Sink) -> Result<usize, TransportError> {
         if let State::Direct { got, .. } = &mut self.state
             && self.start == self.end
         {
@@ -173,21 +173,21 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    pub fn push(&mut self, h: &Header, payload: Bytes) {
+    pub(crate) fn push(&mut self, h: &Header, payload: Bytes) {
         self.queue.push_back(Item { header: h.encode(), payload });
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
     /// The unsent bytes as I/O slices, at most [`MAX_IOVECS`] of them.
-    pub fn slices<'a>(&'a self, out: &mut Vec<IoSlice<'a>>) {
+    pub(crate) fn slices<'a>(&'a self, out: &mut Vec<IoSlice<'a>>) {
         self.each_slice(MAX_IOVECS, |s| out.push(IoSlice::new(s)));
     }
 
     /// Calls `f` on each unsent, non-empty run of bytes, in order, at most `max` times.
-    pub fn each_slice<'a>(&'a self, max: usize, mut f: impl FnMut(&'a [u8])) {
+    pub(crate) fn each_slice<'a>(&'a self, max: usize, mut f: impl FnMut(&'a [u8])) {
         let mut skip = self.sent;
         let mut count = 0;
         for item in &self.queue {
@@ -211,7 +211,7 @@ impl Writer {
     /// memory stays put while the kernel reads it, and hands the unsent rest back with
     /// [`Writer::put_back`].
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-    pub fn move_front(&mut self, max: usize, to: &mut Writer) {
+    pub(crate) fn move_front(&mut self, max: usize, to: &mut Writer) {
         debug_assert!(to.is_empty());
         let n = max.min(self.queue.len());
         to.queue.extend(self.queue.drain(..n));
@@ -221,7 +221,7 @@ impl Writer {
     /// Puts the frames left in `from` back at the front of this queue, in order (the inverse of
     /// [`Writer::move_front`]; nothing may have been moved out since).
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-    pub fn put_back(&mut self, from: &mut Writer) {
+    pub(crate) fn put_back(&mut self, from: &mut Writer) {
         if from.is_empty() {
             return;
         }
@@ -233,7 +233,7 @@ impl Writer {
     }
 
     /// Drops `n` written bytes from the front.
-    pub fn advance(&mut self, mut n: usize) {
+    pub(crate) fn advance(&mut self, mut n: usize) {
         while n > 0 {
             let front = &self.queue[0];
             let left = HEADER_LEN + front.payload.len() - self.sent;

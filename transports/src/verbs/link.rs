@@ -43,50 +43,40 @@ use std::collections::VecDeque;
 
 use crate::wire::{HEADER_LEN, Header, Kind, Limits, Rank, WireError};
 
+/// Bytes of the link prefix every slot starts with.
 pub const PREFIX: usize = 16;
+/// Bytes of the extension naming a remote buffer or a token.
 pub const EXT: usize = 24;
 /// The most bytes before a slot's payload (a slot holds this plus the eager limit).
 pub const SLOT_HEADER: usize = PREFIX + HEADER_LEN + EXT;
 /// Where a compact eager slot's payload starts.
 pub const EAGER_AT: usize = 24;
 
-/// What a slot carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum LinkKind {
-    /// An engine frame with its payload inline (eager, RTS, plain CTS, credit, bye).
-    Frame = 1,
-    /// A slot credit update only.
-    Credit = 2,
-    /// A rendezvous `Data` frame whose payload the receiver must RDMA-read from `remote`.
-    DataRead = 3,
-    /// A rendezvous `Data` frame whose payload the sender has already RDMA-written into the
-    /// buffer the receiver announced (this slot, written after the data on the same queue pair,
-    /// is the DONE).
-    DataWritten = 4,
-    /// A CTS carrying the receiver's buffer (`remote`): the sender writes into it (DCFA's RTR).
-    CtsBuf = 5,
-    /// The receiver finished reading the chunk lent under `remote.token` (DONE).
-    ReadDone = 6,
-    /// An eager frame in the compact form (see the module docs): [`encode`] writes every eager
-    /// header whose flags, `seq` and `aux` are zero this way.
-    Eager = 7,
+crate::wire_enum! {
+    /// What a slot carries.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum LinkKind: u8 {
+        /// An engine frame with its payload inline (eager, RTS, plain CTS, credit, bye).
+        Frame = 1,
+        /// A slot credit update only.
+        Credit = 2,
+        /// A rendezvous `Data` frame whose payload the receiver must RDMA-read from `remote`.
+        DataRead = 3,
+        /// A rendezvous `Data` frame whose payload the sender has already RDMA-written into the
+        /// buffer the receiver announced (this slot, written after the data on the same queue pair,
+        /// is the DONE).
+        DataWritten = 4,
+        /// A CTS carrying the receiver's buffer (`remote`): the sender writes into it (DCFA's RTR).
+        CtsBuf = 5,
+        /// The receiver finished reading the chunk lent under `remote.token` (DONE).
+        ReadDone = 6,
+        /// An eager frame in the compact form (see the module docs): [`encode`] writes every eager
+        /// header whose flags, `seq` and `aux` are zero this way.
+        Eager = 7,
+    }
 }
 
 impl LinkKind {
-    fn from_u8(v: u8) -> Option<LinkKind> {
-        Some(match v {
-            1 => LinkKind::Frame,
-            2 => LinkKind::Credit,
-            3 => LinkKind::DataRead,
-            4 => LinkKind::DataWritten,
-            5 => LinkKind::CtsBuf,
-            6 => LinkKind::ReadDone,
-            7 => LinkKind::Eager,
-            _ => return None,
-        })
-    }
-
     fn has_header(self) -> bool {
         !matches!(self, LinkKind::Credit | LinkKind::ReadDone)
     }
@@ -110,19 +100,26 @@ impl LinkKind {
 /// A range of remote memory, and the sender's token for a lent chunk (read offers and DONE).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Remote {
+    /// The buffer's address in the peer's memory.
     pub addr: u64,
+    /// The remote key of its registration.
     pub rkey: u32,
+    /// The sender's token for the lent chunk.
     pub token: u32,
+    /// The buffer's length in bytes.
     pub len: u64,
 }
 
 /// A decoded slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Packet {
+    /// What the slot carries.
     pub kind: LinkKind,
     /// The peer's count of our slots it has freed.
     pub freed: u32,
+    /// The engine header, for the kinds that carry one.
     pub header: Option<Header>,
+    /// The extension (zero for the kinds without one).
     pub remote: Remote,
     /// Inline payload bytes, at `LinkKind::payload_at`: see [`Packet::payload`].
     pub payload_len: usize,
@@ -213,7 +210,7 @@ pub fn decode(slot: &[u8], peer: Rank, limits: &Limits) -> Result<Packet, WireEr
     }
     let u32_at = |i: usize| u32::from_le_bytes(slot[i..i + 4].try_into().unwrap());
     let u64_at = |i: usize| u64::from_le_bytes(slot[i..i + 8].try_into().unwrap());
-    let kind = LinkKind::from_u8(slot[0]).ok_or(bad("unknown slot kind"))?;
+    let kind = LinkKind::from_repr(slot[0]).ok_or(bad("unknown slot kind"))?;
     if kind == LinkKind::Eager {
         return decode_eager(slot, peer, limits);
     }

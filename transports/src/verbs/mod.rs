@@ -132,13 +132,16 @@ pub struct VerbsConfig {
     /// Slot credits per connection and direction (with rings: slots per ring); one is reserved
     /// for credit updates.
     pub slots: u32,
+    /// How eager slots travel.
     pub eager: Eager,
     /// With [`Eager::SharedQueue`]: receive buffers in the pool; 0 for `slots` per peer (a
     /// sender never waits on the pool then). Capped by what the device allows.
     pub srq_buffers: u32,
+    /// How large messages move.
     pub rendezvous: Rendezvous,
-    /// Registration cache budget.
+    /// Registration cache budget: the most registrations kept.
     pub cache_entries: usize,
+    /// Registration cache budget: the most bytes kept registered.
     pub cache_bytes: usize,
     /// Idle progress calls between two liveness checks of the peers (busy calls count 1/16).
     pub liveness_polls: u32,

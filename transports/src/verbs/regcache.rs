@@ -32,6 +32,7 @@ use slab::Slab;
 pub trait Registrar {
     /// Deregisters on drop.
     type Region;
+    /// Registers `len` bytes at `addr` with the verbs `access` flags.
     fn register(&mut self, addr: *const u8, len: usize, access: u32) -> io::Result<Self::Region>;
 }
 
@@ -54,8 +55,11 @@ pub struct Pin(usize);
 /// Counters (for tests and tuning).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Lookups served by an entry already registered.
     pub hits: u64,
+    /// Lookups that made a new registration.
     pub misses: u64,
+    /// Entries dropped to stay within the budget.
     pub evictions: u64,
     /// Entries dropped because the program freed their buffer.
     pub invalidations: u64,
@@ -74,6 +78,8 @@ pub struct RegCache<R> {
 }
 
 impl<R> RegCache<R> {
+    /// An empty cache; it evicts entries not in use while it holds more than `max_entries`
+    /// registrations or more than `max_bytes` bytes.
     pub fn new(max_entries: usize, max_bytes: usize) -> RegCache<R> {
         RegCache {
             entries: Slab::new(),
@@ -173,6 +179,7 @@ impl<R> RegCache<R> {
         drop(e); // region first, then the memory
     }
 
+    /// Its counters.
     pub fn stats(&self) -> CacheStats {
         self.stats
     }
@@ -182,6 +189,7 @@ impl<R> RegCache<R> {
         self.entries.len()
     }
 
+    /// Whether no entry is held.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -211,7 +219,9 @@ mod tests {
 
     impl Drop for Region {
         fn drop(&mut self) {
-            // SAFETY (of the test's claim): the cache guarantees the memory is still allocated.
+            // SAFETY: the region was made for `snapshot.len()` bytes at `addr`, and the cache keeps
+            // the buffer that owns them alive until after the region drops (an entry drops
+            // `region` before `owner`); that guarantee is what this test checks.
             let now = unsafe { std::slice::from_raw_parts(self.addr, self.snapshot.len()) };
             assert_eq!(now, &self.snapshot[..], "registration {} outlived its memory", self.id);
             self.log.borrow_mut().push(format!("dereg {}", self.id));

@@ -19,7 +19,7 @@ use std::ptr;
 use ibverbs_sys as ffi;
 
 /// The port every QP uses (single-port devices such as rxe).
-pub const PORT: u8 = 1;
+pub(super) const PORT: u8 = 1;
 
 fn last_err(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
@@ -56,7 +56,7 @@ pub fn device_names() -> Vec<String> {
 }
 
 /// An open device with its protection domain, completion channel and one completion queue.
-pub struct Device {
+pub(super) struct Device {
     ctx: *mut ffi::ibv_context,
     pd: *mut ffi::ibv_pd,
     channel: *mut ffi::ibv_comp_channel,
@@ -78,7 +78,7 @@ unsafe impl Send for Device {}
 impl Device {
     /// Opens device `name` (the first one when `None`), port 1, and picks the GID: `gid_index`,
     /// or the first RoCE v2 entry with an IPv4-mapped address, or the first RoCE v2 entry, or 0.
-    pub fn open(name: Option<&str>, gid_index: Option<u8>, cq_entries: i32) -> io::Result<Device> {
+    pub(super) fn open(name: Option<&str>, gid_index: Option<u8>, cq_entries: i32) -> io::Result<Device> {
         let mut n = 0;
         // SAFETY: plain library call; the list is freed before returning.
         let list = unsafe { ffi::ibv_get_device_list(&mut n) };
@@ -128,8 +128,8 @@ impl Device {
             active_mtu: ffi::IBV_MTU_1024,
         };
         let mut attr = ffi::ibv_port_attr::default();
-        // SAFETY: `attr` is the full port attribute struct the compat entry point fills.
         check(
+            // SAFETY: `attr` is the full port attribute struct the compat entry point fills.
             unsafe { ffi::ibv_query_port(ctx, PORT, &mut attr as *mut ffi::ibv_port_attr as *mut _) },
             "ibv_query_port",
         )?;
@@ -189,13 +189,13 @@ impl Device {
     }
 
     /// The completion channel's descriptor (readable when an armed CQ got a completion).
-    pub fn channel_fd(&self) -> RawFd {
+    pub(super) fn channel_fd(&self) -> RawFd {
         // SAFETY: the channel lives as long as `self`.
         unsafe { (*self.channel).fd }
     }
 
     /// Polls up to `out.len()` completions; returns how many were written.
-    pub fn poll(&mut self, out: &mut [ffi::ibv_wc]) -> io::Result<usize> {
+    pub(super) fn poll(&mut self, out: &mut [ffi::ibv_wc]) -> io::Result<usize> {
         // SAFETY: the CQ is valid; `out` has room for `out.len()` completions.
         let n = unsafe {
             let poll = (*(*self.cq).context).ops.poll_cq.expect("provider has poll_cq");
@@ -205,7 +205,7 @@ impl Device {
     }
 
     /// Asks for a channel event on the next completion.
-    pub fn arm(&mut self) -> io::Result<()> {
+    pub(super) fn arm(&mut self) -> io::Result<()> {
         // SAFETY: the CQ is valid.
         let rc = unsafe {
             let notify = (*(*self.cq).context).ops.req_notify_cq.expect("provider has req_notify_cq");
@@ -215,7 +215,7 @@ impl Device {
     }
 
     /// Takes every pending event off the channel (non-blocking); true if there was one.
-    pub fn drain_events(&mut self) -> bool {
+    pub(super) fn drain_events(&mut self) -> bool {
         let mut any = false;
         loop {
             let mut cq = ptr::null_mut();
@@ -245,7 +245,7 @@ impl Device {
     ///
     /// # Safety
     /// The memory must stay allocated until the returned region is dropped.
-    pub unsafe fn register(&self, addr: *mut u8, len: usize, access: u32) -> io::Result<Mr> {
+    pub(super) unsafe fn register(&self, addr: *mut u8, len: usize, access: u32) -> io::Result<Mr> {
         // SAFETY: the caller keeps the memory alive; the PD is valid.
         let mr = unsafe { ffi::ibv_reg_mr(self.pd, addr.cast(), len.max(1), access as i32) };
         if mr.is_null() {
@@ -255,7 +255,7 @@ impl Device {
     }
 
     /// The most receive requests a shared receive queue of this device may hold.
-    pub fn max_srq_wr(&self) -> io::Result<u32> {
+    pub(super) fn max_srq_wr(&self) -> io::Result<u32> {
         let mut attr = ffi::ibv_device_attr::default();
         // SAFETY: valid context; `attr` is the struct the call fills.
         check(unsafe { ffi::ibv_query_device(self.ctx, &mut attr) }, "ibv_query_device")?;
@@ -263,7 +263,7 @@ impl Device {
     }
 
     /// Creates a shared receive queue for `max_wr` receives of one buffer each.
-    pub fn create_srq(&self, max_wr: u32) -> io::Result<Srq> {
+    pub(super) fn create_srq(&self, max_wr: u32) -> io::Result<Srq> {
         let mut attr = ffi::ibv_srq_init_attr {
             srq_context: ptr::null_mut(),
             attr: ffi::ibv_srq_attr { max_wr, max_sge: 1, srq_limit: 0 },
@@ -279,7 +279,7 @@ impl Device {
     /// Creates an RC queue pair on this device's CQ, with room for `inline` bytes of inline
     /// data per send if the device allows it (none otherwise). With `srq`, its receives come
     /// from that shared queue (and `recv_wr` is ignored).
-    pub fn create_qp(&self, send_wr: u32, recv_wr: u32, inline: u32, srq: Option<&Srq>) -> io::Result<Qp> {
+    pub(super) fn create_qp(&self, send_wr: u32, recv_wr: u32, inline: u32, srq: Option<&Srq>) -> io::Result<Qp> {
         match self.try_create_qp(send_wr, recv_wr, inline, srq) {
             Err(_) if inline > 0 => self.try_create_qp(send_wr, recv_wr, 0, srq),
             r => r,
@@ -333,7 +333,7 @@ impl Drop for Device {
 }
 
 /// A registered memory region; deregistered on drop.
-pub struct Mr {
+pub(super) struct Mr {
     mr: *mut ffi::ibv_mr,
 }
 
@@ -341,11 +341,11 @@ pub struct Mr {
 unsafe impl Send for Mr {}
 
 impl Mr {
-    pub fn lkey(&self) -> u32 {
+    pub(super) fn lkey(&self) -> u32 {
         // SAFETY: valid until drop.
         unsafe { (*self.mr).lkey }
     }
-    pub fn rkey(&self) -> u32 {
+    pub(super) fn rkey(&self) -> u32 {
         // SAFETY: valid until drop.
         unsafe { (*self.mr).rkey }
     }
@@ -360,7 +360,7 @@ impl Drop for Mr {
 
 /// Where a peer's queue pair is (exchanged through the bootstrap store).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpAddr {
+pub(super) struct QpAddr {
     pub qpn: u32,
     pub psn: u32,
     pub lid: u16,
@@ -368,7 +368,7 @@ pub struct QpAddr {
 }
 
 /// One operation for [`Qp::post_send`].
-pub enum Op {
+pub(super) enum Op {
     /// RDMA write with immediate from local (addr, len, lkey) to remote (addr, rkey).
     WriteImm {
         imm: u32,
@@ -383,7 +383,7 @@ pub enum Op {
 }
 
 /// An RC queue pair; destroyed on drop.
-pub struct Qp {
+pub(super) struct Qp {
     qp: *mut ffi::ibv_qp,
     /// Largest send whose data is copied into the work request at posting (`IBV_SEND_INLINE`).
     max_inline: u32,
@@ -393,7 +393,7 @@ pub struct Qp {
 unsafe impl Send for Qp {}
 
 impl Qp {
-    pub fn qpn(&self) -> u32 {
+    pub(super) fn qpn(&self) -> u32 {
         // SAFETY: valid until drop.
         unsafe { (*self.qp).qp_num }
     }
@@ -405,7 +405,7 @@ impl Qp {
 
     /// INIT -> RTR -> RTS toward `remote`; remote reads and writes allowed (the rings and the
     /// rendezvous buffers are protected by their own keys).
-    pub fn connect(&self, dev: &Device, my_psn: u32, remote: &QpAddr, rd_atomic: u8) -> io::Result<()> {
+    pub(super) fn connect(&self, dev: &Device, my_psn: u32, remote: &QpAddr, rd_atomic: u8) -> io::Result<()> {
         use ffi::ibv_access_flags as A;
         use ffi::ibv_qp_attr_mask as M;
         let mut a = ffi::ibv_qp_attr {
@@ -471,13 +471,13 @@ impl Qp {
 
     /// Moves the QP to the error state: outstanding work completes with flush errors, and the
     /// peer can no longer reach our memory through it.
-    pub fn set_error(&self) {
+    pub(super) fn set_error(&self) {
         let mut a = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_ERR, ..Default::default() };
         let _ = self.modify(&mut a, ffi::ibv_qp_attr_mask::IBV_QP_STATE, "QP to ERR");
     }
 
     /// Posts one receive without a buffer (write-with-immediate only consumes it).
-    pub fn post_recv(&self, wr_id: u64) -> io::Result<()> {
+    pub(super) fn post_recv(&self, wr_id: u64) -> io::Result<()> {
         let mut wr = ffi::ibv_recv_wr { wr_id, next: ptr::null_mut(), sg_list: ptr::null_mut(), num_sge: 0 };
         let mut bad = ptr::null_mut();
         // SAFETY: valid QP; the WR is read during the call only.
@@ -500,7 +500,7 @@ impl Qp {
     /// complete (its completion, or a later signaled one's, has been polled) or the QP has been
     /// flushed.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn post_send(
+    pub(super) unsafe fn post_send(
         &self,
         wr_id: u64,
         op: Op,
@@ -552,7 +552,7 @@ impl Drop for Qp {
 }
 
 /// A shared receive queue; destroyed on drop (after every QP that uses it).
-pub struct Srq {
+pub(super) struct Srq {
     srq: *mut ffi::ibv_srq,
 }
 
@@ -565,7 +565,7 @@ impl Srq {
     /// # Safety
     /// The buffer must stay valid, registered and otherwise untouched until its completion has
     /// been polled or the queue has been destroyed.
-    pub unsafe fn post_recv(&self, wr_id: u64, addr: u64, len: u32, lkey: u32) -> io::Result<()> {
+    pub(super) unsafe fn post_recv(&self, wr_id: u64, addr: u64, len: u32, lkey: u32) -> io::Result<()> {
         let mut sge = ffi::ibv_sge { addr, length: len, lkey };
         let mut wr = ffi::ibv_recv_wr { wr_id, next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
         let mut bad = ptr::null_mut();
@@ -586,15 +586,15 @@ impl Drop for Srq {
 }
 
 /// A zeroed completion array for [`Device::poll`].
-pub fn wc_array<const N: usize>() -> [ffi::ibv_wc; N] {
+pub(super) fn wc_array<const N: usize>() -> [ffi::ibv_wc; N] {
     // SAFETY: `ibv_wc` is plain data; all-zero is a valid value.
     unsafe { std::mem::zeroed() }
 }
 
 /// Access bits.
-pub mod access {
+pub(super) mod access {
     use ibverbs_sys::ibv_access_flags as A;
-    pub const LOCAL: u32 = A::IBV_ACCESS_LOCAL_WRITE.0;
-    pub const REMOTE_READ: u32 = A::IBV_ACCESS_REMOTE_READ.0;
-    pub const REMOTE_WRITE: u32 = A::IBV_ACCESS_REMOTE_WRITE.0 | A::IBV_ACCESS_LOCAL_WRITE.0;
+    pub(crate) const LOCAL: u32 = A::IBV_ACCESS_LOCAL_WRITE.0;
+    pub(crate) const REMOTE_READ: u32 = A::IBV_ACCESS_REMOTE_READ.0;
+    pub(crate) const REMOTE_WRITE: u32 = A::IBV_ACCESS_REMOTE_WRITE.0 | A::IBV_ACCESS_LOCAL_WRITE.0;
 }

@@ -166,16 +166,21 @@ impl SharedRecv {
 /// Counters of one transport (for tests and tuning).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VerbsStats {
+    /// Slots written to peers (credit updates included).
     pub slots_sent: u64,
+    /// Slots received from peers.
     pub slots_received: u64,
     /// Buffers in the shared receive queue's pool (0 with rings).
     pub srq_buffers: u32,
+    /// Credit-only slots sent.
     pub credit_updates: u64,
-    /// Rendezvous chunks moved by RDMA write / read.
+    /// Rendezvous chunks moved by RDMA write.
     pub rdma_writes: u64,
+    /// Rendezvous chunks moved by RDMA read.
     pub rdma_reads: u64,
     /// Chunk-sized receive buffers registered for one operation.
     pub recv_registrations: u64,
+    /// The registration cache's counters.
     pub cache: super::regcache::CacheStats,
 }
 
