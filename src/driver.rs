@@ -17,6 +17,8 @@ pub(crate) struct Driver {
     /// The protocol core; it completes operations straight into its operation slab.
     pub engine: SlabEngine,
     pub transport: Box<dyn Transport>,
+    /// One-sided communication: its target-side handlers run in this progress (see `rma::hook`).
+    pub rma: crate::rma::hook::Hook,
 }
 
 impl Driver {
@@ -100,7 +102,10 @@ impl Driver {
 
 impl Progress for Driver {
     fn progress(&mut self) -> usize {
-        let n = self.transport.progress(&mut self.engine);
+        let mut n = self.transport.progress(&mut self.engine);
+        if self.rma.wants() {
+            n += self.rma.progress(&mut self.engine);
+        }
         n + self.flush()
     }
 

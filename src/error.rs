@@ -50,6 +50,10 @@ pub enum Error {
     /// The arguments of a call cannot work (mismatched lengths, an unsupported operator, ...).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A one-sided operation was refused (bounds, rights, alignment, an unknown or unpublished
+    /// segment, ...); the target memory is untouched.
+    #[error(transparent)]
+    Rma(#[from] crate::rma::RmaError),
 }
 
 /// Shorthand for results of ferrocomm operations.

@@ -22,6 +22,7 @@ pub mod error;
 pub mod launch;
 pub mod multicast;
 pub mod p2p;
+pub mod rma;
 pub mod testing;
 mod world;
 
@@ -33,6 +34,9 @@ pub use ferrocomm_reactor::HybridStats;
 pub use ferrocomm_transports as transports;
 pub use ferrocomm_transports::{Rank, TransportError, WireError};
 pub use p2p::{Source, Status, TagMatch};
+pub use rma::{
+    Access, ArrayView, Event, Geometry, Queue, RemoteSegment, RmaError, RmaOp, Segment, SegmentId, Side, Ticket,
+};
 pub use world::{Comm, Deadline, Message, Op, Refused, World};
 
 /// The README's examples compile.

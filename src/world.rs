@@ -284,7 +284,10 @@ impl Inner {
         });
         flush(Instant::now());
         // Operations still in flight (their handles outlived the world's) can no longer finish.
-        self.reactor.with(|d| d.engine.close());
+        self.reactor.with(|d| {
+            d.engine.close();
+            d.rma.close(&mut d.engine);
+        });
         self.reactor.stop();
         self.thread.lock().take();
     }

@@ -156,8 +156,11 @@ impl McastRank {
                     }
                 }
                 Transmit::Unicast { to, msg } => {
-                    // Completions of these sends matter only when they fail (above).
+                    // Completions of these sends matter only when they fail (above). Flushed
+                    // at once, as the facade's driver starts them: the port then carries
+                    // datagrams and copies in the order the core emitted them.
                     self.node.send(to, CONTEXT, TAG, msg);
+                    self.node.flush();
                 }
             }
         }

@@ -227,7 +227,9 @@ async fn join_via(
         chunk: settings.rndv_chunk,
         max_message: settings.max_message,
     };
-    let driver = Driver { engine: Engine::with_completions(rank, size, cfg), transport };
+    let mut engine = Engine::with_completions(rank, size, cfg);
+    let rma = crate::rma::hook::Hook::new(&mut engine, rank);
+    let driver = Driver { engine, transport, rma };
     let changes = driver.engine.failures().changes();
     let reactor = thread.run(driver, settings.progress);
     // Spinning ranks must give way at once on a crowded host.

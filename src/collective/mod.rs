@@ -20,8 +20,8 @@
 //! and the others' call fails with `CollError::Withdrawn` rather than keep what it read.
 //!
 //! Failures: a loss of a member revokes the communicator, which fails every rank's pending and later
-//! calls naming the lost rank, on every path (messages, board, multicast, node-leader); a call made
-//! after a member departed fails at once (see `docs/failure.md`).
+//! calls naming the lost rank, on every path (messages, board, multicast, node-leader); a departed
+//! member fails only the steps that wait for what it never sent (see `docs/failure.md`).
 
 pub(crate) mod shared;
 

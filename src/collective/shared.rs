@@ -11,8 +11,8 @@
 //! A waiting call spins inside the reactor's loop ([`Reactor::poll_until`]): transports keep
 //! progressing, spinning ranks yield when the host is oversubscribed, and a lost peer that the
 //! call waits for fails it with [`Error::PeerLost`], as does any loss that revoked the
-//! communicator (a call is not even made then, nor while a member has departed: see
-//! [`Segment::gate`]). Nothing rings a rank when a board counter
+//! communicator (a call is not even made then: see [`Segment::gate`]); a departed peer fails it
+//! only while the call waits for a word it never posted. Nothing rings a rank when a board counter
 //! moves, so a rank that would sleep (adaptive and blocking modes) looks again every [`NAP`]; the
 //! default table therefore picks the board only for busy-polling ranks.
 //!
@@ -125,7 +125,7 @@ impl Segment {
         self.changes.load(std::sync::atomic::Ordering::Acquire) == 0
     }
 
-    /// Why a call cannot be made: a loss revoked the communicator, or a member departed.
+    /// Why a call cannot be made: a loss revoked the communicator.
     fn gate(&self) -> Result<()> {
         if self.untouched() {
             return Ok(());

@@ -178,16 +178,14 @@ impl Failures {
         self.lost.iter().copied().find(|&r| self.watches(context, r))
     }
 
-    /// Why a collective on `context` cannot run: the rank that revoked it, or else the first
-    /// watched rank that departed (a collective needs every member).
+    /// Why a collective on `context` cannot run: the rank whose loss revoked it. A departure
+    /// refuses no call up front: the departed rank sent everything it meant to before it left,
+    /// and a rank that finished a collective (a broadcast's root, the first ranks of a scan) may
+    /// leave before a slower rank has even called it. What still needs a message from the
+    /// departed rank fails where it waits for it (a receive naming it, a board word it never
+    /// posted).
     pub fn gate(&self, context: u32) -> Option<Rank> {
-        if let Some(r) = self.revoked(context) {
-            return Some(r);
-        }
-        if self.departed == 0 {
-            return None;
-        }
-        (0..self.fates.len() as Rank).find(|&r| self.fates[r as usize] == Fate::Departed && self.watches(context, r))
+        self.revoked(context)
     }
 
     /// The error that names rank `r`'s fate (`None` while it is alive).
@@ -256,16 +254,15 @@ mod tests {
     }
 
     #[test]
-    fn collectives_also_stop_at_departed_members() {
+    fn collectives_stop_at_losses_not_departures() {
         let mut f = Failures::new(4);
         f.watch(1, Watch::All);
         f.watch(2, watch(&[0, 1]));
         f.depart(3);
         assert_eq!(f.revoked(1), None, "a departure revokes nothing");
-        assert_eq!(f.gate(1), Some(3));
-        assert_eq!(f.gate(2), None);
+        assert_eq!(f.gate(1), None, "nor refuses a collective up front");
         f.lose(0, TransportError::Closed);
-        assert_eq!(f.gate(1), Some(0), "a loss comes before a departure");
+        assert_eq!(f.gate(1), Some(0));
         assert_eq!(f.gate(2), Some(0));
     }
 

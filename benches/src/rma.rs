@@ -1,0 +1,379 @@
+//! `rma`: one-sided communication, ferrocomm against `ucx_perftest` (UCX's UCP put/get/atomics,
+//! Debian `ucx-utils`) over shared memory, on the same two pinned CPUs, in one invocation.
+//!
+//! * **Put latency, 8 B**: `ucp_put_lat`'s method: each side puts a counter into the other's
+//!   memory and spins on its own until the peer's put has landed; the one-way time is half the
+//!   round trip.
+//! * **Get latency, 8 B**: a loop of gets, each awaited (`ucp_get`: a stream of gets).
+//! * **Put and get bandwidth, 64 KiB and 4 MiB**: a loop of transfers into (from) one remote
+//!   buffer, then a fence (`ucp_put_bw`, `ucp_get`); MB/s is 10^6 bytes per second on both sides
+//!   (`ucx_perftest` prints MiB/s, converted).
+//! * **Fetch-add**: one initiator's rate against `ucp_fadd`; then AOS's experiment, every rank of
+//!   `--atomic-ranks` hitting one word of rank 0 (centralized) against each rank targeting another
+//!   rank's word at each step (spread), aggregate operations per second.
+//!
+//! Each side runs `--runs` times, alternately; the report gives medians. UCX runs a server and a
+//! client process pinned to the two CPUs (`taskset`) with `UCX_TLS=posix,cma`; ferrocomm runs a
+//! job of two ranks pinned the same way, busy-polling, its segments mapped by the peer. With
+//! `--transports tcp` the ferrocomm side uses TCP (requests served by the target's progress) for
+//! an idea of the emulated path (UCX still over shared memory).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use ferrocomm::launch::{LaunchOptions, run_local};
+use ferrocomm::{Access, SegmentId, World};
+use serde_json::{Value, json};
+
+use crate::{Result, affinity, cli, process};
+
+pub const JOB_COMMAND: &str = "rma-job";
+pub const RANK_COMMAND: &str = "rma-rank";
+
+const LAT_ITERS: u64 = 200_000;
+const BW_BYTES: usize = 1 << 30;
+const ATOMIC_ITERS: u64 = 200_000;
+const SIZES: [usize; 2] = [64 << 10, 4 << 20];
+
+/// One-sided put/get latency and bandwidth and fetch-add vs ucx_perftest over shared memory;
+/// fetch-add to one target vs spread.
+///
+/// ferrocomm one-sided operations against ucx_perftest (UCP, UCX_TLS=posix,cma) over shared
+/// memory: put and get latency at 8 B, put and get bandwidth at 64 KiB and 4 MiB, fetch-add
+/// rate; and fetch-add from every rank to one target against spread across targets.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// The two CPUs
+    #[arg(long, value_name = "A,B", default_value = "0,1", value_parser = cli::cpu_pair)]
+    cpus: [usize; 2],
+    /// Runs of each side, alternated; medians reported
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = cli::at_least_one)]
+    runs: usize,
+    /// Ranks of the centralized/spread fetch-add experiment
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..))]
+    atomic_ranks: u32,
+    /// ferrocomm side: auto (shared memory) or tcp
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp"])]
+    transports: String,
+    /// ferrocomm alone
+    #[arg(long)]
+    no_peer: bool,
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+/// The arguments of the hidden job and rank commands: `KIND RANKS CPUS TRANSPORTS`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct JobSpec {
+    /// `pair` or `atomics`.
+    #[arg(value_parser = ["pair", "atomics"])]
+    kind: String,
+    ranks: u32,
+    #[arg(value_parser = cli::cpu_pair)]
+    cpus: [usize; 2],
+    transports: String,
+}
+
+impl JobSpec {
+    fn to_args(&self) -> Vec<String> {
+        vec![
+            self.kind.clone(),
+            self.ranks.to_string(),
+            format!("{},{}", self.cpus[0], self.cpus[1]),
+            self.transports.clone(),
+        ]
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// One ferrocomm job: `kind` is `pair` (latency, bandwidth, one initiator's fetch-add) or
+/// `atomics` (centralized against spread); returns rank 0's JSON line.
+fn ferrocomm_job(o: &Options, kind: &str, ranks: u32) -> Result<Value> {
+    let exe = std::env::current_exe()?;
+    let spec = JobSpec { kind: kind.into(), ranks, cpus: o.cpus, transports: o.transports.clone() };
+    let mut cmd = Command::new(&exe);
+    cmd.arg(JOB_COMMAND).args(spec.to_args()).stderr(Stdio::inherit());
+    let (status, lines) = process::run_lines(cmd, Duration::from_secs(600))?;
+    let mut result = None;
+    for line in lines {
+        match line.strip_prefix("[0] ").and_then(|l| serde_json::from_str::<Value>(l).ok()) {
+            Some(v) if result.is_none() => result = Some(v),
+            _ => eprintln!("  {line}"),
+        }
+    }
+    if !status.success() {
+        return Err(format!("the {kind} job failed ({status})").into());
+    }
+    result.ok_or_else(|| format!("the {kind} job printed no result").into())
+}
+
+/// `rma-job KIND RANKS CPUS TRANSPORTS`: launches the ranks.
+pub fn job_main(spec: JobSpec) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    let rank_args: Vec<OsString> =
+        std::iter::once(RANK_COMMAND.to_string()).chain(spec.to_args()).map(OsString::from).collect();
+    let opts = LaunchOptions {
+        env: vec![("FERROCOMM_PROGRESS".into(), "busy".into()), ("FERROCOMM_TRANSPORTS".into(), spec.transports)],
+        ..LaunchOptions::default()
+    };
+    match run_local(spec.ranks, &exe, &rank_args, &opts)? {
+        0 => Ok(()),
+        code => Err(format!("the ranks failed (job exit code {code})").into()),
+    }
+}
+
+/// `rma-rank`: one rank; rank 0 prints the results as one JSON line.
+pub fn rank_main(spec: JobSpec) -> Result<()> {
+    let JobSpec { kind, cpus, .. } = spec;
+    let rank: usize = std::env::var("FERROCOMM_RANK")?.parse()?;
+    affinity::pin_current_thread(cpus[rank % 2])?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let w = ferrocomm::init().await?;
+        let out = match kind.as_str() {
+            "pair" => pair(&w).await?,
+            "atomics" => atomics(&w).await?,
+            other => return Err(format!("unknown job {other}").into()),
+        };
+        if w.rank() == 0 {
+            println!("{out}");
+        }
+        w.finalize().await?;
+        Ok(())
+    })
+}
+
+/// Publishes a segment of `len` bytes at every rank and attaches to all of them.
+async fn segments(w: &World, len: usize) -> Result<(ferrocomm::Segment, Vec<ferrocomm::RemoteSegment>)> {
+    let seg = w.publish(len, Access::WINDOW)?;
+    let ids = w.allgather(&[seg.id().to_u64()]).await?;
+    let mut remotes = Vec::new();
+    for id in ids {
+        remotes.push(w.attach(SegmentId::from_u64(id)).await?);
+    }
+    Ok((seg, remotes))
+}
+
+async fn pair(w: &World) -> Result<Value> {
+    let me = w.rank() as usize;
+    let peer = 1 - me;
+    let (seg, remotes) = segments(w, (4 << 20) + 64).await?;
+    let remote = &remotes[peer];
+    let word = seg.word(0)?;
+    let tcp = !remote.is_mapped();
+    let lat_iters = if tcp { LAT_ITERS / 100 } else { LAT_ITERS };
+    // Put latency: ping-pong through each other's memory.
+    w.barrier().await?;
+    let t0 = Instant::now();
+    for i in 1..=lat_iters {
+        if me == 0 {
+            w.put(remote, 0, &i.to_le_bytes()).await?;
+        }
+        while word.load(Ordering::Acquire) != i {
+            std::hint::spin_loop();
+        }
+        if me == 1 {
+            w.put(remote, 0, &i.to_le_bytes()).await?;
+        }
+    }
+    let put_lat = t0.elapsed().as_secs_f64() / lat_iters as f64 / 2.0;
+    w.barrier().await?;
+    let mut out = json!({"mapped": !tcp, "transport": w.transport_for(peer as u32), "put_lat_us": put_lat * 1e6});
+    if me == 0 {
+        let mut b = [0u8; 8];
+        let t0 = Instant::now();
+        for _ in 0..lat_iters {
+            w.get(remote, 8, &mut b).await?;
+        }
+        out["get_lat_us"] = json!(t0.elapsed().as_secs_f64() / lat_iters as f64 * 1e6);
+        let src = vec![7u8; 4 << 20];
+        let mut dst = vec![0u8; 4 << 20];
+        for size in SIZES {
+            let n = (BW_BYTES / size / if tcp { 16 } else { 1 }).max(4);
+            let t0 = Instant::now();
+            for _ in 0..n {
+                w.put(remote, 64, &src[..size]).await?;
+            }
+            w.fence(remote).await?;
+            out[format!("put_bw_{size}")] = json!((n * size) as f64 / t0.elapsed().as_secs_f64() / 1e6);
+            let t0 = Instant::now();
+            for _ in 0..n {
+                w.get(remote, 64, &mut dst[..size]).await?;
+            }
+            out[format!("get_bw_{size}")] = json!((n * size) as f64 / t0.elapsed().as_secs_f64() / 1e6);
+        }
+        let iters = if tcp { ATOMIC_ITERS / 100 } else { ATOMIC_ITERS };
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            w.fetch_add(remote, 16, 1).await?;
+        }
+        out["fadd_lat_us"] = json!(t0.elapsed().as_secs_f64() / iters as f64 * 1e6);
+    }
+    w.barrier().await?;
+    seg.unpublish().await?;
+    Ok(out)
+}
+
+async fn atomics(w: &World) -> Result<Value> {
+    let (me, n) = (w.rank(), w.size());
+    let (seg, remotes) = segments(w, 64).await?;
+    let tcp = remotes.iter().any(|r| !r.is_mapped());
+    let iters = if tcp { ATOMIC_ITERS / 100 } else { ATOMIC_ITERS / u64::from(n) };
+    let mut out = json!({"ranks": n, "mapped": !tcp, "iters_per_rank": iters});
+    for mode in ["centralized", "spread"] {
+        w.barrier().await?;
+        let t0 = Instant::now();
+        for i in 0..iters {
+            let target = if mode == "centralized" { 0 } else { (me as u64 + i) % u64::from(n) } as usize;
+            w.fetch_add(&remotes[target], 0, 1).await?;
+            if i % 256 == 0 {
+                // More ranks than CPUs: let the others on.
+                tokio::task::yield_now().await;
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let all = w.allgather(&[secs]).await?;
+        let slowest = all.iter().copied().fold(0.0, f64::max);
+        out[format!("{mode}_Mops")] = json!((iters * u64::from(n)) as f64 / slowest / 1e6);
+    }
+    w.barrier().await?;
+    // Every fetch-add landed: the words sum to both modes' operations.
+    let words = w.allgather(&[seg.word(0)?.load(Ordering::Acquire)]).await?;
+    let sum: u64 = words.iter().sum();
+    if sum != 2 * iters * u64::from(n) {
+        return Err(format!("the words sum to {sum}, not {}", 2 * iters * u64::from(n)).into());
+    }
+    w.barrier().await?;
+    seg.unpublish().await?;
+    Ok(out)
+}
+
+/// `ucx_perftest` at the two CPUs: the client's final line, as (50th percentile latency us,
+/// average latency us, overall bandwidth MB/s, overall message rate /s).
+fn ucx(perftest: &PathBuf, cpus: [usize; 2], test: &str, size: usize, iters: u64) -> Result<[f64; 4]> {
+    let port = process::free_port()?.to_string();
+    let args = ["-t", test, "-s", &size.to_string(), "-n", &iters.to_string(), "-p", &port];
+    let pin = |cpu: usize| {
+        let mut c = Command::new("taskset");
+        c.args(["-c", &cpu.to_string()]).arg(perftest).args(args).env("UCX_TLS", "posix,cma");
+        c
+    };
+    let mut server = pin(cpus[1]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    let start = Instant::now();
+    let out = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let out = pin(cpus[0]).args(["-f", "127.0.0.1"]).stdin(Stdio::null()).output()?;
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            let _ = server.kill();
+            let _ = server.wait();
+            return Err(format!("ucx_perftest {test} failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+        }
+    };
+    process::wait_until(&mut server, Instant::now() + Duration::from_secs(60))?;
+    let row: Vec<f64> = out
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let v: Option<Vec<f64>> = l.split_whitespace().map(|w| w.parse().ok()).collect();
+            v.filter(|v| v.len() == 8)
+        })
+        .ok_or_else(|| format!("no result row from ucx_perftest {test}:\n{out}"))?;
+    // Columns: iterations, latency 50%/average/overall (us), bandwidth average/overall (MiB/s),
+    // message rate average/overall.
+    Ok([row[1], row[2], row[5] * 1.048_576, row[7]])
+}
+
+/// `rma`: runs both sides, prints the report.
+pub fn main(o: Options) -> Result<()> {
+    let perftest = if !o.no_peer {
+        Some(
+            process::find_in_path("ucx_perftest")
+                .ok_or("ucx_perftest not in PATH: install it with `apt-get install ucx-utils` (or pass --no-peer)")?,
+        )
+    } else {
+        None
+    };
+    let mut ours: Vec<Value> = Vec::new();
+    let mut theirs: Vec<Value> = Vec::new();
+    let mut spread: Vec<Value> = Vec::new();
+    let bar = cli::Progress::new((o.runs * (1 + usize::from(perftest.is_some()))) as u64, "rma");
+    for run in 0..o.runs {
+        bar.step(format!("run {}/{}: ferrocomm", run + 1, o.runs));
+        ours.push(ferrocomm_job(&o, "pair", 2)?);
+        spread.push(ferrocomm_job(&o, "atomics", o.atomic_ranks)?);
+        bar.inc();
+        if let Some(p) = &perftest {
+            bar.step(format!("run {}/{}: ucx_perftest", run + 1, o.runs));
+            let put_lat = ucx(p, o.cpus, "ucp_put_lat", 8, LAT_ITERS)?;
+            let get_lat = ucx(p, o.cpus, "ucp_get", 8, LAT_ITERS)?;
+            let mut v = json!({"put_lat_us": put_lat[0], "put_lat_avg_us": put_lat[1], "get_lat_us": get_lat[0]});
+            for size in SIZES {
+                let n = (BW_BYTES / size) as u64;
+                v[format!("put_bw_{size}")] = json!(ucx(p, o.cpus, "ucp_put_bw", size, n)?[2]);
+                v[format!("get_bw_{size}")] = json!(ucx(p, o.cpus, "ucp_get", size, n)?[2]);
+            }
+            let fadd = ucx(p, o.cpus, "ucp_fadd", 8, ATOMIC_ITERS)?;
+            v["fadd_lat_us"] = json!(fadd[0]);
+            theirs.push(v);
+            bar.inc();
+        }
+    }
+    drop(bar);
+    let med = |side: &[Value], key: &str| median(side.iter().filter_map(|v| v[key].as_f64()).collect());
+    let mapped = ours[0]["mapped"].as_bool().unwrap_or(false);
+    println!(
+        "one-sided, 2 ranks pinned to CPUs {},{}: ferrocomm over {} ({}), ucx_perftest with UCX_TLS=posix,cma; medians of {} runs",
+        o.cpus[0],
+        o.cpus[1],
+        ours[0]["transport"].as_str().unwrap_or("?"),
+        if mapped { "segments mapped by the peer" } else { "requests served by the target's progress" },
+        o.runs
+    );
+    println!("{:<24} {:>14} {:>14} {:>10}", "", "ferrocomm", "ucx_perftest", "ratio");
+    let mut summary = serde_json::Map::new();
+    let rows: Vec<(String, String, &str, bool)> =
+        [("put_lat_us", "put latency 8 B", "us", true), ("get_lat_us", "get latency 8 B", "us", true)]
+            .into_iter()
+            .map(|(k, l, u, lat)| (k.to_string(), l.to_string(), u, lat))
+            .chain(SIZES.iter().flat_map(|&s| {
+                [("put", s), ("get", s)]
+                    .map(|(op, s)| (format!("{op}_bw_{s}"), format!("{op} bandwidth {} KiB", s >> 10), "MB/s", false))
+            }))
+            .chain([("fadd_lat_us".to_string(), "fetch-add 8 B".to_string(), "us", true)])
+            .collect();
+    for (key, label, unit, lat) in rows {
+        let a = med(&ours, &key);
+        let b = if theirs.is_empty() { f64::NAN } else { med(&theirs, &key) };
+        // Latency: ferrocomm / UCX (lower is better); bandwidth: ferrocomm / UCX (higher is better).
+        let ratio = a / b;
+        let fmt = |x: f64| if lat { format!("{x:.3} {unit}") } else { format!("{x:.0} {unit}") };
+        println!("{label:<24} {:>14} {:>14} {:>9.2}x", fmt(a), fmt(b), ratio);
+        summary.insert(key, json!({"ferrocomm": a, "ucx": b, "ratio": ratio}));
+    }
+    let c = med(&spread, "centralized_Mops");
+    let s = med(&spread, "spread_Mops");
+    println!(
+        "fetch-add, {} ranks on 2 CPUs{}: every rank to one target {c:.2} M ops/s, spread across targets {s:.2} M ops/s ({:.2}x)",
+        o.atomic_ranks,
+        if o.atomic_ranks > 2 { " (oversubscribed)" } else { "" },
+        s / c
+    );
+    if let Some(path) = &o.json {
+        let all = json!({"summary": summary, "ferrocomm": ours, "ucx": theirs, "atomics": spread,
+                         "cpus": o.cpus, "runs": o.runs, "transports": o.transports});
+        std::fs::write(path, serde_json::to_string_pretty(&all)? + "\n")?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,1004 @@
+//! The one-sided API: segments a rank publishes ([`Segment`], [`Queue`]), handles on its peers'
+//! ([`RemoteSegment`]), the operations on [`World`], and their completions ([`RmaOp`],
+//! [`GetOp`], [`Event`]).
+//!
+//! Completion: an operation copies its source (or, on a mapping, writes it) before the call
+//! returns, so the source buffer may be reused at once (local completion is the call's return;
+//! the borrow of the source ends there). Remote completion (the data is visible at the target, an
+//! atomic has been applied) is the returned future's, or an [`Event`]'s: [`RmaOp::on`] hands an
+//! operation to an event and returns a [`Ticket`]; a batch of any size completes through one
+//! event (a counter compared with the ticket), with no allocation per operation. Dropping an
+//! operation's future does not cancel it: it was issued, and it takes effect.
+//!
+//! Ordering: operations from one rank on one segment take effect in the order they were issued
+//! (on a mapping they are done by the call itself; requests are applied by the target in arrival
+//! order, and the engine keeps one sender's order). [`World::fence`] waits until every earlier
+//! operation on a segment is remotely complete.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferrocomm_reactor::{ProgressMode, Until, Wait};
+use ferrocomm_transports::Rank;
+
+use super::geometry::{Geometry, Layout};
+use super::memory::{AtomicOp, Kind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
+use super::service::{EventShared, Key, Remote, Reply};
+use super::wire::{AttachInfo, Msg, OVERHEAD};
+use super::{Access, RmaError, SegmentId};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::world::{Inner, World};
+
+/// Largest piece of a transfer in one message of the emulated path (each is a point-to-point
+/// message: large ones go by rendezvous, and the target copies each as it lands).
+const CHUNK_MAX: usize = 1 << 20;
+/// A producer facing a full queue on a mapping retries this many times at once (yielding to its
+/// executor in between), then every [`NAP`].
+const SPIN_TRIES: u32 = 64;
+const NAP: Duration = Duration::from_millis(1);
+/// The smallest message limit the emulated path works with.
+const MIN_MESSAGE: usize = 4 * OVERHEAD;
+
+/// Runs `f` on the locked driver, then hands the one-sided service's messages to the engine and
+/// the engine's to the transport (calling the background task in where nobody spins).
+fn locked<R>(inner: &Inner, f: impl FnOnce(&mut Driver) -> R) -> R {
+    let mut g = inner.reactor.lock();
+    let d = &mut *g;
+    let r = f(d);
+    d.rma.pump(&mut d.engine);
+    d.flush();
+    if inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_queued_output() {
+        inner.reactor.kick();
+    }
+    r
+}
+
+fn rma(e: RmaError) -> Error {
+    Error::Rma(e)
+}
+
+/// Memory this rank publishes: its peers reach it by [`Segment::id`]. The handle keeps the memory
+/// alive; dropping it unpublishes (without waiting, see [`Segment::unpublish`]).
+///
+/// Local access goes through copies ([`Segment::read`], [`Segment::write`]) and atomic words
+/// ([`Segment::word`]): peers write this memory concurrently, so it is never lent out as a slice.
+pub struct Segment {
+    mem: Arc<SegMem>,
+    inner: Arc<Inner>,
+    live: bool,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment").field("id", &self.mem.id).field("len", &self.mem.len).finish()
+    }
+}
+
+impl Segment {
+    /// The global id peers attach with.
+    pub fn id(&self) -> SegmentId {
+        self.mem.id
+    }
+
+    /// Data bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mem.len == 0
+    }
+
+    /// What peers may do.
+    pub fn access(&self) -> Access {
+        self.mem.access
+    }
+
+    fn local(&self, off: usize, len: usize) -> Result<()> {
+        if off.checked_add(len).is_none_or(|e| e > self.mem.len) {
+            return Err(rma(RmaError::OutOfBounds {
+                offset: off as u64,
+                len: len as u64,
+                segment_len: self.mem.len as u64,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes from offset `off` into `dst`.
+    pub fn read(&self, off: usize, dst: &mut [u8]) -> Result<()> {
+        self.local(off, dst.len())?;
+        self.mem.read_at(off, dst);
+        Ok(())
+    }
+
+    /// Copies `src` to offset `off`.
+    pub fn write(&self, off: usize, src: &[u8]) -> Result<()> {
+        self.local(off, src.len())?;
+        self.mem.write_at(off, src);
+        Ok(())
+    }
+
+    /// The 64-bit word at `off` (8-byte aligned), for local atomics on the words peers update
+    /// with remote atomics.
+    pub fn word(&self, off: usize) -> Result<&AtomicU64> {
+        if !off.is_multiple_of(8) {
+            return Err(rma(RmaError::Misaligned { offset: off as u64 }));
+        }
+        self.local(off, 8)?;
+        Ok(self.mem.word(off))
+    }
+
+    /// The data's first byte. Peers may read and write the memory at any time; accesses through
+    /// the pointer must not assume exclusivity (no `&mut` slices over it).
+    pub fn as_ptr(&self) -> *mut u8 {
+        if self.mem.len == 0 {
+            return std::ptr::NonNull::dangling().as_ptr();
+        }
+        self.mem.data_ptr()
+    }
+
+    /// The notification counter: puts with notify ([`World::put_notify`]) and notifies
+    /// ([`World::notify`]) add one each, after their data.
+    pub fn notifications(&self) -> u64 {
+        self.mem.notified()
+    }
+
+    /// Waits until the notification counter reaches `n`; returns its value. Once it returns, the
+    /// data of the puts whose notifications it counted is visible here.
+    pub fn wait_notifications(&self, n: u64) -> impl Future<Output = Result<u64>> + Send + 'static {
+        let mem = self.mem.clone();
+        let serial = mem.id.serial();
+        Until::new(self.inner.reactor.clone(), move |d: &mut Driver, cx: Option<&mut Context<'_>>| {
+            let v = mem.notified();
+            if v >= n {
+                return Poll::Ready(Ok(v));
+            }
+            if !mem.is_open() {
+                return Poll::Ready(Err(rma(RmaError::Unpublished { id: mem.id })));
+            }
+            if d.rma.service.is_closed() {
+                return Poll::Ready(Err(Error::Shutdown));
+            }
+            if let Some(cx) = cx {
+                d.rma.service.wait_owner(serial, WAIT_NOTIFY, cx.waker());
+                let v = mem.notified();
+                if v >= n {
+                    return Poll::Ready(Ok(v));
+                }
+            }
+            Poll::Pending
+        })
+    }
+
+    /// Unpublishes: operations from now on fail with [`RmaError::Unpublished`] (requests are
+    /// refused by this rank's progress, peers mapping the segment see it closed), and enqueues
+    /// waiting for room fail. An operation already under way on a peer's mapping finishes into
+    /// pages that stay allocated until that peer lets go: no late operation ever touches freed
+    /// memory, and none can be observed by this rank any more.
+    pub async fn unpublish(mut self) -> Result<()> {
+        self.live = false;
+        let serial = self.mem.id.serial();
+        locked(&self.inner, |d| d.rma.service.unpublish(serial));
+        Ok(())
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if !self.live {
+            return;
+        }
+        self.mem.close();
+        let serial = self.mem.id.serial();
+        locked(&self.inner, |d| d.rma.service.unpublish(serial));
+    }
+}
+
+/// A remote queue this rank owns: peers enqueue fixed-size records ([`World::enqueue`]), the
+/// owner takes them in order. Flow control is by slot: a producer waits while the queue is a
+/// whole capacity ahead of the owner.
+#[derive(Debug)]
+pub struct Queue {
+    seg: Segment,
+    record: usize,
+}
+
+impl Queue {
+    pub fn id(&self) -> SegmentId {
+        self.seg.id()
+    }
+
+    /// Bytes per record.
+    pub fn record_len(&self) -> usize {
+        self.record
+    }
+
+    /// Records it holds at most.
+    pub fn capacity(&self) -> usize {
+        self.seg.mem.queue_shape().map_or(0, |s| s.1)
+    }
+
+    /// Records waiting now.
+    pub fn len(&self) -> usize {
+        self.seg.mem.queued() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes the oldest record into `out` (exactly [`Queue::record_len`] bytes), if any.
+    pub fn try_dequeue_into(&self, out: &mut [u8]) -> Result<bool> {
+        if out.len() != self.record {
+            return Err(rma(RmaError::RecordSize { len: out.len() as u64, record: self.record as u64 }));
+        }
+        let got = self.seg.mem.try_dequeue(out);
+        if got && self.seg.mem.held.load(Ordering::Relaxed) > 0 {
+            // Peers' enqueues wait at this rank for room: the progress task lets them in.
+            self.seg.inner.reactor.kick();
+        }
+        Ok(got)
+    }
+
+    /// The oldest record, if any.
+    pub fn try_dequeue(&self) -> Option<Vec<u8>> {
+        let mut v = vec![0u8; self.record];
+        self.try_dequeue_into(&mut v).ok()?.then_some(v)
+    }
+
+    /// Waits for the next record.
+    pub fn dequeue(&self) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
+        let mem = self.seg.mem.clone();
+        let (serial, record) = (mem.id.serial(), self.record);
+        Until::new(self.seg.inner.reactor.clone(), move |d: &mut Driver, cx: Option<&mut Context<'_>>| {
+            let mut out = vec![0u8; record];
+            let mut take = |d: &mut Driver| {
+                if !mem.try_dequeue(&mut out) {
+                    return false;
+                }
+                if mem.held.load(Ordering::Relaxed) > 0 {
+                    d.rma.service.serve_held();
+                    d.rma.pump(&mut d.engine);
+                    d.flush();
+                }
+                true
+            };
+            if take(d) {
+                return Poll::Ready(Ok(std::mem::take(&mut out)));
+            }
+            if !mem.is_open() {
+                return Poll::Ready(Err(rma(RmaError::Unpublished { id: mem.id })));
+            }
+            if d.rma.service.is_closed() {
+                return Poll::Ready(Err(Error::Shutdown));
+            }
+            if let Some(cx) = cx {
+                d.rma.service.wait_owner(serial, WAIT_QUEUE, cx.waker());
+                if take(d) {
+                    return Poll::Ready(Ok(std::mem::take(&mut out)));
+                }
+            }
+            Poll::Pending
+        })
+    }
+
+    /// The records as a stream, in order; it ends after an error (unpublished, shutdown).
+    pub fn stream(&self) -> impl futures::Stream<Item = Result<Vec<u8>>> + '_ {
+        futures::stream::unfold(false, move |ended| async move {
+            if ended {
+                return None;
+            }
+            let r = self.dequeue().await;
+            let ended = r.is_err();
+            Some((r, ended))
+        })
+    }
+
+    /// Unpublishes the queue (see [`Segment::unpublish`]); enqueues waiting for room fail.
+    pub async fn unpublish(self) -> Result<()> {
+        self.seg.unpublish().await
+    }
+}
+
+/// A segment of a peer (or of this rank), attached by id ([`World::attach`]). Cheap to clone.
+#[derive(Clone)]
+pub struct RemoteSegment {
+    r: Arc<Remote>,
+}
+
+impl std::fmt::Debug for RemoteSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteSegment")
+            .field("id", &self.r.id)
+            .field("len", &self.r.info.len)
+            .field("access", &self.r.info.access)
+            .field("mapped", &self.r.mapped.is_some())
+            .finish()
+    }
+}
+
+impl RemoteSegment {
+    pub fn id(&self) -> SegmentId {
+        self.r.id
+    }
+
+    /// The owner's world rank.
+    pub fn owner(&self) -> Rank {
+        self.r.id.owner()
+    }
+
+    /// Data bytes.
+    pub fn len(&self) -> usize {
+        self.r.info.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.r.info.len == 0
+    }
+
+    /// What the owner allows.
+    pub fn access(&self) -> Access {
+        self.r.info.access
+    }
+
+    /// Whether operations go straight to a mapping of the owner's memory (shared memory), rather
+    /// than as requests that the owner's progress applies.
+    pub fn is_mapped(&self) -> bool {
+        self.r.mapped.is_some()
+    }
+
+    /// Bytes per record, for a queue.
+    pub fn record_len(&self) -> Option<usize> {
+        match self.r.info.kind {
+            Kind::Queue { record, .. } => Some(record),
+            Kind::Window => None,
+        }
+    }
+}
+
+/// A ticket of an [`Event`]: the number of completions that mark this operation's turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(pub u64);
+
+/// A completion counter for batches of operations (AOS's event): each operation handed to it
+/// ([`RmaOp::on`]) gets the next ticket, each completion adds one, and waiting for ticket `t`
+/// ends once `t` operations completed. Waiting for the last ticket of a batch waits for the whole
+/// batch. The first error of any of its operations is kept and returned by the waits.
+#[derive(Clone)]
+pub struct Event {
+    shared: Arc<EventShared>,
+    inner: Arc<Inner>,
+}
+
+impl Event {
+    /// Tickets handed out.
+    pub fn issued(&self) -> u64 {
+        self.shared.issued.load(Ordering::Acquire)
+    }
+
+    /// Operations completed.
+    pub fn completed(&self) -> u64 {
+        self.shared.done.load(Ordering::Acquire)
+    }
+
+    /// Whether ticket `t` has come.
+    pub fn test(&self, t: Ticket) -> bool {
+        self.completed() >= t.0
+    }
+
+    /// The first error an operation of this event failed with, if any.
+    pub fn error(&self) -> Option<Error> {
+        self.shared.error.lock().clone()
+    }
+
+    /// Waits until ticket `t` has come; fails with the first error of the event's operations.
+    pub fn wait(&self, t: Ticket) -> impl Future<Output = Result<()>> + Send + 'static {
+        let shared = self.shared.clone();
+        Until::new(self.inner.reactor.clone(), move |_: &mut Driver, cx: Option<&mut Context<'_>>| {
+            let check = || {
+                (shared.done.load(Ordering::Acquire) >= t.0).then(|| shared.error.lock().clone().map_or(Ok(()), Err))
+            };
+            if let Some(r) = check() {
+                return Poll::Ready(r);
+            }
+            if let Some(cx) = cx {
+                shared.register(cx.waker());
+                if let Some(r) = check() {
+                    return Poll::Ready(r);
+                }
+            }
+            Poll::Pending
+        })
+    }
+
+    /// Waits for every operation issued so far.
+    pub fn wait_all(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+        self.wait(Ticket(self.issued()))
+    }
+}
+
+enum St {
+    Ready(Result<Reply>),
+    Pending { inner: Arc<Inner>, key: Key, wait: Wait },
+    Retry(Box<Retry>),
+    Done,
+}
+
+/// A one-sided operation in flight. Await it for remote completion and its result, or hand it to
+/// an [`Event`]. Dropping it does not cancel the operation.
+#[must_use = "an operation completes remotely only when awaited or handed to an event"]
+pub struct RmaOp<T> {
+    st: St,
+    conv: fn(Reply) -> Result<T>,
+}
+
+fn unit(_: Reply) -> Result<()> {
+    Ok(())
+}
+
+fn value(r: Reply) -> Result<u64> {
+    match r {
+        Reply::Value(v) => Ok(v),
+        other => unreachable!("an atomic answered {other:?}"),
+    }
+}
+
+fn raw(r: Reply) -> Result<Reply> {
+    Ok(r)
+}
+
+impl<T> RmaOp<T> {
+    fn ready(r: Result<Reply>, conv: fn(Reply) -> Result<T>) -> RmaOp<T> {
+        RmaOp { st: St::Ready(r), conv }
+    }
+
+    fn failed(e: Error, conv: fn(Reply) -> Result<T>) -> RmaOp<T> {
+        RmaOp::ready(Err(e), conv)
+    }
+
+    /// Whether the operation has completed (it was done by the call itself: on a mapping, or
+    /// refused before anything was sent).
+    pub fn is_complete(&self) -> bool {
+        matches!(self.st, St::Ready(_))
+    }
+
+    /// Hands the operation to `ev` (its result, beyond success or failure, is dropped) and
+    /// returns its ticket.
+    pub fn on(mut self, ev: &Event) -> Ticket {
+        let t = Ticket(ev.shared.issued.fetch_add(1, Ordering::AcqRel) + 1);
+        match std::mem::replace(&mut self.st, St::Done) {
+            St::Ready(r) => ev.shared.complete(r.map(|_| ())),
+            St::Pending { inner, key, .. } => inner.reactor.lock().rma.service.on_event(key, ev.shared.clone()),
+            St::Retry(mut retry) => {
+                let shared = ev.shared.clone();
+                let drive = async move { std::future::poll_fn(|cx| retry.poll(cx)).await };
+                match tokio::runtime::Handle::try_current() {
+                    Ok(h) => _ = h.spawn(async move { shared.complete(drive.await) }),
+                    Err(_) => {
+                        shared.complete(Err(Error::Invalid("an enqueue waiting for room needs a tokio runtime".into())))
+                    }
+                }
+            }
+            St::Done => ev.shared.complete(Err(Error::Shutdown)),
+        }
+        t
+    }
+}
+
+impl<T> Future for RmaOp<T> {
+    type Output = Result<T>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let this = self.get_mut();
+        let r = match &mut this.st {
+            St::Pending { inner, key, wait } => {
+                let k = *key;
+                std::task::ready!(inner.reactor.poll_until(cx, wait, |d, cx| d.rma.service.poll(k, cx)))
+            }
+            St::Retry(retry) => std::task::ready!(retry.poll(cx)).map(|()| Reply::Unit),
+            St::Ready(_) => match std::mem::replace(&mut this.st, St::Done) {
+                St::Ready(r) => r,
+                _ => unreachable!(),
+            },
+            St::Done => Err(Error::Shutdown),
+        };
+        this.st = St::Done;
+        Poll::Ready(r.and_then(this.conv))
+    }
+}
+
+impl<T> Drop for RmaOp<T> {
+    fn drop(&mut self) {
+        if let St::Pending { inner, key, .. } = &self.st {
+            inner.reactor.lock().rma.service.detach(*key);
+        }
+    }
+}
+
+/// An enqueue into a full queue on a mapping: it retries until a slot is free.
+struct Retry {
+    inner: Arc<Inner>,
+    remote: Arc<Remote>,
+    mem: Arc<SegMem>,
+    record: Box<[u8]>,
+    tries: u32,
+    nap: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Retry {
+    /// One attempt: `Some` once done or failed.
+    fn attempt(&self) -> Option<Result<()>> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Some(Err(Error::Shutdown));
+        }
+        if let Some(reason) = self.remote.lost.get() {
+            return Some(Err(Error::PeerLost { rank: self.remote.id.owner(), reason: reason.clone() }));
+        }
+        if let Err(e) = self.mem.check_open() {
+            return Some(Err(rma(e)));
+        }
+        if !self.mem.try_enqueue(&self.record) {
+            return None;
+        }
+        if self.mem.waiting(WAIT_QUEUE) {
+            let (owner, serial) = (self.remote.id.owner(), self.remote.id.serial());
+            locked(&self.inner, |d| d.rma.service.ring(owner, serial));
+        }
+        Some(Ok(()))
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        loop {
+            if let Some(r) = self.attempt() {
+                return Poll::Ready(r);
+            }
+            self.tries += 1;
+            if self.tries < SPIN_TRIES {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let nap = self.nap.get_or_insert_with(|| Box::pin(tokio::time::sleep(NAP)));
+            std::task::ready!(nap.as_mut().poll(cx));
+            self.nap = None;
+        }
+    }
+}
+
+/// A get in flight: its data lands in the borrowed buffer when it completes.
+#[must_use = "a get completes only when awaited"]
+pub struct GetOp<'a> {
+    op: RmaOp<Reply>,
+    dst: &'a mut [u8],
+    local: Layout,
+    owner: Rank,
+}
+
+impl Future for GetOp<'_> {
+    type Output = Result<()>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = self.get_mut();
+        let r = std::task::ready!(Pin::new(&mut this.op).poll(cx));
+        Poll::Ready(r.and_then(|reply| {
+            let Reply::Data(pieces) = reply else { return Ok(()) };
+            let total = this.local.bytes().map_err(rma)?;
+            for (start, data) in pieces {
+                if start.checked_add(data.len()).is_none_or(|e| e > total) {
+                    return Err(rma(RmaError::Malformed { rank: this.owner, what: "data outside the get" }));
+                }
+                for (off, s, len) in this.local.pieces(start..start + data.len()) {
+                    this.dst[off..off + len].copy_from_slice(&data[s - start..s - start + len]);
+                }
+            }
+            Ok(())
+        }))
+    }
+}
+
+/// Packs stream bytes `range` of `layout` over `src`.
+fn gather(layout: &Layout, src: &[u8], range: std::ops::Range<usize>) -> Bytes {
+    let mut v = Vec::with_capacity(range.len());
+    for (off, _, len) in layout.pieces(range) {
+        v.extend_from_slice(&src[off..off + len]);
+    }
+    v.into()
+}
+
+impl World {
+    fn rma_inner(&self) -> &Arc<Inner> {
+        self.comm().inner()
+    }
+
+    fn new_segment(&self, len: usize, access: Access, kind: Kind) -> Result<Segment> {
+        let inner = self.rma_inner().clone();
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        let serial = inner.reactor.with(|d| d.rma.service.reserve())?;
+        let id = SegmentId::new(inner.rank, serial);
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce).map_err(|e| Error::Invalid(format!("no randomness for a segment nonce: {e}")))?;
+        let mem = SegMem::create(id, len, access, kind, u64::from_le_bytes(nonce))
+            .map_err(|e| Error::Invalid(format!("segment memory of {len} bytes: {e}")))?;
+        let mem = Arc::new(mem);
+        inner.reactor.with(|d| d.rma.service.publish(mem.clone()));
+        Ok(Segment { mem, inner, live: true })
+    }
+
+    /// Publishes `len` zeroed bytes that peers may access as `access` says (any of
+    /// [`Access::GET`], [`Access::PUT`], [`Access::ATOMIC`]). The memory is shared memory that
+    /// peers on this host map; the returned handle keeps it.
+    pub fn publish(&self, len: usize, access: Access) -> Result<Segment> {
+        if !Access::WINDOW.contains(access) {
+            return Err(Error::Invalid(format!("a window allows {:?} at most, not {access:?}", Access::WINDOW)));
+        }
+        self.new_segment(len, access, Kind::Window)
+    }
+
+    /// Publishes a copy of `data` (see [`World::publish`]).
+    pub fn publish_from(&self, data: &[u8], access: Access) -> Result<Segment> {
+        let seg = self.publish(data.len(), access)?;
+        seg.write(0, data)?;
+        Ok(seg)
+    }
+
+    /// Publishes a remote queue of `capacity` records (a power of two, at most 2^20) of `record`
+    /// bytes (1 to 4096) that peers enqueue into.
+    pub fn publish_queue(&self, record: usize, capacity: usize) -> Result<Queue> {
+        if !queue_shape_ok(record, capacity) {
+            return Err(Error::Invalid(format!(
+                "a queue needs records of 1 to {MAX_RECORD} bytes and a power-of-two capacity up to {MAX_CAPACITY}, \
+                 not {record} and {capacity}"
+            )));
+        }
+        let seg = self.new_segment(0, Access::QUEUE, Kind::Queue { record, capacity })?;
+        Ok(Queue { seg, record })
+    }
+
+    /// Attaches to segment `id` (one round trip to its owner, then cached: attaching again is
+    /// free). Over shared memory the owner's memory is mapped here and operations go straight
+    /// to it; otherwise they are requests that the owner's progress serves.
+    pub async fn attach(&self, id: SegmentId) -> Result<RemoteSegment> {
+        let inner = self.rma_inner().clone();
+        if id.owner() >= inner.size {
+            return Err(Error::UnknownRank { rank: id.owner(), size: inner.size });
+        }
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        if let Some(r) = inner.reactor.with(|d| d.rma.service.cached(id)) {
+            return Ok(RemoteSegment { r });
+        }
+        let remote = if id.owner() == inner.rank {
+            let mem = inner.reactor.with(|d| d.rma.service.own(id.serial())).map_err(rma)?;
+            let info = AttachInfo {
+                len: mem.len,
+                access: mem.access,
+                kind: mem.kind,
+                pid: std::process::id() as i32,
+                fd: mem.raw_fd(),
+                nonce: mem.nonce,
+                max_message: inner.settings.max_message,
+            };
+            Remote { id, info, mapped: Some(mem), lost: OnceLock::new() }
+        } else {
+            if inner.settings.max_message < MIN_MESSAGE {
+                return Err(Error::Invalid(format!("one-sided operations need max_message of {MIN_MESSAGE} bytes")));
+            }
+            let serial = id.serial();
+            let reply = emulated(&inner, id, |req| vec![Msg::Attach { req, serial }], raw).await?;
+            let Reply::Attached(info) = reply else {
+                return Err(rma(RmaError::Malformed { rank: id.owner(), what: "attach answered without a segment" }));
+            };
+            if info.max_message < MIN_MESSAGE {
+                return Err(Error::Invalid(format!(
+                    "rank {} receives messages of {} bytes at most",
+                    id.owner(),
+                    info.max_message
+                )));
+            }
+            let shm = inner.reactor.with(|d| d.transport.name_for(id.owner())) == "shm";
+            let mapped = if shm { map_peer(id, &info) } else { None };
+            Remote { id, info, mapped, lost: OnceLock::new() }
+        };
+        let r = inner.reactor.with(|d| d.rma.service.cache(Arc::new(remote)));
+        Ok(RemoteSegment { r })
+    }
+
+    /// Common checks: rights and bounds at the initiator, a lost owner, shutdown.
+    fn precheck(&self, r: &Remote, needed: Access, span: (usize, usize)) -> Result<()> {
+        if self.rma_inner().closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        RmaError::check(needed, r.info.access, span.0 as u64, span.1 as u64, r.info.len as u64).map_err(rma)?;
+        if !matches!(r.info.kind, Kind::Window) && needed != Access::QUEUE {
+            return Err(rma(RmaError::NotPermitted { needed, granted: r.info.access }));
+        }
+        if let Some(reason) = r.lost.get() {
+            return Err(Error::PeerLost { rank: r.id.owner(), reason: reason.clone() });
+        }
+        Ok(())
+    }
+
+    /// An error of an operation on a mapping; an unpublished segment leaves the cache.
+    fn mapped_err(&self, r: &Remote, e: RmaError) -> Error {
+        if matches!(e, RmaError::Unpublished { .. }) {
+            self.rma_inner().reactor.with(|d| d.rma.service.forget(r.id));
+        }
+        rma(e)
+    }
+
+    /// Writes `src` at `offset` of `dst`.
+    pub fn put(&self, dst: &RemoteSegment, offset: usize, src: &[u8]) -> RmaOp<()> {
+        if let Some(mem) = &dst.r.mapped {
+            // The common case on a mapping, without a geometry: one check and one copy.
+            let r = self.precheck(&dst.r, Access::PUT, (offset, src.len())).and_then(|()| {
+                mem.check_open().map_err(|e| self.mapped_err(&dst.r, e))?;
+                mem.write_at(offset, src);
+                Ok(Reply::Unit)
+            });
+            return RmaOp::ready(r, unit);
+        }
+        self.put_impl(dst, &Geometry::contiguous(0, offset, src.len()), src, false)
+    }
+
+    /// Writes the runs of `geometry` from `src` into `dst` (strided, sub-arrays, ...).
+    pub fn put_with(&self, dst: &RemoteSegment, geometry: &Geometry, src: &[u8]) -> RmaOp<()> {
+        self.put_impl(dst, geometry, src, false)
+    }
+
+    /// [`World::put`], then adds one to the segment's notification counter once the data is in
+    /// place: the owner learns that it landed ([`Segment::wait_notifications`]) without a message
+    /// of its own.
+    pub fn put_notify(&self, dst: &RemoteSegment, offset: usize, src: &[u8]) -> RmaOp<()> {
+        self.put_impl(dst, &Geometry::contiguous(0, offset, src.len()), src, true)
+    }
+
+    /// [`World::put_with`] with a notification (see [`World::put_notify`]).
+    pub fn put_with_notify(&self, dst: &RemoteSegment, geometry: &Geometry, src: &[u8]) -> RmaOp<()> {
+        self.put_impl(dst, geometry, src, true)
+    }
+
+    fn put_impl(&self, dst: &RemoteSegment, g: &Geometry, src: &[u8], notify: bool) -> RmaOp<()> {
+        let r = &dst.r;
+        let (bytes, span) = match g.check_local(src.len()) {
+            Ok(x) => x,
+            Err(e) => return RmaOp::failed(rma(e), unit),
+        };
+        if let Err(e) = self.precheck(r, Access::PUT, span) {
+            return RmaOp::failed(e, unit);
+        }
+        if let Some(mem) = &r.mapped {
+            let res = mem.check_open().map(|()| mem.put(g, src));
+            if res.is_ok() && notify && mem.notify(1) {
+                let (owner, serial) = (r.id.owner(), r.id.serial());
+                locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
+            }
+            return RmaOp::ready(res.map(|()| Reply::Unit).map_err(|e| self.mapped_err(r, e)), unit);
+        }
+        if bytes == 0 && !notify {
+            return RmaOp::ready(Ok(Reply::Unit), unit);
+        }
+        let chunk = r.info.max_message.min(CHUNK_MAX) - OVERHEAD;
+        let local = g.local_layout();
+        let pieces: Vec<(usize, Bytes)> = (0..bytes.div_ceil(chunk).max(1))
+            .map(|i| (i * chunk, gather(&local, src, i * chunk..((i + 1) * chunk).min(bytes))))
+            .collect();
+        let (layout, serial, n) = (g.remote_layout(), r.id.serial(), pieces.len());
+        emulated(
+            self.rma_inner(),
+            r.id,
+            |req| {
+                pieces
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (start, data))| Msg::Put {
+                        req,
+                        serial,
+                        notify: notify && i + 1 == n,
+                        layout,
+                        start,
+                        data,
+                    })
+                    .collect()
+            },
+            unit,
+        )
+    }
+
+    /// Adds one to `dst`'s notification counter, after every earlier put of this rank to it.
+    pub fn notify(&self, dst: &RemoteSegment) -> RmaOp<()> {
+        let r = &dst.r;
+        if let Err(e) = self.precheck(r, Access::PUT, (0, 0)) {
+            return RmaOp::failed(e, unit);
+        }
+        if let Some(mem) = &r.mapped {
+            let res = mem.check_open().map(|()| mem.notify(1));
+            if res == Ok(true) {
+                let (owner, serial) = (r.id.owner(), r.id.serial());
+                locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
+            }
+            return RmaOp::ready(res.map(|_| Reply::Unit).map_err(|e| self.mapped_err(r, e)), unit);
+        }
+        let serial = r.id.serial();
+        emulated(self.rma_inner(), r.id, |req| vec![Msg::Notify { req, serial, n: 1 }], unit)
+    }
+
+    /// Reads `dst.len()` bytes at `offset` of `src` into `dst`.
+    pub fn get<'a>(&self, src: &RemoteSegment, offset: usize, dst: &'a mut [u8]) -> GetOp<'a> {
+        let g = Geometry::contiguous(0, offset, dst.len());
+        if let Some(mem) = &src.r.mapped {
+            // The common case on a mapping, without a geometry: one check and one copy.
+            let r = self.precheck(&src.r, Access::GET, (offset, dst.len())).and_then(|()| {
+                mem.check_open().map_err(|e| self.mapped_err(&src.r, e))?;
+                mem.read_at(offset, dst);
+                Ok(Reply::Unit)
+            });
+            return GetOp { op: RmaOp::ready(r, raw), dst, local: g.local_layout(), owner: src.owner() };
+        }
+        self.get_with(src, &g, dst)
+    }
+
+    /// Reads the runs of `geometry` from `src` into `dst`.
+    pub fn get_with<'a>(&self, src: &RemoteSegment, geometry: &Geometry, dst: &'a mut [u8]) -> GetOp<'a> {
+        let r = &src.r;
+        let local = geometry.local_layout();
+        let owner = r.id.owner();
+        let op = (|| {
+            let (bytes, span) = geometry.check_local(dst.len()).map_err(rma)?;
+            self.precheck(r, Access::GET, span)?;
+            if let Some(mem) = &r.mapped {
+                mem.check_open().map_err(|e| self.mapped_err(r, e))?;
+                mem.get(geometry, dst);
+                return Ok(RmaOp::ready(Ok(Reply::Unit), raw));
+            }
+            if bytes == 0 {
+                return Ok(RmaOp::ready(Ok(Reply::Unit), raw));
+            }
+            let inner = self.rma_inner();
+            if inner.settings.max_message < MIN_MESSAGE {
+                return Err(Error::Invalid(format!("one-sided operations need max_message of {MIN_MESSAGE} bytes")));
+            }
+            let chunk = inner.settings.max_message.min(CHUNK_MAX) - OVERHEAD;
+            let (layout, serial) = (geometry.remote_layout(), r.id.serial());
+            Ok(emulated(
+                inner,
+                r.id,
+                |req| {
+                    (0..bytes.div_ceil(chunk))
+                        .map(|i| {
+                            let start = i * chunk;
+                            Msg::Get { req, serial, layout, start, len: chunk.min(bytes - start) }
+                        })
+                        .collect()
+                },
+                raw,
+            ))
+        })()
+        .unwrap_or_else(|e| RmaOp::failed(e, raw));
+        GetOp { op, dst, local, owner }
+    }
+
+    fn atomic<T>(&self, dst: &RemoteSegment, offset: usize, op: AtomicOp, conv: fn(Reply) -> Result<T>) -> RmaOp<T> {
+        let r = &dst.r;
+        if let Err(e) = RmaError::check_word(r.info.access, offset as u64, r.info.len as u64)
+            .map_err(rma)
+            .and_then(|()| self.precheck(r, Access::ATOMIC, (offset, 8)))
+        {
+            return RmaOp::failed(e, conv);
+        }
+        if let Some(mem) = &r.mapped {
+            let res = mem.check_open().map(|()| mem.atomic(op, offset));
+            return RmaOp::ready(res.map(Reply::Value).map_err(|e| self.mapped_err(r, e)), conv);
+        }
+        let serial = r.id.serial();
+        emulated(self.rma_inner(), r.id, |req| vec![Msg::Atomic { req, serial, op, off: offset }], conv)
+    }
+
+    /// Adds `v` (wrapping) to the 64-bit word at `offset` of `dst`; returns its previous value.
+    pub fn fetch_add(&self, dst: &RemoteSegment, offset: usize, v: u64) -> RmaOp<u64> {
+        self.atomic(dst, offset, AtomicOp::FetchAdd(v), value)
+    }
+
+    /// Replaces the word at `offset` with `new` if it holds `current`; returns the value it held
+    /// (equal to `current` exactly when the swap happened).
+    pub fn compare_and_swap(&self, dst: &RemoteSegment, offset: usize, current: u64, new: u64) -> RmaOp<u64> {
+        self.atomic(dst, offset, AtomicOp::CompareSwap { current, new }, value)
+    }
+
+    /// Stores `v` in the word at `offset`; returns the value it held.
+    pub fn swap(&self, dst: &RemoteSegment, offset: usize, v: u64) -> RmaOp<u64> {
+        self.atomic(dst, offset, AtomicOp::Swap(v), value)
+    }
+
+    /// Adds `v` to the word at `offset` without fetching (AOS's posted add): hand it to an event
+    /// or drop it; awaiting it waits for remote completion.
+    pub fn add(&self, dst: &RemoteSegment, offset: usize, v: u64) -> RmaOp<()> {
+        self.atomic(dst, offset, AtomicOp::FetchAdd(v), unit)
+    }
+
+    /// Waits until every operation this rank started on `dst` before the call is remotely
+    /// complete (a put before a get of the same bytes needs nothing more: one rank's operations
+    /// on one segment take effect in order; the fence is for completion).
+    pub fn fence(&self, dst: &RemoteSegment) -> impl Future<Output = Result<()>> + Send + 'static {
+        let inner = self.rma_inner().clone();
+        let (id, mapped) = (dst.r.id, dst.r.mapped.is_some());
+        let at = inner.reactor.with(|d| d.rma.service.fence_point());
+        Until::new(inner.reactor.clone(), move |d: &mut Driver, cx: Option<&mut Context<'_>>| {
+            if mapped {
+                std::sync::atomic::fence(Ordering::SeqCst);
+            }
+            if d.rma.service.fenced(id, at, cx) { Poll::Ready(Ok(())) } else { Poll::Pending }
+        })
+    }
+
+    /// Appends `record` (exactly the queue's record length) to the remote queue `dst`. It waits
+    /// while the queue is full; over requests, the owner holds a few enqueues per peer waiting for
+    /// room and refuses more with [`RmaError::QueueFull`].
+    pub fn enqueue(&self, dst: &RemoteSegment, record: &[u8]) -> RmaOp<()> {
+        let r = &dst.r;
+        if let Err(e) = self.precheck(r, Access::QUEUE, (0, 0)) {
+            return RmaOp::failed(e, unit);
+        }
+        let Kind::Queue { record: rlen, .. } = r.info.kind else {
+            return RmaOp::failed(rma(RmaError::NotPermitted { needed: Access::QUEUE, granted: r.info.access }), unit);
+        };
+        if record.len() != rlen {
+            return RmaOp::failed(rma(RmaError::RecordSize { len: record.len() as u64, record: rlen as u64 }), unit);
+        }
+        if let Some(mem) = &r.mapped {
+            let retry = Retry {
+                inner: self.rma_inner().clone(),
+                remote: r.clone(),
+                mem: mem.clone(),
+                record: record.into(),
+                tries: 0,
+                nap: None,
+            };
+            return match retry.attempt() {
+                Some(res) => RmaOp::ready(res.map(|()| Reply::Unit), unit),
+                None => RmaOp { st: St::Retry(Box::new(retry)), conv: unit },
+            };
+        }
+        let (serial, record) = (r.id.serial(), Bytes::copy_from_slice(record));
+        emulated(self.rma_inner(), r.id, |req| vec![Msg::Enqueue { req, serial, record }], unit)
+    }
+
+    /// A new completion counter for batches of operations.
+    pub fn event(&self) -> Event {
+        Event { shared: Arc::default(), inner: self.rma_inner().clone() }
+    }
+}
+
+/// Starts an operation of the emulated path.
+fn emulated<T>(
+    inner: &Arc<Inner>,
+    seg: SegmentId,
+    msgs: impl FnOnce(u64) -> Vec<Msg>,
+    conv: fn(Reply) -> Result<T>,
+) -> RmaOp<T> {
+    let (key, now) = locked(inner, |d| {
+        let key = d.rma.service.start(seg, msgs);
+        (key, d.rma.service.poll(key, None))
+    });
+    match now {
+        Poll::Ready(r) => RmaOp::ready(r, conv),
+        Poll::Pending => RmaOp { st: St::Pending { inner: inner.clone(), key, wait: Wait::default() }, conv },
+    }
+}
+
+/// Maps a peer's segment, if its descriptor can be fetched (same host, ptrace rights).
+fn map_peer(id: SegmentId, info: &AttachInfo) -> Option<Arc<SegMem>> {
+    let file = super::sys::fetch_fd(info.pid, info.fd)
+        .map_err(|e| tracing::debug!(%id, error = %e, "cannot fetch the segment's descriptor; using requests"))
+        .ok()?;
+    SegMem::open(file, id, info.nonce, info.len, info.access, info.kind)
+        .map_err(|e| tracing::warn!(%id, error = e, "cannot map the segment; using requests"))
+        .ok()
+        .map(Arc::new)
+}

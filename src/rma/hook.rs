@@ -1,0 +1,144 @@
+//! The glue between the one-sided [`Service`] and the point-to-point engine, run by the reactor's
+//! progress (the background task's and every spinning caller's), so that a target serves requests
+//! without any call by its application.
+//!
+//! One-sided messages travel on a reserved context ([`CONTEXT`]). The hook keeps one receive
+//! posted there, for any source and tag; the engine matches arrivals to it in order, handles
+//! credits and large messages (rendezvous), and fails it when a peer crashes. Its completion sets
+//! a flag through the waker registered on its slab slot, so the progress routine calls the hook
+//! only when a message came, or while the service has work of its own (operations in flight whose
+//! targets it watches, held enqueues): a program that does no one-sided communication pays one
+//! load per progress round.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+
+use ferrocomm_reactor::OpKey;
+use ferrocomm_transports::Rank;
+
+use super::service::Service;
+use crate::driver::SlabEngine;
+use crate::error::Error;
+use crate::p2p::engine::{Completion, RecvBuf};
+use crate::p2p::{Source, TagMatch};
+
+/// The context of one-sided messages: above every communicator's (duplicates derive theirs with
+/// the top bit clear; collective traffic sets it on a communicator's own id, which would need a
+/// communicator of id `0x7fff_ffff`, one chance in 2^31 per duplicate).
+pub(crate) const CONTEXT: u32 = u32::MAX;
+
+/// How many hook calls pass between two looks at the engine's list of lost peers (a crash also
+/// fails the posted receive, which calls the hook at once; the look covers peers lost while no
+/// receive was posted, and orderly departures).
+const LOSS_CHECK_EVERY: u32 = 64;
+
+/// Set by the posted receive's completion.
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// The one-sided part of a rank's progress state (a field of the driver).
+pub(crate) struct Hook {
+    flag: Arc<Flag>,
+    waker: Waker,
+    /// The posted receive.
+    key: Option<OpKey>,
+    pub service: Service,
+    calls: u32,
+}
+
+impl Hook {
+    /// The hook of rank `me`, with its receive posted on `engine`.
+    pub fn new(engine: &mut SlabEngine, me: Rank) -> Hook {
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let service = Service::new(me, engine.config().max_message);
+        let mut h = Hook { flag, waker, key: None, service, calls: 0 };
+        h.repost(engine);
+        // The first progress call registers the flag's waker on the receive (each later receive
+        // is registered by the loop that posts it).
+        h.flag.0.store(true, Ordering::Relaxed);
+        h
+    }
+
+    /// Whether the progress routine must call [`Hook::progress`].
+    #[inline(always)]
+    pub fn wants(&self) -> bool {
+        self.flag.0.load(Ordering::Relaxed) || self.service.busy()
+    }
+
+    fn repost(&mut self, engine: &mut SlabEngine) {
+        let key = engine.completions().insert();
+        engine.post_recv(key, CONTEXT, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+        self.key = Some(key);
+    }
+
+    /// Takes what arrived, lets the service act on it, and hands its messages to the engine.
+    pub fn progress(&mut self, engine: &mut SlabEngine) -> usize {
+        let mut work = 0;
+        self.flag.0.store(false, Ordering::Relaxed);
+        while let Some(key) = self.key {
+            let mut cx = Context::from_waker(&self.waker);
+            let Poll::Ready(c) = engine.completions().poll(key, Some(&mut cx)) else { break };
+            self.key = None;
+            work += 1;
+            match c {
+                Completion::Recv(Ok((payload, status))) => {
+                    self.service.handle(status.source, status.tag, payload.into_bytes())
+                }
+                Completion::Recv(Err(Error::PeerLost { rank, reason })) => self.service.peer_lost(rank, reason),
+                Completion::Recv(Err(Error::Shutdown)) => self.service.close(),
+                Completion::Recv(Err(e)) => tracing::warn!(error = %e, "one-sided message dropped"),
+                other => unreachable!("receive completed as {other:?}"),
+            }
+            if !self.service.is_closed() {
+                self.repost(engine);
+            }
+        }
+        if self.service.busy() {
+            self.calls = self.calls.wrapping_add(1);
+            if self.calls.is_multiple_of(LOSS_CHECK_EVERY) {
+                for r in self.service.watched() {
+                    if let Some(reason) = engine.lost(r) {
+                        self.service.peer_lost(r, reason.clone());
+                        work += 1;
+                    }
+                }
+            }
+            if self.service.serve_held() {
+                work += 1;
+            }
+        }
+        work + self.pump(engine)
+    }
+
+    /// Hands the service's messages to the engine (whose output the driver then flushes).
+    pub fn pump(&mut self, engine: &mut SlabEngine) -> usize {
+        let mut n = 0;
+        while let Some((to, tag, data)) = self.service.poll_transmit() {
+            n += 1;
+            if let Err(data) = engine.send_now(to, CONTEXT, tag, data) {
+                // Waiting for credit, or large: tracked by the engine, nobody awaits it (a lost
+                // peer shows in the operation that the message belongs to).
+                let key = engine.completions().insert();
+                engine.post_send(key, to, CONTEXT, tag, data);
+                engine.completions().detach(key);
+            }
+        }
+        n
+    }
+
+    /// The engine was closed (shutdown): every one-sided operation fails, every waiter wakes.
+    pub fn close(&mut self, engine: &mut SlabEngine) {
+        self.progress(engine);
+        self.service.close();
+    }
+}

@@ -1,0 +1,190 @@
+//! The one-sided suite with ranks as separate processes started by `ferrorun`: over shared memory
+//! (peers map each other's segments), over TCP (both backends), and mixed (one rank on TCP alone
+//! among shared-memory ranks); and a target killed with SIGKILL while its peers have operations
+//! in flight on its segments.
+//!
+//! The ranks are this test binary, re-run by `ferrorun` with `--exact rma_rank_process` and the
+//! scenario in `FERROCOMM_RMA_SCENARIO`; without that variable `rma_rank_process` does nothing.
+
+mod rma_suite;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrocomm::{Access, Deadline, Error, SegmentId};
+
+const FERRORUN: &str = env!("CARGO_BIN_EXE_ferrorun");
+const SCENARIO: &str = "FERROCOMM_RMA_SCENARIO";
+
+/// Runs `scenario` on `n` ranks over `transport` (`shm`, `uring`, `portable`), with extra
+/// variables.
+fn launch(n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
+    let (choice, backend) = match transport {
+        "shm" => ("auto", "auto"),
+        _ => ("tcp", transport),
+    };
+    let exe = std::env::current_exe().unwrap();
+    let t0 = Instant::now();
+    let mut cmd = Command::new(FERRORUN);
+    cmd.args(["-n", &n.to_string(), "--grace", "10", "--env", &format!("{SCENARIO}={scenario}")])
+        .args(["--env", &format!("FERROCOMM_TCP_BACKEND={backend}")])
+        .args(["--env", &format!("FERROCOMM_TRANSPORTS={choice}")]);
+    for e in env {
+        cmd.args(["--env", e]);
+    }
+    let out = cmd
+        .arg(exe)
+        .args(["--exact", "rma_rank_process", "--nocapture", "--test-threads=1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text, t0.elapsed())
+}
+
+fn said(text: &str, r: u32, what: &str) -> bool {
+    text.lines().any(|l| l.starts_with(&format!("[{r}] ")) && l.contains(what))
+}
+
+#[test]
+fn rma_suite_under_ferrorun() {
+    for (transport, n) in [("shm", 2), ("shm", 4), ("uring", 2), ("uring", 4), ("portable", 3)] {
+        let (code, text, took) = launch(n, "suite", transport, &[]);
+        assert_eq!(code, Some(0), "{transport}, {n} ranks:\n{text}");
+        for r in 0..n {
+            assert!(said(&text, r, "RMA-OK"), "{transport} rank {r}:\n{text}");
+        }
+        println!("one-sided suite, {transport}, {n} ranks: {took:?}");
+    }
+}
+
+/// Rank 1 uses TCP alone: the others reach it by requests, and map each other's segments.
+#[test]
+fn rma_mixed_routes() {
+    let (code, text, _) = launch(3, "suite", "shm", &["FERROCOMM_RMA_TCP_RANK=1"]);
+    assert_eq!(code, Some(0), "{text}");
+    for r in 0..3 {
+        assert!(said(&text, r, "RMA-OK"), "rank {r}:\n{text}");
+    }
+}
+
+/// Rank 2 owns a window and a queue that the others are using, and dies by SIGKILL: their
+/// operations in flight (awaited fetch-adds, puts on an event, an enqueue waiting for room in the
+/// full queue) fail with a typed peer-lost error within the peer timeout, later ones at once;
+/// nothing is left in /dev/shm by the segments (their memory is a memfd).
+#[test]
+fn rma_target_killed() {
+    for transport in ["shm", "uring"] {
+        let (code, text, took) = launch(4, "kill", transport, &[]);
+        assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
+        for r in [0, 1, 3] {
+            assert!(said(&text, r, "RMA-PEER-LOST-OK"), "{transport} rank {r}:\n{text}");
+        }
+        assert!(took < Duration::from_secs(60), "{took:?}");
+        println!("{transport}: {took:?}");
+    }
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.contains("rma"))
+        .collect();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+}
+
+/// One rank of a scenario, when run by `ferrorun`.
+#[test]
+fn rma_rank_process() {
+    let Ok(scenario) = std::env::var(SCENARIO) else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let limit = Duration::from_secs(240);
+    let what = scenario.clone();
+    let body = async move {
+        let mut settings = ferrocomm::Settings::from_env().unwrap();
+        let me = std::env::var("FERROCOMM_RANK").unwrap();
+        if std::env::var("FERROCOMM_RMA_TCP_RANK").is_ok_and(|r| r == me) {
+            settings.transports = ferrocomm::TransportChoice::Tcp;
+        }
+        let w = ferrocomm::init_with(settings).await.unwrap();
+        match scenario.as_str() {
+            "suite" => {
+                rma_suite::suite(&w).await;
+                let routes: Vec<&str> = (0..w.size()).map(|p| w.transport_for(p)).collect();
+                println!("RMA-OK {routes:?}");
+                w.finalize().await.unwrap();
+            }
+            "kill" => kill_scenario(w).await,
+            other => panic!("unknown scenario {other}"),
+        }
+    };
+    rt.block_on(async move {
+        if tokio::time::timeout(limit, body).await.is_err() {
+            panic!("scenario {what} took over {limit:?}");
+        }
+    });
+}
+
+async fn kill_scenario(w: ferrocomm::World) {
+    let t = Duration::from_secs(30);
+    let r = w.rank();
+    let owned = (r == 2).then(|| (w.publish(1 << 16, Access::WINDOW).unwrap(), w.publish_queue(8, 2).unwrap()));
+    let ids = w
+        .allgather(&owned.as_ref().map_or([0, 0], |(s, q)| [s.id().to_u64(), q.id().to_u64()]))
+        .timeout(t)
+        .await
+        .unwrap();
+    let (win, queue) = (SegmentId::from_u64(ids[4]), SegmentId::from_u64(ids[5]));
+    if r == 2 {
+        w.barrier().timeout(t).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // SAFETY: ends this process, as a crash would.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!();
+    }
+    let s = w.attach(win).timeout(t).await.unwrap();
+    let q = w.attach(queue).timeout(t).await.unwrap();
+    rma_suite::check_route(&w, &s);
+    // Rank 0 fills the queue (nobody dequeues); its next enqueue waits for room.
+    let waiting = if r == 0 {
+        for i in 0..2u64 {
+            w.enqueue(&q, &i.to_le_bytes()).timeout(t).await.unwrap();
+        }
+        Some(w.enqueue(&q, &[9; 8]))
+    } else {
+        None
+    };
+    w.barrier().timeout(t).await.unwrap();
+    let ev = w.event();
+    let t0 = Instant::now();
+    let hammer = async {
+        loop {
+            tokio::task::yield_now().await;
+            w.put(&s, 64 * r as usize, &[r as u8; 64]).on(&ev);
+            match w.fetch_add(&s, 0, 1).timeout(t).await {
+                Ok(_) => continue,
+                Err(e) => return e,
+            }
+        }
+    };
+    let (err, waited) = match waiting {
+        Some(op) => {
+            let (e, w) = futures::join!(hammer, op.timeout(t));
+            (e, Some(w))
+        }
+        None => (hammer.await, None),
+    };
+    assert!(matches!(err, Error::PeerLost { rank: 2, .. }), "{err:?}");
+    if let Some(res) = waited {
+        assert!(matches!(res, Err(Error::PeerLost { rank: 2, .. })), "the waiting enqueue: {res:?}");
+    }
+    ev.wait_all().timeout(t).await.ok();
+    if let Some(e) = ev.error() {
+        assert!(matches!(e, Error::PeerLost { rank: 2, .. }), "{e:?}");
+    }
+    // Later operations fail at once.
+    let later = w.fetch_add(&s, 0, 1).timeout(t).await;
+    assert!(matches!(later, Err(Error::PeerLost { rank: 2, .. })), "{later:?}");
+    let mut b = [0u8; 8];
+    let later = w.get(&s, 0, &mut b).timeout(t).await;
+    assert!(matches!(later, Err(Error::PeerLost { rank: 2, .. })), "{later:?}");
+    println!("RMA-PEER-LOST-OK after {:?}", t0.elapsed());
+}
