@@ -93,25 +93,8 @@ enum Command {
     Collectives(collectives::Options),
     Burst(burst::Options),
     Multicast(mcast::Options),
+    Rma(rma::Options),
     SimScale(sim_scale::Options),
-    /// One-sided put/get latency and bandwidth and fetch-add against ucx_perftest over shared
-    /// memory; fetch-add to one target against spread across targets (`rma --help`).
-    #[command(disable_help_flag = true)]
-    Rma {
-        /// The benchmark's own options (`rma --help`).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    #[command(name = rma::JOB_COMMAND, hide = true, disable_help_flag = true)]
-    RmaJob {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    #[command(name = rma::RANK_COMMAND, hide = true, disable_help_flag = true)]
-    RmaRank {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
     // The processes the benchmarks start: this binary again, with these hidden subcommands.
     #[command(name = ranks::JOB_COMMAND, hide = true)]
     PingpongJob(ranks::JobSpec),
@@ -131,6 +114,10 @@ enum Command {
     MulticastRank(mcast::Options),
     #[command(name = transport::RANK_COMMAND, hide = true)]
     ShmTransportRank(transport::RankSpec),
+    #[command(name = rma::JOB_COMMAND, hide = true)]
+    RmaJob(rma::JobSpec),
+    #[command(name = rma::RANK_COMMAND, hide = true)]
+    RmaRank(rma::JobSpec),
 }
 
 fn main() -> ExitCode {
@@ -142,10 +129,8 @@ fn main() -> ExitCode {
         Command::Collectives(o) => collectives::main(o),
         Command::Burst(o) => burst::main(o),
         Command::Multicast(o) => mcast::main(o),
+        Command::Rma(o) => rma::main(o),
         Command::SimScale(o) => sim_scale::main(o),
-        Command::Rma { args } => rma::main(&args),
-        Command::RmaJob { args } => rma::job_main(&args),
-        Command::RmaRank { args } => rma::rank_main(&args),
         Command::PingpongJob(s) => ranks::job_main(s),
         Command::PingpongRank(s) => ranks::rank_main(s),
         Command::StreamJob(s) => perftest::stream_job_main(s),
@@ -155,6 +140,8 @@ fn main() -> ExitCode {
         Command::MulticastJob(o) => mcast::job_main(o),
         Command::MulticastRank(o) => mcast::rank_main(o),
         Command::ShmTransportRank(s) => transport::rank_main(s),
+        Command::RmaJob(s) => rma::job_main(s),
+        Command::RmaRank(s) => rma::rank_main(s),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -182,7 +169,8 @@ mod tests {
         Cli::try_parse_from(std::iter::once("ferrocomm-bench").chain(line.split_whitespace())).map(|c| c.command)
     }
 
-    /// The command lines of scripts/bench.sh and scripts/verbs-vm.sh (variables filled in).
+    /// The command lines of scripts/bench.sh and scripts/verbs-vm.sh (variables filled in), and
+    /// those the docs show.
     #[test]
     fn the_scripts_command_lines_parse() {
         let ops = "barrier,bcast,reduce,allreduce,allgather,alltoall,sendrecv";
@@ -199,6 +187,13 @@ mod tests {
                  --json e.json --plot e.svg"
             ),
             "multicast --json f.json --plot f.svg".into(),
+            "collectives --sweep --ranks 4 --step 2 --runs 3".into(),
+            "pingpong --transport shm --runs 10 --recv-into --send-from --max 8 --target-ms 100 --idle-gap 0 --no-peer".into(),
+            "sim-scale --json results/sim-scale.json --text results/sim-scale.txt".into(),
+            "sim-scale --ranks 64,4096 --sizes 8,64K,1M --ops bcast,mcast --max-bytes 4G --no-crossover".into(),
+            "rma --cpus 0,1 --runs 3 --atomic-ranks 4 --transports tcp --no-peer --json r.json".into(),
+            "burst --ranks 6 --messages 2500 --runs 5 --json b.json".into(),
+            "shm-transport --cpus 0,1 --cma auto --message 4M --json s.json".into(),
             "multicast --transports tcp --json g.json --plot g.svg".into(),
             "pingpong --transport verbs --progress blocking --recv-into --runs 3 --max 4M --target-ms 300 --json h.json \
              --plot h.svg"

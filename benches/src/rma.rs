@@ -31,25 +31,10 @@ use ferrocomm::launch::{LaunchOptions, run_local};
 use ferrocomm::{Access, SegmentId, World};
 use serde_json::{Value, json};
 
-use crate::{Result, affinity, process};
+use crate::{Result, affinity, cli, process};
 
 pub(crate) const JOB_COMMAND: &str = "rma-job";
 pub(crate) const RANK_COMMAND: &str = "rma-rank";
-
-pub(crate) const USAGE: &str = "\
-usage: ferrocomm-bench rma [options]
-
-ferrocomm one-sided operations against ucx_perftest (UCP, UCX_TLS=posix,cma) over shared memory:
-put and get latency at 8 B, put and get bandwidth at 64 KiB and 4 MiB, fetch-add rate; and
-fetch-add from every rank to one target against spread across targets.
-
-options:
-  --cpus A,B        the two CPUs (default 0,1)
-  --runs N          runs of each side, alternated; medians reported (default 3)
-  --atomic-ranks N  ranks of the centralized/spread fetch-add experiment (default 4)
-  --transports T    ferrocomm side: auto (shared memory, default) or tcp
-  --no-peer         ferrocomm alone
-  --json FILE       write the results as JSON";
 
 const LAT_ITERS: u64 = 200_000;
 const BW_BYTES: usize = 1 << 30;
@@ -59,47 +44,54 @@ const SIZES: [usize; 2] = [64 << 10, 4 << 20];
 const BATCH: u64 = 64;
 const PAGE: usize = 4096;
 
-#[derive(Clone, Debug)]
-struct Options {
+/// One-sided put/get latency and bandwidth and fetch-add vs ucx_perftest over shared memory;
+/// fetch-add to one target vs spread.
+///
+/// ferrocomm one-sided operations against ucx_perftest (UCP, UCX_TLS=posix,cma) over shared
+/// memory: put and get latency at 8 B, put and get bandwidth at 64 KiB and 4 MiB, fetch-add
+/// rate; and fetch-add from every rank to one target against spread across targets.
+#[derive(Clone, Debug, clap::Args)]
+pub(crate) struct Options {
+    /// The two CPUs
+    #[arg(long, value_name = "A,B", default_value = "0,1", value_parser = cli::cpu_pair)]
     cpus: [usize; 2],
+    /// Runs of each side, alternated; medians reported
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = cli::at_least_one)]
     runs: usize,
+    /// Ranks of the centralized/spread fetch-add experiment
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..))]
     atomic_ranks: u32,
+    /// ferrocomm side: auto (shared memory) or tcp
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp"])]
     transports: String,
-    peer: bool,
+    /// ferrocomm alone
+    #[arg(long)]
+    no_peer: bool,
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
 
-impl Options {
-    fn parse(args: &[String]) -> Result<Options> {
-        let mut o =
-            Options { cpus: [0, 1], runs: 3, atomic_ranks: 4, transports: "auto".into(), peer: true, json: None };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            match flag.as_str() {
-                "-h" | "--help" => {
-                    println!("{USAGE}");
-                    std::process::exit(0);
-                }
-                "--no-peer" => {
-                    o.peer = false;
-                    continue;
-                }
-                _ => {}
-            }
-            let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-            match flag.as_str() {
-                "--cpus" => o.cpus = crate::cli::cpu_pair(v)?,
-                "--runs" => o.runs = v.parse()?,
-                "--atomic-ranks" => o.atomic_ranks = v.parse()?,
-                "--transports" => o.transports = v.clone(),
-                "--json" => o.json = Some(v.into()),
-                _ => return Err(format!("unknown option {flag}\n{USAGE}").into()),
-            }
-        }
-        if o.runs == 0 || o.atomic_ranks < 2 {
-            return Err("--runs must be at least 1 and --atomic-ranks at least 2".into());
-        }
-        Ok(o)
+/// The arguments of the hidden job and rank commands: `KIND RANKS CPUS TRANSPORTS`.
+#[derive(Clone, Debug, clap::Args)]
+pub(crate) struct JobSpec {
+    /// `pair` or `atomics`.
+    #[arg(value_parser = ["pair", "atomics"])]
+    kind: String,
+    ranks: u32,
+    #[arg(value_parser = cli::cpu_pair)]
+    cpus: [usize; 2],
+    transports: String,
+}
+
+impl JobSpec {
+    fn to_args(&self) -> Vec<String> {
+        vec![
+            self.kind.clone(),
+            self.ranks.to_string(),
+            format!("{},{}", self.cpus[0], self.cpus[1]),
+            self.transports.clone(),
+        ]
     }
 }
 
@@ -112,9 +104,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// `atomics` (centralized against spread); returns rank 0's JSON line.
 fn ferrocomm_job(o: &Options, kind: &str, ranks: u32) -> Result<Value> {
     let exe = std::env::current_exe()?;
+    let spec = JobSpec { kind: kind.into(), ranks, cpus: o.cpus, transports: o.transports.clone() };
     let mut cmd = Command::new(&exe);
-    cmd.args([JOB_COMMAND, kind, &ranks.to_string(), &format!("{},{}", o.cpus[0], o.cpus[1]), &o.transports])
-        .stderr(Stdio::inherit());
+    cmd.arg(JOB_COMMAND).args(spec.to_args()).stderr(Stdio::inherit());
     let (status, lines) = process::run_lines(cmd, Duration::from_secs(600))?;
     let mut result = None;
     for line in lines {
@@ -130,25 +122,23 @@ fn ferrocomm_job(o: &Options, kind: &str, ranks: u32) -> Result<Value> {
 }
 
 /// `rma-job KIND RANKS CPUS TRANSPORTS`: launches the ranks.
-pub(crate) fn job_main(args: &[String]) -> Result<()> {
-    let [_, ranks, _, transports] = args else { return Err(format!("{JOB_COMMAND}: bad arguments {args:?}").into()) };
+pub(crate) fn job_main(spec: JobSpec) -> Result<()> {
     let exe = std::env::current_exe()?;
     let rank_args: Vec<OsString> =
-        std::iter::once(RANK_COMMAND.to_string()).chain(args.iter().cloned()).map(OsString::from).collect();
+        std::iter::once(RANK_COMMAND.to_string()).chain(spec.to_args()).map(OsString::from).collect();
     let opts = LaunchOptions {
-        env: vec![("FERROCOMM_PROGRESS".into(), "busy".into()), ("FERROCOMM_TRANSPORTS".into(), transports.clone())],
+        env: vec![("FERROCOMM_PROGRESS".into(), "busy".into()), ("FERROCOMM_TRANSPORTS".into(), spec.transports)],
         ..LaunchOptions::default()
     };
-    match run_local(ranks.parse()?, &exe, &rank_args, &opts)? {
+    match run_local(spec.ranks, &exe, &rank_args, &opts)? {
         0 => Ok(()),
         code => Err(format!("the ranks failed (job exit code {code})").into()),
     }
 }
 
 /// `rma-rank`: one rank; rank 0 prints the results as one JSON line.
-pub(crate) fn rank_main(args: &[String]) -> Result<()> {
-    let [kind, _, cpus, _] = args else { return Err(format!("{RANK_COMMAND}: bad arguments {args:?}").into()) };
-    let cpus = crate::cli::cpu_pair(cpus)?;
+pub(crate) fn rank_main(spec: JobSpec) -> Result<()> {
+    let JobSpec { kind, cpus, .. } = spec;
     let rank: usize = std::env::var("FERROCOMM_RANK")?.parse()?;
     affinity::pin_current_thread(cpus[rank % 2])?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -370,9 +360,8 @@ fn ucx(perftest: &PathBuf, cpus: [usize; 2], test: &str, size: usize, iters: u64
 }
 
 /// `rma`: runs both sides, prints the report.
-pub(crate) fn main(args: &[String]) -> Result<()> {
-    let o = Options::parse(args)?;
-    let perftest = if o.peer {
+pub(crate) fn main(o: Options) -> Result<()> {
+    let perftest = if !o.no_peer {
         Some(
             process::find_in_path("ucx_perftest")
                 .ok_or("ucx_perftest not in PATH: install it with `apt-get install ucx-utils` (or pass --no-peer)")?,
@@ -383,12 +372,14 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut ours: Vec<Value> = Vec::new();
     let mut theirs: Vec<Value> = Vec::new();
     let mut spread: Vec<Value> = Vec::new();
+    let bar = cli::Progress::new((o.runs * (1 + usize::from(perftest.is_some()))) as u64, "rma");
     for run in 0..o.runs {
-        eprintln!("run {}/{}: ferrocomm", run + 1, o.runs);
+        bar.step(format!("run {}/{}: ferrocomm", run + 1, o.runs));
         ours.push(ferrocomm_job(&o, "pair", 2)?);
         spread.push(ferrocomm_job(&o, "atomics", o.atomic_ranks)?);
+        bar.inc();
         if let Some(p) = &perftest {
-            eprintln!("run {}/{}: ucx_perftest", run + 1, o.runs);
+            bar.step(format!("run {}/{}: ucx_perftest", run + 1, o.runs));
             let put_lat = ucx(p, o.cpus, "ucp_put_lat", 8, LAT_ITERS)?;
             let get_lat = ucx(p, o.cpus, "ucp_get", 8, LAT_ITERS)?;
             let mut v = json!({"put_lat_us": put_lat[0], "put_lat_avg_us": put_lat[1], "get_lat_us": get_lat[0]});
@@ -400,8 +391,10 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             let fadd = ucx(p, o.cpus, "ucp_fadd", 8, ATOMIC_ITERS)?;
             v["fadd_lat_us"] = json!(fadd[0]);
             theirs.push(v);
+            bar.inc();
         }
     }
+    drop(bar);
     let med = |side: &[Value], key: &str| median(side.iter().filter_map(|v| v[key].as_f64()).collect());
     let mapped = ours[0]["mapped"].as_bool().unwrap_or(false);
     println!(
@@ -410,7 +403,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         o.cpus[1],
         ours[0]["transport"].as_str().unwrap_or("?"),
         if mapped { "segments mapped by the peer" } else { "requests served by the target's progress" },
-        if o.peer { "ucx_perftest with UCX_TLS=posix,cma" } else { "no peer" },
+        if !o.no_peer { "ucx_perftest with UCX_TLS=posix,cma" } else { "no peer" },
         o.runs
     );
     println!("{:<24} {:>14} {:>14} {:>10}", "", "ferrocomm", "ucx_perftest", "ratio");
