@@ -29,7 +29,7 @@ pub fn bytes(s: &str) -> Result<usize, String> {
     }
 }
 
-/// A total of bytes (a memory budget), with the suffixes of [`bytes`] and no upper bound.
+/// A total of bytes (a memory budget), with the suffixes of [`bytes()`] and no upper bound.
 pub fn total_bytes(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());

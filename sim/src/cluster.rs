@@ -23,7 +23,7 @@ pub fn engine_config(eager_limit: usize) -> Config {
 
 /// One rank's point-to-point engine and its transport, glued as the facade's driver glues them
 /// (`src/driver.rs`): frames in through the engine's `Sink`, frames out from its transmit queue,
-/// protocol violations to `disconnect`.
+/// protocol violations and peers reported lost by others to `disconnect`.
 pub struct Node {
     pub rank: Rank,
     pub engine: Engine,
@@ -80,6 +80,11 @@ impl Node {
         while let Some((peer, err)) = self.engine.poll_violation() {
             // The transport reports the loss back through the engine's sink on the next pump.
             self.transport.disconnect(peer, TransportError::Wire(err));
+            work += 1;
+        }
+        // Peers reported lost by others: their connections go the same way.
+        while let Some((peer, why)) = self.engine.poll_cut() {
+            self.transport.disconnect(peer, why);
             work += 1;
         }
         while let Some((peer, h, payload)) = self.engine.poll_transmit() {

@@ -2,7 +2,9 @@
 //! datagram path as its multicast group and its [`Node`] as the reliable point-to-point half, as
 //! the facade's channel driver (`src/multicast.rs`) gives it a UDP group and a communicator: one
 //! wildcard receive with the protocol's tag, re-posted after each message; a receive failing with
-//! `PeerLost` tells the core that rank is gone.
+//! `PeerLost` tells the core that rank is gone, and when the loss revoked the channel's context
+//! (every rank's loss does: the context is a communicator of the whole job) the channel ends, as
+//! the facade's channel ends with its revoked communicator.
 //!
 //! The core takes time as an [`Instant`]; here that is one fixed origin plus the virtual time,
 //! so the run depends on nothing but the seed.
@@ -51,6 +53,9 @@ pub struct McastRank {
     pub acked_at: Option<Time>,
     /// Core errors (refused datagrams or control messages) and failed operations.
     pub errors: Vec<String>,
+    /// Why the channel ended: a loss revoked its context (as the facade's channel ends with its
+    /// revoked communicator). Nothing more is sent or read.
+    pub ended: Option<String>,
 }
 
 impl McastRank {
@@ -75,6 +80,7 @@ impl McastRank {
             first_send_at: None,
             read_all_at: None,
             acked_at: None,
+            ended: None,
             errors: Vec::new(),
         }
     }
@@ -87,9 +93,21 @@ impl McastRank {
         self.origin + Duration::from_nanos(now)
     }
 
+    /// `rank` is lost: the core learns it, and the channel ends if that revoked its context.
+    fn lost(&mut self, t: Instant, rank: Rank) {
+        self.core.peer_lost(t, rank);
+        if let Some(e) = self.node.engine.revoked(CONTEXT) {
+            self.ended.get_or_insert(e.to_string());
+        }
+    }
+
     fn round(&mut self, now: Time) -> usize {
         let t = self.at(now);
         let mut work = self.node.pump();
+        if self.ended.is_some() {
+            while self.node.completion().is_some() {}
+            return 0;
+        }
         if self.recv.is_none() {
             self.recv = Some(self.node.recv(CONTEXT, Source::Any, TagMatch::Exact(TAG)));
         }
@@ -104,12 +122,15 @@ impl McastRank {
                                 self.errors.push(format!("control from {}: {e}", status.source));
                             }
                         }
-                        Err(Error::PeerLost { rank, .. }) => self.core.peer_lost(t, rank),
+                        Err(Error::PeerLost { rank, .. }) => self.lost(t, rank),
                         Err(e) => self.errors.push(format!("receive: {e}")),
+                    }
+                    if self.ended.is_some() {
+                        return work;
                     }
                     self.recv = Some(self.node.recv(CONTEXT, Source::Any, TagMatch::Exact(TAG)));
                 }
-                Completion::Send(Err(Error::PeerLost { rank, .. })) => self.core.peer_lost(t, rank),
+                Completion::Send(Err(Error::PeerLost { rank, .. })) => self.lost(t, rank),
                 Completion::Send(Err(e)) => self.errors.push(format!("send: {e}")),
                 _ => {}
             }
@@ -186,13 +207,20 @@ impl Process for McastRank {
     }
 
     fn timer(&self) -> Option<Time> {
+        if self.ended.is_some() {
+            return None;
+        }
         self.core.poll_timeout().map(|d| d.saturating_duration_since(self.origin).as_nanos() as Time)
     }
 
     /// Everything sent is delivered to every live receiver, everything expected is read, and
     /// this rank owes no acknowledgement.
     fn is_done(&self) -> bool {
-        self.outbox.is_empty() && self.core.in_flight() == 0 && self.got.len() >= self.expect && self.core.settled()
+        self.ended.is_some()
+            || self.outbox.is_empty()
+                && self.core.in_flight() == 0
+                && self.got.len() >= self.expect
+                && self.core.settled()
     }
 }
 

@@ -86,7 +86,7 @@ fn the_same_seed_gives_the_same_multicast_run() {
 }
 
 #[test]
-fn a_receiver_dying_mid_stream_on_1024_ranks_holds_nothing_up() {
+fn a_coroot_dying_mid_stream_on_1024_ranks_ends_the_channel_everywhere() {
     let _one = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let n = 1024;
     let net = SimNet::new(n, NetConfig::default());
@@ -115,12 +115,14 @@ fn a_receiver_dying_mid_stream_on_1024_ranks_holds_nothing_up() {
             killed = true;
         }
     })
-    .expect("the others finish");
+    .expect("every live rank's channel ends: none is left waiting");
     assert!(killed && report.done_at[victim as usize].is_none());
-    for (r, rank) in ranks.iter().enumerate().filter(|&(r, _)| r != 0 && r as u32 != victim) {
-        let got: Vec<&Bytes> = rank.got.iter().map(|(_, m)| m).collect();
-        assert_eq!(got.len(), count, "rank {r}");
-        assert!(got.iter().enumerate().all(|(i, m)| **m == message(0, i)), "rank {r}");
+    // The loss revokes the channel at every live rank (as the facade's communicator), naming the
+    // dead rank; what each read before is the stream's beginning, in order and intact.
+    for (r, rank) in ranks.iter().enumerate().filter(|&(r, _)| r as u32 != victim) {
+        let why = rank.ended.as_deref().unwrap_or("");
+        assert!(why.contains(&format!("rank {victim} is lost")), "rank {r}: {why:?}");
+        assert!(rank.got.iter().enumerate().all(|(i, (root, m))| *root == 0 && *m == message(0, i)), "rank {r}");
     }
-    assert_eq!(ranks[0].core().in_flight(), 0, "the root's window drained without the dead co-root");
+    assert!(ranks.iter().any(|r| !r.got.is_empty()), "the stream was under way");
 }
