@@ -109,12 +109,16 @@ async fn kill_scenario(w: ferrocomm::World) {
     let t = Duration::from_secs(30);
     let r = w.rank();
     let owned = (r == 2).then(|| (w.publish(1 << 16, Access::WINDOW).unwrap(), w.publish_queue(8, 2).unwrap()));
-    let ids = w
-        .allgather(&owned.as_ref().map_or([0, 0], |(s, q)| [s.id().to_u64(), q.id().to_u64()]))
-        .timeout(t)
-        .await
-        .unwrap();
-    let (win, queue) = (SegmentId::from_u64(ids[4]), SegmentId::from_u64(ids[5]));
+    // Rank 0's segment outlives rank 2: the survivors keep using it.
+    let kept = (r == 0).then(|| w.publish(64, Access::ATOMIC).unwrap());
+    let mine = match (&owned, &kept) {
+        (Some((s, q)), _) => [s.id().to_u64(), q.id().to_u64(), 0],
+        (_, Some(k)) => [0, 0, k.id().to_u64()],
+        _ => [0; 3],
+    };
+    let ids = w.allgather(&mine).timeout(t).await.unwrap();
+    let (win, queue) = (SegmentId::from_u64(ids[6]), SegmentId::from_u64(ids[7]));
+    let survivor = w.attach(SegmentId::from_u64(ids[2])).timeout(t).await.unwrap();
     if r == 2 {
         w.barrier().timeout(t).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -168,5 +172,17 @@ async fn kill_scenario(w: ferrocomm::World) {
     let mut b = [0u8; 8];
     let later = w.get(&s, 0, &mut b).timeout(t).await;
     assert!(matches!(later, Err(Error::PeerLost { rank: 2, .. })), "{later:?}");
-    println!("RMA-PEER-LOST-OK after {:?}", t0.elapsed());
+    let lost_after = t0.elapsed();
+    // One-sided traffic among the survivors goes on: ranks 1 and 3 count themselves in at rank 0,
+    // which waits for them (reading its own memory) before it leaves.
+    if let Some(k) = &kept {
+        let word = k.word(0).unwrap();
+        while word.load(std::sync::atomic::Ordering::Acquire) != 2 {
+            assert!(t0.elapsed() < t, "the survivors' fetch-adds did not come");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    } else {
+        w.fetch_add(&survivor, 0, 1).timeout(t).await.unwrap();
+    }
+    println!("RMA-PEER-LOST-OK after {lost_after:?}");
 }

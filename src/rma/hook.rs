@@ -3,24 +3,28 @@
 //! without any call by its application.
 //!
 //! One-sided messages travel on a reserved context ([`CONTEXT`]). The hook keeps one receive
-//! posted there, for any source and tag; the engine matches arrivals to it in order, handles
-//! credits and large messages (rendezvous), and fails it when a peer crashes. Its completion sets
+//! posted there, for any source and tag; the engine matches arrivals to it in order and handles
+//! credits and large messages (rendezvous). The context is registered as watching no rank: a
+//! loss revokes communicators, not this context, so one-sided traffic between the survivors goes
+//! on, and each operation on a lost rank's segment fails by itself. The receive's completion sets
 //! a flag through the waker registered on its slab slot, so the progress routine calls the hook
-//! only when a message came, or while the service has work of its own (operations in flight whose
-//! targets it watches, held enqueues): a program that does no one-sided communication pays one
-//! load per progress round.
+//! only when a message came, when a rank departed or was lost (the engine's count of such
+//! changes, read without a lock), or while the service has work of its own (operations in flight
+//! whose targets it watches, held enqueues): a program that does no one-sided communication pays
+//! two loads per progress round.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use ferrocomm_reactor::OpKey;
-use ferrocomm_transports::Rank;
+use ferrocomm_transports::{Rank, TransportError};
 
 use super::service::Service;
 use crate::driver::SlabEngine;
 use crate::error::Error;
 use crate::p2p::engine::{Completion, RecvBuf};
+use crate::p2p::failure::Watch;
 use crate::p2p::{Source, TagMatch};
 
 /// The context of one-sided messages: above every communicator's (duplicates derive theirs with
@@ -28,10 +32,17 @@ use crate::p2p::{Source, TagMatch};
 /// communicator of id `0x7fff_ffff`, one chance in 2^31 per duplicate).
 pub(crate) const CONTEXT: u32 = u32::MAX;
 
-/// How many hook calls pass, while operations are in flight, between two looks at the engine's
-/// list of lost peers (a crash also fails the posted receive, which calls the hook at once; the
-/// looks cover peers that left in order, which fails no receive for any source).
+/// How many hook calls pass, while operations are in flight, between two looks at the fates of
+/// their targets (besides the look at every change the engine counts).
 const LOSS_CHECK_EVERY: u32 = 64;
+
+/// Why rank `r` is gone, if it departed or was lost.
+fn fate(engine: &SlabEngine, r: Rank) -> Option<TransportError> {
+    match engine.failures().error(r) {
+        Some(Error::PeerLost { reason, .. }) => Some(reason),
+        _ => None,
+    }
+}
 
 /// Set by the posted receive's completion.
 struct Flag(AtomicBool);
@@ -53,6 +64,9 @@ pub(crate) struct Hook {
     key: Option<OpKey>,
     pub service: Service,
     calls: u32,
+    /// The engine's count of departures and losses, and its value at the last look.
+    changes: Arc<AtomicU32>,
+    seen: u32,
 }
 
 impl Hook {
@@ -65,7 +79,9 @@ impl Hook {
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let waker = Waker::from(flag.clone());
         let service = Service::new(me, engine.config().max_message);
-        let mut h = Hook { flag, waker, key: None, service, calls: 0 };
+        let changes = engine.failures().changes();
+        let mut h = Hook { flag, waker, key: None, service, calls: 0, changes, seen: 0 };
+        engine.watch(CONTEXT, Watch::ranks(std::iter::empty()));
         h.repost(engine);
         // The first progress call registers the flag's waker on the receive (each later receive
         // is registered by the loop that posts it).
@@ -76,7 +92,7 @@ impl Hook {
     /// Whether the progress routine must call [`Hook::progress`].
     #[inline(always)]
     pub fn wants(&self) -> bool {
-        self.flag.0.load(Ordering::Relaxed) || self.service.busy()
+        self.flag.0.load(Ordering::Relaxed) || self.service.busy() || self.changes.load(Ordering::Relaxed) != self.seen
     }
 
     fn repost(&mut self, engine: &mut SlabEngine) {
@@ -107,16 +123,15 @@ impl Hook {
                 self.repost(engine);
             }
         }
-        let lost = |r: Rank| engine.lost(r).cloned();
-        if work > 0 {
-            // A message completed the receive during the transport's progress: a crash handled in
-            // the same progress, after it, found no receive posted to fail.
-            work += self.service.scan_lost(lost);
+        let changes = self.changes.load(Ordering::Acquire);
+        if changes != self.seen {
+            self.seen = changes;
+            work += self.service.scan_lost(|r| fate(engine, r));
         }
         if self.service.busy() {
             self.calls = self.calls.wrapping_add(1);
             if self.calls.is_multiple_of(LOSS_CHECK_EVERY) {
-                work += self.service.scan_lost(|r| engine.lost(r).cloned());
+                work += self.service.scan_lost(|r| fate(engine, r));
             }
             if self.service.serve_held() {
                 work += 1;
