@@ -73,8 +73,8 @@ pub struct Settings {
     /// `FERROCOMM_COLL`: pins collectives to algorithms, e.g. `allreduce=ring,bcast=binomial`
     /// (names in [`ferrocomm_collectives::Algorithm`]). Default: the measured size/rank table.
     pub collectives: ferrocomm_collectives::Table,
-    /// Reliable multicast (`FERROCOMM_MCAST_*`): see [`crate::multicast::McastSettings`].
-    pub multicast: crate::multicast::McastSettings,
+    /// Reliable multicast (`FERROCOMM_MCAST_*`): see [`crate::mcast::McastSettings`].
+    pub multicast: crate::mcast::McastSettings,
     /// Settings of the verbs transport (used with [`TransportChoice::Verbs`]).
     pub verbs: VerbsSettings,
 }
@@ -214,7 +214,7 @@ impl Settings {
             s.collectives =
                 s.collectives.with_overrides(&v).map_err(|reason| Error::Config { name: "FERROCOMM_COLL", reason })?;
         }
-        s.multicast = crate::multicast::McastSettings::from_vars(&get)?;
+        s.multicast = crate::mcast::McastSettings::from_vars(&get)?;
         if let Some(v) = parse("FERROCOMM_VERBS_DEVICE", &get)? {
             s.verbs.device = Some(v);
         }

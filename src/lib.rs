@@ -14,17 +14,16 @@
 //! Layers: [`ferrocomm_reactor`] drives progress; [`ferrocomm_transports`] moves frames;
 //! [`p2p::engine`] is the sans-IO matching and rendezvous core; [`World`] and [`Comm`] are the API.
 
+mod api;
 pub mod bootstrap;
-mod collective;
+mod coll;
 pub mod config;
-mod driver;
 pub mod error;
 pub mod launch;
-pub mod multicast;
+pub mod mcast;
 pub mod p2p;
 pub mod rma;
 pub mod testing;
-mod world;
 
 pub use bootstrap::{init, init_with};
 pub use config::{ProgressMode, Settings, TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous, VerbsSettings};
@@ -37,7 +36,7 @@ pub use p2p::{Source, Status, TagMatch};
 pub use rma::{
     Access, ArrayView, Event, Geometry, Queue, RemoteSegment, RmaError, RmaOp, Segment, SegmentId, Side, Ticket,
 };
-pub use world::{Comm, Deadline, Message, Op, Refused, World};
+pub use api::{Comm, Deadline, Message, Op, Refused, World};
 
 /// The README's examples compile.
 #[doc = include_str!("../README.md")]

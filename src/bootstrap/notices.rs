@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use super::kv::{KvClient, KvError};
 use crate::config::Settings;
 use crate::error::{Error, Result};
-use crate::world::{Inner, World};
+use crate::api::world::{Inner, World};
 
 /// The key under which the launcher reports the first rank that ended abnormally.
 pub const FAILED_KEY: &str = "ferrorun/failed";

@@ -1,6 +1,7 @@
 //! Tagged point-to-point messaging: the sans-IO [`engine`] and the types of its API.
 
 pub mod engine;
+pub(crate) mod driver;
 pub mod failure;
 
 use bytes::{Bytes, BytesMut};

@@ -31,9 +31,9 @@ use super::memory::{AtomicOp, Kind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIF
 use super::service::{EventShared, Key, Remote, Reply};
 use super::wire::{AttachInfo, Msg, OVERHEAD};
 use super::{Access, RmaError, SegmentId};
-use crate::driver::Driver;
+use crate::p2p::driver::Driver;
 use crate::error::{Error, Result};
-use crate::world::{Inner, World};
+use crate::api::world::{Inner, World};
 
 /// Largest piece of a transfer in one message of the emulated path (each is a point-to-point
 /// message: large ones go by rendezvous, and the target copies each as it lands).

@@ -18,7 +18,7 @@ use ferrocomm_reactor::OpKey;
 use ferrocomm_transports::Rank;
 
 use super::service::Service;
-use crate::driver::SlabEngine;
+use crate::p2p::driver::SlabEngine;
 use crate::error::Error;
 use crate::p2p::engine::{Completion, RecvBuf};
 use crate::p2p::{Source, TagMatch};

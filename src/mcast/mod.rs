@@ -51,7 +51,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::config::parse;
 use crate::error::{Error, Result};
 use crate::p2p::{Source, TagMatch};
-use crate::world::{Comm, Op};
+use crate::api::world::{Comm, Op};
 
 pub use ferrocomm_multicast::proto::Stats as McastStats;
 
@@ -626,15 +626,15 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
     shared.ready.notify_waiters();
 }
 
-/// Waits (at most `limit`) until the channels of `comm`'s pinned multicast collectives, which
-/// `comm` owns and finalize drops, have settled (see [`Channel::settle`]). Before the goodbye: a
+/// Waits (at most `limit`) until the channels of a communicator's pinned multicast collectives,
+/// which it owns and finalize drops, have settled (see [`Channel::settle`]). Before the goodbye: a
 /// rank that hears it ends this rank's stream at once, dropping a datagram still on the way
 /// (multicast is not ordered with point-to-point), and nobody would retransmit a lost one.
-pub(crate) async fn drain(comm: &Comm, limit: Duration) {
-    let barrier = comm.sequence.token_barrier.get().map(TokenBarrier::channel);
-    let settled = [comm.sequence.multicast.get(), barrier].into_iter().flatten().map(Channel::settle);
+pub(crate) async fn drain(rank: Rank, channel: Option<&Channel>, barrier: Option<&TokenBarrier>, limit: Duration) {
+    let barrier = barrier.map(TokenBarrier::channel);
+    let settled = [channel, barrier].into_iter().flatten().map(Channel::settle);
     if tokio::time::timeout(limit, futures::future::join_all(settled)).await.is_err() {
-        tracing::warn!(rank = comm.rank(), "multicast channels not settled within {limit:?}: leaving anyway");
+        tracing::warn!(rank, "multicast channels not settled within {limit:?}: leaving anyway");
     }
 }
 
@@ -664,7 +664,7 @@ struct BarrierState {
     epoch: u64,
     /// The receive posted for the next barrier message; kept across barriers, since dropping a
     /// receive that already matched would lose the message.
-    recv: Option<Op<crate::world::Message>>,
+    recv: Option<Op<crate::api::world::Message>>,
     /// Messages of the next barrier that arrived during this one.
     early: Vec<(Rank, u64)>,
 }
