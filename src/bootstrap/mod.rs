@@ -14,8 +14,8 @@
 
 pub mod env;
 pub mod kv;
-pub mod notices;
-pub mod rendezvous;
+pub(crate) mod notices;
+pub(crate) mod rendezvous;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -229,7 +229,7 @@ async fn join_via(
     };
     let mut engine = Engine::with_completions(rank, size, cfg);
     let rma = crate::rma::hook::Hook::new(&mut engine, rank);
-    let driver = Driver { engine, transport, rma };
+    let driver = Driver { engine, transport, upper: Box::new(rma) };
     let changes = driver.engine.failures().changes();
     let reactor = thread.run(driver, settings.progress);
     // Spinning ranks must give way at once on a crowded host.

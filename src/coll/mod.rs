@@ -51,7 +51,7 @@ use smallvec::SmallVec;
 
 use crate::p2p::driver::Driver;
 use crate::error::{Error, Result};
-use crate::mcast::{Channel, TokenBarrier};
+use crate::multicast::{Channel, TokenBarrier};
 use crate::p2p::Status;
 use crate::api::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
 

@@ -157,7 +157,7 @@ impl Comm {
                 return Box::pin(async move {
                     comm.collective_gate()?;
                     let chan = comm.coll().multicast.get_or_try_init(|| Channel::new(&comm)).await?;
-                    crate::mcast::broadcast(chan, root, data).await.map(|b| vec![b])
+                    crate::multicast::broadcast(chan, root, data).await.map(|b| vec![b])
                 })
                 .await;
             }

@@ -13,7 +13,7 @@ use super::hierarchy::Hierarchy;
 use super::pool::Pool;
 use crate::api::world::{Comm, Upper};
 use crate::error::Result;
-use crate::mcast::{Channel, TokenBarrier};
+use crate::multicast::{Channel, TokenBarrier};
 
 /// The collective state of one communicator, shared by every handle on it.
 #[derive(Default)]
@@ -45,7 +45,7 @@ pub(crate) struct CollState {
 
 impl Upper for CollState {
     fn drain<'a>(&'a self, comm: &'a Comm, limit: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
-        Box::pin(crate::mcast::drain(comm.rank(), self.multicast.get(), self.token_barrier.get(), limit))
+        Box::pin(crate::multicast::drain(comm.rank(), self.multicast.get(), self.token_barrier.get(), limit))
     }
 }
 

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use ferrocomm_reactor::{Ops, Progress};
 use ferrocomm_transports::{Outgoing, Rank, Transport, TransportError};
 
-use crate::Error;
+use crate::error::Error;
 use crate::p2p::engine::{Completion, Engine};
 
 /// The protocol core as the driver runs it: completing operations straight into the slab.
@@ -17,8 +17,21 @@ pub(crate) struct Driver {
     /// The protocol core; it completes operations straight into its operation slab.
     pub engine: SlabEngine,
     pub transport: Box<dyn Transport>,
-    /// One-sided communication: its target-side handlers run in this progress (see `rma::hook`).
-    pub rma: crate::rma::hook::Hook,
+    /// The work of the layers above point-to-point that runs in this progress (one-sided
+    /// communication: its target-side handlers, see `rma::hook`).
+    pub upper: Box<dyn Upper>,
+}
+
+/// Work of a layer above point-to-point that runs inside the progress routine, so that it goes on
+/// without calls by the application (a one-sided target serves requests). The driver runs it
+/// without knowing the layer.
+pub(crate) trait Upper: std::any::Any + Send {
+    /// Whether [`Upper::progress`] has anything to do; asked every progress round, so cheap.
+    fn wants(&self) -> bool;
+    /// Does the layer's work; returns how much was done (0: nothing).
+    fn progress(&mut self, engine: &mut SlabEngine) -> usize;
+    /// The engine was closed (shutdown): the layer fails what it has in flight.
+    fn close(&mut self, engine: &mut SlabEngine);
 }
 
 impl Driver {
@@ -103,8 +116,8 @@ impl Driver {
 impl Progress for Driver {
     fn progress(&mut self) -> usize {
         let mut n = self.transport.progress(&mut self.engine);
-        if self.rma.wants() {
-            n += self.rma.progress(&mut self.engine);
+        if self.upper.wants() {
+            n += self.upper.progress(&mut self.engine);
         }
         n + self.flush()
     }

@@ -2,7 +2,7 @@
 
 pub mod engine;
 pub(crate) mod driver;
-pub mod failure;
+pub(crate) mod failure;
 
 use bytes::{Bytes, BytesMut};
 use ferrocomm_transports::Rank;

@@ -28,10 +28,11 @@ use ferrocomm_transports::Rank;
 
 use super::geometry::{Geometry, Layout};
 use super::memory::{AtomicOp, Kind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
-use super::service::{EventShared, Key, Remote, Reply};
+use super::hook::Hook;
+use super::service::{EventShared, Key, Remote, Reply, Service};
 use super::wire::{AttachInfo, Msg, OVERHEAD};
 use super::{Access, RmaError, SegmentId};
-use crate::p2p::driver::Driver;
+use crate::p2p::driver::{Driver, Upper};
 use crate::error::{Error, Result};
 use crate::api::world::{Inner, World};
 
@@ -51,12 +52,28 @@ fn locked<R>(inner: &Inner, f: impl FnOnce(&mut Driver) -> R) -> R {
     let mut g = inner.reactor.lock();
     let d = &mut *g;
     let r = f(d);
-    d.rma.pump(&mut d.engine);
+    pump(d);
     d.flush();
     if inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_queued_output() {
         inner.reactor.kick();
     }
     r
+}
+
+/// The one-sided service of this rank (the service the driver runs in its progress is always the
+/// one-sided hook, installed at bootstrap).
+fn service(d: &mut Driver) -> &mut Service {
+    &mut hook(&mut *d.upper).service
+}
+
+fn hook(upper: &mut dyn Upper) -> &mut Hook {
+    let any: &mut dyn std::any::Any = upper;
+    any.downcast_mut().expect("the driver's upper service is the one-sided hook")
+}
+
+/// Hands the one-sided service's messages to the engine.
+fn pump(d: &mut Driver) {
+    hook(&mut *d.upper).pump(&mut d.engine);
 }
 
 fn rma(e: RmaError) -> Error {
@@ -163,11 +180,11 @@ impl Segment {
             if !mem.is_open() {
                 return Poll::Ready(Err(rma(RmaError::Unpublished { id: mem.id })));
             }
-            if d.rma.service.is_closed() {
+            if service(d).is_closed() {
                 return Poll::Ready(Err(Error::Shutdown));
             }
             if let Some(cx) = cx {
-                d.rma.service.wait_owner(serial, WAIT_NOTIFY, cx.waker());
+                service(d).wait_owner(serial, WAIT_NOTIFY, cx.waker());
                 let v = mem.notified();
                 if v >= n {
                     return Poll::Ready(Ok(v));
@@ -185,7 +202,7 @@ impl Segment {
     pub async fn unpublish(mut self) -> Result<()> {
         self.live = false;
         let serial = self.mem.id.serial();
-        locked(&self.inner, |d| d.rma.service.unpublish(serial));
+        locked(&self.inner, |d| service(d).unpublish(serial));
         Ok(())
     }
 }
@@ -197,7 +214,7 @@ impl Drop for Segment {
         }
         self.mem.close();
         let serial = self.mem.id.serial();
-        locked(&self.inner, |d| d.rma.service.unpublish(serial));
+        locked(&self.inner, |d| service(d).unpublish(serial));
     }
 }
 
@@ -264,8 +281,8 @@ impl Queue {
                     return false;
                 }
                 if mem.held.load(Ordering::Relaxed) > 0 {
-                    d.rma.service.serve_held();
-                    d.rma.pump(&mut d.engine);
+                    service(d).serve_held();
+                    pump(d);
                     d.flush();
                 }
                 true
@@ -276,11 +293,11 @@ impl Queue {
             if !mem.is_open() {
                 return Poll::Ready(Err(rma(RmaError::Unpublished { id: mem.id })));
             }
-            if d.rma.service.is_closed() {
+            if service(d).is_closed() {
                 return Poll::Ready(Err(Error::Shutdown));
             }
             if let Some(cx) = cx {
-                d.rma.service.wait_owner(serial, WAIT_QUEUE, cx.waker());
+                service(d).wait_owner(serial, WAIT_QUEUE, cx.waker());
                 if take(d) {
                     return Poll::Ready(Ok(std::mem::take(&mut out)));
                 }
@@ -475,7 +492,7 @@ impl<T> RmaOp<T> {
         let t = Ticket(ev.shared.issued.fetch_add(1, Ordering::AcqRel) + 1);
         match std::mem::replace(&mut self.st, St::Done) {
             St::Ready(r) => ev.shared.complete(r.map(|_| ())),
-            St::Pending { inner, key, .. } => inner.reactor.lock().rma.service.on_event(key, ev.shared.clone()),
+            St::Pending { inner, key, .. } => service(&mut inner.reactor.lock()).on_event(key, ev.shared.clone()),
             St::Retry(mut retry) => {
                 let shared = ev.shared.clone();
                 let drive = async move { std::future::poll_fn(|cx| retry.poll(cx)).await };
@@ -499,7 +516,7 @@ impl<T> Future for RmaOp<T> {
         let r = match &mut this.st {
             St::Pending { inner, key, wait } => {
                 let k = *key;
-                std::task::ready!(inner.reactor.poll_until(cx, wait, |d, cx| d.rma.service.poll(k, cx)))
+                std::task::ready!(inner.reactor.poll_until(cx, wait, |d, cx| service(d).poll(k, cx)))
             }
             St::Retry(retry) => std::task::ready!(retry.poll(cx)).map(|()| Reply::Unit),
             St::Ready(_) => match std::mem::replace(&mut this.st, St::Done) {
@@ -516,7 +533,7 @@ impl<T> Future for RmaOp<T> {
 impl<T> Drop for RmaOp<T> {
     fn drop(&mut self) {
         if let St::Pending { inner, key, .. } = &self.st {
-            inner.reactor.lock().rma.service.detach(*key);
+            service(&mut inner.reactor.lock()).detach(*key);
         }
     }
 }
@@ -548,7 +565,7 @@ impl Retry {
         }
         if self.mem.waiting(WAIT_QUEUE) {
             let (owner, serial) = (self.remote.id.owner(), self.remote.id.serial());
-            locked(&self.inner, |d| d.rma.service.ring(owner, serial));
+            locked(&self.inner, |d| service(d).ring(owner, serial));
         }
         Some(Ok(()))
     }
@@ -619,14 +636,14 @@ impl World {
         if inner.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        let serial = inner.reactor.with(|d| d.rma.service.reserve())?;
+        let serial = inner.reactor.with(|d| service(d).reserve())?;
         let id = SegmentId::new(inner.rank, serial);
         let mut nonce = [0u8; 8];
         getrandom::fill(&mut nonce).map_err(|e| Error::Invalid(format!("no randomness for a segment nonce: {e}")))?;
         let mem = SegMem::create(id, len, access, kind, u64::from_le_bytes(nonce))
             .map_err(|e| Error::Invalid(format!("segment memory of {len} bytes: {e}")))?;
         let mem = Arc::new(mem);
-        inner.reactor.with(|d| d.rma.service.publish(mem.clone()));
+        inner.reactor.with(|d| service(d).publish(mem.clone()));
         Ok(Segment { mem, inner, live: true })
     }
 
@@ -671,11 +688,11 @@ impl World {
         if inner.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        if let Some(r) = inner.reactor.with(|d| d.rma.service.cached(id)) {
+        if let Some(r) = inner.reactor.with(|d| service(d).cached(id)) {
             return Ok(RemoteSegment { r });
         }
         let remote = if id.owner() == inner.rank {
-            let mem = inner.reactor.with(|d| d.rma.service.own(id.serial())).map_err(rma)?;
+            let mem = inner.reactor.with(|d| service(d).own(id.serial())).map_err(rma)?;
             let info = AttachInfo {
                 len: mem.len,
                 access: mem.access,
@@ -706,7 +723,7 @@ impl World {
             let mapped = if shm { map_peer(id, &info) } else { None };
             Remote { id, info, mapped, lost: OnceLock::new() }
         };
-        let r = inner.reactor.with(|d| d.rma.service.cache(Arc::new(remote)));
+        let r = inner.reactor.with(|d| service(d).cache(Arc::new(remote)));
         Ok(RemoteSegment { r })
     }
 
@@ -728,7 +745,7 @@ impl World {
     /// An error of an operation on a mapping; an unpublished segment leaves the cache.
     fn mapped_err(&self, r: &Remote, e: RmaError) -> Error {
         if matches!(e, RmaError::Unpublished { .. }) {
-            self.rma_inner().reactor.with(|d| d.rma.service.forget(r.id));
+            self.rma_inner().reactor.with(|d| service(d).forget(r.id));
         }
         rma(e)
     }
@@ -777,7 +794,7 @@ impl World {
             let res = mem.check_open().map(|()| mem.put(g, src));
             if res.is_ok() && notify && mem.notify(1) {
                 let (owner, serial) = (r.id.owner(), r.id.serial());
-                locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
+                locked(self.rma_inner(), |d| service(d).ring(owner, serial));
             }
             return RmaOp::ready(res.map(|()| Reply::Unit).map_err(|e| self.mapped_err(r, e)), unit);
         }
@@ -821,7 +838,7 @@ impl World {
             let res = mem.check_open().map(|()| mem.notify(1));
             if res == Ok(true) {
                 let (owner, serial) = (r.id.owner(), r.id.serial());
-                locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
+                locked(self.rma_inner(), |d| service(d).ring(owner, serial));
             }
             return RmaOp::ready(res.map(|_| Reply::Unit).map_err(|e| self.mapped_err(r, e)), unit);
         }
@@ -928,12 +945,12 @@ impl World {
     pub fn fence(&self, dst: &RemoteSegment) -> impl Future<Output = Result<()>> + Send + 'static {
         let inner = self.rma_inner().clone();
         let (id, mapped) = (dst.r.id, dst.r.mapped.is_some());
-        let at = inner.reactor.with(|d| d.rma.service.fence_point());
+        let at = inner.reactor.with(|d| service(d).fence_point());
         Until::new(inner.reactor.clone(), move |d: &mut Driver, cx: Option<&mut Context<'_>>| {
             if mapped {
                 std::sync::atomic::fence(Ordering::SeqCst);
             }
-            if d.rma.service.fenced(id, at, cx) { Poll::Ready(Ok(())) } else { Poll::Pending }
+            if service(d).fenced(id, at, cx) { Poll::Ready(Ok(())) } else { Poll::Pending }
         })
     }
 
@@ -983,8 +1000,8 @@ fn emulated<T>(
     conv: fn(Reply) -> Result<T>,
 ) -> RmaOp<T> {
     let (key, now) = locked(inner, |d| {
-        let key = d.rma.service.start(seg, msgs);
-        (key, d.rma.service.poll(key, None))
+        let key = service(d).start(seg, msgs);
+        (key, service(d).poll(key, None))
     });
     match now {
         Poll::Ready(r) => RmaOp::ready(r, conv),

@@ -18,7 +18,7 @@ use ferrocomm_reactor::OpKey;
 use ferrocomm_transports::Rank;
 
 use super::service::Service;
-use crate::p2p::driver::SlabEngine;
+use crate::p2p::driver::{SlabEngine, Upper};
 use crate::error::Error;
 use crate::p2p::engine::{Completion, RecvBuf};
 use crate::p2p::{Source, TagMatch};
@@ -69,11 +69,6 @@ impl Hook {
         h
     }
 
-    /// Whether the progress routine must call [`Hook::progress`].
-    #[inline(always)]
-    pub fn wants(&self) -> bool {
-        self.flag.0.load(Ordering::Relaxed) || self.service.busy()
-    }
 
     fn repost(&mut self, engine: &mut SlabEngine) {
         let key = engine.completions().insert();
@@ -81,8 +76,33 @@ impl Hook {
         self.key = Some(key);
     }
 
+    /// Hands the service's messages to the engine (whose output the driver then flushes).
+    pub fn pump(&mut self, engine: &mut SlabEngine) -> usize {
+        let mut n = 0;
+        while let Some((to, tag, data)) = self.service.poll_transmit() {
+            n += 1;
+            if let Err(data) = engine.send_now(to, CONTEXT, tag, data) {
+                // Waiting for credit, or large: tracked by the engine, nobody awaits it (a lost
+                // peer shows in the operation that the message belongs to).
+                let key = engine.completions().insert();
+                engine.post_send(key, to, CONTEXT, tag, data);
+                engine.completions().detach(key);
+            }
+        }
+        n
+    }
+}
+
+impl Upper for Hook {
+    /// Whether the progress routine must call [`Upper::progress`]: a message came, or the service
+    /// has work of its own.
+    #[inline(always)]
+    fn wants(&self) -> bool {
+        self.flag.0.load(Ordering::Relaxed) || self.service.busy()
+    }
+
     /// Takes what arrived, lets the service act on it, and hands its messages to the engine.
-    pub fn progress(&mut self, engine: &mut SlabEngine) -> usize {
+    fn progress(&mut self, engine: &mut SlabEngine) -> usize {
         let mut work = 0;
         self.flag.0.store(false, Ordering::Relaxed);
         while let Some(key) = self.key {
@@ -120,24 +140,8 @@ impl Hook {
         work + self.pump(engine)
     }
 
-    /// Hands the service's messages to the engine (whose output the driver then flushes).
-    pub fn pump(&mut self, engine: &mut SlabEngine) -> usize {
-        let mut n = 0;
-        while let Some((to, tag, data)) = self.service.poll_transmit() {
-            n += 1;
-            if let Err(data) = engine.send_now(to, CONTEXT, tag, data) {
-                // Waiting for credit, or large: tracked by the engine, nobody awaits it (a lost
-                // peer shows in the operation that the message belongs to).
-                let key = engine.completions().insert();
-                engine.post_send(key, to, CONTEXT, tag, data);
-                engine.completions().detach(key);
-            }
-        }
-        n
-    }
-
     /// The engine was closed (shutdown): every one-sided operation fails, every waiter wakes.
-    pub fn close(&mut self, engine: &mut SlabEngine) {
+    fn close(&mut self, engine: &mut SlabEngine) {
         self.progress(engine);
         self.service.close();
     }

@@ -1,5 +1,8 @@
 //! The one error type of the public API.
 
+pub(crate) mod job;
+pub(crate) mod rma;
+
 use ferrocomm_transports::{Rank, TransportError};
 
 /// Everything a ferrocomm operation can fail with.
@@ -36,7 +39,7 @@ pub enum Error {
     /// each case names the variable and, for addresses, the address. (Boxed: every operation's
     /// result carries this type, and the other variants are small.)
     #[error("bootstrap failed: {0}")]
-    Job(Box<crate::bootstrap::env::EnvError>),
+    Job(Box<job::EnvError>),
     /// The multicast layer could not do what was asked (see the message).
     #[error("multicast: {0}")]
     Multicast(String),
@@ -53,14 +56,14 @@ pub enum Error {
     /// A one-sided operation was refused (bounds, rights, alignment, an unknown or unpublished
     /// segment, ...); the target memory is untouched.
     #[error(transparent)]
-    Rma(#[from] crate::rma::RmaError),
+    Rma(#[from] rma::RmaError),
 }
 
 /// Shorthand for results of ferrocomm operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl From<crate::bootstrap::env::EnvError> for Error {
-    fn from(e: crate::bootstrap::env::EnvError) -> Error {
+impl From<job::EnvError> for Error {
+    fn from(e: job::EnvError) -> Error {
         Error::Job(Box::new(e))
     }
 }
