@@ -173,8 +173,9 @@ impl Comm {
 
     /// Every rank's message (any lengths) at every rank.
     pub fn allgather_bytes(&self, data: Bytes) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
-        // Lengths differ between ranks: not for the board, whose all-gather parts are all alike.
-        let alg = self.choose_messages(Operation::Allgather, 0, true);
+        // Lengths differ between ranks: not for the board, whose all-gather parts are all alike,
+        // nor for single copy; and all-gather has no multicast or node-leader form: the table's.
+        let alg = self.collective_table().choose(Call { op: Operation::Allgather, ranks: self.size(), bytes: 0, commutative: true });
         self.allgather_with(data, alg)
     }
 
