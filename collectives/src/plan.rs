@@ -129,7 +129,10 @@ mod tests {
     fn sleeping_ranks_take_the_board_only_when_pinned() {
         let sleepy = Facts { all_busy: false, ..HOST };
         assert_eq!(choose(call(Operation::Bcast, 4, 8), &sleepy, &Table::default()), Algorithm::Binomial);
-        assert_eq!(choose(call(Operation::Bcast, 4, 8), &sleepy, &pinned("bcast=shared-memory")), Algorithm::SharedMemory);
+        assert_eq!(
+            choose(call(Operation::Bcast, 4, 8), &sleepy, &pinned("bcast=shared-memory")),
+            Algorithm::SharedMemory
+        );
     }
 
     #[test]
@@ -176,7 +179,10 @@ mod tests {
         assert_eq!(choose(ordered, &HOSTS, &t), Algorithm::RecursiveDoubling);
         let spread = Facts { hosts: Some(false), ..HOSTS };
         assert_eq!(choose(call(Operation::Bcast, 8, 64), &spread, &t), Algorithm::Binomial);
-        assert_eq!(choose(call(Operation::Bcast, 8, 64), &spread, &pinned("bcast=hierarchical")), Algorithm::Hierarchical);
+        assert_eq!(
+            choose(call(Operation::Bcast, 8, 64), &spread, &pinned("bcast=hierarchical")),
+            Algorithm::Hierarchical
+        );
         assert_eq!(choose(call(Operation::Allgather, 8, 64), &HOSTS, &t), Algorithm::Bruck);
         // Another pin wins over the hierarchy.
         assert_eq!(choose(call(Operation::Bcast, 8, 64), &HOSTS, &pinned("bcast=binomial")), Algorithm::Binomial);

@@ -24,8 +24,8 @@ use ferrocomm_transports::{Outgoing, Rank};
 use parking_lot::Mutex;
 
 use crate::config::Settings;
-use crate::p2p::driver::{Driver, SlabEngine};
 use crate::error::{Error, Result};
+use crate::p2p::driver::{Driver, SlabEngine};
 use crate::p2p::engine::{Completion, RecvBuf};
 use crate::p2p::failure::Watch;
 use crate::p2p::{Payload, Source, Status, TagMatch};
@@ -33,7 +33,9 @@ use crate::p2p::{Payload, Source, Status, TagMatch};
 /// A connection attempt that was refused (wrong token, malformed frames, ...).
 #[derive(Clone, Debug)]
 pub struct Refused {
+    /// Where the attempt came from.
     pub from: std::net::SocketAddr,
+    /// Why it was refused.
     pub error: ferrocomm_transports::TransportError,
 }
 
@@ -136,7 +138,7 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    pub fn new(members: Vec<Rank>, me: Rank) -> Group {
+    pub(crate) fn new(members: Vec<Rank>, me: Rank) -> Group {
         let index: std::collections::HashMap<Rank, Rank> =
             members.iter().enumerate().map(|(i, &w)| (w, i as Rank)).collect();
         Group { rank: index[&me], members, index }
@@ -146,8 +148,11 @@ impl Group {
 /// A received message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
+    /// Its bytes.
     pub data: Bytes,
+    /// The sender (its rank in the communicator).
     pub source: Rank,
+    /// The tag it was sent with.
     pub tag: u64,
 }
 
@@ -246,7 +251,7 @@ impl Inner {
     /// Flushes queued output (for at most `limit`), says goodbye to every peer, stops progress.
     /// On a thread that is panicking, the rank aborts instead: it tells every peer that it is
     /// lost, so that they fail what needs it at once (a goodbye would let them wait on it).
-    pub fn shut_down(&self, limit: Duration) {
+    pub(crate) fn shut_down(&self, limit: Duration) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }

@@ -170,7 +170,6 @@ impl fmt::Debug for JobEnv {
     }
 }
 
-
 /// Reads the job environment of this process. Under MPICH Hydra without `FERROCOMM_COORD` or
 /// `FERROCOMM_TOKEN`, asks Hydra's process manager for the job id over `PMI_FD`.
 pub fn detect() -> Result<JobEnv, EnvError> {

@@ -32,11 +32,11 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::config::{Settings, TransportChoice};
-use crate::p2p::driver::Driver;
-use crate::error::{Error, Result};
-use crate::p2p::engine::{self, Engine};
 use crate::api::world::{Inner, Refused, World};
+use crate::config::{Settings, TransportChoice};
+use crate::error::{Error, Result};
+use crate::p2p::driver::Driver;
+use crate::p2p::engine::{self, Engine};
 use ferrocomm_reactor::ProgressMode;
 use kv::{KvClient, KvServer};
 

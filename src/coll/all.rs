@@ -175,11 +175,20 @@ impl Comm {
     pub fn allgather_bytes(&self, data: Bytes) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
         // Lengths differ between ranks: not for the board, whose all-gather parts are all alike,
         // nor for single copy; and all-gather has no multicast or node-leader form: the table's.
-        let alg = self.collective_table().choose(Call { op: Operation::Allgather, ranks: self.size(), bytes: 0, commutative: true });
+        let alg = self.collective_table().choose(Call {
+            op: Operation::Allgather,
+            ranks: self.size(),
+            bytes: 0,
+            commutative: true,
+        });
         self.allgather_with(data, alg)
     }
 
-    pub(super) fn allgather_with(&self, data: Bytes, alg: Algorithm) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+    pub(super) fn allgather_with(
+        &self,
+        data: Bytes,
+        alg: Algorithm,
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
         let (r, n) = (self.rank(), self.size());
         let (slot, m) = (self.slot(), ops::allgather(r, n, alg, data));
         async move { Ok(ops::allgather_result(&Comm::drive(slot, m?).await?, n)?) }

@@ -41,9 +41,9 @@ use ferrocomm_transports::Rank;
 use ferrocomm_transports::mapping::{Mapping, shared_file_path};
 use smallvec::SmallVec;
 
-use crate::p2p::driver::Driver;
-use crate::error::{Error, Result};
 use crate::api::world::Comm;
+use crate::error::{Error, Result};
+use crate::p2p::driver::Driver;
 
 /// Tells a board's file from the shared-memory transport's (random nonces) in the job's names;
 /// the low half is the communicator's context.

@@ -49,11 +49,11 @@ use ferrocomm_reactor::Wait;
 use ferrocomm_transports::Rank;
 use smallvec::SmallVec;
 
-use crate::p2p::driver::Driver;
+use crate::api::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
 use crate::error::{Error, Result};
 use crate::multicast::{Channel, TokenBarrier};
 use crate::p2p::Status;
-use crate::api::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
+use crate::p2p::driver::Driver;
 
 use hierarchy::*;
 use on_host::*;

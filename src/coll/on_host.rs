@@ -36,7 +36,10 @@ pub(super) enum Lend {
 /// The future of a call that lent `data` in place ([`Lend::InPlace`]): it holds the borrow of
 /// `data` for as long as the call may be read, so the caller cannot change it meanwhile; dropped
 /// early, the call withdraws the memory before the borrow ends.
-pub(super) async fn lending_in_place<T: Element>(data: &[T], call: impl Future<Output = Result<()>> + Send) -> Result<()> {
+pub(super) async fn lending_in_place<T: Element>(
+    data: &[T],
+    call: impl Future<Output = Result<()>> + Send,
+) -> Result<()> {
     let _lent = data;
     call.await
 }

@@ -65,4 +65,3 @@ impl Pool {
         blocks.into_values().filter_map(|b| b.try_into_mut().ok()).for_each(|b| self.give(b));
     }
 }
-

@@ -81,8 +81,7 @@ impl Comm {
     /// Takes the next sequence number of this communicator for one collective call.
     pub(super) fn slot(&self) -> Slot {
         let seq = self.coll().calls.fetch_add(1, Ordering::Relaxed);
-        let comm =
-            self.coll().collective.get_or_init(|| Arc::new(self.with_context(self.context() | COLLECTIVE_BIT)));
+        let comm = self.coll().collective.get_or_init(|| Arc::new(self.with_context(self.context() | COLLECTIVE_BIT)));
         Slot { comm: comm.clone(), seq, pool: self.coll().pool.clone(), refused: self.collective_gate().err() }
     }
 

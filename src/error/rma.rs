@@ -111,32 +111,66 @@ pub enum RmaError {
     /// The access reaches outside the segment: `len` bytes from `offset` (the span of the whole
     /// geometry) in a segment of `segment_len` bytes.
     #[error("{len} bytes at offset {offset} reach outside the segment of {segment_len} bytes")]
-    OutOfBounds { offset: u64, len: u64, segment_len: u64 },
+    OutOfBounds {
+        /// Where the access starts, in bytes.
+        offset: u64,
+        /// The length, in bytes.
+        len: u64,
+        /// The segment's length.
+        segment_len: u64,
+    },
     /// The segment does not allow this operation.
     #[error("the segment allows {granted}, not {needed}")]
-    NotPermitted { needed: Access, granted: Access },
+    NotPermitted {
+        /// The rights the operation needs.
+        needed: Access,
+        /// The rights the segment grants.
+        granted: Access,
+    },
     /// An atomic operation on a word that is not 8-byte aligned.
     #[error("atomic operations need an 8-byte aligned offset, not {offset}")]
-    Misaligned { offset: u64 },
+    Misaligned {
+        /// Where the access starts, in bytes.
+        offset: u64,
+    },
     /// The owner has no segment of that id.
     #[error("segment {id} does not exist")]
-    UnknownSegment { id: SegmentId },
+    UnknownSegment {
+        /// The segment.
+        id: SegmentId,
+    },
     /// The segment existed but its owner unpublished it.
     #[error("segment {id} has been unpublished")]
-    Unpublished { id: SegmentId },
+    Unpublished {
+        /// The segment.
+        id: SegmentId,
+    },
     /// The target holds too many enqueues waiting for room in this queue; try again later.
     #[error("queue {id} is full")]
-    QueueFull { id: SegmentId },
+    QueueFull {
+        /// The segment.
+        id: SegmentId,
+    },
     /// A record of the wrong length for the queue.
     #[error("a record of {len} bytes for a queue of {record}-byte records")]
-    RecordSize { len: u64, record: u64 },
+    RecordSize {
+        /// The length, in bytes.
+        len: u64,
+        /// The queue's record length.
+        record: u64,
+    },
     /// The geometry is inconsistent (a sub-array outside its array, sizes that overflow, a local
     /// buffer too short).
     #[error("invalid geometry: {0}")]
     Geometry(String),
     /// A peer sent a one-sided message that does not parse; the operation it belonged to failed.
     #[error("malformed one-sided message from rank {rank}: {what}")]
-    Malformed { rank: Rank, what: &'static str },
+    Malformed {
+        /// The world rank that sent it.
+        rank: Rank,
+        /// What is wrong with it.
+        what: &'static str,
+    },
 }
 
 impl RmaError {

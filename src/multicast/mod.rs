@@ -48,9 +48,9 @@ use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc};
 
+use crate::api::world::{Comm, Op};
 use crate::error::{Error, Result};
 use crate::p2p::{Source, TagMatch};
-use crate::api::world::{Comm, Op};
 
 pub use crate::config::McastSettings;
 pub use ferrocomm_multicast::proto::Stats as McastStats;
@@ -60,7 +60,6 @@ const DATAGRAM_BATCH: usize = 64;
 
 /// Tag of the protocol's point-to-point messages on the channel's private communicator.
 const TAG: u64 = 0x6d63;
-
 
 struct Shared {
     core: Mutex<McastCore>,
@@ -287,10 +286,12 @@ impl Channel {
         Ok(Channel { shared, task })
     }
 
+    /// This rank in the channel's communicator.
     pub fn rank(&self) -> Rank {
         self.shared.comm.rank()
     }
 
+    /// The number of ranks in the channel's communicator.
     pub fn size(&self) -> u32 {
         self.shared.comm.size()
     }

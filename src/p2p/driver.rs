@@ -37,7 +37,7 @@ pub(crate) trait Upper: std::any::Any + Send {
 impl Driver {
     /// The operation slab: in-flight operations by key.
     #[inline]
-    pub fn ops(&mut self) -> &mut Ops<Completion> {
+    pub(crate) fn ops(&mut self) -> &mut Ops<Completion> {
         self.engine.completions()
     }
 
@@ -46,14 +46,14 @@ impl Driver {
     /// Inlined up to the test for output: every round of a spinning caller flushes, and usually
     /// finds nothing (the whole function's entry and exit cost more than that test).
     #[inline]
-    pub fn flush(&mut self) -> usize {
+    pub(crate) fn flush(&mut self) -> usize {
         if self.engine.has_output() { self.flush_output() } else { 0 }
     }
 
     /// [`Engine::send_now`] of owned or borrowed data, handing a frame that can go at once
     /// straight to the transport (borrowed data is copied before this returns).
     #[inline]
-    pub fn send_now<D: Outgoing>(
+    pub(crate) fn send_now<D: Outgoing>(
         &mut self,
         dest: Rank,
         context: u32,

@@ -27,14 +27,14 @@ use ferrocomm_reactor::{ProgressMode, Until, Wait};
 use ferrocomm_transports::Rank;
 
 use super::geometry::{Geometry, Layout};
-use super::memory::{AtomicOp, Kind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
 use super::hook::Hook;
+use super::memory::{AtomicOp, Kind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
 use super::service::{EventShared, Key, Remote, Reply, Service};
 use super::wire::{AttachInfo, Msg, OVERHEAD};
 use super::{Access, RmaError, SegmentId};
-use crate::p2p::driver::{Driver, Upper};
-use crate::error::{Error, Result};
 use crate::api::world::{Inner, World};
+use crate::error::{Error, Result};
+use crate::p2p::driver::{Driver, Upper};
 
 /// Largest piece of a transfer in one message of the emulated path (each is a point-to-point
 /// message: large ones go by rendezvous, and the target copies each as it lands).
@@ -108,6 +108,7 @@ impl Segment {
         self.mem.len
     }
 
+    /// Whether its length is zero.
     pub fn is_empty(&self) -> bool {
         self.mem.len == 0
     }
@@ -228,6 +229,7 @@ pub struct Queue {
 }
 
 impl Queue {
+    /// The queue's global id (its peers attach it by this id).
     pub fn id(&self) -> SegmentId {
         self.seg.id()
     }
@@ -247,6 +249,7 @@ impl Queue {
         self.seg.mem.queued() as usize
     }
 
+    /// Whether its length is zero.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -342,6 +345,7 @@ impl std::fmt::Debug for RemoteSegment {
 }
 
 impl RemoteSegment {
+    /// The segment's global id.
     pub fn id(&self) -> SegmentId {
         self.r.id
     }
@@ -356,6 +360,7 @@ impl RemoteSegment {
         self.r.info.len
     }
 
+    /// Whether its length is zero.
     pub fn is_empty(&self) -> bool {
         self.r.info.len == 0
     }

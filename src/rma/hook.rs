@@ -18,8 +18,8 @@ use ferrocomm_reactor::OpKey;
 use ferrocomm_transports::Rank;
 
 use super::service::Service;
-use crate::p2p::driver::{SlabEngine, Upper};
 use crate::error::Error;
+use crate::p2p::driver::{SlabEngine, Upper};
 use crate::p2p::engine::{Completion, RecvBuf};
 use crate::p2p::{Source, TagMatch};
 
@@ -57,7 +57,7 @@ pub(crate) struct Hook {
 
 impl Hook {
     /// The hook of rank `me`, with its receive posted on `engine`.
-    pub fn new(engine: &mut SlabEngine, me: Rank) -> Hook {
+    pub(crate) fn new(engine: &mut SlabEngine, me: Rank) -> Hook {
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let waker = Waker::from(flag.clone());
         let service = Service::new(me, engine.config().max_message);
@@ -69,7 +69,6 @@ impl Hook {
         h
     }
 
-
     fn repost(&mut self, engine: &mut SlabEngine) {
         let key = engine.completions().insert();
         engine.post_recv(key, CONTEXT, Source::Any, TagMatch::Any, RecvBuf::Alloc);
@@ -77,7 +76,7 @@ impl Hook {
     }
 
     /// Hands the service's messages to the engine (whose output the driver then flushes).
-    pub fn pump(&mut self, engine: &mut SlabEngine) -> usize {
+    pub(crate) fn pump(&mut self, engine: &mut SlabEngine) -> usize {
         let mut n = 0;
         while let Some((to, tag, data)) = self.service.poll_transmit() {
             n += 1;

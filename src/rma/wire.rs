@@ -114,7 +114,7 @@ pub(crate) enum Msg {
 
 impl Msg {
     /// The request id of a reply (`None` for requests).
-    pub fn reply_to(&self) -> Option<u64> {
+    pub(crate) fn reply_to(&self) -> Option<u64> {
         match self {
             Msg::Ack { req } | Msg::Data { req, .. } | Msg::Value { req, .. } => Some(*req),
             Msg::Attached { req, .. } | Msg::Fail { req, .. } => Some(*req),
@@ -123,7 +123,7 @@ impl Msg {
     }
 
     /// (tag, payload) to send.
-    pub fn encode(&self) -> (u64, Bytes) {
+    pub(crate) fn encode(&self) -> (u64, Bytes) {
         let mut b = BytesMut::with_capacity(OVERHEAD);
         b.put_u8(VERSION);
         let tag = match self {
@@ -228,7 +228,7 @@ impl Msg {
 
     /// Decodes a message of kind `tag` from a peer. On error: the request id, if it could be
     /// read (so that the requester can be told), and what is wrong.
-    pub fn decode(tag: u64, payload: Bytes) -> Result<Msg, (Option<u64>, &'static str)> {
+    pub(crate) fn decode(tag: u64, payload: Bytes) -> Result<Msg, (Option<u64>, &'static str)> {
         let mut r = Reader { b: &payload, at: 0 };
         if r.u8().map_err(|e| (None, e))? != VERSION {
             return Err((None, "unknown version"));
