@@ -24,8 +24,8 @@ mod config;
 mod error;
 pub mod launch;
 pub mod multicast;
-/// The point-to-point protocol core, public for the simulator, the benchmarks and the fuzz targets;
-/// applications use [`Comm`]'s methods.
+// The point-to-point protocol core, public for the simulator, the benchmarks and the fuzz
+// targets; applications use `Comm`'s methods.
 #[doc(hidden)]
 pub mod p2p;
 pub mod rma;
@@ -40,7 +40,7 @@ pub use config::{
 pub use error::{Error, Result};
 pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table};
 pub use ferrocomm_reactor::HybridStats;
-/// The transports crate, for the benchmarks and the fuzz targets that drive a transport alone.
+// The transports crate, for the benchmarks and the fuzz targets that drive a transport alone.
 #[doc(hidden)]
 pub use ferrocomm_transports as transports;
 pub use ferrocomm_transports::{Rank, TransportError, WireError};

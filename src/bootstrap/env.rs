@@ -41,7 +41,7 @@
 //! apart, it is **no secret** (anyone who can read the job id can compute it). Set
 //! `FERROCOMM_TOKEN` (for example from `openssl rand -hex 32`) where other users share the nodes.
 //!
-//! Host names are resolved when the job starts ([`super::rendezvous`]), and errors name the address
+//! Host names are resolved when the job starts (`bootstrap/rendezvous.rs`), and errors name the address
 //! and the variable it came from. [`detect_from`] takes the lookup as a closure so that tests never
 //! touch the process environment.
 

@@ -25,13 +25,13 @@ impl Comm {
         let early = check_op(&op).err();
         let (r, n) = (self.rank(), self.size());
         if early.is_none() && alg == Algorithm::SharedMemory {
-            let kind = Kind::Allreduce(op.erase());
+            let kind = BoardOp::Allreduce(op.erase());
             let call = self.board_call(kind, size_of_val(buf), bytemuck::cast_slice(buf), size_of::<T>());
             return Collective::board(call, Some(bytemuck::cast_slice_mut(buf)));
         }
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| {
             let lent = Lent::of(bytemuck::cast_slice(buf));
-            self.lending(Kind::Allgather, Some(lent), &[Kind::Barrier, Kind::Barrier])
+            self.lending(BoardOp::Allgather, Some(lent), &[BoardOp::Barrier, BoardOp::Barrier])
         });
         let pool = self.coll().pool.clone();
         let data = if direct.is_none() { pool.copy(buf) } else { Bytes::new() };
@@ -106,7 +106,8 @@ impl Comm {
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         // On the board: the blocks straight into `out`, with nothing boxed (as a broadcast).
         if self.choose(Operation::Allgather, size_of_val(data), true) == Algorithm::SharedMemory {
-            let call = self.board_call(Kind::Allgather, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
+            let call =
+                self.board_call(BoardOp::Allgather, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
             return Collective::board_gathered(call, Some(bytemuck::cast_slice_mut(out)), self.size());
         }
         let run = self.allgather_plan(data, out, Lend::InPlace);
@@ -127,7 +128,7 @@ impl Comm {
         let bytes = bytemuck::cast_slice(data);
         let len = bytes.len();
         let board =
-            (alg == Algorithm::SharedMemory).then(|| self.board_future(Kind::Allgather, len, bytes, size_of::<T>()));
+            (alg == Algorithm::SharedMemory).then(|| self.board_future(BoardOp::Allgather, len, bytes, size_of::<T>()));
         let direct = (alg == Algorithm::SingleCopy).then(|| {
             let out: &mut [u8] = bytemuck::cast_slice_mut(out);
             if out.len() != n as usize * len {
@@ -218,7 +219,8 @@ impl Comm {
         if alltoall_misfit(data, out, self.size()).is_none()
             && self.choose(Operation::Alltoall, part, true) == Algorithm::SharedMemory
         {
-            let call = self.board_call(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
+            let call =
+                self.board_call(BoardOp::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
             return Collective::board(call, Some(bytemuck::cast_slice_mut(out)));
         }
         let run = self.alltoall_plan(data, out, Lend::InPlace);
@@ -242,8 +244,9 @@ impl Comm {
         let pool = self.coll().pool.clone();
         let mine = r as usize * elems..(r as usize + 1) * elems;
         let alg = self.choose(Operation::Alltoall, part, true);
-        let board = (early.is_none() && alg == Algorithm::SharedMemory)
-            .then(|| self.board_future(Kind::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>()));
+        let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
+            self.board_future(BoardOp::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>())
+        });
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, lend));
         if early.is_none() && board.is_none() {
             // Messages and single copy alike: the own part does not travel.

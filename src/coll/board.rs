@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use ferrocomm_collectives::CollError;
-use ferrocomm_collectives::shared::{Board, Data, Kind, Lent, Queue, Waiting, board_bytes};
+use ferrocomm_collectives::shared::{Board, Data, Kind as BoardOp, Lent, Queue, Waiting, board_bytes};
 use ferrocomm_reactor::{ProgressMode, Reactor, Wait};
 use ferrocomm_transports::Rank;
 use ferrocomm_transports::mapping::{Mapping, shared_file_path};
@@ -148,7 +148,7 @@ impl HostBoard {
     /// Enqueues a call (described in full: it may run before its future is first polled), split
     /// into pieces of at most the board's capacity, cut on `elem`-byte element boundaries.
     /// `input`: the root's data (broadcast), this rank's contribution (all-reduce), or nothing.
-    pub(crate) fn call(self: &Arc<HostBoard>, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<Made> {
+    pub(crate) fn call(self: &Arc<HostBoard>, kind: BoardOp, len: usize, input: &[u8], elem: usize) -> Result<Made> {
         self.gate()?;
         let mut q = self.queue.lock();
         if len <= self.board.capacity() {
@@ -201,7 +201,7 @@ impl HostBoard {
     /// Starts a single-copy call: its first step exchanges what is lent (`kind`: a broadcast of the
     /// root's [`Lent`], or an all-gather of every rank's), then come the `held` steps, each posted
     /// when the rank gets to it ([`Lending::next`]).
-    pub(crate) fn lend(self: &Arc<HostBoard>, kind: Kind, lent: Option<Lent>, held: &[Kind]) -> Result<Lending> {
+    pub(crate) fn lend(self: &Arc<HostBoard>, kind: BoardOp, lent: Option<Lent>, held: &[BoardOp]) -> Result<Lending> {
         self.gate()?;
         let mut q = self.queue.lock();
         let first = q.push(&self.board, kind, Lent::BYTES, lent.map_or_else(Vec::new, |l| l.encode()))?;

@@ -43,7 +43,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use ferrocomm_collectives::CollError;
 use ferrocomm_collectives::select::Call;
-use ferrocomm_collectives::shared::{Kind, Lent};
+use ferrocomm_collectives::shared::{Kind as BoardOp, Lent};
 use ferrocomm_collectives::{Action, Algorithm, Blocks, Element, Machine, Operation, ReduceOp, ops};
 use ferrocomm_reactor::Wait;
 use ferrocomm_transports::Rank;

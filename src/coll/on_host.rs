@@ -145,18 +145,24 @@ pub(super) async fn allreduce_single_copy(
 impl Comm {
     /// Enqueues a call on this communicator's shared-memory board (opened on first use); see
     /// [`board::HostBoard::call`].
-    pub(super) fn board_call(&self, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<board::Made> {
+    pub(super) fn board_call(&self, kind: BoardOp, len: usize, input: &[u8], elem: usize) -> Result<board::Made> {
         self.board()?.call(kind, len, input, elem)
     }
 
     /// [`Comm::board_call`] as a future of its pieces, complete or not (for the calls whose
     /// result is more than a copy into the caller's buffer).
-    pub(super) fn board_future(&self, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<board::BoardCall> {
+    pub(super) fn board_future(
+        &self,
+        kind: BoardOp,
+        len: usize,
+        input: &[u8],
+        elem: usize,
+    ) -> Result<board::BoardCall> {
         self.board_call(kind, len, input, elem).map(board::Made::into_future)
     }
 
     /// Starts a single-copy call on this communicator's board; see [`board::HostBoard::lend`].
-    pub(super) fn lending(&self, kind: Kind, lent: Option<Lent>, held: &[Kind]) -> Result<board::Lending> {
+    pub(super) fn lending(&self, kind: BoardOp, lent: Option<Lent>, held: &[BoardOp]) -> Result<board::Lending> {
         self.board()?.lend(kind, lent, held)
     }
 
@@ -166,11 +172,11 @@ impl Comm {
     pub(super) fn lend<T: Element>(&self, data: &[T], lend: Lend) -> Result<board::Lending> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         if let Lend::InPlace = lend {
-            return self.lending(Kind::Allgather, Some(Lent::of(bytes)), &[Kind::Barrier]);
+            return self.lending(BoardOp::Allgather, Some(Lent::of(bytes)), &[BoardOp::Barrier]);
         }
         let mut copy = self.coll().pool.take(bytes.len());
         copy.copy_from_slice(bytes);
-        let mut call = self.lending(Kind::Allgather, Some(Lent::of(&copy)), &[Kind::Barrier])?;
+        let mut call = self.lending(BoardOp::Allgather, Some(Lent::of(&copy)), &[BoardOp::Barrier])?;
         call.keep(copy);
         Ok(call)
     }

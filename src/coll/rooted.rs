@@ -8,7 +8,7 @@ impl Comm {
     pub fn barrier(&self) -> impl Future<Output = Result<()>> + Send + use<> {
         let alg = self.choose(Operation::Barrier, 0, true);
         if alg == Algorithm::SharedMemory {
-            return Collective::board(self.board_call(Kind::Barrier, 0, &[], 1), None);
+            return Collective::board(self.board_call(BoardOp::Barrier, 0, &[], 1), None);
         }
         let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
         let plan = if alg == Algorithm::Multicast {
@@ -70,12 +70,12 @@ impl Comm {
             if me == root && self.board().is_ok_and(|seg| seg.root_now(input)) {
                 return Collective::Ready(Some(Ok(())));
             }
-            let call = self.board_call(Kind::Bcast { root }, bytes, input, size_of::<T>());
+            let call = self.board_call(BoardOp::Bcast { root }, bytes, input, size_of::<T>());
             return Collective::board(call, (me != root).then(|| bytemuck::cast_slice_mut(buf)));
         }
         let direct = (root < self.size() && alg == Algorithm::SingleCopy).then(|| {
             let lent = (me == root).then(|| Lent::of(bytemuck::cast_slice(buf)));
-            self.lending(Kind::Bcast { root }, lent, &[Kind::Fanin { root }])
+            self.lending(BoardOp::Bcast { root }, lent, &[BoardOp::Fanin { root }])
         });
         let run = direct.is_none().then(|| {
             let pool = self.coll().pool.clone();
@@ -201,7 +201,7 @@ impl Comm {
         let (r, n) = (self.rank(), self.size());
         let len = size_of_val(data);
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
-            let kind = Kind::Reduce { root, op: op.erase() };
+            let kind = BoardOp::Reduce { root, op: op.erase() };
             self.board_future(kind, len, bytemuck::cast_slice(data), size_of::<T>())
         });
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, Lend::InPlace));

@@ -28,7 +28,7 @@ use ferrocomm_transports::Rank;
 
 use super::geometry::{Geometry, Layout};
 use super::hook::Hook;
-use super::memory::{AtomicOp, Kind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
+use super::memory::{AtomicOp, MAX_CAPACITY, MAX_RECORD, SegMem, SegmentKind, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
 use super::service::{EventShared, Key, Remote, Reply, Service};
 use super::wire::{AttachInfo, Msg, OVERHEAD};
 use super::{Access, RmaError, SegmentId};
@@ -379,8 +379,8 @@ impl RemoteSegment {
     /// Bytes per record, for a queue.
     pub fn record_len(&self) -> Option<usize> {
         match self.r.info.kind {
-            Kind::Queue { record, .. } => Some(record),
-            Kind::Window => None,
+            SegmentKind::Queue { record, .. } => Some(record),
+            SegmentKind::Window => None,
         }
     }
 }
@@ -636,7 +636,7 @@ impl World {
         self.comm().inner()
     }
 
-    fn new_segment(&self, len: usize, access: Access, kind: Kind) -> Result<Segment> {
+    fn new_segment(&self, len: usize, access: Access, kind: SegmentKind) -> Result<Segment> {
         let inner = self.rma_inner().clone();
         if inner.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
@@ -659,7 +659,7 @@ impl World {
         if !Access::WINDOW.contains(access) {
             return Err(Error::Invalid(format!("a window allows {:?} at most, not {access:?}", Access::WINDOW)));
         }
-        self.new_segment(len, access, Kind::Window)
+        self.new_segment(len, access, SegmentKind::Window)
     }
 
     /// Publishes a copy of `data` (see [`World::publish`]).
@@ -678,7 +678,7 @@ impl World {
                  not {record} and {capacity}"
             )));
         }
-        let seg = self.new_segment(0, Access::QUEUE, Kind::Queue { record, capacity })?;
+        let seg = self.new_segment(0, Access::QUEUE, SegmentKind::Queue { record, capacity })?;
         Ok(Queue { seg, record })
     }
 
@@ -738,7 +738,7 @@ impl World {
             return Err(Error::Shutdown);
         }
         RmaError::check(needed, r.info.access, span.0 as u64, span.1 as u64, r.info.len as u64).map_err(rma)?;
-        if !matches!(r.info.kind, Kind::Window) && needed != Access::QUEUE {
+        if !matches!(r.info.kind, SegmentKind::Window) && needed != Access::QUEUE {
             return Err(rma(RmaError::NotPermitted { needed, granted: r.info.access }));
         }
         if let Some(reason) = r.lost.get() {
@@ -967,7 +967,7 @@ impl World {
         if let Err(e) = self.precheck(r, Access::QUEUE, (0, 0)) {
             return RmaOp::failed(e, unit);
         }
-        let Kind::Queue { record: rlen, .. } = r.info.kind else {
+        let SegmentKind::Queue { record: rlen, .. } = r.info.kind else {
             return RmaOp::failed(rma(RmaError::NotPermitted { needed: Access::QUEUE, granted: r.info.access }), unit);
         };
         if record.len() != rlen {

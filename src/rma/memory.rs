@@ -76,7 +76,7 @@ pub(crate) fn queue_shape_ok(record: usize, capacity: usize) -> bool {
 
 /// What a segment holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum SegmentKind {
     /// Bytes for put, get and atomics.
     Window,
     /// A remote queue of `capacity` records of `record` bytes.
@@ -101,7 +101,7 @@ pub(crate) struct SegMem {
     /// Data bytes (for a queue: its slots).
     pub len: usize,
     pub access: Access,
-    pub kind: Kind,
+    pub kind: SegmentKind,
     data: usize,
     /// Bytes per queue slot (a sequence word, then the record).
     slot: usize,
@@ -115,10 +115,10 @@ fn round_up(v: usize, to: usize) -> Option<usize> {
 }
 
 /// Layout numbers of a segment: (data offset, data bytes, slot bytes), or `None` if they overflow.
-fn layout(len: usize, kind: Kind) -> Option<(usize, usize, usize)> {
+fn layout(len: usize, kind: SegmentKind) -> Option<(usize, usize, usize)> {
     match kind {
-        Kind::Window => Some((PAGE, len, 0)),
-        Kind::Queue { record, capacity } => {
+        SegmentKind::Window => Some((PAGE, len, 0)),
+        SegmentKind::Queue { record, capacity } => {
             let slot = round_up(record.checked_add(8)?, LINE)?;
             Some((PAGE, slot.checked_mul(capacity)?, slot))
         }
@@ -128,15 +128,21 @@ fn layout(len: usize, kind: Kind) -> Option<(usize, usize, usize)> {
 impl SegMem {
     /// New memory for segment `id` of `len` data bytes (ignored for a queue, whose slots make its
     /// length).
-    pub(crate) fn create(id: SegmentId, len: usize, access: Access, kind: Kind, nonce: u64) -> io::Result<SegMem> {
+    pub(crate) fn create(
+        id: SegmentId,
+        len: usize,
+        access: Access,
+        kind: SegmentKind,
+        nonce: u64,
+    ) -> io::Result<SegMem> {
         let too_large = || io::Error::new(io::ErrorKind::InvalidInput, "segment too large");
         let (data, len, slot) = layout(len, kind).ok_or_else(too_large)?;
         let total = data.checked_add(len).ok_or_else(too_large)?;
         let file = super::sys::shared_file(total)?;
         let map = Mapping::new(&file, total.max(1))?;
         let (record, capacity) = match kind {
-            Kind::Window => (0, 0),
-            Kind::Queue { record, capacity } => (record, capacity),
+            SegmentKind::Window => (0, 0),
+            SegmentKind::Queue { record, capacity } => (record, capacity),
         };
         let m = SegMem { map, file, id, nonce, len, access, kind, data, slot, held: AtomicU64::new(0) };
         for (at, v) in [
@@ -144,7 +150,7 @@ impl SegMem {
             (F_NONCE, nonce),
             (F_LEN, len as u64),
             (F_ACCESS, access.bits() as u64),
-            (F_KIND, matches!(kind, Kind::Queue { .. }) as u64),
+            (F_KIND, matches!(kind, SegmentKind::Queue { .. }) as u64),
             (F_RECORD, record as u64),
             (F_CAPACITY, capacity as u64),
             (F_DATA, data as u64),
@@ -167,9 +173,9 @@ impl SegMem {
         nonce: u64,
         len: usize,
         access: Access,
-        kind: Kind,
+        kind: SegmentKind,
     ) -> Result<SegMem, &'static str> {
-        if let Kind::Queue { record, capacity } = kind
+        if let SegmentKind::Queue { record, capacity } = kind
             && !queue_shape_ok(record, capacity)
         {
             return Err("bad queue shape");
@@ -344,8 +350,8 @@ impl SegMem {
     /// (record bytes, capacity) of a queue.
     pub(crate) fn queue_shape(&self) -> Option<(usize, usize)> {
         match self.kind {
-            Kind::Queue { record, capacity } => Some((record, capacity)),
-            Kind::Window => None,
+            SegmentKind::Queue { record, capacity } => Some((record, capacity)),
+            SegmentKind::Window => None,
         }
     }
 
@@ -419,7 +425,7 @@ mod tests {
     use super::*;
 
     fn window(len: usize, access: Access) -> SegMem {
-        SegMem::create(SegmentId::new(0, 1), len, access, Kind::Window, 99).unwrap()
+        SegMem::create(SegmentId::new(0, 1), len, access, SegmentKind::Window, 99).unwrap()
     }
 
     #[test]
@@ -483,7 +489,8 @@ mod tests {
     #[test]
     fn queue_order_full_and_empty() {
         let q =
-            SegMem::create(SegmentId::new(0, 3), 0, Access::QUEUE, Kind::Queue { record: 12, capacity: 4 }, 1).unwrap();
+            SegMem::create(SegmentId::new(0, 3), 0, Access::QUEUE, SegmentKind::Queue { record: 12, capacity: 4 }, 1)
+                .unwrap();
         let mut out = [0u8; 12];
         assert!(!q.try_dequeue(&mut out), "empty");
         for i in 0..4u8 {
@@ -501,7 +508,8 @@ mod tests {
     #[test]
     fn queue_many_producers_one_consumer() {
         let q = std::sync::Arc::new(
-            SegMem::create(SegmentId::new(0, 4), 0, Access::QUEUE, Kind::Queue { record: 16, capacity: 8 }, 1).unwrap(),
+            SegMem::create(SegmentId::new(0, 4), 0, Access::QUEUE, SegmentKind::Queue { record: 16, capacity: 8 }, 1)
+                .unwrap(),
         );
         const PER: u64 = 5000;
         let producers: Vec<_> = (0..3u64)

@@ -4,7 +4,7 @@
 //! remote atomics, remote queues, events made of a counter and tickets, `fence`).
 //!
 //! Layers:
-//! * [`geometry`]: transfer shapes (contiguous, strided, 2-D and 3-D sub-arrays) and their bounds
+//! * `geometry`: transfer shapes (contiguous, strided, 2-D and 3-D sub-arrays) and their bounds
 //!   arithmetic, pure;
 //! * `memory`: a segment's memory (a file-backed shared mapping with a header) and every
 //!   operation on it, as loads, stores and atomics: what the target applies, and what a peer that
@@ -15,7 +15,7 @@
 //! * `hook`: the thin glue that runs the service inside the reactor's progress, over the
 //!   point-to-point engine on a reserved context, so the target serves requests without any call
 //!   by its application;
-//! * [`api`]: [`Segment`], [`RemoteSegment`], [`Queue`], [`Event`] and the operations on
+//! * `api`: [`Segment`], [`RemoteSegment`], [`Queue`], [`Event`] and the operations on
 //!   [`World`](crate::World).
 //!
 //! Routes: a peer reached over shared memory maps the owner's segment (`pidfd_getfd` of the
