@@ -24,7 +24,11 @@ else
     mapfile -t targets < <(cargo +nightly fuzz list)
 fi
 echo "fuzz: building ${#targets[@]} target(s)"
-cargo +nightly fuzz build
+if [ $# -gt 0 ]; then
+    for t in "${targets[@]}"; do cargo +nightly fuzz build "$t"; done
+else
+    cargo +nightly fuzz build
+fi
 for t in "${targets[@]}"; do
     mkdir -p "fuzz/corpus/$t"
     echo "fuzz: $t for ${seconds}s"

@@ -11,14 +11,15 @@
 //!
 //! It also looks for the rank count above which a broadcast by reliable multicast finishes before
 //! a binomial broadcast, for each size: the time is from the root's first send until the last rank
-//! has read the message (the multicast group test before it is not counted).
+//! has read the message (the multicast group test before it is not counted); and the same for a
+//! stream of 16 broadcasts back to back, where the root's port, not the latency, sets the pace.
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use ferrocomm::Algorithm;
 use ferrocomm_sim::model::{AlphaBeta, Op};
-use ferrocomm_sim::scale::{Point, curve_ops, measure};
+use ferrocomm_sim::scale::{Point, broadcast_stream, curve_ops, measure};
 use ferrocomm_sim::{Link, NetConfig};
 
 const USAGE: &str = "\
@@ -32,6 +33,9 @@ usage: ferrocomm-bench sim-scale [options]
   --no-crossover    skip the multicast vs binomial broadcast search
   --json FILE       write every point as JSON
   --text FILE       write the report to FILE as well";
+
+/// Broadcasts per stream in the multicast vs binomial comparison.
+const STREAM: usize = 16;
 
 /// Above this many ranks the scatter + all-gather broadcast (p^2 messages) is not simulated.
 const RING_MAX: u32 = 1024;
@@ -152,6 +156,7 @@ pub fn main(args: &[String]) -> crate::Result<()> {
         }
     }
     let mut crossings = Vec::new();
+    let mut streams = Vec::new();
     if crossover {
         writeln!(
             out,
@@ -193,6 +198,30 @@ pub fn main(args: &[String]) -> crate::Result<()> {
             }
             crossings.push((n, first));
         }
+        writeln!(out, "\nstreams of {STREAM} back-to-back broadcasts (until the last rank read the last message):")?;
+        writeln!(out, "{:>9} {:>6} {:>13} {:>13}  multicast faster", "size", "ranks", "binomial us", "multicast us")?;
+        for &n in &sizes {
+            for &p in &ranks {
+                if p as usize * n.max(8) * STREAM > max_bytes {
+                    continue;
+                }
+                let b = broadcast_stream(p, n, STREAM, false, &cfg)?;
+                let mc = broadcast_stream(p, n, STREAM, true, &cfg)?;
+                writeln!(
+                    out,
+                    "{:>9} {:>6} {:>13.2} {:>13.2}  {}",
+                    size_name(n),
+                    p,
+                    b as f64 / 1e3,
+                    mc as f64 / 1e3,
+                    if mc < b { "yes" } else { "no" }
+                )?;
+                eprint!(".");
+                streams.push(
+                    serde_json::json!({"bytes": n, "ranks": p, "count": STREAM, "binomial_ns": b, "multicast_ns": mc}),
+                );
+            }
+        }
         for (n, first) in &crossings {
             match first {
                 Some(p) => writeln!(
@@ -227,6 +256,7 @@ pub fn main(args: &[String]) -> crate::Result<()> {
             "network": {"latency_ns": latency, "gbit_s": gbit, "eager_limit": cfg.eager_limit, "alpha_ns": m.alpha, "beta_ns_per_byte": m.beta},
             "points": pts,
             "multicast_vs_binomial": cross,
+            "broadcast_streams": streams,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
     }

@@ -10,6 +10,27 @@
 //! time, only when something reached them or a timer of theirs is due, and time jumps from one
 //! event to the next: no thread per rank, no clock, the same run for the same seed.
 //!
+//! ```
+//! use bytes::Bytes;
+//! use ferrocomm_collectives::{Algorithm, ReduceOp, ops};
+//! use ferrocomm_sim::coll::run_calls;
+//! use ferrocomm_sim::{Link, NetConfig, SimNet};
+//!
+//! let n = 256;
+//! let link = Link::default().with_loss(0.01).with_jitter(5_000);
+//! let net = SimNet::new(n, NetConfig { seed: 7, link, ..NetConfig::default() });
+//! let input = |r: u32| Bytes::from((r as u64 + 1).to_le_bytes().to_vec());
+//! let alg = Algorithm::RecursiveDoubling;
+//! let calls = |r: u32| vec![ops::allreduce(r, n, alg, input(r), ReduceOp::<u64>::Sum.erase()).unwrap()];
+//! let (report, ranks) = run_calls(&net, calls, 60_000_000_000).expect("no deadlock");
+//! let want = (1..=n as u64).sum::<u64>().to_le_bytes();
+//! for r in &ranks {
+//!     assert_eq!(r.error, None);
+//!     assert_eq!(&ops::allreduce_result(&r.results[0], n, alg).unwrap()[..], &want[..]);
+//! }
+//! assert!(report.time > 8 * 2_000, "8 steps of at least the link latency");
+//! ```
+//!
 //! What this shows and what it does not: protocol behaviour at scale (every message matched,
 //! results bit-exact, no deadlock, no stall under loss), and time as the network model makes it
 //! (latency, serialization at both ports, incast, retransmission delays). Time spent computing in

@@ -156,8 +156,11 @@ impl McastRank {
                     }
                 }
                 Transmit::Unicast { to, msg } => {
-                    // Completions of these sends matter only when they fail (above).
+                    // Completions of these sends matter only when they fail (above). Flushed
+                    // at once, as the facade's driver starts them: the port then carries
+                    // datagrams and copies in the order the core emitted them.
                     self.node.send(to, CONTEXT, TAG, msg);
+                    self.node.flush();
                 }
             }
         }
@@ -196,5 +199,5 @@ impl Process for McastRank {
 /// The protocol settings of a simulated channel: the facade's defaults
 /// (`McastSettings::default()`), with the datagram size of the network.
 pub fn config(size: u32, datagram: usize) -> Config {
-    Config { job: 0x5349_4d, channel: 1, datagram, ..Config::new(0, size) }
+    Config { job: 0x0053_494d, channel: 1, datagram, ..Config::new(0, size) }
 }

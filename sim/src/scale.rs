@@ -101,3 +101,41 @@ pub fn curve_ops() -> Vec<Op> {
         Op::Allreduce(Algorithm::Rabenseifner),
     ]
 }
+
+/// `count` broadcasts of `bytes` bytes each from rank 0, back to back, on `p` ranks: by a binomial
+/// tree (the calls one after another on every rank, as a program that issues them in a loop) or
+/// by multicast (all in the root's window at once). The time is until the last rank has read the
+/// last message. Throughput, where [`measure`] gives the latency of one.
+pub fn broadcast_stream(p: u32, bytes: usize, count: usize, multicast: bool, cfg: &NetConfig) -> Result<Time, String> {
+    let net = SimNet::new(p, cfg.clone());
+    let limit: Time = 3_600_000_000_000;
+    let data = payload(bytes);
+    if multicast {
+        let origin = Instant::now();
+        let mcfg = config(p, cfg.max_datagram);
+        let mut ranks: Vec<McastRank> = (0..p)
+            .map(|r| {
+                let outbox = if r == 0 { vec![data.clone(); count] } else { Vec::new() };
+                let expect = if r == 0 { 0 } else { count };
+                McastRank::new(Node::with_defaults(&net, r), &net, origin, mcfg.clone(), outbox, expect)
+            })
+            .collect();
+        run(&net, &mut ranks, limit, |_, _| {}).map_err(|e| e.to_string())?;
+        if let Some(e) = ranks.iter().flat_map(|r| r.errors.first()).next() {
+            return Err(e.clone());
+        }
+        let start = ranks[0].first_send_at.ok_or("the root never sent")?;
+        Ok(ranks.iter().filter_map(|r| r.read_all_at).max().unwrap_or(start) - start)
+    } else {
+        let calls = |r: u32| {
+            (0..count)
+                .map(|_| ops::bcast(r, p, 0, Algorithm::Binomial, (r == 0).then(|| data.clone()), 8).expect("valid"))
+                .collect()
+        };
+        let (report, ranks) = run_calls(&net, calls, limit).map_err(|e| e.to_string())?;
+        if let Some(e) = ranks.iter().flat_map(|r| r.error.as_ref()).next() {
+            return Err(e.clone());
+        }
+        Ok(report.time)
+    }
+}

@@ -9,6 +9,9 @@ use ferrocomm_sim::{Link, NetConfig, Report, SimNet};
 
 const LIMIT: u64 = 600_000_000_000;
 
+/// The big runs take a gigabyte or two each: one at a time.
+static BIG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn bytes_of(v: &[u64]) -> Bytes {
     Bytes::copy_from_slice(bytemuck::cast_slice(v))
 }
@@ -56,6 +59,7 @@ fn allreduce_then_bcast(n: u32, count: usize, alg: Algorithm, link: Link, seed: 
 
 #[test]
 fn allreduce_and_bcast_on_4096_ranks() {
+    let _one = BIG.lock().unwrap_or_else(|e| e.into_inner());
     for alg in [Algorithm::RecursiveDoubling, Algorithm::Rabenseifner] {
         let (report, _) = allreduce_then_bcast(4096, 64, alg, Link::default(), 1);
         eprintln!(
@@ -67,6 +71,7 @@ fn allreduce_and_bcast_on_4096_ranks() {
 
 #[test]
 fn allreduce_and_bcast_on_1024_ranks_every_algorithm_and_a_rendezvous_size() {
+    let _one = BIG.lock().unwrap_or_else(|e| e.into_inner());
     for alg in [Algorithm::RecursiveDoubling, Algorithm::Rabenseifner, Algorithm::Ring] {
         allreduce_then_bcast(1024, 100, alg, Link::default(), 2);
     }
@@ -124,4 +129,55 @@ fn the_same_seed_gives_the_same_run() {
     let (a, b, c) = (go(7), go(7), go(8));
     assert_eq!(a, b, "same seed: same trace, same times, same counts");
     assert_ne!(a.trace, c.trace);
+}
+
+#[test]
+fn a_rank_dying_mid_allreduce_fails_its_partners_and_nothing_is_wrong() {
+    let n = 256;
+    let victim = 77;
+    let net = net(n, 3, Link::default());
+    let calls = |r: u32| {
+        vec![
+            ops::allreduce(r, n, Algorithm::RecursiveDoubling, bytes_of(&input(r, 4)), ReduceOp::<u64>::Sum.erase())
+                .unwrap(),
+        ]
+    };
+    let mut ranks: Vec<CollRank> =
+        (0..n).map(|r| CollRank::new(ferrocomm_sim::Node::with_defaults(&net, r), calls(r))).collect();
+    // At the instant its step-2 message lands (4.1 us): it dies before starting step 3.
+    let out = ferrocomm_sim::run(&net, &mut ranks, LIMIT, |now, net| {
+        if now > 3_000 && !net.is_dead(victim) {
+            net.kill(victim);
+        }
+    });
+    // Its partners in the steps it never took fail, naming it. Ranks that only wait on live
+    // partners stay waiting: the run ends as a deadlock naming them, never as a hang.
+    for p in (2..8).map(|j| victim ^ (1 << j)) {
+        let e = ranks[p as usize].error.as_deref().unwrap_or("");
+        assert!(e.contains(&format!("rank {victim} is lost")), "partner {p}: {e:?}");
+    }
+    for (r, rank) in ranks.iter().enumerate() {
+        let e = rank.error.as_deref().unwrap_or(&format!("rank {victim} is lost")).to_string();
+        assert!(e.contains(&format!("rank {victim} is lost")), "rank {r} failed for another reason: {e}");
+    }
+    // Some ranks may still finish: the dead rank's input lives on in the partial sums of the
+    // partners of its first two steps. Whatever finished is the full sum.
+    let expect = sum_reference(n, 4);
+    for (r, rank) in ranks.iter().enumerate().filter(|(_, rank)| !rank.results.is_empty()) {
+        let got = u64s(&ops::allreduce_result(&rank.results[0], n, Algorithm::RecursiveDoubling).unwrap());
+        assert_eq!(got, expect, "rank {r}");
+    }
+    let (finished, failed) =
+        (ranks.iter().filter(|r| !r.results.is_empty()).count(), ranks.iter().filter(|r| r.error.is_some()).count());
+    eprintln!(
+        "{finished} ranks finished, {failed} failed naming rank {victim}, outcome {:?}",
+        out.as_ref().map(|r| r.time).map_err(|e| e.to_string())
+    );
+    match out {
+        Ok(_) => {}
+        Err(ferrocomm_sim::SimError::Deadlock { waiting, .. }) => {
+            assert!(waiting.iter().all(|&r| r != victim && ranks[r as usize].error.is_none()))
+        }
+        Err(e) => panic!("{e}"),
+    }
 }

@@ -84,3 +84,43 @@ fn the_same_seed_gives_the_same_multicast_run() {
     assert_eq!(a, b);
     assert_ne!(a.trace, c.trace);
 }
+
+#[test]
+fn a_receiver_dying_mid_stream_on_1024_ranks_holds_nothing_up() {
+    let _one = BIG.lock().unwrap_or_else(|e| e.into_inner());
+    let n = 1024;
+    let net = SimNet::new(n, NetConfig::default());
+    let origin = Instant::now();
+    let mcfg = config(n, 1400);
+    let count = 60;
+    let mut ranks: Vec<McastRank> = (0..n)
+        .map(|r| {
+            let outbox = if r == 0 { (0..count).map(|i| message(0, i)).collect() } else { Vec::new() };
+            McastRank::new(
+                Node::with_defaults(&net, r),
+                &net,
+                origin,
+                mcfg.clone(),
+                outbox,
+                if r == 0 { 0 } else { count },
+            )
+        })
+        .collect();
+    // A co-root of the root's stream (it collects a sub-group's ACKs) dies once the stream runs.
+    let victim = ranks[0].core().layout().coroots[3];
+    let mut killed = false;
+    let report = run(&net, &mut ranks, 3_600_000_000_000, |now, net| {
+        if !killed && now > 300_000 {
+            net.kill(victim);
+            killed = true;
+        }
+    })
+    .expect("the others finish");
+    assert!(killed && report.done_at[victim as usize].is_none());
+    for (r, rank) in ranks.iter().enumerate().filter(|&(r, _)| r != 0 && r as u32 != victim) {
+        let got: Vec<&Bytes> = rank.got.iter().map(|(_, m)| m).collect();
+        assert_eq!(got.len(), count, "rank {r}");
+        assert!(got.iter().enumerate().all(|(i, m)| **m == message(0, i)), "rank {r}");
+    }
+    assert_eq!(ranks[0].core().in_flight(), 0, "the root's window drained without the dead co-root");
+}

@@ -10,10 +10,11 @@ use ferrocomm_sim::{Link, NetConfig, Node, Process, SimNet, Time, run};
 
 const LIMIT: Time = 600_000_000_000;
 
-fn workload(n: u32, per_rank: u32, cfg: NetConfig) -> ferrocomm_sim::Report {
-    // Empty, small, at the eager limit, and two rendezvous sizes (one over a data chunk).
-    let lens = [0, 8, 1000, 64 << 10, (64 << 10) + 1, 600 << 10];
-    let msgs = script(n, per_rank, &lens, 3, cfg.seed);
+/// Empty, small, at the eager limit, just above it (rendezvous), and larger.
+const LENS: [usize; 5] = [0, 8, 1000, 64 << 10, (64 << 10) + 1];
+
+fn workload(n: u32, per_rank: u32, lens: &[usize], cfg: NetConfig) -> ferrocomm_sim::Report {
+    let msgs = script(n, per_rank, lens, 3, cfg.seed);
     let net = SimNet::new(n, cfg);
     // Half the ranks post their receives at once, half 50 us later (the messages wait as
     // unexpected, and senders beyond their credit queue).
@@ -29,14 +30,17 @@ fn workload(n: u32, per_rank: u32, cfg: NetConfig) -> ferrocomm_sim::Report {
 
 #[test]
 fn mixed_workload_on_1024_ranks() {
-    let report = workload(1024, 12, NetConfig::default());
+    let lens = [&LENS[..], &[200 << 10]].concat();
+    let report = workload(1024, 12, &lens, NetConfig::default());
     assert!(report.stats.frames > 1024 * 12, "{:?}", report.stats);
 }
 
 #[test]
 fn mixed_workload_under_frame_loss_and_jitter() {
     let link = Link::default().with_loss(0.05).with_jitter(30_000);
-    let report = workload(256, 40, NetConfig { seed: 12, link, ..NetConfig::default() });
+    // One size above the rendezvous chunk (512 KiB): its data goes in two frames.
+    let lens = [&LENS[..], &[600 << 10]].concat();
+    let report = workload(256, 18, &lens, NetConfig { seed: 12, link, ..NetConfig::default() });
     assert!(report.stats.retransmissions > 100, "{:?}", report.stats);
 }
 

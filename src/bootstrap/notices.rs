@@ -44,9 +44,9 @@ fn decode(v: &[u8]) -> Option<(Rank, String)> {
     Some((rank.parse().ok()?, how.to_string()))
 }
 
-/// [`super::join`] (through `kv`, connected to the store at `coordinator`) under a launcher that reports dead ranks: a report during the bootstrap fails
-/// it with [`Error::PeerLost`] naming the rank ([`TransportError::Launcher`]); a later one reaches
-/// the engine.
+/// [`super::join`] (through `kv`, connected to the store at `coordinator`) under a launcher that
+/// reports dead ranks: a report during the bootstrap fails it with [`Error::PeerLost`] naming the
+/// rank ([`TransportError::Launcher`]); a later one reaches the engine.
 pub(super) async fn join_watched(
     rank: Rank,
     size: u32,

@@ -25,7 +25,7 @@
 //!   shows as what TCP makes of it: the frame arrives one retransmission timeout
 //!   ([`NetConfig::rto`]) later per loss, and the frames behind it on the same link wait for it
 //!   (head-of-line blocking). Jitter reorders frames of different links only.
-//! * The datagram path is UDP multicast's: one send reaches every member of the group, each copy
+//! * The datagram path is UDP multicast's: one send reaches every other member of the group, each copy
 //!   lost with probability `loss`, duplicated with probability `duplicate`, and copies of
 //!   different datagrams overtake one another freely (jitter). The sender's port carries one copy;
 //!   the switch replicates. The sender does not get its own datagrams back.
