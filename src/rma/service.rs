@@ -28,7 +28,7 @@ use ferrocomm_transports::{Rank, TransportError};
 use parking_lot::Mutex;
 use slab::Slab;
 
-use super::memory::{Kind, SegMem};
+use super::memory::{SegMem, SegmentKind};
 use super::wire::{AttachInfo, MAX_CHUNK, Msg};
 use super::{Access, RmaError, SegmentId};
 use crate::error::Error;
@@ -386,7 +386,7 @@ impl Service {
     /// An enqueue: done (`Some`), held for room (`None`), or refused.
     fn enqueue(&mut self, from: Rank, req: u64, serial: u32, record: Bytes) -> Result<Option<()>, RmaError> {
         let mem = self.segment(serial)?.clone();
-        let Kind::Queue { record: rlen, .. } = mem.kind else {
+        let SegmentKind::Queue { record: rlen, .. } = mem.kind else {
             return Err(RmaError::NotPermitted { needed: Access::QUEUE, granted: mem.access });
         };
         RmaError::check(Access::QUEUE, mem.access, 0, 0, 0)?;
@@ -782,7 +782,7 @@ mod tests {
         }
         fn window(&mut self, len: usize, access: Access) -> Arc<SegMem> {
             let serial = self.b.reserve().unwrap();
-            let m = Arc::new(SegMem::create(SegmentId::new(1, serial), len, access, Kind::Window, 7).unwrap());
+            let m = Arc::new(SegMem::create(SegmentId::new(1, serial), len, access, SegmentKind::Window, 7).unwrap());
             self.b.publish(m.clone());
             m
         }
@@ -820,7 +820,7 @@ mod tests {
         let k = p.a.start(id, |req| vec![Msg::Attach { req, serial: id.serial() }]);
         p.run();
         let Reply::Attached(info) = p.result(k).unwrap() else { panic!() };
-        assert_eq!((info.len, info.access, info.kind, info.nonce), (4096, Access::WINDOW, Kind::Window, 7));
+        assert_eq!((info.len, info.access, info.kind, info.nonce), (4096, Access::WINDOW, SegmentKind::Window, 7));
 
         // A strided put cut into 7-byte messages, checked against the memory.
         let g = Geometry::strided(5, 6, Side::at(1, 9), Side::at(100, 13));
@@ -1019,7 +1019,7 @@ mod tests {
         let mut p = Pair::new();
         let serial = p.b.reserve().unwrap();
         let q = Arc::new(
-            SegMem::create(SegmentId::new(1, serial), 0, Access::QUEUE, Kind::Queue { record: 8, capacity: 2 }, 1)
+            SegMem::create(SegmentId::new(1, serial), 0, Access::QUEUE, SegmentKind::Queue { record: 8, capacity: 2 }, 1)
                 .unwrap(),
         );
         p.b.publish(q.clone());
