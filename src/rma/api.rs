@@ -28,7 +28,7 @@ use ferrocomm_transports::Rank;
 
 use super::geometry::{Geometry, Layout};
 use super::hook::Hook;
-use super::memory::{AtomicOp, SegmentKind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
+use super::memory::{AtomicOp, MAX_CAPACITY, MAX_RECORD, SegMem, SegmentKind, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
 use super::service::{EventShared, Key, Remote, Reply, Service};
 use super::wire::{AttachInfo, MAX_CHUNK, Msg, OVERHEAD};
 use super::{Access, RmaError, SegmentId};
@@ -105,6 +105,7 @@ impl Segment {
         self.mem.len
     }
 
+    /// Whether its length is zero.
     pub fn is_empty(&self) -> bool {
         self.mem.len == 0
     }
@@ -225,6 +226,7 @@ pub struct Queue {
 }
 
 impl Queue {
+    /// The segment's global id (its peers attach it by this id).
     pub fn id(&self) -> SegmentId {
         self.seg.id()
     }
@@ -244,6 +246,7 @@ impl Queue {
         self.seg.mem.queued() as usize
     }
 
+    /// Whether its length is zero.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -339,6 +342,7 @@ impl std::fmt::Debug for RemoteSegment {
 }
 
 impl RemoteSegment {
+    /// The segment's global id (its peers attach it by this id).
     pub fn id(&self) -> SegmentId {
         self.r.id
     }
@@ -353,6 +357,7 @@ impl RemoteSegment {
         self.r.info.len
     }
 
+    /// Whether its length is zero.
     pub fn is_empty(&self) -> bool {
         self.r.info.len == 0
     }
@@ -540,8 +545,7 @@ impl<T> Future for RmaOp<T> {
         let r = match &mut this.st {
             St::Pending(w) => {
                 let (k, conv) = (w.key, w.conv);
-                let r =
-                    std::task::ready!(w.inner.reactor.poll_until(cx, &mut w.wait, |d, cx| service(d).poll(k, cx)));
+                let r = std::task::ready!(w.inner.reactor.poll_until(cx, &mut w.wait, |d, cx| service(d).poll(k, cx)));
                 this.st = St::Done;
                 return Poll::Ready(r.and_then(conv));
             }

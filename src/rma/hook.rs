@@ -21,8 +21,8 @@ use ferrocomm_reactor::OpKey;
 use ferrocomm_transports::{Rank, TransportError};
 
 use super::service::Service;
-use crate::p2p::driver::{SlabEngine, Upper};
 use crate::error::Error;
+use crate::p2p::driver::{SlabEngine, Upper};
 use crate::p2p::engine::{Completion, RecvBuf};
 use crate::p2p::failure::Watch;
 use crate::p2p::{Source, TagMatch};

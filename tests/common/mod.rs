@@ -292,7 +292,7 @@ pub(crate) async fn suite(w: &World) {
 /// `transport` (`shm`, `verbs`, or a TCP backend: `uring`, `portable`), each told its scenario in
 /// `scenario_var`, with `env` (`KEY=VALUE`) for every rank. Returns the launcher's exit code, the
 /// ranks' output and the job's wall time.
-pub struct Job<'a> {
+pub(crate) struct Job<'a> {
     pub ferrorun: &'a str,
     pub rank_test: &'a str,
     pub scenario_var: &'a str,
@@ -300,7 +300,7 @@ pub struct Job<'a> {
 }
 
 impl Job<'_> {
-    pub fn run(&self, n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
+    pub(crate) fn run(&self, n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
         let (choice, backend) = match transport {
             "shm" => ("auto", "auto"),
             "verbs" => ("verbs", "auto"),
