@@ -13,7 +13,7 @@
 //!   stdout to stdout and stderr to stderr;
 //! * it turns one rank's failure into the job's failure: it tells the other
 //!   ranks which rank ended (through the store, see
-//!   [`crate::bootstrap::notices`]; they fail what needs it at once, even
+//!   `bootstrap/notices.rs`; they fail what needs it at once, even
 //!   during their bootstrap), gives them [`LaunchOptions::grace`] to exit on
 //!   their own, then kills them; the job's exit code is the failed rank's;
 //! * it leaves no processes behind: each rank runs in its own process group,

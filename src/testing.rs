@@ -3,10 +3,10 @@
 
 use std::future::Future;
 
+use crate::api::world::World;
 use crate::bootstrap::{self, kv::KvServer};
 use crate::config::Settings;
 use crate::error::{Error, Result};
-use crate::world::World;
 
 /// Starts `n` ranks in this process and returns their worlds (index = rank).
 pub async fn cluster(n: u32, settings: Settings) -> Result<Vec<World>> {

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrocomm::bootstrap::{self, kv::KvClient, kv::KvError, kv::KvServer};
-use ferrocomm::transports::auth::{CHALLENGE_LEN, HandshakeError, NONCE_LEN, PROOF_LEN};
-use ferrocomm::transports::tcp::{handshake_accept, handshake_connect};
-use ferrocomm::transports::wire::{HEADER_LEN, Header, Kind, Limits, TOKEN_LEN, flags};
 use ferrocomm::{Deadline, Error, Settings, Source, TagMatch, TransportChoice, TransportError, WireError, testing};
+use ferrocomm_transports::auth::{CHALLENGE_LEN, HandshakeError, NONCE_LEN, PROOF_LEN};
+use ferrocomm_transports::tcp::{handshake_accept, handshake_connect};
+use ferrocomm_transports::wire::{HEADER_LEN, Header, Kind, Limits, TOKEN_LEN, flags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -10,6 +10,7 @@
 
 pub mod algorithms;
 pub mod ops;
+pub mod plan;
 pub mod reduce;
 pub mod schedule;
 pub mod select;

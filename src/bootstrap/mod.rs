@@ -14,8 +14,8 @@
 
 pub mod env;
 pub mod kv;
-pub mod notices;
-pub mod rendezvous;
+pub(crate) mod notices;
+pub(crate) mod rendezvous;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -32,11 +32,11 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use crate::api::world::{Inner, Refused, World};
 use crate::config::{Settings, TransportChoice};
-use crate::driver::Driver;
 use crate::error::{Error, Result};
+use crate::p2p::driver::Driver;
 use crate::p2p::engine::{self, Engine};
-use crate::world::{Inner, Refused, World};
 use ferrocomm_reactor::ProgressMode;
 use kv::{KvClient, KvServer};
 
@@ -118,7 +118,7 @@ async fn join_via(
         host: host_identity().into_bytes(),
         shm: shm_here,
         busy: settings.progress == ProgressMode::BusyPoll,
-        single_copy: shm_here && crate::collective::shared::single_copy_permitted(),
+        single_copy: shm_here && single_copy_permitted(),
         shared: shared_fingerprint(&settings),
     };
     kv.put(&format!("host/{rank}"), &me.encode()).await.map_err(Error::bootstrap)?;
@@ -229,7 +229,7 @@ async fn join_via(
     };
     let mut engine = Engine::with_completions(rank, size, cfg);
     let rma = crate::rma::hook::Hook::new(&mut engine, rank);
-    let driver = Driver { engine, transport, rma };
+    let driver = Driver { engine, transport, upper: Box::new(rma) };
     let changes = driver.engine.failures().changes();
     let reactor = thread.run(driver, settings.progress);
     // Spinning ranks must give way at once on a crowded host.
@@ -549,6 +549,17 @@ fn host_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     if n > 0 { n as usize } else { std::thread::available_parallelism().map_or(1, |c| c.get()) }
+}
+
+/// Whether the kernel lets this rank read its sibling ranks' memory (see
+/// `shm::single_copy_permitted`); asked once.
+fn single_copy_permitted() -> bool {
+    static PERMITTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    #[cfg(target_os = "linux")]
+    let ask = ferrocomm_transports::shm::single_copy_permitted;
+    #[cfg(not(target_os = "linux"))]
+    let ask = || false;
+    *PERMITTED.get_or_init(ask)
 }
 
 #[cfg(test)]
