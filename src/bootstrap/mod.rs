@@ -406,7 +406,7 @@ fn shared_fingerprint(settings: &Settings) -> u64 {
     let s = settings;
     let limits = (s.eager_limit, s.max_credit, s.rndv_chunk, s.max_message);
     let m = &s.multicast;
-    let mcast = (m.enabled, m.window, m.subgroups, m.datagram, m.max_message, m.barrier_degree);
+    let mcast = (m.enabled, m.network, m.window, m.subgroups, m.datagram, m.max_message, m.barrier_degree);
     // Over verbs, the slot rings and the rendezvous protocol too (device and GID are per host).
     let v = &s.verbs;
     let verbs = verbs.then(|| (v.slots, format!("{:?} {:?}", v.eager, v.rendezvous)));
