@@ -144,7 +144,10 @@ fn rank_process() {
                     for root in ROOTS.into_iter().filter(|&r| r != me) {
                         for i in 0..MESSAGES {
                             let m = chan.recv(root).timeout(t).await.unwrap();
-                            assert!(m == payload(root, i), "rank {me}: message {i} of root {root} altered or out of order");
+                            assert!(
+                                m == payload(root, i),
+                                "rank {me}: message {i} of root {root} altered or out of order"
+                            );
                         }
                     }
                 };

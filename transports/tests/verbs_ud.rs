@@ -74,7 +74,8 @@ async fn oversize_other_groups_and_test_drop() {
     }
     let a = UdMulticast::join(&UdConfig::new(Ipv4Addr::new(239, 255, 91, 2))).unwrap();
     let b = UdMulticast::join(&UdConfig::new(Ipv4Addr::new(239, 255, 91, 3))).unwrap();
-    let lossy = UdMulticast::join(&UdConfig { test_drop: 1.0, ..UdConfig::new(Ipv4Addr::new(239, 255, 91, 2)) }).unwrap();
+    let lossy =
+        UdMulticast::join(&UdConfig { test_drop: 1.0, ..UdConfig::new(Ipv4Addr::new(239, 255, 91, 2)) }).unwrap();
     let big = vec![0u8; a.max_datagram() + 1];
     assert_eq!(a.try_send(&big).unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
     assert_eq!(a.stats().sent, 0);
@@ -83,7 +84,8 @@ async fn oversize_other_groups_and_test_drop() {
     // `b` is on another group, `lossy` drops everything.
     for m in [&b, &lossy] {
         let mut buf = [0u8; 64];
-        let r = tokio::time::timeout(Duration::from_millis(500), std::future::poll_fn(|cx| m.poll_recv(cx, &mut buf))).await;
+        let r = tokio::time::timeout(Duration::from_millis(500), std::future::poll_fn(|cx| m.poll_recv(cx, &mut buf)))
+            .await;
         assert!(r.is_err(), "nothing should arrive: {r:?}");
     }
     assert_eq!(lossy.stats().dropped, 1, "{:?}", lossy.stats());

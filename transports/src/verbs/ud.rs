@@ -160,7 +160,10 @@ impl UdMulticast {
     /// receive pool. Needs a tokio runtime (the completion channels register with its reactor).
     pub fn join(cfg: &UdConfig) -> io::Result<UdMulticast> {
         if !cfg.group.is_multicast() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a multicast address", cfg.group)));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a multicast address", cfg.group),
+            ));
         }
         if !(0.0..=1.0).contains(&cfg.test_drop) || cfg.recv_buffers == 0 || cfg.send_buffers == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad UD multicast settings {cfg:?}")));
@@ -169,7 +172,10 @@ impl UdMulticast {
         if !dev.roce {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("{}: InfiniBand multicast groups are made by the subnet manager (rdma_cm), not supported", dev.name),
+                format!(
+                    "{}: InfiniBand multicast groups are made by the subnet manager (rdma_cm), not supported",
+                    dev.name
+                ),
             ));
         }
         if dev.gid[..12] != [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {

@@ -240,7 +240,14 @@ impl UdQp {
     /// # Safety
     /// The local memory must stay valid and unmodified until the send's completion has been
     /// polled or the QP has been destroyed.
-    pub(in crate::verbs) unsafe fn post_send(&self, wr_id: u64, ah: &Ah, addr: u64, len: u32, lkey: u32) -> io::Result<()> {
+    pub(in crate::verbs) unsafe fn post_send(
+        &self,
+        wr_id: u64,
+        ah: &Ah,
+        addr: u64,
+        len: u32,
+        lkey: u32,
+    ) -> io::Result<()> {
         let mut sge = ffi::ibv_sge { addr, length: len, lkey };
         let mut wr = ffi::ibv_send_wr {
             wr_id,
@@ -251,8 +258,11 @@ impl UdQp {
             send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
             ..Default::default()
         };
-        wr.wr.ud =
-            ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.ah, remote_qpn: MULTICAST_QPN, remote_qkey: self.qkey };
+        wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: ah.ah,
+            remote_qpn: MULTICAST_QPN,
+            remote_qkey: self.qkey,
+        };
         let mut bad = ptr::null_mut();
         // SAFETY: valid QP and AH; the WR and SGE are read during the call only; the caller
         // keeps the local memory valid.
