@@ -93,3 +93,43 @@ async fn oversize_other_groups_and_test_drop() {
     let not_multicast = UdMulticast::join(&UdConfig::new(Ipv4Addr::new(10, 0, 0, 1)));
     assert_eq!(not_multicast.err().map(|e| e.kind()), Some(std::io::ErrorKind::InvalidInput));
 }
+
+/// A burst of 1000 datagrams sent back to back while nobody reads, into receive pools large
+/// enough to hold them all: what the device and the kernel deliver without any reader falling
+/// behind. UD is unreliable, so this measures (prints) rather than demands: every datagram that
+/// arrives is intact and in order, and most arrive.
+#[tokio::test]
+async fn burst_into_idle_members() {
+    if !device("burst_into_idle_members") {
+        return;
+    }
+    const N: u32 = 1000;
+    let cfg = UdConfig { recv_buffers: 2048, ..UdConfig::new(Ipv4Addr::new(239, 255, 91, 4)) };
+    let members: Vec<UdMulticast> = (0..3).map(|_| UdMulticast::join(&cfg).unwrap()).collect();
+    let len = members[0].max_datagram();
+    for i in 0..N {
+        let mut d = vec![i as u8; len];
+        d[..4].copy_from_slice(&i.to_le_bytes());
+        send(&members[0], &d).await;
+    }
+    let mut got = Vec::new();
+    for m in &members {
+        let mut last = None;
+        let mut n = 0u32;
+        let mut buf = vec![0u8; 8192];
+        while let Ok(r) =
+            tokio::time::timeout(Duration::from_secs(2), std::future::poll_fn(|cx| m.poll_recv(cx, &mut buf))).await
+        {
+            let k = r.unwrap();
+            let i = u32::from_le_bytes(buf[..4].try_into().unwrap());
+            assert_eq!(k, len);
+            assert!(buf[4..k].iter().all(|&b| b == i as u8), "datagram {i} altered");
+            assert!(last.is_none_or(|l| i > l), "datagram {i} after {last:?}");
+            last = Some(i);
+            n += 1;
+        }
+        got.push(n);
+    }
+    println!("UD group burst: {N} datagrams of {len} bytes sent back to back, received {got:?} by 3 idle members");
+    assert!(got.iter().all(|&n| n > N / 2), "{got:?}");
+}
