@@ -232,7 +232,17 @@ fn join_ud(comm: &Comm, group: Ipv4Addr, h: u64) -> Option<Box<dyn MulticastTran
             ..ferrocomm_multicast::UdConfig::new(group)
         };
         match ferrocomm_multicast::UdMulticast::join(&cfg) {
-            Ok(u) => return Some(Box::new(u)),
+            Ok(u) => {
+                // The group's MTU decides the datagram: it must leave room for the protocol's
+                // header and the tag, and keep the largest message within 65535 fragments.
+                let core = u.max_datagram().saturating_sub(ferrocomm_transports::auth::TAG_LEN);
+                let fits = core >= ferrocomm_multicast::wire::HEADER + 64
+                    && ferrocomm_multicast::wire::fragments(s.max_message, core) <= usize::from(u16::MAX);
+                if fits {
+                    return Some(Box::new(u));
+                }
+                tracing::warn!(rank = comm.rank(), mtu = u.mtu(), %group, "UD multicast datagrams too small for FERROCOMM_MCAST_MAX_MESSAGE");
+            }
             Err(e) => tracing::warn!(rank = comm.rank(), error = %e, %group, "cannot join the UD multicast group"),
         }
     }
@@ -270,11 +280,12 @@ impl Channel {
         };
         let group = s.group.unwrap_or(Ipv4Addr::new(239, 255, (h >> 8) as u8, h as u8));
         let over_verbs = comm.settings().transports == TransportChoice::Verbs;
-        let ud = match s.network {
-            McastNet::Ud => true,
-            McastNet::Auto => over_verbs,
-            McastNet::Udp => false,
-        };
+        let ud = s.enabled
+            && match s.network {
+                McastNet::Ud => true,
+                McastNet::Auto => over_verbs,
+                McastNet::Udp => false,
+            };
         let mut test_drop = s.test_drop;
         let net: Option<Box<dyn MulticastTransport>> = if let Some(u) = ud.then(|| join_ud(comm, group, h)).flatten() {
             // The group's MTU may be below the configured datagram; the UD transport drops test

@@ -211,11 +211,6 @@ impl UdMulticast {
         // SAFETY: as above.
         let send_mr = unsafe { dev.register(send_mem.as_mut_ptr(), send_mem.len(), access::LOCAL) }?;
 
-        // SAFETY: each descriptor stays open while its `Watch` exists: `UdMulticast` drops the
-        // `AsyncFd`s before `inner`, which owns the channels.
-        let recv_ready = unsafe { AsyncFd::register_with_interest(Watch(dev.channel_fd()), Interest::READABLE) }?;
-        // SAFETY: as above.
-        let send_ready = unsafe { AsyncFd::register_with_interest(Watch(send_cq.fd()), Interest::READABLE) }?;
         let mut inner = Inner {
             _igmp: igmp,
             qp,
@@ -238,6 +233,12 @@ impl UdMulticast {
         }
         inner.dev.arm()?;
         inner.send_cq.arm()?;
+        // Registered last, so that no early return leaves a registration behind a closed channel.
+        // SAFETY: each descriptor stays open while its `Watch` exists: `UdMulticast` drops the
+        // `AsyncFd`s before `inner`, which owns the channels.
+        let recv_ready = unsafe { AsyncFd::register_with_interest(Watch(inner.dev.channel_fd()), Interest::READABLE) }?;
+        // SAFETY: as above.
+        let send_ready = unsafe { AsyncFd::register_with_interest(Watch(inner.send_cq.fd()), Interest::READABLE) }?;
         Ok(UdMulticast {
             recv_ready,
             send_ready,
