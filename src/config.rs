@@ -497,4 +497,15 @@ mod tests {
         let verbs = Settings::from_vars(|k| (k == "FERROCOMM_TRANSPORTS").then(|| "verbs".into()));
         assert_eq!(verbs.is_ok(), cfg!(feature = "verbs"), "{verbs:?}");
     }
+
+    #[test]
+    fn multicast_network_choice() {
+        let net = |v: &str| Settings::from_vars(|k| (k == "FERROCOMM_MCAST_NET").then(|| v.to_string()));
+        assert_eq!(Settings::default().multicast.network, McastNet::Auto);
+        assert_eq!(net("udp").unwrap().multicast.network, McastNet::Udp);
+        let ud = net("ud");
+        assert_eq!(ud.is_ok(), cfg!(feature = "verbs"), "{ud:?}");
+        let e = net("infiniband").unwrap_err();
+        assert!(matches!(e, Error::Config { name: "FERROCOMM_MCAST_NET", .. }), "{e}");
+    }
 }

@@ -40,7 +40,12 @@ fn payload(root: u32, i: usize) -> Bytes {
 fn launch(n: u32, scenario: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
     // Blocking progress: ranks that sleep while they wait leave the VM's two (emulated) CPUs to
     // the others and to the kernel's Soft-RoCE work.
-    let env: Vec<&str> = ["FERROCOMM_PROGRESS=blocking"].into_iter().chain(env.iter().copied()).collect();
+    // The group test may take long in an emulated VM: given 30 s rather than 2 s, so that a
+    // busy moment does not send the channel to point-to-point (the test demands the UD group).
+    let env: Vec<&str> = ["FERROCOMM_PROGRESS=blocking", "FERROCOMM_MCAST_CONFIRM_MS=30000"]
+        .into_iter()
+        .chain(env.iter().copied())
+        .collect();
     common::Job { ferrorun: FERRORUN, rank_test: "rank_process", scenario_var: SCENARIO, grace_s: 5 }
         .run(n, scenario, "verbs", &env)
 }
@@ -129,7 +134,7 @@ fn rank_process() {
         let me = w.rank();
         let chan = Channel::new(w.comm()).await.unwrap();
         assert_eq!(chan.network(), "ud", "rank {me}: the channel is not on a UD group");
-        let confirmed = chan.wait_group(Duration::from_secs(30)).await;
+        let confirmed = chan.wait_group(Duration::from_secs(60)).await;
         w.barrier().timeout(t).await.unwrap();
         match scenario.as_str() {
             "stream" => {
