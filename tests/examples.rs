@@ -35,12 +35,18 @@ fn number(line: &str, label: &str) -> f64 {
     token.parse().unwrap_or_else(|_| panic!("no number after {label:?} in {line}"))
 }
 
-/// Runs `example` on `n` ranks over `transport`; its report's lines (from the first one that
-/// starts with `prefix`).
+/// Runs `example` on `n` ranks over `transport`; its report's lines (rank 0's output from the
+/// first line that holds `prefix` on, without the launcher's `[rank]` and the test harness's
+/// words before the report).
 fn report(example: &str, n: u32, transport: &str, prefix: &str) -> Vec<String> {
     let (code, text, _) = JOB.run(n, example, transport, &[]);
     assert_eq!(code, Some(0), "{example} over {transport}:\n{text}");
-    let lines: Vec<String> = text.lines().skip_while(|l| !l.starts_with(prefix)).map(str::to_string).collect();
+    let lines: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("[0] "))
+        .skip_while(|l| !l.contains(prefix))
+        .map(|l| l[l.find(prefix).unwrap_or(0)..].to_string())
+        .collect();
     assert!(!lines.is_empty(), "{example} over {transport}: no report:\n{text}");
     println!("{example} over {transport}:\n{}", lines.join("\n"));
     lines
@@ -77,8 +83,13 @@ fn parameter_server_serves_every_worker() {
 
 #[test]
 fn publish_subscribe_over_reliable_multicast() {
-    let n = 4;
-    let lines = report("pubsub", n, "shm", "pubsub: ");
+    for (n, transport) in [(4, "shm"), (5, "portable")] {
+        pubsub_report(n, transport);
+    }
+}
+
+fn pubsub_report(n: u32, transport: &str) {
+    let lines = report("pubsub", n, transport, "pubsub: ");
     let messages = pubsub::Options::default().messages;
     assert!(lines[0].contains(&format!("pubsub: {n} ranks, 3 topics, {messages} messages per topic")), "{lines:?}");
     let topics: Vec<&String> = lines.iter().filter(|l| l.starts_with("topic ")).collect();
