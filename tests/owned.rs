@@ -194,6 +194,8 @@ async fn dropped_owned_calls_leave_the_communicator_usable() {
 /// are `'static` too. Nothing here runs; it only has to compile.
 #[allow(dead_code, unused_must_use, clippy::let_underscore_future)]
 mod send {
+    use std::time::Duration;
+
     use bytes::Bytes;
     use ferrocomm::multicast::{self, Channel, TokenBarrier};
     use ferrocomm::{Comm, Deadline, ReduceOp, RemoteSegment, Segment, World};
@@ -205,6 +207,16 @@ mod send {
         assert_send(&ferrocomm::init());
         assert_send(&ferrocomm::init_with(ferrocomm::Settings::default()));
         assert_send(&ferrocomm::testing::cluster(2, Default::default()));
+        assert_send(&ferrocomm::testing::run(2, Default::default(), |w| async move { drop(w) }));
+        let token = [0u8; 32];
+        assert_send(&ferrocomm::bootstrap::join(0, 1, "127.0.0.1:1", token, None, Default::default()));
+        assert_send(&ferrocomm::bootstrap::kv::KvServer::start("127.0.0.1:0".parse().unwrap(), token));
+        assert_send(&ferrocomm::bootstrap::kv::KvClient::connect("127.0.0.1:1", &token, Duration::from_secs(1)));
+    }
+
+    fn store(mut kv: ferrocomm::bootstrap::kv::KvClient) {
+        assert_send(&kv.put("k", b"v"));
+        assert_send(&kv.get("k", Duration::from_secs(1)));
     }
 
     fn world(w: World) {
@@ -219,7 +231,7 @@ mod send {
         assert_spawnable(&c.probe(0, 1u64));
         assert_send(&c.sendrecv(0, 1, Bytes::new(), 0, 1u64));
         assert_send(&c.split(Some(0), 0));
-        assert_send(&c.recv(0, 1u64).timeout(std::time::Duration::from_secs(1)));
+        assert_send(&c.recv(0, 1u64).timeout(Duration::from_secs(1)));
     }
 
     fn collectives(c: &Comm, buf: &mut [f32], data: &[f32]) {
@@ -270,6 +282,7 @@ mod send {
         assert_spawnable(&ev.wait_all());
         assert_spawnable(&seg.wait_notifications(1));
         assert_spawnable(&queue.dequeue());
+        assert_send(&queue.stream());
         assert_send(&queue.unpublish());
         assert_send(&seg.unpublish());
     }
@@ -280,8 +293,9 @@ mod send {
         assert_send(&chan.recv(0));
         assert_send(&chan.recv_any());
         assert_send(&chan.flush());
-        assert_send(&chan.wait_group(std::time::Duration::from_secs(1)));
+        assert_send(&chan.wait_group(Duration::from_secs(1)));
         assert_send(&multicast::broadcast(chan, 0, None));
+        assert_send(&chan.stream(0));
         assert_send(&TokenBarrier::new(c));
         assert_send(&barrier.wait());
     }
