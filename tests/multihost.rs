@@ -21,9 +21,8 @@
 //! orders), every collective against a sequential reference (tests/coll), reliable multicast
 //! across the bridge from a root on host 0 and one on host 1 (the group confirmed: real IP
 //! multicast), and one-sided put, get (strided and 3-D), fetch-add and compare-and-swap, mapped
-//! within a host and served by the target's progress across hosts (tests/rma_suite). Under
-//! `ferrorun` the whole of it; under the real launchers a shorter cut (fewer sizes), since the
-//! launch is what they add.
+//! within a host and served by the target's progress across hosts (tests/rma_suite). The same
+//! job under every launcher.
 //!
 //! A link cut between such hosts (survivors fail with `PeerLost` within the peer timeout) is
 //! `link_cut_between_namespace_hosts` in tests/faults.rs.
@@ -52,7 +51,7 @@ use ferrocomm::{Algorithm, Deadline, Error, Operation, World};
 use netns::Hosts;
 
 const FERRORUN: &str = env!("CARGO_BIN_EXE_ferrorun");
-/// Tells [`multihost_rank`] what to run: `full` or `short`.
+/// Set (to `full`) for [`multihost_rank`] to run.
 const SCENARIO: &str = "MULTIHOST_SCENARIO";
 const HOSTS: usize = 3;
 const PER_HOST: u32 = 2;
@@ -141,6 +140,7 @@ fn run_job(test: &str, hosts: &Hosts, mut cmd: Command) -> (String, Duration) {
             .unwrap_or_else(|| panic!("{test}: rank {r} did not report:\n{text}"));
         let host = hosts.of_rank(r, PER_HOST);
         assert!(line.starts_with(&format!("host={} ", host.name)), "{test}: rank {r} ran elsewhere: {line}\n{text}");
+        println!("{test}: rank {r} {line}");
     }
     let _ = writeln!(std::io::stderr().lock(), "{test}: {RANKS} ranks on {HOSTS} namespace hosts in {took:.1?}");
     (text, took)
@@ -191,7 +191,7 @@ fn mpirun_across_namespace_hosts() {
         // mpirun and its daemons talk over the bridge, the one network they share.
         .args(["--mca", "oob_tcp_if_include", &hosts.subnet])
         .args(["-x", &format!("FERROCOMM_COORD={}:{}", hosts.hosts[0].addr, store_port())])
-        .args(["-x", &format!("{SCENARIO}=short")]);
+        .args(["-x", &format!("{SCENARIO}=full")]);
     rank_args(&mut cmd);
     run_job("mpirun", &hosts, cmd);
 }
@@ -213,7 +213,7 @@ fn mpiexec_across_namespace_hosts() {
         // The proxies reach mpiexec at its address on the bridge.
         .args(["-localhost", &hosts.gateway])
         .args(["-genv", "FERROCOMM_COORD", &format!("{}:{}", hosts.hosts[0].addr, store_port() + 1)])
-        .args(["-genv", SCENARIO, "short"]);
+        .args(["-genv", SCENARIO, "full"]);
     rank_args(&mut cmd);
     run_job("mpiexec", &hosts, cmd);
 }
@@ -230,7 +230,7 @@ fn srun_across_namespace_hosts() {
     let place = hosts.place(PER_HOST).unwrap();
     let mut cmd = Command::new("srun");
     cmd.args(["--overcommit", "-n", &RANKS.to_string(), "--time=5", "--kill-on-bad-exit=1"])
-        .env(SCENARIO, "short")
+        .env(SCENARIO, "full")
         .arg(&place);
     rank_args(&mut cmd);
     let (text, _) = run_job("srun", &hosts, cmd);
@@ -250,25 +250,20 @@ fn multihost_rank() {
         let w = ferrocomm::init().await.expect("ferrocomm::init");
         let (r, n) = (w.rank(), w.size());
         assert_eq!(n, RANKS);
-        let full = scenario == "full";
+        assert_eq!(scenario, "full");
         placement(&w);
         let t0 = Instant::now();
         common::ring_storm_rendezvous(&w).await;
-        if full {
-            common::rendezvous_orders(&w).await;
-            common::matching_semantics(&w).await;
-            common::dup_isolation(&w).await;
-        }
+        common::rendezvous_orders(&w).await;
+        common::matching_semantics(&w).await;
+        common::dup_isolation(&w).await;
         let p2p = t0.elapsed();
-        let counts: &[usize] = if full { &coll::TABLE_COUNTS } else { &[0, 1, 2_500, 20_000] };
-        coll::operations(&w, counts, "multi-host").await;
+        coll::operations(&w, &coll::TABLE_COUNTS, "multi-host").await;
         let colls = t0.elapsed() - p2p;
-        multicast(&w, if full { 100 } else { 20 }).await;
+        multicast(&w, 100).await;
         rma_suite::fetch_add_sums(&w).await;
         rma_suite::geometries(&w).await;
-        if full {
-            rma_suite::cas_lock(&w).await;
-        }
+        rma_suite::cas_lock(&w).await;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
         println!(
             "MULTIHOST-OK rank={r} host={} launcher={} store={} p2p={p2p:.1?} collectives={colls:.1?} all={:.1?}",
