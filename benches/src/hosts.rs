@@ -137,7 +137,8 @@ fn run_ferrocomm(spec: &JobSpec) -> Result<(String, Vec<Measurement>)> {
 /// `hosts`: both sides, run after run, and the report.
 pub(crate) fn main(o: Options) -> Result<()> {
     let s = o.schedule();
-    let spec = JobSpec { ranks: o.ranks, progress: o.progress.clone(), pin: None, env: Vec::new(), schedule: s.clone() };
+    let spec =
+        JobSpec { ranks: o.ranks, progress: o.progress.clone(), pin: None, env: Vec::new(), schedule: s.clone() };
     // osu_coll built against Open MPI, where `collectives` builds it too (osu::Mpi::build names
     // it osu_coll-openmpi).
     let dir = std::env::current_exe()?.parent().ok_or("the executable has no directory")?.join("osu_coll");
@@ -192,7 +193,10 @@ pub(crate) fn main(o: Options) -> Result<()> {
         eprintln!("  run {}/{} done", run + 1, o.runs);
     }
     println!("\nferrocomm transport: {transport}");
-    println!("{:<10} {:>9} {:>14} {:>14} {:>9}  ferrocomm algorithm", "op", "bytes", "ferrocomm us", "Open MPI us", "ratio");
+    println!(
+        "{:<10} {:>9} {:>14} {:>14} {:>9}  ferrocomm algorithm",
+        "op", "bytes", "ferrocomm us", "Open MPI us", "ratio"
+    );
     let mut rows = Vec::new();
     for ((op, bytes), sides) in &samples {
         let ours = sides.get("ferrocomm").and_then(|v| median(v));
