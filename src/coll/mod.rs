@@ -52,6 +52,7 @@ use smallvec::SmallVec;
 use crate::api::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
 use crate::error::{Error, Result};
 use crate::multicast::{Channel, TokenBarrier};
+use crate::observe::coll::Observe;
 use crate::p2p::Status;
 use crate::p2p::driver::Driver;
 
