@@ -32,16 +32,16 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::FmtSpan;
 
 /// Eager messages each rank sends to the next one.
-pub const MESSAGES: u64 = 20;
+pub(crate) const MESSAGES: u64 = 20;
 /// Their size.
-pub const SMALL: usize = 100;
+pub(crate) const SMALL: usize = 100;
 /// The one rendezvous message's size (above the default 64 KiB eager limit).
-pub const LARGE: usize = 200_000;
+pub(crate) const LARGE: usize = 200_000;
 /// All-reduces each rank calls.
-pub const ROUNDS: u64 = 5;
+pub(crate) const ROUNDS: u64 = 5;
 
 /// The log: `RUST_LOG`'s filter (default `info`), to stderr, spans logged when they close.
-pub fn install_log() {
+pub(crate) fn install_log() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -52,16 +52,24 @@ pub fn install_log() {
 }
 
 /// The Prometheus recorder, installed as the process's recorder; the handle renders its text.
-pub fn install_metrics() -> PrometheusHandle {
+pub(crate) fn install_metrics() -> PrometheusHandle {
     PrometheusBuilder::new().install_recorder().expect("no other recorder")
 }
 
 /// Any error of the example.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Runs the traffic, then serves the metrics until `POST /quit`.
-pub async fn run(world: World, metrics: PrometheusHandle) -> Result<(), BoxError> {
+pub(crate) async fn run(world: World, metrics: PrometheusHandle) -> Result<(), BoxError> {
     let (r, n) = (world.rank(), world.size());
+    // The recorder's upkeep (draining histogram samples), which this program schedules itself.
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
     let quit = Arc::new(Notify::new());
     let router = Router::new()
         .route("/metrics", get(|State(h): State<PrometheusHandle>| async move { h.render() }))

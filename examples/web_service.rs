@@ -93,7 +93,7 @@ async fn aggregate(world: World, health: Arc<Mutex<Health>>) {
 }
 
 /// Serves until `POST /quit`. Prints `rank R serving http://ADDR pid PID` once listening.
-pub async fn run(world: World) -> std::io::Result<()> {
+pub(crate) async fn run(world: World) -> std::io::Result<()> {
     let health = Arc::new(Mutex::new(Health::default()));
     let quit_signal = Arc::new(Notify::new());
     let app = App { world: world.clone(), health: health.clone(), quit: quit_signal.clone() };
