@@ -13,13 +13,13 @@
 //! `--exact observe_rank` and `FERROCOMM_OBSERVE_RUN` naming the example; the examples' code is
 //! compiled into it.
 
+mod common;
 #[allow(dead_code)]
 #[path = "../examples/observability.rs"]
 mod observability;
 #[allow(dead_code)]
 #[path = "../examples/web_service.rs"]
 mod web_service;
-mod common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -108,7 +108,7 @@ impl Drop for Running {
 /// The value after `label ` in `line`, up to the next space.
 fn field<'a>(line: &'a str, label: &str) -> &'a str {
     let rest = line.split(label).nth(1).unwrap_or_else(|| panic!("no {label:?} in {line}"));
-    rest.trim_start().split_whitespace().next().unwrap_or_default()
+    rest.split_whitespace().next().unwrap_or_default()
 }
 
 /// Per rank: the field after `label` in the line `rank R <marker> ...` of every rank, once all
@@ -117,7 +117,8 @@ fn per_rank(text: &str, n: u32, marker: &str, label: &str) -> Option<Vec<String>
     (0..n)
         .map(|r| {
             let prefix = format!("rank {r} {marker}");
-            text.lines().find_map(|l| l.split_once(&prefix).map(|(_, rest)| field(&format!(" {rest}"), label).to_string()))
+            text.lines()
+                .find_map(|l| l.split_once(&prefix).map(|(_, rest)| field(&format!(" {rest}"), label).to_string()))
         })
         .collect()
 }
@@ -280,6 +281,44 @@ fn prometheus_endpoint_has_peer_labelled_counters_that_match_the_traffic() {
     let (code, text) = job.finish();
     println!("{text}");
     assert_eq!(code, Some(0), "{text}");
+}
+
+/// `World::stats` in-process: messages and bytes each way by peer, rendezvous apart, self
+/// traffic on the own entry, the transport, and a peer that said goodbye shown departed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn world_stats_count_each_peers_traffic_and_state() {
+    use ferrocomm::{PeerState, Settings};
+    let mut worlds = ferrocomm::testing::cluster(3, Settings::default()).await.unwrap();
+    let large = worlds[0].settings().eager_limit + 1;
+    let (w0, w1) = (&worlds[0], &worlds[1]);
+    let recvs: Vec<_> = (0..3u64).map(|t| w1.recv(0, t)).collect();
+    w0.send(1, 0, vec![1u8; 10]).await.unwrap();
+    w0.send(1, 1, vec![2u8; 10]).await.unwrap();
+    w0.send(1, 2, vec![3u8; large]).await.unwrap();
+    for r in recvs {
+        r.await.unwrap();
+    }
+    w0.send(0, 9, vec![4u8; 5]).await.unwrap();
+    w0.recv(0, 9u64).await.unwrap();
+    let s0 = w0.stats();
+    assert_eq!(s0.len(), 3);
+    let p1 = &s0[1];
+    assert_eq!((p1.rank, p1.state.clone()), (1, PeerState::Alive));
+    assert_eq!((p1.messages_sent, p1.bytes_sent, p1.rendezvous_sent), (3, 20 + large as u64, 1));
+    assert_eq!((p1.messages_received, p1.bytes_received), (0, 0));
+    assert_eq!(p1.transport, w0.transport_for(1));
+    let own = &s0[0];
+    assert_eq!((own.transport, own.messages_sent, own.messages_received, own.bytes_received), ("self", 1, 1, 5));
+    assert_eq!((s0[2].messages_sent, s0[2].messages_received), (0, 0));
+    let from0 = &w1.stats()[0];
+    assert_eq!((from0.messages_received, from0.bytes_received, from0.rendezvous_received), (3, 20 + large as u64, 1));
+    // Rank 2 leaves in order: the others see it departed.
+    worlds.pop().unwrap().finalize().await.unwrap();
+    let t0 = Instant::now();
+    while worlds[0].stats()[2].state != PeerState::Departed {
+        assert!(t0.elapsed() < PATIENCE, "{:?}", worlds[0].stats()[2]);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// One rank of an example, when run by `ferrorun`.

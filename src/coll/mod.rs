@@ -196,5 +196,8 @@ mod tests {
     #[test]
     fn the_small_collectives_future_stays_small() {
         assert!(size_of::<super::Collective<'static>>() <= 48, "{}", size_of::<super::Collective<'static>>());
+        // Observed: one word more (the call's span and clock, boxed, only when it is timed).
+        type Public = crate::observe::coll::Observed<super::Collective<'static>>;
+        assert!(size_of::<Public>() <= 56, "{}", size_of::<Public>());
     }
 }

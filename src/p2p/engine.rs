@@ -345,9 +345,7 @@ impl Traffic {
     fn new(peer: Rank) -> Box<Traffic> {
         use crate::observe::{BYTES_RECEIVED, BYTES_SENT, MESSAGES_RECEIVED, MESSAGES_SENT};
         let peer = peer.to_string();
-        let by = |name: &'static str, protocol: &'static str| {
-            metrics::counter!(name, "peer" => peer.clone(), "protocol" => protocol)
-        };
+        let by = |name: &'static str, protocol: &'static str| metrics::counter!(name, "peer" => peer.clone(), "protocol" => protocol);
         let pair = |messages, bytes, protocol| [by(messages, protocol), by(bytes, protocol)];
         Box::new(Traffic {
             counts: PeerCounts::default(),
