@@ -61,3 +61,8 @@ pub struct ReadmeDoctests;
 #[doc = include_str!("../docs/one-sided.md")]
 #[cfg(doctest)]
 pub struct OneSidedDoctests;
+
+/// The observability chapter's examples compile.
+#[doc = include_str!("../docs/observability.md")]
+#[cfg(doctest)]
+pub struct ObservabilityDoctests;
