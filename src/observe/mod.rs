@@ -140,3 +140,47 @@ pub struct PeerStats {
     /// Of the messages received, those that came by rendezvous.
     pub rendezvous_received: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString};
+    use parking_lot::Mutex;
+
+    /// A recorder that keeps what it was told: `(name, "counter" or "histogram", unit)`.
+    #[derive(Default)]
+    struct Descriptions(Mutex<Vec<(String, &'static str, Option<Unit>)>>);
+
+    impl metrics::Recorder for Descriptions {
+        fn describe_counter(&self, name: KeyName, unit: Option<Unit>, _: SharedString) {
+            self.0.lock().push((name.as_str().to_string(), "counter", unit));
+        }
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, _: SharedString) {
+            self.0.lock().push((name.as_str().to_string(), "histogram", unit));
+        }
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn every_metric_is_described_with_its_unit() {
+        let r = Descriptions::default();
+        metrics::with_local_recorder(&r, describe);
+        let got = r.0.lock().clone();
+        assert_eq!(got.len(), metric_names().count());
+        let find = |n: &str| got.iter().find(|d| d.0 == n).cloned().unwrap_or_else(|| panic!("{n} not described"));
+        assert_eq!(find(BYTES_SENT), (BYTES_SENT.into(), "counter", Some(Unit::Bytes)));
+        assert_eq!(find(MESSAGES_RECEIVED), (MESSAGES_RECEIVED.into(), "counter", Some(Unit::Count)));
+        assert_eq!(find(COLLECTIVE_SECONDS), (COLLECTIVE_SECONDS.into(), "histogram", Some(Unit::Seconds)));
+        assert_eq!(find(MESSAGE_BYTES), (MESSAGE_BYTES.into(), "histogram", Some(Unit::Bytes)));
+        assert!(got.iter().all(|d| d.0.starts_with("ferrocomm_") && d.2.is_some()));
+    }
+}
