@@ -25,7 +25,7 @@ struct Meter {
 
 /// A world's collective meters.
 pub(crate) struct CollMeters {
-    /// By `op as usize * Algorithm::ALL.len() + algorithm index`.
+    /// By `op as usize * Algorithm::ALL.len() + alg as usize`.
     meters: Box<[OnceLock<Meter>]>,
     /// Whether calls are timed for the latency histogram even when their span is disabled.
     timed: bool,
@@ -47,8 +47,9 @@ fn recorder_installed() -> bool {
 
 impl CollMeters {
     fn meter(&self, op: Operation, alg: Algorithm) -> &Meter {
-        let a = Algorithm::ALL.iter().position(|&x| x == alg).unwrap_or(0);
-        self.meters[op as usize * Algorithm::ALL.len() + a].get_or_init(|| {
+        // Both lists are in declaration order (`ferrocomm_collectives::select`).
+        debug_assert_eq!(Algorithm::ALL[alg as usize], alg);
+        self.meters[op as usize * Algorithm::ALL.len() + alg as usize].get_or_init(|| {
             let labels = [("operation", op.to_string()), ("algorithm", alg.to_string())];
             Meter {
                 calls: metrics::counter!(super::COLLECTIVE_CALLS, &labels),
