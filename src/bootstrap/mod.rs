@@ -55,6 +55,10 @@ pub async fn init() -> Result<World> {
 pub async fn init_with(settings: Settings) -> Result<World> {
     settings.validate()?;
     let job = env::detect()?;
+    if job.launcher == env::Launcher::Ferrorun {
+        // Its warnings are seen, unless the program has a log of its own.
+        crate::observe::log::install();
+    }
     let (store, kv, coordinator) = rendezvous::open(&job, settings.connect_timeout).await?;
     if job.launcher == env::Launcher::Ferrorun {
         // Its store lives as long as the job, and it reports ranks that die.
@@ -265,6 +269,7 @@ async fn join_via(
         closed: AtomicBool::new(false),
         thread: Mutex::new(Some(thread)),
         changes,
+        coll_meters: Default::default(),
     })))
 }
 
