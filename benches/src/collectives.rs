@@ -211,7 +211,7 @@ fn compare(opts: &Options, s: &Schedule) -> Result<()> {
     let mpis = opts.mpis().iter().map(|k| Mpi::build(k, &dir)).collect::<Result<Vec<_>>>()?;
     println!(
         "collectives, OSU method: {} sizes from {} to {} B, {} iterations after {} warm-up ({} after {} above {} B), \
-         median of {} run(s), ranks on CPUs {:?}",
+         {} slice(s) per side, one slice = {} operation(s) at every size, ranks on CPUs {:?}",
         s.sizes.len(),
         s.sizes.first().unwrap_or(&0),
         s.sizes.last().unwrap_or(&0),
@@ -221,6 +221,7 @@ fn compare(opts: &Options, s: &Schedule) -> Result<()> {
         s.warmup_large,
         s.large,
         opts.runs,
+        if opts.slice_ops == 0 { s.ops.len() } else { opts.slice_ops },
         s.cpus
     );
     let mut commands = Vec::new();

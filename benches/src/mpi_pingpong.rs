@@ -99,9 +99,11 @@ impl MpiPingPong {
         sizes
             .iter()
             .map(|b| {
-                found.iter().find(|(fb, _)| fb == b).map(|&(_, t)| t).ok_or_else(|| {
-                    format!("{NAME} printed no result for {b} B: {}", lines.join(" | ")).into()
-                })
+                found
+                    .iter()
+                    .find(|(fb, _)| fb == b)
+                    .map(|&(_, t)| t)
+                    .ok_or_else(|| format!("{NAME} printed no result for {b} B: {}", lines.join(" | ")).into())
             })
             .collect()
     }
@@ -114,7 +116,10 @@ fn parse(lines: &[String]) -> Vec<(usize, f64)> {
         .filter_map(|l| {
             let f: Vec<&str> = l.strip_prefix("result ")?.split_whitespace().collect();
             match f[..] {
-                [bytes, _iterations, seconds] => Some((bytes.parse().ok()?, seconds.parse().ok()?)),
+                [bytes, iterations, seconds] => {
+                    iterations.parse::<u64>().ok()?;
+                    Some((bytes.parse().ok()?, seconds.parse().ok()?))
+                }
                 _ => None,
             }
         })

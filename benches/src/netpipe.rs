@@ -63,7 +63,9 @@ impl Flavour {
     fn programs(self) -> (&'static str, Option<&'static str>, &'static str) {
         match self {
             Flavour::Tcp => ("NPtcp", None, "apt-get install netpipe-tcp"),
-            Flavour::OpenMpi | Flavour::OpenMpiTcp => ("NPopenmpi", Some("mpirun.openmpi"), "apt-get install netpipe-openmpi openmpi-bin"),
+            Flavour::OpenMpi | Flavour::OpenMpiTcp => {
+                ("NPopenmpi", Some("mpirun.openmpi"), "apt-get install netpipe-openmpi openmpi-bin")
+            }
             Flavour::Mpich => ("NPmpich2", Some("mpirun.mpich"), "apt-get install netpipe-mpich2 mpich"),
         }
     }

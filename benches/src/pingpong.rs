@@ -387,7 +387,10 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
             }
         }
         if stop {
-            bar.note(format!("ferrocomm took over {:?} one way at {hi} B or below: the sweep ends here", sweep::STOP_AFTER));
+            bar.note(format!(
+                "ferrocomm took over {:?} one way at {hi} B or below: the sweep ends here",
+                sweep::STOP_AFTER
+            ));
             break;
         }
     }
