@@ -22,7 +22,7 @@ const SLOT: usize = 16;
 
 /// What to run.
 #[derive(Clone, Debug)]
-pub struct Options {
+pub(crate) struct Options {
     /// Operations per rank in the timed loop.
     pub ops: u64,
     /// Keys are 1..=keys.
@@ -98,7 +98,7 @@ impl Table {
 }
 
 /// Runs the table on `world`; rank 0 gets the report.
-pub async fn run(world: &World, o: &Options) -> ferrocomm::Result<Option<String>> {
+pub(crate) async fn run(world: &World, o: &Options) -> ferrocomm::Result<Option<String>> {
     let (rank, n) = (world.rank(), world.size());
     let limit = Duration::from_secs(120);
     // The window of the last slots runs past the shard's end: room for it.

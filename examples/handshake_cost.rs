@@ -7,9 +7,9 @@
 use std::time::{Duration, Instant};
 
 use ferrocomm::bootstrap::kv::{KvClient, KvServer};
-use ferrocomm::transports::auth::{JobSecret, TAG_LEN};
-use ferrocomm::transports::tcp::{handshake_accept, handshake_connect};
-use ferrocomm::transports::wire::Limits;
+use ferrocomm_transports::auth::{JobSecret, TAG_LEN};
+use ferrocomm_transports::tcp::{handshake_accept, handshake_connect};
+use ferrocomm_transports::wire::Limits;
 use tokio::net::{TcpListener, TcpStream};
 
 const N: usize = 2000;

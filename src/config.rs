@@ -1,6 +1,6 @@
 //! Settings: every tunable has a default, an environment variable, and a builder field.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 pub use ferrocomm_reactor::ProgressMode;
@@ -34,8 +34,20 @@ impl std::str::FromStr for TransportChoice {
     }
 }
 
-/// How a rank runs. [`Settings::from_env`] reads the `FERROCOMM_*` variables named on each field.
+/// How a rank runs. [`Settings::from_env`] reads the `FERROCOMM_*` variables named on each field;
+/// [`Settings::builder`] sets them in code. Fields may be added in any release: outside this
+/// crate, make settings with the builder (or [`Settings::default`] and assignments to the
+/// fields), not with a struct literal.
+///
+/// ```
+/// use ferrocomm::{ProgressMode, Settings, TransportChoice};
+/// let s = Settings::builder().transports(TransportChoice::Tcp).progress(ProgressMode::BusyPoll).build();
+/// assert_eq!(s.transports, TransportChoice::Tcp);
+/// let eager = s.into_builder().eager_limit(16 << 10).build();
+/// assert_eq!((eager.transports, eager.eager_limit), (TransportChoice::Tcp, 16 << 10));
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Settings {
     /// `FERROCOMM_PROGRESS`: `busy`, `adaptive[:MICROSECONDS]` or `blocking`. Default adaptive, 50 us.
     pub progress: ProgressMode,
@@ -73,14 +85,16 @@ pub struct Settings {
     /// `FERROCOMM_COLL`: pins collectives to algorithms, e.g. `allreduce=ring,bcast=binomial`
     /// (names in [`ferrocomm_collectives::Algorithm`]). Default: the measured size/rank table.
     pub collectives: ferrocomm_collectives::Table,
-    /// Reliable multicast (`FERROCOMM_MCAST_*`): see [`crate::multicast::McastSettings`].
-    pub multicast: crate::multicast::McastSettings,
+    /// Reliable multicast (`FERROCOMM_MCAST_*`): see [`McastSettings`].
+    pub multicast: McastSettings,
     /// Settings of the verbs transport (used with [`TransportChoice::Verbs`]).
     pub verbs: VerbsSettings,
 }
 
-/// Settings of the verbs transport.
+/// Settings of the verbs transport. Fields may be added in any release: start from
+/// [`VerbsSettings::default`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VerbsSettings {
     /// `FERROCOMM_VERBS_DEVICE`: RDMA device name (`rxe0`, `mlx5_0`). Default: the first one.
     pub device: Option<String>,
@@ -133,6 +147,83 @@ impl Default for Settings {
             multicast: Default::default(),
             verbs: VerbsSettings::default(),
         }
+    }
+}
+
+/// Builds [`Settings`]: the defaults (or the settings it started from) with the fields set by
+/// its methods, one per field of [`Settings`]. [`SettingsBuilder::build`] does not check the
+/// values; [`crate::init_with`] does (or [`Settings::validate`]).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct SettingsBuilder(Settings);
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty,)*) => {
+        impl SettingsBuilder {
+            $(
+                $(#[$doc])*
+                pub fn $field(mut self, value: $ty) -> Self {
+                    self.0.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters! {
+    /// Sets [`Settings::progress`].
+    progress: ProgressMode,
+    /// Sets [`Settings::transports`].
+    transports: TransportChoice,
+    /// Sets [`Settings::tcp_backend`].
+    tcp_backend: TcpBackend,
+    /// Sets [`Settings::eager_limit`].
+    eager_limit: usize,
+    /// Sets [`Settings::shm_nt_min`].
+    shm_nt_min: usize,
+    /// Sets [`Settings::max_credit`].
+    max_credit: u32,
+    /// Sets [`Settings::rndv_chunk`].
+    rndv_chunk: usize,
+    /// Sets [`Settings::max_message`].
+    max_message: usize,
+    /// Sets [`Settings::peer_timeout`].
+    peer_timeout: Duration,
+    /// Sets [`Settings::connect_timeout`].
+    connect_timeout: Duration,
+    /// Sets [`Settings::bind`].
+    bind: IpAddr,
+    /// Sets [`Settings::collectives`].
+    collectives: ferrocomm_collectives::Table,
+    /// Sets [`Settings::multicast`].
+    multicast: McastSettings,
+    /// Sets [`Settings::verbs`].
+    verbs: VerbsSettings,
+}
+
+impl SettingsBuilder {
+    /// The settings.
+    pub fn build(self) -> Settings {
+        self.0
+    }
+}
+
+impl From<Settings> for SettingsBuilder {
+    fn from(s: Settings) -> SettingsBuilder {
+        SettingsBuilder(s)
+    }
+}
+
+impl Settings {
+    /// A builder starting from the defaults.
+    pub fn builder() -> SettingsBuilder {
+        SettingsBuilder(Settings::default())
+    }
+
+    /// A builder starting from these settings.
+    pub fn into_builder(self) -> SettingsBuilder {
+        SettingsBuilder(self)
     }
 }
 
@@ -214,7 +305,7 @@ impl Settings {
             s.collectives =
                 s.collectives.with_overrides(&v).map_err(|reason| Error::Config { name: "FERROCOMM_COLL", reason })?;
         }
-        s.multicast = crate::multicast::McastSettings::from_vars(&get)?;
+        s.multicast = McastSettings::from_vars(&get)?;
         if let Some(v) = parse("FERROCOMM_VERBS_DEVICE", &get)? {
             s.verbs.device = Some(v);
         }
@@ -255,6 +346,154 @@ impl Settings {
         }
         if self.transports == TransportChoice::Verbs && !cfg!(feature = "verbs") {
             return bad("FERROCOMM_TRANSPORTS", "verbs needs ferrocomm built with the `verbs` cargo feature");
+        }
+        Ok(())
+    }
+}
+
+/// Reliable multicast settings: every field has a `FERROCOMM_MCAST_*` variable. Fields may be
+/// added in any release: start from [`McastSettings::default`].
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct McastSettings {
+    /// `FERROCOMM_MCAST`: `on` (default) or `off` (point-to-point only, no socket).
+    pub enabled: bool,
+    /// `FERROCOMM_MCAST_GROUP`: IPv4 group address. Default: 239.255.x.y derived from the job
+    /// token and the channel, so that jobs and channels do not share groups.
+    pub group: Option<Ipv4Addr>,
+    /// `FERROCOMM_MCAST_PORT`: UDP port. Default derived like the group, in 20000..60000.
+    pub port: Option<u16>,
+    /// `FERROCOMM_MCAST_IF`: interface address to send and join on. Default: the address this
+    /// rank listens on (127.0.0.1 for in-process clusters), else the kernel's choice.
+    pub interface: Option<Ipv4Addr>,
+    /// `FERROCOMM_MCAST_WINDOW`: W, messages a root may have unacknowledged. Default 64.
+    pub window: usize,
+    /// `FERROCOMM_MCAST_ACK_EVERY`: k, a receiver acknowledges every k messages. Default 8.
+    pub ack_every: u32,
+    /// `FERROCOMM_MCAST_ACK_DELAY_US`: T, or this long after the first unacknowledged message.
+    /// Default 200 us.
+    pub ack_delay: Duration,
+    /// `FERROCOMM_MCAST_SUBGROUPS`: number of ACK sub-groups (root's plus one per co-root);
+    /// 0 = about sqrt(receivers) (default); 1 = no co-roots.
+    pub subgroups: usize,
+    /// `FERROCOMM_MCAST_DATAGRAM`: datagram size, header and 16-byte tag included. Default 1400 (fits an
+    /// Ethernet MTU: IP fragments would multiply the loss rate); up to 65000 on loopback.
+    pub datagram: usize,
+    /// `FERROCOMM_MCAST_MAX_MESSAGE`: largest multicast message. Default 4 MiB. Bounds memory:
+    /// a receiver holds at most `window` messages per root.
+    pub max_message: usize,
+    /// `FERROCOMM_MCAST_CONFIRM_MS`: how long the multicast test may take before the group is
+    /// declared unusable. Default 2000.
+    pub confirm_timeout: Duration,
+    /// `FERROCOMM_MCAST_BUFFER`: socket buffer size asked for. Default 4 MiB.
+    pub buffer: usize,
+    /// `FERROCOMM_MCAST_BARRIER_DEGREE`: fan-in of the token barrier's tree. Default 8.
+    pub barrier_degree: u32,
+    /// `FERROCOMM_MCAST_TEST_DROP`: probability of dropping each received datagram, to test
+    /// loss recovery where iptables is not available. Default 0.
+    pub test_drop: f64,
+}
+
+impl Default for McastSettings {
+    fn default() -> Self {
+        McastSettings {
+            enabled: true,
+            group: None,
+            port: None,
+            interface: None,
+            window: 64,
+            ack_every: 8,
+            ack_delay: Duration::from_micros(200),
+            subgroups: 0,
+            datagram: 1400,
+            max_message: 4 << 20,
+            confirm_timeout: Duration::from_secs(2),
+            buffer: 4 << 20,
+            barrier_degree: 8,
+            test_drop: 0.0,
+        }
+    }
+}
+
+impl McastSettings {
+    /// Defaults overridden by the `FERROCOMM_MCAST_*` variables `get` returns.
+    pub fn from_vars(get: &impl Fn(&str) -> Option<String>) -> Result<McastSettings> {
+        let mut s = McastSettings::default();
+        if let Some(v) = parse::<String>("FERROCOMM_MCAST", get)? {
+            s.enabled = match v.as_str() {
+                "on" | "1" | "true" => true,
+                "off" | "0" | "false" => false,
+                _ => return Err(Error::Config { name: "FERROCOMM_MCAST", reason: format!("{v:?}: on or off") }),
+            };
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_GROUP", get)? {
+            s.group = Some(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_PORT", get)? {
+            s.port = Some(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_IF", get)? {
+            s.interface = Some(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_WINDOW", get)? {
+            s.window = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_ACK_EVERY", get)? {
+            s.ack_every = v;
+        }
+        if let Some(v) = parse::<u64>("FERROCOMM_MCAST_ACK_DELAY_US", get)? {
+            s.ack_delay = Duration::from_micros(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_SUBGROUPS", get)? {
+            s.subgroups = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_DATAGRAM", get)? {
+            s.datagram = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_MAX_MESSAGE", get)? {
+            s.max_message = v;
+        }
+        if let Some(v) = parse::<u64>("FERROCOMM_MCAST_CONFIRM_MS", get)? {
+            s.confirm_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_BUFFER", get)? {
+            s.buffer = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_BARRIER_DEGREE", get)? {
+            s.barrier_degree = v;
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_TEST_DROP", get)? {
+            s.test_drop = v;
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// The datagram size the protocol core fragments into: the configured size less the tag.
+    pub(crate) fn core_datagram(&self) -> usize {
+        self.datagram - ferrocomm_transports::auth::TAG_LEN
+    }
+
+    /// Checks that the values can work together.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name, reason: &str| Err(Error::Config { name, reason: reason.to_string() });
+        if self.window == 0 || self.window > (1 << 20) {
+            return bad("FERROCOMM_MCAST_WINDOW", "between 1 and 2^20");
+        }
+        if self.ack_every == 0 {
+            return bad("FERROCOMM_MCAST_ACK_EVERY", "at least 1");
+        }
+        if self.datagram < ferrocomm_multicast::wire::HEADER + 64 || self.datagram > 65_000 {
+            return bad("FERROCOMM_MCAST_DATAGRAM", "between 100 and 65000 bytes");
+        }
+        if ferrocomm_multicast::wire::fragments(self.max_message, self.core_datagram()) > usize::from(u16::MAX) {
+            return bad("FERROCOMM_MCAST_MAX_MESSAGE", "at most 65535 datagrams per message");
+        }
+        if !(0.0..=1.0).contains(&self.test_drop) {
+            return bad("FERROCOMM_MCAST_TEST_DROP", "a probability");
+        }
+        if self.group.is_some_and(|g| !g.is_multicast()) {
+            return bad("FERROCOMM_MCAST_GROUP", "must be in 224.0.0.0/4");
         }
         Ok(())
     }

@@ -11,33 +11,44 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layers: [`ferrocomm_reactor`] drives progress; [`ferrocomm_transports`] moves frames;
-//! [`p2p::engine`] is the sans-IO matching and rendezvous core; [`World`] and [`Comm`] are the API.
+//! Layers, bottom to top: [`ferrocomm_reactor`] drives progress; [`ferrocomm_transports`] moves
+//! frames; the point-to-point engine matches messages (sans-IO) and its driver runs it over a
+//! transport; [`World`] and [`Comm`] are the API; collectives, [`multicast`] and one-sided
+//! communication ([`rma`]) build on it; [`bootstrap`] starts a rank. `docs/architecture.md` maps
+//! them to the source folders.
 
+mod api;
 pub mod bootstrap;
-mod collective;
-pub mod config;
-mod driver;
-pub mod error;
+mod coll;
+mod config;
+mod error;
 pub mod launch;
 pub mod multicast;
+// The point-to-point protocol core, public for the simulator, the benchmarks and the fuzz
+// targets; applications use `Comm`'s methods.
+#[doc(hidden)]
 pub mod p2p;
 pub mod rma;
 pub mod testing;
-mod world;
 
+pub use api::{Comm, Deadline, Message, Op, Refused, World};
+pub use bootstrap::env::EnvError;
 pub use bootstrap::{init, init_with};
-pub use config::{ProgressMode, Settings, TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous, VerbsSettings};
-pub use error::{Error, Result};
+pub use config::{
+    McastSettings, ProgressMode, Settings, SettingsBuilder, TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous,
+    VerbsSettings,
+};
+pub use error::{Cause, Error, McastError, Result};
 pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table, bf16, f16};
 pub use ferrocomm_reactor::HybridStats;
+// The transports crate, for the benchmarks and the fuzz targets that drive a transport alone.
+#[doc(hidden)]
 pub use ferrocomm_transports as transports;
 pub use ferrocomm_transports::{Rank, TransportError, WireError};
 pub use p2p::{Source, Status, TagMatch};
 pub use rma::{
-    Access, ArrayView, Event, Geometry, Queue, RemoteSegment, RmaError, RmaOp, Segment, SegmentId, Side, Ticket,
+    Access, ArrayView, Event, Geometry, GetOp, Queue, RemoteSegment, RmaError, RmaOp, Segment, SegmentId, Side, Ticket,
 };
-pub use world::{Comm, Deadline, Message, Op, Refused, World};
 
 /// The README's examples compile.
 #[doc = include_str!("../README.md")]

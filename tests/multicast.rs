@@ -227,8 +227,8 @@ async fn ack_implosion_root_share_falls_to_one_per_subgroup() {
 /// "new"), and the protocol drops it as a duplicate, so every message still arrives exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn datagrams_without_the_jobs_tag_are_dropped_and_counted() {
-    use ferrocomm::transports::auth::{JobSecret, TAG_LEN};
     use ferrocomm_multicast::transport::{MulticastTransport, UdpConfig, UdpMulticast};
+    use ferrocomm_transports::auth::{JobSecret, TAG_LEN};
     const FORGED: u64 = 6;
     assert!(loopback_multicast(), "this test needs multicast on lo (`ip link set lo multicast on`)");
     let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

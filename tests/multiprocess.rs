@@ -384,6 +384,7 @@ fn rank_process() {
                     let mut call = Box::pin(w.broadcast(2, &mut v));
                     assert!(futures::FutureExt::now_or_never(&mut call).is_none());
                     std::thread::sleep(Duration::from_millis(5));
+                    // SAFETY: kill has no memory-safety preconditions (this process ends here, on purpose).
                     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -396,6 +397,7 @@ fn rank_process() {
                 assert_eq!(w.collective_algorithm(Operation::Barrier, 0), Algorithm::SharedMemory);
                 w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
                 if w.rank() == 2 {
+                    // SAFETY: kill has no memory-safety preconditions (this process ends here, on purpose).
                     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
                 }
                 let res = w.barrier().timeout(Duration::from_secs(30)).await;
@@ -421,6 +423,7 @@ fn rank_process() {
                         assert!(futures::FutureExt::now_or_never(&mut call).is_none());
                         std::thread::sleep(Duration::from_millis(5));
                     }
+                    // SAFETY: kill has no memory-safety preconditions (this process ends here, on purpose).
                     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
                 }
                 if single {
@@ -484,6 +487,7 @@ async fn kill_scenario(w: ferrocomm::World) {
         let _rx = w.recv_into(1, 1u64, BytesMut::zeroed(256 << 20));
         w.barrier().timeout(Duration::from_secs(30)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
+        // SAFETY: kill has no memory-safety preconditions (this process ends here, on purpose).
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         unreachable!();
     }

@@ -10,6 +10,7 @@
 
 pub mod algorithms;
 pub mod ops;
+pub mod plan;
 pub mod reduce;
 pub mod schedule;
 pub mod select;
@@ -22,6 +23,7 @@ pub use select::{Algorithm, Operation, Table};
 
 /// Why a collective could not proceed. Every variant names the peer at fault where there is one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CollError {
     /// A message that does not decode as the schedule expects.
     #[error("malformed collective message from rank {from}: {why}")]

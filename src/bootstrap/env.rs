@@ -41,14 +41,14 @@
 //! apart, it is **no secret** (anyone who can read the job id can compute it). Set
 //! `FERROCOMM_TOKEN` (for example from `openssl rand -hex 32`) where other users share the nodes.
 //!
-//! Host names are resolved when the job starts ([`super::rendezvous`]), and errors name the address
+//! Host names are resolved when the job starts (`bootstrap/rendezvous.rs`), and errors name the address
 //! and the variable it came from. [`detect_from`] takes the lookup as a closure so that tests never
 //! touch the process environment.
 
 use std::fmt;
 use std::time::Duration;
 
-use thiserror::Error;
+pub use crate::error::job::EnvError;
 
 /// Largest job this bootstrap accepts (`1 << 20` ranks).
 pub const MAX_SIZE: u32 = 1 << 20;
@@ -168,93 +168,6 @@ impl fmt::Debug for JobEnv {
             .field("host_store", &self.host_store)
             .finish()
     }
-}
-
-/// Said by every error about reaching the store: what decides who hosts it.
-const HOSTING: &str = "rank 0 hosts the store unless FERROCOMM_HOST_STORE=0 (under ferrorun, ferrorun \
-                       hosts it)";
-
-/// Why the job environment could not be read, or its store not hosted or reached.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum EnvError {
-    /// No launcher variables at all.
-    #[error(
-        "this process was not started by a launcher: run it under `ferrorun -n N`, `mpirun -n N`, \
-         `mpiexec -n N`, `srun -n N` or torchrun, or set FERROCOMM_RANK, FERROCOMM_SIZE, \
-         FERROCOMM_COORD and FERROCOMM_TOKEN"
-    )]
-    NotLaunched,
-    /// A variable the detected launcher must provide is missing.
-    #[error("{var} is not set ({why})")]
-    Missing {
-        /// The missing variable.
-        var: &'static str,
-        /// Why it is needed.
-        why: &'static str,
-    },
-    /// A variable is set but its value cannot be used.
-    #[error("{var}={value:?} is invalid: {reason}")]
-    Invalid {
-        /// The offending variable.
-        var: &'static str,
-        /// Its value (shortened; never the token).
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The rank does not fit the job size.
-    #[error("rank {rank} (from {rank_var}) is out of range for a job of {size} ranks (from {size_var})")]
-    RankOutOfRange { rank: u32, size: u32, rank_var: &'static str, size_var: &'static str },
-    /// Hydra's process manager did not tell the job id, from which the store's address and the
-    /// token are derived.
-    #[error(
-        "cannot ask MPICH Hydra's process manager (PMI_FD) for the job id: {reason}; set \
-         FERROCOMM_COORD and FERROCOMM_TOKEN instead"
-    )]
-    Pmi { reason: String },
-    /// The store's host name does not resolve.
-    #[error("cannot resolve the key-value store's address {addr} (from {var}): {reason}")]
-    Unresolvable { addr: String, var: &'static str, reason: String },
-    /// This rank must host the store, but the store's address is not one of this host's.
-    #[error(
-        "this rank must host the key-value store at {addr} (from {var}), which resolves to {resolved}, \
-         none of them an address of this host: run rank 0 on that host, or name rank 0's host in \
-         {var}, or set FERROCOMM_HOST_STORE=0 if the store runs elsewhere"
-    )]
-    NotLocal { addr: String, var: &'static str, resolved: String },
-    /// The job spans hosts, and the store's address is a loopback address at the hosting rank.
-    #[error(
-        "the job's ranks span hosts, but the key-value store's address {addr} (from {var}) resolves \
-         to {resolved} on this host, which the other hosts cannot reach (Debian's /etc/hosts maps \
-         a machine's own name to 127.0.1.1); set FERROCOMM_COORD to an address of this host that \
-         the others reach"
-    )]
-    LoopbackStore { addr: String, var: &'static str, resolved: String },
-    /// This rank must host the store, but every candidate port is taken.
-    #[error(
-        "this rank must host the key-value store at {addr} (from {var}), but every port is in use \
-         (another job, or another program); set FERROCOMM_COORD=host:port to a free port on rank \
-         0's host, or FERROCOMM_HOST_STORE=0 if this job's store is already running there"
-    )]
-    PortsTaken { addr: String, var: &'static str },
-    /// This rank must host the store, and binding its address failed otherwise.
-    #[error("this rank must host the key-value store at {addr} (from {var}), and cannot: {reason}")]
-    CannotHost { addr: String, var: &'static str, reason: String },
-    /// No store of this job answered in time.
-    #[error(
-        "no key-value store of this job answered at {addr} (from {var}) within {waited:?} (last \
-         error: {last}); {HOSTING}: is rank 0 running, on the host this address names, reachable \
-         from here, and started with the same variables?"
-    )]
-    StoreUnreachable { addr: String, var: &'static str, waited: Duration, last: String },
-    /// What answers at the configured address is not this job's store: another job's, another
-    /// program, or the ranks' tokens differ.
-    #[error(
-        "what answers at {addr} (from {var}) is not this job's key-value store ({reason}): another \
-         job's store or another program holds the port, or FERROCOMM_TOKEN differs between the ranks"
-    )]
-    StoreRefused { addr: String, var: &'static str, reason: String },
 }
 
 /// Reads the job environment of this process. Under MPICH Hydra without `FERROCOMM_COORD` or

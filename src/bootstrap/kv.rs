@@ -87,43 +87,69 @@ const REPLY_SLACK: Duration = Duration::from_secs(5);
 
 /// Errors of [`KvClient`].
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum KvError {
     /// The store's address could not be connected to, and retrying would
     /// not help.
     #[error("cannot connect to the key-value store at {addr}: {source}")]
     Connect {
+        /// The store's address.
         addr: String,
+        /// The underlying error.
         #[source]
         source: io::Error,
     },
     /// Nothing accepted the connection before the timeout.
     #[error("the key-value store at {addr} did not accept a connection within {waited:?} (last error: {last})")]
-    ConnectTimeout { addr: String, waited: Duration, last: String },
+    ConnectTimeout {
+        /// The store's address.
+        addr: String,
+        /// How long the client tried.
+        waited: Duration,
+        /// The last attempt's error.
+        last: String,
+    },
     /// The peer closed the connection during the handshake: not a ferrocomm
     /// store, or it refused this client's proof of the token.
     #[error(
         "the key-value store at {addr} closed the connection during the handshake: not a ferrocomm store of this \
          version, or it refused this client's proof of the job token"
     )]
-    Rejected { addr: String },
+    Rejected {
+        /// The store's address.
+        addr: String,
+    },
     /// The handshake failed: the store did not prove the job token (wrong
     /// token on one side, or a stranger at the store's address), or speaks
     /// another version.
     #[error("handshake with the key-value store at {addr}: {source}")]
     Handshake {
+        /// The store's address.
         addr: String,
+        /// The underlying error.
         #[source]
         source: HandshakeError,
     },
     /// No rank put the key before the timeout.
     #[error("timed out after {waited:?} waiting for key {key:?} in the key-value store")]
-    Timeout { key: String, waited: Duration },
+    Timeout {
+        /// The key.
+        key: String,
+        /// How long the client tried.
+        waited: Duration,
+    },
     /// The key is longer than [`MAX_KEY_LEN`].
     #[error("key of {len} bytes is longer than the {MAX_KEY_LEN}-byte limit")]
-    KeyTooLong { len: usize },
+    KeyTooLong {
+        /// Its length, in bytes.
+        len: usize,
+    },
     /// The value is larger than [`MAX_VALUE_LEN`].
     #[error("value of {len} bytes is larger than the {MAX_VALUE_LEN}-byte limit")]
-    ValueTooLarge { len: usize },
+    ValueTooLarge {
+        /// Its length, in bytes.
+        len: usize,
+    },
     /// The store holds [`MAX_ENTRIES`] keys already.
     #[error("the key-value store is full ({MAX_ENTRIES} keys)")]
     StoreFull,
@@ -349,8 +375,16 @@ async fn serve(stream: TcpStream, shared: &Shared) -> End {
 }
 
 enum Request {
-    Put { key: Vec<u8>, value: Vec<u8> },
-    Get { key: Vec<u8>, wait: Duration },
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+    },
+    Get {
+        key: Vec<u8>,
+        wait: Duration,
+    },
 }
 
 async fn read_request<R: AsyncRead + Unpin>(conn: &mut R, op: u8) -> Result<Request, End> {

@@ -17,12 +17,12 @@ use ferrocomm_transports::{Rank, TransportError, wire::TOKEN_LEN};
 use tokio::sync::watch;
 
 use super::kv::{KvClient, KvError};
+use crate::api::world::{Inner, World};
 use crate::config::Settings;
 use crate::error::{Error, Result};
-use crate::world::{Inner, World};
 
 /// The key under which the launcher reports the first rank that ended abnormally.
-pub const FAILED_KEY: &str = "ferrorun/failed";
+pub(crate) const FAILED_KEY: &str = "ferrorun/failed";
 
 /// How long a failed bootstrap waits for the launcher to report a dead rank that explains it.
 const REPORT_GRACE: Duration = Duration::from_secs(1);
@@ -33,7 +33,7 @@ const WAIT: Duration = Duration::from_secs(600);
 type Report = Option<(Rank, String)>;
 
 /// The report's value, as the launcher writes it.
-pub fn encode(rank: Rank, how: &str) -> Vec<u8> {
+pub(crate) fn encode(rank: Rank, how: &str) -> Vec<u8> {
     format!("{rank}\n{how}").into_bytes()
 }
 
@@ -89,7 +89,7 @@ pub(super) async fn join_watched(
             };
             match report {
                 Ok(report) => return Err(dead(&report)),
-                Err(ready) => ready.map_err(Error::bootstrap)?,
+                Err(ready) => ready.map_err(Error::bootstrap("waiting for every rank to connect"))?,
             }
             w
         }

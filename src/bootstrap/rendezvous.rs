@@ -25,7 +25,7 @@ const ROUND_PAUSE: Duration = Duration::from_millis(50);
 /// The store of `job` and a client connected to it: started here first when this rank hosts it
 /// (the store is returned, to be kept until every rank is done with it). Also returns the
 /// `host:port` connected to.
-pub async fn open(job: &JobEnv, timeout: Duration) -> Result<(Option<KvServer>, KvClient, String), EnvError> {
+pub(crate) async fn open(job: &JobEnv, timeout: Duration) -> Result<(Option<KvServer>, KvClient, String), EnvError> {
     if job.host_store {
         if job.local_size.is_some_and(|local| local < job.size) {
             let ips = resolve(&job.store).await?;
@@ -47,7 +47,7 @@ pub async fn open(job: &JobEnv, timeout: Duration) -> Result<(Option<KvServer>, 
 }
 
 /// The addresses `store.host` resolves to, each once, in the resolver's order.
-pub async fn resolve(store: &StoreAddr) -> Result<Vec<IpAddr>, EnvError> {
+pub(crate) async fn resolve(store: &StoreAddr) -> Result<Vec<IpAddr>, EnvError> {
     let port = store.ports.first().copied().unwrap_or(0);
     let unresolvable = |reason: String| EnvError::Unresolvable { addr: store.to_string(), var: store.source, reason };
     let found = tokio::net::lookup_host((store.host.as_str(), port)).await.map_err(|e| unresolvable(e.to_string()))?;
@@ -65,7 +65,7 @@ pub async fn resolve(store: &StoreAddr) -> Result<Vec<IpAddr>, EnvError> {
 
 /// Starts the store at the first candidate port that is free on an address of this host that
 /// `store.host` resolves to. Returns it and the `host:port` it listens at.
-pub async fn host(store: &StoreAddr, token: [u8; 32]) -> Result<(KvServer, String), EnvError> {
+pub(crate) async fn host(store: &StoreAddr, token: [u8; 32]) -> Result<(KvServer, String), EnvError> {
     let ips = resolve(store).await?;
     let mut local = false;
     for &port in &store.ports {
@@ -97,7 +97,11 @@ pub async fn host(store: &StoreAddr, token: [u8; 32]) -> Result<(KvServer, Strin
 /// Connects to the job's store within `timeout`. With one port, that port; with several, the
 /// candidates in turn, round after round, until one accepts the token. Returns the client and
 /// the `host:port` it is connected to.
-pub async fn connect(store: &StoreAddr, token: &[u8; 32], timeout: Duration) -> Result<(KvClient, String), EnvError> {
+pub(crate) async fn connect(
+    store: &StoreAddr,
+    token: &[u8; 32],
+    timeout: Duration,
+) -> Result<(KvClient, String), EnvError> {
     // A name that does not resolve is said as such, not as a store that never answered.
     resolve(store).await?;
     let deadline = Instant::now() + timeout;

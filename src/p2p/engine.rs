@@ -25,7 +25,7 @@
 //!   memory a receiver spends on unexpected messages is bounded by `max_credit * eager_limit` per
 //!   peer; a peer that sends beyond its credits breaks the protocol and is disconnected.
 //!   Counters are monotonic and wrapping, so full and empty can never be confused.
-//! * Failures (`engine/revoke.rs`, with the knowledge in [`crate::p2p::failure`]): a peer's
+//! * Failures (`engine/revoke.rs`, with the knowledge in `p2p/failure.rs`): a peer's
 //!   goodbye fails what names it; a loss also revokes every context whose watch holds the lost
 //!   rank (everything posted there fails, naming it) and is told to every live peer once.
 

@@ -1,7 +1,8 @@
 //! Tagged point-to-point messaging: the sans-IO [`engine`] and the types of its API.
 
+pub(crate) mod driver;
 pub mod engine;
-pub mod failure;
+pub(crate) mod failure;
 
 use bytes::{Bytes, BytesMut};
 use ferrocomm_transports::Rank;
@@ -39,8 +40,11 @@ impl From<u64> for TagMatch {
 /// What arrived: who sent it, with which tag, how long it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Status {
+    /// The sender (its rank in the communicator).
     pub source: Rank,
+    /// The tag it was sent with.
     pub tag: u64,
+    /// Its length in bytes.
     pub len: usize,
 }
 

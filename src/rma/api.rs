@@ -27,13 +27,14 @@ use ferrocomm_reactor::{ProgressMode, Until, Wait};
 use ferrocomm_transports::Rank;
 
 use super::geometry::{Geometry, Layout};
-use super::memory::{AtomicOp, Kind, MAX_CAPACITY, MAX_RECORD, SegMem, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
-use super::service::{EventShared, Key, Remote, Reply};
+use super::hook::Hook;
+use super::memory::{AtomicOp, MAX_CAPACITY, MAX_RECORD, SegMem, SegmentKind, WAIT_NOTIFY, WAIT_QUEUE, queue_shape_ok};
+use super::service::{EventShared, Key, Remote, Reply, Service};
 use super::wire::{AttachInfo, MAX_CHUNK, Msg, OVERHEAD};
 use super::{Access, RmaError, SegmentId};
-use crate::driver::Driver;
+use crate::api::world::{Inner, World};
 use crate::error::{Error, Result};
-use crate::world::{Inner, World};
+use crate::p2p::driver::{Driver, Upper};
 
 /// A producer facing a full queue on a mapping retries this many times at once (yielding to its
 /// executor in between), then every [`NAP`].
@@ -48,12 +49,28 @@ fn locked<R>(inner: &Inner, f: impl FnOnce(&mut Driver) -> R) -> R {
     let mut g = inner.reactor.lock();
     let d = &mut *g;
     let r = f(d);
-    d.rma.pump(&mut d.engine);
+    pump(d);
     d.flush();
     if inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_queued_output() {
         inner.reactor.kick();
     }
     r
+}
+
+/// The one-sided service of this rank (the service the driver runs in its progress is always the
+/// one-sided hook, installed at bootstrap).
+fn service(d: &mut Driver) -> &mut Service {
+    &mut hook(&mut *d.upper).service
+}
+
+fn hook(upper: &mut dyn Upper) -> &mut Hook {
+    let any: &mut dyn std::any::Any = upper;
+    any.downcast_mut().expect("the driver's upper service is the one-sided hook")
+}
+
+/// Hands the one-sided service's messages to the engine.
+fn pump(d: &mut Driver) {
+    hook(&mut *d.upper).pump(&mut d.engine);
 }
 
 fn rma(e: RmaError) -> Error {
@@ -88,6 +105,7 @@ impl Segment {
         self.mem.len
     }
 
+    /// Whether its length is zero.
     pub fn is_empty(&self) -> bool {
         self.mem.len == 0
     }
@@ -160,11 +178,11 @@ impl Segment {
             if !mem.is_open() {
                 return Poll::Ready(Err(rma(RmaError::Unpublished { id: mem.id })));
             }
-            if d.rma.service.is_closed() {
+            if service(d).is_closed() {
                 return Poll::Ready(Err(Error::Shutdown));
             }
             if let Some(cx) = cx {
-                d.rma.service.wait_owner(serial, WAIT_NOTIFY, cx.waker());
+                service(d).wait_owner(serial, WAIT_NOTIFY, cx.waker());
                 let v = mem.notified();
                 if v >= n {
                     return Poll::Ready(Ok(v));
@@ -182,7 +200,7 @@ impl Segment {
     pub async fn unpublish(mut self) -> Result<()> {
         self.live = false;
         let serial = self.mem.id.serial();
-        locked(&self.inner, |d| d.rma.service.unpublish(serial));
+        locked(&self.inner, |d| service(d).unpublish(serial));
         Ok(())
     }
 }
@@ -194,7 +212,7 @@ impl Drop for Segment {
         }
         self.mem.close();
         let serial = self.mem.id.serial();
-        locked(&self.inner, |d| d.rma.service.unpublish(serial));
+        locked(&self.inner, |d| service(d).unpublish(serial));
     }
 }
 
@@ -208,6 +226,7 @@ pub struct Queue {
 }
 
 impl Queue {
+    /// The segment's global id (its peers attach it by this id).
     pub fn id(&self) -> SegmentId {
         self.seg.id()
     }
@@ -227,6 +246,7 @@ impl Queue {
         self.seg.mem.queued() as usize
     }
 
+    /// Whether its length is zero.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -261,8 +281,8 @@ impl Queue {
                     return false;
                 }
                 if mem.held.load(Ordering::Relaxed) > 0 {
-                    d.rma.service.serve_held();
-                    d.rma.pump(&mut d.engine);
+                    service(d).serve_held();
+                    pump(d);
                     d.flush();
                 }
                 true
@@ -273,11 +293,11 @@ impl Queue {
             if !mem.is_open() {
                 return Poll::Ready(Err(rma(RmaError::Unpublished { id: mem.id })));
             }
-            if d.rma.service.is_closed() {
+            if service(d).is_closed() {
                 return Poll::Ready(Err(Error::Shutdown));
             }
             if let Some(cx) = cx {
-                d.rma.service.wait_owner(serial, WAIT_QUEUE, cx.waker());
+                service(d).wait_owner(serial, WAIT_QUEUE, cx.waker());
                 if take(d) {
                     return Poll::Ready(Ok(std::mem::take(&mut out)));
                 }
@@ -322,6 +342,7 @@ impl std::fmt::Debug for RemoteSegment {
 }
 
 impl RemoteSegment {
+    /// The segment's global id (its peers attach it by this id).
     pub fn id(&self) -> SegmentId {
         self.r.id
     }
@@ -336,6 +357,7 @@ impl RemoteSegment {
         self.r.info.len
     }
 
+    /// Whether its length is zero.
     pub fn is_empty(&self) -> bool {
         self.r.info.len == 0
     }
@@ -354,8 +376,8 @@ impl RemoteSegment {
     /// Bytes per record, for a queue.
     pub fn record_len(&self) -> Option<usize> {
         match self.r.info.kind {
-            Kind::Queue { record, .. } => Some(record),
-            Kind::Window => None,
+            SegmentKind::Queue { record, .. } => Some(record),
+            SegmentKind::Window => None,
         }
     }
 }
@@ -495,7 +517,7 @@ impl<T> RmaOp<T> {
         match std::mem::replace(&mut self.st, St::Done) {
             St::Ready(_) => ev.shared.complete(Ok(())),
             St::Failed(e) => ev.shared.complete(Err(*e)),
-            St::Pending(w) => w.inner.reactor.lock().rma.service.on_event(w.key, ev.shared.clone()),
+            St::Pending(w) => service(&mut w.inner.reactor.lock()).on_event(w.key, ev.shared.clone()),
             St::Retry(mut retry, _) => {
                 let shared = ev.shared.clone();
                 let drive = async move { std::future::poll_fn(|cx| retry.poll(cx)).await };
@@ -523,8 +545,7 @@ impl<T> Future for RmaOp<T> {
         let r = match &mut this.st {
             St::Pending(w) => {
                 let (k, conv) = (w.key, w.conv);
-                let r =
-                    std::task::ready!(w.inner.reactor.poll_until(cx, &mut w.wait, |d, cx| d.rma.service.poll(k, cx)));
+                let r = std::task::ready!(w.inner.reactor.poll_until(cx, &mut w.wait, |d, cx| service(d).poll(k, cx)));
                 this.st = St::Done;
                 return Poll::Ready(r.and_then(conv));
             }
@@ -547,7 +568,7 @@ impl<T> Future for RmaOp<T> {
 impl<T> Drop for RmaOp<T> {
     fn drop(&mut self) {
         if let St::Pending(w) = &self.st {
-            w.inner.reactor.lock().rma.service.detach(w.key);
+            service(&mut w.inner.reactor.lock()).detach(w.key);
         }
     }
 }
@@ -579,7 +600,7 @@ impl Retry {
         }
         if self.mem.waiting(WAIT_QUEUE) {
             let (owner, serial) = (self.remote.id.owner(), self.remote.id.serial());
-            locked(&self.inner, |d| d.rma.service.ring(owner, serial));
+            locked(&self.inner, |d| service(d).ring(owner, serial));
         }
         Some(Ok(()))
     }
@@ -669,19 +690,19 @@ impl World {
         self.comm().inner()
     }
 
-    fn new_segment(&self, len: usize, access: Access, kind: Kind) -> Result<Segment> {
+    fn new_segment(&self, len: usize, access: Access, kind: SegmentKind) -> Result<Segment> {
         let inner = self.rma_inner().clone();
         if inner.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        let serial = inner.reactor.with(|d| d.rma.service.reserve())?;
+        let serial = inner.reactor.with(|d| service(d).reserve())?;
         let id = SegmentId::new(inner.rank, serial);
         let mut nonce = [0u8; 8];
-        getrandom::fill(&mut nonce).map_err(|e| Error::Invalid(format!("no randomness for a segment nonce: {e}")))?;
+        getrandom::fill(&mut nonce).map_err(Error::system("randomness for a segment nonce"))?;
         let mem = SegMem::create(id, len, access, kind, u64::from_le_bytes(nonce))
-            .map_err(|e| Error::Invalid(format!("segment memory of {len} bytes: {e}")))?;
+            .map_err(Error::system(format!("segment memory of {len} bytes")))?;
         let mem = Arc::new(mem);
-        inner.reactor.with(|d| d.rma.service.publish(mem.clone()));
+        inner.reactor.with(|d| service(d).publish(mem.clone()));
         Ok(Segment { mem, inner, live: true })
     }
 
@@ -692,7 +713,7 @@ impl World {
         if !Access::WINDOW.contains(access) {
             return Err(Error::Invalid(format!("a window allows {:?} at most, not {access:?}", Access::WINDOW)));
         }
-        self.new_segment(len, access, Kind::Window)
+        self.new_segment(len, access, SegmentKind::Window)
     }
 
     /// Publishes a copy of `data` (see [`World::publish`]).
@@ -711,7 +732,7 @@ impl World {
                  not {record} and {capacity}"
             )));
         }
-        let seg = self.new_segment(0, Access::QUEUE, Kind::Queue { record, capacity })?;
+        let seg = self.new_segment(0, Access::QUEUE, SegmentKind::Queue { record, capacity })?;
         Ok(Queue { seg, record })
     }
 
@@ -726,11 +747,11 @@ impl World {
         if inner.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        if let Some(r) = inner.reactor.with(|d| d.rma.service.cached(id)) {
+        if let Some(r) = inner.reactor.with(|d| service(d).cached(id)) {
             return Ok(RemoteSegment { r });
         }
         let remote = if id.owner() == inner.rank {
-            let mem = inner.reactor.with(|d| d.rma.service.own(id.serial())).map_err(rma)?;
+            let mem = inner.reactor.with(|d| service(d).own(id.serial())).map_err(rma)?;
             let info = AttachInfo {
                 len: mem.len,
                 access: mem.access,
@@ -761,7 +782,7 @@ impl World {
             let mapped = if shm { map_peer(id, &info) } else { None };
             Remote { id, info, mapped, lost: OnceLock::new() }
         };
-        let r = inner.reactor.with(|d| d.rma.service.cache(Arc::new(remote)));
+        let r = inner.reactor.with(|d| service(d).cache(Arc::new(remote)));
         Ok(RemoteSegment { r })
     }
 
@@ -771,7 +792,7 @@ impl World {
             return Err(Error::Shutdown);
         }
         RmaError::check(needed, r.info.access, span.0 as u64, span.1 as u64, r.info.len as u64).map_err(rma)?;
-        if !matches!(r.info.kind, Kind::Window) && needed != Access::QUEUE {
+        if !matches!(r.info.kind, SegmentKind::Window) && needed != Access::QUEUE {
             return Err(rma(RmaError::NotPermitted { needed, granted: r.info.access }));
         }
         if let Some(reason) = r.lost.get() {
@@ -783,7 +804,7 @@ impl World {
     /// An error of an operation on a mapping; an unpublished segment leaves the cache.
     fn mapped_err(&self, r: &Remote, e: RmaError) -> Error {
         if matches!(e, RmaError::Unpublished { .. }) {
-            self.rma_inner().reactor.with(|d| d.rma.service.forget(r.id));
+            self.rma_inner().reactor.with(|d| service(d).forget(r.id));
         }
         rma(e)
     }
@@ -832,7 +853,7 @@ impl World {
             let res = mem.check_open().map(|()| mem.put(g, src));
             if res.is_ok() && notify && mem.notify(1) {
                 let (owner, serial) = (r.id.owner(), r.id.serial());
-                locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
+                locked(self.rma_inner(), |d| service(d).ring(owner, serial));
             }
             return RmaOp::of(res.map_err(|e| self.mapped_err(r, e)));
         }
@@ -876,7 +897,7 @@ impl World {
             let res = mem.check_open().map(|()| mem.notify(1));
             if res == Ok(true) {
                 let (owner, serial) = (r.id.owner(), r.id.serial());
-                locked(self.rma_inner(), |d| d.rma.service.ring(owner, serial));
+                locked(self.rma_inner(), |d| service(d).ring(owner, serial));
             }
             return RmaOp::of(res.map(drop).map_err(|e| self.mapped_err(r, e)));
         }
@@ -992,12 +1013,12 @@ impl World {
     pub fn fence(&self, dst: &RemoteSegment) -> impl Future<Output = Result<()>> + Send + 'static {
         let inner = self.rma_inner().clone();
         let (id, mapped) = (dst.r.id, dst.r.mapped.is_some());
-        let at = inner.reactor.with(|d| d.rma.service.fence_point());
+        let at = inner.reactor.with(|d| service(d).fence_point());
         Until::new(inner.reactor.clone(), move |d: &mut Driver, cx: Option<&mut Context<'_>>| {
             if mapped {
                 std::sync::atomic::fence(Ordering::SeqCst);
             }
-            if d.rma.service.fenced(id, at, cx) { Poll::Ready(Ok(())) } else { Poll::Pending }
+            if service(d).fenced(id, at, cx) { Poll::Ready(Ok(())) } else { Poll::Pending }
         })
     }
 
@@ -1009,7 +1030,7 @@ impl World {
         if let Err(e) = self.precheck(r, Access::QUEUE, (0, 0)) {
             return RmaOp::failed(e);
         }
-        let Kind::Queue { record: rlen, .. } = r.info.kind else {
+        let SegmentKind::Queue { record: rlen, .. } = r.info.kind else {
             return RmaOp::failed(rma(RmaError::NotPermitted { needed: Access::QUEUE, granted: r.info.access }));
         };
         if record.len() != rlen {
@@ -1047,8 +1068,8 @@ fn emulated<T>(
     conv: fn(Reply) -> Result<T>,
 ) -> RmaOp<T> {
     let (key, now) = locked(inner, |d| {
-        let key = d.rma.service.start(seg, msgs);
-        (key, d.rma.service.poll(key, None))
+        let key = service(d).start(seg, msgs);
+        (key, service(d).poll(key, None))
     });
     match now {
         Poll::Ready(r) => RmaOp::of(r.and_then(conv)),

@@ -50,7 +50,9 @@ pub struct Geometry {
 /// the box's first element. A 2-D array has `dims[2] == 1`, a 1-D array `dims[1] == dims[2] == 1`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ArrayView {
+    /// The array's extent in elements along x, y and z.
     pub dims: [usize; 3],
+    /// The box's first element (x, y, z).
     pub origin: [usize; 3],
 }
 
@@ -166,12 +168,12 @@ pub(crate) struct Layout {
 impl Layout {
     /// Contiguous bytes at `offset`.
     #[cfg(test)]
-    pub fn contiguous(offset: usize, len: usize) -> Layout {
+    pub(crate) fn contiguous(offset: usize, len: usize) -> Layout {
         Layout { block: len, count: [1, 1], side: Side::at(offset, 0) }
     }
 
     /// Bytes in the stream.
-    pub fn bytes(&self) -> Result<usize, RmaError> {
+    pub(crate) fn bytes(&self) -> Result<usize, RmaError> {
         self.block
             .checked_mul(self.count[0])
             .and_then(|b| b.checked_mul(self.count[1]))
@@ -180,7 +182,7 @@ impl Layout {
 
     /// First byte and length of the range the runs cover (`(offset, 0)` for an empty transfer);
     /// the end may overflow, which no bounds check passes.
-    pub fn span(&self) -> Result<(usize, usize), RmaError> {
+    pub(crate) fn span(&self) -> Result<(usize, usize), RmaError> {
         if self.bytes()? == 0 {
             return Ok((self.side.offset, 0));
         }
@@ -204,7 +206,7 @@ impl Layout {
 
     /// The pieces of stream range `stream` (inside `0..bytes()`): (offset on this side, offset in
     /// the stream, length), in stream order, each within one run.
-    pub fn pieces(&self, stream: Range<usize>) -> Pieces {
+    pub(crate) fn pieces(&self, stream: Range<usize>) -> Pieces {
         Pieces { layout: *self, at: stream.start, end: stream.end }
     }
 }

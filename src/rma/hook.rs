@@ -4,8 +4,8 @@
 //!
 //! One-sided messages travel on a reserved context ([`CONTEXT`]). The hook keeps one receive
 //! posted there, for any source and tag; the engine matches arrivals to it in order and handles
-//! credits and large messages (rendezvous). The context is registered as watching no rank: a
-//! loss revokes communicators, not this context, so one-sided traffic between the survivors goes
+//! credits and large messages (rendezvous). A loss revokes communicators, never this context (it
+//! only interrupts the posted receive), so one-sided traffic between the survivors goes
 //! on, and each operation on a lost rank's segment fails by itself. The receive's completion sets
 //! a flag through the waker registered on its slab slot, so the progress routine calls the hook
 //! only when a message came, when a rank departed or was lost (the engine's count of such
@@ -21,8 +21,8 @@ use ferrocomm_reactor::OpKey;
 use ferrocomm_transports::{Rank, TransportError};
 
 use super::service::Service;
-use crate::driver::SlabEngine;
 use crate::error::Error;
+use crate::p2p::driver::{SlabEngine, Upper};
 use crate::p2p::engine::{Completion, RecvBuf};
 use crate::p2p::failure::Watch;
 use crate::p2p::{Source, TagMatch};
@@ -71,28 +71,21 @@ pub(crate) struct Hook {
 
 impl Hook {
     /// The hook of rank `me`, with its receive posted on `engine`.
-    pub fn new(engine: &mut SlabEngine, me: Rank) -> Hook {
+    pub(crate) fn new(engine: &mut SlabEngine, me: Rank) -> Hook {
         // The service fails what a loss ends itself and serves the others: its context is never
         // revoked (a revoked one would fail every receive posted again at once), a loss only
         // interrupts the posted receive.
-        engine.watch(CONTEXT, crate::p2p::failure::Watch::Interrupt);
+        engine.watch(CONTEXT, Watch::Interrupt);
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let waker = Waker::from(flag.clone());
         let service = Service::new(me, engine.config().max_message);
         let changes = engine.failures().changes();
         let mut h = Hook { flag, waker, key: None, service, calls: 0, changes, seen: 0 };
-        engine.watch(CONTEXT, Watch::ranks(std::iter::empty()));
         h.repost(engine);
         // The first progress call registers the flag's waker on the receive (each later receive
         // is registered by the loop that posts it).
         h.flag.0.store(true, Ordering::Relaxed);
         h
-    }
-
-    /// Whether the progress routine must call [`Hook::progress`].
-    #[inline(always)]
-    pub fn wants(&self) -> bool {
-        self.flag.0.load(Ordering::Relaxed) || self.service.busy() || self.changes.load(Ordering::Relaxed) != self.seen
     }
 
     fn repost(&mut self, engine: &mut SlabEngine) {
@@ -101,8 +94,32 @@ impl Hook {
         self.key = Some(key);
     }
 
+    /// Hands the service's messages to the engine (whose output the driver then flushes).
+    pub(crate) fn pump(&mut self, engine: &mut SlabEngine) -> usize {
+        let mut n = 0;
+        while let Some((to, tag, data)) = self.service.poll_transmit() {
+            n += 1;
+            if let Err(data) = engine.send_now(to, CONTEXT, tag, data) {
+                // Waiting for credit, or large: tracked by the engine, nobody awaits it (a lost
+                // peer shows in the operation that the message belongs to).
+                let key = engine.completions().insert();
+                engine.post_send(key, to, CONTEXT, tag, data);
+                engine.completions().detach(key);
+            }
+        }
+        n
+    }
+}
+
+impl Upper for Hook {
+    /// Whether the progress routine must call [`Upper::progress`].
+    #[inline(always)]
+    fn wants(&self) -> bool {
+        self.flag.0.load(Ordering::Relaxed) || self.service.busy() || self.changes.load(Ordering::Relaxed) != self.seen
+    }
+
     /// Takes what arrived, lets the service act on it, and hands its messages to the engine.
-    pub fn progress(&mut self, engine: &mut SlabEngine) -> usize {
+    fn progress(&mut self, engine: &mut SlabEngine) -> usize {
         let mut work = 0;
         self.flag.0.store(false, Ordering::Relaxed);
         while let Some(key) = self.key {
@@ -140,24 +157,8 @@ impl Hook {
         work + self.pump(engine)
     }
 
-    /// Hands the service's messages to the engine (whose output the driver then flushes).
-    pub fn pump(&mut self, engine: &mut SlabEngine) -> usize {
-        let mut n = 0;
-        while let Some((to, tag, data)) = self.service.poll_transmit() {
-            n += 1;
-            if let Err(data) = engine.send_now(to, CONTEXT, tag, data) {
-                // Waiting for credit, or large: tracked by the engine, nobody awaits it (a lost
-                // peer shows in the operation that the message belongs to).
-                let key = engine.completions().insert();
-                engine.post_send(key, to, CONTEXT, tag, data);
-                engine.completions().detach(key);
-            }
-        }
-        n
-    }
-
     /// The engine was closed (shutdown): every one-sided operation fails, every waiter wakes.
-    pub fn close(&mut self, engine: &mut SlabEngine) {
+    fn close(&mut self, engine: &mut SlabEngine) {
         self.progress(engine);
         self.service.close();
     }

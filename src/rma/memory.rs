@@ -76,7 +76,7 @@ pub(crate) fn queue_shape_ok(record: usize, capacity: usize) -> bool {
 
 /// What a segment holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum SegmentKind {
     /// Bytes for put, get and atomics.
     Window,
     /// A remote queue of `capacity` records of `record` bytes.
@@ -101,7 +101,7 @@ pub(crate) struct SegMem {
     /// Data bytes (for a queue: its slots).
     pub len: usize,
     pub access: Access,
-    pub kind: Kind,
+    pub kind: SegmentKind,
     data: usize,
     /// Bytes per queue slot (a sequence word, then the record).
     slot: usize,
@@ -115,10 +115,10 @@ fn round_up(v: usize, to: usize) -> Option<usize> {
 }
 
 /// Layout numbers of a segment: (data offset, data bytes, slot bytes), or `None` if they overflow.
-fn layout(len: usize, kind: Kind) -> Option<(usize, usize, usize)> {
+fn layout(len: usize, kind: SegmentKind) -> Option<(usize, usize, usize)> {
     match kind {
-        Kind::Window => Some((PAGE, len, 0)),
-        Kind::Queue { record, capacity } => {
+        SegmentKind::Window => Some((PAGE, len, 0)),
+        SegmentKind::Queue { record, capacity } => {
             let slot = round_up(record.checked_add(8)?, LINE)?;
             Some((PAGE, slot.checked_mul(capacity)?, slot))
         }
@@ -128,15 +128,21 @@ fn layout(len: usize, kind: Kind) -> Option<(usize, usize, usize)> {
 impl SegMem {
     /// New memory for segment `id` of `len` data bytes (ignored for a queue, whose slots make its
     /// length).
-    pub fn create(id: SegmentId, len: usize, access: Access, kind: Kind, nonce: u64) -> io::Result<SegMem> {
+    pub(crate) fn create(
+        id: SegmentId,
+        len: usize,
+        access: Access,
+        kind: SegmentKind,
+        nonce: u64,
+    ) -> io::Result<SegMem> {
         let too_large = || io::Error::new(io::ErrorKind::InvalidInput, "segment too large");
         let (data, len, slot) = layout(len, kind).ok_or_else(too_large)?;
         let total = data.checked_add(len).ok_or_else(too_large)?;
         let file = super::sys::shared_file(total)?;
         let map = Mapping::new(&file, total.max(1))?;
         let (record, capacity) = match kind {
-            Kind::Window => (0, 0),
-            Kind::Queue { record, capacity } => (record, capacity),
+            SegmentKind::Window => (0, 0),
+            SegmentKind::Queue { record, capacity } => (record, capacity),
         };
         let m = SegMem { map, file, id, nonce, len, access, kind, data, slot, held: AtomicU64::new(0) };
         for (at, v) in [
@@ -144,7 +150,7 @@ impl SegMem {
             (F_NONCE, nonce),
             (F_LEN, len as u64),
             (F_ACCESS, access.bits() as u64),
-            (F_KIND, matches!(kind, Kind::Queue { .. }) as u64),
+            (F_KIND, matches!(kind, SegmentKind::Queue { .. }) as u64),
             (F_RECORD, record as u64),
             (F_CAPACITY, capacity as u64),
             (F_DATA, data as u64),
@@ -161,15 +167,15 @@ impl SegMem {
 
     /// Maps `file`, a peer's segment memory, which must be segment `id` with `nonce` (as its
     /// owner's attach reply said) and `len` data bytes of `kind`.
-    pub fn open(
+    pub(crate) fn open(
         file: File,
         id: SegmentId,
         nonce: u64,
         len: usize,
         access: Access,
-        kind: Kind,
+        kind: SegmentKind,
     ) -> Result<SegMem, &'static str> {
-        if let Kind::Queue { record, capacity } = kind
+        if let SegmentKind::Queue { record, capacity } = kind
             && !queue_shape_ok(record, capacity)
         {
             return Err("bad queue shape");
@@ -199,7 +205,7 @@ impl SegMem {
 
     /// The descriptor number of the file in this process (for a peer's `pidfd_getfd`).
     #[cfg(unix)]
-    pub fn raw_fd(&self) -> i32 {
+    pub(crate) fn raw_fd(&self) -> i32 {
         use std::os::fd::AsRawFd;
         self.file.as_raw_fd()
     }
@@ -219,24 +225,24 @@ impl SegMem {
     }
 
     /// The data's first byte.
-    pub fn data_ptr(&self) -> *mut u8 {
+    pub(crate) fn data_ptr(&self) -> *mut u8 {
         self.base()
     }
 
     /// Whether the segment is still published.
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.hdr(L_STATE).load(SeqCst) == OPEN
     }
 
     /// Marks the segment unpublished: operations that look from now on back out.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.hdr(L_STATE).store(CLOSED, SeqCst);
     }
 
     /// Fails once the segment is unpublished (see the module's documentation for why a look
     /// suffices).
     #[inline]
-    pub fn check_open(&self) -> Result<(), RmaError> {
+    pub(crate) fn check_open(&self) -> Result<(), RmaError> {
         if self.hdr(L_STATE).load(Acquire) != OPEN {
             return Err(RmaError::Unpublished { id: self.id });
         }
@@ -244,13 +250,13 @@ impl SegMem {
     }
 
     /// Rights and bounds of `needed` over `span` (first byte, length).
-    pub fn check(&self, needed: Access, span: (usize, usize)) -> Result<(), RmaError> {
+    pub(crate) fn check(&self, needed: Access, span: (usize, usize)) -> Result<(), RmaError> {
         RmaError::check(needed, self.access, span.0 as u64, span.1 as u64, self.len as u64)
     }
 
     /// Copies `src` to data offset `off` (the caller checked the range).
     #[inline]
-    pub fn write_at(&self, off: usize, src: &[u8]) {
+    pub(crate) fn write_at(&self, off: usize, src: &[u8]) {
         assert!(off.checked_add(src.len()).is_some_and(|e| e <= self.len));
         // SAFETY: inside the data (asserted); the source may be anywhere, even in this mapping.
         unsafe { std::ptr::copy(src.as_ptr(), self.base().add(off), src.len()) };
@@ -258,35 +264,35 @@ impl SegMem {
 
     /// Copies from data offset `off` into `dst` (the caller checked the range).
     #[inline]
-    pub fn read_at(&self, off: usize, dst: &mut [u8]) {
+    pub(crate) fn read_at(&self, off: usize, dst: &mut [u8]) {
         assert!(off.checked_add(dst.len()).is_some_and(|e| e <= self.len));
         // SAFETY: inside the data (asserted); `dst` is exclusively ours.
         unsafe { std::ptr::copy(self.base().add(off), dst.as_mut_ptr(), dst.len()) };
     }
 
     /// A put of `g` from `src` (both sides checked by the caller).
-    pub fn put(&self, g: &Geometry, src: &[u8]) {
+    pub(crate) fn put(&self, g: &Geometry, src: &[u8]) {
         for (l, r) in g.runs() {
             self.write_at(r, &src[l..l + g.block]);
         }
     }
 
     /// A get of `g` into `dst` (both sides checked by the caller).
-    pub fn get(&self, g: &Geometry, dst: &mut [u8]) {
+    pub(crate) fn get(&self, g: &Geometry, dst: &mut [u8]) {
         for (l, r) in g.runs() {
             self.read_at(r, &mut dst[l..l + g.block]);
         }
     }
 
     /// Writes `data`, stream bytes `start..start + data.len()` of `layout` (checked by the caller).
-    pub fn put_stream(&self, layout: &Layout, start: usize, data: &[u8]) {
+    pub(crate) fn put_stream(&self, layout: &Layout, start: usize, data: &[u8]) {
         for (off, s, len) in layout.pieces(start..start + data.len()) {
             self.write_at(off, &data[s - start..s - start + len]);
         }
     }
 
     /// Reads stream bytes `start..start + out.len()` of `layout` into `out` (checked by the caller).
-    pub fn get_stream(&self, layout: &Layout, start: usize, out: &mut [u8]) {
+    pub(crate) fn get_stream(&self, layout: &Layout, start: usize, out: &mut [u8]) {
         for (off, s, len) in layout.pieces(start..start + out.len()) {
             self.read_at(off, &mut out[s - start..s - start + len]);
         }
@@ -294,7 +300,7 @@ impl SegMem {
 
     /// The data word at `off` (checked aligned and inside by the caller).
     #[inline]
-    pub fn word(&self, off: usize) -> &AtomicU64 {
+    pub(crate) fn word(&self, off: usize) -> &AtomicU64 {
         assert!(off.is_multiple_of(8) && off.checked_add(8).is_some_and(|e| e <= self.len));
         // SAFETY: an aligned word inside the data (asserted; the data starts page-aligned).
         unsafe { &*self.base().add(off).cast::<AtomicU64>() }
@@ -302,7 +308,7 @@ impl SegMem {
 
     /// Applies `op` to the word at `off` (checked by the caller); returns its previous value.
     #[inline]
-    pub fn atomic(&self, op: AtomicOp, off: usize) -> u64 {
+    pub(crate) fn atomic(&self, op: AtomicOp, off: usize) -> u64 {
         let w = self.word(off);
         match op {
             AtomicOp::FetchAdd(v) => w.fetch_add(v, SeqCst),
@@ -314,38 +320,38 @@ impl SegMem {
     }
 
     /// Adds `n` to the notification counter; true if the owner sleeps on it and must be rung.
-    pub fn notify(&self, n: u64) -> bool {
+    pub(crate) fn notify(&self, n: u64) -> bool {
         self.hdr(L_NOTIFY).fetch_add(n, SeqCst);
         self.hdr(L_WAITING).load(SeqCst) & WAIT_NOTIFY != 0
     }
 
     /// The notification counter.
-    pub fn notified(&self) -> u64 {
+    pub(crate) fn notified(&self) -> u64 {
         self.hdr(L_NOTIFY).load(Acquire)
     }
 
     /// The owner goes to sleep on `what` (a `WAIT_*` bit): writers through mappings ring it.
-    pub fn set_waiting(&self, what: u64) {
+    pub(crate) fn set_waiting(&self, what: u64) {
         self.hdr(L_WAITING).fetch_or(what, SeqCst);
     }
 
     /// The owner was rung: nobody sleeps any more until [`SegMem::set_waiting`] again.
-    pub fn clear_waiting(&self) {
+    pub(crate) fn clear_waiting(&self) {
         self.hdr(L_WAITING).store(0, SeqCst);
     }
 
     /// Whether the owner sleeps on `what`: for a writer that has just made what it waits for
     /// visible (the fence orders that store before this load, against the owner's flag-then-look).
-    pub fn waiting(&self, what: u64) -> bool {
+    pub(crate) fn waiting(&self, what: u64) -> bool {
         std::sync::atomic::fence(SeqCst);
         self.hdr(L_WAITING).load(SeqCst) & what != 0
     }
 
     /// (record bytes, capacity) of a queue.
-    pub fn queue_shape(&self) -> Option<(usize, usize)> {
+    pub(crate) fn queue_shape(&self) -> Option<(usize, usize)> {
         match self.kind {
-            Kind::Queue { record, capacity } => Some((record, capacity)),
-            Kind::Window => None,
+            SegmentKind::Queue { record, capacity } => Some((record, capacity)),
+            SegmentKind::Window => None,
         }
     }
 
@@ -361,7 +367,7 @@ impl SegMem {
     /// Appends `record` (exactly the record length) unless the queue is full. Many producers,
     /// through any mapping, may enqueue at once (a bounded multi-producer queue in the style of
     /// Vyukov's: a slot is claimed only once free, so no producer waits while holding one).
-    pub fn try_enqueue(&self, record: &[u8]) -> bool {
+    pub(crate) fn try_enqueue(&self, record: &[u8]) -> bool {
         let (rlen, capacity) = self.queue_shape().expect("a queue");
         assert_eq!(record.len(), rlen);
         let tail = self.hdr(L_TAIL);
@@ -385,7 +391,7 @@ impl SegMem {
     }
 
     /// Takes the oldest record into `out` (the record length) if there is one.
-    pub fn try_dequeue(&self, out: &mut [u8]) -> bool {
+    pub(crate) fn try_dequeue(&self, out: &mut [u8]) -> bool {
         let (rlen, capacity) = self.queue_shape().expect("a queue");
         assert_eq!(out.len(), rlen);
         let head = self.hdr(L_HEAD);
@@ -409,7 +415,7 @@ impl SegMem {
     }
 
     /// Records in the queue now (approximate while producers are active).
-    pub fn queued(&self) -> u64 {
+    pub(crate) fn queued(&self) -> u64 {
         self.hdr(L_TAIL).load(Acquire).wrapping_sub(self.hdr(L_HEAD).load(Acquire))
     }
 }
@@ -419,7 +425,7 @@ mod tests {
     use super::*;
 
     fn window(len: usize, access: Access) -> SegMem {
-        SegMem::create(SegmentId::new(0, 1), len, access, Kind::Window, 99).unwrap()
+        SegMem::create(SegmentId::new(0, 1), len, access, SegmentKind::Window, 99).unwrap()
     }
 
     #[test]
@@ -483,7 +489,8 @@ mod tests {
     #[test]
     fn queue_order_full_and_empty() {
         let q =
-            SegMem::create(SegmentId::new(0, 3), 0, Access::QUEUE, Kind::Queue { record: 12, capacity: 4 }, 1).unwrap();
+            SegMem::create(SegmentId::new(0, 3), 0, Access::QUEUE, SegmentKind::Queue { record: 12, capacity: 4 }, 1)
+                .unwrap();
         let mut out = [0u8; 12];
         assert!(!q.try_dequeue(&mut out), "empty");
         for i in 0..4u8 {
@@ -501,7 +508,8 @@ mod tests {
     #[test]
     fn queue_many_producers_one_consumer() {
         let q = std::sync::Arc::new(
-            SegMem::create(SegmentId::new(0, 4), 0, Access::QUEUE, Kind::Queue { record: 16, capacity: 8 }, 1).unwrap(),
+            SegMem::create(SegmentId::new(0, 4), 0, Access::QUEUE, SegmentKind::Queue { record: 16, capacity: 8 }, 1)
+                .unwrap(),
         );
         const PER: u64 = 5000;
         let producers: Vec<_> = (0..3u64)

@@ -28,7 +28,7 @@ use ferrocomm_transports::{Rank, TransportError};
 use parking_lot::Mutex;
 use slab::Slab;
 
-use super::memory::{Kind, SegMem};
+use super::memory::{SegMem, SegmentKind};
 use super::wire::{AttachInfo, MAX_CHUNK, Msg};
 use super::{Access, RmaError, SegmentId};
 use crate::error::Error;
@@ -58,7 +58,7 @@ pub(crate) struct EventShared {
 
 impl EventShared {
     /// One operation finished with `r`.
-    pub fn complete(&self, r: Result<(), Error>) {
+    pub(crate) fn complete(&self, r: Result<(), Error>) {
         if let Err(e) = r {
             self.error.lock().get_or_insert(e);
         }
@@ -69,7 +69,7 @@ impl EventShared {
     }
 
     /// Registers `w` to be woken at the next completion.
-    pub fn register(&self, w: &Waker) {
+    pub(crate) fn register(&self, w: &Waker) {
         let mut ws = self.wakers.lock();
         if !ws.iter().any(|x| x.will_wake(w)) {
             ws.push(w.clone());
@@ -152,7 +152,7 @@ pub(crate) struct Service {
 }
 
 impl Service {
-    pub fn new(me: Rank, max_message: usize) -> Service {
+    pub(crate) fn new(me: Rank, max_message: usize) -> Service {
         Service {
             me,
             max_message,
@@ -174,19 +174,19 @@ impl Service {
     }
 
     /// The next message to send: (destination, tag, payload).
-    pub fn poll_transmit(&mut self) -> Option<(Rank, u64, Bytes)> {
+    pub(crate) fn poll_transmit(&mut self) -> Option<(Rank, u64, Bytes)> {
         self.out.pop_front()
     }
 
     /// Whether the service needs progress rounds of its own: operations in flight, whose targets
     /// it watches, or held enqueues to retry.
-    pub fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         !self.pending.is_empty() || !self.held.is_empty()
     }
 
     /// Learns of the lost ranks among those it watches (targets of operations in flight, owners of
     /// attached segments) from `lost`; returns how many. Allocates only when it finds one.
-    pub fn scan_lost(&mut self, lost: impl Fn(Rank) -> Option<TransportError>) -> usize {
+    pub(crate) fn scan_lost(&mut self, lost: impl Fn(Rank) -> Option<TransportError>) -> usize {
         let mut found = Vec::new();
         let owners = self.remotes.values().filter(|r| r.lost.get().is_none()).map(|r| r.id.owner());
         for r in self.inflight.keys().copied().chain(owners) {
@@ -215,12 +215,12 @@ impl Service {
     // ---- target side ----
 
     /// Publishes `mem` (made by [`Service::reserve`]'s id).
-    pub fn publish(&mut self, mem: Arc<SegMem>) {
+    pub(crate) fn publish(&mut self, mem: Arc<SegMem>) {
         self.segments.insert(mem.id.serial(), mem);
     }
 
     /// A fresh serial for a segment about to be published.
-    pub fn reserve(&mut self) -> Result<u32, Error> {
+    pub(crate) fn reserve(&mut self) -> Result<u32, Error> {
         let s = self.next_serial;
         self.next_serial = s.checked_add(1).ok_or_else(|| Error::Invalid("segment ids exhausted".into()))?;
         Ok(s)
@@ -228,7 +228,7 @@ impl Service {
 
     /// Unpublishes segment `serial`: requests from now on are refused; held enqueues fail; the
     /// owner's waiters wake (to see it closed).
-    pub fn unpublish(&mut self, serial: u32) {
+    pub(crate) fn unpublish(&mut self, serial: u32) {
         let Some(mem) = self.segments.remove(&serial) else { return };
         mem.close();
         let id = mem.id;
@@ -259,7 +259,7 @@ impl Service {
 
     /// Registers the owner's waker for segment `serial` (notifications, queue records) and tells
     /// writers through mappings to ring (`what`: a `WAIT_*` bit).
-    pub fn wait_owner(&mut self, serial: u32, what: u64, w: &Waker) {
+    pub(crate) fn wait_owner(&mut self, serial: u32, what: u64, w: &Waker) {
         let ws = self.waiters.entry(serial).or_default();
         if !ws.iter().any(|x| x.will_wake(w)) {
             ws.push(w.clone());
@@ -386,7 +386,7 @@ impl Service {
     /// An enqueue: done (`Some`), held for room (`None`), or refused.
     fn enqueue(&mut self, from: Rank, req: u64, serial: u32, record: Bytes) -> Result<Option<()>, RmaError> {
         let mem = self.segment(serial)?.clone();
-        let Kind::Queue { record: rlen, .. } = mem.kind else {
+        let SegmentKind::Queue { record: rlen, .. } = mem.kind else {
             return Err(RmaError::NotPermitted { needed: Access::QUEUE, granted: mem.access });
         };
         RmaError::check(Access::QUEUE, mem.access, 0, 0, 0)?;
@@ -410,7 +410,7 @@ impl Service {
     }
 
     /// Retries the held enqueues (after the owner dequeued); true if any went in.
-    pub fn serve_held(&mut self) -> bool {
+    pub(crate) fn serve_held(&mut self) -> bool {
         let mut blocked: Vec<u32> = Vec::new();
         let mut kept = VecDeque::new();
         let mut moved = false;
@@ -442,7 +442,7 @@ impl Service {
     }
 
     /// Rings the owner of segment `serial` (a writer through a mapping saw it sleeping).
-    pub fn ring(&mut self, owner: Rank, serial: u32) {
+    pub(crate) fn ring(&mut self, owner: Rank, serial: u32) {
         if owner == self.me {
             self.wake_owner(serial);
         } else if !self.closed && !self.lost.contains_key(&owner) {
@@ -452,14 +452,14 @@ impl Service {
 
     /// Whether enqueues wait for room in segment `serial`.
     #[cfg(test)]
-    pub fn has_held(&self, serial: u32) -> bool {
+    pub(crate) fn has_held(&self, serial: u32) -> bool {
         self.held.iter().any(|h| h.serial == serial)
     }
 
     // ---- messages from peers ----
 
     /// A one-sided message from `from`.
-    pub fn handle(&mut self, from: Rank, tag: u64, payload: Bytes) {
+    pub(crate) fn handle(&mut self, from: Rank, tag: u64, payload: Bytes) {
         if self.lost.contains_key(&from) {
             return;
         }
@@ -554,7 +554,7 @@ impl Service {
     }
 
     /// `rank` is lost: its operations fail, its segments are marked, its held enqueues dropped.
-    pub fn peer_lost(&mut self, rank: Rank, reason: TransportError) {
+    pub(crate) fn peer_lost(&mut self, rank: Rank, reason: TransportError) {
         if self.lost.contains_key(&rank) {
             return;
         }
@@ -579,7 +579,7 @@ impl Service {
     }
 
     /// This rank shuts down: every operation fails, every waiter wakes.
-    pub fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         self.closed = true;
         self.out.clear();
         let keys: Vec<usize> =
@@ -593,7 +593,7 @@ impl Service {
         }
     }
 
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.closed
     }
 
@@ -601,7 +601,7 @@ impl Service {
 
     /// Starts an operation on segment `seg` whose requests `msgs` makes from the request id; it
     /// completes after as many replies as requests (at least one request).
-    pub fn start(&mut self, seg: SegmentId, msgs: impl FnOnce(u64) -> Vec<Msg>) -> Key {
+    pub(crate) fn start(&mut self, seg: SegmentId, msgs: impl FnOnce(u64) -> Vec<Msg>) -> Key {
         let peer = seg.owner();
         self.generation = self.generation.wrapping_add(1);
         self.seq += 1;
@@ -639,7 +639,7 @@ impl Service {
     }
 
     /// The result of `k` if it is over (the entry is freed then); otherwise registers `cx`.
-    pub fn poll(&mut self, k: Key, cx: Option<&mut Context<'_>>) -> Poll<Result<Reply, Error>> {
+    pub(crate) fn poll(&mut self, k: Key, cx: Option<&mut Context<'_>>) -> Poll<Result<Reply, Error>> {
         let Some(p) = self.get(k) else { return Poll::Ready(Err(Error::Shutdown)) };
         match &p.state {
             State::Done(_) => {
@@ -658,7 +658,7 @@ impl Service {
     }
 
     /// Nobody waits for `k` any more; it still completes (its requests are out) and is then freed.
-    pub fn detach(&mut self, k: Key) {
+    pub(crate) fn detach(&mut self, k: Key) {
         let Some(p) = self.get(k) else { return };
         match p.state {
             State::Done(_) => _ = self.pending.remove(k.key),
@@ -670,7 +670,7 @@ impl Service {
     }
 
     /// Hands `k`'s completion to `ev` instead of a future.
-    pub fn on_event(&mut self, k: Key, ev: Arc<EventShared>) {
+    pub(crate) fn on_event(&mut self, k: Key, ev: Arc<EventShared>) {
         let Some(p) = self.get(k) else { return ev.complete(Err(Error::Shutdown)) };
         match p.state {
             State::Done(_) => {
@@ -687,13 +687,13 @@ impl Service {
 
     /// The sequence number the next operation will get: a fence started now waits for the
     /// operations below it.
-    pub fn fence_point(&self) -> u64 {
+    pub(crate) fn fence_point(&self) -> u64 {
         self.seq + 1
     }
 
     /// Whether every operation on `seg` started before fence point `at` has completed; otherwise
     /// registers `cx` to be woken at the next completion.
-    pub fn fenced(&mut self, seg: SegmentId, at: u64, cx: Option<&mut Context<'_>>) -> bool {
+    pub(crate) fn fenced(&mut self, seg: SegmentId, at: u64, cx: Option<&mut Context<'_>>) -> bool {
         let open = self.pending.iter().any(|(_, p)| p.seg == seg && p.seq < at && matches!(p.state, State::Running));
         if open
             && let Some(cx) = cx
@@ -705,12 +705,12 @@ impl Service {
     }
 
     /// The attached segment `id`, if cached.
-    pub fn cached(&self, id: SegmentId) -> Option<Arc<Remote>> {
+    pub(crate) fn cached(&self, id: SegmentId) -> Option<Arc<Remote>> {
         self.remotes.get(&id).cloned()
     }
 
     /// Caches an attached segment (the first one made wins).
-    pub fn cache(&mut self, r: Arc<Remote>) -> Arc<Remote> {
+    pub(crate) fn cache(&mut self, r: Arc<Remote>) -> Arc<Remote> {
         if let Some(reason) = self.lost.get(&r.id.owner()) {
             let _ = r.lost.set(reason.clone());
         }
@@ -718,12 +718,12 @@ impl Service {
     }
 
     /// Forgets a cached segment that turned out unpublished (handles keep their own reference).
-    pub fn forget(&mut self, id: SegmentId) {
+    pub(crate) fn forget(&mut self, id: SegmentId) {
         self.remotes.remove(&id);
     }
 
     /// This rank's own published segment `serial`, for attaching to it locally.
-    pub fn own(&self, serial: u32) -> Result<Arc<SegMem>, RmaError> {
+    pub(crate) fn own(&self, serial: u32) -> Result<Arc<SegMem>, RmaError> {
         self.segment(serial).cloned()
     }
 
@@ -782,7 +782,7 @@ mod tests {
         }
         fn window(&mut self, len: usize, access: Access) -> Arc<SegMem> {
             let serial = self.b.reserve().unwrap();
-            let m = Arc::new(SegMem::create(SegmentId::new(1, serial), len, access, Kind::Window, 7).unwrap());
+            let m = Arc::new(SegMem::create(SegmentId::new(1, serial), len, access, SegmentKind::Window, 7).unwrap());
             self.b.publish(m.clone());
             m
         }
@@ -820,7 +820,7 @@ mod tests {
         let k = p.a.start(id, |req| vec![Msg::Attach { req, serial: id.serial() }]);
         p.run();
         let Reply::Attached(info) = p.result(k).unwrap() else { panic!() };
-        assert_eq!((info.len, info.access, info.kind, info.nonce), (4096, Access::WINDOW, Kind::Window, 7));
+        assert_eq!((info.len, info.access, info.kind, info.nonce), (4096, Access::WINDOW, SegmentKind::Window, 7));
 
         // A strided put cut into 7-byte messages, checked against the memory.
         let g = Geometry::strided(5, 6, Side::at(1, 9), Side::at(100, 13));
@@ -1019,8 +1019,14 @@ mod tests {
         let mut p = Pair::new();
         let serial = p.b.reserve().unwrap();
         let q = Arc::new(
-            SegMem::create(SegmentId::new(1, serial), 0, Access::QUEUE, Kind::Queue { record: 8, capacity: 2 }, 1)
-                .unwrap(),
+            SegMem::create(
+                SegmentId::new(1, serial),
+                0,
+                Access::QUEUE,
+                SegmentKind::Queue { record: 8, capacity: 2 },
+                1,
+            )
+            .unwrap(),
         );
         p.b.publish(q.clone());
         let id = q.id;

@@ -9,7 +9,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::geometry::{Layout, Side};
-use super::memory::{AtomicOp, Kind, queue_shape_ok};
+use super::memory::{AtomicOp, SegmentKind, queue_shape_ok};
 use super::{Access, RmaError, SegmentId};
 
 const VERSION: u8 = 1;
@@ -41,7 +41,7 @@ pub(crate) const OVERHEAD: usize = 128;
 pub(crate) struct AttachInfo {
     pub len: usize,
     pub access: Access,
-    pub kind: Kind,
+    pub kind: SegmentKind,
     /// The owner's process and its descriptor of the segment's memory (for a mapping peer).
     pub pid: i32,
     pub fd: i32,
@@ -118,7 +118,7 @@ pub(crate) enum Msg {
 
 impl Msg {
     /// The request id of a reply (`None` for requests).
-    pub fn reply_to(&self) -> Option<u64> {
+    pub(crate) fn reply_to(&self) -> Option<u64> {
         match self {
             Msg::Ack { req } | Msg::Data { req, .. } | Msg::Value { req, .. } => Some(*req),
             Msg::Attached { req, .. } | Msg::Fail { req, .. } => Some(*req),
@@ -127,7 +127,7 @@ impl Msg {
     }
 
     /// (tag, payload) to send.
-    pub fn encode(&self) -> (u64, Bytes) {
+    pub(crate) fn encode(&self) -> (u64, Bytes) {
         let mut b = BytesMut::with_capacity(OVERHEAD);
         b.put_u8(VERSION);
         let tag = match self {
@@ -205,8 +205,8 @@ impl Msg {
                 b.put_u64_le(info.len as u64);
                 b.put_u8(info.access.bits());
                 let (kind, record, capacity) = match info.kind {
-                    Kind::Window => (0, 0, 0),
-                    Kind::Queue { record, capacity } => (1, record, capacity),
+                    SegmentKind::Window => (0, 0, 0),
+                    SegmentKind::Queue { record, capacity } => (1, record, capacity),
                 };
                 b.put_u8(kind);
                 b.put_u64_le(record as u64);
@@ -232,7 +232,7 @@ impl Msg {
 
     /// Decodes a message of kind `tag` from a peer. On error: the request id, if it could be
     /// read (so that the requester can be told), and what is wrong.
-    pub fn decode(tag: u64, payload: Bytes) -> Result<Msg, (Option<u64>, &'static str)> {
+    pub(crate) fn decode(tag: u64, payload: Bytes) -> Result<Msg, (Option<u64>, &'static str)> {
         let mut r = Reader { b: &payload, at: 0 };
         if r.u8().map_err(|e| (None, e))? != VERSION {
             return Err((None, "unknown version"));
@@ -292,8 +292,8 @@ impl Msg {
                     let access = Access::from_bits(r.u8()?).ok_or("unknown access flags")?;
                     let (kind, record, capacity) = (r.u8()?, r.usize()?, r.usize()?);
                     let kind = match kind {
-                        0 => Kind::Window,
-                        1 if queue_shape_ok(record, capacity) => Kind::Queue { record, capacity },
+                        0 => SegmentKind::Window,
+                        1 if queue_shape_ok(record, capacity) => SegmentKind::Queue { record, capacity },
                         _ => return Err("bad segment kind"),
                     };
                     let (pid, fd, nonce, max_message) = (r.i32()?, r.i32()?, r.u64()?, r.usize()?);
@@ -411,7 +411,7 @@ mod tests {
                 info: AttachInfo {
                     len: 4096,
                     access: Access::GET | Access::PUT,
-                    kind: Kind::Queue { record: 24, capacity: 64 },
+                    kind: SegmentKind::Queue { record: 24, capacity: 64 },
                     pid: 1234,
                     fd: 7,
                     nonce: 0xdead_beef,
@@ -476,7 +476,7 @@ mod tests {
             info: AttachInfo {
                 len: 0,
                 access: Access::QUEUE,
-                kind: Kind::Queue { record: 8, capacity: 3 },
+                kind: SegmentKind::Queue { record: 8, capacity: 3 },
                 pid: 1,
                 fd: 1,
                 nonce: 1,

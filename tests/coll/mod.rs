@@ -9,7 +9,7 @@ use ferrocomm::Table;
 use ferrocomm::{Algorithm, Comm, Error, Operation, ReduceOp};
 
 /// Rank r's input of `count` elements.
-pub fn input(r: u32, count: usize) -> Vec<u64> {
+pub(crate) fn input(r: u32, count: usize) -> Vec<u64> {
     (0..count as u64).map(|i| (r as u64 + 1).wrapping_mul(0x9e37_79b9) ^ i.wrapping_mul(7919)).collect()
 }
 
@@ -24,35 +24,35 @@ fn sum_ref(n: u32, count: usize, ranks: std::ops::Range<u32>) -> Vec<u64> {
 
 /// Element counts (u64) for the default-table run: empty, one, and sizes either side of every
 /// threshold of the default table and of the 64 KiB eager limit.
-pub const TABLE_COUNTS: [usize; 7] = [0, 1, 31, 2_500, 9_000, 20_000, 300_000];
+pub(crate) const TABLE_COUNTS: [usize; 7] = [0, 1, 31, 2_500, 9_000, 20_000, 300_000];
 /// Element counts for runs with a pinned algorithm.
-pub const PINNED_COUNTS: [usize; 4] = [0, 1, 100, 12_000];
+pub(crate) const PINNED_COUNTS: [usize; 4] = [0, 1, 100, 12_000];
 /// Element counts for the shared-memory board: up to its capacity per call (64 KiB: 8192 u64 up
 /// to 32 ranks) and beyond it, where a call is split into several.
-pub const BOARD_COUNTS: [usize; 6] = [0, 1, 100, 8_192, 8_193, 20_000];
+pub(crate) const BOARD_COUNTS: [usize; 6] = [0, 1, 100, 8_192, 8_193, 20_000];
 /// `c` with every operation the shared-memory board serves pinned to it ([`BOARD`]).
-pub fn on_board(c: &Comm) -> Comm {
+pub(crate) fn on_board(c: &Comm) -> Comm {
     c.with_collective_table(Table::default().with_overrides(BOARD).unwrap())
 }
 
 /// Pins every operation the shared-memory board serves to it.
-pub const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,reduce=shared-memory,allreduce=shared-memory,\
+pub(crate) const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,reduce=shared-memory,allreduce=shared-memory,\
                          allgather=shared-memory,alltoall=shared-memory";
 
 /// Pins every operation single copy serves to it (the others keep the table).
-pub const SINGLE_COPY: &str =
+pub(crate) const SINGLE_COPY: &str =
     "bcast=single-copy,allreduce=single-copy,reduce=single-copy,allgather=single-copy,alltoall=single-copy";
 /// Element counts for single copy: empty, one, fewer elements than ranks, uneven parts, and parts
 /// above the 256 KiB piece of the reduction (u64: on up to 4 ranks; the reduce's root combines
 /// the whole length, four pieces and a remnant).
-pub const SINGLE_COPY_COUNTS: [usize; 5] = [0, 1, 5, 9_001, 140_001];
+pub(crate) const SINGLE_COPY_COUNTS: [usize; 5] = [0, 1, 5, 9_001, 140_001];
 /// `c` with every operation single copy serves pinned to it ([`SINGLE_COPY`]).
-pub fn single_copy(c: &Comm) -> Comm {
+pub(crate) fn single_copy(c: &Comm) -> Comm {
     c.with_collective_table(Table::default().with_overrides(SINGLE_COPY).unwrap())
 }
 
 /// Runs every operation with the communicator's current table on each count.
-pub async fn operations(c: &Comm, counts: &[usize], label: &str) {
+pub(crate) async fn operations(c: &Comm, counts: &[usize], label: &str) {
     let (r, n) = (c.rank(), c.size());
     for &count in counts {
         let ctx = format!("{label} n={n} count={count} rank {r}");
@@ -167,7 +167,7 @@ async fn non_commutative(c: &Comm, label: &str) {
 }
 
 /// Every algorithm of every operation, pinned in turn.
-pub async fn every_algorithm(c: &Comm) {
+pub(crate) async fn every_algorithm(c: &Comm) {
     let ops = [
         Operation::Barrier,
         Operation::Bcast,

@@ -9,10 +9,10 @@ use ferrocomm::{Comm, Deadline, Error, Source, TagMatch, World};
 
 /// Sizes that cross the eager/rendezvous switch (default 64 KiB), the shared-memory ring (256 KiB)
 /// and the rendezvous chunk (512 KiB).
-pub const SIZES: &[usize] =
+pub(crate) const SIZES: &[usize] =
     &[0, 1, 8, 16 * 1024 + 1, 64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1, 300_000, 512 * 1024 + 3, 3 << 20];
 
-pub fn pattern(len: usize, seed: u32) -> Bytes {
+pub(crate) fn pattern(len: usize, seed: u32) -> Bytes {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[1])
         .collect::<Vec<u8>>()
@@ -22,7 +22,7 @@ pub fn pattern(len: usize, seed: u32) -> Bytes {
 const T: Duration = Duration::from_secs(60);
 
 /// Ring of sends of every size, wildcard storm into rank 0, one large transfer, barrier.
-pub async fn ring_storm_rendezvous(w: &World) {
+pub(crate) async fn ring_storm_rendezvous(w: &World) {
     let (r, n) = (w.rank(), w.size());
     for (i, &len) in SIZES.iter().enumerate() {
         let rx = w.recv((r + n - 1) % n, i as u64);
@@ -52,7 +52,7 @@ pub async fn ring_storm_rendezvous(w: &World) {
 }
 
 /// Receives of many kinds at rank 0 from all others: specific tags out of order, sources in order.
-pub async fn matching_semantics(w: &World) {
+pub(crate) async fn matching_semantics(w: &World) {
     let (r, n) = (w.rank(), w.size());
     if n < 2 {
         return;
@@ -85,7 +85,7 @@ pub async fn matching_semantics(w: &World) {
 }
 
 /// A message longer than the posted buffer is an error on both paths; the next one still arrives.
-pub async fn truncation(w: &World) {
+pub(crate) async fn truncation(w: &World) {
     let (r, n) = (w.rank(), w.size());
     if n < 2 || r > 1 {
         return w.barrier().timeout(T).await.unwrap();
@@ -110,7 +110,7 @@ pub async fn truncation(w: &World) {
 }
 
 /// A dropped receive is withdrawn; an expired deadline cancels cleanly; probe and sendrecv work.
-pub async fn cancel_deadline_probe(w: &World) {
+pub(crate) async fn cancel_deadline_probe(w: &World) {
     let (r, n) = (w.rank(), w.size());
     if n < 2 || r > 1 {
         w.barrier().timeout(T).await.unwrap();
@@ -143,7 +143,7 @@ pub async fn cancel_deadline_probe(w: &World) {
 
 /// A receiver that does not receive: the sender stalls on credits, the receiver's memory for
 /// unexpected messages stays within max_credit messages, and nothing is lost.
-pub async fn flood_is_bounded(w: &World) {
+pub(crate) async fn flood_is_bounded(w: &World) {
     let (r, n) = (w.rank(), w.size());
     if n < 2 || r > 1 {
         return w.barrier().timeout(T).await.unwrap();
@@ -171,7 +171,7 @@ pub async fn flood_is_bounded(w: &World) {
 }
 
 /// Messages on a duplicate never match receives on the original.
-pub async fn dup_isolation(w: &World) {
+pub(crate) async fn dup_isolation(w: &World) {
     let (r, n) = (w.rank(), w.size());
     let d: Comm = w.dup().unwrap();
     assert_ne!(d.context(), w.context());
@@ -187,7 +187,7 @@ pub async fn dup_isolation(w: &World) {
 
 /// Rendezvous in each of the three orders: the send before the receive is posted (the RTS
 /// waits as an unexpected message), the receive before the send, and both at once.
-pub async fn rendezvous_orders(w: &World) {
+pub(crate) async fn rendezvous_orders(w: &World) {
     let (r, n) = (w.rank(), w.size());
     if n < 2 || r > 1 {
         for _ in 0..3 {
@@ -229,7 +229,7 @@ pub async fn rendezvous_orders(w: &World) {
 /// `send_from` copies: the sender overwrites its buffer as soon as each call returns, whether
 /// the message went straight into the transport, waited for credit (a burst beyond the credits)
 /// or travels by rendezvous; every size, to the next rank and to itself.
-pub async fn send_from_copies(w: &World) {
+pub(crate) async fn send_from_copies(w: &World) {
     let (r, n) = (w.rank(), w.size());
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     for (i, &len) in SIZES.iter().enumerate() {
@@ -277,7 +277,7 @@ pub async fn send_from_copies(w: &World) {
 }
 
 /// The whole suite, in order.
-pub async fn suite(w: &World) {
+pub(crate) async fn suite(w: &World) {
     ring_storm_rendezvous(w).await;
     send_from_copies(w).await;
     rendezvous_orders(w).await;
@@ -292,7 +292,7 @@ pub async fn suite(w: &World) {
 /// `transport` (`shm`, `verbs`, or a TCP backend: `uring`, `portable`), each told its scenario in
 /// `scenario_var`, with `env` (`KEY=VALUE`) for every rank. Returns the launcher's exit code, the
 /// ranks' output and the job's wall time.
-pub struct Job<'a> {
+pub(crate) struct Job<'a> {
     pub ferrorun: &'a str,
     pub rank_test: &'a str,
     pub scenario_var: &'a str,
@@ -300,7 +300,7 @@ pub struct Job<'a> {
 }
 
 impl Job<'_> {
-    pub fn run(&self, n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
+    pub(crate) fn run(&self, n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
         let (choice, backend) = match transport {
             "shm" => ("auto", "auto"),
             "verbs" => ("verbs", "auto"),

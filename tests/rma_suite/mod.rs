@@ -12,19 +12,19 @@ use futures::StreamExt;
 
 const T: Duration = Duration::from_secs(60);
 
-pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+pub(crate) fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[1]).collect()
 }
 
 /// Every rank's segment id, by rank.
-pub async fn exchange(w: &World, id: SegmentId) -> Vec<SegmentId> {
+pub(crate) async fn exchange(w: &World, id: SegmentId) -> Vec<SegmentId> {
     let all = w.allgather(&[id.to_u64()]).timeout(T).await.unwrap();
     all.into_iter().map(SegmentId::from_u64).collect()
 }
 
 /// Whether the route to `r` is the one the test expects (mapped over shared memory, requests
 /// over TCP).
-pub fn check_route(w: &World, r: &RemoteSegment) {
+pub(crate) fn check_route(w: &World, r: &RemoteSegment) {
     if r.owner() == w.rank() {
         assert!(r.is_mapped(), "a rank's own segment is always mapped");
         return;
@@ -56,7 +56,7 @@ fn reference_box(src: &[u8], from: ArrayView, dst: &mut [u8], to: ArrayView, ext
 
 /// Strided and 3-D puts and gets into the next rank's segment, against a reference copy; then a
 /// large contiguous put and get (several messages on the emulated path); a batch through an event.
-pub async fn geometries(w: &World) {
+pub(crate) async fn geometries(w: &World) {
     let (r, n) = (w.rank(), w.size());
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     let seg = w.publish(GRID + LARGE, Access::GET | Access::PUT).unwrap();
@@ -141,7 +141,7 @@ pub async fn geometries(w: &World) {
 /// Every rank hammers one word of rank 0 with fetch-add (awaited one by one, and in a batch on an
 /// event) while rank 0's application only looks at its own memory: the sum is exact and the
 /// fetched values are all distinct.
-pub async fn fetch_add_sums(w: &World) {
+pub(crate) async fn fetch_add_sums(w: &World) {
     const EACH: u64 = 300;
     let (r, n) = (w.rank(), w.size());
     let seg = (r == 0).then(|| w.publish(64, Access::ATOMIC | Access::GET).unwrap());
@@ -182,7 +182,7 @@ pub async fn fetch_add_sums(w: &World) {
 
 /// A spin lock made of compare-and-swap guards a counter that is read with get and written with
 /// put (no atomic): the count is exact only if the lock excludes.
-pub async fn cas_lock(w: &World) {
+pub(crate) async fn cas_lock(w: &World) {
     const EACH: u64 = 40;
     let (r, n) = (w.rank(), w.size());
     let host = n - 1;
@@ -217,7 +217,7 @@ fn rma_err<T: std::fmt::Debug>(r: Result<T, Error>) -> RmaError {
 
 /// Out of bounds, not permitted, misaligned, unknown: refused with their typed errors, and the
 /// memory is unchanged.
-pub async fn violations(w: &World) {
+pub(crate) async fn violations(w: &World) {
     let (r, n) = (w.rank(), w.size());
     let owner = 0;
     let content = pattern(256, 5);
@@ -275,7 +275,7 @@ pub async fn violations(w: &World) {
 /// Many producers enqueue into one small remote queue (flow control: it fills up) and put data
 /// with notify; the owner takes every record, in each producer's order, as a stream, and learns
 /// of the data by its notification counter.
-pub async fn queues_and_notify(w: &World) {
+pub(crate) async fn queues_and_notify(w: &World) {
     const EACH: u64 = 200;
     let (r, n) = (w.rank(), w.size());
     let q = (r == 0).then(|| w.publish_queue(16, 8).unwrap());
@@ -327,7 +327,7 @@ pub async fn queues_and_notify(w: &World) {
 /// Rank 0 unpublishes while every other rank has operations in flight on the segment: each of
 /// them either completed (and its effect is in the memory it saw) or failed with `Unpublished`;
 /// everything later fails with `Unpublished`, attaching included.
-pub async fn unpublish_in_flight(w: &World) {
+pub(crate) async fn unpublish_in_flight(w: &World) {
     let r = w.rank();
     let seg = (r == 0).then(|| w.publish(1 << 16, Access::WINDOW).unwrap());
     let id =
@@ -388,7 +388,7 @@ pub async fn unpublish_in_flight(w: &World) {
 }
 
 /// Fences: puts handed to an event, then a fence, then the data is there.
-pub async fn fences(w: &World) {
+pub(crate) async fn fences(w: &World) {
     let (r, n) = (w.rank(), w.size());
     let seg: Segment = w.publish(4096, Access::GET | Access::PUT).unwrap();
     let ids = exchange(w, seg.id()).await;
@@ -410,7 +410,7 @@ pub async fn fences(w: &World) {
 /// The first one-sided traffic of the job: the last rank publishes a segment and then makes no
 /// ferrocomm call at all (it sleeps and reads its memory) while every other rank writes its slot
 /// and counts itself in with a fetch-add: its progress task alone serves them.
-pub async fn idle_target(w: &World) {
+pub(crate) async fn idle_target(w: &World) {
     let (r, n) = (w.rank(), w.size());
     let owner = n - 1;
     let seg = (r == owner).then(|| w.publish(8 + 64 * n as usize, Access::PUT | Access::ATOMIC).unwrap());
@@ -437,7 +437,7 @@ pub async fn idle_target(w: &World) {
 }
 
 /// The whole suite, in order.
-pub async fn suite(w: &World) {
+pub(crate) async fn suite(w: &World) {
     idle_target(w).await;
     geometries(w).await;
     fetch_add_sums(w).await;

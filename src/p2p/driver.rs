@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use ferrocomm_reactor::{Ops, Progress};
 use ferrocomm_transports::{Outgoing, Rank, Transport, TransportError};
 
-use crate::Error;
+use crate::error::Error;
 use crate::p2p::engine::{Completion, Engine};
 
 /// The protocol core as the driver runs it: completing operations straight into the slab.
@@ -17,14 +17,27 @@ pub(crate) struct Driver {
     /// The protocol core; it completes operations straight into its operation slab.
     pub engine: SlabEngine,
     pub transport: Box<dyn Transport>,
-    /// One-sided communication: its target-side handlers run in this progress (see `rma::hook`).
-    pub rma: crate::rma::hook::Hook,
+    /// The work of the layers above point-to-point that runs in this progress (one-sided
+    /// communication: its target-side handlers, see `rma::hook`).
+    pub upper: Box<dyn Upper>,
+}
+
+/// Work of a layer above point-to-point that runs inside the progress routine, so that it goes on
+/// without calls by the application (a one-sided target serves requests). The driver runs it
+/// without knowing the layer.
+pub(crate) trait Upper: std::any::Any + Send {
+    /// Whether [`Upper::progress`] has anything to do; asked every progress round, so cheap.
+    fn wants(&self) -> bool;
+    /// Does the layer's work; returns how much was done (0: nothing).
+    fn progress(&mut self, engine: &mut SlabEngine) -> usize;
+    /// The engine was closed (shutdown): the layer fails what it has in flight.
+    fn close(&mut self, engine: &mut SlabEngine);
 }
 
 impl Driver {
     /// The operation slab: in-flight operations by key.
     #[inline]
-    pub fn ops(&mut self) -> &mut Ops<Completion> {
+    pub(crate) fn ops(&mut self) -> &mut Ops<Completion> {
         self.engine.completions()
     }
 
@@ -33,14 +46,14 @@ impl Driver {
     /// Inlined up to the test for output: every round of a spinning caller flushes, and usually
     /// finds nothing (the whole function's entry and exit cost more than that test).
     #[inline]
-    pub fn flush(&mut self) -> usize {
+    pub(crate) fn flush(&mut self) -> usize {
         if self.engine.has_output() { self.flush_output() } else { 0 }
     }
 
     /// [`Engine::send_now`] of owned or borrowed data, handing a frame that can go at once
     /// straight to the transport (borrowed data is copied before this returns).
     #[inline]
-    pub fn send_now<D: Outgoing>(
+    pub(crate) fn send_now<D: Outgoing>(
         &mut self,
         dest: Rank,
         context: u32,
@@ -101,14 +114,14 @@ impl Driver {
 }
 
 impl Driver {
-    /// The transport's progress, and then the one-sided service's if a one-sided message came
-    /// (or it has work of its own): every path that lets frames into the engine runs it, so that a
+    /// The transport's progress, and then the upper layers' (the one-sided service) if a message
+    /// for them came (or they have work of their own): every path that lets frames into the engine runs it, so that a
     /// request delivered while a send pushed its bytes is served without waiting for the next
     /// wake-up (which that delivery consumed).
     #[inline]
     fn transport_progress(&mut self) -> usize {
         let n = self.transport.progress(&mut self.engine);
-        if self.rma.wants() { n + self.rma.progress(&mut self.engine) } else { n }
+        if self.upper.wants() { n + self.upper.progress(&mut self.engine) } else { n }
     }
 }
 

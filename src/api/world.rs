@@ -14,7 +14,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -24,8 +24,8 @@ use ferrocomm_transports::{Outgoing, Rank};
 use parking_lot::Mutex;
 
 use crate::config::Settings;
-use crate::driver::{Driver, SlabEngine};
 use crate::error::{Error, Result};
+use crate::p2p::driver::{Driver, SlabEngine};
 use crate::p2p::engine::{Completion, RecvBuf};
 use crate::p2p::failure::Watch;
 use crate::p2p::{Payload, Source, Status, TagMatch};
@@ -33,7 +33,9 @@ use crate::p2p::{Payload, Source, Status, TagMatch};
 /// A connection attempt that was refused (wrong token, malformed frames, ...).
 #[derive(Clone, Debug)]
 pub struct Refused {
+    /// Where the attempt came from.
     pub from: std::net::SocketAddr,
+    /// Why it was refused.
     pub error: ferrocomm_transports::TransportError,
 }
 
@@ -99,8 +101,8 @@ pub struct Comm {
     /// of its own so that starting an operation reaches the world without a second indirection.
     live: Arc<Live>,
     context: u32,
-    /// Per-communicator counters that every rank advances in the same order (collective calls).
-    pub(crate) sequence: Arc<Sequence>,
+    /// What every handle on this communicator shares, the upper layers' state included.
+    pub(crate) state: Arc<CommState>,
     /// The member ranks, for a communicator made by [`Comm::split`] (`None`: every rank).
     pub(crate) group: Option<Arc<Group>>,
     /// The collective selection table of this handle (default: the settings').
@@ -110,30 +112,22 @@ pub struct Comm {
     pub(crate) watch: Watch,
 }
 
+/// What every handle on one communicator shares: the count of duplicates that every rank advances
+/// in the same order, and the state of the layers above point-to-point (collectives, the board,
+/// the hierarchy, multicast), which they make on first use and this layer only stores.
 #[derive(Default)]
-pub(crate) struct Sequence {
+pub(crate) struct CommState {
     pub dups: AtomicU32,
-    pub splits: AtomicU32,
-    pub collectives: AtomicU64,
-    /// Large buffers reused by this communicator's collectives.
-    pub pool: Arc<crate::collective::Pool>,
-    /// The reliable multicast channel and token barrier of pinned multicast collectives, made on
-    /// first use.
-    pub multicast: tokio::sync::OnceCell<crate::multicast::Channel>,
-    pub token_barrier: tokio::sync::OnceCell<crate::multicast::TokenBarrier>,
-    /// Sub-communicators for hierarchical collectives, made on first use.
-    pub hierarchy: std::sync::OnceLock<crate::collective::Hierarchy>,
-    /// The handle on this communicator's collective context (every call's messages travel there),
-    /// made on first use rather than per call; shared by the calls (one reference count each).
-    pub collective: std::sync::OnceLock<Arc<Comm>>,
-    /// Whether every member shares this host over shared memory (the board can serve).
-    pub on_one_host: std::sync::OnceLock<bool>,
-    /// Whether every member busy-polls.
-    pub all_busy: std::sync::OnceLock<bool>,
-    /// Whether every member may read the others' memory.
-    pub all_single_copy: std::sync::OnceLock<bool>,
-    /// The shared-memory board of small collectives, opened on first use.
-    pub board: std::sync::OnceLock<Result<Arc<crate::collective::shared::Segment>>>,
+    /// The upper layers' state of this communicator (see [`Upper`]).
+    pub upper: std::sync::OnceLock<Box<dyn Upper>>,
+}
+
+/// The per-communicator state of the layers above point-to-point, as this layer sees it: a value
+/// it stores and, at [`World::finalize`], asks to settle what it sent.
+pub(crate) trait Upper: std::any::Any + Send + Sync {
+    /// Waits (at most `limit`) until what these layers sent outside point-to-point (multicast)
+    /// has been consumed, before the goodbye.
+    fn drain<'a>(&'a self, comm: &'a Comm, limit: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 }
 
 /// The members of a sub-communicator: `members[i]` is the world rank of its rank `i`.
@@ -144,7 +138,7 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    pub fn new(members: Vec<Rank>, me: Rank) -> Group {
+    pub(crate) fn new(members: Vec<Rank>, me: Rank) -> Group {
         let index: std::collections::HashMap<Rank, Rank> =
             members.iter().enumerate().map(|(i, &w)| (w, i as Rank)).collect();
         Group { rank: index[&me], members, index }
@@ -154,8 +148,11 @@ impl Group {
 /// A received message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
+    /// Its bytes.
     pub data: Bytes,
+    /// The sender (its rank in the communicator).
     pub source: Rank,
+    /// The tag it was sent with.
     pub tag: u64,
 }
 
@@ -170,7 +167,7 @@ impl World {
             inner: inner.clone(),
             live,
             context: 0,
-            sequence: Default::default(),
+            state: Default::default(),
             group: None,
             table: None,
             watch: Watch::All,
@@ -232,12 +229,14 @@ impl World {
     /// Leaves the job in order: flushes what was sent (and waits until the multicast collectives'
     /// messages are consumed and acknowledged), says goodbye, stops progress.
     pub async fn finalize(self) -> Result<()> {
-        crate::multicast::drain(&self.comm, Duration::from_secs(10)).await;
+        if let Some(upper) = self.comm.state.upper.get() {
+            upper.drain(&self.comm, Duration::from_secs(10)).await;
+        }
         let inner = self.inner.clone();
         let done = tokio::task::spawn_blocking(move || inner.shut_down(Duration::from_secs(10))).await;
         // Shut down already: dropping the last handle finds nothing more to do.
         drop(self);
-        done.map_err(Error::bootstrap)
+        done.map_err(Error::bootstrap("shutting down"))
     }
 }
 
@@ -252,7 +251,7 @@ impl Inner {
     /// Flushes queued output (for at most `limit`), says goodbye to every peer, stops progress.
     /// On a thread that is panicking, the rank aborts instead: it tells every peer that it is
     /// lost, so that they fail what needs it at once (a goodbye would let them wait on it).
-    pub fn shut_down(&self, limit: Duration) {
+    pub(crate) fn shut_down(&self, limit: Duration) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -286,7 +285,7 @@ impl Inner {
         // Operations still in flight (their handles outlived the world's) can no longer finish.
         self.reactor.with(|d| {
             d.engine.close();
-            d.rma.close(&mut d.engine);
+            d.upper.close(&mut d.engine);
         });
         self.reactor.stop();
         self.thread.lock().take();
@@ -534,7 +533,7 @@ impl Comm {
             inner: self.inner.clone(),
             live: self.live.clone(),
             context,
-            sequence: Default::default(),
+            state: Default::default(),
             group: self.group.clone(),
             table: self.table.clone(),
             watch: self.watch.clone(),
@@ -788,7 +787,7 @@ impl Comm {
     /// A new communicator with the same ranks and a separate message space. Collective: every rank
     /// must call `dup` on this communicator in the same order.
     pub fn dup(&self) -> Result<Comm> {
-        let n = self.sequence.dups.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = self.state.dups.fetch_add(1, Ordering::Relaxed) + 1;
         let context = derive_context(self.context, n);
         Ok(self.with_context(context))
     }

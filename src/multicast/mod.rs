@@ -41,18 +41,18 @@ use bytes::Bytes;
 use ferrocomm_multicast::barrier::{BarrierMsg, TokenBarrier as BarrierCore};
 use ferrocomm_multicast::proto::{Config, Event, McastCore, SendError, Stats, Transmit};
 use ferrocomm_multicast::transport::{MulticastTransport, UdpConfig, UdpMulticast};
-use ferrocomm_transports::auth::{DatagramKey, TAG_LEN};
+use ferrocomm_transports::auth::DatagramKey;
 use ferrocomm_transports::{Rank, TransportError};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc};
 
-use crate::config::parse;
-use crate::error::{Error, Result};
+use crate::api::world::{Comm, Op};
+use crate::error::{Error, McastError, Result};
 use crate::p2p::{Source, TagMatch};
-use crate::world::{Comm, Op};
 
+pub use crate::config::McastSettings;
 pub use ferrocomm_multicast::proto::Stats as McastStats;
 
 /// Datagrams handled per wake-up of the driver task before its output is pushed.
@@ -60,152 +60,6 @@ const DATAGRAM_BATCH: usize = 64;
 
 /// Tag of the protocol's point-to-point messages on the channel's private communicator.
 const TAG: u64 = 0x6d63;
-
-/// Reliable multicast settings: every field has a `FERROCOMM_MCAST_*` variable.
-#[derive(Clone, Debug, PartialEq)]
-pub struct McastSettings {
-    /// `FERROCOMM_MCAST`: `on` (default) or `off` (point-to-point only, no socket).
-    pub enabled: bool,
-    /// `FERROCOMM_MCAST_GROUP`: IPv4 group address. Default: 239.255.x.y derived from the job
-    /// token and the channel, so that jobs and channels do not share groups.
-    pub group: Option<Ipv4Addr>,
-    /// `FERROCOMM_MCAST_PORT`: UDP port. Default derived like the group, in 20000..60000.
-    pub port: Option<u16>,
-    /// `FERROCOMM_MCAST_IF`: interface address to send and join on. Default: the address this
-    /// rank listens on (127.0.0.1 for in-process clusters), else the kernel's choice.
-    pub interface: Option<Ipv4Addr>,
-    /// `FERROCOMM_MCAST_WINDOW`: W, messages a root may have unacknowledged. Default 64.
-    pub window: usize,
-    /// `FERROCOMM_MCAST_ACK_EVERY`: k, a receiver acknowledges every k messages. Default 8.
-    pub ack_every: u32,
-    /// `FERROCOMM_MCAST_ACK_DELAY_US`: T, or this long after the first unacknowledged message.
-    /// Default 200 us.
-    pub ack_delay: Duration,
-    /// `FERROCOMM_MCAST_SUBGROUPS`: number of ACK sub-groups (root's plus one per co-root);
-    /// 0 = about sqrt(receivers) (default); 1 = no co-roots.
-    pub subgroups: usize,
-    /// `FERROCOMM_MCAST_DATAGRAM`: datagram size, header and 16-byte tag included. Default 1400 (fits an
-    /// Ethernet MTU: IP fragments would multiply the loss rate); up to 65000 on loopback.
-    pub datagram: usize,
-    /// `FERROCOMM_MCAST_MAX_MESSAGE`: largest multicast message. Default 4 MiB. Bounds memory:
-    /// a receiver holds at most `window` messages per root.
-    pub max_message: usize,
-    /// `FERROCOMM_MCAST_CONFIRM_MS`: how long the multicast test may take before the group is
-    /// declared unusable. Default 2000.
-    pub confirm_timeout: Duration,
-    /// `FERROCOMM_MCAST_BUFFER`: socket buffer size asked for. Default 4 MiB.
-    pub buffer: usize,
-    /// `FERROCOMM_MCAST_BARRIER_DEGREE`: fan-in of the token barrier's tree. Default 8.
-    pub barrier_degree: u32,
-    /// `FERROCOMM_MCAST_TEST_DROP`: probability of dropping each received datagram, to test
-    /// loss recovery where iptables is not available. Default 0.
-    pub test_drop: f64,
-}
-
-impl Default for McastSettings {
-    fn default() -> Self {
-        McastSettings {
-            enabled: true,
-            group: None,
-            port: None,
-            interface: None,
-            window: 64,
-            ack_every: 8,
-            ack_delay: Duration::from_micros(200),
-            subgroups: 0,
-            datagram: 1400,
-            max_message: 4 << 20,
-            confirm_timeout: Duration::from_secs(2),
-            buffer: 4 << 20,
-            barrier_degree: 8,
-            test_drop: 0.0,
-        }
-    }
-}
-
-impl McastSettings {
-    /// Defaults overridden by the `FERROCOMM_MCAST_*` variables `get` returns.
-    pub fn from_vars(get: &impl Fn(&str) -> Option<String>) -> Result<McastSettings> {
-        let mut s = McastSettings::default();
-        if let Some(v) = parse::<String>("FERROCOMM_MCAST", get)? {
-            s.enabled = match v.as_str() {
-                "on" | "1" | "true" => true,
-                "off" | "0" | "false" => false,
-                _ => return Err(Error::Config { name: "FERROCOMM_MCAST", reason: format!("{v:?}: on or off") }),
-            };
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_GROUP", get)? {
-            s.group = Some(v);
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_PORT", get)? {
-            s.port = Some(v);
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_IF", get)? {
-            s.interface = Some(v);
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_WINDOW", get)? {
-            s.window = v;
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_ACK_EVERY", get)? {
-            s.ack_every = v;
-        }
-        if let Some(v) = parse::<u64>("FERROCOMM_MCAST_ACK_DELAY_US", get)? {
-            s.ack_delay = Duration::from_micros(v);
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_SUBGROUPS", get)? {
-            s.subgroups = v;
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_DATAGRAM", get)? {
-            s.datagram = v;
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_MAX_MESSAGE", get)? {
-            s.max_message = v;
-        }
-        if let Some(v) = parse::<u64>("FERROCOMM_MCAST_CONFIRM_MS", get)? {
-            s.confirm_timeout = Duration::from_millis(v);
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_BUFFER", get)? {
-            s.buffer = v;
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_BARRIER_DEGREE", get)? {
-            s.barrier_degree = v;
-        }
-        if let Some(v) = parse("FERROCOMM_MCAST_TEST_DROP", get)? {
-            s.test_drop = v;
-        }
-        s.validate()?;
-        Ok(s)
-    }
-
-    /// The datagram size the protocol core fragments into: the configured size less the tag.
-    fn core_datagram(&self) -> usize {
-        self.datagram - TAG_LEN
-    }
-
-    /// Checks that the values can work together.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |name, reason: &str| Err(Error::Config { name, reason: reason.to_string() });
-        if self.window == 0 || self.window > (1 << 20) {
-            return bad("FERROCOMM_MCAST_WINDOW", "between 1 and 2^20");
-        }
-        if self.ack_every == 0 {
-            return bad("FERROCOMM_MCAST_ACK_EVERY", "at least 1");
-        }
-        if self.datagram < ferrocomm_multicast::wire::HEADER + 64 || self.datagram > 65_000 {
-            return bad("FERROCOMM_MCAST_DATAGRAM", "between 100 and 65000 bytes");
-        }
-        if ferrocomm_multicast::wire::fragments(self.max_message, self.core_datagram()) > usize::from(u16::MAX) {
-            return bad("FERROCOMM_MCAST_MAX_MESSAGE", "at most 65535 datagrams per message");
-        }
-        if !(0.0..=1.0).contains(&self.test_drop) {
-            return bad("FERROCOMM_MCAST_TEST_DROP", "a probability");
-        }
-        if self.group.is_some_and(|g| !g.is_multicast()) {
-            return bad("FERROCOMM_MCAST_GROUP", "must be in 224.0.0.0/4");
-        }
-        Ok(())
-    }
-}
 
 struct Shared {
     core: Mutex<McastCore>,
@@ -432,10 +286,12 @@ impl Channel {
         Ok(Channel { shared, task })
     }
 
+    /// This rank in the channel's communicator.
     pub fn rank(&self) -> Rank {
         self.shared.comm.rank()
     }
 
+    /// The number of ranks in the channel's communicator.
     pub fn size(&self) -> u32 {
         self.shared.comm.size()
     }
@@ -626,15 +482,15 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
     shared.ready.notify_waiters();
 }
 
-/// Waits (at most `limit`) until the channels of `comm`'s pinned multicast collectives, which
-/// `comm` owns and finalize drops, have settled (see [`Channel::settle`]). Before the goodbye: a
+/// Waits (at most `limit`) until the channels of a communicator's pinned multicast collectives,
+/// which it owns and finalize drops, have settled (see [`Channel::settle`]). Before the goodbye: a
 /// rank that hears it ends this rank's stream at once, dropping a datagram still on the way
 /// (multicast is not ordered with point-to-point), and nobody would retransmit a lost one.
-pub(crate) async fn drain(comm: &Comm, limit: Duration) {
-    let barrier = comm.sequence.token_barrier.get().map(TokenBarrier::channel);
-    let settled = [comm.sequence.multicast.get(), barrier].into_iter().flatten().map(Channel::settle);
+pub(crate) async fn drain(rank: Rank, channel: Option<&Channel>, barrier: Option<&TokenBarrier>, limit: Duration) {
+    let barrier = barrier.map(TokenBarrier::channel);
+    let settled = [channel, barrier].into_iter().flatten().map(Channel::settle);
     if tokio::time::timeout(limit, futures::future::join_all(settled)).await.is_err() {
-        tracing::warn!(rank = comm.rank(), "multicast channels not settled within {limit:?}: leaving anyway");
+        tracing::warn!(rank, "multicast channels not settled within {limit:?}: leaving anyway");
     }
 }
 
@@ -642,7 +498,7 @@ pub(crate) async fn drain(comm: &Comm, limit: Duration) {
 /// rank returns the data. For the collectives table.
 pub async fn broadcast(chan: &Channel, root: Rank, data: Option<Bytes>) -> Result<Bytes> {
     if chan.rank() == root {
-        let data = data.ok_or_else(|| Error::Multicast("the root of a broadcast must give the data".into()))?;
+        let data = data.ok_or_else(|| Error::Invalid("the root of a broadcast must give the data".into()))?;
         chan.send(data.clone()).await?;
         Ok(data)
     } else {
@@ -664,7 +520,7 @@ struct BarrierState {
     epoch: u64,
     /// The receive posted for the next barrier message; kept across barriers, since dropping a
     /// receive that already matched would lose the message.
-    recv: Option<Op<crate::world::Message>>,
+    recv: Option<Op<crate::api::world::Message>>,
     /// Messages of the next barrier that arrived during this one.
     early: Vec<(Rank, u64)>,
 }
@@ -731,7 +587,7 @@ impl TokenBarrier {
                 r = self.chan.recv_any() => {
                     let (root, data) = r?;
                     if data[..] != epoch.to_le_bytes() {
-                        break Err(Error::Multicast(format!("release of another barrier from rank {root}")));
+                        break Err(McastError::ForeignRelease { root }.into());
                     }
                     b.released();
                 }

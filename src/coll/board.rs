@@ -11,7 +11,7 @@
 //! A waiting call spins inside the reactor's loop ([`Reactor::poll_until`]): transports keep
 //! progressing, spinning ranks yield when the host is oversubscribed, and a lost peer that the
 //! call waits for fails it with [`Error::PeerLost`], as does any loss that revoked the
-//! communicator (a call is not even made then: see [`Segment::gate`]); a departed peer fails it
+//! communicator (a call is not even made then: see [`HostBoard::gate`]); a departed peer fails it
 //! only while the call waits for a word it never posted. Nothing rings a rank when a board counter
 //! moves, so a rank that would sleep (adaptive and blocking modes) looks again every [`NAP`]; the
 //! default table therefore picks the board only for busy-polling ranks.
@@ -35,15 +35,15 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use ferrocomm_collectives::CollError;
-use ferrocomm_collectives::shared::{Board, Data, Kind, Lent, Queue, Waiting, board_bytes};
+use ferrocomm_collectives::shared::{Board, Data, Kind as BoardOp, Lent, Queue, Waiting, board_bytes};
 use ferrocomm_reactor::{ProgressMode, Reactor, Wait};
 use ferrocomm_transports::Rank;
 use ferrocomm_transports::mapping::{Mapping, shared_file_path};
 use smallvec::SmallVec;
 
-use crate::driver::Driver;
+use crate::api::world::Comm;
 use crate::error::{Error, Result};
-use crate::world::Comm;
+use crate::p2p::driver::Driver;
 
 /// Tells a board's file from the shared-memory transport's (random nonces) in the job's names;
 /// the low half is the communicator's context.
@@ -67,7 +67,7 @@ impl Deref for Words {
 }
 
 /// A communicator's board and this rank's calls on it.
-pub(crate) struct Segment {
+pub(crate) struct HostBoard {
     board: Board<Words>,
     /// Taken on every look at the board: the reactor's lock, released by a plain store.
     queue: ferrocomm_reactor::Mutex<Queue>,
@@ -76,13 +76,13 @@ pub(crate) struct Segment {
     reactor: Reactor<Driver>,
     /// The communicator's context: a loss that revokes it fails the calls.
     context: u32,
-    /// The world's count of departures and losses ([`crate::world::Inner::changes`]).
+    /// The world's count of departures and losses ([`crate::api::world::Inner::changes`]).
     changes: Arc<std::sync::atomic::AtomicU32>,
 }
 
-impl Segment {
+impl HostBoard {
     /// Opens (or creates) the board of `comm`; `job` names the job's shared-memory files.
-    pub(crate) fn open(comm: &Comm, job: &str) -> Result<Segment> {
+    pub(crate) fn open(comm: &Comm, job: &str) -> Result<HostBoard> {
         let n = comm.size() as usize;
         let members: Vec<Rank> = (0..comm.size()).map(|r| comm.world_rank(r)).collect();
         let path = shared_file_path(job, members[0], BOARD_NONCE | u64::from(comm.context()));
@@ -109,7 +109,7 @@ impl Segment {
             let _ = std::fs::remove_file(&path);
         }
         let inner = comm.inner();
-        Ok(Segment {
+        Ok(HostBoard {
             board,
             queue: ferrocomm_reactor::Mutex::new(Queue::default()),
             members,
@@ -119,7 +119,7 @@ impl Segment {
         })
     }
 
-    /// Whether no rank has departed or been lost (then [`Segment::gate`] has nothing to say).
+    /// Whether no rank has departed or been lost (then [`HostBoard::gate`] has nothing to say).
     #[inline(always)]
     fn untouched(&self) -> bool {
         self.changes.load(std::sync::atomic::Ordering::Acquire) == 0
@@ -134,9 +134,9 @@ impl Segment {
     }
 
     /// The call of a broadcast's root whose data (`input`) it can post at once and be done
-    /// ([`Queue::root_now`]); `false` if it cannot, and then [`Segment::call`] makes it. Inlined
+    /// ([`Queue::root_now`]); `false` if it cannot, and then [`HostBoard::call`] makes it. Inlined
     /// into its caller, so that little is stored and read back between the post and the return.
-    /// Here rather than at the top of `Segment::call`, which every board call takes: there it
+    /// Here rather than at the top of `HostBoard::call`, which every board call takes: there it
     /// costs the barrier more than it gains (`collectives-job --ranks 2 -o bcast,allreduce,barrier
     /// -s 8 -i 100000`).
     #[inline]
@@ -148,7 +148,7 @@ impl Segment {
     /// Enqueues a call (described in full: it may run before its future is first polled), split
     /// into pieces of at most the board's capacity, cut on `elem`-byte element boundaries.
     /// `input`: the root's data (broadcast), this rank's contribution (all-reduce), or nothing.
-    pub(crate) fn call(self: &Arc<Segment>, kind: Kind, len: usize, input: &[u8], elem: usize) -> Result<Made> {
+    pub(crate) fn call(self: &Arc<HostBoard>, kind: BoardOp, len: usize, input: &[u8], elem: usize) -> Result<Made> {
         self.gate()?;
         let mut q = self.queue.lock();
         if len <= self.board.capacity() {
@@ -181,7 +181,7 @@ impl Segment {
 
     /// The future of calls `seqs`; `lent`: the first call of a single-copy call whose memory this
     /// rank lent (withdrawn if the future is dropped).
-    fn wait(self: &Arc<Segment>, seqs: Range<u64>, lent: Option<u64>) -> BoardCall {
+    fn wait(self: &Arc<HostBoard>, seqs: Range<u64>, lent: Option<u64>) -> BoardCall {
         BoardCall { seg: Some(self.clone()), seqs, parts: Pieces::new(), wait: Wait::default(), nap: None, lent }
     }
 
@@ -201,7 +201,7 @@ impl Segment {
     /// Starts a single-copy call: its first step exchanges what is lent (`kind`: a broadcast of the
     /// root's [`Lent`], or an all-gather of every rank's), then come the `held` steps, each posted
     /// when the rank gets to it ([`Lending::next`]).
-    pub(crate) fn lend(self: &Arc<Segment>, kind: Kind, lent: Option<Lent>, held: &[Kind]) -> Result<Lending> {
+    pub(crate) fn lend(self: &Arc<HostBoard>, kind: BoardOp, lent: Option<Lent>, held: &[BoardOp]) -> Result<Lending> {
         self.gate()?;
         let mut q = self.queue.lock();
         let first = q.push(&self.board, kind, Lent::BYTES, lent.map_or_else(Vec::new, |l| l.encode()))?;
@@ -286,13 +286,13 @@ impl Made {
 /// communicator is driven, and the results are discarded.
 pub(crate) struct BoardCall {
     /// `None` once complete when made.
-    seg: Option<Arc<Segment>>,
+    seg: Option<Arc<HostBoard>>,
     /// The pieces not collected yet.
     seqs: Range<u64>,
     parts: Pieces,
     wait: Wait,
     nap: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// See [`Segment::wait`].
+    /// See [`HostBoard::wait`].
     lent: Option<u64>,
 }
 
@@ -410,7 +410,7 @@ impl BoardCall {
 /// step, it withdraws the memory this rank lent (the readers discard what they copied from it) and
 /// abandons the rest, so the communicator's later calls go on.
 pub(crate) struct Lending {
-    seg: Arc<Segment>,
+    seg: Arc<HostBoard>,
     /// The call's first step, which names it for withdrawal.
     first: u64,
     /// The steps not taken yet.
@@ -523,7 +523,7 @@ const SPLIT_MIN: usize = 64 << 10;
 
 /// The owner's side of a single-copy call, apart from its [`Lending`] (which its waits borrow).
 pub(crate) struct Helper {
-    seg: Arc<Segment>,
+    seg: Arc<HostBoard>,
     first: u64,
 }
 
@@ -575,15 +575,4 @@ fn copy_to(pid: u32, addr: u64, src: &[u8]) -> std::io::Result<()> {
 #[cfg(not(target_os = "linux"))]
 fn copy_to(_: u32, _: u64, _: &[u8]) -> std::io::Result<()> {
     Err(std::io::ErrorKind::Unsupported.into())
-}
-
-/// Whether the kernel lets this rank read its sibling ranks' memory (see
-/// `shm::single_copy_permitted`); asked once.
-pub(crate) fn single_copy_permitted() -> bool {
-    static PERMITTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    #[cfg(target_os = "linux")]
-    let ask = ferrocomm_transports::shm::single_copy_permitted;
-    #[cfg(not(target_os = "linux"))]
-    let ask = || false;
-    *PERMITTED.get_or_init(ask)
 }

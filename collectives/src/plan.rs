@@ -1,0 +1,199 @@
+//! The whole choice of a collective's algorithm, as one pure function of the call, the facts the
+//! caller knows about its communicator's members, and the selection [`Table`]: the tiers that do
+//! not send messages (the shared-memory board, single copy), the ones that need a setting or a
+//! topology (multicast, node-leader hierarchy), then the table's size thresholds.
+//!
+//! The facts are asked lazily, in the order the tiers need them (a fact can cost the caller work
+//! the first time, such as building a communicator's node-leader decomposition), so
+//! [`Topology`] is a trait; [`Facts`] is its plain form for tests and simulators.
+
+use crate::select::{Algorithm, Call, Operation, Table};
+use crate::shared;
+
+/// What the caller knows about its communicator's members. Every member must answer alike (the
+/// facts come from what every rank announced), so that all choose the same algorithm.
+pub trait Topology {
+    /// Whether every member is on this host and reached through shared memory.
+    fn on_one_host(&self) -> bool;
+    /// Whether every member busy-polls (the board's and single copy's waits spin: a sleeping
+    /// rank would see them late, so by default those tiers serve busy-polling ranks only).
+    fn all_busy(&self) -> bool;
+    /// Whether every member may read the others' memory (the kernel's rules for its user).
+    fn all_single_copy(&self) -> bool;
+    /// The node-leader decomposition: `None` if the members are on one host, else whether it
+    /// saves network traffic (some host has several members).
+    fn hosts(&self) -> Option<bool>;
+}
+
+/// The facts as plain values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// See [`Topology::on_one_host`].
+    pub on_one_host: bool,
+    /// See [`Topology::all_busy`].
+    pub all_busy: bool,
+    /// See [`Topology::all_single_copy`].
+    pub all_single_copy: bool,
+    /// See [`Topology::hosts`].
+    pub hosts: Option<bool>,
+}
+
+impl Topology for Facts {
+    fn on_one_host(&self) -> bool {
+        self.on_one_host
+    }
+    fn all_busy(&self) -> bool {
+        self.all_busy
+    }
+    fn all_single_copy(&self) -> bool {
+        self.all_single_copy
+    }
+    fn hosts(&self) -> Option<bool> {
+        self.hosts
+    }
+}
+
+/// The algorithm for `call` on a communicator described by `topology`, with `table`'s thresholds
+/// and overrides: the board, then single copy, then multicast, then the node-leader hierarchy,
+/// then [`Table::choose`].
+pub fn choose(call: Call, topology: &impl Topology, table: &Table) -> Algorithm {
+    let Call { op, ranks, bytes, commutative } = call;
+    let pinned = table.overrides.get(&op).copied();
+    // The board and single copy need every member on this host, and the board's room for them.
+    let local = || (2..=shared::MAX_RANKS as u32).contains(&ranks) && topology.on_one_host();
+    // An all-to-all is not split into pieces: all of a rank's data must fit the board at once.
+    let fits = op != Operation::Alltoall || bytes.saturating_mul(ranks as usize) <= shared::capacity(ranks as usize);
+    if Algorithm::shared_memory_serves(op) && fits && local() {
+        let board = match pinned {
+            Some(pinned) => pinned == Algorithm::SharedMemory,
+            None => topology.all_busy() && bytes <= table.shared_limit(op, ranks),
+        };
+        if board {
+            return Algorithm::SharedMemory;
+        }
+    }
+    if Algorithm::single_copy_serves(op) && local() && topology.all_single_copy() {
+        let single = match pinned {
+            Some(pinned) => pinned == Algorithm::SingleCopy,
+            None => topology.all_busy() && bytes >= table.single_copy_from(op, ranks),
+        };
+        if single {
+            return Algorithm::SingleCopy;
+        }
+    }
+    // Reliable multicast serves broadcast and barrier when pinned (it needs a multicast group,
+    // and pays off across hosts, not within one; see docs/multicast.md).
+    if pinned == Some(Algorithm::Multicast) && matches!(op, Operation::Bcast | Operation::Barrier) {
+        return Algorithm::Multicast;
+    }
+    let forced = pinned == Some(Algorithm::Hierarchical);
+    let hierarchical = matches!(op, Operation::Barrier | Operation::Bcast | Operation::Allreduce)
+        && commutative
+        && topology.hosts().is_some_and(|worth_it| forced || worth_it);
+    if hierarchical && (forced || pinned.is_none()) {
+        return Algorithm::Hierarchical;
+    }
+    table.choose(call)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Busy-polling ranks on one host that may read each other's memory.
+    const HOST: Facts = Facts { on_one_host: true, all_busy: true, all_single_copy: true, hosts: None };
+    /// Two hosts with several ranks each.
+    const HOSTS: Facts = Facts { on_one_host: false, all_busy: true, all_single_copy: true, hosts: Some(true) };
+
+    fn call(op: Operation, ranks: u32, bytes: usize) -> Call {
+        Call { op, ranks, bytes, commutative: true }
+    }
+
+    fn pinned(spec: &str) -> Table {
+        Table::default().with_overrides(spec).unwrap()
+    }
+
+    #[test]
+    fn small_calls_on_one_host_take_the_board() {
+        let t = Table::default();
+        assert_eq!(choose(call(Operation::Barrier, 4, 0), &HOST, &t), Algorithm::SharedMemory);
+        assert_eq!(choose(call(Operation::Bcast, 4, 8), &HOST, &t), Algorithm::SharedMemory);
+        assert_eq!(choose(call(Operation::Allreduce, 4, t.shared_allreduce_max), &HOST, &t), Algorithm::SharedMemory);
+        // One rank is no board call, nor are more ranks than the board holds.
+        assert_ne!(choose(call(Operation::Bcast, 1, 8), &HOST, &t), Algorithm::SharedMemory);
+        let many = shared::MAX_RANKS as u32 + 1;
+        assert_eq!(choose(call(Operation::Bcast, many, 8), &HOST, &t), Algorithm::Binomial);
+    }
+
+    #[test]
+    fn sleeping_ranks_take_the_board_only_when_pinned() {
+        let sleepy = Facts { all_busy: false, ..HOST };
+        assert_eq!(choose(call(Operation::Bcast, 4, 8), &sleepy, &Table::default()), Algorithm::Binomial);
+        assert_eq!(
+            choose(call(Operation::Bcast, 4, 8), &sleepy, &pinned("bcast=shared-memory")),
+            Algorithm::SharedMemory
+        );
+    }
+
+    #[test]
+    fn large_calls_on_one_host_copy_once() {
+        let t = Table::default();
+        let big = 2 * t.single_copy_min;
+        assert_eq!(choose(call(Operation::Bcast, 4, big), &HOST, &t), Algorithm::SingleCopy);
+        // On 2 ranks an all-reduce switches at twice the size.
+        let ar = t.single_copy_allreduce_min;
+        assert_eq!(choose(call(Operation::Allreduce, 4, ar), &HOST, &t), Algorithm::SingleCopy);
+        assert_ne!(choose(call(Operation::Allreduce, 2, ar), &HOST, &t), Algorithm::SingleCopy);
+        assert_eq!(choose(call(Operation::Allreduce, 2, 2 * ar), &HOST, &t), Algorithm::SingleCopy);
+        // Not where the kernel forbids it, nor across hosts.
+        let denied = Facts { all_single_copy: false, ..HOST };
+        assert_ne!(choose(call(Operation::Bcast, 4, big), &denied, &t), Algorithm::SingleCopy);
+        assert_ne!(choose(call(Operation::Bcast, 4, big), &HOSTS, &t), Algorithm::SingleCopy);
+    }
+
+    #[test]
+    fn an_alltoall_takes_the_board_only_if_it_fits_at_once() {
+        let t = pinned("alltoall=shared-memory");
+        let room = shared::capacity(4);
+        assert_eq!(choose(call(Operation::Alltoall, 4, room / 4), &HOST, &t), Algorithm::SharedMemory);
+        assert_ne!(choose(call(Operation::Alltoall, 4, room / 4 + 1), &HOST, &t), Algorithm::SharedMemory);
+    }
+
+    #[test]
+    fn multicast_serves_broadcast_and_barrier_when_pinned() {
+        let t = pinned("bcast=multicast,barrier=multicast");
+        assert_eq!(choose(call(Operation::Bcast, 8, 1 << 20), &HOSTS, &t), Algorithm::Multicast);
+        assert_eq!(choose(call(Operation::Barrier, 8, 0), &HOSTS, &t), Algorithm::Multicast);
+        assert_eq!(choose(call(Operation::Bcast, 8, 1 << 20), &HOSTS, &Table::default()), Algorithm::Hierarchical);
+    }
+
+    #[test]
+    fn several_hosts_go_through_node_leaders() {
+        let t = Table::default();
+        for op in [Operation::Barrier, Operation::Bcast, Operation::Allreduce] {
+            assert_eq!(choose(call(op, 8, 64), &HOSTS, &t), Algorithm::Hierarchical, "{op}");
+        }
+        // Not for a non-commutative reduction, nor when every host has one rank (unless pinned),
+        // nor for the operations without a node-leader form.
+        let ordered = Call { commutative: false, ..call(Operation::Allreduce, 8, 64) };
+        assert_eq!(choose(ordered, &HOSTS, &t), Algorithm::RecursiveDoubling);
+        let spread = Facts { hosts: Some(false), ..HOSTS };
+        assert_eq!(choose(call(Operation::Bcast, 8, 64), &spread, &t), Algorithm::Binomial);
+        assert_eq!(
+            choose(call(Operation::Bcast, 8, 64), &spread, &pinned("bcast=hierarchical")),
+            Algorithm::Hierarchical
+        );
+        assert_eq!(choose(call(Operation::Allgather, 8, 64), &HOSTS, &t), Algorithm::Bruck);
+        // Another pin wins over the hierarchy.
+        assert_eq!(choose(call(Operation::Bcast, 8, 64), &HOSTS, &pinned("bcast=binomial")), Algorithm::Binomial);
+    }
+
+    #[test]
+    fn otherwise_the_table_decides() {
+        let t = Table::default();
+        let apart = Facts { hosts: Some(false), ..Facts::default() };
+        assert_eq!(choose(call(Operation::Bcast, 8, t.bcast_large), &apart, &t), Algorithm::ScatterAllgather);
+        assert_eq!(choose(call(Operation::Allreduce, 8, t.allreduce_ring), &apart, &t), Algorithm::Ring);
+        assert_eq!(choose(call(Operation::Alltoall, 8, 1 << 20), &apart, &t), Algorithm::Pairwise);
+    }
+}

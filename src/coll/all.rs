@@ -1,0 +1,431 @@
+//! The collectives in which every rank gets a result: allreduce, allgather, all-to-all,
+//! reduce-scatter, scans.
+
+use super::*;
+
+/// Why an all-to-all of `data` into `out` over `n` ranks cannot be made, if it cannot.
+pub(super) fn alltoall_misfit<T>(data: &[T], out: &[T], n: u32) -> Option<Error> {
+    if !data.len().is_multiple_of(n as usize) {
+        Some(Error::Invalid(format!("{} elements do not split into {n} parts", data.len())))
+    } else if out.len() != data.len() {
+        Some(Error::Invalid(format!("all-to-all of {} elements into {}", data.len(), out.len())))
+    } else {
+        None
+    }
+}
+
+impl Comm {
+    /// Combines every rank's `buf` with `op` and leaves the result in every rank's `buf`.
+    pub fn allreduce<'a, T: Element>(
+        &self,
+        buf: &'a mut [T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let alg = self.choose(Operation::Allreduce, size_of_val(buf), op.is_commutative());
+        let early = check_op(&op).err();
+        let (r, n) = (self.rank(), self.size());
+        if early.is_none() && alg == Algorithm::SharedMemory {
+            let kind = BoardOp::Allreduce(op.erase());
+            let call = self.board_call(kind, size_of_val(buf), bytemuck::cast_slice(buf), size_of::<T>());
+            return Collective::board(call, Some(bytemuck::cast_slice_mut(buf)));
+        }
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| {
+            let lent = Lent::of(bytemuck::cast_slice(buf));
+            self.lending(BoardOp::Allgather, Some(lent), &[BoardOp::Barrier, BoardOp::Barrier])
+        });
+        let pool = self.coll().pool.clone();
+        let data = if direct.is_none() { pool.copy(buf) } else { Bytes::new() };
+        let plan = if early.is_some() || direct.is_some() {
+            None
+        } else if alg == Algorithm::Hierarchical {
+            let h = self.hierarchy().expect("chosen");
+            let node = &h.node;
+            let up = (node.slot(), ops::reduce(node.rank(), node.size(), 0, Algorithm::Binomial, data, op.erase()));
+            let mid = h.leaders.as_ref().map(|l| {
+                let a = l.choose(Operation::Allreduce, size_of_val(buf), true);
+                (l.slot(), l.size(), a, op.erase())
+            });
+            let down = node.slot();
+            let (nr, nn) = (node.rank(), node.size());
+            Some(Err(Box::new((up, mid, down, nr, nn))))
+        } else {
+            let (bytes, slot) = (size_of_val(buf), self.slot());
+            Some(Ok(ops::allreduce(r, n, alg, data, op.erase()).map(|m| Comm::drive(slot, m.with_block_len(bytes)))))
+        };
+        Collective::boxed(async move {
+            if let Some(call) = direct {
+                let buf = bytemuck::cast_slice_mut(buf);
+                return Box::pin(allreduce_single_copy(call?, buf, op.erase(), r, n, &pool)).await;
+            }
+            let out = match plan {
+                None => return Err(early.expect("set")),
+                Some(Ok(run)) => {
+                    let blocks = run?.await?;
+                    // Segments straight into `buf` (not laid end to end first).
+                    copy_parts(buf, &ops::allreduce_parts(&blocks, n, alg)?)?;
+                    pool.recycle(blocks);
+                    return Ok(());
+                }
+                Some(Err(hier)) => {
+                    Box::pin(async move {
+                        let (up, mid, down, nr, nn) = *hier;
+                        let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
+                        let mut have = (nr == 0).then_some(partial);
+                        if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
+                            let lr = slot.comm.rank();
+                            let m = ops::allreduce(lr, ln, a, d, reducer)?;
+                            have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
+                        }
+                        let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
+                        Ok::<_, Error>(ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?)
+                    })
+                    .await?
+                }
+            };
+            copy_into(buf, &out)
+        })
+    }
+
+    /// Every rank's `data` (all of one length), concatenated in rank order, at every rank.
+    pub fn allgather<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let mut out = vec![T::zeroed(); data.len() * self.size() as usize];
+        let run = self.allgather_plan(data, &mut out, Lend::Copy);
+        async move {
+            run(&mut out).await?;
+            Ok(out)
+        }
+    }
+
+    /// [`Comm::allgather`] into `out` (`size` times the length of `data`), like `MPI_Allgather`.
+    /// The future borrows `data`: by single copy (large calls on one host) the other ranks read it
+    /// where it is.
+    pub fn allgather_into<'a, T: Element>(
+        &self,
+        data: &'a [T],
+        out: &'a mut [T],
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        // On the board: the blocks straight into `out`, with nothing boxed (as a broadcast).
+        if self.choose(Operation::Allgather, size_of_val(data), true) == Algorithm::SharedMemory {
+            let call =
+                self.board_call(BoardOp::Allgather, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
+            return Collective::board_gathered(call, Some(bytemuck::cast_slice_mut(out)), self.size());
+        }
+        let run = self.allgather_plan(data, out, Lend::InPlace);
+        Collective::boxed(lending_in_place(data, run(out)))
+    }
+
+    /// Plans an all-gather of `data` into `out` (this rank's own block goes in now, by single
+    /// copy); the returned closure runs the rest into the same `out`. `lend`: see [`Lend`].
+    pub(super) fn allgather_plan<T: Element>(
+        &self,
+        data: &[T],
+        out: &mut [T],
+        lend: Lend,
+    ) -> impl FnOnce(&mut [T]) -> futures::future::BoxFuture<'_, Result<()>> + use<T> {
+        let alg = self.choose(Operation::Allgather, size_of_val(data), true);
+        let (r, n) = (self.rank(), self.size());
+        let pool = self.coll().pool.clone();
+        let bytes = bytemuck::cast_slice(data);
+        let len = bytes.len();
+        let board =
+            (alg == Algorithm::SharedMemory).then(|| self.board_future(BoardOp::Allgather, len, bytes, size_of::<T>()));
+        let direct = (alg == Algorithm::SingleCopy).then(|| {
+            let out: &mut [u8] = bytemuck::cast_slice_mut(out);
+            if out.len() != n as usize * len {
+                return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
+            }
+            out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
+            self.lend(data, lend)
+        });
+        let plan =
+            (board.is_none() && direct.is_none()).then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
+        move |out: &mut [T]| {
+            Box::pin(async move {
+                if let Some(call) = direct {
+                    // Every other block straight from its rank's memory into `out`.
+                    let out: &mut [u8] = bytemuck::cast_slice_mut(out);
+                    return gather_single_copy(call?, n, len, &pool, |call, lent| {
+                        for (i, block) in out.chunks_exact_mut(len.max(1)).enumerate().take(n as usize) {
+                            if i != r as usize {
+                                call.read(i as Rank, &lent[i], 0, block)?;
+                            }
+                        }
+                        Ok(())
+                    })
+                    .await;
+                }
+                let Some(plan) = plan else {
+                    let pieces = board.expect("one of the two")?.await?;
+                    return copy_gathered(out, &pieces, n as usize);
+                };
+                let blocks = Comm::drive(plan.0, plan.1?).await?;
+                copy_parts(out, &ops::allgather_result(&blocks, n)?)?;
+                pool.recycle(blocks);
+                Ok(())
+            })
+        }
+    }
+
+    /// Every rank's `data` (lengths may differ), one vector per rank, at every rank.
+    pub fn allgatherv<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<Vec<T>>>> + Send + use<T> {
+        let run = self.allgather_bytes(to_bytes(data));
+        async move { run.await?.iter().map(to_vec).collect() }
+    }
+
+    /// Every rank's message (any lengths) at every rank.
+    pub fn allgather_bytes(&self, data: Bytes) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+        // Lengths differ between ranks: not for the board, whose all-gather parts are all alike,
+        // nor for single copy; and all-gather has no multicast or node-leader form: the table's.
+        let alg = self.collective_table().choose(Call {
+            op: Operation::Allgather,
+            ranks: self.size(),
+            bytes: 0,
+            commutative: true,
+        });
+        self.allgather_with(data, alg)
+    }
+
+    pub(super) fn allgather_with(
+        &self,
+        data: Bytes,
+        alg: Algorithm,
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+        let (r, n) = (self.rank(), self.size());
+        let (slot, m) = (self.slot(), ops::allgather(r, n, alg, data));
+        async move { Ok(ops::allgather_result(&Comm::drive(slot, m?).await?, n)?) }
+    }
+
+    /// All-to-all: `data` holds one equal part per rank in rank order; the result holds what each
+    /// rank sent to this one, in rank order.
+    pub fn alltoall<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let mut out = vec![T::zeroed(); data.len()];
+        let run = self.alltoall_plan(data, &mut out, Lend::Copy);
+        async move {
+            run(&mut out).await?;
+            Ok(out)
+        }
+    }
+
+    /// [`Comm::alltoall`] into `out` (as long as `data`), like `MPI_Alltoall`. The future borrows
+    /// `data`: by single copy (large calls on one host) the other ranks read it where it is.
+    pub fn alltoall_into<'a, T: Element>(
+        &self,
+        data: &'a [T],
+        out: &'a mut [T],
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        // On the board (always one piece): this rank's block of every rank's data, in rank order,
+        // straight into `out`, with nothing boxed.
+        let part = size_of_val(data) / self.size() as usize;
+        if alltoall_misfit(data, out, self.size()).is_none()
+            && self.choose(Operation::Alltoall, part, true) == Algorithm::SharedMemory
+        {
+            let call =
+                self.board_call(BoardOp::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
+            return Collective::board(call, Some(bytemuck::cast_slice_mut(out)));
+        }
+        let run = self.alltoall_plan(data, out, Lend::InPlace);
+        Collective::boxed(lending_in_place(data, run(out)))
+    }
+
+    /// Plans an all-to-all of `data` into `out`. This rank's own part goes from `data` to `out`
+    /// now, directly: only the parts that travel are copied into the call's buffers (and only
+    /// received ones copied out), one pass over the own part instead of two. The returned
+    /// closure runs the rest into the same `out`. `lend`: see [`Lend`].
+    pub(super) fn alltoall_plan<T: Element>(
+        &self,
+        data: &[T],
+        out: &mut [T],
+        lend: Lend,
+    ) -> impl FnOnce(&mut [T]) -> futures::future::BoxFuture<'_, Result<()>> + use<T> {
+        let (r, n) = (self.rank(), self.size());
+        let early = alltoall_misfit(data, out, n);
+        let elems = data.len() / n as usize;
+        let part = elems * size_of::<T>();
+        let pool = self.coll().pool.clone();
+        let mine = r as usize * elems..(r as usize + 1) * elems;
+        let alg = self.choose(Operation::Alltoall, part, true);
+        let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
+            self.board_future(BoardOp::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>())
+        });
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, lend));
+        if early.is_none() && board.is_none() {
+            // Messages and single copy alike: the own part does not travel.
+            out[mine.clone()].copy_from_slice(&data[mine.clone()]);
+        }
+        let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
+            let travel = (0..n as usize).filter(|&i| i != r as usize).map(|i| &data[i * elems..(i + 1) * elems]);
+            let mut all = pool.take(part * (n as usize - 1));
+            for (chunk, src) in all.chunks_mut(part.max(1)).zip(travel) {
+                chunk.copy_from_slice(bytemuck::cast_slice(src));
+            }
+            let all = all.freeze();
+            // The own part is an empty block: it never travels (no algorithm sends a rank's own
+            // block) and is not read back. Part i > r sits at i - 1 in `all`.
+            let parts = (0..n as usize)
+                .map(|i| match i.cmp(&(r as usize)) {
+                    std::cmp::Ordering::Less => all.slice(i * part..(i + 1) * part),
+                    std::cmp::Ordering::Equal => Bytes::new(),
+                    std::cmp::Ordering::Greater => all.slice((i - 1) * part..i * part),
+                })
+                .collect();
+            (self.slot(), ops::alltoall(r, n, alg, parts))
+        });
+        move |out: &mut [T]| {
+            Box::pin(async move {
+                if let Some(call) = direct {
+                    // Block `r` of every rank's data straight from its memory (the own one is in).
+                    let out: &mut [u8] = bytemuck::cast_slice_mut(out);
+                    return gather_single_copy(call?, n, part * n as usize, &pool, |call, lent| {
+                        for (i, block) in out.chunks_exact_mut(part.max(1)).enumerate().take(n as usize) {
+                            if i != r as usize {
+                                call.read(i as Rank, &lent[i], r as usize * part, block)?;
+                            }
+                        }
+                        Ok(())
+                    })
+                    .await;
+                }
+                if let Some(call) = board {
+                    return copy_parts(out, &call?.await?);
+                }
+                let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+                let blocks = Comm::drive(slot, m?).await?;
+                let got = ops::alltoall_result(&blocks, r, n)?;
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+                for (i, b) in got.iter().enumerate().filter(|&(i, _)| i != r as usize) {
+                    if b.len() != part {
+                        return Err(Error::Invalid(format!(
+                            "all-to-all part of {} bytes from rank {i}, not {part}",
+                            b.len()
+                        )));
+                    }
+                    bytes[i * part..(i + 1) * part].copy_from_slice(b);
+                }
+                pool.recycle(blocks);
+                Ok(())
+            })
+        }
+    }
+
+    /// All-to-all with parts of any lengths: `parts[i]` goes to rank i.
+    pub fn alltoallv<T: Element>(&self, parts: &[Vec<T>]) -> impl Future<Output = Result<Vec<Vec<T>>>> + Send + use<T> {
+        let run = self.alltoall_bytes(parts.iter().map(|p| to_bytes(p)).collect());
+        async move { run.await?.iter().map(to_vec).collect() }
+    }
+
+    /// All-to-all of messages: `parts[i]` goes to rank i (pairwise exchange: lengths may differ).
+    pub fn alltoall_bytes(&self, parts: Vec<Bytes>) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+        let table = self.collective_table();
+        // Lengths differ between ranks: a pinned algorithm if it can take that, pairwise otherwise.
+        let pinned = table.overrides.get(&Operation::Alltoall).copied();
+        let alg = pinned.filter(|a| a.serves(Operation::Alltoall)).unwrap_or(Algorithm::Pairwise);
+        self.alltoall_with(parts, alg)
+    }
+
+    pub(super) fn alltoall_with(
+        &self,
+        parts: Vec<Bytes>,
+        alg: Algorithm,
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+        let (r, n) = (self.rank(), self.size());
+        let (slot, m) = (self.slot(), ops::alltoall(r, n, alg, parts));
+        async move { Ok(ops::alltoall_result(&Comm::drive(slot, m?).await?, r, n)?) }
+    }
+
+    /// Reduces `data` element-wise over all ranks and scatters the result: rank i gets
+    /// `counts[i]` elements (in order). Every rank passes the same `counts`.
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        data: &[T],
+        counts: &[usize],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        self.reduce_scatter_with(to_bytes(data), data.len(), counts, op)
+    }
+
+    /// [`Comm::reduce_scatter`] of `whole`, the bytes of `len` elements: the segments are slices
+    /// of it.
+    pub(super) fn reduce_scatter_with<T: Element>(
+        &self,
+        whole: Bytes,
+        len: usize,
+        counts: &[usize],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let n = self.size() as usize;
+        let total = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c)).unwrap_or(usize::MAX);
+        let early = if counts.len() != n || total != len {
+            Some(Error::Invalid(format!("{} counts summing to {total} for {n} ranks and {len} elements", counts.len())))
+        } else {
+            check_op(&op).err()
+        };
+        let mut at = 0usize;
+        let elem = size_of::<T>();
+        let segments: Vec<Bytes> = counts
+            .iter()
+            .map(|&c| {
+                let end = at.saturating_add(c).min(len);
+                let s = whole.slice(at.min(end) * elem..end * elem);
+                at = end;
+                s
+            })
+            .collect();
+        let alg = self.choose(Operation::ReduceScatter, len * elem, op.is_commutative());
+        let (r, n) = (self.rank(), self.size());
+        let plan = early.is_none().then(|| (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase())));
+        async move {
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            to_vec(&ops::reduce_scatter_result(&Comm::drive(slot, m?).await?, r)?)
+        }
+    }
+
+    /// [`Comm::reduce_scatter`] with equal counts: `data.len() / size` elements per rank.
+    pub fn reduce_scatter_block<T: Element>(
+        &self,
+        data: &[T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let n = self.size() as usize;
+        // A length that does not divide leaves counts that do not sum up: reported as invalid.
+        let counts = vec![data.len() / n; n];
+        self.reduce_scatter(data, &counts, op)
+    }
+
+    /// Inclusive prefix reduction: rank r's `buf` becomes `data_0 ⊕ ... ⊕ data_r`.
+    pub fn scan<'a, T: Element>(
+        &self,
+        buf: &'a mut [T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let run = self.scan_with(to_bytes(buf), op, true);
+        async move {
+            let out = run.await?.ok_or_else(|| Error::Invalid("scan produced nothing".into()))?;
+            copy_into(buf, &out)
+        }
+    }
+
+    /// Exclusive prefix reduction: `data_0 ⊕ ... ⊕ data_(r-1)`, `None` at rank 0.
+    pub fn exscan<T: Element>(
+        &self,
+        data: &[T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<T> {
+        let run = self.scan_with(to_bytes(data), op, false);
+        async move { run.await?.map(|b| to_vec(&b)).transpose() }
+    }
+
+    pub(super) fn scan_with<T: Element>(
+        &self,
+        data: Bytes,
+        op: ReduceOp<T>,
+        inclusive: bool,
+    ) -> impl Future<Output = Result<Option<Bytes>>> + Send + use<T> {
+        let early = check_op(&op).err();
+        let plan =
+            early.is_none().then(|| (self.slot(), ops::scan(self.rank(), self.size(), data, op.erase(), inclusive)));
+        async move {
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            Ok(ops::scan_result(&Comm::drive(slot, m).await?))
+        }
+    }
+}

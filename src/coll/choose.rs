@@ -1,0 +1,66 @@
+//! The facts a choice of algorithm needs (members' hosts, progress modes, permissions), gathered
+//! once per communicator; the choice itself is `ferrocomm_collectives::plan::choose`.
+
+use ferrocomm_collectives::plan::{self, Topology};
+
+use super::*;
+
+impl Comm {
+    /// The algorithm this communicator uses for `op` with `bytes` per rank (and a commutative
+    /// operator): what the selection table (and the hierarchy) decide.
+    pub fn collective_algorithm(&self, op: Operation, bytes: usize) -> Algorithm {
+        self.choose(op, bytes, true)
+    }
+
+    /// The algorithm for `op` with `bytes` per rank: [`plan::choose`] on this communicator's facts.
+    pub(super) fn choose(&self, op: Operation, bytes: usize, commutative: bool) -> Algorithm {
+        let call = Call { op, ranks: self.size(), bytes, commutative };
+        plan::choose(call, &Members(self), self.collective_table())
+    }
+
+    /// Whether every member busy-polls: the default table's condition for the board and single
+    /// copy (whose waits a sleeping rank would only see every `NAP`). Decided from what every
+    /// rank announced, so all members choose alike even when their progress modes differ.
+    pub(super) fn all_busy(&self) -> bool {
+        *self.coll().all_busy.get_or_init(|| self.every_member(|w| self.inner().busy[w]))
+    }
+
+    /// Whether every member may read the others' memory (the kernel's ptrace rules for its user),
+    /// from what each announced: single copy needs all of them.
+    pub(super) fn all_single_copy(&self) -> bool {
+        *self.coll().all_single_copy.get_or_init(|| self.every_member(|w| self.inner().single_copy[w]))
+    }
+
+    /// Whether `holds(world rank)` for every member.
+    pub(super) fn every_member(&self, holds: impl Fn(usize) -> bool) -> bool {
+        (0..self.size()).all(|r| holds(self.world_rank(r) as usize))
+    }
+
+    /// Whether every member is on this host and reached through shared memory.
+    pub(super) fn on_one_host(&self) -> bool {
+        *self.coll().on_one_host.get_or_init(|| {
+            let inner = self.inner();
+            let here = inner.domains[inner.rank as usize];
+            inner.shm_job.is_some() && self.every_member(|w| inner.domains[w] == here)
+        })
+    }
+}
+
+/// A communicator's members as the choice of algorithm sees them; each fact is gathered on first
+/// use and kept by the communicator.
+struct Members<'a>(&'a Comm);
+
+impl Topology for Members<'_> {
+    fn on_one_host(&self) -> bool {
+        self.0.on_one_host()
+    }
+    fn all_busy(&self) -> bool {
+        self.0.all_busy()
+    }
+    fn all_single_copy(&self) -> bool {
+        self.0.all_single_copy()
+    }
+    fn hosts(&self) -> Option<bool> {
+        self.0.hierarchy().map(|h| h.worth_it())
+    }
+}

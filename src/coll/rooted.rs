@@ -1,0 +1,366 @@
+//! The barrier and the rooted collectives: broadcast, reduce, gather, scatter.
+
+use super::*;
+
+impl Comm {
+    /// Waits until every rank of the communicator has entered the barrier (dissemination:
+    /// ceil(log2 n) rounds; node-leader when the communicator spans several hosts).
+    pub fn barrier(&self) -> impl Future<Output = Result<()>> + Send + use<> {
+        let alg = self.choose(Operation::Barrier, 0, true);
+        if alg == Algorithm::SharedMemory {
+            return Collective::board(self.board_call(BoardOp::Barrier, 0, &[], 1), None);
+        }
+        let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
+        let plan = if alg == Algorithm::Multicast {
+            // Takes its sequence number like any call, but runs on the multicast channel.
+            self.slot();
+            None
+        } else if alg == Algorithm::Hierarchical {
+            let h = self.hierarchy().expect("chosen");
+            let (n, l) = (&h.node, h.leaders.as_ref());
+            let (nr, nn) = (n.rank(), n.size());
+            let up = (n.slot(), ops::gather(nr, nn, 0, Algorithm::Binomial, Bytes::new()));
+            let mid = l.map(|l| (l.slot(), ops::barrier(l.rank(), l.size(), Algorithm::Dissemination)));
+            let down = (n.slot(), ops::bcast(nr, nn, 0, Algorithm::Binomial, (nr == 0).then(Bytes::new), 1));
+            Some(Err(Box::new((up, mid, down))))
+        } else {
+            let slot = self.slot();
+            Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Comm::drive(slot, m))))
+        };
+        Collective::boxed(async move {
+            if let Some(comm) = multicast {
+                // The skew-tolerant token barrier of the reliable multicast layer. Boxed, as
+                // every rare path here: its set-up future is large, and would otherwise size
+                // (and be copied with) every message-based barrier's future.
+                return Box::pin(async move {
+                    comm.collective_gate()?;
+                    let barrier = comm.coll().token_barrier.get_or_try_init(|| TokenBarrier::new(&comm)).await?;
+                    barrier.wait().await
+                })
+                .await;
+            }
+            match plan {
+                None => Err(Error::Invalid("a multicast barrier without its channel".into())),
+                Some(Ok(run)) => run?.await.map(drop),
+                Some(Err(hier)) => {
+                    Box::pin(async move {
+                        let (up, mid, down) = *hier;
+                        Comm::drive(up.0, up.1?).await?;
+                        if let Some((s, m)) = mid {
+                            Comm::drive(s, m?).await?;
+                        }
+                        Comm::drive(down.0, down.1?).await.map(drop)
+                    })
+                    .await
+                }
+            }
+        })
+    }
+
+    /// Broadcasts the root's `buf` into every rank's `buf` (all ranks pass the same length).
+    pub fn broadcast<'a, T: Element>(
+        &self,
+        root: Rank,
+        buf: &'a mut [T],
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let (bytes, me) = (size_of_val(buf), self.rank());
+        let alg = self.choose(Operation::Bcast, bytes, true);
+        if root < self.size() && alg == Algorithm::SharedMemory {
+            let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
+            if me == root && self.board().is_ok_and(|seg| seg.root_now(input)) {
+                return Collective::Ready(Some(Ok(())));
+            }
+            let call = self.board_call(BoardOp::Bcast { root }, bytes, input, size_of::<T>());
+            return Collective::board(call, (me != root).then(|| bytemuck::cast_slice_mut(buf)));
+        }
+        let direct = (root < self.size() && alg == Algorithm::SingleCopy).then(|| {
+            let lent = (me == root).then(|| Lent::of(bytemuck::cast_slice(buf)));
+            self.lending(BoardOp::Bcast { root }, lent, &[BoardOp::Fanin { root }])
+        });
+        let run = direct.is_none().then(|| {
+            let pool = self.coll().pool.clone();
+            let data = (me == root).then(|| pool.copy(buf));
+            (self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)), pool)
+        });
+        Collective::boxed(async move {
+            let Some((run, pool)) = run else {
+                let call = direct.expect("one of the two")?;
+                return Box::pin(bcast_single_copy(call, root, me, bytemuck::cast_slice_mut(buf))).await;
+            };
+            let parts = run.await?;
+            if me != root {
+                copy_parts(buf, &parts)?;
+            }
+            // The received (or sent) buffers serve the next large calls.
+            parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
+            Ok(())
+        })
+    }
+
+    /// Broadcasts bytes whose length only the root knows (binomial tree).
+    pub fn broadcast_bytes(
+        &self,
+        root: Rank,
+        data: Option<Bytes>,
+    ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
+        let early = match (&data, self.rank() == root) {
+            (None, true) => Some(Error::Invalid("the root must provide the data".into())),
+            _ => None,
+        };
+        let run = self.bcast_with(root, data.filter(|_| self.rank() == root), Algorithm::Binomial, 1, None);
+        async move {
+            match early {
+                Some(e) => Err(e),
+                // Binomial: one part, shared as it came.
+                None => Ok(ops::join(run.await?)),
+            }
+        }
+    }
+
+    /// `len`: the length every rank knows the data has, if they do. The data comes back in pieces
+    /// (one, except for scatter + all-gather), to be copied out or joined by the caller.
+    pub(super) fn bcast_with(
+        &self,
+        root: Rank,
+        data: Option<Bytes>,
+        alg: Algorithm,
+        elem: usize,
+        len: Option<usize>,
+    ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
+        let (r, n) = (self.rank(), self.size());
+        let early = self.check_root(root);
+        let multicast = (alg == Algorithm::Multicast && early.is_none()).then(|| (self.clone(), data.clone()));
+        let plan = if early.is_some() || multicast.is_some() {
+            None
+        } else if alg == Algorithm::Hierarchical {
+            // Root -> its node's leader -> every leader -> every node.
+            let h = self.hierarchy().expect("chosen");
+            let (node, root_node) = (&h.node, h.node_of[root as usize]);
+            let mine = h.node_of[r as usize] == root_node;
+            let node_root = node_rank_of(h, root);
+            let at = |c: &Comm, root: Rank| (c.slot(), c.rank(), c.size(), root);
+            let first = mine.then(|| at(node, node_root));
+            let leaders = h.leaders.as_ref().map(|l| at(l, h.leader_position(root_node)));
+            let last = (!mine).then(|| at(node, 0));
+            Some(Err(Box::new((data, [first, leaders, last]))))
+        } else {
+            let m = ops::bcast(r, n, root, alg, data, elem).map(|m| match len {
+                Some(len) => m.with_block_len(len),
+                None => m,
+            });
+            let slot = self.slot();
+            Some(Ok((m.map(|m| Comm::drive(slot, m)), alg, n)))
+        };
+        async move {
+            if let Some((comm, data)) = multicast {
+                // Boxed, as in the barrier: a large future kept out of every broadcast's.
+                return Box::pin(async move {
+                    comm.collective_gate()?;
+                    let chan = comm.coll().multicast.get_or_try_init(|| Channel::new(&comm)).await?;
+                    crate::multicast::broadcast(chan, root, data).await.map(|b| vec![b])
+                })
+                .await;
+            }
+            match plan {
+                None => Err(early.expect("set")),
+                Some(Ok((run, alg, n))) => Ok(ops::bcast_parts(&run?.await?, n, alg)?),
+                Some(Err(hier)) => {
+                    Box::pin(async move {
+                        // Root's node, then the leaders, then the other nodes; each step's root
+                        // holds the data by the time it starts.
+                        let (mut have, steps) = *hier;
+                        for (slot, r, n, root) in steps.into_iter().flatten() {
+                            let data = if r == root { have.clone() } else { None };
+                            let m = ops::bcast(r, n, root, Algorithm::Binomial, data, elem)?;
+                            have = Some(ops::bcast_result(&Comm::drive(slot, m).await?, n, Algorithm::Binomial)?);
+                        }
+                        have.map(|b| vec![b])
+                            .ok_or_else(|| Error::Invalid("hierarchical broadcast ended without data".into()))
+                    })
+                    .await
+                }
+            }
+        }
+    }
+
+    pub(super) fn check_root(&self, root: Rank) -> Option<Error> {
+        (root >= self.size()).then(|| Error::UnknownRank { rank: root, size: self.size() })
+    }
+
+    /// Combines every rank's `data` with `op` at `root`: `Some(result)` there, `None` elsewhere.
+    /// The future borrows `data`: by single copy (large calls on one host) the root reads it where
+    /// it is.
+    pub fn reduce<'a, T: Element>(
+        &self,
+        root: Rank,
+        data: &'a [T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<'a, T> {
+        let alg = self.choose(Operation::Reduce, size_of_val(data), op.is_commutative());
+        let early = self.check_root(root).or_else(|| check_op(&op).err());
+        let (r, n) = (self.rank(), self.size());
+        let len = size_of_val(data);
+        let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
+            let kind = BoardOp::Reduce { root, op: op.erase() };
+            self.board_future(kind, len, bytemuck::cast_slice(data), size_of::<T>())
+        });
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, Lend::InPlace));
+        let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
+            let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
+            (self.slot(), m)
+        });
+        let pool = self.coll().pool.clone();
+        async move {
+            if let Some(call) = direct {
+                // The root combines every rank's data straight from its memory, its own from
+                // `data`, which the future borrows (the others' calls lend theirs in place too).
+                let own: &[u8] = bytemuck::cast_slice(data);
+                return gather_single_copy(call?, n, len, &pool, |call, lent| {
+                    let mut out = (r == root).then(|| vec![T::zeroed(); len / size_of::<T>()]);
+                    if let Some(out) = out.as_mut() {
+                        let dst = bytemuck::cast_slice_mut(out);
+                        combine(call, lent, r as usize, &op.erase(), 0, Some(own), dst, &pool)?;
+                    }
+                    Ok(out)
+                })
+                .await;
+            }
+            if let Some(call) = board {
+                let pieces = call?.await?;
+                if r != root {
+                    return Ok(None);
+                }
+                let mut out = vec![T::zeroed(); len / size_of::<T>()];
+                copy_parts(&mut out, &pieces)?;
+                return Ok(Some(out));
+            }
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            let blocks = Comm::drive(slot, m?).await?;
+            if r != root {
+                return Ok(None);
+            }
+            to_vec(&ops::concat(&blocks, [0])?).map(Some)
+        }
+    }
+
+    /// Gathers every rank's `data` (all of one length) at `root`, concatenated in rank order.
+    pub fn gather<T: Element>(
+        &self,
+        root: Rank,
+        data: &[T],
+    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<T> {
+        let run = self.gather_plan(root, to_bytes(data), size_of_val(data));
+        async move {
+            let Some(parts) = run.await? else { return Ok(None) };
+            let mut out = Vec::new();
+            for p in &parts {
+                out.extend(to_vec::<T>(p)?);
+            }
+            Ok(Some(out))
+        }
+    }
+
+    /// Gathers every rank's `data` (lengths may differ) at `root`: one vector per rank.
+    pub fn gatherv<T: Element>(
+        &self,
+        root: Rank,
+        data: &[T],
+    ) -> impl Future<Output = Result<Option<Vec<Vec<T>>>>> + Send + use<T> {
+        let run = self.gather_bytes(root, to_bytes(data));
+        async move {
+            let Some(parts) = run.await? else { return Ok(None) };
+            parts.iter().map(to_vec).collect::<Result<Vec<_>>>().map(Some)
+        }
+    }
+
+    /// Gathers one message per rank at `root` (any lengths).
+    pub fn gather_bytes(
+        &self,
+        root: Rank,
+        data: Bytes,
+    ) -> impl Future<Output = Result<Option<Vec<Bytes>>>> + Send + use<> {
+        // Lengths may differ between ranks, so the choice may not depend on them.
+        self.gather_plan(root, data, 0)
+    }
+
+    pub(super) fn gather_plan(
+        &self,
+        root: Rank,
+        data: Bytes,
+        bytes: usize,
+    ) -> impl Future<Output = Result<Option<Vec<Bytes>>>> + Send + use<> {
+        let alg = self.choose(Operation::Gather, bytes, true);
+        let (r, n) = (self.rank(), self.size());
+        let early = self.check_root(root);
+        let plan = early.is_none().then(|| (self.slot(), ops::gather(r, n, root, alg, data)));
+        async move {
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            let blocks = Comm::drive(slot, m?).await?;
+            if r != root {
+                return Ok(None);
+            }
+            Ok(Some(ops::gather_result(&blocks, n, root)?))
+        }
+    }
+
+    /// Splits the root's `data` into equal parts, one per rank in rank order, and returns this
+    /// rank's part. Other ranks pass `None`.
+    pub fn scatter<T: Element>(
+        &self,
+        root: Rank,
+        data: Option<&[T]>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let n = self.size() as usize;
+        let parts = match data {
+            Some(d) if !d.len().is_multiple_of(n) => {
+                Err(Error::Invalid(format!("{} elements do not split into {n} parts", d.len())))
+            }
+            Some(d) => {
+                let k = d.len() / n;
+                Ok(Some((0..n).map(|i| to_bytes(&d[i * k..(i + 1) * k])).collect()))
+            }
+            None => Ok(None),
+        };
+        self.scatter_bytes_typed::<T>(root, parts)
+    }
+
+    /// Sends `parts[i]` of the root to rank i (lengths may differ); returns this rank's part.
+    pub fn scatterv<T: Element>(
+        &self,
+        root: Rank,
+        parts: Option<&[Vec<T>]>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        self.scatter_bytes_typed::<T>(root, Ok(parts.map(|p| p.iter().map(|v| to_bytes(v)).collect())))
+    }
+
+    pub(super) fn scatter_bytes_typed<T: Element>(
+        &self,
+        root: Rank,
+        parts: Result<Option<Vec<Bytes>>>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        let run = parts.map(|p| self.scatter_bytes(root, p));
+        async move { to_vec(&run?.await?) }
+    }
+
+    /// Sends message `parts[i]` of the root to rank i; returns this rank's.
+    pub fn scatter_bytes(
+        &self,
+        root: Rank,
+        parts: Option<Vec<Bytes>>,
+    ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
+        let alg = self.choose(Operation::Scatter, 0, true);
+        let (r, n) = (self.rank(), self.size());
+        let early = self.check_root(root).or_else(|| match (&parts, r == root) {
+            (Some(p), true) if p.len() != n as usize => {
+                Some(Error::Invalid(format!("{} parts for {n} ranks", p.len())))
+            }
+            (None, true) => Some(Error::Invalid("the root must provide the parts".into())),
+            _ => None,
+        });
+        let plan = early.is_none().then(|| (self.slot(), ops::scatter(r, n, root, alg, parts.filter(|_| r == root))));
+        async move {
+            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            Ok(ops::scatter_result(&Comm::drive(slot, m?).await?, r, n, root)?)
+        }
+    }
+}
