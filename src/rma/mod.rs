@@ -30,6 +30,7 @@ pub(crate) mod memory;
 pub(crate) mod service;
 mod sys;
 pub(crate) mod wire;
+mod verbs;
 
 pub use crate::error::rma::{Access, RmaError, SegmentId};
 pub use api::{Event, GetOp, Queue, RemoteSegment, RmaOp, Segment, Ticket};
