@@ -374,6 +374,12 @@ impl RemoteSegment {
         self.r.mapped.is_some()
     }
 
+    /// Whether the RDMA device carries out puts, gets and atomics on it (a peer's segment
+    /// reached over verbs), rather than a mapping or requests.
+    pub fn is_device(&self) -> bool {
+        self.r.native.is_some() && self.r.mapped.is_none()
+    }
+
     /// Bytes per record, for a queue.
     pub fn record_len(&self) -> Option<usize> {
         match self.r.info.kind {
