@@ -52,9 +52,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// perftest's (t_typical, t_avg) at 8 B for `exe` with `extra` arguments, microseconds.
 fn perftest_lat(p: &Perftest, exe: &str, extra: &[&str], cpus: [usize; 2]) -> Result<(f64, f64)> {
     let path = process::find_in_path(exe).ok_or("perftest not in PATH: `apt-get install perftest`")?;
-    let mut args: Vec<String> = ["-d", &p.device, "-x", &p.gid_index.to_string(), "-n", &ITERS.to_string(), "-F"]
-        .map(String::from)
-        .to_vec();
+    let mut args: Vec<String> =
+        ["-d", &p.device, "-x", &p.gid_index.to_string(), "-n", &ITERS.to_string(), "-F"].map(String::from).to_vec();
     args.extend(extra.iter().map(|s| s.to_string()));
     let out = p.pair(&path, &args, cpus)?;
     Ok((column(&out, 8, "t_typical")?, column(&out, 8, "t_avg")?))
@@ -99,10 +98,12 @@ pub(crate) fn main(o: Options) -> Result<()> {
         println!("{:<12} {f:>14.2} {p:>14.2} {ratio:>8.2}   (vs {exe})", format!("{name} lat"));
         summary[*name] = json!({"ferrocomm_us": f, "perftest_us": p, "ratio": ratio, "perftest": exe});
     }
-    println!("summary: ratios ferrocomm/perftest (latency; 1.0 = as fast): put {:.2}, get {:.2}, fetch-add {:.2}",
+    println!(
+        "summary: ratios ferrocomm/perftest (latency; 1.0 = as fast): put {:.2}, get {:.2}, fetch-add {:.2}",
         summary["put"]["ratio"].as_f64().unwrap_or(f64::NAN),
         summary["get"]["ratio"].as_f64().unwrap_or(f64::NAN),
-        summary["fetch-add"]["ratio"].as_f64().unwrap_or(f64::NAN));
+        summary["fetch-add"]["ratio"].as_f64().unwrap_or(f64::NAN)
+    );
     if let Some(path) = &o.json {
         let doc = json!({"bench": "rma-verbs", "device": device, "gid_index": gid, "runs": runs_json,
                          "summary": summary, "perftest_iters": ITERS});

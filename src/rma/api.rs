@@ -142,7 +142,9 @@ impl Segment {
     }
 
     /// The 64-bit word at `off` (8-byte aligned), for local atomics on the words peers update
-    /// with remote atomics.
+    /// with remote atomics. Over verbs the device's atomics are atomic only among themselves:
+    /// update such words with [`World::fetch_add`] and the others on the own segment (they go
+    /// through the device too), and use this word to read them.
     pub fn word(&self, off: usize) -> Result<&AtomicU64> {
         if !off.is_multiple_of(8) {
             return Err(rma(RmaError::Misaligned { offset: off as u64 }));
@@ -965,7 +967,15 @@ impl World {
     /// A put carried out by the device: RDMA writes of the geometry's runs (the source copied
     /// into registered memory first), then, with `notify`, the notification message once the
     /// data is in place.
-    fn device_put(&self, r: &Remote, key: RemoteKey, g: &Geometry, src: &[u8], bytes: usize, notify: bool) -> RmaOp<()> {
+    fn device_put(
+        &self,
+        r: &Remote,
+        key: RemoteKey,
+        g: &Geometry,
+        src: &[u8],
+        bytes: usize,
+        notify: bool,
+    ) -> RmaOp<()> {
         let inner = self.rma_inner();
         let local = g.local_layout();
         let packed;
@@ -1205,7 +1215,12 @@ fn emulated<T: Send + 'static>(
 }
 
 /// Starts an operation that the device carries out.
-fn native<T: Send + 'static>(inner: &Arc<Inner>, seg: SegmentId, req: Request<'_>, conv: fn(Reply) -> Result<T>) -> RmaOp<T> {
+fn native<T: Send + 'static>(
+    inner: &Arc<Inner>,
+    seg: SegmentId,
+    req: Request<'_>,
+    conv: fn(Reply) -> Result<T>,
+) -> RmaOp<T> {
     let (key, now) = locked(inner, |d| {
         let (key, post) = service(d).start_native(seg);
         if post {

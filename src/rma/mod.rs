@@ -29,8 +29,8 @@ pub(crate) mod hook;
 pub(crate) mod memory;
 pub(crate) mod service;
 mod sys;
-pub(crate) mod wire;
 mod verbs;
+pub(crate) mod wire;
 
 pub use crate::error::rma::{Access, RmaError, SegmentId};
 pub use api::{Event, GetOp, Queue, RemoteSegment, RmaOp, Segment, Ticket};

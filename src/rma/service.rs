@@ -350,17 +350,17 @@ impl Service {
                     };
                     let mem = self.segments.get(&serial).expect("just found");
                     Msg::Attached {
-                    req,
-                    info: AttachInfo {
-                        len: mem.len,
-                        access: mem.access,
-                        kind: mem.kind,
-                        pid: std::process::id() as i32,
-                        fd: mem.raw_fd(),
-                        nonce: mem.nonce,
-                        max_message: self.max_message,
-                        rdma,
-                    },
+                        req,
+                        info: AttachInfo {
+                            len: mem.len,
+                            access: mem.access,
+                            kind: mem.kind,
+                            pid: std::process::id() as i32,
+                            fd: mem.raw_fd(),
+                            nonce: mem.nonce,
+                            max_message: self.max_message,
+                            rdma,
+                        },
                     }
                 }
                 Err(error) => Msg::Fail { req, error },
@@ -886,10 +886,8 @@ impl Service {
     /// A device operation ended (`token`: its request id).
     pub(crate) fn native_done(&mut self, token: u64, r: Result<Done, TransportError>) {
         let key = token as u32 as usize;
-        let Some(p) = self
-            .pending
-            .get(key)
-            .filter(|p| p.generation == (token >> 32) as u32 && matches!(p.state, State::Running))
+        let Some(p) =
+            self.pending.get(key).filter(|p| p.generation == (token >> 32) as u32 && matches!(p.state, State::Running))
         else {
             return;
         };

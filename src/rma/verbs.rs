@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use ferrocomm_transports::one_sided::{RemoteAccess, Run};
 
+use super::Access;
 use super::geometry::Geometry;
 use super::memory::{SegMem, SegmentKind};
 use super::service::Service;
-use super::Access;
 use crate::p2p::driver::Driver;
 
 /// Registers `mem` with the device if the transport has one (windows with data only); a segment

@@ -389,10 +389,10 @@ mod tests {
     #[test]
     fn adjacent_runs_merge() {
         let r = |stream, addr, len| Run { stream, addr, len };
-        assert_eq!(merged(&[r(0, 100, 8), r(8, 108, 8), r(16, 200, 8), r(24, 208, 0)]), vec![
-            r(0, 100, 16),
-            r(16, 200, 8)
-        ]);
+        assert_eq!(
+            merged(&[r(0, 100, 8), r(8, 108, 8), r(16, 200, 8), r(24, 208, 0)]),
+            vec![r(0, 100, 16), r(16, 200, 8)]
+        );
         assert_eq!(merged(&[r(0, 100, 8), r(16, 108, 8)]), vec![r(0, 100, 8), r(16, 108, 8)]);
     }
 }
