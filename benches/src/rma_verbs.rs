@@ -14,7 +14,7 @@
 
 use std::path::PathBuf;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::perftest::{Perftest, column, default_gid_index, first_device};
 use crate::{Result, cli, process, rma};

@@ -993,6 +993,79 @@ mod tests {
         }
     }
 
+    /// The device route's protocol: the key travels in the attach answer; device operations
+    /// complete by their tokens (once: a late or duplicate completion is ignored); unpublishing
+    /// revokes the segment at the attached peer, which answers released only once its operation
+    /// in flight is over, and only then is the registration handed back for ending.
+    #[test]
+    fn device_operations_and_revocation() {
+        let mut p = Pair::new();
+        let mem = p.window(4096, Access::WINDOW);
+        let id = mem.id;
+        let key = RemoteKey { addr: 0x1000, rkey: 77 };
+        p.b.registered(id.serial(), 5, key);
+        assert_eq!(p.b.own_key(id.serial()), Some(key));
+        let k = p.a.start(id, |req| vec![Msg::Attach { req, serial: id.serial() }]);
+        p.run();
+        let Reply::Attached(info) = p.result(k).unwrap() else { panic!() };
+        assert_eq!(info.rdma, key);
+        let remote = p.a.cache(Arc::new(Remote {
+            id,
+            info,
+            mapped: None,
+            lost: std::sync::OnceLock::new(),
+            native: Some(info.rdma),
+            revoked: false.into(),
+        }));
+
+        // Completions by token: data, value, a failure naming the target; duplicates ignored.
+        let (k, post) = p.a.start_native(id);
+        assert!(post);
+        p.a.native_done(Service::token(k), Ok(Done::Data(Bytes::from_static(b"abc"))));
+        p.a.native_done(Service::token(k), Ok(Done::Unit));
+        let Ok(Reply::Data(d)) = p.result(k) else { panic!() };
+        assert_eq!(d, vec![(0, Bytes::from_static(b"abc"))]);
+        let (k, _) = p.a.start_native(id);
+        p.a.native_done(Service::token(k), Ok(Done::Value(9)));
+        assert!(matches!(p.result(k), Ok(Reply::Value(9))));
+        let (k, _) = p.a.start_native(id);
+        p.a.native_done(Service::token(k), Err(TransportError::Closed));
+        assert!(matches!(p.result(k), Err(Error::PeerLost { rank: 1, reason: TransportError::Closed })));
+
+        // An operation in flight when the owner unpublishes.
+        let (running, _) = p.a.start_native(id);
+        p.b.unpublish(id.serial());
+        p.run();
+        assert!(remote.revoked.load(Ordering::Acquire), "the attached peer was told");
+        assert!(p.a.cached(id).is_none());
+        assert_eq!(p.a.release_ready(), 0, "not released while an operation runs");
+        p.b.release_ready();
+        assert!(p.b.take_deregister().is_empty(), "the registration stays while the peer may use it");
+        p.a.native_done(Service::token(running), Ok(Done::Unit));
+        assert!(matches!(p.result(running), Ok(Reply::Unit)), "an operation already posted completes");
+        assert_eq!(p.a.release_ready(), 1);
+        p.run();
+        assert_eq!(p.b.take_deregister(), vec![5]);
+        assert!(!p.a.busy() && !p.b.busy());
+    }
+
+    /// A peer lost while the owner waits for its release counts as released.
+    #[test]
+    fn a_lost_peer_releases_a_revoked_segment() {
+        let mut p = Pair::new();
+        let mem = p.window(64, Access::WINDOW);
+        let id = mem.id;
+        p.b.registered(id.serial(), 3, RemoteKey { addr: 8, rkey: 1 });
+        let k = p.a.start(id, |req| vec![Msg::Attach { req, serial: id.serial() }]);
+        p.run();
+        p.result(k).unwrap();
+        p.b.unpublish(id.serial());
+        p.b.release_ready();
+        assert!(p.b.take_deregister().is_empty());
+        p.b.peer_lost(0, TransportError::Closed);
+        assert_eq!(p.b.take_deregister(), vec![3]);
+    }
+
     #[test]
     fn attach_put_get_atomics_through_requests() {
         let mut p = Pair::new();
