@@ -226,7 +226,7 @@ async fn pair(w: &World) -> Result<Value> {
     }
     let put_mean = t_all.elapsed().as_secs_f64() / i as f64 / 2.0;
     w.barrier().await?;
-    let mut out = json!({"mapped": !tcp, "transport": w.transport_for(peer as u32),
+    let mut out = json!({"mapped": remote.is_mapped(), "device": device, "transport": w.transport_for(peer as u32),
                          "put_lat_us": median(samples) * 1e6, "put_lat_mean_us": put_mean * 1e6});
     if me == 0 {
         let (med, mean) = timed(lat_iters, || async {

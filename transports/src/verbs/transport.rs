@@ -221,7 +221,8 @@ impl VerbsEndpoint {
         // `VerbsTransport::repost`), plus per slot one write, one RDMA write and reads.
         let recv_wr = 2 * slots;
         let send_wr = 2 * slots + 2 * u32::from(RD_ATOMIC) + 8;
-        let cq = ((recv_wr + send_wr) as usize * npeers.max(1)).min(32_000) as i32;
+        // Plus the one-sided loopback pair's send queue (`rma`), which shares the CQ.
+        let cq = ((recv_wr + send_wr) as usize * npeers.max(1) + send_wr as usize).min(32_000) as i32;
         let dev = Device::open(cfg.device.as_deref(), cfg.gid_index, cq)?;
         let ring_len = slot_size * slots as usize;
         let shared = match cfg.eager {
