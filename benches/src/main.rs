@@ -63,6 +63,7 @@ mod ranks;
 mod reference;
 mod report;
 mod rma;
+mod rma_verbs;
 mod sim_scale;
 mod sweep;
 mod transport;
@@ -97,6 +98,7 @@ enum Command {
     Burst(burst::Options),
     Multicast(mcast::Options),
     Rma(rma::Options),
+    RmaVerbs(rma_verbs::Options),
     SimScale(sim_scale::Options),
     // The processes the benchmarks start: this binary again, with these hidden subcommands.
     #[command(name = ranks::JOB_COMMAND, hide = true)]
@@ -138,6 +140,7 @@ fn main() -> ExitCode {
         Command::Burst(o) => burst::main(o),
         Command::Multicast(o) => mcast::main(o),
         Command::Rma(o) => rma::main(o),
+        Command::RmaVerbs(o) => rma_verbs::main(o),
         Command::SimScale(o) => sim_scale::main(o),
         Command::PingpongJob(s) => ranks::job_main(s),
         Command::PingpongRank(s) => ranks::rank_main(s),
@@ -202,6 +205,7 @@ mod tests {
             "sim-scale --ranks 64,4096 --sizes 8,64K,1M --ops bcast,mcast --max-bytes 4G --no-crossover".into(),
             "rma --cpus 0,1 --runs 3 --atomic-ranks 4 --transports tcp --no-peer --json r.json".into(),
             "burst --ranks 6 --messages 2500 --runs 5 --json b.json".into(),
+            "rma-verbs --runs 3 --json rv.json".into(),
             "shm-transport --cpus 0,1 --cma auto --message 4M --json s.json".into(),
             "multicast --transports tcp --json g.json --plot g.svg".into(),
             "pingpong --transport verbs --progress blocking --recv-into --runs 3 --max 4M --target-ms 300 --json h.json \

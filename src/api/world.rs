@@ -312,7 +312,7 @@ impl Inner {
         // Operations still in flight (their handles outlived the world's) can no longer finish.
         self.reactor.with(|d| {
             d.engine.close();
-            d.upper.close(&mut d.engine);
+            d.upper.close(&mut d.engine, &mut *d.transport);
         });
         self.reactor.stop();
         self.thread.lock().take();

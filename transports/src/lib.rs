@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod mapping;
+pub mod one_sided;
 pub mod route;
 #[cfg(target_os = "linux")]
 pub mod shm;
@@ -173,4 +174,9 @@ pub trait Transport: Send {
     /// Drops the connection to `peer` (it broke the protocol one level up). The transport reports
     /// the loss through [`Sink::peer_lost`] with `reason` once no read into a sink buffer is in flight.
     fn disconnect(&mut self, peer: Rank, reason: TransportError);
+    /// The one-sided capability ([`one_sided::OneSided`]), for a transport whose device reaches
+    /// peers' memory itself; `None` (the default) otherwise.
+    fn one_sided(&mut self) -> Option<&mut dyn one_sided::OneSided> {
+        None
+    }
 }
