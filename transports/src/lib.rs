@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod mapping;
+pub mod rails;
 pub mod route;
 #[cfg(target_os = "linux")]
 pub mod shm;
