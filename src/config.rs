@@ -8,6 +8,7 @@ pub use ferrocomm_transports::tcp::Backend as TcpBackend;
 pub use ferrocomm_transports::verbs::Eager as VerbsEager;
 pub use ferrocomm_transports::verbs::Rendezvous as VerbsRendezvous;
 
+pub use crate::bootstrap::rails::{RailList, RailSettings};
 use crate::error::{Error, Result};
 
 /// Which transports a rank may use.
@@ -77,6 +78,9 @@ pub struct Settings {
     pub multicast: McastSettings,
     /// Settings of the verbs transport (used with [`TransportChoice::Verbs`]).
     pub verbs: VerbsSettings,
+    /// More TCP connections per peer over other interfaces (`FERROCOMM_RAILS`,
+    /// `FERROCOMM_RAIL_*`): see [`RailSettings`] and docs/routes.md.
+    pub rails: RailSettings,
 }
 
 /// Settings of the verbs transport.
@@ -132,6 +136,7 @@ impl Default for Settings {
             collectives: Default::default(),
             multicast: Default::default(),
             verbs: VerbsSettings::default(),
+            rails: RailSettings::default(),
         }
     }
 }
@@ -233,6 +238,7 @@ impl Settings {
         if let Some(v) = parse("FERROCOMM_VERBS_RENDEZVOUS", &get)? {
             s.verbs.rendezvous = v;
         }
+        s.rails = RailSettings::from_vars(&get)?;
         s.validate()?;
         Ok(s)
     }

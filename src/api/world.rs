@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     /// The name of this job's shared-memory files, when this rank has peers over shared memory.
     pub shm_job: Option<String>,
     pub closed: AtomicBool,
+    /// Per peer and rail, what striping measured and carried (when the rank has rails).
+    pub rail_stats: Option<ferrocomm_transports::rails::SharedStats>,
     pub thread: Mutex<Option<ReactorThread>>,
     /// Departures and losses this rank knows of ([`crate::p2p::failure::Failures::changes`]): the
     /// collectives' gate asks the engine only once it is not zero.
@@ -214,6 +216,13 @@ impl World {
     /// Name of the transport that reaches `peer` (`shm`, `tcp-uring`, `tcp-portable`).
     pub fn transport_for(&self, peer: Rank) -> &'static str {
         self.inner.reactor.with(|d| d.transport.name_for(peer))
+    }
+
+    /// What the rails to `peer` carried and measured, rail 0 (the bootstrap connection) first;
+    /// `None` for a rail that does not reach `peer`. Empty without rails (docs/routes.md).
+    pub fn rail_stats(&self, peer: Rank) -> Vec<Option<ferrocomm_transports::rails::RailStats>> {
+        let Some(s) = &self.inner.rail_stats else { return Vec::new() };
+        s.lock().unwrap_or_else(|e| e.into_inner()).get(peer as usize).cloned().unwrap_or_default()
     }
 
     /// Connection attempts this rank refused (most recent last, at most 64 kept).

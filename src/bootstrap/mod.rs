@@ -15,6 +15,7 @@
 pub mod env;
 pub mod kv;
 pub(crate) mod notices;
+pub(crate) mod rails;
 pub(crate) mod rendezvous;
 
 use std::net::{IpAddr, SocketAddr};
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 use ferrocomm_reactor::ReactorThread;
 use ferrocomm_transports::auth::JobSecret;
+use ferrocomm_transports::rails::Bonded;
 use ferrocomm_transports::route::Routed;
 use ferrocomm_transports::tcp::{self, handshake_accept, handshake_connect};
 use ferrocomm_transports::wire::{Limits, TOKEN_LEN};
@@ -33,7 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::api::world::{Inner, Refused, World};
-use crate::config::{Settings, TransportChoice};
+use crate::config::{RailList, Settings, TransportChoice};
 use crate::error::{Error, Result};
 use crate::p2p::driver::Driver;
 use crate::p2p::engine::{self, Engine};
@@ -189,6 +191,17 @@ async fn join_via(
     }
     awaited.lock().fill(false);
 
+    // More connections to the same peers over other interfaces, for striping (rails.rs).
+    let remote_tcp: Vec<bool> = (0..size).map(|r| r != rank && !local[r as usize]).collect();
+    let rails = if settings.rails.list == RailList::Off || settings.transports == TransportChoice::Verbs {
+        None
+    } else {
+        let mine = rails::local_rails(&settings.rails.list, ip)?;
+        let timeout = settings.connect_timeout;
+        let (h, peer_timeout) = (thread.handle(), settings.peer_timeout);
+        Some(rails::connect(&mut kv, rank, &remote_tcp, mine, &token, &limits, timeout, peer_timeout, h).await?)
+    };
+
     let verbs = settings.transports == TransportChoice::Verbs;
     let tcp = if verbs {
         // Every peer over verbs; the TCP connections stay open as its liveness channels.
@@ -196,6 +209,20 @@ async fn join_via(
     } else {
         let _rt = thread.handle().enter();
         tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit).map_err(Error::bootstrap)?
+    };
+    let (tcp, rail_stats) = match rails {
+        Some(links) if links.conns.iter().flatten().any(|c| c.is_some()) => {
+            let _rt = thread.handle().enter();
+            let table = links.table(&remote_tcp);
+            let mut parts = vec![tcp];
+            for c in links.conns {
+                parts.push(tcp::build(settings.tcp_backend, c, limits, settings.eager_limit).map_err(Error::bootstrap)?);
+            }
+            let bonded = Bonded::new(rank, parts, &table, settings.rails.stripe(settings.rndv_chunk));
+            let stats = bonded.shared_stats();
+            (Box::new(bonded) as Box<dyn Transport>, Some(stats))
+        }
+        _ => (tcp, None),
     };
     let remote = (0..size).any(|r| r != rank && !local[r as usize]);
     let transport = if !local.contains(&true) {
@@ -249,6 +276,7 @@ async fn join_via(
         datagram_key: JobSecret::new(token).datagram_key(),
         shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
+        rail_stats,
         thread: Mutex::new(Some(thread)),
         changes,
     })))
@@ -410,7 +438,8 @@ fn shared_fingerprint(settings: &Settings) -> u64 {
     // Over verbs, the slot rings and the rendezvous protocol too (device and GID are per host).
     let v = &s.verbs;
     let verbs = verbs.then(|| (v.slots, format!("{:?} {:?}", v.eager, v.rendezvous)));
-    env::fnv1a64(&[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?}", s.collectives).as_bytes()])
+    let rails = s.rails.list != RailList::Off;
+    env::fnv1a64(&[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?} rails={rails}", s.collectives).as_bytes()])
 }
 
 /// Where a rank shares memory: with the other ranks of its host, or (if it cannot run the

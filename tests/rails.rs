@@ -1,0 +1,271 @@
+//! Multi-rail striping (docs/routes.md), over real TCP connections:
+//!
+//! * **loopback**: ranks in this process with rails on 127.0.0.2 and 127.0.0.3 besides the
+//!   bootstrap connection on 127.0.0.1: the whole point-to-point suite over the bonded
+//!   transport (both TCP backends), and large messages that every rail carries a share of.
+//! * **two veth pairs**: two network namespaces (hosts) joined by two veth pairs (10.88.1.0/24
+//!   and 10.88.2.0/24), each rank in its own namespace, both rails rate-limited by `tc tbf` so
+//!   that a transfer lasts long enough; while rank 0 sends a 48 MiB message, the test takes the
+//!   second rail's link down (`ip link set ... down`): the message arrives whole, the second rail
+//!   is dropped, and the bootstrap rail carried the rest.
+//!
+//! The namespace test needs root (namespaces, tc): without it, it says so loudly and passes. Its
+//! ranks are this test binary, re-run inside the namespaces with `--exact rails_rank_process`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferrocomm::{RailList, RailSettings, Settings, TcpBackend, TransportChoice, testing};
+
+fn loopback_rails(backend: TcpBackend) -> Settings {
+    Settings {
+        transports: TransportChoice::Tcp,
+        tcp_backend: backend,
+        rails: RailSettings {
+            list: RailList::List(vec!["127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap()]),
+            ..RailSettings::default()
+        },
+        ..Settings::default()
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Bytes {
+    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(u32::from(seed)) as u8 ^ (i >> 13) as u8).collect::<Vec<u8>>().into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point_to_point_suite_over_loopback_rails() {
+    for backend in [TcpBackend::Uring, TcpBackend::Portable] {
+        for n in [2, 4] {
+            testing::run(n, loopback_rails(backend), |w| async move {
+                common::suite(&w).await;
+                w.finalize().await.unwrap();
+            })
+            .await
+            .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_are_striped_over_every_rail() {
+    let stats = testing::run(2, loopback_rails(TcpBackend::Auto), |w| async move {
+        let c = w.comm();
+        let sizes = [1000, 200_000, 300_000, 8 * 1024 * 1024 + 3, 32 * 1024 * 1024];
+        let peer = 1 - w.rank();
+        for (i, &len) in sizes.iter().enumerate() {
+            let tag = i as u64;
+            if w.rank() == 0 {
+                c.send(peer, tag, pattern(len, i as u8)).await.unwrap();
+                let back = c.recv(peer, tag).await.unwrap();
+                assert!(back.data == pattern(len, i as u8 ^ 0xff), "echo of {len} bytes differs");
+            } else {
+                let m = c.recv(peer, tag).await.unwrap();
+                assert!(m.data == pattern(len, i as u8), "{len} bytes differ");
+                c.send(peer, tag, pattern(len, i as u8 ^ 0xff)).await.unwrap();
+            }
+        }
+        c.barrier().await.unwrap();
+        let s = w.rail_stats(peer);
+        w.finalize().await.unwrap();
+        s
+    })
+    .await
+    .unwrap();
+    for (rank, s) in stats.iter().enumerate() {
+        assert_eq!(s.len(), 3, "rank {rank}: {s:?}");
+        for (rail, r) in s.iter().enumerate() {
+            let r = r.unwrap_or_else(|| panic!("rank {rank}: rail {rail} does not reach the peer"));
+            assert!(r.up, "rank {rank}: rail {rail} dropped: {s:?}");
+            assert!(r.carried > 1 << 20, "rank {rank}: rail {rail} carried {} bytes: {s:?}", r.carried);
+        }
+    }
+}
+
+// ---- two namespaces, two veth pairs ----
+
+const ROLE: &str = "FERROCOMM_RAILS_ROLE";
+const BIG: usize = 48 << 20;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn sh(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// Two namespaces joined by two veth pairs; deleted when dropped.
+struct TwoHosts {
+    a: String,
+    b: String,
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        let _ = sh(&["ip", "netns", "del", &self.a]);
+        let _ = sh(&["ip", "netns", "del", &self.b]);
+    }
+}
+
+impl TwoHosts {
+    fn new(prefix: &str) -> Result<TwoHosts, String> {
+        let (a, b) = (format!("{prefix}a"), format!("{prefix}b"));
+        for n in [&a, &b] {
+            let _ = sh(&["ip", "netns", "del", n]);
+            sh(&["ip", "netns", "add", n])?;
+            sh(&["ip", "-n", n, "link", "set", "lo", "up"])?;
+        }
+        let hosts = TwoHosts { a, b };
+        for rail in 1..=2 {
+            let (ea, eb) = (format!("r{rail}a"), format!("r{rail}b"));
+            sh(&["ip", "-n", &hosts.a, "link", "add", &ea, "type", "veth", "peer", "name", &eb, "netns", &hosts.b])?;
+            sh(&["ip", "-n", &hosts.a, "addr", "add", &format!("10.88.{rail}.1/24"), "dev", &ea])?;
+            sh(&["ip", "-n", &hosts.b, "addr", "add", &format!("10.88.{rail}.2/24"), "dev", &eb])?;
+            sh(&["ip", "-n", &hosts.a, "link", "set", &ea, "up"])?;
+            sh(&["ip", "-n", &hosts.b, "link", "set", &eb, "up"])?;
+        }
+        Ok(hosts)
+    }
+
+    /// Rate-limits both directions of rail `rail` to `rate` (a `tc` rate, e.g. `400mbit`).
+    fn limit(&self, rail: u32, rate: &str) -> Result<(), String> {
+        for (ns, dev) in [(&self.a, format!("r{rail}a")), (&self.b, format!("r{rail}b"))] {
+            sh(&[
+                "ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", &dev, "root", "tbf", "rate", rate, "burst",
+                "256kb", "latency", "50ms",
+            ])?;
+        }
+        Ok(())
+    }
+}
+
+fn prerequisites(test: &str) -> bool {
+    if !is_root() {
+        eprintln!("\n!!!!!!!! SKIPPED {test}: network namespaces and tc need root; run the suite as root !!!!!!!!\n");
+        return false;
+    }
+    for (tool, flag) in [("ip", "-V"), ("tc", "-V")] {
+        let found = Command::new(tool).arg(flag).output().is_ok_and(|o| o.status.success());
+        assert!(found, "{tool} is missing: scripts/test.sh installs it (apt-get install iproute2)");
+    }
+    true
+}
+
+#[test]
+fn two_veth_rails_survive_a_link_cut_mid_message() {
+    if !prerequisites("two_veth_rails_survive_a_link_cut_mid_message") {
+        return;
+    }
+    let prefix = format!("fcr{}", std::process::id() % 100_000);
+    let hosts = TwoHosts::new(&prefix).unwrap();
+    // 48 MiB over 2 x 200 Mbit/s: about a second, so the cut lands mid-message.
+    hosts.limit(1, "200mbit").unwrap();
+    hosts.limit(2, "200mbit").unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let token: String = (0..32).map(|i| format!("{:02x}", (std::process::id() as u8).wrapping_add(i * 7))).collect();
+    let mut children = Vec::new();
+    for (rank, ns, host) in [(0, &hosts.a, 1), (1, &hosts.b, 2)] {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns]).arg(&exe).args(["--exact", "rails_rank_process", "--nocapture", "--test-threads=1"]);
+        c.env(ROLE, "cut")
+            .env("FERROCOMM_RANK", rank.to_string())
+            .env("FERROCOMM_SIZE", "2")
+            .env("FERROCOMM_COORD", "10.88.1.1:29611")
+            .env("FERROCOMM_TOKEN", &token)
+            .env("FERROCOMM_HOST_STORE", if rank == 0 { "1" } else { "0" })
+            .env("FERROCOMM_BIND", format!("10.88.1.{host}"))
+            .env("FERROCOMM_RAILS", format!("10.88.1.{host},10.88.2.{host}"))
+            .env("FERROCOMM_RAIL_STALL_MS", "500")
+            .env("FERROCOMM_TRANSPORTS", "tcp")
+            .env_remove("FERROCOMM_LAUNCHER");
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        children.push(c.spawn().unwrap());
+    }
+    // Rank 0 says when the big message starts; the second rail's link goes down a moment later.
+    let out0 = children[0].stdout.take().unwrap();
+    let ns_a = hosts.a.clone();
+    let reader = std::thread::spawn(move || {
+        let (mut text, mut cut) = (String::new(), false);
+        for line in BufReader::new(out0).lines().map_while(Result::ok) {
+            if line.contains("BIG-START") && !cut && std::env::var("RAILS_DEBUG_NOCUT").is_err() {
+                std::thread::sleep(Duration::from_millis(std::env::var("RAILS_DEBUG_DELAY").map_or(300, |v| v.parse().unwrap())));
+                sh(&["ip", "-n", &ns_a, "link", "set", "r2a", "down"]).unwrap();
+                cut = true;
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        (text, cut)
+    });
+    let start = Instant::now();
+    let mut outputs = Vec::new();
+    for (rank, mut child) in children.into_iter().enumerate() {
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(120) {
+                let _ = child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "rank {rank} failed ({:?}):\n{text}", out.status);
+        outputs.push(text);
+    }
+    let (text0, cut) = reader.join().unwrap();
+    let text0 = text0 + &outputs[0];
+    assert!(cut, "the link was never cut:\n{text0}");
+    assert!(outputs[1].contains("RAILS-OK"), "rank 1:\n{}", outputs[1]);
+    let stats = text0.lines().find(|l| l.starts_with("RAIL-STATS")).unwrap_or_else(|| panic!("no stats:\n{text0}"));
+    println!("{stats}");
+    // rail 0 carried and is up; rail 1 (the second veth pair) carried part and is down.
+    let f: Vec<&str> = stats.split_whitespace().collect();
+    let get = |k: &str| f.iter().find_map(|w| w.strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in {stats}"));
+    assert_eq!(get("up1="), "false", "{stats}");
+    let carried1: u64 = get("carried1=").parse().unwrap();
+    assert!(carried1 > 0 && carried1 < BIG as u64, "{stats}");
+}
+
+/// One rank of the namespace test.
+#[test]
+fn rails_rank_process() {
+    let Ok(role) = std::env::var(ROLE) else { return };
+    assert_eq!(role, "cut");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let w = ferrocomm::init().await.unwrap();
+        let c = w.comm();
+        let peer = 1 - w.rank();
+        // Made before the barrier: in a debug build that takes seconds.
+        let data = pattern(BIG, 3);
+        c.barrier().await.unwrap();
+        if w.rank() == 0 {
+            println!("BIG-START");
+            c.send(peer, 7, data).await.unwrap();
+        } else {
+            let m = c.recv(peer, 7).await.unwrap();
+            assert!(m.data == data, "the message arrived altered");
+            println!("RAILS-OK {} bytes", m.data.len());
+        }
+        c.barrier().await.unwrap();
+        let s = w.rail_stats(peer);
+        let mut line = String::from("RAIL-STATS");
+        for (i, r) in s.iter().enumerate() {
+            if let Some(r) = r {
+                line += &format!(" up{i}={} carried{i}={} bw{i}={:.0}", r.up, r.carried, r.bandwidth);
+            }
+        }
+        println!("{line}");
+        w.finalize().await.unwrap();
+    });
+}
