@@ -57,6 +57,7 @@ mod perftest;
 mod pingpong;
 mod plot;
 mod process;
+mod rails;
 mod ranks;
 mod reference;
 mod report;
@@ -95,6 +96,7 @@ enum Command {
     Multicast(mcast::Options),
     Rma(rma::Options),
     SimScale(sim_scale::Options),
+    Rails(rails::Options),
     // The processes the benchmarks start: this binary again, with these hidden subcommands.
     #[command(name = ranks::JOB_COMMAND, hide = true)]
     PingpongJob(ranks::JobSpec),
@@ -118,6 +120,8 @@ enum Command {
     RmaJob(rma::JobSpec),
     #[command(name = rma::RANK_COMMAND, hide = true)]
     RmaRank(rma::JobSpec),
+    #[command(name = rails::RANK_COMMAND, hide = true)]
+    RailsRank(rails::RankSpec),
 }
 
 fn main() -> ExitCode {
@@ -131,6 +135,8 @@ fn main() -> ExitCode {
         Command::Multicast(o) => mcast::main(o),
         Command::Rma(o) => rma::main(o),
         Command::SimScale(o) => sim_scale::main(o),
+        Command::Rails(o) => rails::main(o),
+        Command::RailsRank(s) => rails::rank_main(s),
         Command::PingpongJob(s) => ranks::job_main(s),
         Command::PingpongRank(s) => ranks::rank_main(s),
         Command::StreamJob(s) => perftest::stream_job_main(s),

@@ -109,6 +109,9 @@ pub mod flags {
     /// On `Credit`: a rail's acknowledgement ([`crate::rails`]); `seq` counts the parts received
     /// on the connection it travels back on.
     pub const RAIL_ACK: u16 = 32;
+    /// On `Data`: an envelope to be forwarded ([`crate::relay`]); `seq` is the final
+    /// destination, the payload the whole frame (header, then payload) it carries.
+    pub const RELAY: u16 = 64;
 }
 
 /// The decoded frame header.

@@ -213,6 +213,8 @@ impl Stripe {
             return true;
         }
         match h.kind {
+            // An envelope for a proxy (crate::relay) travels whole.
+            Kind::Data if h.flags & flags::RELAY != 0 => false,
             Kind::Data => (h.aux > 0 || h.len as usize >= self.cfg.threshold) && p.up_rails() > 1,
             Kind::Bye => p.busy(),
             _ => false,
