@@ -9,6 +9,7 @@ pub use ferrocomm_transports::verbs::Eager as VerbsEager;
 pub use ferrocomm_transports::verbs::Rendezvous as VerbsRendezvous;
 
 pub use crate::bootstrap::rails::{RailList, RailSettings};
+pub use crate::bootstrap::routes::RouteSettings;
 use crate::error::{Error, Result};
 
 /// Which transports a rank may use.
@@ -81,6 +82,9 @@ pub struct Settings {
     /// More TCP connections per peer over other interfaces (`FERROCOMM_RAILS`,
     /// `FERROCOMM_RAIL_*`): see [`RailSettings`] and docs/routes.md.
     pub rails: RailSettings,
+    /// Routes through a proxy rank (`FERROCOMM_PROXY`, `FERROCOMM_ROUTE_COSTS`, ...): see
+    /// [`RouteSettings`] and docs/routes.md.
+    pub routes: RouteSettings,
 }
 
 /// Settings of the verbs transport.
@@ -137,6 +141,7 @@ impl Default for Settings {
             multicast: Default::default(),
             verbs: VerbsSettings::default(),
             rails: RailSettings::default(),
+            routes: RouteSettings::default(),
         }
     }
 }
@@ -239,6 +244,7 @@ impl Settings {
             s.verbs.rendezvous = v;
         }
         s.rails = RailSettings::from_vars(&get)?;
+        s.routes = RouteSettings::from_vars(&get)?;
         s.validate()?;
         Ok(s)
     }

@@ -35,7 +35,7 @@ pub use api::{Comm, Deadline, Message, Op, Refused, World};
 pub use bootstrap::env::EnvError;
 pub use bootstrap::{init, init_with};
 pub use config::{
-    McastSettings, ProgressMode, RailList, RailSettings, Settings, TcpBackend, TransportChoice, VerbsEager,
+    McastSettings, ProgressMode, RailList, RailSettings, RouteSettings, Settings, TcpBackend, TransportChoice, VerbsEager,
     VerbsRendezvous, VerbsSettings,
 };
 pub use error::{Error, Result};

@@ -198,8 +198,8 @@ fn two_veth_rails_survive_a_link_cut_mid_message() {
     let reader = std::thread::spawn(move || {
         let (mut text, mut cut) = (String::new(), false);
         for line in BufReader::new(out0).lines().map_while(Result::ok) {
-            if line.contains("BIG-START") && !cut && std::env::var("RAILS_DEBUG_NOCUT").is_err() {
-                std::thread::sleep(Duration::from_millis(std::env::var("RAILS_DEBUG_DELAY").map_or(300, |v| v.parse().unwrap())));
+            if line.contains("BIG-START") && !cut {
+                std::thread::sleep(Duration::from_millis(300));
                 sh(&["ip", "-n", &ns_a, "link", "set", "r2a", "down"]).unwrap();
                 cut = true;
             }
@@ -236,10 +236,98 @@ fn two_veth_rails_survive_a_link_cut_mid_message() {
     assert!(carried1 > 0 && carried1 < BIG as u64, "{stats}");
 }
 
-/// One rank of the namespace test.
+// ---- three namespaces: A and C joined only through B ----
+
+/// Hosts A (10.90.1.1), B (10.90.1.2 and 10.90.2.2) and C (10.90.2.3): A and C each have a veth
+/// pair to B and a route to the other's network through B, which does not forward.
+struct ThreeHosts {
+    names: [String; 3],
+}
+
+impl Drop for ThreeHosts {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = sh(&["ip", "netns", "del", n]);
+        }
+    }
+}
+
+impl ThreeHosts {
+    fn new(prefix: &str) -> Result<ThreeHosts, String> {
+        let names = [format!("{prefix}A"), format!("{prefix}B"), format!("{prefix}C")];
+        for n in &names {
+            let _ = sh(&["ip", "netns", "del", n]);
+            sh(&["ip", "netns", "add", n])?;
+            sh(&["ip", "-n", n, "link", "set", "lo", "up"])?;
+        }
+        let hosts = ThreeHosts { names };
+        let [a, b, c] = &hosts.names;
+        sh(&["ip", "-n", a, "link", "add", "ab", "type", "veth", "peer", "name", "ba", "netns", b])?;
+        sh(&["ip", "-n", c, "link", "add", "cb", "type", "veth", "peer", "name", "bc", "netns", b])?;
+        for (ns, dev, addr) in [(a, "ab", "10.90.1.1/24"), (b, "ba", "10.90.1.2/24"), (b, "bc", "10.90.2.2/24"), (c, "cb", "10.90.2.3/24")] {
+            sh(&["ip", "-n", ns, "addr", "add", addr, "dev", dev])?;
+            sh(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+        }
+        sh(&["ip", "-n", a, "route", "add", "10.90.2.0/24", "via", "10.90.1.2"])?;
+        sh(&["ip", "-n", c, "route", "add", "10.90.1.0/24", "via", "10.90.2.2"])?;
+        sh(&["ip", "netns", "exec", b, "sysctl", "-qw", "net.ipv4.ip_forward=0"])?;
+        Ok(hosts)
+    }
+}
+
+#[test]
+fn a_peer_without_a_direct_path_is_reached_through_a_proxy() {
+    if !prerequisites("a_peer_without_a_direct_path_is_reached_through_a_proxy") {
+        return;
+    }
+    let prefix = format!("fcp{}", std::process::id() % 100_000);
+    let hosts = ThreeHosts::new(&prefix).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let token: String = (0..32).map(|i| format!("{:02x}", (std::process::id() as u8).wrapping_add(i * 5))).collect();
+    let mut children = Vec::new();
+    // Rank 0 on B (it hosts the store, reachable from both sides), 1 on A, 2 on C.
+    for (rank, ns, bind) in [(0, &hosts.names[1], "0.0.0.0"), (1, &hosts.names[0], "10.90.1.1"), (2, &hosts.names[2], "10.90.2.3")] {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns]).arg(&exe).args(["--exact", "rails_rank_process", "--nocapture", "--test-threads=1"]);
+        c.env(ROLE, "proxy")
+            .env("FERROCOMM_RANK", rank.to_string())
+            .env("FERROCOMM_SIZE", "3")
+            .env("FERROCOMM_COORD", "10.90.1.2:29612")
+            .env("FERROCOMM_TOKEN", &token)
+            .env("FERROCOMM_HOST_STORE", if rank == 0 { "1" } else { "0" })
+            .env("FERROCOMM_BIND", bind)
+            .env("FERROCOMM_PROXY", "on")
+            .env("FERROCOMM_DIRECT_TIMEOUT_MS", "1000")
+            .env("FERROCOMM_TRANSPORTS", "tcp")
+            .env_remove("FERROCOMM_LAUNCHER");
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        children.push(c.spawn().unwrap());
+    }
+    let start = Instant::now();
+    for (rank, mut child) in children.into_iter().enumerate() {
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(180) {
+                let _ = child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "rank {rank} failed ({:?}):\n{text}", out.status);
+        assert!(text.contains("PROXY-OK"), "rank {rank}:\n{text}");
+        if rank > 0 {
+            assert!(text.contains(&format!("peer {} via tcp-proxy", 3 - rank)), "rank {rank}:\n{text}");
+        }
+    }
+}
+
+/// One rank of a namespace test.
 #[test]
 fn rails_rank_process() {
     let Ok(role) = std::env::var(ROLE) else { return };
+    if role == "proxy" {
+        return proxy_rank();
+    }
     assert_eq!(role, "cut");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
@@ -266,6 +354,36 @@ fn rails_rank_process() {
             }
         }
         println!("{line}");
+        w.finalize().await.unwrap();
+    });
+}
+
+/// A rank of the proxy test: the point-to-point suite over all three, then large messages each
+/// way between the two ends, which only the proxy connects.
+fn proxy_rank() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let w = ferrocomm::init().await.unwrap();
+        let me = w.rank();
+        for p in (0..3).filter(|&p| p != me) {
+            println!("peer {p} via {}", w.transport_for(p));
+        }
+        common::suite(&w).await;
+        let c = w.comm();
+        if me > 0 {
+            let peer = 3 - me;
+            for (i, len) in [10, 70_000, 1 << 20, (8 << 20) + 5].into_iter().enumerate() {
+                let (mine, theirs) = (pattern(len, me as u8 + i as u8), pattern(len, peer as u8 + i as u8));
+                let (sent, got) = futures::join!(c.send(peer, i as u64, mine), c.recv(peer, i as u64));
+                sent.unwrap();
+                assert!(got.unwrap().data == theirs, "{len} bytes from rank {peer} differ");
+            }
+        }
+        let mut v = [u64::from(me) + 1];
+        c.allreduce(&mut v, ferrocomm::ReduceOp::Sum).await.unwrap();
+        assert_eq!(v, [6]);
+        c.barrier().await.unwrap();
+        println!("PROXY-OK rank {me}");
         w.finalize().await.unwrap();
     });
 }

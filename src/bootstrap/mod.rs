@@ -16,6 +16,7 @@ pub mod env;
 pub mod kv;
 pub(crate) mod notices;
 pub(crate) mod rails;
+pub(crate) mod routes;
 pub(crate) mod rendezvous;
 
 use std::net::{IpAddr, SocketAddr};
@@ -26,6 +27,7 @@ use std::time::Duration;
 use ferrocomm_reactor::ReactorThread;
 use ferrocomm_transports::auth::JobSecret;
 use ferrocomm_transports::rails::Bonded;
+use ferrocomm_transports::relay::Relayed;
 use ferrocomm_transports::route::Routed;
 use ferrocomm_transports::tcp::{self, handshake_accept, handshake_connect};
 use ferrocomm_transports::wire::{Limits, TOKEN_LEN};
@@ -164,23 +166,55 @@ async fn join_via(
     let refused = Arc::new(Mutex::new(Vec::new()));
     let (tx, mut rx) = mpsc::unbounded_channel();
     let expect: Vec<bool> = (0..size).map(|r| r > rank && !local[r as usize]).collect();
-    let to_accept = expect.iter().filter(|&&e| e).count();
+    let mut to_accept = expect.iter().filter(|&&e| e).count();
     let awaited = Arc::new(Mutex::new(expect));
     thread.handle().spawn(accept_loop(listener, rank, token, limits, refused.clone(), tx, awaited.clone()));
 
     let mut conns: Vec<Option<std::net::TcpStream>> = (0..size).map(|_| None).collect();
     let deadline = tokio::time::Instant::now() + settings.connect_timeout;
+    let proxy = settings.routes.proxy;
     for peer in (0..rank).filter(|&p| !local[p as usize]) {
         let addr = kv.get(&format!("addr/{peer}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
         let addr = String::from_utf8_lossy(&addr).to_string();
-        let mut s = connect_retry(&addr, deadline).await?;
-        tokio::time::timeout_at(deadline, handshake_connect(&mut s, rank, peer, &token, &limits))
-            .await
-            .unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut)))
-            .map_err(|e| Error::Bootstrap(format!("handshake with rank {peer} at {addr}: {e}")))?;
+        // With proxies on, a peer not reached soon has no direct path (routes.rs).
+        let until = if proxy { deadline.min(tokio::time::Instant::now() + settings.routes.direct_timeout) } else { deadline };
+        let direct = async {
+            // A connect whose SYNs vanish (a host that does not forward) ends only at `until`.
+            let mut s = tokio::time::timeout_at(until, connect_retry(&addr, until))
+                .await
+                .map_err(|_| Error::Bootstrap(format!("cannot connect to {addr}: timed out")))??;
+            tokio::time::timeout_at(until, handshake_connect(&mut s, rank, peer, &token, &limits))
+                .await
+                .unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut)))
+                .map_err(|e| Error::Bootstrap(format!("handshake with rank {peer} at {addr}: {e}")))?;
+            Ok::<_, Error>(s)
+        };
+        let s = match direct.await {
+            Ok(s) => s,
+            Err(e) if proxy => {
+                tracing::info!(rank, peer, error = %e, "no direct path; a proxy will relay");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap)?;
         conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
     }
+    let reach = if proxy {
+        let mine: Vec<Rank> = (0..rank).filter(|&p| conns[p as usize].is_some()).collect();
+        let reach = routes::exchange(&mut kv, rank, size, &mine, settings.connect_timeout).await?;
+        // Higher ranks that found no direct path to this one will not connect.
+        let mut awaited = awaited.lock();
+        for r in rank + 1..size {
+            if awaited[r as usize] && !reach.connected(rank, r) {
+                awaited[r as usize] = false;
+                to_accept -= 1;
+            }
+        }
+        Some(reach)
+    } else {
+        None
+    };
     for _ in 0..to_accept {
         let (peer, s) = tokio::time::timeout_at(deadline, rx.recv())
             .await
@@ -199,7 +233,9 @@ async fn join_via(
         let mine = rails::local_rails(&settings.rails.list, ip)?;
         let timeout = settings.connect_timeout;
         let (h, peer_timeout) = (thread.handle(), settings.peer_timeout);
-        Some(rails::connect(&mut kv, rank, &remote_tcp, mine, &token, &limits, timeout, peer_timeout, h).await?)
+        // Rails only where there is a direct path.
+        let direct: Vec<bool> = conns.iter().map(Option::is_some).collect();
+        Some(rails::connect(&mut kv, rank, &direct, mine, &token, &limits, timeout, peer_timeout, h).await?)
     };
 
     let verbs = settings.transports == TransportChoice::Verbs;
@@ -209,6 +245,16 @@ async fn join_via(
     } else {
         let _rt = thread.handle().enter();
         tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit).map_err(Error::bootstrap)?
+    };
+    // Peers without a direct connection, through a proxy; slow direct paths, with costs, too.
+    let tcp = match &reach {
+        Some(reach) => {
+            let costs = settings.routes.load_costs()?;
+            let ways = routes::ways(rank, &remote_tcp, reach, &costs, settings.routes.piece)?;
+            tracing::debug!(rank, ?ways, "routes");
+            Box::new(Relayed::new(rank, tcp, ways, settings.routes.piece, limits)) as Box<dyn Transport>
+        }
+        None => tcp,
     };
     let (tcp, rail_stats) = match rails {
         Some(links) if links.conns.iter().flatten().any(|c| c.is_some()) => {
@@ -438,8 +484,9 @@ fn shared_fingerprint(settings: &Settings) -> u64 {
     // Over verbs, the slot rings and the rendezvous protocol too (device and GID are per host).
     let v = &s.verbs;
     let verbs = verbs.then(|| (v.slots, format!("{:?} {:?}", v.eager, v.rendezvous)));
-    let rails = s.rails.list != RailList::Off;
-    env::fnv1a64(&[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?} rails={rails}", s.collectives).as_bytes()])
+    let (rails, proxy) = (s.rails.list != RailList::Off, s.routes.proxy);
+    let routes = format!("rails={rails} proxy={proxy}");
+    env::fnv1a64(&[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?} {routes}", s.collectives).as_bytes()])
 }
 
 /// Where a rank shares memory: with the other ranks of its host, or (if it cannot run the
