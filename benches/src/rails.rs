@@ -42,6 +42,16 @@ pub(crate) struct Options {
     /// tc rate of the slow rail
     #[arg(long, default_value = "400mbit")]
     slow: String,
+    /// tc rate of the slow direct link in the proxy scenarios (the hops through the proxy run at
+    /// `--fast`)
+    #[arg(long, default_value = "100mbit")]
+    slow_direct: String,
+    /// Message size of the proxy scenarios
+    #[arg(long, default_value = "4M", value_parser = cli::bytes)]
+    route_size: usize,
+    /// Where the measured calibration file is written
+    #[arg(long, value_name = "FILE")]
+    costs: Option<std::path::PathBuf>,
 }
 
 /// One rank of a scenario (hidden subcommand).
@@ -51,6 +61,13 @@ pub(crate) struct RankSpec {
     size: usize,
     #[arg(long)]
     reps: usize,
+    /// `stream` (rank `from` sends to rank `to`) or `calibrate` (every directly connected pair)
+    #[arg(long, default_value = "stream")]
+    mode: String,
+    #[arg(long, default_value_t = 0)]
+    from: u32,
+    #[arg(long, default_value_t = 1)]
+    to: u32,
 }
 
 fn sh(args: &[&str]) -> Result<()> {
@@ -178,6 +195,183 @@ fn job(h: &Hosts, o: &Options, rails: bool, cut: bool, port: u16) -> Result<Run>
     Ok(Run { secs, stats })
 }
 
+/// Three hosts for the proxy scenarios: A and C joined by a direct veth pair (10.89.13.0/24,
+/// rate-limited), and each joined to B (10.89.11.0/24, 10.89.12.0/24) at `--fast`; B does not
+/// forward. Rank 0 runs on B (it hosts the store), 1 on A, 2 on C.
+struct Triangle {
+    names: [String; 3],
+}
+
+impl Drop for Triangle {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = sh(&["ip", "netns", "del", n]);
+        }
+    }
+}
+
+impl Triangle {
+    fn new(fast: &str) -> Result<Triangle> {
+        let p = format!("fcbp{}", std::process::id() % 100_000);
+        let t = Triangle { names: [format!("{p}A"), format!("{p}B"), format!("{p}C")] };
+        for n in &t.names {
+            let _ = sh(&["ip", "netns", "del", n]);
+            sh(&["ip", "netns", "add", n])?;
+            sh(&["ip", "-n", n, "link", "set", "lo", "up"])?;
+        }
+        let [a, b, c] = &t.names;
+        for (x, dx, y, dy) in [(a, "ab", b, "ba"), (c, "cb", b, "bc"), (a, "ac", c, "ca")] {
+            sh(&["ip", "-n", x, "link", "add", dx, "type", "veth", "peer", "name", dy, "netns", y])?;
+        }
+        for (ns, dev, addr) in [
+            (a, "ab", "10.89.11.1/24"),
+            (b, "ba", "10.89.11.2/24"),
+            (b, "bc", "10.89.12.2/24"),
+            (c, "cb", "10.89.12.3/24"),
+            (a, "ac", "10.89.13.1/24"),
+            (c, "ca", "10.89.13.3/24"),
+        ] {
+            sh(&["ip", "-n", ns, "addr", "add", addr, "dev", dev])?;
+            sh(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+        }
+        // C reaches the store (B's 10.89.11.2) through B; B reaches rank 1's address on A.
+        sh(&["ip", "-n", c, "route", "add", "10.89.11.0/24", "via", "10.89.12.2"])?;
+        sh(&["ip", "-n", b, "route", "add", "10.89.13.1/32", "via", "10.89.11.1"])?;
+        sh(&["ip", "netns", "exec", b, "sysctl", "-qw", "net.ipv4.ip_forward=0"])?;
+        for (ns, dev) in [(a, "ab"), (b, "ba"), (b, "bc"), (c, "cb")] {
+            shape_dev(ns, dev, Some(fast))?;
+        }
+        Ok(t)
+    }
+
+    fn direct(&self, rate: Option<&str>) -> Result<()> {
+        shape_dev(&self.names[0], "ac", rate)?;
+        shape_dev(&self.names[2], "ca", rate)
+    }
+
+    /// Runs a job of three ranks with `env` added; returns each rank's output.
+    fn job(&self, args: &[String], env: &[(&str, String)], port: u16) -> Result<Vec<String>> {
+        let exe = std::env::current_exe()?;
+        let token: String = (0..32).map(|i| format!("{:02x}", (port as u8).wrapping_add(i * 11))).collect();
+        let mut children = Vec::new();
+        for (rank, ns, bind) in [(0, &self.names[1], "0.0.0.0"), (1, &self.names[0], "10.89.13.1"), (2, &self.names[2], "10.89.12.3")] {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&exe).arg(RANK_COMMAND).args(args);
+            c.env("FERROCOMM_RANK", rank.to_string())
+                .env("FERROCOMM_SIZE", "3")
+                .env("FERROCOMM_COORD", format!("10.89.11.2:{port}"))
+                .env("FERROCOMM_TOKEN", &token)
+                .env("FERROCOMM_HOST_STORE", if rank == 0 { "1" } else { "0" })
+                .env("FERROCOMM_BIND", bind)
+                .env("FERROCOMM_TRANSPORTS", "tcp")
+                .env_remove("FERROCOMM_LAUNCHER");
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            children.push(c.spawn()?);
+        }
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let mut outs = Vec::new();
+        for (rank, mut c) in children.into_iter().enumerate() {
+            crate::process::wait_until(&mut c, deadline)?;
+            let out = c.wait_with_output()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            if !out.status.success() {
+                return Err(format!("rank {rank} failed ({}):\n{text}{}", out.status, String::from_utf8_lossy(&out.stderr)).into());
+            }
+            outs.push(text);
+        }
+        Ok(outs)
+    }
+}
+
+fn shape_dev(ns: &str, dev: &str, rate: Option<&str>) -> Result<()> {
+    let _ = sh(&["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"]);
+    if let Some(rate) = rate {
+        sh(&["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"])?;
+    }
+    Ok(())
+}
+
+/// Measures every direct hop and writes the calibration file; returns its text.
+fn calibrate(t: &Triangle, path: &std::path::Path, port: u16) -> Result<String> {
+    let args: Vec<String> = ["--mode", "calibrate", "--size", "1", "--reps", "1"].iter().map(|s| s.to_string()).collect();
+    let outs = t.job(&args, &[("FERROCOMM_PROXY", "on".into()), ("FERROCOMM_DIRECT_TIMEOUT_MS", "1000".into())], port)?;
+    let mut text = String::from("# from to latency_us bandwidth_MBps (measured by ferrocomm-bench rails)\n");
+    for line in outs.iter().flat_map(|o| o.lines()).filter_map(|l| l.strip_prefix("HOP ")) {
+        text += line;
+        text.push('\n');
+    }
+    std::fs::write(path, &text)?;
+    Ok(text)
+}
+
+/// Rank 1 streams `--reps` messages of `--route-size` to rank 2: (MB/s, the route it took).
+fn route_run(t: &Triangle, o: &Options, env: &[(&str, String)], port: u16) -> Result<(f64, String)> {
+    let args: Vec<String> =
+        ["--mode", "stream", "--from", "1", "--to", "2", "--size", &o.route_size.to_string(), "--reps", &o.reps.to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    let outs = t.job(&args, env, port)?;
+    let line = outs[1].lines().find(|l| l.starts_with("RESULT")).ok_or_else(|| format!("no result in:\n{}", outs[1]))?;
+    let secs: f64 = line.split_whitespace().find_map(|w| w.strip_prefix("secs=")).ok_or("no secs=")?.parse()?;
+    let route = line.split_whitespace().find_map(|w| w.strip_prefix("route=")).unwrap_or("?").to_string();
+    Ok(((o.route_size * o.reps) as f64 / secs / 1e6, route))
+}
+
+fn proxy_scenarios(o: &Options, port: &mut u16) -> Result<()> {
+    let t = Triangle::new(&o.fast)?;
+    let path = o.costs.clone().unwrap_or_else(|| std::env::temp_dir().join("ferrocomm-route-costs.txt"));
+    let proxy_env = |costs: bool| {
+        let mut e = vec![("FERROCOMM_PROXY", "on".to_string()), ("FERROCOMM_DIRECT_TIMEOUT_MS", "1000".to_string())];
+        if costs {
+            e.push(("FERROCOMM_ROUTE_COSTS", path.display().to_string()));
+        }
+        e
+    };
+    let mut next = || {
+        *port += 1;
+        *port
+    };
+    let median_run = |env: &[(&str, String)], next: &mut dyn FnMut() -> u16| -> Result<(f64, String)> {
+        let mut runs = Vec::new();
+        for _ in 0..o.runs {
+            runs.push(route_run(&t, o, env, next())?);
+        }
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(runs[runs.len() / 2].clone())
+    };
+    t.direct(Some(&o.slow_direct))?;
+    let costs = calibrate(&t, &path, next())?;
+    println!("proxy routes: A - B - C at {}, direct A - C at {}; calibration ({}):", o.fast, o.slow_direct, path.display());
+    print!("{costs}");
+    let (direct, droute) = median_run(&[], &mut next)?;
+    let (staged, sroute) = median_run(&proxy_env(true), &mut next)?;
+    let r = staged / direct;
+    let verdict = if r >= 1.5 { "meets" } else { "MISSES" };
+    println!(
+        "{:<34} direct {:>8.1} ({droute})  chosen {:>8.1} ({sroute})  {r:>5.2}x ({verdict} 1.5x)",
+        format!("{} B, slow direct link", o.route_size),
+        direct,
+        staged
+    );
+    t.direct(None)?;
+    let costs = calibrate(&t, &path, next())?;
+    print!("healthy direct link, recalibrated:\n{costs}");
+    let (direct, droute) = median_run(&[], &mut next)?;
+    let (chosen, croute) = median_run(&proxy_env(true), &mut next)?;
+    let verdict = if croute == "Direct" { "direct chosen" } else { "PROXY CHOSEN" };
+    println!(
+        "{:<34} direct {:>8.1} ({droute})  chosen {:>8.1} ({croute})  {verdict}",
+        format!("{} B, healthy direct link", o.route_size),
+        direct,
+        chosen
+    );
+    Ok(())
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -225,45 +419,99 @@ pub(crate) fn main(o: Options) -> Result<()> {
     h.shape(2, None)?;
     let (one, two) = (measure(false, false)?, measure(true, false)?);
     ratio("equal, unshaped veth", 1.7, one, two);
-    Ok(())
+    drop(h);
+    proxy_scenarios(&o, &mut port)
 }
 
-/// A rank of one job: rank 0 sends, rank 1 checks every message and answers the last.
+/// A rank of one job. `stream`: rank `from` sends, rank `to` checks every message and answers
+/// the last. `calibrate`: each directly connected pair in turn measures its latency (8 B round
+/// trips) and bandwidth (4 MiB messages), and the lower rank prints `HOP a b LATENCY_US MBPS`.
 pub(crate) fn rank_main(s: RankSpec) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
         let w = ferrocomm::init().await?;
+        if s.mode == "calibrate" {
+            measure_hops(&w).await?;
+            w.finalize().await?;
+            return Ok(());
+        }
         let c = w.comm();
         let data: Bytes = (0..s.size).map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8 ^ (i >> 12) as u8).collect();
         c.barrier().await?;
-        if w.rank() == 0 {
+        if w.rank() == s.from {
             println!("START");
             let t0 = Instant::now();
             for i in 0..s.reps {
-                c.send(1, i as u64, data.clone()).await?;
+                c.send(s.to, i as u64, data.clone()).await?;
             }
-            c.recv(1, 999u64).await?;
+            c.recv(s.to, 999u64).await?;
             let secs = t0.elapsed().as_secs_f64();
             let rails: Vec<String> = w
-                .rail_stats(1)
+                .rail_stats(s.to)
                 .iter()
                 .enumerate()
                 .filter_map(|(i, r)| {
                     r.map(|r| format!("rail{i} up={} carried={}MB est={:.0}MB/s", r.up, r.carried >> 20, r.bandwidth / 1e6))
                 })
                 .collect();
-            println!("RESULT secs={secs} rails: {}", rails.join(", "));
-        } else {
+            println!("RESULT secs={secs} route={:?} rails: {}", w.route_for(s.to, s.size), rails.join(", "));
+        } else if w.rank() == s.to {
             for i in 0..s.reps {
-                let m = c.recv(0, i as u64).await?;
+                let m = c.recv(s.from, i as u64).await?;
                 if m.data != data {
                     return Err(format!("message {i} arrived altered").into());
                 }
             }
-            c.send(0, 999, Bytes::from_static(b"k")).await?;
+            c.send(s.from, 999, Bytes::from_static(b"k")).await?;
         }
         c.barrier().await?;
         w.finalize().await?;
         Ok::<_, Box<dyn std::error::Error>>(())
     })
+}
+
+async fn measure_hops(w: &ferrocomm::World) -> Result<()> {
+    let c = w.comm();
+    let (me, n) = (w.rank(), w.size());
+    let big: Bytes = vec![7u8; 4 << 20].into();
+    for a in 0..n {
+        for b in a + 1..n {
+            c.barrier().await?;
+            let peer = if me == a { b } else if me == b { a } else { continue };
+            if w.route_for(peer, 1) != ferrocomm::transports::relay::Route::Direct {
+                continue;
+            }
+            const ROUND_TRIPS: u32 = 200;
+            const MESSAGES: u64 = 4;
+            let t0 = Instant::now();
+            for i in 0..ROUND_TRIPS {
+                if me == a {
+                    c.send(peer, u64::from(i), Bytes::from_static(b"12345678")).await?;
+                    c.recv(peer, u64::from(i)).await?;
+                } else {
+                    let m = c.recv(peer, u64::from(i)).await?;
+                    c.send(peer, u64::from(i), m.data).await?;
+                }
+            }
+            let latency = t0.elapsed().as_secs_f64() / f64::from(ROUND_TRIPS) / 2.0;
+            let t0 = Instant::now();
+            for i in 0..MESSAGES {
+                if me == a {
+                    c.send(peer, 1000 + i, big.clone()).await?;
+                } else {
+                    c.recv(peer, 1000 + i).await?;
+                }
+            }
+            if me == a {
+                c.recv(peer, 2000u64).await?;
+                let secs = t0.elapsed().as_secs_f64();
+                let mbps = (MESSAGES as f64 * big.len() as f64) / secs / 1e6;
+                println!("HOP {a} {b} {:.1} {mbps:.1}", latency * 1e6);
+            } else {
+                c.send(peer, 2000, Bytes::from_static(b"k")).await?;
+            }
+        }
+    }
+    c.barrier().await?;
+    Ok(())
 }

@@ -64,6 +64,8 @@ pub(crate) struct Inner {
     pub closed: AtomicBool,
     /// Per peer and rail, what striping measured and carried (when the rank has rails).
     pub rail_stats: Option<ferrocomm_transports::rails::SharedStats>,
+    /// How each peer is reached, with proxy routes on.
+    pub ways: Option<Vec<ferrocomm_transports::relay::Way>>,
     pub thread: Mutex<Option<ReactorThread>>,
     /// Departures and losses this rank knows of ([`crate::p2p::failure::Failures::changes`]): the
     /// collectives' gate asks the engine only once it is not zero.
@@ -223,6 +225,17 @@ impl World {
     pub fn rail_stats(&self, peer: Rank) -> Vec<Option<ferrocomm_transports::rails::RailStats>> {
         let Some(s) = &self.inner.rail_stats else { return Vec::new() };
         s.lock().unwrap_or_else(|e| e.into_inner()).get(peer as usize).cloned().unwrap_or_default()
+    }
+
+    /// The route a message of `len` bytes to `peer` takes: direct, or staged through a proxy
+    /// rank (docs/routes.md). Always direct with proxy routes off.
+    pub fn route_for(&self, peer: Rank, len: usize) -> ferrocomm_transports::relay::Route {
+        use ferrocomm_transports::relay::{Route, Way};
+        match self.inner.ways.as_ref().and_then(|w| w.get(peer as usize)) {
+            Some(Way::Via(p)) => Route::Via(*p),
+            Some(Way::Split(plan)) => plan.route(len),
+            _ => Route::Direct,
+        }
     }
 
     /// Connection attempts this rank refused (most recent last, at most 64 kept).

@@ -247,14 +247,15 @@ async fn join_via(
         tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit).map_err(Error::bootstrap)?
     };
     // Peers without a direct connection, through a proxy; slow direct paths, with costs, too.
-    let tcp = match &reach {
+    let (tcp, ways) = match &reach {
         Some(reach) => {
             let costs = settings.routes.load_costs()?;
             let ways = routes::ways(rank, &remote_tcp, reach, &costs, settings.routes.piece)?;
             tracing::debug!(rank, ?ways, "routes");
-            Box::new(Relayed::new(rank, tcp, ways, settings.routes.piece, limits)) as Box<dyn Transport>
+            let relayed = Relayed::new(rank, tcp, ways.clone(), settings.routes.piece, limits);
+            (Box::new(relayed) as Box<dyn Transport>, Some(ways))
         }
-        None => tcp,
+        None => (tcp, None),
     };
     let (tcp, rail_stats) = match rails {
         Some(links) if links.conns.iter().flatten().any(|c| c.is_some()) => {
@@ -323,6 +324,7 @@ async fn join_via(
         shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
         rail_stats,
+        ways,
         thread: Mutex::new(Some(thread)),
         changes,
     })))
