@@ -273,6 +273,100 @@ impl ThreeHosts {
         sh(&["ip", "netns", "exec", b, "sysctl", "-qw", "net.ipv4.ip_forward=0"])?;
         Ok(hosts)
     }
+
+    /// Adds a direct veth pair A - C (10.90.3.0/24) limited to `rate`; B reaches A's end of it
+    /// through A.
+    fn direct_link(&self, rate: &str) -> Result<(), String> {
+        let [a, b, c] = &self.names;
+        sh(&["ip", "-n", a, "link", "add", "ac", "type", "veth", "peer", "name", "ca", "netns", c])?;
+        for (ns, dev, addr) in [(a, "ac", "10.90.3.1/24"), (c, "ca", "10.90.3.3/24")] {
+            sh(&["ip", "-n", ns, "addr", "add", addr, "dev", dev])?;
+            sh(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+            sh(&[
+                "ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst",
+                "64kb", "latency", "50ms",
+            ])?;
+        }
+        sh(&["ip", "-n", b, "route", "add", "10.90.3.1/32", "via", "10.90.1.1"])
+    }
+
+    fn tx_bytes(&self, host: usize, dev: &str) -> u64 {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.names[host], "cat", &format!("/sys/class/net/{dev}/statistics/tx_bytes")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    /// Runs ranks 0 (on B, 0.0.0.0), 1 (on A, `bind1`), 2 (on C) in role `role`; returns their
+    /// outputs.
+    fn run(&self, role: &str, bind1: &str, port: u16, env: &[(&str, String)]) -> Vec<String> {
+        let exe = std::env::current_exe().unwrap();
+        let token: String = (0..32).map(|i| format!("{:02x}", (port as u8).wrapping_add(i * 5))).collect();
+        let mut children = Vec::new();
+        for (rank, host, bind) in [(0, 1, "0.0.0.0"), (1, 0, bind1), (2, 2, "10.90.2.3")] {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &self.names[host]]).arg(&exe);
+            c.args(["--exact", "rails_rank_process", "--nocapture", "--test-threads=1"]);
+            c.env(ROLE, role)
+                .env("FERROCOMM_RANK", rank.to_string())
+                .env("FERROCOMM_SIZE", "3")
+                .env("FERROCOMM_COORD", format!("10.90.1.2:{port}"))
+                .env("FERROCOMM_TOKEN", &token)
+                .env("FERROCOMM_HOST_STORE", if rank == 0 { "1" } else { "0" })
+                .env("FERROCOMM_BIND", bind)
+                .env("FERROCOMM_PROXY", "on")
+                .env("FERROCOMM_DIRECT_TIMEOUT_MS", "1000")
+                .env("FERROCOMM_TRANSPORTS", "tcp")
+                .env_remove("FERROCOMM_LAUNCHER");
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            children.push(c.spawn().unwrap());
+        }
+        let start = Instant::now();
+        let mut outputs = Vec::new();
+        for (rank, mut child) in children.into_iter().enumerate() {
+            while child.try_wait().unwrap().is_none() {
+                if start.elapsed() > Duration::from_secs(180) {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{role}: rank {rank} failed ({:?}):\n{text}", out.status);
+            outputs.push(text);
+        }
+        outputs
+    }
+}
+
+#[test]
+fn a_slow_direct_link_loses_large_messages_to_the_proxy_path() {
+    if !prerequisites("a_slow_direct_link_loses_large_messages_to_the_proxy_path") {
+        return;
+    }
+    let prefix = format!("fcs{}", std::process::id() % 100_000);
+    let hosts = ThreeHosts::new(&prefix).unwrap();
+    hosts.direct_link("20mbit").unwrap();
+    // The calibration: fast hops through B, a slow direct link (as a measurement would say).
+    let costs = std::env::temp_dir().join(format!("{prefix}-costs.txt"));
+    std::fs::write(&costs, "# from to latency_us MBps\n0 1 60 1000\n0 2 60 1000\n1 2 60 2.5\n").unwrap();
+    let before = (hosts.tx_bytes(0, "ac"), hosts.tx_bytes(0, "ab"));
+    let out = hosts.run("split", "10.90.3.1", 29613, &[("FERROCOMM_ROUTE_COSTS", costs.display().to_string())]);
+    let _ = std::fs::remove_file(&costs);
+    for (rank, text) in out.iter().enumerate() {
+        assert!(text.contains("SPLIT-OK"), "rank {rank}:\n{text}");
+    }
+    assert!(out[1].contains("routes Direct Via(0)"), "{}", out[1]);
+    // The 8 MiB crossed A - B, not the direct link (which carried the small messages and the
+    // rendezvous handshakes).
+    let (ac, ab) = (hosts.tx_bytes(0, "ac") - before.0, hosts.tx_bytes(0, "ab") - before.1);
+    println!("A sent {ac} bytes on the direct link, {ab} toward the proxy");
+    assert!(ab > 8 << 20, "{ab} bytes toward the proxy");
+    assert!(ac < 2 << 20, "{ac} bytes on the slow direct link");
 }
 
 #[test]
@@ -282,38 +376,8 @@ fn a_peer_without_a_direct_path_is_reached_through_a_proxy() {
     }
     let prefix = format!("fcp{}", std::process::id() % 100_000);
     let hosts = ThreeHosts::new(&prefix).unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let token: String = (0..32).map(|i| format!("{:02x}", (std::process::id() as u8).wrapping_add(i * 5))).collect();
-    let mut children = Vec::new();
-    // Rank 0 on B (it hosts the store, reachable from both sides), 1 on A, 2 on C.
-    for (rank, ns, bind) in [(0, &hosts.names[1], "0.0.0.0"), (1, &hosts.names[0], "10.90.1.1"), (2, &hosts.names[2], "10.90.2.3")] {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns]).arg(&exe).args(["--exact", "rails_rank_process", "--nocapture", "--test-threads=1"]);
-        c.env(ROLE, "proxy")
-            .env("FERROCOMM_RANK", rank.to_string())
-            .env("FERROCOMM_SIZE", "3")
-            .env("FERROCOMM_COORD", "10.90.1.2:29612")
-            .env("FERROCOMM_TOKEN", &token)
-            .env("FERROCOMM_HOST_STORE", if rank == 0 { "1" } else { "0" })
-            .env("FERROCOMM_BIND", bind)
-            .env("FERROCOMM_PROXY", "on")
-            .env("FERROCOMM_DIRECT_TIMEOUT_MS", "1000")
-            .env("FERROCOMM_TRANSPORTS", "tcp")
-            .env_remove("FERROCOMM_LAUNCHER");
-        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        children.push(c.spawn().unwrap());
-    }
-    let start = Instant::now();
-    for (rank, mut child) in children.into_iter().enumerate() {
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > Duration::from_secs(180) {
-                let _ = child.kill();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let out = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "rank {rank} failed ({:?}):\n{text}", out.status);
+    let out = hosts.run("proxy", "10.90.1.1", 29612, &[]);
+    for (rank, text) in out.iter().enumerate() {
         assert!(text.contains("PROXY-OK"), "rank {rank}:\n{text}");
         if rank > 0 {
             assert!(text.contains(&format!("peer {} via tcp-proxy", 3 - rank)), "rank {rank}:\n{text}");
@@ -327,6 +391,9 @@ fn rails_rank_process() {
     let Ok(role) = std::env::var(ROLE) else { return };
     if role == "proxy" {
         return proxy_rank();
+    }
+    if role == "split" {
+        return split_rank();
     }
     assert_eq!(role, "cut");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -384,6 +451,33 @@ fn proxy_rank() {
         assert_eq!(v, [6]);
         c.barrier().await.unwrap();
         println!("PROXY-OK rank {me}");
+        w.finalize().await.unwrap();
+    });
+}
+
+/// A rank of the slow-direct-link test: rank 1 sends rank 2 small messages (direct) and 8 MiB
+/// (through rank 0), interleaved, and the order and content hold.
+fn split_rank() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let w = ferrocomm::init().await.unwrap();
+        let c = w.comm();
+        let me = w.rank();
+        let sizes = [100, 8 << 20, 1000, 8 << 20, 5];
+        c.barrier().await.unwrap();
+        if me == 1 {
+            println!("routes {:?} {:?}", w.route_for(2, 1000), w.route_for(2, 8 << 20));
+            for (i, &len) in sizes.iter().enumerate() {
+                c.send(2, 0, pattern(len, i as u8)).await.unwrap();
+            }
+        } else if me == 2 {
+            for (i, &len) in sizes.iter().enumerate() {
+                let m = c.recv(1, 0).await.unwrap();
+                assert!(m.data == pattern(len, i as u8), "message {i} ({len} bytes) differs or is out of order");
+            }
+        }
+        c.barrier().await.unwrap();
+        println!("SPLIT-OK rank {me}");
         w.finalize().await.unwrap();
     });
 }

@@ -233,7 +233,8 @@ impl World {
         use ferrocomm_transports::relay::{Route, Way};
         match self.inner.ways.as_ref().and_then(|w| w.get(peer as usize)) {
             Some(Way::Via(p)) => Route::Via(*p),
-            Some(Way::Split(plan)) => plan.route(len),
+            // Only rendezvous data is staged: eager messages keep the direct connection.
+            Some(Way::Split(plan)) if len > self.inner.settings.eager_limit => plan.route(len),
             _ => Route::Direct,
         }
     }

@@ -252,7 +252,8 @@ async fn join_via(
             let costs = settings.routes.load_costs()?;
             let ways = routes::ways(rank, &remote_tcp, reach, &costs, settings.routes.piece)?;
             tracing::debug!(rank, ?ways, "routes");
-            let relayed = Relayed::new(rank, tcp, ways.clone(), settings.routes.piece, limits);
+            let mut relayed = Relayed::new(rank, tcp, ways.clone(), settings.routes.piece, limits);
+            relayed.serve(routes::served(rank, size, reach, &costs, settings.routes.piece));
             (Box::new(relayed) as Box<dyn Transport>, Some(ways))
         }
         None => (tcp, None),

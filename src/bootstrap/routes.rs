@@ -135,6 +135,20 @@ pub(crate) fn ways(me: Rank, tcp: &[bool], reach: &Reach, costs: &Costs, piece: 
         .collect()
 }
 
+/// The ranks `me` is a proxy for: the ends of every pair whose route (as the ends plan it, with
+/// the same costs) goes through `me`.
+pub(crate) fn served(me: Rank, size: u32, reach: &Reach, costs: &Costs, piece: usize) -> Vec<Rank> {
+    let mut out = Vec::new();
+    for a in (0..size).filter(|&a| a != me && reach.connected(a, me)) {
+        let tcp: Vec<bool> = (0..size).map(|p| p != a).collect();
+        let Ok(w) = ways(a, &tcp, reach, costs, piece) else { continue };
+        if w.iter().any(|w| w.proxy_for_data() == Some(me)) {
+            out.push(a);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

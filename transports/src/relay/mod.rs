@@ -43,7 +43,8 @@ pub enum Way {
 }
 
 impl Way {
-    fn proxy_for_data(&self) -> Option<Rank> {
+    /// The proxy this way uses, for everything or for large messages' data.
+    pub fn proxy_for_data(&self) -> Option<Rank> {
         match self {
             Way::Via(p) => Some(*p),
             Way::Split(plan) => plan.steps.iter().find_map(|s| match s.1 {
@@ -79,6 +80,8 @@ pub struct Relayed {
     data_len: HashMap<(Rank, u64), usize>,
     /// Messages sent staged, per peer: for tests and benchmarks.
     staged_messages: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Ranks this rank forwards for whose connection is still open.
+    serving: Vec<bool>,
 }
 
 impl Relayed {
@@ -100,6 +103,17 @@ impl Relayed {
             rts_len: HashMap::new(),
             data_len: HashMap::new(),
             staged_messages: Default::default(),
+            serving: vec![false; n],
+        }
+    }
+
+    /// The ranks this rank is a proxy for: until their connections close, it counts as having
+    /// output pending (see [`Transport::has_pending_output`] below).
+    pub fn serve(&mut self, ranks: impl IntoIterator<Item = Rank>) {
+        for r in ranks {
+            if let Some(s) = self.serving.get_mut(r as usize) {
+                *s = true;
+            }
         }
     }
 
@@ -221,6 +235,7 @@ impl Transport for Relayed {
             gone: &mut self.gone,
             data_len: &mut self.data_len,
             rts_len: &mut self.rts_len,
+            serving: &mut self.serving,
             up: sink,
         };
         n += self.inner.progress(&mut rs);
@@ -239,8 +254,11 @@ impl Transport for Relayed {
         self.inner.awake()
     }
 
+    /// Also true while a rank this one forwards for is still connected: the one caller, a rank's
+    /// shutdown, then keeps flushing (and so forwarding) until the ranks that rely on this proxy
+    /// have left, within its time limit, rather than cut them off mid-conversation.
     fn has_pending_output(&self) -> bool {
-        !self.forward.is_empty() || self.inner.has_pending_output()
+        !self.forward.is_empty() || self.inner.has_pending_output() || self.serving.contains(&true)
     }
 
     fn has_queued_output(&self) -> bool {
@@ -268,6 +286,7 @@ struct RelaySink<'a> {
     gone: &'a mut [bool],
     data_len: &'a mut HashMap<(Rank, u64), usize>,
     rts_len: &'a mut HashMap<(Rank, u64), usize>,
+    serving: &'a mut [bool],
     up: &'a mut dyn Sink,
 }
 
@@ -357,6 +376,7 @@ unsafe impl Sink for RelaySink<'_> {
     }
 
     fn peer_lost(&mut self, peer: Rank, err: TransportError) {
+        self.serving[peer as usize] = false;
         self.staging[peer as usize] = Staged::default();
         self.rts_len.retain(|k, _| k.0 != peer);
         self.data_len.retain(|k, _| k.0 != peer);
