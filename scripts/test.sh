@@ -33,6 +33,14 @@ fi
 # any other failure fails those tests (they run the script again), not the rest of the suite.
 bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
 
+# Rails and proxy routes (tests/rails.rs, docs/routes.md): two and three network namespaces joined
+# by veth pairs, rate-limited with tc tbf (tc comes with iproute2, installed above); root only, like
+# the multicast tests, under a minute; they run with the workspace tests below. The tbf qdisc must
+# be in the kernel.
+if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
+    modprobe sch_tbf 2>/dev/null || true
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked

@@ -35,8 +35,8 @@ pub use api::{Comm, Deadline, Message, Op, Refused, World};
 pub use bootstrap::env::EnvError;
 pub use bootstrap::{init, init_with};
 pub use config::{
-    McastSettings, ProgressMode, RailList, RailSettings, RouteSettings, Settings, TcpBackend, TransportChoice, VerbsEager,
-    VerbsRendezvous, VerbsSettings,
+    McastSettings, ProgressMode, RailList, RailSettings, RouteSettings, Settings, TcpBackend, TransportChoice,
+    VerbsEager, VerbsRendezvous, VerbsSettings,
 };
 pub use error::{Error, Result};
 pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table, bf16, f16};

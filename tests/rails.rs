@@ -34,7 +34,10 @@ fn loopback_rails(backend: TcpBackend) -> Settings {
 }
 
 fn pattern(len: usize, seed: u8) -> Bytes {
-    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(u32::from(seed)) as u8 ^ (i >> 13) as u8).collect::<Vec<u8>>().into()
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(u32::from(seed)) as u8 ^ (i >> 13) as u8)
+        .collect::<Vec<u8>>()
+        .into()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +180,12 @@ fn two_veth_rails_survive_a_link_cut_mid_message() {
     let mut children = Vec::new();
     for (rank, ns, host) in [(0, &hosts.a, 1), (1, &hosts.b, 2)] {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns]).arg(&exe).args(["--exact", "rails_rank_process", "--nocapture", "--test-threads=1"]);
+        c.args(["netns", "exec", ns]).arg(&exe).args([
+            "--exact",
+            "rails_rank_process",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
         c.env(ROLE, "cut")
             .env("FERROCOMM_RANK", rank.to_string())
             .env("FERROCOMM_SIZE", "2")
@@ -264,7 +272,9 @@ impl ThreeHosts {
         let [a, b, c] = &hosts.names;
         sh(&["ip", "-n", a, "link", "add", "ab", "type", "veth", "peer", "name", "ba", "netns", b])?;
         sh(&["ip", "-n", c, "link", "add", "cb", "type", "veth", "peer", "name", "bc", "netns", b])?;
-        for (ns, dev, addr) in [(a, "ab", "10.90.1.1/24"), (b, "ba", "10.90.1.2/24"), (b, "bc", "10.90.2.2/24"), (c, "cb", "10.90.2.3/24")] {
+        for (ns, dev, addr) in
+            [(a, "ab", "10.90.1.1/24"), (b, "ba", "10.90.1.2/24"), (b, "bc", "10.90.2.2/24"), (c, "cb", "10.90.2.3/24")]
+        {
             sh(&["ip", "-n", ns, "addr", "add", addr, "dev", dev])?;
             sh(&["ip", "-n", ns, "link", "set", dev, "up"])?;
         }

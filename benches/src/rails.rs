@@ -254,7 +254,9 @@ impl Triangle {
         let exe = std::env::current_exe()?;
         let token: String = (0..32).map(|i| format!("{:02x}", (port as u8).wrapping_add(i * 11))).collect();
         let mut children = Vec::new();
-        for (rank, ns, bind) in [(0, &self.names[1], "0.0.0.0"), (1, &self.names[0], "10.89.13.1"), (2, &self.names[2], "10.89.12.3")] {
+        for (rank, ns, bind) in
+            [(0, &self.names[1], "0.0.0.0"), (1, &self.names[0], "10.89.13.1"), (2, &self.names[2], "10.89.12.3")]
+        {
             let mut c = Command::new("ip");
             c.args(["netns", "exec", ns]).arg(&exe).arg(RANK_COMMAND).args(args);
             c.env("FERROCOMM_RANK", rank.to_string())
@@ -278,7 +280,12 @@ impl Triangle {
             let out = c.wait_with_output()?;
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
             if !out.status.success() {
-                return Err(format!("rank {rank} failed ({}):\n{text}{}", out.status, String::from_utf8_lossy(&out.stderr)).into());
+                return Err(format!(
+                    "rank {rank} failed ({}):\n{text}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                )
+                .into());
             }
             outs.push(text);
         }
@@ -289,15 +296,20 @@ impl Triangle {
 fn shape_dev(ns: &str, dev: &str, rate: Option<&str>) -> Result<()> {
     let _ = sh(&["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"]);
     if let Some(rate) = rate {
-        sh(&["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"])?;
+        sh(&[
+            "ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb",
+            "latency", "50ms",
+        ])?;
     }
     Ok(())
 }
 
 /// Measures every direct hop and writes the calibration file; returns its text.
 fn calibrate(t: &Triangle, path: &std::path::Path, port: u16) -> Result<String> {
-    let args: Vec<String> = ["--mode", "calibrate", "--size", "1", "--reps", "1"].iter().map(|s| s.to_string()).collect();
-    let outs = t.job(&args, &[("FERROCOMM_PROXY", "on".into()), ("FERROCOMM_DIRECT_TIMEOUT_MS", "1000".into())], port)?;
+    let args: Vec<String> =
+        ["--mode", "calibrate", "--size", "1", "--reps", "1"].iter().map(|s| s.to_string()).collect();
+    let outs =
+        t.job(&args, &[("FERROCOMM_PROXY", "on".into()), ("FERROCOMM_DIRECT_TIMEOUT_MS", "1000".into())], port)?;
     let mut text = String::from("# from to latency_us bandwidth_MBps (measured by ferrocomm-bench rails)\n");
     for line in outs.iter().flat_map(|o| o.lines()).filter_map(|l| l.strip_prefix("HOP ")) {
         text += line;
@@ -309,13 +321,24 @@ fn calibrate(t: &Triangle, path: &std::path::Path, port: u16) -> Result<String> 
 
 /// Rank 1 streams `--reps` messages of `--route-size` to rank 2: (MB/s, the route it took).
 fn route_run(t: &Triangle, o: &Options, env: &[(&str, String)], port: u16) -> Result<(f64, String)> {
-    let args: Vec<String> =
-        ["--mode", "stream", "--from", "1", "--to", "2", "--size", &o.route_size.to_string(), "--reps", &o.reps.to_string()]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let args: Vec<String> = [
+        "--mode",
+        "stream",
+        "--from",
+        "1",
+        "--to",
+        "2",
+        "--size",
+        &o.route_size.to_string(),
+        "--reps",
+        &o.reps.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let outs = t.job(&args, env, port)?;
-    let line = outs[1].lines().find(|l| l.starts_with("RESULT")).ok_or_else(|| format!("no result in:\n{}", outs[1]))?;
+    let line =
+        outs[1].lines().find(|l| l.starts_with("RESULT")).ok_or_else(|| format!("no result in:\n{}", outs[1]))?;
     let secs: f64 = line.split_whitespace().find_map(|w| w.strip_prefix("secs=")).ok_or("no secs=")?.parse()?;
     let route = line.split_whitespace().find_map(|w| w.strip_prefix("route=")).unwrap_or("?").to_string();
     Ok(((o.route_size * o.reps) as f64 / secs / 1e6, route))
@@ -345,7 +368,12 @@ fn proxy_scenarios(o: &Options, port: &mut u16) -> Result<()> {
     };
     t.direct(Some(&o.slow_direct))?;
     let costs = calibrate(&t, &path, next())?;
-    println!("proxy routes: A - B - C at {}, direct A - C at {}; calibration ({}):", o.fast, o.slow_direct, path.display());
+    println!(
+        "proxy routes: A - B - C at {}, direct A - C at {}; calibration ({}):",
+        o.fast,
+        o.slow_direct,
+        path.display()
+    );
     print!("{costs}");
     let (direct, droute) = median_run(&[], &mut next)?;
     let (staged, sroute) = median_run(&proxy_env(true), &mut next)?;
@@ -451,7 +479,9 @@ pub(crate) fn rank_main(s: RankSpec) -> Result<()> {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, r)| {
-                    r.map(|r| format!("rail{i} up={} carried={}MB est={:.0}MB/s", r.up, r.carried >> 20, r.bandwidth / 1e6))
+                    r.map(|r| {
+                        format!("rail{i} up={} carried={}MB est={:.0}MB/s", r.up, r.carried >> 20, r.bandwidth / 1e6)
+                    })
                 })
                 .collect();
             println!("RESULT secs={secs} route={:?} rails: {}", w.route_for(s.to, s.size), rails.join(", "));
@@ -477,7 +507,13 @@ async fn measure_hops(w: &ferrocomm::World) -> Result<()> {
     for a in 0..n {
         for b in a + 1..n {
             c.barrier().await?;
-            let peer = if me == a { b } else if me == b { a } else { continue };
+            let peer = if me == a {
+                b
+            } else if me == b {
+                a
+            } else {
+                continue;
+            };
             if w.route_for(peer, 1) != ferrocomm::transports::relay::Route::Direct {
                 continue;
             }

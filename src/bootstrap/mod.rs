@@ -16,8 +16,8 @@ pub mod env;
 pub mod kv;
 pub(crate) mod notices;
 pub(crate) mod rails;
-pub(crate) mod routes;
 pub(crate) mod rendezvous;
+pub(crate) mod routes;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -177,7 +177,8 @@ async fn join_via(
         let addr = kv.get(&format!("addr/{peer}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
         let addr = String::from_utf8_lossy(&addr).to_string();
         // With proxies on, a peer not reached soon has no direct path (routes.rs).
-        let until = if proxy { deadline.min(tokio::time::Instant::now() + settings.routes.direct_timeout) } else { deadline };
+        let until =
+            if proxy { deadline.min(tokio::time::Instant::now() + settings.routes.direct_timeout) } else { deadline };
         let direct = async {
             // A connect whose SYNs vanish (a host that does not forward) ends only at `until`.
             let mut s = tokio::time::timeout_at(until, connect_retry(&addr, until))
@@ -264,7 +265,8 @@ async fn join_via(
             let table = links.table(&remote_tcp);
             let mut parts = vec![tcp];
             for c in links.conns {
-                parts.push(tcp::build(settings.tcp_backend, c, limits, settings.eager_limit).map_err(Error::bootstrap)?);
+                parts
+                    .push(tcp::build(settings.tcp_backend, c, limits, settings.eager_limit).map_err(Error::bootstrap)?);
             }
             let bonded = Bonded::new(rank, parts, &table, settings.rails.stripe(settings.rndv_chunk));
             let stats = bonded.shared_stats();
@@ -489,7 +491,9 @@ fn shared_fingerprint(settings: &Settings) -> u64 {
     let verbs = verbs.then(|| (v.slots, format!("{:?} {:?}", v.eager, v.rendezvous)));
     let (rails, proxy) = (s.rails.list != RailList::Off, s.routes.proxy);
     let routes = format!("rails={rails} proxy={proxy}");
-    env::fnv1a64(&[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?} {routes}", s.collectives).as_bytes()])
+    env::fnv1a64(
+        &[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?} {routes}", s.collectives).as_bytes()],
+    )
 }
 
 /// Where a rank shares memory: with the other ranks of its host, or (if it cannot run the

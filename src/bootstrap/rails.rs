@@ -95,7 +95,10 @@ impl RailSettings {
             r.stall = Duration::from_millis(v);
         }
         if r.part == 0 || r.window == 0 {
-            return Err(Error::Config { name: "FERROCOMM_RAIL_PART", reason: "part and window must be positive".into() });
+            return Err(Error::Config {
+                name: "FERROCOMM_RAIL_PART",
+                reason: "part and window must be positive".into(),
+            });
         }
         Ok(r)
     }
@@ -163,10 +166,8 @@ pub(crate) fn pair(lower: &[RailAddr], higher: &[RailAddr]) -> Vec<(usize, usize
     let mut used = vec![false; lower.len()];
     let mut pairs = Vec::new();
     for (h, hr) in higher.iter().enumerate() {
-        let found = lower
-            .iter()
-            .enumerate()
-            .find(|(l, lr)| !used[*l] && same_subnet(lr.ip, hr.ip, lr.prefix.min(hr.prefix)));
+        let found =
+            lower.iter().enumerate().find(|(l, lr)| !used[*l] && same_subnet(lr.ip, hr.ip, lr.prefix.min(hr.prefix)));
         if let Some((l, _)) = found {
             used[l] = true;
             pairs.push((l, h));
@@ -235,7 +236,9 @@ pub(crate) fn local_rails(list: &RailList, primary: IpAddr) -> Result<Vec<(IpAdd
         RailList::Off => Vec::new(),
         RailList::Auto => ifs
             .iter()
-            .filter(|(ip, _, lo)| !lo && *ip != primary && !matches!(ip, IpAddr::V6(v) if v.segments()[0] & 0xffc0 == 0xfe80))
+            .filter(|(ip, _, lo)| {
+                !lo && *ip != primary && !matches!(ip, IpAddr::V6(v) if v.segments()[0] & 0xffc0 == 0xfe80)
+            })
             .map(|&(ip, p, _)| (ip, p))
             .collect(),
         RailList::List(addrs) => addrs
@@ -298,7 +301,8 @@ pub(crate) async fn connect(
     }
     kv.put(&format!("rails/{rank}"), &encode(&addrs)).await.map_err(Error::bootstrap)?;
 
-    let mut conns: Vec<Vec<Option<std::net::TcpStream>>> = (0..mine.len()).map(|_| (0..size).map(|_| None).collect()).collect();
+    let mut conns: Vec<Vec<Option<std::net::TcpStream>>> =
+        (0..mine.len()).map(|_| (0..size).map(|_| None).collect()).collect();
     // (my rail, peer) pairs the higher ranks will connect.
     let mut expected = Vec::new();
     let mut theirs = vec![Vec::new(); size];
@@ -424,6 +428,8 @@ mod tests {
         assert!("10.0.0.300".parse::<RailList>().is_err());
         let lo = local_rails(&RailList::List(vec!["127.0.0.1".parse().unwrap()]), "10.9.9.9".parse().unwrap()).unwrap();
         assert_eq!(lo, vec![("127.0.0.1".parse().unwrap(), 8)]);
-        assert!(local_rails(&RailList::List(vec!["192.0.2.77".parse().unwrap()]), "10.9.9.9".parse().unwrap()).is_err());
+        assert!(
+            local_rails(&RailList::List(vec!["192.0.2.77".parse().unwrap()]), "10.9.9.9".parse().unwrap()).is_err()
+        );
     }
 }

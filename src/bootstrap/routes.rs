@@ -72,10 +72,8 @@ impl RouteSettings {
     /// The calibration file's costs (none without one).
     pub(crate) fn load_costs(&self) -> Result<Costs> {
         let Some(path) = &self.costs else { return Ok(Costs::default()) };
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
-            name: "FERROCOMM_ROUTE_COSTS",
-            reason: format!("{}: {e}", path.display()),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config { name: "FERROCOMM_ROUTE_COSTS", reason: format!("{}: {e}", path.display()) })?;
         Costs::parse(&text)
             .map_err(|e| Error::Config { name: "FERROCOMM_ROUTE_COSTS", reason: format!("{}: {e}", path.display()) })
     }
@@ -96,7 +94,13 @@ impl Reach {
 }
 
 /// Announces the lower ranks this rank reached and learns everybody's.
-pub(crate) async fn exchange(kv: &mut KvClient, rank: Rank, size: u32, mine: &[Rank], timeout: Duration) -> Result<Reach> {
+pub(crate) async fn exchange(
+    kv: &mut KvClient,
+    rank: Rank,
+    size: u32,
+    mine: &[Rank],
+    timeout: Duration,
+) -> Result<Reach> {
     let line = mine.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",");
     kv.put(&format!("reached/{rank}"), line.as_bytes()).await.map_err(Error::bootstrap)?;
     let mut reached = Vec::with_capacity(size as usize);
@@ -123,9 +127,9 @@ pub(crate) fn ways(me: Rank, tcp: &[bool], reach: &Reach, costs: &Costs, piece: 
             if !tcp[peer as usize] {
                 return Ok(Way::None);
             }
-            let plan = planner
-                .plan(me, peer, costs, |a, b| reach.connected(a, b), 0..size)
-                .ok_or_else(|| Error::Bootstrap(format!("rank {peer} is reachable neither directly nor through a proxy")))?;
+            let plan = planner.plan(me, peer, costs, |a, b| reach.connected(a, b), 0..size).ok_or_else(|| {
+                Error::Bootstrap(format!("rank {peer} is reachable neither directly nor through a proxy"))
+            })?;
             Ok(match plan.steps[..] {
                 [(_, ferrocomm_transports::relay::Route::Direct)] => Way::Direct,
                 [(_, ferrocomm_transports::relay::Route::Via(p))] if !reach.connected(me, peer) => Way::Via(p),

@@ -130,7 +130,14 @@ impl Transport for Bonded {
         let mut lost = Vec::new();
         let mut n = 0;
         for (rail, t) in self.rails.iter_mut().enumerate() {
-            let mut rs = RailSink { rail, core: &mut self.core, staged: &mut self.staging[rail], up: sink, now, lost: &mut lost };
+            let mut rs = RailSink {
+                rail,
+                core: &mut self.core,
+                staged: &mut self.staging[rail],
+                up: sink,
+                now,
+                lost: &mut lost,
+            };
             n += t.progress(&mut rs);
         }
         // A peer lost on rail 0 is lost: its other rails close too.

@@ -198,7 +198,14 @@ impl Stripe {
                 ..Peer::default()
             })
             .collect();
-        Stripe { cfg, peers, out: VecDeque::new(), cut: VecDeque::new(), violations: VecDeque::new(), acks: VecDeque::new() }
+        Stripe {
+            cfg,
+            peers,
+            out: VecDeque::new(),
+            cut: VecDeque::new(),
+            violations: VecDeque::new(),
+            acks: VecDeque::new(),
+        }
     }
 
     /// Whether frame `h` to `peer` goes through [`Stripe::send`] rather than straight to rail 0:

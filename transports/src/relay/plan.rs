@@ -107,7 +107,9 @@ impl Costs {
                         c.hops.insert((to, from), h);
                     }
                 }
-                _ => return Err(bad("expected FROM TO LATENCY_US BANDWIDTH_MBPS or default LATENCY_US BANDWIDTH_MBPS")),
+                _ => {
+                    return Err(bad("expected FROM TO LATENCY_US BANDWIDTH_MBPS or default LATENCY_US BANDWIDTH_MBPS"));
+                }
             }
         }
         Ok(c)
@@ -266,11 +268,13 @@ mod tests {
         assert_eq!(plan.steps.len(), 2, "{plan:?}");
         // At the crossover the two cost the same, to within a byte's worth.
         let x = plan.steps[1].0;
-        let (d, s) = (direct_time(hop(50.0, 12.5), x), staged_time(hop(60.0, 100.0), hop(60.0, 100.0), 128 << 10, 30e-6, x));
+        let (d, s) =
+            (direct_time(hop(50.0, 12.5), x), staged_time(hop(60.0, 100.0), hop(60.0, 100.0), 128 << 10, 30e-6, x));
         assert!(s <= d && d - s < 1.0 / (12.5 * MB) * 2.0, "{x}: direct {d}, staged {s}");
         // The staged path at 4 MiB: about 8x the slow link's time.
         let n = 4 << 20;
-        let ratio = direct_time(hop(50.0, 12.5), n) / staged_time(hop(60.0, 100.0), hop(60.0, 100.0), 128 << 10, 30e-6, n);
+        let ratio =
+            direct_time(hop(50.0, 12.5), n) / staged_time(hop(60.0, 100.0), hop(60.0, 100.0), 128 << 10, 30e-6, n);
         assert!(ratio > 7.0, "{ratio}");
     }
 
