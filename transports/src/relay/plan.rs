@@ -160,6 +160,9 @@ impl PeerPlan {
     }
 }
 
+/// The time a route takes for a message of a given size.
+type TimeOf = Box<dyn Fn(usize) -> f64>;
+
 /// Plans every peer of rank `me`.
 #[derive(Clone, Debug)]
 pub struct Planner {
@@ -187,7 +190,7 @@ impl Planner {
         proxies: impl Iterator<Item = Rank>,
     ) -> Option<PeerPlan> {
         let direct = connected(me, peer).then(|| costs.get(me, peer));
-        let mut candidates: Vec<(Route, Box<dyn Fn(usize) -> f64>)> = Vec::new();
+        let mut candidates: Vec<(Route, TimeOf)> = Vec::new();
         match direct {
             Some(Some(h)) => candidates.push((Route::Direct, Box::new(move |n| direct_time(h, n)))),
             // Connected, cost unknown: direct, and no proxy is compared with it.
