@@ -35,10 +35,10 @@ pub use api::{Comm, Deadline, Message, Op, Refused, World};
 pub use bootstrap::env::EnvError;
 pub use bootstrap::{init, init_with};
 pub use config::{
-    McastSettings, ProgressMode, RailList, RailSettings, RouteSettings, Settings, TcpBackend, TransportChoice,
-    VerbsEager, VerbsRendezvous, VerbsSettings,
+    McastSettings, ProgressMode, RailList, RailSettings, RouteSettings, Settings, SettingsBuilder, TcpBackend,
+    TransportChoice, VerbsEager, VerbsRendezvous, VerbsSettings,
 };
-pub use error::{Error, Result};
+pub use error::{Cause, Error, McastError, Result};
 pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table, bf16, f16};
 pub use ferrocomm_reactor::HybridStats;
 // The transports crate, for the benchmarks and the fuzz targets that drive a transport alone.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ferrocomm::launch::{LaunchOptions, run_local};
 
 const USAGE: &str = "\
-usage: ferrorun -n N [--grace SECS] [--env K=V]... PROGRAM [ARGS...]
+usage: ferrorun -n N [--grace SECS] [--env K=V]... [--store-addr IP] PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this machine, each with FERROCOMM_RANK,
 FERROCOMM_SIZE, FERROCOMM_COORD, FERROCOMM_TOKEN and FERROCOMM_LAUNCHER set,
@@ -21,6 +21,9 @@ and prefixes every line of their output with [RANK].
   --grace SECS    after one rank fails, how long the others may take to exit
                   before they are killed (default 3)
   --env K=V       set K=V for every rank (repeatable)
+  --store-addr IP the address the job's store listens on (default 127.0.0.1);
+                  an address the ranks reach when a wrapper (PROGRAM) places
+                  them on other hosts, such as network namespaces
   -h, --help      show this help
 
 Exits with 0 when every rank succeeds, else with the first failed rank's
@@ -70,6 +73,10 @@ fn parse(mut argv: impl Iterator<Item = OsString>) -> Result<Parsed, String> {
                     Some((k, val)) if !k.is_empty() => opts.env.push((k.to_string(), val.to_string())),
                     _ => return Err(format!("--env {v:?} is not of the form K=V")),
                 }
+            }
+            "--store-addr" => {
+                let v = value(s)?;
+                opts.store_addr = v.parse().map_err(|_| format!("--store-addr {v:?} is not an IP address"))?;
             }
             "--" => match argv.next() {
                 Some(p) => break p,
@@ -145,6 +152,8 @@ mod tests {
         assert_eq!(c.args, vec![OsString::from("-n"), OsString::from("x")]);
         assert_eq!(run(&["-n2", "--", "-weird"]).program, PathBuf::from("-weird"));
         assert_eq!(run(&["-np", "3", "p"]).n, 3);
+        assert_eq!(run(&["-n", "2", "--store-addr", "10.0.0.9", "p"]).opts.store_addr.to_string(), "10.0.0.9");
+        assert!(parse(args(&["-n", "2", "--store-addr", "node01", "p"])).is_err());
     }
 
     #[test]

@@ -292,14 +292,20 @@ pub(crate) async fn connect(
         let l = {
             let _rt = rt.enter();
             let std = std::net::TcpListener::bind((ip, 0))
-                .map_err(|e| Error::Bootstrap(format!("cannot listen on rail address {ip}: {e}")))?;
-            std.set_nonblocking(true).map_err(Error::bootstrap)?;
-            TcpListener::from_std(std).map_err(Error::bootstrap)?
+                .map_err(Error::bootstrap(format!("cannot listen on rail address {ip}")))?;
+            std.set_nonblocking(true).map_err(Error::bootstrap("listening on a rail address"))?;
+            TcpListener::from_std(std).map_err(Error::bootstrap("listening on a rail address"))?
         };
-        addrs.push(RailAddr { ip, prefix, port: l.local_addr().map_err(Error::bootstrap)?.port() });
+        addrs.push(RailAddr {
+            ip,
+            prefix,
+            port: l.local_addr().map_err(Error::bootstrap("listening on a rail address"))?.port(),
+        });
         listeners.push(l);
     }
-    kv.put(&format!("rails/{rank}"), &encode(&addrs)).await.map_err(Error::bootstrap)?;
+    kv.put(&format!("rails/{rank}"), &encode(&addrs))
+        .await
+        .map_err(Error::bootstrap("announcing the rail addresses"))?;
 
     let mut conns: Vec<Vec<Option<std::net::TcpStream>>> =
         (0..mine.len()).map(|_| (0..size).map(|_| None).collect()).collect();
@@ -307,8 +313,11 @@ pub(crate) async fn connect(
     let mut expected = Vec::new();
     let mut theirs = vec![Vec::new(); size];
     for p in (0..size).filter(|&p| remote[p] && p != rank as usize) {
-        let raw = kv.get(&format!("rails/{p}"), timeout).await.map_err(Error::bootstrap)?;
-        theirs[p] = decode(&raw).map_err(|e| Error::Bootstrap(format!("rank {p}'s rail addresses: {e}")))?;
+        let raw = kv
+            .get(&format!("rails/{p}"), timeout)
+            .await
+            .map_err(Error::bootstrap("reading a peer's rail addresses"))?;
+        theirs[p] = decode(&raw).map_err(|e| Error::bootstrap_failed(format!("rank {p}'s rail addresses: {e}")))?;
         if p > rank as usize {
             expected.extend(pair(&addrs, &theirs[p]).into_iter().map(|(l, _)| (l, p as Rank)));
         }
@@ -347,23 +356,23 @@ pub(crate) async fn connect(
             tokio::time::timeout_at(deadline, handshake_connect(&mut s, rank, p as Rank, token, limits))
                 .await
                 .unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut)))
-                .map_err(|e| Error::Bootstrap(format!("rail handshake with rank {p} at {to}: {e}")))?;
-            ferrocomm_transports::tcp::tune(&s, peer_timeout).map_err(Error::bootstrap)?;
-            conns[h][p] = Some(s.into_std().map_err(Error::bootstrap)?);
+                .map_err(Error::bootstrap(format!("rail handshake with rank {p} at {to}")))?;
+            ferrocomm_transports::tcp::tune(&s, peer_timeout).map_err(Error::bootstrap("tuning a rail connection"))?;
+            conns[h][p] = Some(s.into_std().map_err(Error::bootstrap("tuning a rail connection"))?);
         }
     }
     while !expected.is_empty() {
         let (j, peer, s) = tokio::time::timeout_at(deadline, rx.recv())
             .await
-            .map_err(|_| Error::Bootstrap(format!("timed out waiting for rail connections {expected:?}")))?
-            .ok_or_else(|| Error::Bootstrap("rail listener stopped".into()))?;
+            .map_err(|_| Error::bootstrap_failed(format!("timed out waiting for rail connections {expected:?}")))?
+            .ok_or_else(|| Error::bootstrap_failed("rail listener stopped"))?;
         let Some(i) = expected.iter().position(|&e| e == (j, peer)) else {
             tracing::warn!(rank, peer, rail = j + 1, "refused an unexpected rail connection");
             continue;
         };
         expected.swap_remove(i);
-        ferrocomm_transports::tcp::tune(&s, peer_timeout).map_err(Error::bootstrap)?;
-        conns[j][peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
+        ferrocomm_transports::tcp::tune(&s, peer_timeout).map_err(Error::bootstrap("tuning a rail connection"))?;
+        conns[j][peer as usize] = Some(s.into_std().map_err(Error::bootstrap("tuning a rail connection"))?);
     }
     for t in tasks {
         t.abort();
@@ -381,7 +390,7 @@ async fn connect_from(from: IpAddr, to: SocketAddr, deadline: tokio::time::Insta
         match attempt.await {
             Ok(s) => return Ok(s),
             Err(e) if tokio::time::Instant::now() >= deadline => {
-                return Err(Error::Bootstrap(format!("cannot connect rail {from} -> {to}: {e}")));
+                return Err(Error::bootstrap(format!("cannot connect rail {from} -> {to}"))(e));
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }

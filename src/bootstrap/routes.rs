@@ -102,16 +102,21 @@ pub(crate) async fn exchange(
     timeout: Duration,
 ) -> Result<Reach> {
     let line = mine.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",");
-    kv.put(&format!("reached/{rank}"), line.as_bytes()).await.map_err(Error::bootstrap)?;
+    kv.put(&format!("reached/{rank}"), line.as_bytes())
+        .await
+        .map_err(Error::bootstrap("announcing the direct connections"))?;
     let mut reached = Vec::with_capacity(size as usize);
     for r in 0..size {
-        let raw = kv.get(&format!("reached/{r}"), timeout).await.map_err(Error::bootstrap)?;
+        let raw = kv
+            .get(&format!("reached/{r}"), timeout)
+            .await
+            .map_err(Error::bootstrap("reading the direct connections"))?;
         let text = String::from_utf8_lossy(&raw);
         let list: std::result::Result<Vec<Rank>, _> =
             text.split(',').filter(|s| !s.is_empty()).map(|s| s.parse::<Rank>()).collect();
-        let list = list.map_err(|_| Error::Bootstrap(format!("rank {r}'s reached list is malformed")))?;
+        let list = list.map_err(|_| Error::bootstrap_failed(format!("rank {r}'s reached list is malformed")))?;
         if list.iter().any(|&l| l >= r) {
-            return Err(Error::Bootstrap(format!("rank {r} claims to have connected to a rank not below it")));
+            return Err(Error::bootstrap_failed(format!("rank {r} claims to have connected to a rank not below it")));
         }
         reached.push(list);
     }
@@ -128,7 +133,7 @@ pub(crate) fn ways(me: Rank, tcp: &[bool], reach: &Reach, costs: &Costs, piece: 
                 return Ok(Way::None);
             }
             let plan = planner.plan(me, peer, costs, |a, b| reach.connected(a, b), 0..size).ok_or_else(|| {
-                Error::Bootstrap(format!("rank {peer} is reachable neither directly nor through a proxy"))
+                Error::bootstrap_failed(format!("rank {peer} is reachable neither directly nor through a proxy"))
             })?;
             Ok(match plan.steps[..] {
                 [(_, ferrocomm_transports::relay::Route::Direct)] => Way::Direct,
