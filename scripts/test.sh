@@ -33,14 +33,15 @@ fi
 # any other failure fails those tests (they run the script again), not the rest of the suite.
 bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
 
-<<<<<<< HEAD
 # Rails and proxy routes (tests/rails.rs, docs/routes.md): two and three network namespaces joined
 # by veth pairs, rate-limited with tc tbf (tc comes with iproute2, installed above); root only, like
-# the multicast tests, under a minute; they run with the workspace tests below. The tbf qdisc must
-# be in the kernel.
+# the multicast tests (they skip loudly otherwise); about a minute once built. The tbf qdisc must be
+# in the kernel. `cargo test --workspace` below runs them again with the rest.
 if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
     modprobe sch_tbf 2>/dev/null || true
-=======
+    cargo test --locked -p ferrocomm --test rails
+fi
+
 # Several hosts (tests/multihost.rs): 3 network namespaces on a bridge, each a host with its own
 # address and host name (ip netns + unshare --uts), 2 ranks each, the same job under ferrorun,
 # mpirun, mpiexec and srun (the launchers come from slurm-local.sh above); then the link cut
@@ -52,7 +53,6 @@ if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
     fi
     cargo test --locked -p ferrocomm --test multihost
     cargo test --locked -p ferrocomm --test faults link_cut_between_namespace_hosts
->>>>>>> main
 fi
 
 cargo fmt --all -- --check
