@@ -210,6 +210,10 @@ setters! {
     multicast: McastSettings,
     /// Sets [`Settings::verbs`].
     verbs: VerbsSettings,
+    /// Sets [`Settings::rails`].
+    rails: RailSettings,
+    /// Sets [`Settings::routes`].
+    routes: RouteSettings,
 }
 
 impl SettingsBuilder {

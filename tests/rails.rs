@@ -22,15 +22,14 @@ use bytes::Bytes;
 use ferrocomm::{RailList, RailSettings, Settings, TcpBackend, TransportChoice, testing};
 
 fn loopback_rails(backend: TcpBackend) -> Settings {
-    Settings {
-        transports: TransportChoice::Tcp,
-        tcp_backend: backend,
-        rails: RailSettings {
+    Settings::builder()
+        .transports(TransportChoice::Tcp)
+        .tcp_backend(backend)
+        .rails(RailSettings {
             list: RailList::List(vec!["127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap()]),
             ..RailSettings::default()
-        },
-        ..Settings::default()
-    }
+        })
+        .build()
 }
 
 fn pattern(len: usize, seed: u8) -> Bytes {
