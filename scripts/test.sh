@@ -33,6 +33,15 @@ fi
 # any other failure fails those tests (they run the script again), not the rest of the suite.
 bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
 
+# Rails and proxy routes (tests/rails.rs, docs/routes.md): two and three network namespaces joined
+# by veth pairs, rate-limited with tc tbf (tc comes with iproute2, installed above); root only, like
+# the multicast tests (they skip loudly otherwise); about a minute once built. The tbf qdisc must be
+# in the kernel. `cargo test --workspace` below runs them again with the rest.
+if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
+    modprobe sch_tbf 2>/dev/null || true
+    cargo test --locked -p ferrocomm --test rails
+fi
+
 # Several hosts (tests/multihost.rs): 3 network namespaces on a bridge, each a host with its own
 # address and host name (ip netns + unshare --uts), 2 ranks each, the same job under ferrorun,
 # mpirun, mpiexec and srun (the launchers come from slurm-local.sh above); then the link cut

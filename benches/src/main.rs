@@ -59,6 +59,7 @@ mod perftest;
 mod pingpong;
 mod plot;
 mod process;
+mod rails;
 mod ranks;
 mod reference;
 mod report;
@@ -100,6 +101,7 @@ enum Command {
     Rma(rma::Options),
     RmaVerbs(rma_verbs::Options),
     SimScale(sim_scale::Options),
+    Rails(rails::Options),
     // The processes the benchmarks start: this binary again, with these hidden subcommands.
     #[command(name = ranks::JOB_COMMAND, hide = true)]
     PingpongJob(ranks::JobSpec),
@@ -127,6 +129,8 @@ enum Command {
     RmaJob(rma::JobSpec),
     #[command(name = rma::RANK_COMMAND, hide = true)]
     RmaRank(rma::JobSpec),
+    #[command(name = rails::RANK_COMMAND, hide = true)]
+    RailsRank(rails::RankSpec),
 }
 
 fn main() -> ExitCode {
@@ -142,6 +146,8 @@ fn main() -> ExitCode {
         Command::Rma(o) => rma::main(o),
         Command::RmaVerbs(o) => rma_verbs::main(o),
         Command::SimScale(o) => sim_scale::main(o),
+        Command::Rails(o) => rails::main(o),
+        Command::RailsRank(s) => rails::rank_main(s),
         Command::PingpongJob(s) => ranks::job_main(s),
         Command::PingpongRank(s) => ranks::rank_main(s),
         Command::StreamJob(s) => perftest::stream_job_main(s),

@@ -62,6 +62,10 @@ pub(crate) struct Inner {
     /// The name of this job's shared-memory files, when this rank has peers over shared memory.
     pub shm_job: Option<String>,
     pub closed: AtomicBool,
+    /// Per peer and rail, what striping measured and carried (when the rank has rails).
+    pub rail_stats: Option<ferrocomm_transports::rails::SharedStats>,
+    /// How each peer is reached, with proxy routes on.
+    pub ways: Option<Vec<ferrocomm_transports::relay::Way>>,
     pub thread: Mutex<Option<ReactorThread>>,
     /// Departures and losses this rank knows of ([`crate::p2p::failure::Failures::changes`]): the
     /// collectives' gate asks the engine only once it is not zero.
@@ -216,6 +220,25 @@ impl World {
     /// Name of the transport that reaches `peer` (`shm`, `tcp-uring`, `tcp-portable`).
     pub fn transport_for(&self, peer: Rank) -> &'static str {
         self.inner.reactor.with(|d| d.transport.name_for(peer))
+    }
+
+    /// What the rails to `peer` carried and measured, rail 0 (the bootstrap connection) first;
+    /// `None` for a rail that does not reach `peer`. Empty without rails (docs/routes.md).
+    pub fn rail_stats(&self, peer: Rank) -> Vec<Option<ferrocomm_transports::rails::RailStats>> {
+        let Some(s) = &self.inner.rail_stats else { return Vec::new() };
+        s.lock().unwrap_or_else(|e| e.into_inner()).get(peer as usize).cloned().unwrap_or_default()
+    }
+
+    /// The route a message of `len` bytes to `peer` takes: direct, or staged through a proxy
+    /// rank (docs/routes.md). Always direct with proxy routes off.
+    pub fn route_for(&self, peer: Rank, len: usize) -> ferrocomm_transports::relay::Route {
+        use ferrocomm_transports::relay::{Route, Way};
+        match self.inner.ways.as_ref().and_then(|w| w.get(peer as usize)) {
+            Some(Way::Via(p)) => Route::Via(*p),
+            // Only rendezvous data is staged: eager messages keep the direct connection.
+            Some(Way::Split(plan)) if len > self.inner.settings.eager_limit => plan.route(len),
+            _ => Route::Direct,
+        }
     }
 
     /// Connection attempts this rank refused (most recent last, at most 64 kept).

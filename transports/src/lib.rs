@@ -9,6 +9,8 @@
 pub mod auth;
 pub mod mapping;
 pub mod one_sided;
+pub mod rails;
+pub mod relay;
 pub mod route;
 #[cfg(target_os = "linux")]
 pub mod shm;

@@ -103,6 +103,15 @@ pub mod flags {
     pub const PROOF: u16 = 4;
     /// On `Hello`: the connector refuses the listener's proof (no payload).
     pub const REFUSE: u16 = 8;
+    /// On `Data`: one part of a frame striped across rails ([`crate::rails`]); `tag` is the
+    /// part's id among the parts sent to that peer.
+    pub const RAIL_PART: u16 = 16;
+    /// On `Credit`: a rail's acknowledgement ([`crate::rails`]); `seq` counts the parts received
+    /// on the connection it travels back on.
+    pub const RAIL_ACK: u16 = 32;
+    /// On `Data`: an envelope to be forwarded ([`crate::relay`]); `seq` is the final
+    /// destination, the payload the whole frame (header, then payload) it carries.
+    pub const RELAY: u16 = 64;
 }
 
 /// The decoded frame header.
