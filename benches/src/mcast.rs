@@ -205,17 +205,20 @@ fn stream_report(o: &Options) -> Result<Value> {
             "{loss:>22} {:>9.1} [{:>5.1}, {:>5.1}] {:>9.1} [{:>5.1}, {:>5.1}] {:>8.2}x [{:.2}, {:.2}]",
             m.0, m.1, m.2, p.0, p.1, p.2, r.0, r.1, r.2
         );
-        let nacks: Vec<u64> = ph["stats"]
+        // In rank order (the ranks print in any order).
+        let mut nacks: Vec<(u64, u64)> = ph["stats"]
             .as_array()
             .into_iter()
             .flatten()
             .filter(|s| s["rank"].as_u64() != Some(0))
-            .filter_map(|s| s["stream_stats"]["nacks_sent"].as_u64())
+            .filter_map(|s| Some((s["rank"].as_u64()?, s["stream_stats"]["nacks_sent"].as_u64()?)))
             .collect();
+        nacks.sort_unstable();
+        let nacks: Vec<u64> = nacks.into_iter().map(|(_, n)| n).collect();
         let root = ph["stats"].as_array().into_iter().flatten().find(|s| s["rank"].as_u64() == Some(0));
         let rs = |k: &str| root.and_then(|r| r["stream_stats"][k].as_u64()).unwrap_or(0);
         println!(
-            "{:>22} NACKs per receiver {:?}, root: window full {} times, {} retransmissions; UDP receive-buffer overflows {}",
+            "{:>22} NACKs per receiver (ranks 1..) {:?}, root: window full {} times, {} retransmissions; UDP receive-buffer overflows {}",
             "",
             nacks,
             rs("window_stalls"),

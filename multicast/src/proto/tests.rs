@@ -601,7 +601,7 @@ fn coroots_never_nack_when_their_copies_lag_the_multicast() {
     let k = std::cell::Cell::new(0u64);
     s.drop_if = Some(Box::new(move |to, _| {
         k.set(k.get() + 1);
-        missed.contains(&to) && k.get() % 3 == 0
+        missed.contains(&to) && k.get().is_multiple_of(3)
     }));
     s.outbox[0] = (0..200).map(|i| message(0, i)).collect();
     let ok = s.run(Duration::from_secs(20), |s| s.all_received(0, 200) && s.cores[0].in_flight() == 0);
