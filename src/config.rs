@@ -34,8 +34,20 @@ impl std::str::FromStr for TransportChoice {
     }
 }
 
-/// How a rank runs. [`Settings::from_env`] reads the `FERROCOMM_*` variables named on each field.
+/// How a rank runs. [`Settings::from_env`] reads the `FERROCOMM_*` variables named on each field;
+/// [`Settings::builder`] sets them in code. Fields may be added in any release: outside this
+/// crate, make settings with the builder (or [`Settings::default`] and assignments to the
+/// fields), not with a struct literal.
+///
+/// ```
+/// use ferrocomm::{ProgressMode, Settings, TransportChoice};
+/// let s = Settings::builder().transports(TransportChoice::Tcp).progress(ProgressMode::BusyPoll).build();
+/// assert_eq!(s.transports, TransportChoice::Tcp);
+/// let eager = s.into_builder().eager_limit(16 << 10).build();
+/// assert_eq!((eager.transports, eager.eager_limit), (TransportChoice::Tcp, 16 << 10));
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Settings {
     /// `FERROCOMM_PROGRESS`: `busy`, `adaptive[:MICROSECONDS]` or `blocking`. Default adaptive, 50 us.
     pub progress: ProgressMode,
@@ -79,8 +91,10 @@ pub struct Settings {
     pub verbs: VerbsSettings,
 }
 
-/// Settings of the verbs transport.
+/// Settings of the verbs transport. Fields may be added in any release: start from
+/// [`VerbsSettings::default`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VerbsSettings {
     /// `FERROCOMM_VERBS_DEVICE`: RDMA device name (`rxe0`, `mlx5_0`). Default: the first one.
     pub device: Option<String>,
@@ -133,6 +147,83 @@ impl Default for Settings {
             multicast: Default::default(),
             verbs: VerbsSettings::default(),
         }
+    }
+}
+
+/// Builds [`Settings`]: the defaults (or the settings it started from) with the fields set by
+/// its methods, one per field of [`Settings`]. [`SettingsBuilder::build`] does not check the
+/// values; [`crate::init_with`] does (or [`Settings::validate`]).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct SettingsBuilder(Settings);
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty,)*) => {
+        impl SettingsBuilder {
+            $(
+                $(#[$doc])*
+                pub fn $field(mut self, value: $ty) -> Self {
+                    self.0.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters! {
+    /// Sets [`Settings::progress`].
+    progress: ProgressMode,
+    /// Sets [`Settings::transports`].
+    transports: TransportChoice,
+    /// Sets [`Settings::tcp_backend`].
+    tcp_backend: TcpBackend,
+    /// Sets [`Settings::eager_limit`].
+    eager_limit: usize,
+    /// Sets [`Settings::shm_nt_min`].
+    shm_nt_min: usize,
+    /// Sets [`Settings::max_credit`].
+    max_credit: u32,
+    /// Sets [`Settings::rndv_chunk`].
+    rndv_chunk: usize,
+    /// Sets [`Settings::max_message`].
+    max_message: usize,
+    /// Sets [`Settings::peer_timeout`].
+    peer_timeout: Duration,
+    /// Sets [`Settings::connect_timeout`].
+    connect_timeout: Duration,
+    /// Sets [`Settings::bind`].
+    bind: IpAddr,
+    /// Sets [`Settings::collectives`].
+    collectives: ferrocomm_collectives::Table,
+    /// Sets [`Settings::multicast`].
+    multicast: McastSettings,
+    /// Sets [`Settings::verbs`].
+    verbs: VerbsSettings,
+}
+
+impl SettingsBuilder {
+    /// The settings.
+    pub fn build(self) -> Settings {
+        self.0
+    }
+}
+
+impl From<Settings> for SettingsBuilder {
+    fn from(s: Settings) -> SettingsBuilder {
+        SettingsBuilder(s)
+    }
+}
+
+impl Settings {
+    /// A builder starting from the defaults.
+    pub fn builder() -> SettingsBuilder {
+        SettingsBuilder(Settings::default())
+    }
+
+    /// A builder starting from these settings.
+    pub fn into_builder(self) -> SettingsBuilder {
+        SettingsBuilder(self)
     }
 }
 
@@ -253,6 +344,9 @@ impl Settings {
         if self.verbs.slots < 2 || self.verbs.slots > (1 << 16) {
             return bad("verbs.slots", "between 2 and 65536");
         }
+        if self.multicast.network == McastNet::Ud && !cfg!(feature = "verbs") {
+            return bad("FERROCOMM_MCAST_NET", "ud needs ferrocomm built with the `verbs` cargo feature");
+        }
         if self.transports == TransportChoice::Verbs && !cfg!(feature = "verbs") {
             return bad("FERROCOMM_TRANSPORTS", "verbs needs ferrocomm built with the `verbs` cargo feature");
         }
@@ -260,11 +354,39 @@ impl Settings {
     }
 }
 
-/// Reliable multicast settings: every field has a `FERROCOMM_MCAST_*` variable.
+/// Which network carries reliable multicast's datagrams (`FERROCOMM_MCAST_NET`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McastNet {
+    /// A UD queue pair attached to a fabric multicast group when the job runs over verbs
+    /// (`FERROCOMM_TRANSPORTS=verbs`) and that works; UDP/IPv4 multicast otherwise.
+    Auto,
+    /// UDP/IPv4 multicast.
+    Udp,
+    /// A UD queue pair (cargo feature `verbs`, an RDMA device with RoCE v2 over IPv4).
+    Ud,
+}
+
+impl std::str::FromStr for McastNet {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(McastNet::Auto),
+            "udp" => Ok(McastNet::Udp),
+            "ud" => Ok(McastNet::Ud),
+            _ => Err(format!("unknown multicast network {s:?} (auto, udp, ud)")),
+        }
+    }
+}
+
+/// Reliable multicast settings: every field has a `FERROCOMM_MCAST_*` variable. Fields may be
+/// added in any release: start from [`McastSettings::default`].
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct McastSettings {
     /// `FERROCOMM_MCAST`: `on` (default) or `off` (point-to-point only, no socket).
     pub enabled: bool,
+    /// `FERROCOMM_MCAST_NET`: `auto` (default), `udp` or `ud`; see [`McastNet`].
+    pub network: McastNet,
     /// `FERROCOMM_MCAST_GROUP`: IPv4 group address. Default: 239.255.x.y derived from the job
     /// token and the channel, so that jobs and channels do not share groups.
     pub group: Option<Ipv4Addr>,
@@ -305,6 +427,7 @@ impl Default for McastSettings {
     fn default() -> Self {
         McastSettings {
             enabled: true,
+            network: McastNet::Auto,
             group: None,
             port: None,
             interface: None,
@@ -332,6 +455,9 @@ impl McastSettings {
                 "off" | "0" | "false" => false,
                 _ => return Err(Error::Config { name: "FERROCOMM_MCAST", reason: format!("{v:?}: on or off") }),
             };
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_NET", get)? {
+            s.network = v;
         }
         if let Some(v) = parse("FERROCOMM_MCAST_GROUP", get)? {
             s.group = Some(v);
@@ -463,5 +589,16 @@ mod tests {
         assert!(matches!(e, Error::Config { name: "FERROCOMM_VERBS_EAGER", .. }), "{e}");
         let verbs = Settings::from_vars(|k| (k == "FERROCOMM_TRANSPORTS").then(|| "verbs".into()));
         assert_eq!(verbs.is_ok(), cfg!(feature = "verbs"), "{verbs:?}");
+    }
+
+    #[test]
+    fn multicast_network_choice() {
+        let net = |v: &str| Settings::from_vars(|k| (k == "FERROCOMM_MCAST_NET").then(|| v.to_string()));
+        assert_eq!(Settings::default().multicast.network, McastNet::Auto);
+        assert_eq!(net("udp").unwrap().multicast.network, McastNet::Udp);
+        let ud = net("ud");
+        assert_eq!(ud.is_ok(), cfg!(feature = "verbs"), "{ud:?}");
+        let e = net("infiniband").unwrap_err();
+        assert!(matches!(e, Error::Config { name: "FERROCOMM_MCAST_NET", .. }), "{e}");
     }
 }

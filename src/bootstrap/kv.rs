@@ -87,6 +87,7 @@ const REPLY_SLACK: Duration = Duration::from_secs(5);
 
 /// Errors of [`KvClient`].
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum KvError {
     /// The store's address could not be connected to, and retrying would
     /// not help.

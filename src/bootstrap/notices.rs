@@ -89,7 +89,7 @@ pub(super) async fn join_watched(
             };
             match report {
                 Ok(report) => return Err(dead(&report)),
-                Err(ready) => ready.map_err(Error::bootstrap)?,
+                Err(ready) => ready.map_err(Error::bootstrap("waiting for every rank to connect"))?,
             }
             w
         }
