@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     /// The name of this job's shared-memory files, when this rank has peers over shared memory.
     pub shm_job: Option<String>,
     pub closed: AtomicBool,
+    /// The store, where this rank hosts it, and the watch's goodbye ([`crate::bootstrap::notices`]).
+    pub store_link: Mutex<crate::bootstrap::notices::StoreLink>,
     pub thread: Mutex<Option<ReactorThread>>,
     /// Departures and losses this rank knows of ([`crate::p2p::failure::Failures::changes`]): the
     /// collectives' gate asks the engine only once it is not zero.
@@ -255,6 +257,8 @@ impl Inner {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        // The store first: its watch's goodbye goes before the process can exit.
+        self.store_link.lock().leave(std::thread::panicking());
         let start = Instant::now();
         let flush = |start: Instant| {
             while start.elapsed() < limit {

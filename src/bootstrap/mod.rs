@@ -55,16 +55,16 @@ pub async fn init() -> Result<World> {
 pub async fn init_with(settings: Settings) -> Result<World> {
     settings.validate()?;
     let job = env::detect()?;
-    let (store, kv, coordinator) = rendezvous::open(&job, settings.connect_timeout).await?;
-    if job.launcher == env::Launcher::Ferrorun {
-        // Its store lives as long as the job, and it reports ranks that die.
-        return notices::join_watched(job.rank, job.size, kv, &coordinator, job.token, store, settings).await;
-    }
-    join_via(job.rank, job.size, kv, &coordinator, job.token, store, settings).await
+    let (store, kv, coordinator, host) = rendezvous::open(&job, settings.connect_timeout).await?;
+    // The store sees every rank's end through its watch (and ferrorun every process's end).
+    let reason =
+        if job.launcher == env::Launcher::Ferrorun { TransportError::Launcher } else { TransportError::StoreClosed };
+    let store = notices::Store { server: store, host };
+    notices::join_watched(job.rank, job.size, kv, &coordinator, job.token, store, settings, reason).await
 }
 
 /// Joins as `rank` of `size` through the store at `coordinator`. `store` is the store itself when
-/// this rank hosts it: it is kept alive until every rank has finished connecting.
+/// this rank hosts it: it is kept alive until this rank's world shuts down.
 pub async fn join(
     rank: Rank,
     size: u32,
@@ -75,7 +75,7 @@ pub async fn join(
 ) -> Result<World> {
     settings.validate()?;
     let kv = KvClient::connect(coordinator, &token, settings.connect_timeout).await.map_err(Error::bootstrap)?;
-    join_via(rank, size, kv, coordinator, token, store, settings).await
+    join_via(rank, size, kv, coordinator, token, &mut { store }, settings).await
 }
 
 /// [`join`] through `kv`, a client of the store at `coordinator`.
@@ -85,7 +85,7 @@ async fn join_via(
     mut kv: KvClient,
     coordinator: &str,
     token: [u8; TOKEN_LEN],
-    store: Option<KvServer>,
+    store: &mut Option<KvServer>,
     settings: Settings,
 ) -> Result<World> {
     if rank >= size {
@@ -210,14 +210,9 @@ async fn join_via(
         }
     };
 
-    // Every rank is connected to us; the store host waits until everyone is done with the store.
+    // Every rank is connected to us. The store host keeps the store as long as its world: the
+    // others' watches are there (see `notices`).
     kv.put(&format!("ready/{rank}"), b"1").await.map_err(Error::bootstrap)?;
-    if store.is_some() {
-        for r in 0..size {
-            kv.get(&format!("ready/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
-        }
-    }
-    drop(store);
 
     tracing::debug!(rank, size, transport = transport.name(), "joined");
     let cfg = engine::Config {
@@ -249,6 +244,7 @@ async fn join_via(
         datagram_key: JobSecret::new(token).datagram_key(),
         shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
+        store_link: Mutex::new(notices::StoreLink { store: store.take(), goodbye: None }),
         thread: Mutex::new(Some(thread)),
         changes,
     })))
