@@ -56,7 +56,7 @@ use ferrocomm_transports::auth::{
     Protocol,
 };
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
@@ -528,7 +528,7 @@ async fn read_request<R: AsyncRead + Unpin>(conn: &mut R, op: u8) -> Result<Requ
 
 /// The store's side of the handshake: answers a hello with a challenge, then checks the client's
 /// proof. Every read is of a fixed size.
-async fn handshake(conn: &mut BufReader<TcpStream>, key: &HandshakeKey) -> Result<(), End> {
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(conn: &mut S, key: &HandshakeKey) -> Result<(), End> {
     let mut hello = [0u8; HELLO_LEN];
     conn.read_exact(&mut hello).await?;
     if &hello[..4] != MAGIC {
@@ -556,6 +556,48 @@ async fn handshake(conn: &mut BufReader<TcpStream>, key: &HandshakeKey) -> Resul
 }
 
 // ---------------------------------------------------------------- client --
+
+/// The client's side of the handshake over `stream` (a socket; generic for the fuzz targets):
+/// the outer error is the connection's, the inner one the handshake's verdict.
+async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    addr: &str,
+    token: &[u8; 32],
+) -> io::Result<Result<(), KvError>> {
+    let failed = |source| KvError::Handshake { addr: addr.to_string(), source };
+    let key = JobSecret::new(*token).handshake_key(Protocol::Store);
+    let connector = match Connector::new(key, Ends::STORE) {
+        Ok(c) => c,
+        Err(e) => return Ok(Err(failed(e))),
+    };
+    stream.write_all(&[&MAGIC[..], &[VERSION], connector.hello()].concat()).await?;
+    let mut answer = [0u8; ANSWER_LEN];
+    stream.read_exact(&mut answer).await?;
+    if &answer[..4] != MAGIC {
+        return Ok(Err(failed(HandshakeError::Malformed("not a ferrocomm key-value store (bad magic)"))));
+    }
+    match answer[5] {
+        HS_CHALLENGE if answer[4] == VERSION => {}
+        HS_WRONG_VERSION => {
+            return Ok(Err(failed(HandshakeError::WrongVersion { ours: VERSION, theirs: answer[4] })));
+        }
+        _ => return Ok(Err(failed(HandshakeError::Malformed("unknown answer to the hello")))),
+    }
+    let mut challenge = [0u8; CHALLENGE_LEN];
+    stream.read_exact(&mut challenge).await?;
+    match connector.answer(&Challenge::from_bytes(&challenge)) {
+        Ok(proof) => stream.write_all(&[&[HS_PROOF][..], &proof].concat()).await?,
+        Err(e) => {
+            // Nothing keyed goes to a store that did not prove itself; tell it why we go.
+            let _ = stream.write_all(&[HS_REFUSE]).await;
+            return Ok(Err(failed(e)));
+        }
+    }
+    stream.read_u8().await.map(|status| match status {
+        ST_OK => Ok(()),
+        other => Err(KvError::Protocol(format!("handshake answered with {other:#04x}"))),
+    })
+}
 
 /// A connection to the store.
 pub struct KvClient {
@@ -601,38 +643,7 @@ impl KvClient {
         deadline: Instant,
         waited: Duration,
     ) -> Result<KvClient, KvError> {
-        let failed = |source| KvError::Handshake { addr: addr.to_string(), source };
-        let key = JobSecret::new(*token).handshake_key(Protocol::Store);
-        let connector = Connector::new(key, Ends::STORE).map_err(failed)?;
-        let exchange = async {
-            stream.write_all(&[&MAGIC[..], &[VERSION], connector.hello()].concat()).await?;
-            let mut answer = [0u8; ANSWER_LEN];
-            stream.read_exact(&mut answer).await?;
-            if &answer[..4] != MAGIC {
-                return Ok(Err(failed(HandshakeError::Malformed("not a ferrocomm key-value store (bad magic)"))));
-            }
-            match answer[5] {
-                HS_CHALLENGE if answer[4] == VERSION => {}
-                HS_WRONG_VERSION => {
-                    return Ok(Err(failed(HandshakeError::WrongVersion { ours: VERSION, theirs: answer[4] })));
-                }
-                _ => return Ok(Err(failed(HandshakeError::Malformed("unknown answer to the hello")))),
-            }
-            let mut challenge = [0u8; CHALLENGE_LEN];
-            stream.read_exact(&mut challenge).await?;
-            match connector.answer(&Challenge::from_bytes(&challenge)) {
-                Ok(proof) => stream.write_all(&[&[HS_PROOF][..], &proof].concat()).await?,
-                Err(e) => {
-                    // Nothing keyed goes to a store that did not prove itself; tell it why we go.
-                    let _ = stream.write_all(&[HS_REFUSE]).await;
-                    return Ok(Err(failed(e)));
-                }
-            }
-            stream.read_u8().await.map(|status| match status {
-                ST_OK => Ok(()),
-                other => Err(KvError::Protocol(format!("handshake answered with {other:#04x}"))),
-            })
-        };
+        let exchange = client_handshake(&mut stream, addr, token);
         match tokio::time::timeout_at(deadline, exchange).await {
             Err(_) => Err(KvError::ConnectTimeout {
                 addr: addr.to_string(),
