@@ -77,9 +77,12 @@ t0=$(date +%s)
 if [ "$MODE" = test ]; then
     cargo test --locked -p ferrocomm-transports --features verbs --test verbs --no-run
     cargo test --locked -p ferrocomm --features verbs --test multiprocess --no-run
+    cargo test --locked -p ferrocomm --features verbs --test faults --no-run
     DEVICE_TESTS=$(executable -p ferrocomm-transports --features verbs --test verbs)
     SUITE=$(executable -p ferrocomm --features verbs --test multiprocess)
-    [ -x "$DEVICE_TESTS" ] && [ -x "$SUITE" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
+    FAULTS=$(executable -p ferrocomm --features verbs --test faults)
+    [ -x "$DEVICE_TESTS" ] && [ -x "$SUITE" ] && [ -x "$FAULTS" ] ||
+        { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
 else
     cargo build --locked --release -p ferrocomm-bench --features verbs
     BENCH=$TARGET/release/ferrocomm-bench
@@ -115,6 +118,8 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         step device-tests timeout 600 "${DEVICE_TESTS:-}" --test-threads=1 --nocapture
         step p2p-suite-2-and-4-ranks timeout 1200 "${SUITE:-}" --exact suite_over_verbs --test-threads=1 --nocapture
         step killed-rank timeout 600 "${SUITE:-}" --exact killed_rank_over_verbs --test-threads=1 --nocapture
+        # The fault matrix's kill cases over verbs (tests/faults.rs kill_matrix_verbs).
+        step fault-matrix timeout 1200 "${FAULTS:-}" --exact kill_matrix_verbs --test-threads=1 --nocapture
     else
         # How busy the VM is before the bench (anything left spinning skews every figure).
         { uptime; top -bn1 | head -15; } >"$OUT/vm-load.txt" 2>&1
@@ -156,11 +161,11 @@ while read -r name rc ms; do
         tail -60 "$OUT/$name.log" | sed 's/^/    /' >&2
         status=1
     fi
-    grep -hoE '(verbs suite|verbs kill|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
+    grep -hoE '(FAULT-MATRIX|verbs suite|verbs kill|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
 done <"$OUT/steps"
 [ -e "$OUT/done" ] || { echo "verbs-vm: FAILED: the run inside the VM did not finish" >&2; tail -20 "$OUT/console.log" >&2; status=1; }
 if [ "$MODE" = test ]; then
-    expected=4
+    expected=5
 else
     set -- ${VERBS_BENCH_MODES:-busy blocking busy-srq}
     expected=$((2 + $#))

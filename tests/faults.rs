@@ -278,7 +278,10 @@ fn kill_case(launch: Launch, kind: &str, n: u32, transport: &str, env: &[&str], 
     let delay_us = if kind == "bootstrap" { rng.next() % 80_000 } else { 20_000 + rng.next() % 250_000 };
     let what = format!("{transport} {kind} ({launch:?}): seed {seed}, rank {victim} killed after {delay_us} us");
     let marker = format!("FERROCOMM_FAULT_RUN={}-{transport}-{kind}-{seed}-{launch:?}", std::process::id());
-    let transports = if transport == "tcp" { "tcp" } else { "auto" };
+    let transports = match transport {
+        "tcp" | "verbs" => transport,
+        _ => "auto",
+    };
     let vars = [
         format!("FERROCOMM_FAULT_KIND={kind}"),
         format!("FERROCOMM_FAULT_VICTIM={victim}"),
@@ -371,6 +374,24 @@ fn kill_matrix_shared_memory() {
 #[test]
 fn kill_matrix_tcp() {
     matrix("tcp", KINDS);
+}
+
+/// Over RDMA verbs (every peer through the verbs transport, its TCP connections kept as liveness
+/// channels): the kinds that do not need shared memory. Needs an RDMA device: scripts/verbs-vm.sh
+/// runs it over Soft-RoCE in a VM (elsewhere it says it skipped, unless `FERROCOMM_REQUIRE_VERBS`
+/// is set).
+#[cfg(feature = "verbs")]
+#[test]
+fn kill_matrix_verbs() {
+    let present = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() > 0).unwrap_or(false);
+    if !present {
+        assert!(std::env::var_os("FERROCOMM_REQUIRE_VERBS").is_none(), "kill_matrix_verbs: no RDMA device");
+        eprintln!("kill_matrix_verbs: skipped, no RDMA device here (scripts/verbs-vm.sh runs it over Soft-RoCE)");
+        return;
+    }
+    // Multicast needs a multicast route, which the VM's dummy interface has not.
+    let kinds: Vec<_> = KINDS.iter().copied().filter(|k| k.0 != "multicast").collect();
+    matrix("verbs", &kinds);
 }
 
 /// Without `ferrorun` (as under `mpirun` or `srun`: rank 0 hosts the store, no launcher reports
