@@ -52,7 +52,7 @@ rm -rf target/package-check
 
 # Coverage-guided fuzzing, the CI smoke (docs/fuzzing.md): every fuzz target builds and runs
 # FUZZ_SECONDS (default 20) without a crash. Installs the nightly toolchain and cargo-fuzz if
-# missing. About 5.5 minutes on 2 cores: the sanitizer build, then 9 targets x 20 s.
+# missing. About 6 minutes on 2 cores: the sanitizer build, then 10 targets x 20 s.
 bash scripts/fuzz.sh
 
 # The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so

@@ -76,11 +76,11 @@ echo "verbs-vm: building with --features verbs (target dir $TARGET)"
 t0=$(date +%s)
 if [ "$MODE" = test ]; then
     cargo test --locked -p ferrocomm-transports --features verbs --test verbs --no-run
-    cargo test --locked -p ferrocomm --features verbs --test multiprocess --no-run
-    cargo test --locked -p ferrocomm --features verbs --test faults --no-run
+    cargo test --locked -p ferrorun --features verbs --test multiprocess --no-run
+    cargo test --locked -p ferrorun --features verbs --test faults --no-run
     DEVICE_TESTS=$(executable -p ferrocomm-transports --features verbs --test verbs)
-    SUITE=$(executable -p ferrocomm --features verbs --test multiprocess)
-    FAULTS=$(executable -p ferrocomm --features verbs --test faults)
+    SUITE=$(executable -p ferrorun --features verbs --test multiprocess)
+    FAULTS=$(executable -p ferrorun --features verbs --test faults)
     [ -x "$DEVICE_TESTS" ] && [ -x "$SUITE" ] && [ -x "$FAULTS" ] ||
         { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
 else

@@ -22,7 +22,6 @@ pub mod bootstrap;
 mod coll;
 mod config;
 mod error;
-pub mod launch;
 pub mod multicast;
 // The point-to-point protocol core, public for the simulator, the benchmarks and the fuzz
 // targets; applications use `Comm`'s methods.

@@ -320,6 +320,14 @@ impl KvServer {
         self.shared.put(key.as_bytes().to_vec(), value.to_vec())
     }
 
+    /// Reports rank `rank` dead (its process ended, `how`) to every rank's watch: what a launcher
+    /// that hosts the store says when it sees a rank's process end before its goodbye. Replaces
+    /// an earlier report in the store (watches already told keep the first).
+    pub fn report_dead(&self, rank: u32, how: &str) {
+        use super::notices::{FAILED_KEY, encode};
+        self.shared.put(FAILED_KEY.as_bytes().to_vec(), encode(rank, how));
+    }
+
     /// Once `report` (the watches' report key) holds a value, waits until each of the ranks
     /// `0..size` made a watch and every watch was sent the report or ended, for at most `limit`:
     /// a store about to go lets its report reach every rank first, also ranks that come late.
