@@ -14,7 +14,7 @@ async fn main() {
         let recorder = metrics_util::debugging::DebuggingRecorder::new();
         recorder.install().unwrap();
     }
-    let settings = Settings { progress: ProgressMode::BusyPoll, ..Default::default() };
+    let settings = Settings::builder().progress(ProgressMode::BusyPoll).build();
     let w = ferrocomm::testing::cluster(1, settings).await.unwrap().remove(0);
     let data = Bytes::from(vec![7u8; 8]);
     let mut buf = Some(BytesMut::zeroed(8));

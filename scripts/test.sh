@@ -33,6 +33,19 @@ fi
 # any other failure fails those tests (they run the script again), not the rest of the suite.
 bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
 
+# Several hosts (tests/multihost.rs): 3 network namespaces on a bridge, each a host with its own
+# address and host name (ip netns + unshare --uts), 2 ranks each, the same job under ferrorun,
+# mpirun, mpiexec and srun (the launchers come from slurm-local.sh above); then the link cut
+# between such hosts (tests/faults.rs). Root only (the tests skip loudly otherwise); about a
+# minute once built. `cargo test --workspace` below runs them again with the rest.
+if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
+    if ! command -v unshare >/dev/null || ! command -v ip >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -o DPkg::Lock::Timeout=900 util-linux iproute2 >/dev/null
+    fi
+    cargo test --locked -p ferrocomm --test multihost
+    cargo test --locked -p ferrocomm --test faults link_cut_between_namespace_hosts
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked

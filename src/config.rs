@@ -34,8 +34,20 @@ impl std::str::FromStr for TransportChoice {
     }
 }
 
-/// How a rank runs. [`Settings::from_env`] reads the `FERROCOMM_*` variables named on each field.
+/// How a rank runs. [`Settings::from_env`] reads the `FERROCOMM_*` variables named on each field;
+/// [`Settings::builder`] sets them in code. Fields may be added in any release: outside this
+/// crate, make settings with the builder (or [`Settings::default`] and assignments to the
+/// fields), not with a struct literal.
+///
+/// ```
+/// use ferrocomm::{ProgressMode, Settings, TransportChoice};
+/// let s = Settings::builder().transports(TransportChoice::Tcp).progress(ProgressMode::BusyPoll).build();
+/// assert_eq!(s.transports, TransportChoice::Tcp);
+/// let eager = s.into_builder().eager_limit(16 << 10).build();
+/// assert_eq!((eager.transports, eager.eager_limit), (TransportChoice::Tcp, 16 << 10));
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Settings {
     /// `FERROCOMM_PROGRESS`: `busy`, `adaptive[:MICROSECONDS]` or `blocking`. Default adaptive, 50 us.
     pub progress: ProgressMode,
@@ -79,8 +91,10 @@ pub struct Settings {
     pub verbs: VerbsSettings,
 }
 
-/// Settings of the verbs transport.
+/// Settings of the verbs transport. Fields may be added in any release: start from
+/// [`VerbsSettings::default`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VerbsSettings {
     /// `FERROCOMM_VERBS_DEVICE`: RDMA device name (`rxe0`, `mlx5_0`). Default: the first one.
     pub device: Option<String>,
@@ -133,6 +147,83 @@ impl Default for Settings {
             multicast: Default::default(),
             verbs: VerbsSettings::default(),
         }
+    }
+}
+
+/// Builds [`Settings`]: the defaults (or the settings it started from) with the fields set by
+/// its methods, one per field of [`Settings`]. [`SettingsBuilder::build`] does not check the
+/// values; [`crate::init_with`] does (or [`Settings::validate`]).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct SettingsBuilder(Settings);
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty,)*) => {
+        impl SettingsBuilder {
+            $(
+                $(#[$doc])*
+                pub fn $field(mut self, value: $ty) -> Self {
+                    self.0.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters! {
+    /// Sets [`Settings::progress`].
+    progress: ProgressMode,
+    /// Sets [`Settings::transports`].
+    transports: TransportChoice,
+    /// Sets [`Settings::tcp_backend`].
+    tcp_backend: TcpBackend,
+    /// Sets [`Settings::eager_limit`].
+    eager_limit: usize,
+    /// Sets [`Settings::shm_nt_min`].
+    shm_nt_min: usize,
+    /// Sets [`Settings::max_credit`].
+    max_credit: u32,
+    /// Sets [`Settings::rndv_chunk`].
+    rndv_chunk: usize,
+    /// Sets [`Settings::max_message`].
+    max_message: usize,
+    /// Sets [`Settings::peer_timeout`].
+    peer_timeout: Duration,
+    /// Sets [`Settings::connect_timeout`].
+    connect_timeout: Duration,
+    /// Sets [`Settings::bind`].
+    bind: IpAddr,
+    /// Sets [`Settings::collectives`].
+    collectives: ferrocomm_collectives::Table,
+    /// Sets [`Settings::multicast`].
+    multicast: McastSettings,
+    /// Sets [`Settings::verbs`].
+    verbs: VerbsSettings,
+}
+
+impl SettingsBuilder {
+    /// The settings.
+    pub fn build(self) -> Settings {
+        self.0
+    }
+}
+
+impl From<Settings> for SettingsBuilder {
+    fn from(s: Settings) -> SettingsBuilder {
+        SettingsBuilder(s)
+    }
+}
+
+impl Settings {
+    /// A builder starting from the defaults.
+    pub fn builder() -> SettingsBuilder {
+        SettingsBuilder(Settings::default())
+    }
+
+    /// A builder starting from these settings.
+    pub fn into_builder(self) -> SettingsBuilder {
+        SettingsBuilder(self)
     }
 }
 
@@ -260,8 +351,10 @@ impl Settings {
     }
 }
 
-/// Reliable multicast settings: every field has a `FERROCOMM_MCAST_*` variable.
+/// Reliable multicast settings: every field has a `FERROCOMM_MCAST_*` variable. Fields may be
+/// added in any release: start from [`McastSettings::default`].
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct McastSettings {
     /// `FERROCOMM_MCAST`: `on` (default) or `off` (point-to-point only, no socket).
     pub enabled: bool,

@@ -34,9 +34,10 @@ pub use api::{Comm, Deadline, Message, Op, Refused, World};
 pub use bootstrap::env::EnvError;
 pub use bootstrap::{init, init_with};
 pub use config::{
-    McastSettings, ProgressMode, Settings, TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous, VerbsSettings,
+    McastSettings, ProgressMode, Settings, SettingsBuilder, TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous,
+    VerbsSettings,
 };
-pub use error::{Error, Result};
+pub use error::{Cause, Error, McastError, Result};
 pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table, bf16, f16};
 pub use ferrocomm_reactor::HybridStats;
 // The transports crate, for the benchmarks and the fuzz targets that drive a transport alone.

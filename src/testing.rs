@@ -11,8 +11,10 @@ use crate::error::{Error, Result};
 /// Starts `n` ranks in this process and returns their worlds (index = rank).
 pub async fn cluster(n: u32, settings: Settings) -> Result<Vec<World>> {
     let mut token = [0u8; 32];
-    getrandom::fill(&mut token).map_err(Error::bootstrap)?;
-    let store = KvServer::start("127.0.0.1:0".parse().unwrap(), token).await.map_err(Error::bootstrap)?;
+    getrandom::fill(&mut token).map_err(Error::system("a job token"))?;
+    let store = KvServer::start("127.0.0.1:0".parse().unwrap(), token)
+        .await
+        .map_err(Error::bootstrap("starting the key-value store"))?;
     let coord = store.addr().to_string();
     let settings = Settings { bind: [127, 0, 0, 1].into(), ..settings };
     let joins = (0..n).map(|rank| {
@@ -21,7 +23,7 @@ pub async fn cluster(n: u32, settings: Settings) -> Result<Vec<World>> {
     });
     let worlds = futures::future::join_all(joins).await;
     drop(store);
-    worlds.into_iter().map(|w| w.map_err(Error::bootstrap)?).collect()
+    worlds.into_iter().map(|w| w.map_err(Error::bootstrap("joining the in-process job"))?).collect()
 }
 
 /// Runs `f` on each of `n` in-process ranks concurrently (each as its own tokio task) and returns
@@ -36,7 +38,7 @@ where
     let tasks: Vec<_> = worlds.into_iter().map(|w| tokio::spawn(f(w))).collect();
     let mut out = Vec::new();
     for t in tasks {
-        out.push(t.await.map_err(Error::bootstrap)?);
+        out.push(t.await.map_err(Error::bootstrap("running a rank"))?);
     }
     Ok(out)
 }

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use ferrocomm::{Algorithm, Deadline, Error, Operation, ProgressMode, ReduceOp, Settings, TransportChoice, testing};
 
 fn shm() -> Settings {
-    Settings { progress: ProgressMode::Adaptive(Duration::from_micros(20)), ..Settings::default() }
+    Settings::builder().progress(ProgressMode::Adaptive(Duration::from_micros(20))).build()
 }
 
 fn tcp() -> Settings {
-    Settings { transports: TransportChoice::Tcp, ..shm() }
+    shm().into_builder().transports(TransportChoice::Tcp).build()
 }
 
 async fn suite(n: u32, settings: Settings, pinned: bool) {
@@ -49,7 +49,7 @@ async fn table_over_tcp() {
 /// included); larger calls keep the table's algorithms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_memory_board_by_default_when_busy() {
-    let busy = Settings { progress: ProgressMode::BusyPoll, ..Settings::default() };
+    let busy = Settings::builder().progress(ProgressMode::BusyPoll).build();
     for n in (1..=9).chain([16]) {
         testing::run(n, busy.clone(), move |w| async move {
             let board = if n > 1 { Algorithm::SharedMemory } else { Algorithm::RecursiveDoubling };
@@ -86,7 +86,7 @@ async fn shared_memory_board_by_default_when_busy() {
 /// complete, and the communicator's next calls work for everyone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_copy_by_default_for_large_calls_when_busy() {
-    let busy = Settings { progress: ProgressMode::BusyPoll, ..Settings::default() };
+    let busy = Settings::builder().progress(ProgressMode::BusyPoll).build();
     for n in [1, 2, 3, 5] {
         testing::run(n, busy.clone(), move |w| async move {
             let large = w.collective_table().single_copy_from(Operation::Allreduce, n);

@@ -136,7 +136,7 @@ async fn job(n: u32, settings: Settings, pins: &'static [&'static str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_precision_reductions_over_shared_memory() {
-    let shm = Settings { progress: ProgressMode::Adaptive(Duration::from_micros(20)), ..Settings::default() };
+    let shm = Settings::builder().progress(ProgressMode::Adaptive(Duration::from_micros(20))).build();
     for n in [2, 3, 4, 7] {
         job(n, shm.clone(), &PINS).await;
     }
@@ -144,10 +144,9 @@ async fn half_precision_reductions_over_shared_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_precision_reductions_over_tcp() {
-    let tcp = Settings {
-        transports: TransportChoice::Tcp,
-        progress: ProgressMode::Adaptive(Duration::from_micros(20)),
-        ..Settings::default()
-    };
+    let tcp = Settings::builder()
+        .transports(TransportChoice::Tcp)
+        .progress(ProgressMode::Adaptive(Duration::from_micros(20)))
+        .build();
     job(3, tcp, &PINS[..5]).await;
 }

@@ -27,11 +27,11 @@ async fn run_suite(n: u32, settings: Settings, want: &'static str) {
 }
 
 fn tcp(backend: TcpBackend, progress: ProgressMode) -> Settings {
-    Settings { transports: TransportChoice::Tcp, tcp_backend: backend, progress, ..Settings::default() }
+    Settings::builder().transports(TransportChoice::Tcp).tcp_backend(backend).progress(progress).build()
 }
 
 fn shm(progress: ProgressMode) -> Settings {
-    Settings { transports: TransportChoice::Auto, progress, ..Settings::default() }
+    Settings::builder().transports(TransportChoice::Auto).progress(progress).build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,12 +113,8 @@ async fn impostor(m: Misbehaviour) {
     token[0] = 42;
     let store = KvServer::start("127.0.0.1:0".parse().unwrap(), token).await.unwrap();
     let coord = store.addr().to_string();
-    let settings = Settings {
-        bind: [127, 0, 0, 1].into(),
-        max_credit: 4,
-        transports: TransportChoice::Tcp,
-        ..Settings::default()
-    };
+    let settings =
+        Settings::builder().bind([127, 0, 0, 1].into()).max_credit(4).transports(TransportChoice::Tcp).build();
     let eager_limit = settings.eager_limit;
     let real = |rank| {
         let (coord, settings) = (coord.clone(), settings.clone());
@@ -243,7 +239,7 @@ async fn a_fake_coordinator_learns_nothing_it_can_replay() {
         let _ = tokio::time::timeout(T, s.read_to_end(&mut rest)).await;
         [&hello[..], &rest].concat()
     });
-    let settings = Settings { connect_timeout: Duration::from_secs(5), ..Settings::default() };
+    let settings = Settings::builder().connect_timeout(Duration::from_secs(5)).build();
     let err = match bootstrap::join(0, 2, &coord, token, None, settings).await {
         Err(e) => e,
         Ok(_) => panic!("joined through a fake store"),
@@ -287,12 +283,11 @@ async fn a_fake_peer_learns_nothing_it_can_replay() {
     getrandom::fill(&mut token).unwrap();
     let store = KvServer::start("127.0.0.1:0".parse().unwrap(), token).await.unwrap();
     let coord = store.addr().to_string();
-    let settings = Settings {
-        bind: [127, 0, 0, 1].into(),
-        transports: TransportChoice::Tcp,
-        connect_timeout: Duration::from_secs(10),
-        ..Settings::default()
-    };
+    let settings = Settings::builder()
+        .bind([127, 0, 0, 1].into())
+        .transports(TransportChoice::Tcp)
+        .connect_timeout(Duration::from_secs(10))
+        .build();
     let c = coord.clone();
     let rank1 = tokio::spawn(async move { bootstrap::join(1, 2, &c, token, None, settings).await.map(drop) });
     let fake = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -340,7 +335,7 @@ async fn a_fake_peer_learns_nothing_it_can_replay() {
 async fn a_rank_with_another_token_is_told_why() {
     let store = KvServer::start("127.0.0.1:0".parse().unwrap(), [1; TOKEN_LEN]).await.unwrap();
     let coord = store.addr().to_string();
-    let settings = Settings { connect_timeout: Duration::from_secs(5), ..Settings::default() };
+    let settings = Settings::builder().connect_timeout(Duration::from_secs(5)).build();
     let err = match bootstrap::join(0, 2, &coord, [2; TOKEN_LEN], None, settings).await {
         Err(e) => e.to_string(),
         Ok(_) => panic!("joined with another token"),

@@ -132,12 +132,8 @@ fn spread(v: &[f64]) -> (f64, f64, f64) {
 
 /// One job: every rank runs `pattern`; the slowest rank's time.
 async fn job(ranks: u32, messages: u32, pattern: &str, cfg: &Config) -> crate::Result<Duration> {
-    let settings = Settings {
-        transports: TransportChoice::Tcp,
-        tcp_backend: cfg.backend,
-        progress: cfg.progress,
-        ..Settings::default()
-    };
+    let settings =
+        Settings::builder().transports(TransportChoice::Tcp).tcp_backend(cfg.backend).progress(cfg.progress).build();
     let pattern = pattern.to_string();
     let results = testing::run(ranks, settings, move |world| {
         let pattern = pattern.clone();

@@ -50,6 +50,7 @@ mod burst;
 mod cli;
 mod coll_ranks;
 mod collectives;
+mod hosts;
 mod mcast;
 mod netpipe;
 mod osu;
@@ -91,6 +92,7 @@ enum Command {
     #[cfg(feature = "verbs")]
     VerbsTransport(verbs_transport::Options),
     Collectives(collectives::Options),
+    Hosts(hosts::Options),
     Burst(burst::Options),
     Multicast(mcast::Options),
     Rma(rma::Options),
@@ -108,6 +110,10 @@ enum Command {
     CollectivesJob(coll_ranks::JobSpec),
     #[command(name = coll_ranks::RANK_COMMAND, hide = true)]
     CollectivesRank(coll_ranks::JobSpec),
+    #[command(name = hosts::JOB_COMMAND, hide = true)]
+    HostsJob(coll_ranks::JobSpec),
+    #[command(name = hosts::RANK_COMMAND, hide = true)]
+    HostsRank(coll_ranks::JobSpec),
     #[command(name = mcast::JOB_COMMAND, hide = true)]
     MulticastJob(mcast::Options),
     #[command(name = mcast::RANK_COMMAND, hide = true)]
@@ -127,6 +133,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "verbs")]
         Command::VerbsTransport(o) => verbs_transport::main(o),
         Command::Collectives(o) => collectives::main(o),
+        Command::Hosts(o) => hosts::main(o),
         Command::Burst(o) => burst::main(o),
         Command::Multicast(o) => mcast::main(o),
         Command::Rma(o) => rma::main(o),
@@ -137,6 +144,8 @@ fn main() -> ExitCode {
         Command::StreamRank(s) => perftest::stream_rank_main(s),
         Command::CollectivesJob(s) => coll_ranks::job_main(s),
         Command::CollectivesRank(s) => coll_ranks::rank_main(s),
+        Command::HostsJob(s) => hosts::job_main(s),
+        Command::HostsRank(s) => hosts::rank_main(s),
         Command::MulticastJob(o) => mcast::job_main(o),
         Command::MulticastRank(o) => mcast::rank_main(o),
         Command::ShmTransportRank(s) => transport::rank_main(s),

@@ -200,7 +200,7 @@ fn api_alone(cpu: usize) -> Result<Vec<f64>> {
         affinity::pin_current_thread(cpu).map_err(|e| e.to_string())?;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
         rt.block_on(async {
-            let settings = ferrocomm::Settings { progress: ferrocomm::ProgressMode::BusyPoll, ..Default::default() };
+            let settings = ferrocomm::Settings::builder().progress(ferrocomm::ProgressMode::BusyPoll).build();
             let world = ferrocomm::testing::cluster(1, settings).await.map_err(|e| e.to_string())?.remove(0);
             let data = bytes::Bytes::from(vec![7u8; 8]).slice(..);
             let mut buf = Some(bytes::BytesMut::zeroed(8));

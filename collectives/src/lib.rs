@@ -23,6 +23,7 @@ pub use select::{Algorithm, Operation, Table};
 
 /// Why a collective could not proceed. Every variant names the peer at fault where there is one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CollError {
     /// A message that does not decode as the schedule expects.
     #[error("malformed collective message from rank {from}: {why}")]

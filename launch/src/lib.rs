@@ -4,7 +4,8 @@
 //! examples, tests or benchmarks can start a job without an MPI installation. It plays
 //! the part `mpirun` plays elsewhere:
 //!
-//! * it runs the job's key-value store ([`KvServer`]) on `127.0.0.1`, with a
+//! * it runs the job's key-value store ([`KvServer`]) on `127.0.0.1` (or
+//!   [`LaunchOptions::store_addr`]), with a
 //!   fresh random token, and tells every rank where it is through
 //!   `FERROCOMM_RANK`, `FERROCOMM_SIZE`, `FERROCOMM_COORD`, `FERROCOMM_TOKEN`
 //!   and `FERROCOMM_LAUNCHER=ferrorun` (read back by
@@ -28,7 +29,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -58,11 +59,14 @@ pub struct LaunchOptions {
     /// Extra environment variables for every rank. They cannot override the
     /// `FERROCOMM_*` variables the launcher sets.
     pub env: Vec<(String, String)>,
+    /// The address the job's store listens on (`127.0.0.1` by default). Ranks that a wrapper
+    /// places on other hosts (network namespaces, containers) reach the store there.
+    pub store_addr: IpAddr,
 }
 
 impl Default for LaunchOptions {
     fn default() -> Self {
-        LaunchOptions { grace: Duration::from_secs(3), env: Vec::new() }
+        LaunchOptions { grace: Duration::from_secs(3), env: Vec::new(), store_addr: IpAddr::V4(Ipv4Addr::LOCALHOST) }
     }
 }
 
@@ -119,7 +123,7 @@ impl Rank {
 async fn run_job(n: u32, program: &Path, args: &[OsString], opts: &LaunchOptions) -> io::Result<i32> {
     let mut token = [0u8; 32];
     getrandom::fill(&mut token).map_err(|e| io::Error::other(format!("cannot generate the job token: {e}")))?;
-    let store = KvServer::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), token).await?;
+    let store = KvServer::start(SocketAddr::new(opts.store_addr, 0), token).await?;
     let coord = store.addr().to_string();
     let token_hex = to_hex(&token);
 

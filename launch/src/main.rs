@@ -32,6 +32,10 @@ struct Cli {
     /// Set K=V for every rank (repeatable)
     #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
     env: Vec<(String, String)>,
+    /// The address the job's store listens on (default 127.0.0.1): an address the ranks reach
+    /// when a wrapper (PROGRAM) places them on other hosts, such as network namespaces
+    #[arg(long, value_name = "IP")]
+    store_addr: Option<std::net::IpAddr>,
     /// The ranks' log filter, as RUST_LOG (for example `info`, `debug` or `ferrocomm=trace,warn`):
     /// ferrocomm logs through `tracing`, which a program's subscriber filters by RUST_LOG
     #[arg(long, value_name = "LEVEL")]
@@ -64,7 +68,7 @@ fn parse_env(v: &str) -> Result<(String, String), String> {
 }
 
 /// Options that take the next argument as their value.
-const WITH_VALUE: &[&str] = &["-n", "-np", "--grace", "--env", "--log"];
+const WITH_VALUE: &[&str] = &["-n", "-np", "--grace", "--env", "--log", "--store-addr"];
 
 /// The command line: ferrorun's own part, up to PROGRAM, goes to clap (with MPI's `-np N` spelled
 /// `-n N`: clap's short options are one letter); what follows PROGRAM is PROGRAM's, whatever it
@@ -104,7 +108,11 @@ impl Cli {
         if let Some(level) = &self.log {
             env.push(("RUST_LOG".to_string(), level.clone()));
         }
-        LaunchOptions { grace: self.grace, env }
+        let mut opts = LaunchOptions { grace: self.grace, env, ..LaunchOptions::default() };
+        if let Some(addr) = self.store_addr {
+            opts.store_addr = addr;
+        }
+        opts
     }
 }
 
@@ -162,6 +170,8 @@ mod tests {
         assert_eq!(run(&["-np", "3", "p"]).n, 3);
         assert_eq!(run(&["-n", "3", "p", "-np", "9"]).args, vec![OsString::from("-np"), OsString::from("9")]);
         assert_eq!(run(&["-n", "1", "p"]).grace, Duration::from_secs(3));
+        assert_eq!(run(&["-n", "2", "--store-addr", "10.0.0.9", "p"]).options().store_addr.to_string(), "10.0.0.9");
+        assert_eq!(run(&["-n", "2", "p"]).options().store_addr.to_string(), "127.0.0.1");
     }
 
     #[test]
@@ -180,6 +190,7 @@ mod tests {
             &["-n", "2", "--bogus", "p"],
             &["-n", "2"],
             &["-n", "2", "--log"],
+            &["-n", "2", "--store-addr", "node01", "p"],
         ] {
             let argv = std::iter::once("ferrorun").chain(bad.iter().copied()).map(OsString::from);
             assert!(parse(argv).is_err(), "{bad:?}");

@@ -238,7 +238,7 @@ impl World {
         let done = tokio::task::spawn_blocking(move || inner.shut_down(Duration::from_secs(10))).await;
         // Shut down already: dropping the last handle finds nothing more to do.
         drop(self);
-        done.map_err(Error::bootstrap)
+        done.map_err(Error::bootstrap("shutting down"))
     }
 }
 

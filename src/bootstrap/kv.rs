@@ -101,6 +101,7 @@ const WATCH_WAIT: Duration = Duration::from_secs(3600);
 
 /// Errors of [`KvClient`].
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum KvError {
     /// The store's address could not be connected to, and retrying would
     /// not help.

@@ -74,7 +74,9 @@ pub async fn join(
     settings: Settings,
 ) -> Result<World> {
     settings.validate()?;
-    let kv = KvClient::connect(coordinator, &token, settings.connect_timeout).await.map_err(Error::bootstrap)?;
+    let kv = KvClient::connect(coordinator, &token, settings.connect_timeout)
+        .await
+        .map_err(Error::bootstrap("connecting to the key-value store"))?;
     join_via(rank, size, kv, coordinator, token, &mut { store }, settings).await
 }
 
@@ -97,19 +99,22 @@ async fn join_via(
         chunk: settings.rndv_chunk,
         max_message: settings.max_message,
     };
-    let thread = ReactorThread::spawn(&format!("ferrocomm-{rank}")).map_err(Error::bootstrap)?;
+    let thread =
+        ReactorThread::spawn(&format!("ferrocomm-{rank}")).map_err(Error::bootstrap("starting the progress thread"))?;
 
     // Listen, and advertise the address this host uses toward the coordinator.
     let listener = {
         let _rt = thread.handle().enter();
-        let std = std::net::TcpListener::bind((settings.bind, 0)).map_err(Error::bootstrap)?;
-        std.set_nonblocking(true).map_err(Error::bootstrap)?;
-        TcpListener::from_std(std).map_err(Error::bootstrap)?
+        let std = std::net::TcpListener::bind((settings.bind, 0)).map_err(Error::bootstrap("listening for peers"))?;
+        std.set_nonblocking(true).map_err(Error::bootstrap("listening for peers"))?;
+        TcpListener::from_std(std).map_err(Error::bootstrap("listening for peers"))?
     };
-    let port = listener.local_addr().map_err(Error::bootstrap)?.port();
+    let port = listener.local_addr().map_err(Error::bootstrap("listening for peers"))?.port();
     let ip = if settings.bind.is_unspecified() { route_to(coordinator, settings.bind).await? } else { settings.bind };
     let listen_addr = SocketAddr::new(ip, port);
-    kv.put(&format!("addr/{rank}"), listen_addr.to_string().as_bytes()).await.map_err(Error::bootstrap)?;
+    kv.put(&format!("addr/{rank}"), listen_addr.to_string().as_bytes())
+        .await
+        .map_err(Error::bootstrap("publishing this rank's address"))?;
 
     // Which peers share this host: they are reached through shared memory (unless told otherwise,
     // or unless one side cannot run the shared-memory transport).
@@ -121,7 +126,7 @@ async fn join_via(
         single_copy: shm_here && single_copy_permitted(),
         shared: shared_fingerprint(&settings),
     };
-    kv.put(&format!("host/{rank}"), &me.encode()).await.map_err(Error::bootstrap)?;
+    kv.put(&format!("host/{rank}"), &me.encode()).await.map_err(Error::bootstrap("publishing this rank's host"))?;
     // A rank's host, and its shared-memory domain: the host, or the rank alone if it cannot run
     // the shared-memory transport (every rank derives the same domains from what all announced).
     let mut hosts = Vec::with_capacity(size as usize);
@@ -129,13 +134,16 @@ async fn join_via(
     let mut busy = Vec::with_capacity(size as usize);
     let mut single_copy = Vec::with_capacity(size as usize);
     for r in 0..size {
-        let a =
-            Announce::decode(kv.get(&format!("host/{r}"), settings.connect_timeout).await.map_err(Error::bootstrap)?);
+        let a = Announce::decode(
+            kv.get(&format!("host/{r}"), settings.connect_timeout)
+                .await
+                .map_err(Error::bootstrap(format!("reading rank {r}'s host")))?,
+        );
         if a.shared != me.shared {
             // Ranks that differ here would wait for each other in vain: on connections the other
             // side does not make (verbs), or in the first collective where they pick different
             // algorithms.
-            return Err(Error::Bootstrap(format!(
+            return Err(Error::bootstrap_failed(format!(
                 "rank {r}'s settings differ from rank {rank}'s in what every rank must share \
                  (collective selection, point-to-point limits, multicast protocol, verbs or not and \
                  its slots and protocols: see the README's Settings); give every rank the same"
@@ -169,23 +177,26 @@ async fn join_via(
     let mut conns: Vec<Option<std::net::TcpStream>> = (0..size).map(|_| None).collect();
     let deadline = tokio::time::Instant::now() + settings.connect_timeout;
     for peer in (0..rank).filter(|&p| !local[p as usize]) {
-        let addr = kv.get(&format!("addr/{peer}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
+        let addr = kv
+            .get(&format!("addr/{peer}"), settings.connect_timeout)
+            .await
+            .map_err(Error::bootstrap(format!("reading rank {peer}'s address")))?;
         let addr = String::from_utf8_lossy(&addr).to_string();
         let mut s = connect_retry(&addr, deadline).await?;
         tokio::time::timeout_at(deadline, handshake_connect(&mut s, rank, peer, &token, &limits))
             .await
             .unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut)))
-            .map_err(|e| Error::Bootstrap(format!("handshake with rank {peer} at {addr}: {e}")))?;
-        tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap)?;
-        conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
+            .map_err(Error::bootstrap(format!("handshake with rank {peer} at {addr}")))?;
+        tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap("tuning a connection"))?;
+        conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap("tuning a connection"))?);
     }
     for _ in 0..to_accept {
         let (peer, s) = tokio::time::timeout_at(deadline, rx.recv())
             .await
-            .map_err(|_| Error::Bootstrap("timed out waiting for higher ranks to connect".into()))?
-            .ok_or_else(|| Error::Bootstrap("listener stopped".into()))?;
-        tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap)?;
-        conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap)?);
+            .map_err(Error::bootstrap("waiting for higher ranks to connect"))?
+            .ok_or_else(|| Error::bootstrap_failed("the listener stopped"))?;
+        tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap("tuning a connection"))?;
+        conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap("tuning a connection"))?);
     }
     awaited.lock().fill(false);
 
@@ -195,7 +206,8 @@ async fn join_via(
         verbs_transport(&mut kv, rank, size, conns, &settings, limits, thread.handle()).await?
     } else {
         let _rt = thread.handle().enter();
-        tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit).map_err(Error::bootstrap)?
+        tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit)
+            .map_err(Error::bootstrap("starting the TCP transport"))?
     };
     let remote = (0..size).any(|r| r != rank && !local[r as usize]);
     let transport = if !local.contains(&true) {
@@ -212,7 +224,7 @@ async fn join_via(
 
     // Every rank is connected to us. The store host keeps the store as long as its world: the
     // others' watches are there (see `notices`).
-    kv.put(&format!("ready/{rank}"), b"1").await.map_err(Error::bootstrap)?;
+    kv.put(&format!("ready/{rank}"), b"1").await.map_err(Error::bootstrap("announcing that this rank is connected"))?;
 
     tracing::debug!(rank, size, transport = transport.name(), "joined");
     let cfg = engine::Config {
@@ -271,14 +283,22 @@ async fn shared_memory(
     let job = shm_job(token);
     let peers: Vec<Rank> = (0..local.len() as Rank).filter(|&r| local[r as usize]).collect();
     let cfg = ShmConfig { eager_limit: settings.eager_limit, nt_copy_min: settings.shm_nt_min, ..ShmConfig::default() };
-    let (endpoint, descriptor) = ShmEndpoint::create(&job, rank, &peers, cfg).map_err(Error::bootstrap)?;
-    kv.put(&format!("shm/{rank}"), &descriptor).await.map_err(Error::bootstrap)?;
+    let (endpoint, descriptor) = ShmEndpoint::create(&job, rank, &peers, cfg)
+        .map_err(Error::bootstrap("creating the shared-memory endpoint"))?;
+    kv.put(&format!("shm/{rank}"), &descriptor)
+        .await
+        .map_err(Error::bootstrap("publishing the shared-memory endpoint"))?;
     let mut theirs = Vec::new();
     for &p in &peers {
-        theirs.push((p, kv.get(&format!("shm/{p}"), settings.connect_timeout).await.map_err(Error::bootstrap)?));
+        theirs.push((
+            p,
+            kv.get(&format!("shm/{p}"), settings.connect_timeout)
+                .await
+                .map_err(Error::bootstrap(format!("reading rank {p}'s shared-memory endpoint")))?,
+        ));
     }
     let _rt = rt.enter();
-    Ok(Box::new(endpoint.connect(theirs, limits).map_err(Error::bootstrap)?))
+    Ok(Box::new(endpoint.connect(theirs, limits).map_err(Error::bootstrap("connecting over shared memory"))?))
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -291,7 +311,7 @@ async fn shared_memory(
     _: Limits,
     _: &tokio::runtime::Handle,
 ) -> Result<Box<dyn Transport>> {
-    Err(Error::Bootstrap("shared memory needs Linux".into()))
+    Err(Error::bootstrap_failed("shared memory needs Linux"))
 }
 
 /// Connects the verbs transport to every peer: queue pair addresses and ring keys through the
@@ -317,19 +337,27 @@ async fn verbs_transport(
         rendezvous: v.rendezvous,
         ..VerbsConfig::default()
     };
-    let (endpoint, descriptor) = VerbsEndpoint::create(rank, limits, cfg).map_err(Error::bootstrap)?;
-    kv.put(&format!("verbs/{rank}"), &descriptor).await.map_err(Error::bootstrap)?;
+    let (endpoint, descriptor) =
+        VerbsEndpoint::create(rank, limits, cfg).map_err(Error::bootstrap("creating the verbs endpoint"))?;
+    kv.put(&format!("verbs/{rank}"), &descriptor).await.map_err(Error::bootstrap("publishing the verbs endpoint"))?;
     let mut theirs = Vec::new();
     for p in (0..size).filter(|&p| p != rank) {
-        theirs.push((p, kv.get(&format!("verbs/{p}"), settings.connect_timeout).await.map_err(Error::bootstrap)?));
+        theirs.push((
+            p,
+            kv.get(&format!("verbs/{p}"), settings.connect_timeout)
+                .await
+                .map_err(Error::bootstrap(format!("reading rank {p}'s verbs endpoint")))?,
+        ));
     }
     let transport = {
         let _rt = rt.enter();
-        endpoint.connect(theirs, liveness, limits).map_err(Error::bootstrap)?
+        endpoint.connect(theirs, liveness, limits).map_err(Error::bootstrap("connecting over verbs"))?
     };
-    kv.put(&format!("verbs-up/{rank}"), b"1").await.map_err(Error::bootstrap)?;
+    kv.put(&format!("verbs-up/{rank}"), b"1").await.map_err(Error::bootstrap("announcing that verbs is up"))?;
     for p in 0..size {
-        kv.get(&format!("verbs-up/{p}"), settings.connect_timeout).await.map_err(Error::bootstrap)?;
+        kv.get(&format!("verbs-up/{p}"), settings.connect_timeout)
+            .await
+            .map_err(Error::bootstrap(format!("waiting for rank {p}'s verbs")))?;
     }
     tracing::debug!(rank, device = transport.device(), "verbs connected");
     Ok(Box::new(transport))
@@ -345,7 +373,7 @@ async fn verbs_transport(
     _: Limits,
     _: &tokio::runtime::Handle,
 ) -> Result<Box<dyn Transport>> {
-    Err(Error::Bootstrap("the verbs transport needs the `verbs` cargo feature".into()))
+    Err(Error::bootstrap_failed("the verbs transport needs the `verbs` cargo feature"))
 }
 
 /// What each rank announces about itself in the store, for choices every rank must make alike:
@@ -467,19 +495,20 @@ fn host_identity() -> String {
 async fn route_to(coordinator: &str, bind: IpAddr) -> Result<IpAddr> {
     let resolved: Vec<SocketAddr> = tokio::net::lookup_host(coordinator)
         .await
-        .map_err(|e| Error::Bootstrap(format!("cannot resolve {coordinator}: {e}")))?
+        .map_err(Error::bootstrap(format!("resolving {coordinator}")))?
         .collect();
     let same = resolved.iter().find(|a| a.is_ipv4() == bind.is_ipv4());
     let target = same.or(if bind.is_ipv6() { resolved.first() } else { None }).ok_or_else(|| {
-        Error::Bootstrap(format!(
+        Error::bootstrap_failed(format!(
             "{coordinator} resolves to no IPv4 address, and this rank listens on {bind} \
              (FERROCOMM_BIND): set FERROCOMM_BIND=:: or an IPv6 address"
         ))
     })?;
     let any = if target.is_ipv4() { IpAddr::from([0, 0, 0, 0]) } else { IpAddr::from([0u16; 8]) };
-    let probe = std::net::UdpSocket::bind((any, 0)).map_err(Error::bootstrap)?;
-    probe.connect(target).map_err(Error::bootstrap)?;
-    Ok(probe.local_addr().map_err(Error::bootstrap)?.ip())
+    let probe =
+        std::net::UdpSocket::bind((any, 0)).map_err(Error::bootstrap("finding the route to the key-value store"))?;
+    probe.connect(target).map_err(Error::bootstrap("finding the route to the key-value store"))?;
+    Ok(probe.local_addr().map_err(Error::bootstrap("finding the route to the key-value store"))?.ip())
 }
 
 async fn connect_retry(addr: &str, deadline: tokio::time::Instant) -> Result<TcpStream> {
@@ -487,7 +516,7 @@ async fn connect_retry(addr: &str, deadline: tokio::time::Instant) -> Result<Tcp
         match TcpStream::connect(addr).await {
             Ok(s) => return Ok(s),
             Err(e) if tokio::time::Instant::now() >= deadline => {
-                return Err(Error::Bootstrap(format!("cannot connect to {addr}: {e}")));
+                return Err(Error::bootstrap(format!("connecting to {addr}"))(e));
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }

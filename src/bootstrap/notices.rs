@@ -110,7 +110,7 @@ pub(super) async fn join_watched(
     let host = host.filter(|&h| h != rank);
     let goodbye = match watched.await {
         Ok(w) => {
-            let handle = w.goodbye_handle().map_err(Error::bootstrap)?;
+            let handle = w.goodbye_handle().map_err(Error::bootstrap("watching the key-value store"))?;
             let host = host.filter(|&h| h != rank).map(|h| (h, joining.clone()));
             tokio::spawn(watch_store(w, tx, host));
             Some(handle)
@@ -160,7 +160,11 @@ pub(super) async fn join_watched(
                 Err(Ok(())) => None,
                 // The store went away or failed (its host left after its own bootstrap, or
                 // died): the store's report or a loss the transports saw explains it.
-                Err(Err(e)) => Some(explain(&w, &mut rx, reported, &dead).await.unwrap_or_else(|| Error::bootstrap(e))),
+                Err(Err(e)) => Some(
+                    explain(&w, &mut rx, reported, &dead)
+                        .await
+                        .unwrap_or_else(|| Error::bootstrap("waiting for every rank to connect")(e)),
+                ),
             };
             if let Some(failed) = failed {
                 let store = w.inner().store_link.lock().store.take();

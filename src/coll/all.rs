@@ -340,28 +340,37 @@ impl Comm {
         counts: &[usize],
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
+        self.reduce_scatter_with(to_bytes(data), data.len(), counts, op)
+    }
+
+    /// [`Comm::reduce_scatter`] of `whole`, the bytes of `len` elements: the segments are slices
+    /// of it.
+    pub(super) fn reduce_scatter_with<T: Element>(
+        &self,
+        whole: Bytes,
+        len: usize,
+        counts: &[usize],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let n = self.size() as usize;
         let total = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c)).unwrap_or(usize::MAX);
-        let early = if counts.len() != n || total != data.len() {
-            Some(Error::Invalid(format!(
-                "{} counts summing to {total} for {n} ranks and {} elements",
-                counts.len(),
-                data.len()
-            )))
+        let early = if counts.len() != n || total != len {
+            Some(Error::Invalid(format!("{} counts summing to {total} for {n} ranks and {len} elements", counts.len())))
         } else {
             check_op(&op).err()
         };
         let mut at = 0usize;
+        let elem = size_of::<T>();
         let segments: Vec<Bytes> = counts
             .iter()
             .map(|&c| {
-                let end = at.saturating_add(c).min(data.len());
-                let s = to_bytes(&data[at.min(end)..end]);
+                let end = at.saturating_add(c).min(len);
+                let s = whole.slice(at.min(end) * elem..end * elem);
                 at = end;
                 s
             })
             .collect();
-        let alg = self.choose(Operation::ReduceScatter, size_of_val(data), op.is_commutative());
+        let alg = self.choose(Operation::ReduceScatter, len * elem, op.is_commutative());
         let (r, n) = (self.rank(), self.size());
         let plan = early.is_none().then(|| (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase())));
         async move {

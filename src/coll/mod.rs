@@ -28,6 +28,7 @@ mod board;
 mod choose;
 mod hierarchy;
 mod on_host;
+mod owned;
 mod pool;
 mod rooted;
 mod run;

@@ -107,6 +107,7 @@ impl fmt::Display for SegmentId {
 /// Why a one-sided operation was refused. The target memory is untouched whenever one of these is
 /// returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RmaError {
     /// The access reaches outside the segment: `len` bytes from `offset` (the span of the whole
     /// geometry) in a segment of `segment_len` bytes.

@@ -49,7 +49,7 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc};
 
 use crate::api::world::{Comm, Op};
-use crate::error::{Error, Result};
+use crate::error::{Error, McastError, Result};
 use crate::p2p::{Source, TagMatch};
 
 pub use crate::config::McastSettings;
@@ -498,7 +498,7 @@ pub(crate) async fn drain(rank: Rank, channel: Option<&Channel>, barrier: Option
 /// rank returns the data. For the collectives table.
 pub async fn broadcast(chan: &Channel, root: Rank, data: Option<Bytes>) -> Result<Bytes> {
     if chan.rank() == root {
-        let data = data.ok_or_else(|| Error::Multicast("the root of a broadcast must give the data".into()))?;
+        let data = data.ok_or_else(|| Error::Invalid("the root of a broadcast must give the data".into()))?;
         chan.send(data.clone()).await?;
         Ok(data)
     } else {
@@ -587,7 +587,7 @@ impl TokenBarrier {
                 r = self.chan.recv_any() => {
                     let (root, data) = r?;
                     if data[..] != epoch.to_le_bytes() {
-                        break Err(Error::Multicast(format!("release of another barrier from rank {root}")));
+                        break Err(McastError::ForeignRelease { root }.into());
                     }
                     b.released();
                 }

@@ -698,9 +698,9 @@ impl World {
         let serial = inner.reactor.with(|d| service(d).reserve())?;
         let id = SegmentId::new(inner.rank, serial);
         let mut nonce = [0u8; 8];
-        getrandom::fill(&mut nonce).map_err(|e| Error::Invalid(format!("no randomness for a segment nonce: {e}")))?;
+        getrandom::fill(&mut nonce).map_err(Error::system("randomness for a segment nonce"))?;
         let mem = SegMem::create(id, len, access, kind, u64::from_le_bytes(nonce))
-            .map_err(|e| Error::Invalid(format!("segment memory of {len} bytes: {e}")))?;
+            .map_err(Error::system(format!("segment memory of {len} bytes")))?;
         let mem = Arc::new(mem);
         inner.reactor.with(|d| service(d).publish(mem.clone()));
         Ok(Segment { mem, inner, live: true })

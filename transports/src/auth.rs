@@ -87,6 +87,7 @@ fn to_array(out: &[u8]) -> [u8; 32] {
 
 /// Why a handshake failed, or could not start.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandshakeError {
     /// The other side's proof does not verify.
     #[error(

@@ -28,6 +28,7 @@ pub use wire::{Header, Kind, Limits, Rank, WireError};
 
 /// Why a connection to a peer ended, or why a peer is known to be gone.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// The peer broke the wire protocol; the connection was closed.
     #[error("protocol violation: {0}")]

@@ -216,6 +216,7 @@ impl Limits {
 
 /// A frame that breaks the wire rules. The connection it arrived on is closed; nothing else is.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// The first four bytes are not [`MAGIC`].
     #[error("bad magic {0:#010x}")]
