@@ -83,17 +83,21 @@ echo "verbs-vm: building with --features verbs (target dir $TARGET)"
 t0=$(date +%s)
 if [ "$MODE" = test ]; then
     cargo test --locked -p ferrocomm-transports --features verbs --test verbs --no-run
-    cargo test --locked -p ferrocomm --features verbs --test multiprocess --no-run
+    cargo test --locked -p ferrorun --features verbs --test multiprocess --no-run
+    cargo test --locked -p ferrorun --features verbs --test faults --no-run
+    cargo test --locked -p ferrorun --features verbs --test rma_multiprocess --no-run
     # Reliable multicast over a UD multicast group (processes under ferrorun, injected loss).
-    cargo test --locked -p ferrocomm --features verbs --test multicast_ud --no-run
+    cargo test --locked -p ferrorun --features verbs --test multicast_ud --no-run
     cargo test --locked -p ferrocomm-transports --features verbs --test verbs_ud --no-run
-    cargo test --locked -p ferrocomm --features verbs --test rma_multiprocess --no-run
     DEVICE_TESTS=$(executable -p ferrocomm-transports --features verbs --test verbs)
-    SUITE=$(executable -p ferrocomm --features verbs --test multiprocess)
-    MCAST_UD=$(executable -p ferrocomm --features verbs --test multicast_ud)
+    SUITE=$(executable -p ferrorun --features verbs --test multiprocess)
+    FAULTS=$(executable -p ferrorun --features verbs --test faults)
+    RMA_SUITE=$(executable -p ferrorun --features verbs --test rma_multiprocess)
+    MCAST_UD=$(executable -p ferrorun --features verbs --test multicast_ud)
     UD_GROUP=$(executable -p ferrocomm-transports --features verbs --test verbs_ud)
-    RMA_SUITE=$(executable -p ferrocomm --features verbs --test rma_multiprocess)
-    [ -x "$DEVICE_TESTS" ] && [ -x "$SUITE" ] && [ -x "$MCAST_UD" ] && [ -x "$UD_GROUP" ] && [ -x "$RMA_SUITE" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
+    for x in "$DEVICE_TESTS" "$SUITE" "$FAULTS" "$RMA_SUITE" "$MCAST_UD" "$UD_GROUP"; do
+        [ -x "$x" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
+    done
 else
     cargo build --locked --release -p ferrocomm-bench --features verbs
     BENCH=$TARGET/release/ferrocomm-bench
@@ -129,6 +133,8 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         step device-tests timeout 600 "${DEVICE_TESTS:-}" --test-threads=1 --nocapture
         step p2p-suite-2-and-4-ranks timeout 1200 "${SUITE:-}" --exact suite_over_verbs --test-threads=1 --nocapture
         step killed-rank timeout 600 "${SUITE:-}" --exact killed_rank_over_verbs --test-threads=1 --nocapture
+        # The fault matrix's kill cases over verbs (tests/faults.rs kill_matrix_verbs).
+        step fault-matrix timeout 1200 "${FAULTS:-}" --exact kill_matrix_verbs --test-threads=1 --nocapture
         step one-sided-suite timeout 1200 "${RMA_SUITE:-}" --exact rma_suite_over_verbs --test-threads=1 --nocapture
         step ud-group timeout 300 "${UD_GROUP:-}" --test-threads=1 --nocapture
         step multicast-ud-loss timeout 1800 "${MCAST_UD:-}" --exact exactly_once_in_order_over_ud_with_loss --nocapture
@@ -176,11 +182,11 @@ while read -r name rc ms; do
         tail -60 "$OUT/$name.log" | sed 's/^/    /' >&2
         status=1
     fi
-    grep -hoE '(one-sided|ratios ferrocomm|verbs suite|verbs kill|multicast over UD|UD group|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
+    grep -hoE '(FAULT-MATRIX|one-sided|ratios ferrocomm|verbs suite|verbs kill|multicast over UD|UD group|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
 done <"$OUT/steps"
 [ -e "$OUT/done" ] || { echo "verbs-vm: FAILED: the run inside the VM did not finish" >&2; tail -20 "$OUT/console.log" >&2; status=1; }
 if [ "$MODE" = test ]; then
-    expected=8
+    expected=9
 else
     set -- ${VERBS_BENCH_MODES:-busy blocking busy-srq}
     expected=$((3 + $#))

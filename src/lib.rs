@@ -23,7 +23,6 @@ pub mod bootstrap;
 mod coll;
 mod config;
 mod error;
-pub mod launch;
 pub mod multicast;
 pub mod observe;
 // The point-to-point protocol core, public for the simulator, the benchmarks and the fuzz

@@ -19,7 +19,7 @@
 //!   8 B latency is also given by that method (each batch cut into 3 trials), like for like.
 //!
 //! The ferrocomm side ([`ranks`]): the binary re-executes itself as a job of two ranks through
-//! [`ferrocomm::launch::run_local`], so each rank is its own process. Each rank pins itself to one
+//! [`ferrorun::run_local`], so each rank is its own process. Each rank pins itself to one
 //! CPU (`--cpus`, default 0 and 1) before anything else starts, so that ferrocomm's progress thread
 //! shares the rank's CPU. Rank 0 sends then receives, rank 1 receives then sends, both from one
 //! preallocated [`bytes::Bytes`] payload (sliced, never copied); receives use `recv` (or, with

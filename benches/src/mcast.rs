@@ -23,9 +23,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferrocomm::launch::{LaunchOptions, run_local};
 use ferrocomm::multicast::{Channel, TokenBarrier, broadcast};
 use ferrocomm::{Comm, Rank};
+use ferrorun::{LaunchOptions, run_local};
 use serde_json::{Value, json};
 
 use crate::{Result, cli, plot, process};

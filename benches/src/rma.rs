@@ -27,8 +27,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ferrocomm::launch::{LaunchOptions, run_local};
 use ferrocomm::{Access, SegmentId, World};
+use ferrorun::{LaunchOptions, run_local};
 use serde_json::{Value, json};
 
 use crate::{Result, affinity, cli, process};

@@ -66,6 +66,8 @@ pub(crate) struct Inner {
     pub rail_stats: Option<ferrocomm_transports::rails::SharedStats>,
     /// How each peer is reached, with proxy routes on.
     pub ways: Option<Vec<ferrocomm_transports::relay::Way>>,
+    /// The store, where this rank hosts it, and the watch's goodbye ([`crate::bootstrap::notices`]).
+    pub store_link: Mutex<crate::bootstrap::notices::StoreLink>,
     pub thread: Mutex<Option<ReactorThread>>,
     /// Departures and losses this rank knows of ([`crate::p2p::failure::Failures::changes`]): the
     /// collectives' gate asks the engine only once it is not zero.
@@ -305,6 +307,8 @@ impl Inner {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        // The store first: its watch's goodbye goes before the process can exit.
+        self.store_link.lock().leave(std::thread::panicking());
         let start = Instant::now();
         let flush = |start: Instant| {
             while start.elapsed() < limit {

@@ -63,16 +63,16 @@ pub async fn init_with(settings: Settings) -> Result<World> {
         // Its warnings are seen, unless the program has a log of its own.
         crate::observe::log::install();
     }
-    let (store, kv, coordinator) = rendezvous::open(&job, settings.connect_timeout).await?;
-    if job.launcher == env::Launcher::Ferrorun {
-        // Its store lives as long as the job, and it reports ranks that die.
-        return notices::join_watched(job.rank, job.size, kv, &coordinator, job.token, store, settings).await;
-    }
-    join_via(job.rank, job.size, kv, &coordinator, job.token, store, settings).await
+    let (store, kv, coordinator, host) = rendezvous::open(&job, settings.connect_timeout).await?;
+    // The store sees every rank's end through its watch (and ferrorun every process's end).
+    let reason =
+        if job.launcher == env::Launcher::Ferrorun { TransportError::Launcher } else { TransportError::StoreClosed };
+    let store = notices::Store { server: store, host };
+    notices::join_watched(job.rank, job.size, kv, &coordinator, job.token, store, settings, reason).await
 }
 
 /// Joins as `rank` of `size` through the store at `coordinator`. `store` is the store itself when
-/// this rank hosts it: it is kept alive until every rank has finished connecting.
+/// this rank hosts it: it is kept alive until this rank's world shuts down.
 pub async fn join(
     rank: Rank,
     size: u32,
@@ -85,7 +85,7 @@ pub async fn join(
     let kv = KvClient::connect(coordinator, &token, settings.connect_timeout)
         .await
         .map_err(Error::bootstrap("connecting to the key-value store"))?;
-    join_via(rank, size, kv, coordinator, token, store, settings).await
+    join_via(rank, size, kv, coordinator, token, &mut { store }, settings).await
 }
 
 /// [`join`] through `kv`, a client of the store at `coordinator`.
@@ -95,7 +95,7 @@ async fn join_via(
     mut kv: KvClient,
     coordinator: &str,
     token: [u8; TOKEN_LEN],
-    store: Option<KvServer>,
+    store: &mut Option<KvServer>,
     settings: Settings,
 ) -> Result<World> {
     if rank >= size {
@@ -305,16 +305,9 @@ async fn join_via(
         }
     };
 
-    // Every rank is connected to us; the store host waits until everyone is done with the store.
+    // Every rank is connected to us. The store host keeps the store as long as its world: the
+    // others' watches are there (see `notices`).
     kv.put(&format!("ready/{rank}"), b"1").await.map_err(Error::bootstrap("announcing that this rank is connected"))?;
-    if store.is_some() {
-        for r in 0..size {
-            kv.get(&format!("ready/{r}"), settings.connect_timeout)
-                .await
-                .map_err(Error::bootstrap(format!("waiting for rank {r} to connect")))?;
-        }
-    }
-    drop(store);
 
     tracing::debug!(rank, size, transport = transport.name(), "joined");
     let cfg = engine::Config {
@@ -348,6 +341,7 @@ async fn join_via(
         closed: AtomicBool::new(false),
         rail_stats,
         ways,
+        store_link: Mutex::new(notices::StoreLink { store: store.take(), goodbye: None }),
         thread: Mutex::new(Some(thread)),
         changes,
         coll_meters: Default::default(),

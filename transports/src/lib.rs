@@ -60,6 +60,10 @@ pub enum TransportError {
     /// The launcher saw the peer's process end before it said goodbye.
     #[error("the launcher saw its process end")]
     Launcher,
+    /// Its connection to the job's key-value store (hosted by a rank, under a launcher other than
+    /// `ferrorun`) closed without a goodbye: its process ended.
+    #[error("its connection to the job's store closed without a goodbye")]
+    StoreClosed,
 }
 
 impl From<io::Error> for TransportError {
