@@ -242,6 +242,10 @@ async fn join_via(
         max_message: settings.max_message,
     };
     let mut engine = Engine::with_completions(rank, size, cfg);
+    // Over a byte stream a CTS buys no zero-copy: rendezvous data follows its RTS at once.
+    for peer in 0..size {
+        engine.set_push(peer, transport.name_for(peer).starts_with("tcp"));
+    }
     let rma = crate::rma::hook::Hook::new(&mut engine, rank);
     let driver = Driver { engine, transport, upper: Box::new(rma) };
     let changes = driver.engine.failures().changes();

@@ -81,7 +81,8 @@ wire_enum! {
         /// Receiver is ready (clear-to-send) for message `seq`; `aux` = receiver's operation id.
         /// With [`flags::TRUNCATED`] the receiver refuses the data (its buffer is too small).
         Cts = 4,
-        /// A chunk of rendezvous data for receiver operation `seq`, at byte offset `aux`.
+        /// A chunk of rendezvous data for receiver operation `seq`, at byte offset `aux` (with
+        /// [`flags::PUSH`], `seq` is the sender's message id).
         Data = 5,
         /// Credit update only (the piggybacked `credit` field is the content).
         Credit = 6,
@@ -103,6 +104,13 @@ pub mod flags {
     pub const PROOF: u16 = 4;
     /// On `Hello`: the connector refuses the listener's proof (no payload).
     pub const REFUSE: u16 = 8;
+    /// On `Rts`: the data follows at once, without waiting for a `Cts` (a pushed rendezvous).
+    /// On `Data`: a chunk of such a message; `seq` is then the sender's message id, and the
+    /// chunks follow their `Rts` in order, at consecutive offsets, before any other pushed `Rts`.
+    pub const PUSH: u16 = 16;
+    /// On `Cts` for a pushed message: the pushed data lands in the matched receive, nothing is to
+    /// be sent again.
+    pub const TAKEN: u16 = 32;
 }
 
 /// The decoded frame header.
