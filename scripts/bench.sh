@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Benchmarks (not part of the tests): installs the peers, builds, runs, and writes results/.
 #
-#   bash scripts/bench.sh [shm] [tcp] [collectives] [multicast] [verbs]    (default: all five)
+#   bash scripts/bench.sh [shm] [tcp] [collectives] [multicast] [verbs]
 #
-# Each benchmark writes results/NAME.json (every run's figures), results/NAME.txt (the printed
-# table and summary) and results/NAME.svg (latency, for ping-pong also throughput, against size).
-# docs/benchmarks.md describes the method and the files. Run it on a quiet machine: the two
-# benchmark CPUs (0 and 1) must not be shared.
+# Default: shm tcp collectives multicast (verbs boots a VM: ask for it by name). Each benchmark
+# writes results/NAME.json (every slice's figures), results/NAME.txt (the printed table and
+# summary) and results/NAME.svg (latency, for ping-pong also throughput, against size).
+# docs/benchmarks.md describes the method (interleaved slices, medians of per-slice ratios with
+# their min-max) and the files. Run it on a quiet machine: the two benchmark CPUs (0 and 1) must
+# not be shared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parts=("$@")
-((${#parts[@]})) || parts=(shm tcp collectives multicast verbs)
+((${#parts[@]})) || parts=(shm tcp collectives multicast)
 want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 for p in "${parts[@]}"; do
     case "$p" in shm | tcp | collectives | multicast | verbs) ;;
@@ -24,46 +26,48 @@ command -v NPopenmpi >/dev/null || need+=(netpipe-openmpi)
 command -v mpirun.openmpi >/dev/null || need+=(openmpi-bin)
 command -v NPmpich2 >/dev/null || need+=(netpipe-mpich2)
 command -v mpirun.mpich >/dev/null || need+=(mpich)
+command -v mpicc.openmpi >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || need+=(libopenmpi-dev)
+command -v mpicc.mpich >/dev/null || need+=(libmpich-dev)
 if ((${#need[@]})); then
     apt-get update -qq && apt-get install -y -o DPkg::Lock::Timeout=900 "${need[@]}"
-fi
-if ! command -v mpicc.openmpi >/dev/null || ! command -v mpicc.mpich >/dev/null \
-    || ! [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ]; then
-    apt-get update -qq && apt-get install -y -o DPkg::Lock::Timeout=900 openmpi-bin libopenmpi-dev mpich libmpich-dev
 fi
 cargo build --release -p ferrocomm-bench
 bench="${CARGO_TARGET_DIR:-target}/release/ferrocomm-bench"
 mkdir -p results
+start=$SECONDS
+took() { echo "bench.sh: $1 done, $((SECONDS - start)) s since the build" >&2; }
 
 if want shm; then
-    # Shared memory against Open MPI and MPICH (NPopenmpi, NPmpich2), 1 B to 4 MiB, with the
-    # reference lines, the transport alone and the latency to an idle peer.
+    # Shared memory against Open MPI and MPICH (NPopenmpi, NPmpich2), 1 B to 4 MiB, three
+    # interleaved slices per side at every size, with the reference lines, the transport alone
+    # and the latency to an idle peer.
     "$bench" pingpong --transport shm --progress busy --runs 3 --recv-into --max 4M \
         --json results/pingpong-shm.json --plot results/pingpong-shm.svg | tee results/pingpong-shm.txt
-    # 8 B only, ten alternations of 100 ms batches: the per-run figures let each run be compared
-    # with the peers' runs in the same phase of the host (docs/benchmarks.md).
-    "$bench" pingpong --transport shm --progress busy --runs 10 --recv-into --send-from --max 8 \
-        --target-ms 100 --idle-gap 0 --json results/pingpong-shm-8B.json | tee results/pingpong-shm-8B.txt
+    took shm
 fi
 
 if want tcp; then
-    # TCP on loopback against NPtcp, each backend.
+    # TCP on loopback, each backend, against NPtcp and Open MPI's TCP BTL
+    # (benches/mpi/mpi_pingpong.c), 1 B to 4 MiB, three interleaved slices per side.
     for backend in uring portable; do
-        "$bench" pingpong --backend "$backend" --runs 3 --recv-into \
+        "$bench" pingpong --backend "$backend" --runs 3 --recv-into --max 4M \
             --json "results/pingpong-tcp-$backend.json" --plot "results/pingpong-tcp-$backend.svg" \
             | tee "results/pingpong-tcp-$backend.txt"
     done
+    took tcp
 fi
 
 if want collectives; then
-    # Collectives against Open MPI and MPICH (benches/mpi/osu_coll.c, built under target/). MPICH
-    # on 4 ranks over 2 CPUs takes milliseconds per call, hence fewer iterations there.
-    ops=barrier,bcast,reduce,allreduce,allgather,alltoall,sendrecv
-    "$bench" collectives --ranks 2 --runs 5 --ops "$ops" \
+    # Every collective against Open MPI (benches/mpi/osu_coll.c, built under target/), 8 B to
+    # 4 MiB, one operation per slice, three slices per side. Fewer iterations on 4 ranks, which
+    # share the 2 CPUs.
+    ops=barrier,bcast,reduce,allreduce,gather,scatter,allgather,alltoall,reduce_scatter,scan
+    "$bench" collectives --ranks 2 --runs 3 --mpi openmpi --ops "$ops" --max 4M \
         --json results/collectives-2ranks.json --plot results/collectives-2ranks.svg | tee results/collectives-2ranks.txt
-    "$bench" collectives --ranks 4 --runs 3 --iters 100 --warmup 20 --iters-large 20 --warmup-large 5 \
-        --ops "$ops" --json results/collectives-4ranks.json --plot results/collectives-4ranks.svg \
+    "$bench" collectives --ranks 4 --runs 3 --mpi openmpi --iters 100 --warmup 20 --iters-large 20 --warmup-large 5 \
+        --ops "$ops" --max 4M --json results/collectives-4ranks.json --plot results/collectives-4ranks.svg \
         | tee results/collectives-4ranks.txt
+    took collectives
 fi
 
 if want multicast; then
@@ -74,6 +78,7 @@ if want multicast; then
         | tee results/multicast-shm.txt
     "$bench" multicast --transports tcp --json results/multicast-tcp.json --plot results/multicast-tcp.svg \
         | tee results/multicast-tcp.txt
+    took multicast
 fi
 
 if want verbs; then

@@ -7,7 +7,10 @@
 #                                freed buffer never read through a stale registration, peer
 #                                loss) and the point-to-point suite with 2 and 4 ranks as
 #                                processes (each eager path; rendezvous in all three orders, by
-#                                RDMA write and by RDMA read) plus a rank killed mid-transfer
+#                                RDMA write and by RDMA read) plus a rank killed mid-transfer;
+#                                reliable multicast over a UD multicast group with 3 and 4 ranks
+#                                as processes (loss injected in the UD receive path, a member
+#                                killed mid-window)
 #   scripts/verbs-vm.sh bench    ferrocomm verbs ping-pong and streaming bandwidth vs
 #                                ib_send_lat / ib_write_bw on rxe0, and the transport alone;
 #                                JSON, SVG and the printed output (.txt) into results/. For
@@ -77,9 +80,14 @@ t0=$(date +%s)
 if [ "$MODE" = test ]; then
     cargo test --locked -p ferrocomm-transports --features verbs --test verbs --no-run
     cargo test --locked -p ferrocomm --features verbs --test multiprocess --no-run
+    # Reliable multicast over a UD multicast group (processes under ferrorun, injected loss).
+    cargo test --locked -p ferrocomm --features verbs --test multicast_ud --no-run
+    cargo test --locked -p ferrocomm-transports --features verbs --test verbs_ud --no-run
     DEVICE_TESTS=$(executable -p ferrocomm-transports --features verbs --test verbs)
     SUITE=$(executable -p ferrocomm --features verbs --test multiprocess)
-    [ -x "$DEVICE_TESTS" ] && [ -x "$SUITE" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
+    MCAST_UD=$(executable -p ferrocomm --features verbs --test multicast_ud)
+    UD_GROUP=$(executable -p ferrocomm-transports --features verbs --test verbs_ud)
+    [ -x "$DEVICE_TESTS" ] && [ -x "$SUITE" ] && [ -x "$MCAST_UD" ] && [ -x "$UD_GROUP" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
 else
     cargo build --locked --release -p ferrocomm-bench --features verbs
     BENCH=$TARGET/release/ferrocomm-bench
@@ -115,6 +123,9 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         step device-tests timeout 600 "${DEVICE_TESTS:-}" --test-threads=1 --nocapture
         step p2p-suite-2-and-4-ranks timeout 1200 "${SUITE:-}" --exact suite_over_verbs --test-threads=1 --nocapture
         step killed-rank timeout 600 "${SUITE:-}" --exact killed_rank_over_verbs --test-threads=1 --nocapture
+        step ud-group timeout 300 "${UD_GROUP:-}" --test-threads=1 --nocapture
+        step multicast-ud-loss timeout 1800 "${MCAST_UD:-}" --exact exactly_once_in_order_over_ud_with_loss --nocapture
+        step multicast-ud-kill timeout 900 "${MCAST_UD:-}" --exact member_killed_mid_window_over_ud --nocapture
     else
         # How busy the VM is before the bench (anything left spinning skews every figure).
         { uptime; top -bn1 | head -15; } >"$OUT/vm-load.txt" 2>&1
@@ -156,11 +167,11 @@ while read -r name rc ms; do
         tail -60 "$OUT/$name.log" | sed 's/^/    /' >&2
         status=1
     fi
-    grep -hoE '(verbs suite|verbs kill|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
+    grep -hoE '(verbs suite|verbs kill|multicast over UD|UD group|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
 done <"$OUT/steps"
 [ -e "$OUT/done" ] || { echo "verbs-vm: FAILED: the run inside the VM did not finish" >&2; tail -20 "$OUT/console.log" >&2; status=1; }
 if [ "$MODE" = test ]; then
-    expected=4
+    expected=7
 else
     set -- ${VERBS_BENCH_MODES:-busy blocking busy-srq}
     expected=$((2 + $#))

@@ -344,10 +344,37 @@ impl Settings {
         if self.verbs.slots < 2 || self.verbs.slots > (1 << 16) {
             return bad("verbs.slots", "between 2 and 65536");
         }
+        if self.multicast.network == McastNet::Ud && !cfg!(feature = "verbs") {
+            return bad("FERROCOMM_MCAST_NET", "ud needs ferrocomm built with the `verbs` cargo feature");
+        }
         if self.transports == TransportChoice::Verbs && !cfg!(feature = "verbs") {
             return bad("FERROCOMM_TRANSPORTS", "verbs needs ferrocomm built with the `verbs` cargo feature");
         }
         Ok(())
+    }
+}
+
+/// Which network carries reliable multicast's datagrams (`FERROCOMM_MCAST_NET`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McastNet {
+    /// A UD queue pair attached to a fabric multicast group when the job runs over verbs
+    /// (`FERROCOMM_TRANSPORTS=verbs`) and that works; UDP/IPv4 multicast otherwise.
+    Auto,
+    /// UDP/IPv4 multicast.
+    Udp,
+    /// A UD queue pair (cargo feature `verbs`, an RDMA device with RoCE v2 over IPv4).
+    Ud,
+}
+
+impl std::str::FromStr for McastNet {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(McastNet::Auto),
+            "udp" => Ok(McastNet::Udp),
+            "ud" => Ok(McastNet::Ud),
+            _ => Err(format!("unknown multicast network {s:?} (auto, udp, ud)")),
+        }
     }
 }
 
@@ -358,6 +385,8 @@ impl Settings {
 pub struct McastSettings {
     /// `FERROCOMM_MCAST`: `on` (default) or `off` (point-to-point only, no socket).
     pub enabled: bool,
+    /// `FERROCOMM_MCAST_NET`: `auto` (default), `udp` or `ud`; see [`McastNet`].
+    pub network: McastNet,
     /// `FERROCOMM_MCAST_GROUP`: IPv4 group address. Default: 239.255.x.y derived from the job
     /// token and the channel, so that jobs and channels do not share groups.
     pub group: Option<Ipv4Addr>,
@@ -398,6 +427,7 @@ impl Default for McastSettings {
     fn default() -> Self {
         McastSettings {
             enabled: true,
+            network: McastNet::Auto,
             group: None,
             port: None,
             interface: None,
@@ -425,6 +455,9 @@ impl McastSettings {
                 "off" | "0" | "false" => false,
                 _ => return Err(Error::Config { name: "FERROCOMM_MCAST", reason: format!("{v:?}: on or off") }),
             };
+        }
+        if let Some(v) = parse("FERROCOMM_MCAST_NET", get)? {
+            s.network = v;
         }
         if let Some(v) = parse("FERROCOMM_MCAST_GROUP", get)? {
             s.group = Some(v);
@@ -556,5 +589,16 @@ mod tests {
         assert!(matches!(e, Error::Config { name: "FERROCOMM_VERBS_EAGER", .. }), "{e}");
         let verbs = Settings::from_vars(|k| (k == "FERROCOMM_TRANSPORTS").then(|| "verbs".into()));
         assert_eq!(verbs.is_ok(), cfg!(feature = "verbs"), "{verbs:?}");
+    }
+
+    #[test]
+    fn multicast_network_choice() {
+        let net = |v: &str| Settings::from_vars(|k| (k == "FERROCOMM_MCAST_NET").then(|| v.to_string()));
+        assert_eq!(Settings::default().multicast.network, McastNet::Auto);
+        assert_eq!(net("udp").unwrap().multicast.network, McastNet::Udp);
+        let ud = net("ud");
+        assert_eq!(ud.is_ok(), cfg!(feature = "verbs"), "{ud:?}");
+        let e = net("infiniband").unwrap_err();
+        assert!(matches!(e, Error::Config { name: "FERROCOMM_MCAST_NET", .. }), "{e}");
     }
 }

@@ -14,7 +14,8 @@
 //! Layers, bottom to top: [`ferrocomm_reactor`] drives progress; [`ferrocomm_transports`] moves
 //! frames; the point-to-point engine matches messages (sans-IO) and its driver runs it over a
 //! transport; [`World`] and [`Comm`] are the API; collectives, [`multicast`] and one-sided
-//! communication ([`rma`]) build on it; [`bootstrap`] starts a rank. `docs/architecture.md` maps
+//! communication ([`rma`]) build on it; [`bootstrap`] starts a rank; [`observe`] names the metrics,
+//! spans and logs. `docs/architecture.md` maps
 //! them to the source folders.
 
 mod api;
@@ -24,6 +25,7 @@ mod config;
 mod error;
 pub mod launch;
 pub mod multicast;
+pub mod observe;
 // The point-to-point protocol core, public for the simulator, the benchmarks and the fuzz
 // targets; applications use `Comm`'s methods.
 #[doc(hidden)]
@@ -35,8 +37,8 @@ pub use api::{Comm, Deadline, Message, Op, Refused, World};
 pub use bootstrap::env::EnvError;
 pub use bootstrap::{init, init_with};
 pub use config::{
-    McastSettings, ProgressMode, Settings, SettingsBuilder, TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous,
-    VerbsSettings,
+    McastNet, McastSettings, ProgressMode, Settings, SettingsBuilder, TcpBackend, TransportChoice, VerbsEager,
+    VerbsRendezvous, VerbsSettings,
 };
 pub use error::{Cause, Error, McastError, Result};
 pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table, bf16, f16};
@@ -45,6 +47,7 @@ pub use ferrocomm_reactor::HybridStats;
 #[doc(hidden)]
 pub use ferrocomm_transports as transports;
 pub use ferrocomm_transports::{Rank, TransportError, WireError};
+pub use observe::{PeerState, PeerStats};
 pub use p2p::{Source, Status, TagMatch};
 pub use rma::{
     Access, ArrayView, Event, Geometry, GetOp, Queue, RemoteSegment, RmaError, RmaOp, Segment, SegmentId, Side, Ticket,
@@ -59,3 +62,8 @@ pub struct ReadmeDoctests;
 #[doc = include_str!("../docs/one-sided.md")]
 #[cfg(doctest)]
 pub struct OneSidedDoctests;
+
+/// The observability chapter's examples compile.
+#[doc = include_str!("../docs/observability.md")]
+#[cfg(doctest)]
+pub struct ObservabilityDoctests;

@@ -10,14 +10,16 @@
  *     result <op> <bytes> <iterations> <avg_us> <min_us> <max_us>
  *
  * avg is the mean over ranks of each rank's mean latency; min and max are over ranks. Sizes are
- * bytes per rank: the broadcast buffer, the all-reduce vector (MPI_FLOAT, MPI_SUM, bytes / 4
- * elements), one rank's all-gather block, one all-to-all block per destination (MPI_CHAR).
+ * bytes per rank: the broadcast buffer; the vector of reduce, all-reduce and scan (MPI_FLOAT,
+ * MPI_SUM, bytes / 4 elements); one rank's block of gather, scatter and all-gather; one all-to-all
+ * block per destination (MPI_CHAR); one rank's block of the reduce-scatter result
+ * (MPI_Reduce_scatter_block, MPI_FLOAT, MPI_SUM: the vector is n times bytes).
  *
  * usage: osu_coll [-o op,op,...] [-s size,size,...] [-i iters] [-w warmup] [-I iters_large]
  *                 [-W warmup_large] [-L large_bytes] [-p cpu,cpu,...]
- *   ops: barrier, bcast, allreduce, allgather, alltoall (default all); also reduce (f32 sum at
- *        rank 0) and sendrecv, the point-to-point baseline (not in the default set):
- *        MPI_Sendrecv of `bytes` with rank r^1
+ *   ops: barrier, bcast, allreduce, allgather, alltoall (the default set); also reduce (f32 sum
+ *        at rank 0), gather and scatter (root 0), reduce_scatter, scan (f32 sum, inclusive) and
+ *        sendrecv, the point-to-point baseline: MPI_Sendrecv of `bytes` with rank r^1
  *   sizes above large_bytes (default 8192) use the _large counts (defaults 1000/200, 100/10, OSU's)
  *   -p pins rank r to the (r mod count)-th CPU of the list, as the ferrocomm ranks pin themselves.
  *
@@ -89,6 +91,14 @@ static double run(const char *op, long bytes, long iters, long warmup, char *a, 
             MPI_Allreduce(a, b, (int)(bytes / sizeof(float)), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         else if (!strcmp(op, "reduce"))
             MPI_Reduce(a, b, (int)(bytes / sizeof(float)), MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+        else if (!strcmp(op, "gather"))
+            MPI_Gather(a, (int)bytes, MPI_CHAR, b, (int)bytes, MPI_CHAR, 0, MPI_COMM_WORLD);
+        else if (!strcmp(op, "scatter"))
+            MPI_Scatter(a, (int)bytes, MPI_CHAR, b, (int)bytes, MPI_CHAR, 0, MPI_COMM_WORLD);
+        else if (!strcmp(op, "reduce_scatter"))
+            MPI_Reduce_scatter_block(a, b, (int)(bytes / sizeof(float)), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        else if (!strcmp(op, "scan"))
+            MPI_Scan(a, b, (int)(bytes / sizeof(float)), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         else if (!strcmp(op, "allgather"))
             MPI_Allgather(a, (int)bytes, MPI_CHAR, b, (int)bytes, MPI_CHAR, MPI_COMM_WORLD);
         else if (!strcmp(op, "alltoall"))
@@ -150,7 +160,8 @@ int main(int argc, char **argv) {
     long largest = 0;
     for (int s = 0; s < o.nsizes; s++)
         largest = o.sizes[s] > largest ? o.sizes[s] : largest;
-    /* Enough for an all-gather or all-to-all of the largest block over every rank. */
+    /* Enough for a gather, scatter, all-gather, all-to-all or reduce-scatter of the largest block
+     * over every rank. */
     size_t cap = (size_t)largest * (size_t)n;
     char *a = malloc(cap), *b = malloc(cap);
     if (!a || !b)
@@ -175,8 +186,9 @@ int main(int argc, char **argv) {
             MPI_Barrier(MPI_COMM_WORLD);
         report("barrier", 0, o.iters, MPI_Wtime() - t, MPI_COMM_WORLD);
     }
-    const char *sized[] = {"bcast", "reduce", "allreduce", "allgather", "alltoall", "sendrecv"};
-    for (int k = 0; k < 6; k++) {
+    const char *sized[] = {"bcast",     "reduce",   "allreduce",      "gather", "scatter",
+                           "allgather", "alltoall", "reduce_scatter", "scan",   "sendrecv"};
+    for (int k = 0; k < (int)(sizeof sized / sizeof sized[0]); k++) {
         if (!has_op(o.ops, sized[k]))
             continue;
         for (int s = 0; s < o.nsizes; s++) {

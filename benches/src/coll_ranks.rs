@@ -6,15 +6,16 @@
 //! untimed barrier after it (the barrier benchmark times barriers back to back). Each rank's mean
 //! latency is reduced to rank 0 (min, max, sum, as `f64`), which prints the same `result` line as
 //! the C program, plus the algorithm the communicator chose. The buffers are allocated once;
-//! all-reduce works in place, so its input is restored before each (untimed) iteration, where MPI
-//! reads a separate send buffer.
+//! all-reduce and scan work in place, so their input is restored before each (untimed) iteration,
+//! where MPI reads a separate send buffer. Gather, scatter and reduce-scatter return a new vector
+//! (the facade has no `_into` form of them): that allocation is part of their time.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferrocomm::{Comm, Operation, ReduceOp, Table};
 
-use crate::osu::{Measurement, Schedule};
+use crate::osu::{self, Measurement, Schedule};
 use crate::{Result, affinity, process};
 
 /// Hidden subcommand: the job, which launches the ranks.
@@ -164,7 +165,7 @@ async fn measure(comm: &Comm, s: &Schedule) -> Result<()> {
         let alg = comm.collective_algorithm(Operation::Barrier, 0).to_string();
         report(comm, "barrier", 0, s.iters, t.elapsed().as_secs_f64(), alg).await?;
     }
-    for op in ["bcast", "reduce", "allreduce", "allgather", "alltoall", "sendrecv"] {
+    for op in osu::OPS.iter().copied().filter(|&o| o != "barrier") {
         if !s.ops.iter().any(|o| o == op) {
             continue;
         }
@@ -180,7 +181,9 @@ async fn measure(comm: &Comm, s: &Schedule) -> Result<()> {
                 }
                 comm.barrier().await?;
             }
-            let alg = operation.map_or("p2p".into(), |o| comm.collective_algorithm(o, bytes).to_string());
+            // The selector sees reduce-scatter's whole vector, n blocks.
+            let selected = if op == "reduce_scatter" { bytes * comm.size() as usize } else { bytes };
+            let alg = operation.map_or("p2p".into(), |o| comm.collective_algorithm(o, selected).to_string());
             report(comm, op, bytes, iters, total, alg).await?;
         }
     }
@@ -191,7 +194,7 @@ async fn measure(comm: &Comm, s: &Schedule) -> Result<()> {
 async fn once(comm: &Comm, op: &str, bytes: usize, b: &mut Buffers) -> Result<f64> {
     let n = comm.size() as usize;
     let floats = bytes / size_of::<f32>();
-    if op == "allreduce" {
+    if op == "allreduce" || op == "scan" {
         b.floats[..floats].copy_from_slice(&b.input[..floats]);
     }
     let t = Instant::now();
@@ -199,6 +202,14 @@ async fn once(comm: &Comm, op: &str, bytes: usize, b: &mut Buffers) -> Result<f6
         "bcast" => comm.broadcast(0, &mut b.bytes[..bytes]).await?,
         "allreduce" => comm.allreduce(&mut b.floats[..floats], ReduceOp::Sum).await?,
         "reduce" => _ = comm.reduce(0, &b.input[..floats], ReduceOp::Sum).await?,
+        "gather" => _ = comm.gather(0, &b.bytes[..bytes]).await?,
+        "scatter" => {
+            let root = (comm.rank() == 0).then(|| &b.bytes[..bytes * n]);
+            _ = comm.scatter(0, root).await?
+        }
+        // Each rank's result block is `bytes`: the vector is n blocks.
+        "reduce_scatter" => _ = comm.reduce_scatter_block(&b.input[..floats * n], ReduceOp::Sum).await?,
+        "scan" => comm.scan(&mut b.floats[..floats], ReduceOp::Sum).await?,
         // Into a preallocated receive buffer, as the MPI side does.
         "allgather" => comm.allgather_into(&b.bytes[..bytes], &mut b.out[..bytes * n]).await?,
         "alltoall" => comm.alltoall_into(&b.bytes[..bytes * n], &mut b.out[..bytes * n]).await?,

@@ -2,12 +2,14 @@
 //! invocation; and `--sweep`, which pins each algorithm in turn to find the selection table's
 //! switch points.
 //!
-//! Each run measures, for every rank count, ferrocomm ([`coll_ranks`]) and each MPI running
-//! `benches/mpi/osu_coll.c` ([`osu::Mpi`]) with the same schedule (operations, sizes, warm-up and
-//! timed iterations, CPU of each rank); the order of the sides rotates from run to run so that a
-//! drifting machine hits each side alike. The report gives, per size, the median over runs of the
-//! OSU average latency (mean over ranks of each rank's mean) and the ratios ferrocomm / MPI
-//! (below 1: ferrocomm is faster).
+//! The sides take turns in short slices: for every rank count and every group of `--slice-ops`
+//! operations (one by default), ferrocomm ([`coll_ranks`]) and each MPI running
+//! `benches/mpi/osu_coll.c` ([`osu::Mpi`]) measure the group at every size with the same schedule
+//! (sizes, warm-up and timed iterations, CPU of each rank), `--runs` times each, the order of the
+//! sides rotating from round to round. The report gives, per size, each side's median over its
+//! slices of the OSU average latency (mean over ranks of each rank's mean), and the ratio ferrocomm
+//! / MPI (below 1: ferrocomm is faster) as the median of the per-round ratios with their min-max:
+//! the sides of a round run seconds apart, so a phase of the host that slows both cancels.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,15 +33,17 @@ const OURS: &str = "ferrocomm";
 /// OSU-style latency (warm-up, then timed iterations each followed by a barrier; per-rank mean,
 /// averaged over ranks) of barrier, broadcast, all-reduce (f32 sum), all-gather and all-to-all,
 /// for ferrocomm over shared memory and for Open MPI and MPICH running benches/mpi/osu_coll.c
-/// (built here with mpicc.openmpi and mpicc.mpich), alternating, medians over --runs runs.
+/// (built here with mpicc.openmpi and mpicc.mpich), in interleaved slices (one operation at
+/// every size, each side in turn, --runs rounds); ratios are medians (min-max) of the per-round
+/// ratios.
 #[derive(Clone, Debug, clap::Args)]
 pub(crate) struct Options {
     /// Rank counts
     #[arg(long, value_name = "N,M,...", value_delimiter = ',', default_value = "2,4",
           value_parser = clap::value_parser!(u32).range(2..))]
     pub ranks: Vec<u32>,
-    /// Operations, of barrier,bcast,allreduce,allgather,alltoall (the default), reduce and
-    /// sendrecv
+    /// Operations, of barrier,bcast,allreduce,allgather,alltoall (the default), reduce, gather,
+    /// scatter, reduce_scatter, scan and sendrecv
     #[arg(long, value_name = "OP,...", value_delimiter = ',', default_value = "barrier,bcast,allreduce,allgather,alltoall",
           value_parser = osu::OPS)]
     pub ops: Vec<String>,
@@ -64,9 +68,14 @@ pub(crate) struct Options {
     /// Where the large sizes begin
     #[arg(long, value_name = "BYTES", default_value = "8K", value_parser = cli::bytes)]
     pub large: usize,
-    /// Runs per side; the report gives medians
-    #[arg(long, value_name = "K", default_value_t = 3, value_parser = cli::at_least_one)]
+    /// Slices per side (rounds): the report gives medians over them, and the median (min-max) of
+    /// the per-round ratios
+    #[arg(long, visible_alias = "slices", value_name = "K", default_value_t = 3, value_parser = cli::at_least_one)]
     pub runs: usize,
+    /// Operations measured in one slice (0: all of them, each side running the whole schedule
+    /// in turn)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub slice_ops: usize,
     /// Rank r runs on the (r mod count)-th CPU, on every side
     #[arg(long, value_name = "A,B,...", value_delimiter = ',', default_value = "0,1")]
     pub cpus: Vec<usize>,
@@ -118,10 +127,11 @@ impl Options {
     }
 }
 
-/// Every run's latency of each side at one (ranks, operation, size).
+/// Every slice's latency of each side at one (ranks, operation, size).
 #[derive(Clone, Debug, Default)]
 struct Row {
-    /// Side -> average latency of each run, microseconds.
+    /// Side -> average latency of each slice, microseconds; the `k`-th of every side come from
+    /// the same round.
     runs: BTreeMap<String, Vec<f64>>,
     /// The algorithm ferrocomm chose.
     algorithm: Option<String>,
@@ -131,8 +141,14 @@ impl Row {
     fn median(&self, side: &str) -> Option<f64> {
         self.runs.get(side).and_then(|v| median(v))
     }
+    /// ferrocomm's latency over `side`'s, round by round.
+    fn slice_ratios(&self, side: &str) -> Vec<f64> {
+        let (Some(ours), Some(theirs)) = (self.runs.get(OURS), self.runs.get(side)) else { return vec![] };
+        ours.iter().zip(theirs).filter(|&(&a, &b)| a > 0.0 && b > 0.0).map(|(a, b)| a / b).collect()
+    }
+    /// The median of [`Row::slice_ratios`].
     fn ratio(&self, side: &str) -> Option<f64> {
-        Some(self.median(OURS)? / self.median(side)?)
+        median(&self.slice_ratios(side))
     }
 }
 
@@ -195,7 +211,7 @@ fn compare(opts: &Options, s: &Schedule) -> Result<()> {
     let mpis = opts.mpis().iter().map(|k| Mpi::build(k, &dir)).collect::<Result<Vec<_>>>()?;
     println!(
         "collectives, OSU method: {} sizes from {} to {} B, {} iterations after {} warm-up ({} after {} above {} B), \
-         median of {} run(s), ranks on CPUs {:?}",
+         {} slice(s) per side, one slice = {} operation(s) at every size, ranks on CPUs {:?}",
         s.sizes.len(),
         s.sizes.first().unwrap_or(&0),
         s.sizes.last().unwrap_or(&0),
@@ -205,6 +221,7 @@ fn compare(opts: &Options, s: &Schedule) -> Result<()> {
         s.warmup_large,
         s.large,
         opts.runs,
+        if opts.slice_ops == 0 { s.ops.len() } else { opts.slice_ops },
         s.cpus
     );
     let mut commands = Vec::new();
@@ -220,33 +237,41 @@ fn compare(opts: &Options, s: &Schedule) -> Result<()> {
     let mut transport = String::from("?");
     let mut watch = Watch { busiest: 0.0, log: Vec::new() };
     let sides = 1 + mpis.len();
-    let bar = cli::Progress::new((opts.runs * opts.ranks.len() * sides) as u64, "collectives");
-    for run in 1..=opts.runs {
-        for &n in &opts.ranks {
-            // Rotate the order of the sides from run to run.
-            for i in 0..sides {
-                let side = (i + run - 1) % sides;
-                let name = if side == 0 { OURS } else { mpis[side - 1].key };
-                bar.step(format!("run {run}: {n} ranks: {name}"));
-                let meter = process::Interference::start(&s.cpus);
-                let t = Instant::now();
-                let found = if side == 0 {
-                    let r = coll_ranks::run(&spec(opts, n, s, None))?;
-                    transport = r.transport;
-                    r.measurements
-                } else {
-                    mpis[side - 1].run(n, s)?
-                };
-                bar.suspend(|| watch.note(meter, run, n, name));
-                bar.inc();
-                bar.note(format!("run {run}/{}: {n} ranks: {name}: {:.1} s", opts.runs, t.elapsed().as_secs_f64()));
-                for m in found {
-                    let row = rows.entry(key(n, &m)).or_default();
-                    row.runs.entry(name.to_string()).or_default().push(m.avg_us);
-                    if m.algorithm.is_some() {
-                        row.algorithm = m.algorithm;
+    let per_slice = if opts.slice_ops == 0 { s.ops.len() } else { opts.slice_ops };
+    let groups: Vec<&[String]> = s.ops.chunks(per_slice).collect();
+    let bar = cli::Progress::new((opts.runs * opts.ranks.len() * groups.len() * sides) as u64, "collectives");
+    for &n in &opts.ranks {
+        for group in &groups {
+            let schedule = Schedule { ops: group.to_vec(), ..s.clone() };
+            let what = group.join(",");
+            for run in 1..=opts.runs {
+                // Rotate the order of the sides from round to round.
+                let mut line = format!("{n} ranks, {what}, slice {run}/{}:", opts.runs);
+                for i in 0..sides {
+                    let side = (i + run - 1) % sides;
+                    let name = if side == 0 { OURS } else { mpis[side - 1].key };
+                    bar.step(format!("{n} ranks, {what}, slice {run}: {name}"));
+                    let meter = process::Interference::start(&s.cpus);
+                    let t = Instant::now();
+                    let found = if side == 0 {
+                        let r = coll_ranks::run(&spec(opts, n, &schedule, None))?;
+                        transport = r.transport;
+                        r.measurements
+                    } else {
+                        mpis[side - 1].run(n, &schedule)?
+                    };
+                    bar.suspend(|| watch.note(meter, run, n, &format!("{name} {what}")));
+                    bar.inc();
+                    line += &format!(" {name} {:.1} s", t.elapsed().as_secs_f64());
+                    for m in found {
+                        let row = rows.entry(key(n, &m)).or_default();
+                        row.runs.entry(name.to_string()).or_default().push(m.avg_us);
+                        if m.algorithm.is_some() {
+                            row.algorithm = m.algorithm;
+                        }
                     }
                 }
+                bar.note(line);
             }
         }
     }
@@ -257,7 +282,10 @@ fn compare(opts: &Options, s: &Schedule) -> Result<()> {
             watch.busiest * 100.0
         );
     }
-    println!("\nferrocomm transport: {transport}; latencies in us (median over runs); ratio = ferrocomm / MPI\n");
+    println!(
+        "\nferrocomm transport: {transport}; latencies in us (median over slices); ratio = ferrocomm / MPI, the median \
+         (min-max) of the per-round ratios\n"
+    );
     print!("{}", table(&rows, &mpis));
     println!();
     for line in goal(&rows, &opts.ranks) {
@@ -279,7 +307,7 @@ fn compare(opts: &Options, s: &Schedule) -> Result<()> {
             ),
         };
         let subtitle = format!(
-            "OSU method over shared memory ({transport}), progress {}, CPUs {:?}, median of {} run(s)",
+            "OSU method over shared memory ({transport}), progress {}, CPUs {:?}, median of {} slice(s)",
             opts.progress, s.cpus, opts.runs
         );
         plot::write(path, &plot::figure(&title, &subtitle, &panels))?;
@@ -324,7 +352,7 @@ fn table(rows: &BTreeMap<Key, Row>, mpis: &[Mpi]) -> String {
         out += &format!(" {:>10}", m.key);
     }
     for m in mpis {
-        out += &format!(" {:>10}", format!("/{}", m.key));
+        out += &format!(" {:>18}", format!("/{} (min-max)", m.key));
     }
     out.push('\n');
     for (&(n, op, bytes), r) in rows {
@@ -340,7 +368,7 @@ fn table(rows: &BTreeMap<Key, Row>, mpis: &[Mpi]) -> String {
             out += &format!(" {:>10}", num(r.median(m.key)));
         }
         for m in mpis {
-            out += &format!(" {:>10}", num(r.ratio(m.key)));
+            out += &format!(" {:>18}", crate::report::ratio_text(&r.slice_ratios(m.key)));
         }
         out.push('\n');
     }
@@ -380,11 +408,12 @@ fn to_json(
                 "bytes": bytes,
                 "algorithm": r.algorithm,
                 "ferrocomm_us": r.median(OURS),
-                "runs_us": r.runs,
+                "slices_us": r.runs,
             });
             for m in mpis {
                 v[format!("{}_us", m.key)] = json!(r.median(m.key));
                 v[format!("ratio_{}", m.key)] = json!(r.ratio(m.key));
+                v[format!("ratio_{}_spread", m.key)] = crate::report::ratio_json(&r.slice_ratios(m.key));
             }
             v
         })
@@ -397,8 +426,9 @@ fn to_json(
         "progress": opts.progress,
         "ferrocomm_env": opts.env,
         "peers": mpis.iter().map(|m| m.name).collect::<Vec<_>>(),
-        "runs": opts.runs,
-        "statistic": "median over runs",
+        "slices": opts.runs,
+        "ops_per_slice": opts.slice_ops,
+        "statistic": "per size, each side: the median over its slices; ratio: ferrocomm's latency over the MPI's in each round of slices (run back to back), median and min-max (ratio_<mpi>_spread) over the rounds",
         "iterations": {"small": s.iters, "warmup": s.warmup, "large": s.iters_large, "warmup_large": s.warmup_large, "large_above_bytes": s.large},
         "cpus": s.cpus,
         "commands": commands,
@@ -522,7 +552,8 @@ mod tests {
             (&["openmpi".to_string(), "mpich".into()][..], &["A=1".to_string(), "B=2=3".into()][..])
         );
         assert_eq!(d.schedule(), Schedule::default());
-        for bad in ["--ranks 1", "--ops scan", "--runs 0", "--iters 0", "--mpi lam", "--env X", "--frobnicate"] {
+        assert_eq!(options("--ops gather,scatter,reduce_scatter,scan").unwrap().ops.len(), 4);
+        for bad in ["--ranks 1", "--ops exscan", "--runs 0", "--iters 0", "--mpi lam", "--env X", "--frobnicate"] {
             assert!(options(bad).is_err(), "{bad}");
         }
     }
@@ -531,11 +562,14 @@ mod tests {
     fn ratios_and_goal() {
         let mut rows = BTreeMap::new();
         let mut r = Row::default();
-        r.runs.insert(OURS.into(), vec![1.0, 3.0, 2.0]);
-        r.runs.insert("openmpi".into(), vec![4.0]);
+        // Round 2 is a slow phase for both sides: the per-round ratios are unmoved by it.
+        r.runs.insert(OURS.into(), vec![1.0, 6.0, 2.0]);
+        r.runs.insert("openmpi".into(), vec![2.0, 12.0, 5.0]);
         let allreduce = osu::OPS.iter().position(|o| *o == "allreduce").unwrap();
         rows.insert((2, allreduce, 8), r);
+        assert_eq!(rows[&(2, allreduce, 8)].slice_ratios("openmpi"), vec![0.5, 0.5, 0.4]);
         assert_eq!(rows[&(2, allreduce, 8)].ratio("openmpi"), Some(0.5));
+        assert!(table(&rows, &[]).contains("allreduce"));
         assert_eq!(rows[&(2, allreduce, 8)].ratio("mpich"), None);
         let g = goal(&rows, &[2]);
         assert_eq!(g.len(), 1);

@@ -52,6 +52,7 @@ mod coll_ranks;
 mod collectives;
 mod hosts;
 mod mcast;
+mod mpi_pingpong;
 mod netpipe;
 mod osu;
 mod perftest;
@@ -182,19 +183,18 @@ mod tests {
     /// those the docs show.
     #[test]
     fn the_scripts_command_lines_parse() {
-        let ops = "barrier,bcast,reduce,allreduce,allgather,alltoall,sendrecv";
+        let ops = "barrier,bcast,reduce,allreduce,gather,scatter,allgather,alltoall,reduce_scatter,scan";
         for line in [
             "pingpong --transport shm --progress busy --runs 3 --recv-into --max 4M --json a.json --plot a.svg".to_string(),
-            "pingpong --transport shm --progress busy --runs 10 --recv-into --send-from --max 8 --target-ms 100 \
-             --idle-gap 0 --json b.json"
-                .into(),
-            "pingpong --backend uring --runs 3 --recv-into --json c.json --plot c.svg".into(),
-            "pingpong --backend portable --runs 3 --recv-into --json c.json --plot c.svg".into(),
-            format!("collectives --ranks 2 --runs 5 --ops {ops} --json d.json --plot d.svg"),
+            "pingpong --backend uring --runs 3 --recv-into --max 4M --json c.json --plot c.svg".into(),
+            "pingpong --backend portable --runs 3 --recv-into --max 4M --json c.json --plot c.svg".into(),
+            "pingpong --slices 5 --slice-sizes 0 --peers NPtcp,openmpi-tcp,NPopenmpi-tcp --max 64K".into(),
+            format!("collectives --ranks 2 --runs 3 --mpi openmpi --ops {ops} --max 4M --json d.json --plot d.svg"),
             format!(
-                "collectives --ranks 4 --runs 3 --iters 100 --warmup 20 --iters-large 20 --warmup-large 5 --ops {ops} \
-                 --json e.json --plot e.svg"
+                "collectives --ranks 4 --runs 3 --mpi openmpi --iters 100 --warmup 20 --iters-large 20 --warmup-large 5 \
+                 --ops {ops} --max 4M --json e.json --plot e.svg"
             ),
+            "collectives --slices 3 --slice-ops 0 --ops bcast,scan".into(),
             "multicast --json f.json --plot f.svg".into(),
             "collectives --sweep --ranks 4 --step 2 --runs 3".into(),
             "pingpong --transport shm --runs 10 --recv-into --send-from --max 8 --target-ms 100 --idle-gap 0 --no-peer".into(),

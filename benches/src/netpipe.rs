@@ -1,4 +1,5 @@
-//! The peer side of `pingpong`: NetPIPE, over TCP (`NPtcp`) or over MPI (`NPopenmpi`, `NPmpich2`).
+//! The peer side of `pingpong`: NetPIPE, over TCP (`NPtcp`, and `NPopenmpi` restricted to Open
+//! MPI's TCP BTL) or over MPI's shared memory (`NPopenmpi`, `NPmpich2`).
 //!
 //! Every peer runs once per size (`-l n -u n -p 0`), so that it measures exactly the sizes
 //! ferrocomm does; NetPIPE chooses its own repetitions and reports the best of its trials. Both
@@ -10,7 +11,11 @@
 //!   (`mpirun.openmpi`, `mpirun.mpich`) and its binding switched off, so that `taskset` alone
 //!   decides (Open MPI does not bind when oversubscribing, and binds in its own order otherwise).
 //!   Two ranks of one host talk through the MPI's shared-memory transport (Open MPI's vader with
-//!   its single-copy mechanism, MPICH's nemesis), as installed.
+//!   its single-copy mechanism, MPICH's nemesis), as installed;
+//! * `NPopenmpi-tcp`: `NPopenmpi` as above with `--mca pml ob1 --mca btl tcp,self --mca
+//!   btl_tcp_if_include lo`, so that its two ranks talk through Open MPI's TCP BTL on the
+//!   loopback interface: a TCP peer that busy-polls, as ferrocomm does, where `NPtcp` sleeps in
+//!   `read`.
 //!
 //! The transmitter writes one line to `FILE`: `bytes`, throughput in NetPIPE's Mbps (2^20 bits per
 //! second) and the one-way time in seconds (round trip / 2). The time is recomputed from the
@@ -34,16 +39,33 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Flavour {
     Tcp,
+    /// Open MPI over its TCP BTL on 127.0.0.1.
+    OpenMpiTcp,
     OpenMpi,
     Mpich,
 }
 
 impl Flavour {
+    /// The flavour called `name` (its [`Flavour::name`]).
+    pub(crate) fn named(name: &str) -> Option<Flavour> {
+        [Flavour::Tcp, Flavour::OpenMpiTcp, Flavour::OpenMpi, Flavour::Mpich].into_iter().find(|f| f.name() == name)
+    }
+
+    /// The name in reports: the executable's, with `-tcp` for Open MPI's TCP BTL.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Flavour::OpenMpiTcp => "NPopenmpi-tcp",
+            _ => self.programs().0,
+        }
+    }
+
     /// NetPIPE's executable, the launcher (MPI only) and how to install them.
     fn programs(self) -> (&'static str, Option<&'static str>, &'static str) {
         match self {
             Flavour::Tcp => ("NPtcp", None, "apt-get install netpipe-tcp"),
-            Flavour::OpenMpi => ("NPopenmpi", Some("mpirun.openmpi"), "apt-get install netpipe-openmpi openmpi-bin"),
+            Flavour::OpenMpi | Flavour::OpenMpiTcp => {
+                ("NPopenmpi", Some("mpirun.openmpi"), "apt-get install netpipe-openmpi openmpi-bin")
+            }
             Flavour::Mpich => ("NPmpich2", Some("mpirun.mpich"), "apt-get install netpipe-mpich2 mpich"),
         }
     }
@@ -79,20 +101,20 @@ impl NetPipe {
         let scratch = std::env::temp_dir().join(format!(
             "ferrocomm-bench-{}-{}",
             std::process::id(),
-            flavour.programs().0.to_lowercase()
+            flavour.name().to_lowercase()
         ));
         std::fs::create_dir_all(&scratch)?;
         Ok(NetPipe { flavour, np, mpirun, taskset, scratch })
     }
 
-    /// The peer's name (its executable's).
+    /// The peer's name ([`Flavour::name`]).
     pub(crate) fn name(&self) -> &'static str {
-        self.flavour.programs().0
+        self.flavour.name()
     }
 
     /// The command run for size `bytes`, for the record (`PORT` and `FILE` vary).
     pub(crate) fn describe(&self, cpus: [usize; 2], bytes: &str) -> String {
-        let np = self.name();
+        let np = self.flavour.programs().0;
         match self.flavour {
             Flavour::Tcp => {
                 let common = format!("-P PORT -l {bytes} -u {bytes} -p 0");
@@ -114,6 +136,23 @@ impl NetPipe {
             Flavour::OpenMpi => {
                 ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"].map(String::from).into()
             }
+            Flavour::OpenMpiTcp => [
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+                "--mca",
+                "pml",
+                "ob1",
+                "--mca",
+                "btl",
+                "tcp,self",
+                "--mca",
+                "btl_tcp_if_include",
+                "lo",
+            ]
+            .map(String::from)
+            .into(),
             _ => ["-bind-to", "none"].map(String::from).into(),
         };
         for (i, cpu) in cpus.iter().enumerate() {
@@ -230,6 +269,16 @@ pub(crate) fn parse_output(text: &str) -> Vec<(usize, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flavours_by_name() {
+        for name in ["NPtcp", "NPopenmpi-tcp", "NPopenmpi", "NPmpich2"] {
+            assert_eq!(Flavour::named(name).map(Flavour::name), Some(name));
+        }
+        assert_eq!(Flavour::named("NPopenmpi-tcp"), Some(Flavour::OpenMpiTcp));
+        assert_eq!(Flavour::OpenMpiTcp.programs().0, "NPopenmpi");
+        assert_eq!(Flavour::named("NPudp"), None);
+    }
 
     #[test]
     fn parses_nptcp_output() {

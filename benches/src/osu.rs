@@ -14,9 +14,22 @@ const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mpi/osu_coll.c");
 /// The longest one MPI run may take.
 const MPI_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The operations measured, by their `osu_coll` names. `reduce` and `sendrecv` (an exchange with
-/// rank r^1, the point-to-point baseline) are measured only when asked for.
-pub(crate) const OPS: [&str; 7] = ["barrier", "bcast", "reduce", "allreduce", "allgather", "alltoall", "sendrecv"];
+/// The operations measured, by their `osu_coll` names (ferrocomm's [`ferrocomm::Operation`]
+/// names), in report order. Those outside [`DEFAULT_OPS`] and `sendrecv` (an exchange with rank
+/// r^1, the point-to-point baseline) are measured only when asked for.
+pub(crate) const OPS: [&str; 11] = [
+    "barrier",
+    "bcast",
+    "reduce",
+    "allreduce",
+    "gather",
+    "scatter",
+    "allgather",
+    "alltoall",
+    "reduce_scatter",
+    "scan",
+    "sendrecv",
+];
 /// The operations measured by default.
 const DEFAULT_OPS: [&str; 5] = ["barrier", "bcast", "allreduce", "allgather", "alltoall"];
 

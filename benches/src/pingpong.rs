@@ -1,6 +1,13 @@
-//! `pingpong`: options, the runs (ferrocomm and its peers, alternating), and the report.
+//! `pingpong`: options, the slices (ferrocomm and its peers, interleaved), and the report.
 //!
-//! Over TCP the peer is `NPtcp`; over shared memory (`--transport shm`) the peers are `NPopenmpi`
+//! The sizes of the sweep are cut into groups of `--slice-sizes` consecutive sizes; for each group
+//! in turn, the sides take `--runs` turns each: a ferrocomm job measuring the group, then each
+//! peer measuring the same sizes, then ferrocomm again, and so on. Each side's `k`-th value at a
+//! size thus comes from the `k`-th round of slices, seconds apart from the others', and the
+//! report gives at every size the median of the per-round ratios and their min-max
+//! ([`report`](mod@report)).
+//!
+//! Over TCP the peers are `NPtcp` and `NPopenmpi` over Open MPI's TCP BTL; over shared memory (`--transport shm`) the peers are `NPopenmpi`
 //! and `NPmpich2`, and the report adds what explains the numbers: the machine's limits
 //! ([`reference`](mod@reference)), the shared-memory transport alone
 //! ([`transport`](mod@transport)), and the latency to an idle peer in adaptive and busy-poll
@@ -11,6 +18,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use crate::mpi_pingpong::{self, MpiPingPong};
 use crate::netpipe::{Flavour, NetPipe};
 use crate::perftest::{self, Perftest};
 use crate::ranks::{self, JobSpec};
@@ -22,9 +30,11 @@ const LOAD_WARNING: f64 = 0.05;
 
 /// ferrocomm vs NetPIPE: ping-pong latency and throughput (NetPIPE method).
 ///
-/// Ping-pong latency and throughput of ferrocomm against NetPIPE (NPtcp over TCP; NPopenmpi and
-/// NPmpich2 over shared memory), NetPIPE method: sizes 1 B and powers of two up to --max, each
-/// also at -3 and +3 bytes; medians over --runs runs. Over shared memory also: reference lines
+/// Ping-pong latency and throughput of ferrocomm against NetPIPE (NPtcp and NPopenmpi over Open
+/// MPI's TCP BTL over TCP; NPopenmpi and NPmpich2 over shared memory), NetPIPE method: sizes 1 B
+/// and powers of two up to --max, each also at -3 and +3 bytes. The sides alternate in short
+/// slices of a few sizes (--slice-sizes), --runs slices each at every size; the ratios are the
+/// medians of the per-slice ratios, with their min-max. Over shared memory also: reference lines
 /// (cache-line ping-pong, memcpy), the transport alone, and the latency to an idle peer
 /// (adaptive vs busy-poll). With --time-each, every round trip is timed and the report adds its
 /// latency percentiles (p50, p99, p99.9).
@@ -51,9 +61,19 @@ pub(crate) struct Options {
     /// Largest power of two measured, e.g. 65536, 64K, 8M
     #[arg(long, value_name = "BYTES", default_value = "8M", value_parser = cli::bytes)]
     pub max: usize,
-    /// Runs per side; the report gives medians
-    #[arg(long, value_name = "K", default_value_t = 3, value_parser = cli::at_least_one)]
+    /// Slices per side at every size: the sides take turns K times at each group of sizes; the
+    /// report gives medians over the slices and the median (min-max) of the per-slice ratios
+    #[arg(long, visible_alias = "slices", value_name = "K", default_value_t = 3, value_parser = cli::at_least_one)]
     pub runs: usize,
+    /// Consecutive sizes of the sweep in one slice (0: the whole sweep, each side sweeping every
+    /// size in turn; always so over verbs)
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub slice_sizes: usize,
+    /// The peers [default: NPtcp,openmpi-tcp over TCP; NPopenmpi,NPmpich2 over shared memory].
+    /// openmpi-tcp is benches/mpi/mpi_pingpong.c over Open MPI's TCP BTL (one mpirun a slice);
+    /// NPopenmpi-tcp is NetPIPE over the same (one mpirun a size: much slower to run)
+    #[arg(long, value_name = "P,...", value_delimiter = ',', value_parser = PEERS)]
+    pub peers: Vec<String>,
     /// CPUs of rank 0 / the peer's transmitter and of rank 1 / its receiver
     #[arg(long, value_name = "A,B", default_value = "0,1", value_parser = cli::cpu_pair)]
     pub cpus: [usize; 2],
@@ -89,6 +109,49 @@ pub(crate) struct Options {
     pub time_each: bool,
 }
 
+/// The peers `--peers` takes.
+const PEERS: [&str; 5] = ["NPtcp", mpi_pingpong::NAME, "NPopenmpi-tcp", "NPopenmpi", "NPmpich2"];
+
+/// A peer: a NetPIPE (run once per size) or `mpi_pingpong` (run once per slice).
+enum Peer {
+    NetPipe(NetPipe),
+    Mpi(MpiPingPong),
+}
+
+impl Peer {
+    /// The peer called `name` (of [`PEERS`]), its programs found (and built).
+    fn find(name: &str, target_ms: u64) -> Result<Peer> {
+        match Flavour::named(name) {
+            Some(f) => Ok(Peer::NetPipe(NetPipe::find(f)?)),
+            None if name == mpi_pingpong::NAME => Ok(Peer::Mpi(MpiPingPong::build(target_ms)?)),
+            None => Err(format!("unknown peer {name:?}").into()),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Peer::NetPipe(p) => p.name(),
+            Peer::Mpi(_) => mpi_pingpong::NAME,
+        }
+    }
+
+    /// The command the peer runs, for the record.
+    fn describe(&self, cpus: [usize; 2]) -> String {
+        match self {
+            Peer::NetPipe(p) => format!("{}  (once per size)", p.describe(cpus, "SIZE")),
+            Peer::Mpi(p) => format!("{}  (once per slice)", p.describe(cpus)),
+        }
+    }
+
+    /// One slice: the one-way time of each of `sizes`, seconds, in order.
+    fn measure(&self, sizes: &[usize], cpus: [usize; 2]) -> Result<Vec<f64>> {
+        match self {
+            Peer::NetPipe(p) => sizes.iter().map(|&b| p.measure(b, cpus)).collect(),
+            Peer::Mpi(p) => p.measure(sizes, cpus),
+        }
+    }
+}
+
 impl Options {
     /// Whether the peer runs (not `--no-peer`).
     pub(crate) fn peer(&self) -> bool {
@@ -118,13 +181,14 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
     }
     let shm = opts.transport == "shm";
     let verbs = opts.transport == "verbs";
-    let flavours: &[Flavour] = match (opts.peer() && !verbs, shm) {
-        (false, _) => &[],
-        (true, false) => &[Flavour::Tcp],
-        (true, true) => &[Flavour::OpenMpi, Flavour::Mpich],
+    let chosen: Vec<String> = match (opts.peer() && !verbs, shm) {
+        (false, _) => vec![],
+        (true, _) if !opts.peers.is_empty() => opts.peers.clone(),
+        (true, false) => vec!["NPtcp".into(), mpi_pingpong::NAME.into()],
+        (true, true) => vec!["NPopenmpi".into(), "NPmpich2".into()],
     };
-    let peers = flavours.iter().map(|&f| NetPipe::find(f)).collect::<Result<Vec<_>>>()?;
-    let mut names: Vec<&str> = peers.iter().map(NetPipe::name).collect();
+    let peers = chosen.iter().map(|p| Peer::find(p, opts.target_ms)).collect::<Result<Vec<_>>>()?;
+    let mut names: Vec<&str> = peers.iter().map(Peer::name).collect();
     // Over verbs the peer is perftest on the same device (peer 0 of the rows).
     let mut env = Vec::new();
     let mut perf = None;
@@ -142,6 +206,7 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
         backend: if shm || verbs { opts.transport.clone() } else { opts.backend.clone() },
         progress: opts.progress.clone(),
         max: opts.max,
+        sizes: vec![],
         cpus: opts.cpus,
         recv_into: opts.recv_into,
         send_from: opts.send_from,
@@ -152,6 +217,9 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
         env,
     };
     let sizes = sweep::sizes(opts.max);
+    // perftest runs once per slice of ferrocomm's at 8 B and 1 MiB: one group of every size.
+    let per_slice = if verbs || opts.slice_sizes == 0 { sizes.len() } else { opts.slice_sizes };
+    let groups: Vec<&[usize]> = sizes.chunks(per_slice).collect();
     let mut rows: Vec<Row> =
         sizes.iter().map(|&bytes| Row { bytes, peers: vec![Vec::new(); names.len()], ..Row::default() }).collect();
 
@@ -161,10 +229,12 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
         _ => "TCP on 127.0.0.1",
     };
     println!(
-        "pingpong over {medium}, NetPIPE method: {} sizes from 1 to {} bytes, median of {} run(s), CPUs {},{}",
+        "pingpong over {medium}, NetPIPE method: {} sizes from 1 to {} bytes, {} interleaved slice(s) per side of {} \
+         size(s) each (ratios: median (min-max) of the per-slice ratios), CPUs {},{}",
         sizes.len(),
         sweep::largest(opts.max),
         opts.runs,
+        per_slice,
         opts.cpus[0],
         opts.cpus[1]
     );
@@ -189,12 +259,12 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
         }
     );
     let mut described: Vec<(String, String)> =
-        peers.iter().map(|p| (p.name().to_string(), p.describe(opts.cpus, "SIZE"))).collect();
+        peers.iter().map(|p| (p.name().to_string(), p.describe(opts.cpus))).collect();
     if let Some(p) = &perf {
         described.push(("perftest".to_string(), p.describe()));
     }
     for (name, command) in &described {
-        println!("peer {name}: {command}  (once per size)");
+        println!("peer {name}: {command}");
     }
 
     let mut transport_name = String::from("?");
@@ -206,103 +276,122 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
     // Steps of a run: ferrocomm's sweep, its streaming bandwidth (verbs), each peer's sizes,
     // perftest.
     let streams = perf.is_some() && opts.max >= 1 << 20;
-    let per_run = 1 + usize::from(streams) + peers.len() * rows.len() + usize::from(perf.is_some());
-    let bar = cli::Progress::new((opts.runs * per_run) as u64, "pingpong");
-    let mut watch = |meter: Option<process::Interference>, run: usize, side: &str| {
+    let steps = groups.len() * (1 + usize::from(streams) + usize::from(perf.is_some())) + peers.len() * rows.len();
+    let bar = cli::Progress::new((opts.runs * steps) as u64, "pingpong");
+    let mut watch = |meter: Option<process::Interference>, run: usize, side: &str, group: &[usize]| {
         let share = meter.and_then(|m| m.share());
         if let Some(share) = share {
             busiest = busiest.max(share);
             if share > LOAD_WARNING {
                 bar.note(format!(
-                    "warning: other work took {:.0}% of the CPUs during run {run} of {side}",
-                    share * 100.0
+                    "warning: other work took {:.0}% of the CPUs during slice {run} of {side} ({}-{} B)",
+                    share * 100.0,
+                    group[0],
+                    group[group.len() - 1]
                 ));
             }
         }
-        interference.push(json!({"run": run, "side": side, "share": share}));
+        interference.push(json!({"slice": run, "sizes": group, "side": side, "share": share}));
     };
-    for run in 1..=opts.runs {
-        bar.step(format!("run {run}: ferrocomm"));
-        let meter = process::Interference::start(&opts.cpus);
-        let t = Instant::now();
-        let result = ranks::run_sweep(&spec)?;
-        bar.inc();
-        for s in &result.samples {
-            if let Some(row) = rows.iter_mut().find(|r| r.bytes == s.bytes) {
-                row.ferrocomm.push(s.one_way);
-                row.ferrocomm_median.push(s.median_one_way);
-                row.ferrocomm_best_trial.push(s.best_trial_one_way);
-                row.ferrocomm_percentiles.extend(s.percentiles);
-            }
-        }
-        let iterations: u64 = result.samples.iter().map(|s| s.iterations).sum();
-        bar.note(format!(
-            "run {run}/{}: ferrocomm ({}): {} sizes, {iterations} timed round trips, {:.1} s",
-            opts.runs,
-            result.transport,
-            result.samples.len(),
-            t.elapsed().as_secs_f64()
-        ));
-        transport_name = result.transport;
-        watch(meter, run, "ferrocomm");
-        if streams {
-            bar.step(format!("run {run}: ferrocomm streaming"));
-            let t = Instant::now();
-            let mbps = perftest::stream_bw(&opts.progress, opts.cpus, 1 << 20, &spec.env)?;
-            bar.inc();
-            stream_mbps.push(mbps);
-            bar.note(format!(
-                "run {run}/{}: ferrocomm streaming 1 MiB, window {}: {mbps:.1} MB/s, {:.1} s",
-                opts.runs,
-                perftest::WINDOW,
-                t.elapsed().as_secs_f64()
-            ));
-        }
-        for (i, np) in peers.iter().enumerate() {
+    // A ferrocomm one-way time above STOP_AFTER ends the sweep after its group.
+    let mut stop = false;
+    for group in &groups {
+        let (lo, hi) = (group[0], group[group.len() - 1]);
+        let spec = JobSpec { sizes: group.to_vec(), ..spec.clone() };
+        for run in 1..=opts.runs {
+            bar.step(format!("{lo}-{hi} B, slice {run}: ferrocomm"));
             let meter = process::Interference::start(&opts.cpus);
             let t = Instant::now();
-            for row in rows.iter_mut() {
-                bar.step(format!("run {run}: {} {} B", np.name(), row.bytes));
-                row.peers[i].push(np.measure(row.bytes, opts.cpus)?);
-                bar.inc();
-            }
-            watch(meter, run, np.name());
-            bar.note(format!(
-                "run {run}/{}: {}: {} sizes, {:.1} s",
-                opts.runs,
-                np.name(),
-                rows.len(),
-                t.elapsed().as_secs_f64()
-            ));
-        }
-        if let Some(p) = &perf {
-            // perftest's figures go into the rows of their sizes, as one-way times.
-            bar.step(format!("run {run}: perftest"));
-            let t = Instant::now();
-            let (lat, typical) = p.send_lat(8, opts.cpus)?;
-            perf_typical.push(typical);
-            // Only a sweep that reaches 1 MiB has a row for ib_write_bw (an 8 B run then pairs
-            // ferrocomm and ib_send_lat a few seconds apart, not ten).
-            let bw = if opts.max >= 1 << 20 { Some(p.write_bw(1 << 20, opts.cpus)?) } else { None };
+            let result = ranks::run_sweep(&spec)?;
             bar.inc();
-            let last = names.len() - 1;
-            let bw_one_way = bw.map(|bw| (1 << 20, (1 << 20) as f64 / (bw * 1e6)));
-            for (bytes, one_way) in std::iter::once((8, lat)).chain(bw_one_way) {
-                if let Some(row) = rows.iter_mut().find(|r| r.bytes == bytes) {
-                    row.peers[last].push(one_way);
+            // The sizes ferrocomm measured in this slice: the peers measure the same.
+            let mut measured = Vec::new();
+            for s in &result.samples {
+                if let Some(row) = rows.iter_mut().find(|r| r.bytes == s.bytes) {
+                    row.ferrocomm.push(s.one_way);
+                    row.ferrocomm_median.push(s.median_one_way);
+                    row.ferrocomm_best_trial.push(s.best_trial_one_way);
+                    row.ferrocomm_percentiles.extend(s.percentiles);
+                    measured.push(s.bytes);
                 }
+                stop |= s.one_way > sweep::STOP_AFTER.as_secs_f64();
             }
-            let ours = report::row(&rows, 8).and_then(|r| r.ferrocomm_median.last().copied());
-            bar.note(format!(
-                "run {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {}, {:.1} s; \
-                 this run's 8 B medians: ferrocomm / ib_send_lat = {}",
+            let iterations: u64 = result.samples.iter().map(|s| s.iterations).sum();
+            let mut line = format!(
+                "{lo}-{hi} B, slice {run}/{}: ferrocomm ({}) {} sizes, {iterations} round trips, {:.1} s",
                 opts.runs,
-                lat * 1e6,
-                typical * 1e6,
-                bw.map_or("not run (--max below 1 MiB)".into(), |bw| format!("{bw:.1} MB/s")),
-                t.elapsed().as_secs_f64(),
-                ours.map_or("-".into(), |o| format!("{:.2} / {:.2} us = {:.3}", o * 1e6, typical * 1e6, o / typical)),
+                result.transport,
+                result.samples.len(),
+                t.elapsed().as_secs_f64()
+            );
+            transport_name = result.transport;
+            watch(meter, run, "ferrocomm", group);
+            if streams {
+                bar.step(format!("slice {run}: ferrocomm streaming"));
+                let t = Instant::now();
+                let mbps = perftest::stream_bw(&opts.progress, opts.cpus, 1 << 20, &spec.env)?;
+                bar.inc();
+                stream_mbps.push(mbps);
+                bar.note(format!(
+                    "slice {run}/{}: ferrocomm streaming 1 MiB, window {}: {mbps:.1} MB/s, {:.1} s",
+                    opts.runs,
+                    perftest::WINDOW,
+                    t.elapsed().as_secs_f64()
+                ));
+            }
+            for (i, peer) in peers.iter().enumerate() {
+                bar.step(format!("{lo}-{hi} B, slice {run}: {}", peer.name()));
+                let meter = process::Interference::start(&opts.cpus);
+                let t = Instant::now();
+                let times = peer.measure(&measured, opts.cpus)?;
+                for (bytes, one_way) in measured.iter().zip(times) {
+                    if let Some(row) = rows.iter_mut().find(|r| r.bytes == *bytes) {
+                        row.peers[i].push(one_way);
+                    }
+                }
+                for _ in group.iter() {
+                    bar.inc();
+                }
+                watch(meter, run, peer.name(), group);
+                line += &format!("; {} {:.1} s", peer.name(), t.elapsed().as_secs_f64());
+            }
+            bar.note(line);
+            if let Some(p) = &perf {
+                // perftest's figures go into the rows of their sizes, as one-way times.
+                bar.step(format!("slice {run}: perftest"));
+                let t = Instant::now();
+                let (lat, typical) = p.send_lat(8, opts.cpus)?;
+                perf_typical.push(typical);
+                // Only a sweep that reaches 1 MiB has a row for ib_write_bw (an 8 B run then pairs
+                // ferrocomm and ib_send_lat a few seconds apart, not ten).
+                let bw = if opts.max >= 1 << 20 { Some(p.write_bw(1 << 20, opts.cpus)?) } else { None };
+                bar.inc();
+                let last = names.len() - 1;
+                let bw_one_way = bw.map(|bw| (1 << 20, (1 << 20) as f64 / (bw * 1e6)));
+                for (bytes, one_way) in std::iter::once((8, lat)).chain(bw_one_way) {
+                    if let Some(row) = rows.iter_mut().find(|r| r.bytes == bytes) {
+                        row.peers[last].push(one_way);
+                    }
+                }
+                let ours = report::row(&rows, 8).and_then(|r| r.ferrocomm_median.last().copied());
+                bar.note(format!(
+                    "slice {run}/{}: perftest: ib_send_lat 8 B mean {:.2} us (median {:.2} us), ib_write_bw 1 MiB {}, {:.1} s; \
+                     this slice's 8 B medians: ferrocomm / ib_send_lat = {}",
+                    opts.runs,
+                    lat * 1e6,
+                    typical * 1e6,
+                    bw.map_or("not run (--max below 1 MiB)".into(), |bw| format!("{bw:.1} MB/s")),
+                    t.elapsed().as_secs_f64(),
+                    ours.map_or("-".into(), |o| format!("{:.2} / {:.2} us = {:.3}", o * 1e6, typical * 1e6, o / typical)),
+                ));
+            }
+        }
+        if stop {
+            bar.note(format!(
+                "ferrocomm took over {:?} one way at {hi} B or below: the sweep ends here",
+                sweep::STOP_AFTER
             ));
+            break;
         }
     }
     drop(bar);
@@ -350,6 +439,7 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
         interference: &interference,
         extra,
         runs: opts.runs,
+        slice_sizes: per_slice,
         cpus: opts.cpus,
         max: opts.max,
     };
@@ -369,7 +459,7 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
             false => format!("ferrocomm vs {}: ping-pong over {medium}", names.join(", ")),
         };
         let subtitle = format!(
-            "{backend} ({transport_name}), progress {}, receives with {}, sends with {}, CPUs {},{}, median of {} run(s)",
+            "{backend} ({transport_name}), progress {}, receives with {}, sends with {}, CPUs {},{}, median of {} slice(s)",
             opts.progress,
             receive_call(opts.recv_into),
             send_call(opts.send_from),
@@ -405,6 +495,7 @@ fn shm_extras(opts: &Options, rows: &[Row]) -> Result<Value> {
                     backend: "shm".into(),
                     progress: progress.to_string(),
                     max: 8,
+                    sizes: vec![],
                     cpus: opts.cpus,
                     recv_into: opts.recv_into,
                     send_from: opts.send_from,

@@ -54,6 +54,8 @@ const SUB_BATCHES: u64 = 15;
 /// third is the like-for-like figure.
 const TRIALS: u64 = 3;
 
+/// How long a job warms up at its first size before the sweep.
+const JOB_WARMUP: Duration = Duration::from_millis(50);
 /// Round trip assumed for the warm-up of the first size.
 const FIRST_GUESS: Duration = Duration::from_millis(1);
 /// The longest a whole ferrocomm sweep may take.
@@ -72,6 +74,10 @@ pub(crate) struct JobSpec {
     /// The sweep's `--max`.
     #[arg(long, default_value_t = 0)]
     pub max: usize,
+    /// The sizes to measure, in this order (one slice of the sweep); none: every size of the
+    /// sweep up to `max` ([`sweep::sizes`]).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
     /// CPU of rank 0 and of rank 1.
     #[arg(long, default_value = "0,1", value_parser = cli::cpu_pair)]
     pub cpus: [usize; 2],
@@ -105,6 +111,11 @@ pub(crate) struct JobSpec {
 pub(crate) const IDLE_PINGS: u64 = 2000;
 
 impl JobSpec {
+    /// The sizes this job measures.
+    pub(crate) fn size_list(&self) -> Vec<usize> {
+        if self.sizes.is_empty() { sweep::sizes(self.max) } else { self.sizes.clone() }
+    }
+
     fn to_args(&self) -> Vec<String> {
         let s = |v: &str| v.to_string();
         let mut args = vec![
@@ -121,6 +132,10 @@ impl JobSpec {
             s("--target-ms"),
             self.target_ms.to_string(),
         ];
+        if !self.sizes.is_empty() {
+            args.push(s("--sizes"));
+            args.push(self.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","));
+        }
         if self.recv_into {
             args.push(s("--recv-into"));
         }
@@ -275,7 +290,8 @@ pub(crate) fn rank_main(spec: JobSpec) -> Result<()> {
     let rt = pinned_pair_runtime(&spec.cpus)?;
     rt.block_on(async {
         let world = init_pair().await?;
-        let payload = pattern(sweep::largest(spec.max));
+        let sizes = spec.size_list();
+        let payload = pattern(sizes.iter().copied().max().unwrap_or(1).max(8));
         let mut bufs = Buffers::new(spec.recv_into, spec.send_from, payload.len());
         world.barrier().await?;
         if world.rank() == 0 && spec.idle_gap_us > 0 {
@@ -284,7 +300,7 @@ pub(crate) fn rank_main(spec: JobSpec) -> Result<()> {
             println!("{}", json!({"transport": world.transport_name(), "idle_one_way_s": samples}));
         } else if world.rank() == 0 {
             let target = Duration::from_millis(spec.target_ms.max(1));
-            let samples = measure(&world, &payload, &mut bufs, spec.max, target, spec.time_each).await?;
+            let samples = measure(&world, &payload, &mut bufs, &sizes, target, spec.time_each).await?;
             let rows: Vec<Value> = samples
                 .iter()
                 .map(|s| {
@@ -408,13 +424,23 @@ async fn measure(
     world: &World,
     payload: &Bytes,
     bufs: &mut Buffers,
-    max: usize,
+    sizes: &[usize],
     target: Duration,
     time_each: bool,
 ) -> Result<Vec<Sample>> {
     let mut samples = Vec::new();
     let mut round_trip = FIRST_GUESS.as_secs_f64();
-    for bytes in sweep::sizes(max) {
+    // A fresh job (one per slice): connections, rings and first-touch page faults warm up at the
+    // first size for JOB_WARMUP before anything is timed, else the first size of every slice
+    // would carry them.
+    if let Some(&first) = sizes.first() {
+        let data = payload.slice(..first);
+        let n = sweep::iterations(round_trip, WARMUP, MIN_WARMUP);
+        round_trip = batch(world, payload, bufs, &data, n, false).await?.total.as_secs_f64() / n as f64;
+        let n = sweep::iterations(round_trip, JOB_WARMUP, MIN_WARMUP);
+        round_trip = batch(world, payload, bufs, &data, n, false).await?.total.as_secs_f64() / n as f64;
+    }
+    for &bytes in sizes {
         let data = payload.slice(..bytes);
         let warmup = sweep::iterations(round_trip, WARMUP, MIN_WARMUP);
         round_trip = batch(world, payload, bufs, &data, warmup, false).await?.total.as_secs_f64() / warmup as f64;
@@ -635,6 +661,7 @@ mod tests {
             backend: "uring".into(),
             progress: "adaptive:20".into(),
             max: 4096,
+            sizes: vec![5, 7, 8],
             cpus: [1, 0],
             recv_into: true,
             send_from: true,
@@ -652,5 +679,7 @@ mod tests {
             ("uring", "adaptive:20", 4096, [1, 0], true, 500)
         );
         assert_eq!(back.target_ms, 300);
+        assert_eq!(back.size_list(), vec![5, 7, 8]);
+        assert_eq!(JobSpec { sizes: vec![], ..back }.size_list(), sweep::sizes(4096));
     }
 }

@@ -1,4 +1,12 @@
-//! Combining runs into rows, and the table, summary and JSON made of them.
+//! Combining slices into rows, and the table, summary and JSON made of them.
+//!
+//! A slice is one short measurement of a few sizes on one side; at every size the sides take
+//! turns, slice after slice (ferrocomm, then each peer, then ferrocomm again ...), so that the
+//! `k`-th value of each side at a size comes from slices run back to back. A ratio is therefore
+//! taken slice by slice (ferrocomm's time over the peer's in the same round of slices), and the
+//! report gives the median of those per-slice ratios with their spread (min-max): a phase of the
+//! host that slows both sides alike leaves the ratio alone, where a ratio of medians taken minutes
+//! apart would carry it.
 
 use serde_json::{Value, json};
 
@@ -7,20 +15,24 @@ use crate::sweep::{PERCENTILE_NAMES, PERCENTILES, mb_per_s, median};
 /// A throughput drop this large from one size to the next is called a dip.
 const DIP: f64 = 0.15;
 
-/// One message size: every run's one-way time on each side.
+/// One message size: every slice's one-way time on each side.
+///
+/// Invariant: the `k`-th entries of `ferrocomm` and of each `peers[i]` come from the same round
+/// of slices (a side measures a size in a round only if ferrocomm did), so that zipping them
+/// pairs slices run back to back.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Row {
     pub bytes: usize,
-    /// ferrocomm's one-way times, seconds, one per run.
+    /// ferrocomm's one-way times, seconds, one per slice.
     pub ferrocomm: Vec<f64>,
-    /// ferrocomm's median one-way times within each run's batch, seconds, one per run.
+    /// ferrocomm's median one-way times within each slice's batch, seconds, one per slice.
     pub ferrocomm_median: Vec<f64>,
-    /// ferrocomm's one-way times by NetPIPE's method (each run's best trial), seconds.
+    /// ferrocomm's one-way times by NetPIPE's method (each slice's best trial), seconds.
     pub ferrocomm_best_trial: Vec<f64>,
-    /// ferrocomm's one-way [`PERCENTILES`] of each run whose round trips were each timed,
+    /// ferrocomm's one-way [`PERCENTILES`] of each slice whose round trips were each timed,
     /// seconds.
     pub ferrocomm_percentiles: Vec<[f64; 3]>,
-    /// Each peer's one-way times, seconds, one per run (`peers[i]` is peer `i`).
+    /// Each peer's one-way times, seconds, one per slice (`peers[i]` is peer `i`).
     pub peers: Vec<Vec<f64>>,
 }
 
@@ -41,23 +53,72 @@ impl Row {
     pub(crate) fn peer_mbps(&self, i: usize) -> Option<f64> {
         median(self.peers.get(i)?).map(|s| mb_per_s(self.bytes, s))
     }
-    /// ferrocomm's latency over peer `i`'s: above 1 means ferrocomm is slower.
-    pub(crate) fn latency_ratio(&self, i: usize) -> Option<f64> {
-        Some(self.ferrocomm_us()? / self.peer_us(i)?)
+    /// ferrocomm's one-way time over peer `i`'s, slice by slice (above 1: ferrocomm is slower).
+    pub(crate) fn slice_ratios(&self, i: usize) -> Vec<f64> {
+        paired(&self.ferrocomm, self.peers.get(i).map_or(&[][..], Vec::as_slice))
     }
-    /// ferrocomm's one-way time by NetPIPE's method (median over runs of each run's best trial).
+    /// ferrocomm's one-way time over the fastest peer's of the same round of slices.
+    pub(crate) fn best_slice_ratios(&self) -> Vec<f64> {
+        let best: Vec<f64> = (0..self.ferrocomm.len())
+            .map(|k| self.peers.iter().filter_map(|p| p.get(k)).copied().reduce(f64::min).unwrap_or(f64::NAN))
+            .collect();
+        paired(&self.ferrocomm, &best)
+    }
+    /// The peer with the lowest median time at this size.
+    pub(crate) fn best_peer(&self) -> Option<usize> {
+        (0..self.peers.len())
+            .filter_map(|i| Some((i, self.peer_us(i)?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|b| b.0)
+    }
+    /// The median of [`Row::slice_ratios`]: ferrocomm's latency over peer `i`'s.
+    pub(crate) fn latency_ratio(&self, i: usize) -> Option<f64> {
+        median(&self.slice_ratios(i))
+    }
+    /// [`Row::latency_ratio`]'s spread: the lowest and highest per-slice ratio.
+    pub(crate) fn latency_range(&self, i: usize) -> Option<(f64, f64)> {
+        range(&self.slice_ratios(i))
+    }
+    /// ferrocomm's one-way time by NetPIPE's method (median over slices of each slice's best trial).
     pub(crate) fn ferrocomm_best_trial_us(&self) -> Option<f64> {
         median(&self.ferrocomm_best_trial).map(|s| s * 1e6)
     }
     /// [`Row::latency_ratio`] by NetPIPE's method on both sides: like-for-like with a NetPIPE peer,
     /// which reports only its best trial.
     pub(crate) fn best_trial_ratio(&self, i: usize) -> Option<f64> {
-        Some(self.ferrocomm_best_trial_us()? / self.peer_us(i)?)
+        median(&paired(&self.ferrocomm_best_trial, self.peers.get(i)?))
     }
-    /// ferrocomm's throughput over peer `i`'s: below 1 means ferrocomm is slower.
+    /// ferrocomm's throughput over peer `i`'s (below 1: ferrocomm is slower): the median of the
+    /// per-slice ratios.
     pub(crate) fn bandwidth_ratio(&self, i: usize) -> Option<f64> {
-        Some(self.ferrocomm_mbps()? / self.peer_mbps(i)?)
+        median(&self.slice_ratios(i).iter().map(|r| 1.0 / r).collect::<Vec<_>>())
     }
+}
+
+/// `a[k] / b[k]` for each `k` both have, where both are positive.
+fn paired(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).filter(|&(&x, &y)| x > 0.0 && y > 0.0).map(|(x, y)| x / y).collect()
+}
+
+/// The lowest and highest of `values`; `None` when empty.
+pub(crate) fn range(values: &[f64]) -> Option<(f64, f64)> {
+    let lo = values.iter().copied().reduce(f64::min)?;
+    let hi = values.iter().copied().reduce(f64::max)?;
+    Some((lo, hi))
+}
+
+/// A ratio's median and spread as `1.02 (0.97-1.10)`, or `-`.
+pub(crate) fn ratio_text(values: &[f64]) -> String {
+    match (median(values), range(values)) {
+        (Some(m), Some((lo, hi))) => format!("{m:.2} ({lo:.2}-{hi:.2})"),
+        _ => "-".into(),
+    }
+}
+
+/// A ratio's median and spread for the JSON.
+pub(crate) fn ratio_json(values: &[f64]) -> Value {
+    let (lo, hi) = range(values).unzip();
+    json!({"median": median(values), "min": lo, "max": hi, "slices": values})
 }
 
 /// What was measured, for the record.
@@ -78,7 +139,10 @@ pub(crate) struct Meta<'a> {
     pub interference: &'a [Value],
     /// Extra measurements (reference lines, idle-peer latency), as they are.
     pub extra: Value,
+    /// Slices per side at each size.
     pub runs: usize,
+    /// Consecutive sizes measured in one slice (0: the whole sweep).
+    pub slice_sizes: usize,
     pub cpus: [usize; 2],
     pub max: usize,
 }
@@ -93,7 +157,9 @@ fn num(v: Option<f64>, decimals: usize) -> String {
 }
 
 /// The per-size table: ferrocomm (with its latency percentiles where every round trip was
-/// timed), then each peer with the ratios against it.
+/// timed), then each peer with the ratio against it (ferrocomm's time over the peer's: the median
+/// of the per-slice ratios, and their min-max), and, with more than one peer, the ratio against
+/// the fastest peer of each round of slices.
 pub(crate) fn table(rows: &[Row], peers: &[&str]) -> String {
     let percentiles = rows.iter().any(|r| !r.ferrocomm_percentiles.is_empty());
     let mut out = format!("{:>9} {:>13} {:>15}", "bytes", "ferrocomm_us", "ferrocomm_MBps");
@@ -103,8 +169,10 @@ pub(crate) fn table(rows: &[Row], peers: &[&str]) -> String {
         }
     }
     for p in peers {
-        out +=
-            &format!(" | {:>12} {:>9} {:>14} {:>8}", format!("{p}_us"), "lat_ratio", format!("{p}_MBps"), "bw_ratio");
+        out += &format!(" | {:>12} {:>14} {:>18}", format!("{p}_us"), format!("{p}_MBps"), "ratio (min-max)");
+    }
+    if peers.len() > 1 {
+        out += &format!(" | {:>18}", "best (min-max)");
     }
     out += "\n";
     for r in rows {
@@ -116,12 +184,14 @@ pub(crate) fn table(rows: &[Row], peers: &[&str]) -> String {
         }
         for i in 0..peers.len() {
             out += &format!(
-                " | {:>12} {:>9} {:>14} {:>8}",
+                " | {:>12} {:>14} {:>18}",
                 num(r.peer_us(i), 3),
-                num(r.latency_ratio(i), 2),
                 num(r.peer_mbps(i), 2),
-                num(r.bandwidth_ratio(i), 2)
+                ratio_text(&r.slice_ratios(i))
             );
+        }
+        if peers.len() > 1 {
+            out += &format!(" | {:>18}", ratio_text(&r.best_slice_ratios()));
         }
         out += "\n";
     }
@@ -140,8 +210,8 @@ pub(crate) const HEADLINE_BANDWIDTH: [usize; 2] = [64 << 10, 4 << 20];
 pub(crate) fn headline(rows: &[Row], i: usize) -> Value {
     let lat = row(rows, HEADLINE_LATENCY).and_then(|r| r.latency_ratio(i));
     let bw = |b| row(rows, b).and_then(|r| r.bandwidth_ratio(i));
-    json!({"latency_ratio_8B": lat, "bandwidth_ratio_64KiB": bw(HEADLINE_BANDWIDTH[0]),
-           "bandwidth_ratio_4MiB": bw(HEADLINE_BANDWIDTH[1])})
+    json!({"latency_ratio_8B": lat, "latency_range_8B": row(rows, HEADLINE_LATENCY).and_then(|r| r.latency_range(i)),
+           "bandwidth_ratio_64KiB": bw(HEADLINE_BANDWIDTH[0]), "bandwidth_ratio_4MiB": bw(HEADLINE_BANDWIDTH[1])})
 }
 
 /// The headline lines: ferrocomm's 8 B latency and 64 KiB / 4 MiB bandwidth, with each peer's
@@ -153,7 +223,15 @@ pub(crate) fn summary(rows: &[Row], peers: &[&str]) -> String {
         Some(r) => {
             out += &format!("summary: 8 B latency: ferrocomm {} us", num(r.ferrocomm_us(), 3));
             for (i, p) in peers.iter().enumerate() {
-                out += &format!("; {p} {} us, ratio {}", num(r.peer_us(i), 3), num(r.latency_ratio(i), 3));
+                out += &format!(
+                    "; {p} {} us, ratio {} ({})",
+                    num(r.peer_us(i), 3),
+                    num(r.latency_ratio(i), 3),
+                    range_text(r.latency_range(i))
+                );
+            }
+            if peers.len() > 1 {
+                out += &format!("; best peer: ratio {}", ratio_text(&r.best_slice_ratios()));
             }
             if !r.ferrocomm_percentiles.is_empty() {
                 out += &format!(
@@ -166,7 +244,7 @@ pub(crate) fn summary(rows: &[Row], peers: &[&str]) -> String {
             let netpipe: Vec<(usize, &&str)> = peers.iter().enumerate().filter(|(_, p)| p.starts_with("NP")).collect();
             if !netpipe.is_empty() {
                 out += &format!(
-                    "\nsummary: 8 B latency by NetPIPE's method (each run's best trial, as NetPIPE reports): ferrocomm {} us",
+                    "\nsummary: 8 B latency by NetPIPE's method (each slice's best trial, as NetPIPE reports): ferrocomm {} us",
                     num(r.ferrocomm_best_trial_us(), 3)
                 );
                 for (i, p) in netpipe {
@@ -184,6 +262,10 @@ pub(crate) fn summary(rows: &[Row], peers: &[&str]) -> String {
                 for (i, p) in peers.iter().enumerate() {
                     out += &format!("; {p} {} MB/s, ratio {}", num(r.peer_mbps(i), 1), num(r.bandwidth_ratio(i), 3));
                 }
+                if peers.len() > 1 {
+                    let best: Vec<f64> = r.best_slice_ratios().iter().map(|x| 1.0 / x).collect();
+                    out += &format!("; best peer: ratio {}", ratio_text(&best));
+                }
             }
             None => out += &format!("\nsummary: {label} bandwidth: not measured (--max below {label})"),
         }
@@ -191,7 +273,11 @@ pub(crate) fn summary(rows: &[Row], peers: &[&str]) -> String {
     out
 }
 
-/// Sizes whose throughput (per `mbps`) is over [`DIP`] below the previous size's, as text.
+/// `lo-hi`, or `-`.
+fn range_text(r: Option<(f64, f64)>) -> String {
+    r.map_or("-".into(), |(lo, hi)| format!("{lo:.3}-{hi:.3}"))
+}
+
 /// The verbs comparison: ferrocomm's 8 B one-way latency over `ib_send_lat`'s, median against
 /// median (`t_typical`; the headline) and mean against mean (`t_avg`), and its 1 MiB bandwidth
 /// over `ib_write_bw`'s (goals: at most 1.5, at least 0.8), twice: streaming (`stream_mbps`, the
@@ -261,6 +347,7 @@ pub(crate) fn verbs_summary(rows: &[Row], i: usize, perf_median: &[f64], stream_
     (line, v)
 }
 
+/// Sizes whose throughput (per `mbps`) is over [`DIP`] below the previous size's, as text.
 pub(crate) fn dips(rows: &[Row], mbps: impl Fn(&Row) -> Option<f64>) -> Vec<String> {
     let points: Vec<(usize, f64)> = rows.iter().filter_map(|r| Some((r.bytes, mbps(r)?))).collect();
     points
@@ -285,7 +372,8 @@ pub(crate) fn to_json(meta: &Meta, rows: &[Row]) -> Value {
                         "MBps": r.peer_mbps(i),
                         "latency_ratio": r.latency_ratio(i),
                         "bandwidth_ratio": r.bandwidth_ratio(i),
-                        "runs_us": r.peers.get(i).map(|v| v.iter().map(|s| s * 1e6).collect::<Vec<_>>()),
+                        "ratio": ratio_json(&r.slice_ratios(i)),
+                        "slices_us": r.peers.get(i).map(|v| v.iter().map(|s| s * 1e6).collect::<Vec<_>>()),
                     });
                     (n.to_string(), v)
                 })
@@ -294,20 +382,32 @@ pub(crate) fn to_json(meta: &Meta, rows: &[Row]) -> Value {
                 "bytes": r.bytes,
                 "ferrocomm_us": r.ferrocomm_us(),
                 "ferrocomm_MBps": r.ferrocomm_mbps(),
-                "ferrocomm_runs_us": r.ferrocomm.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
-                "ferrocomm_median_runs_us": r.ferrocomm_median.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
+                "ferrocomm_slices_us": r.ferrocomm.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
+                "ferrocomm_median_slices_us": r.ferrocomm_median.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
                 "ferrocomm_best_trial_us": r.ferrocomm_best_trial_us(),
-                "ferrocomm_best_trial_runs_us": r.ferrocomm_best_trial.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
+                "ferrocomm_best_trial_slices_us": r.ferrocomm_best_trial.iter().map(|s| s * 1e6).collect::<Vec<_>>(),
                 "ferrocomm_p50_us": r.ferrocomm_percentile_us(0),
                 "ferrocomm_p99_us": r.ferrocomm_percentile_us(1),
                 "ferrocomm_p99_9_us": r.ferrocomm_percentile_us(2),
-                "ferrocomm_percentiles_runs_us": r.ferrocomm_percentiles.iter().map(|p| p.map(|s| s * 1e6)).collect::<Vec<_>>(),
+                "ferrocomm_percentiles_slices_us": r.ferrocomm_percentiles.iter().map(|p| p.map(|s| s * 1e6)).collect::<Vec<_>>(),
                 "peers": peers,
+                "best_peer": {
+                    "name": r.best_peer().and_then(|i| names.get(i)),
+                    "ratio": ratio_json(&r.best_slice_ratios()),
+                },
             })
         })
         .collect::<Vec<_>>();
-    let headlines: serde_json::Map<String, Value> =
+    let mut headlines: serde_json::Map<String, Value> =
         names.iter().enumerate().map(|(i, n)| (n.to_string(), headline(rows, i))).collect();
+    if names.len() > 1 {
+        let best = |b| row(rows, b).map(|r| ratio_json(&r.best_slice_ratios()));
+        headlines.insert(
+            "best_peer".into(),
+            json!({"latency_ratio_8B": best(HEADLINE_LATENCY), "time_ratio_64KiB": best(HEADLINE_BANDWIDTH[0]),
+                   "time_ratio_4MiB": best(HEADLINE_BANDWIDTH[1])}),
+        );
+    }
     json!({
         "bench": "pingpong",
         "transport": meta.transport,
@@ -317,9 +417,10 @@ pub(crate) fn to_json(meta: &Meta, rows: &[Row]) -> Value {
         "receive": meta.receive,
         "send": meta.send,
         "peers": meta.peers.iter().map(|(n, c)| json!({"name": n, "command": c})).collect::<Vec<_>>(),
-        "runs": meta.runs,
+        "slices": meta.runs,
+        "sizes_per_slice": meta.slice_sizes,
         "interference": meta.interference,
-        "statistic": "median over runs",
+        "statistic": "per size, each side: the median of its slices' one-way times; ratio: ferrocomm's time over the peer's in each round of slices (run back to back), median and min-max over the rounds; best_peer: against the fastest peer of each round",
         "percentiles": "with every round trip timed (--time-each): one-way p50, p99, p99.9 of each run from an HDR histogram (ns, 3 significant digits); median over runs",
         "cpus": meta.cpus,
         "max": meta.max,
@@ -375,6 +476,7 @@ mod tests {
             interference: &[],
             extra: Value::Null,
             runs: 3,
+            slice_sizes: 3,
             cpus: [0, 1],
             max: 64,
         };
@@ -387,14 +489,44 @@ mod tests {
     #[test]
     fn netpipe_peers_are_also_compared_by_their_method() {
         let mut rows = vec![r(8, 20e-6, 10e-6)];
+        rows[0].peers[0] = vec![10e-6; 3];
         rows[0].ferrocomm_best_trial = vec![8e-6, 9e-6, 30e-6];
-        assert_eq!(rows[0].best_trial_ratio(0), Some(0.9));
+        assert!((rows[0].best_trial_ratio(0).unwrap() - 0.9).abs() < 1e-12);
         let s = summary(&rows, &["NPopenmpi", "ib_send_lat"]);
         let line = s.lines().find(|l| l.contains("NetPIPE's method")).expect(&s);
         assert!(line.contains("ferrocomm 9.000 us; NPopenmpi 10.000 us, ratio 0.900"), "{line}");
         assert!(!line.contains("ib_send_lat"), "{line}");
         // No NetPIPE peer, no such line.
         assert!(!summary(&rows, &["ib_send_lat"]).contains("NetPIPE's method"));
+    }
+
+    /// Ratios are taken slice by slice: a phase that slows both sides of a round alike cancels.
+    #[test]
+    fn ratios_are_medians_of_per_slice_ratios() {
+        // Round 2 is a slow phase for everyone: 5x on both sides.
+        let row = Row {
+            bytes: 8,
+            ferrocomm: vec![1.0e-6, 5.0e-6, 1.1e-6],
+            peers: vec![vec![1.0e-6, 5.0e-6, 1.0e-6], vec![0.5e-6, 4.0e-6, 2.0e-6]],
+            ..Row::default()
+        };
+        let close = |a: &[f64], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9);
+        assert!(close(&row.slice_ratios(0), &[1.0, 1.0, 1.1]), "{:?}", row.slice_ratios(0));
+        assert_eq!(row.latency_ratio(0), Some(1.0));
+        let (lo, hi) = row.latency_range(0).unwrap();
+        assert!(close(&[lo, hi], &[1.0, 1.1]));
+        // Against the fastest peer of each round: 0.5, 4.0, 1.0 us.
+        assert!(close(&row.best_slice_ratios(), &[2.0, 1.25, 1.1]), "{:?}", row.best_slice_ratios());
+        assert_eq!(row.best_peer(), Some(0));
+        assert_eq!(ratio_text(&row.best_slice_ratios()), "1.25 (1.10-2.00)");
+        assert!((row.bandwidth_ratio(1).unwrap() - 0.8).abs() < 1e-12);
+        let t = table(std::slice::from_ref(&row), &["A", "B"]);
+        assert!(t.contains("best (min-max)") && t.contains("1.25 (1.10-2.00)"), "{t}");
+        assert!(summary(&[row], &["A", "B"]).contains("best peer: ratio 1.25 (1.10-2.00)"));
+        // A peer missing a round (ferrocomm stopped early there) pairs only the rounds both have.
+        let short = Row { bytes: 1, ferrocomm: vec![2.0, 4.0], peers: vec![vec![1.0]], ..Row::default() };
+        assert_eq!(short.slice_ratios(0), vec![2.0]);
+        assert_eq!(Row::default().latency_ratio(0), None);
     }
 
     #[test]

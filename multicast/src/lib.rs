@@ -7,6 +7,8 @@
 //! skew-tolerant token barrier of its chapter 7:
 //!
 //! * [`transport`]: the unreliable multicast transport trait and its UDP/IPv4 implementation;
+//! * `ud` (cargo feature `verbs`): the trait over an RDMA UD queue pair attached to a multicast
+//!   group, one send reaching every member through the fabric;
 //! * [`wire`]: datagram and control-message formats, every field checked;
 //! * [`proto`]: the protocol roles (root, co-root, leaf) as one sans-IO state machine per rank;
 //! * [`barrier`]: the token barrier, sans-IO.
@@ -17,8 +19,12 @@
 pub mod barrier;
 pub mod proto;
 pub mod transport;
+#[cfg(feature = "verbs")]
+pub mod ud;
 pub mod wire;
 
 pub use proto::{Config, Event, Layout, McastCore, ProtoError, SendError, Stats, Transmit};
 pub use transport::{MulticastTransport, UdpConfig, UdpMulticast};
+#[cfg(feature = "verbs")]
+pub use ud::{UdConfig, UdMulticast, UdStats};
 pub use wire::{DatagramError, Rank};

@@ -66,6 +66,8 @@ pub(crate) struct Inner {
     /// Departures and losses this rank knows of ([`crate::p2p::failure::Failures::changes`]): the
     /// collectives' gate asks the engine only once it is not zero.
     pub changes: Arc<AtomicU32>,
+    /// The collective calls' metrics.
+    pub coll_meters: crate::observe::coll::CollMeters,
 }
 
 /// The users' hold on a rank's world: every [`World`] and [`Comm`] shares one, and the last to go
@@ -219,6 +221,31 @@ impl World {
     /// Connection attempts this rank refused (most recent last, at most 64 kept).
     pub fn refused_connections(&self) -> Vec<Refused> {
         self.inner.refused.lock().clone()
+    }
+
+    /// A snapshot of this rank's traffic with every rank of the job, by world rank (this rank's
+    /// own entry counts what it sent itself): messages and bytes each way, the transport, and
+    /// whether the peer is alive, departed or lost. Taken under the progress lock, so every
+    /// count is consistent with the messages completed so far.
+    pub fn stats(&self) -> Vec<crate::observe::PeerStats> {
+        self.inner.reactor.with(|d| {
+            (0..self.inner.size)
+                .map(|peer| {
+                    let c = d.engine.traffic(peer);
+                    crate::observe::PeerStats {
+                        rank: peer,
+                        transport: if peer == self.inner.rank { "self" } else { d.transport.name_for(peer) },
+                        state: d.engine.peer_state(peer),
+                        messages_sent: c.messages_sent,
+                        bytes_sent: c.bytes_sent,
+                        rendezvous_sent: c.rendezvous_sent,
+                        messages_received: c.messages_received,
+                        bytes_received: c.bytes_received,
+                        rendezvous_received: c.rendezvous_received,
+                    }
+                })
+                .collect()
+        })
     }
 
     /// Unmatched messages held for `peer` (bounded by the credit limit).

@@ -55,6 +55,10 @@ pub async fn init() -> Result<World> {
 pub async fn init_with(settings: Settings) -> Result<World> {
     settings.validate()?;
     let job = env::detect()?;
+    if job.launcher == env::Launcher::Ferrorun {
+        // Its warnings are seen, unless the program has a log of its own.
+        crate::observe::log::install();
+    }
     let (store, kv, coordinator) = rendezvous::open(&job, settings.connect_timeout).await?;
     if job.launcher == env::Launcher::Ferrorun {
         // Its store lives as long as the job, and it reports ranks that die.
@@ -269,6 +273,7 @@ async fn join_via(
         closed: AtomicBool::new(false),
         thread: Mutex::new(Some(thread)),
         changes,
+        coll_meters: Default::default(),
     })))
 }
 
@@ -440,7 +445,7 @@ fn shared_fingerprint(settings: &Settings) -> u64 {
     let s = settings;
     let limits = (s.eager_limit, s.max_credit, s.rndv_chunk, s.max_message);
     let m = &s.multicast;
-    let mcast = (m.enabled, m.window, m.subgroups, m.datagram, m.max_message, m.barrier_degree);
+    let mcast = (m.enabled, m.network, m.window, m.subgroups, m.datagram, m.max_message, m.barrier_degree);
     // Over verbs, the slot rings and the rendezvous protocol too (device and GID are per host).
     let v = &s.verbs;
     let verbs = verbs.then(|| (v.slots, format!("{:?} {:?}", v.eager, v.rendezvous)));

@@ -22,12 +22,13 @@ impl Comm {
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         let alg = self.choose(Operation::Allreduce, size_of_val(buf), op.is_commutative());
+        let obs = self.observe(Operation::Allreduce, alg, size_of_val(buf));
         let early = check_op(&op).err();
         let (r, n) = (self.rank(), self.size());
         if early.is_none() && alg == Algorithm::SharedMemory {
             let kind = BoardOp::Allreduce(op.erase());
             let call = self.board_call(kind, size_of_val(buf), bytemuck::cast_slice(buf), size_of::<T>());
-            return Collective::board(call, Some(bytemuck::cast_slice_mut(buf)));
+            return obs.wrap(Collective::board(call, Some(bytemuck::cast_slice_mut(buf))));
         }
         let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| {
             let lent = Lent::of(bytemuck::cast_slice(buf));
@@ -52,7 +53,7 @@ impl Comm {
             let (bytes, slot) = (size_of_val(buf), self.slot());
             Some(Ok(ops::allreduce(r, n, alg, data, op.erase()).map(|m| Comm::drive(slot, m.with_block_len(bytes)))))
         };
-        Collective::boxed(async move {
+        obs.wrap(Collective::boxed(async move {
             if let Some(call) = direct {
                 let buf = bytemuck::cast_slice_mut(buf);
                 return Box::pin(allreduce_single_copy(call?, buf, op.erase(), r, n, &pool)).await;
@@ -83,7 +84,7 @@ impl Comm {
                 }
             };
             copy_into(buf, &out)
-        })
+        }))
     }
 
     /// Every rank's `data` (all of one length), concatenated in rank order, at every rank.
@@ -106,12 +107,13 @@ impl Comm {
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         // On the board: the blocks straight into `out`, with nothing boxed (as a broadcast).
         if self.choose(Operation::Allgather, size_of_val(data), true) == Algorithm::SharedMemory {
+            let obs = self.observe(Operation::Allgather, Algorithm::SharedMemory, size_of_val(data));
             let call =
                 self.board_call(BoardOp::Allgather, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
-            return Collective::board_gathered(call, Some(bytemuck::cast_slice_mut(out)), self.size());
+            return obs.wrap(Collective::board_gathered(call, Some(bytemuck::cast_slice_mut(out)), self.size()));
         }
         let run = self.allgather_plan(data, out, Lend::InPlace);
-        Collective::boxed(lending_in_place(data, run(out)))
+        Observe::ELSEWHERE.wrap(Collective::boxed(lending_in_place(data, run(out))))
     }
 
     /// Plans an all-gather of `data` into `out` (this rank's own block goes in now, by single
@@ -123,6 +125,7 @@ impl Comm {
         lend: Lend,
     ) -> impl FnOnce(&mut [T]) -> futures::future::BoxFuture<'_, Result<()>> + use<T> {
         let alg = self.choose(Operation::Allgather, size_of_val(data), true);
+        let obs = self.observe(Operation::Allgather, alg, size_of_val(data));
         let (r, n) = (self.rank(), self.size());
         let pool = self.coll().pool.clone();
         let bytes = bytemuck::cast_slice(data);
@@ -140,7 +143,7 @@ impl Comm {
         let plan =
             (board.is_none() && direct.is_none()).then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
         move |out: &mut [T]| {
-            Box::pin(async move {
+            Box::pin(obs.wrap(async move {
                 if let Some(call) = direct {
                     // Every other block straight from its rank's memory into `out`.
                     let out: &mut [u8] = bytemuck::cast_slice_mut(out);
@@ -162,7 +165,7 @@ impl Comm {
                 copy_parts(out, &ops::allgather_result(&blocks, n)?)?;
                 pool.recycle(blocks);
                 Ok(())
-            })
+            }))
         }
     }
 
@@ -191,8 +194,9 @@ impl Comm {
         alg: Algorithm,
     ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
         let (r, n) = (self.rank(), self.size());
+        let obs = self.observe(Operation::Allgather, alg, data.len());
         let (slot, m) = (self.slot(), ops::allgather(r, n, alg, data));
-        async move { Ok(ops::allgather_result(&Comm::drive(slot, m?).await?, n)?) }
+        obs.wrap(async move { Ok(ops::allgather_result(&Comm::drive(slot, m?).await?, n)?) })
     }
 
     /// All-to-all: `data` holds one equal part per rank in rank order; the result holds what each
@@ -219,12 +223,13 @@ impl Comm {
         if alltoall_misfit(data, out, self.size()).is_none()
             && self.choose(Operation::Alltoall, part, true) == Algorithm::SharedMemory
         {
+            let obs = self.observe(Operation::Alltoall, Algorithm::SharedMemory, size_of_val(data));
             let call =
                 self.board_call(BoardOp::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>());
-            return Collective::board(call, Some(bytemuck::cast_slice_mut(out)));
+            return obs.wrap(Collective::board(call, Some(bytemuck::cast_slice_mut(out))));
         }
         let run = self.alltoall_plan(data, out, Lend::InPlace);
-        Collective::boxed(lending_in_place(data, run(out)))
+        Observe::ELSEWHERE.wrap(Collective::boxed(lending_in_place(data, run(out))))
     }
 
     /// Plans an all-to-all of `data` into `out`. This rank's own part goes from `data` to `out`
@@ -244,6 +249,7 @@ impl Comm {
         let pool = self.coll().pool.clone();
         let mine = r as usize * elems..(r as usize + 1) * elems;
         let alg = self.choose(Operation::Alltoall, part, true);
+        let obs = self.observe(Operation::Alltoall, alg, size_of_val(data));
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
             self.board_future(BoardOp::Alltoall, size_of_val(data), bytemuck::cast_slice(data), size_of::<T>())
         });
@@ -271,7 +277,7 @@ impl Comm {
             (self.slot(), ops::alltoall(r, n, alg, parts))
         });
         move |out: &mut [T]| {
-            Box::pin(async move {
+            Box::pin(obs.wrap(async move {
                 if let Some(call) = direct {
                     // Block `r` of every rank's data straight from its memory (the own one is in).
                     let out: &mut [u8] = bytemuck::cast_slice_mut(out);
@@ -303,7 +309,7 @@ impl Comm {
                 }
                 pool.recycle(blocks);
                 Ok(())
-            })
+            }))
         }
     }
 
@@ -328,8 +334,9 @@ impl Comm {
         alg: Algorithm,
     ) -> impl Future<Output = Result<Vec<Bytes>>> + Send + use<> {
         let (r, n) = (self.rank(), self.size());
+        let obs = self.observe(Operation::Alltoall, alg, parts.iter().map(Bytes::len).sum());
         let (slot, m) = (self.slot(), ops::alltoall(r, n, alg, parts));
-        async move { Ok(ops::alltoall_result(&Comm::drive(slot, m?).await?, r, n)?) }
+        obs.wrap(async move { Ok(ops::alltoall_result(&Comm::drive(slot, m?).await?, r, n)?) })
     }
 
     /// Reduces `data` element-wise over all ranks and scatters the result: rank i gets
@@ -371,12 +378,13 @@ impl Comm {
             })
             .collect();
         let alg = self.choose(Operation::ReduceScatter, len * elem, op.is_commutative());
+        let obs = self.observe(Operation::ReduceScatter, alg, len * elem);
         let (r, n) = (self.rank(), self.size());
         let plan = early.is_none().then(|| (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase())));
-        async move {
+        obs.wrap(async move {
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
             to_vec(&ops::reduce_scatter_result(&Comm::drive(slot, m?).await?, r)?)
-        }
+        })
     }
 
     /// [`Comm::reduce_scatter`] with equal counts: `data.len() / size` elements per rank.
@@ -421,11 +429,13 @@ impl Comm {
         inclusive: bool,
     ) -> impl Future<Output = Result<Option<Bytes>>> + Send + use<T> {
         let early = check_op(&op).err();
+        // Always recursive doubling (`ops::scan`).
+        let obs = self.observe(Operation::Scan, Algorithm::RecursiveDoubling, data.len());
         let plan =
             early.is_none().then(|| (self.slot(), ops::scan(self.rank(), self.size(), data, op.erase(), inclusive)));
-        async move {
+        obs.wrap(async move {
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
             Ok(ops::scan_result(&Comm::drive(slot, m).await?))
-        }
+        })
     }
 }

@@ -53,6 +53,7 @@ use smallvec::SmallVec;
 use crate::api::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
 use crate::error::{Error, Result};
 use crate::multicast::{Channel, TokenBarrier};
+use crate::observe::coll::Observe;
 use crate::p2p::Status;
 use crate::p2p::driver::Driver;
 
@@ -196,5 +197,8 @@ mod tests {
     #[test]
     fn the_small_collectives_future_stays_small() {
         assert!(size_of::<super::Collective<'static>>() <= 48, "{}", size_of::<super::Collective<'static>>());
+        // Observed: one word more (the call's span and clock, boxed, only when it is timed).
+        type Public = crate::observe::coll::Observed<super::Collective<'static>>;
+        assert!(size_of::<Public>() <= 56, "{}", size_of::<Public>());
     }
 }

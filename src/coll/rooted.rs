@@ -7,8 +7,9 @@ impl Comm {
     /// ceil(log2 n) rounds; node-leader when the communicator spans several hosts).
     pub fn barrier(&self) -> impl Future<Output = Result<()>> + Send + use<> {
         let alg = self.choose(Operation::Barrier, 0, true);
+        let obs = self.observe(Operation::Barrier, alg, 0);
         if alg == Algorithm::SharedMemory {
-            return Collective::board(self.board_call(BoardOp::Barrier, 0, &[], 1), None);
+            return obs.wrap(Collective::board(self.board_call(BoardOp::Barrier, 0, &[], 1), None));
         }
         let multicast = (alg == Algorithm::Multicast).then(|| self.clone());
         let plan = if alg == Algorithm::Multicast {
@@ -27,7 +28,7 @@ impl Comm {
             let slot = self.slot();
             Some(Ok(ops::barrier(self.rank(), self.size(), alg).map(|m| Comm::drive(slot, m))))
         };
-        Collective::boxed(async move {
+        obs.wrap(Collective::boxed(async move {
             if let Some(comm) = multicast {
                 // The skew-tolerant token barrier of the reliable multicast layer. Boxed, as
                 // every rare path here: its set-up future is large, and would otherwise size
@@ -54,7 +55,7 @@ impl Comm {
                     .await
                 }
             }
-        })
+        }))
     }
 
     /// Broadcasts the root's `buf` into every rank's `buf` (all ranks pass the same length).
@@ -65,13 +66,14 @@ impl Comm {
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         let (bytes, me) = (size_of_val(buf), self.rank());
         let alg = self.choose(Operation::Bcast, bytes, true);
+        let obs = self.observe(Operation::Bcast, alg, bytes);
         if root < self.size() && alg == Algorithm::SharedMemory {
             let input = if me == root { bytemuck::cast_slice(buf) } else { &[] };
             if me == root && self.board().is_ok_and(|seg| seg.root_now(input)) {
-                return Collective::Ready(Some(Ok(())));
+                return obs.wrap(Collective::Ready(Some(Ok(()))));
             }
             let call = self.board_call(BoardOp::Bcast { root }, bytes, input, size_of::<T>());
-            return Collective::board(call, (me != root).then(|| bytemuck::cast_slice_mut(buf)));
+            return obs.wrap(Collective::board(call, (me != root).then(|| bytemuck::cast_slice_mut(buf))));
         }
         let direct = (root < self.size() && alg == Algorithm::SingleCopy).then(|| {
             let lent = (me == root).then(|| Lent::of(bytemuck::cast_slice(buf)));
@@ -82,7 +84,7 @@ impl Comm {
             let data = (me == root).then(|| pool.copy(buf));
             (self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)), pool)
         });
-        Collective::boxed(async move {
+        obs.wrap(Collective::boxed(async move {
             let Some((run, pool)) = run else {
                 let call = direct.expect("one of the two")?;
                 return Box::pin(bcast_single_copy(call, root, me, bytemuck::cast_slice_mut(buf))).await;
@@ -94,7 +96,7 @@ impl Comm {
             // The received (or sent) buffers serve the next large calls.
             parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
             Ok(())
-        })
+        }))
     }
 
     /// Broadcasts bytes whose length only the root knows (binomial tree).
@@ -107,14 +109,15 @@ impl Comm {
             (None, true) => Some(Error::Invalid("the root must provide the data".into())),
             _ => None,
         };
+        let obs = self.observe(Operation::Bcast, Algorithm::Binomial, data.as_ref().map_or(0, Bytes::len));
         let run = self.bcast_with(root, data.filter(|_| self.rank() == root), Algorithm::Binomial, 1, None);
-        async move {
+        obs.wrap(async move {
             match early {
                 Some(e) => Err(e),
                 // Binomial: one part, shared as it came.
                 None => Ok(ops::join(run.await?)),
             }
-        }
+        })
     }
 
     /// `len`: the length every rank knows the data has, if they do. The data comes back in pieces
@@ -197,6 +200,7 @@ impl Comm {
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<'a, T> {
         let alg = self.choose(Operation::Reduce, size_of_val(data), op.is_commutative());
+        let obs = self.observe(Operation::Reduce, alg, size_of_val(data));
         let early = self.check_root(root).or_else(|| check_op(&op).err());
         let (r, n) = (self.rank(), self.size());
         let len = size_of_val(data);
@@ -210,7 +214,7 @@ impl Comm {
             (self.slot(), m)
         });
         let pool = self.coll().pool.clone();
-        async move {
+        obs.wrap(async move {
             if let Some(call) = direct {
                 // The root combines every rank's data straight from its memory, its own from
                 // `data`, which the future borrows (the others' calls lend theirs in place too).
@@ -240,7 +244,7 @@ impl Comm {
                 return Ok(None);
             }
             to_vec(&ops::concat(&blocks, [0])?).map(Some)
-        }
+        })
     }
 
     /// Gathers every rank's `data` (all of one length) at `root`, concatenated in rank order.
@@ -290,17 +294,18 @@ impl Comm {
         bytes: usize,
     ) -> impl Future<Output = Result<Option<Vec<Bytes>>>> + Send + use<> {
         let alg = self.choose(Operation::Gather, bytes, true);
+        let obs = self.observe(Operation::Gather, alg, data.len());
         let (r, n) = (self.rank(), self.size());
         let early = self.check_root(root);
         let plan = early.is_none().then(|| (self.slot(), ops::gather(r, n, root, alg, data)));
-        async move {
+        obs.wrap(async move {
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
             let blocks = Comm::drive(slot, m?).await?;
             if r != root {
                 return Ok(None);
             }
             Ok(Some(ops::gather_result(&blocks, n, root)?))
-        }
+        })
     }
 
     /// Splits the root's `data` into equal parts, one per rank in rank order, and returns this
@@ -357,10 +362,13 @@ impl Comm {
             (None, true) => Some(Error::Invalid("the root must provide the parts".into())),
             _ => None,
         });
+        // Bytes the root sends (what the others receive is known only once it arrives).
+        let sent = if r == root { parts.iter().flatten().map(Bytes::len).sum() } else { 0 };
+        let obs = self.observe(Operation::Scatter, alg, sent);
         let plan = early.is_none().then(|| (self.slot(), ops::scatter(r, n, root, alg, parts.filter(|_| r == root))));
-        async move {
+        obs.wrap(async move {
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
             Ok(ops::scatter_result(&Comm::drive(slot, m?).await?, r, n, root)?)
-        }
+        })
     }
 }

@@ -4,7 +4,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use ferrocomm_collectives::{Algorithm, Operation};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -14,12 +16,16 @@ use super::pool::Pool;
 use crate::api::world::{Comm, Upper};
 use crate::error::Result;
 use crate::multicast::{Channel, TokenBarrier};
+use crate::observe::coll::Observe;
 
 /// The collective state of one communicator, shared by every handle on it.
 #[derive(Default)]
 pub(crate) struct CollState {
     /// Collective calls made so far: every rank numbers its calls alike (tags carry the number).
     pub calls: AtomicU64,
+    /// Collective calls made so far, by every path (board, multicast and messages alike): the
+    /// `sequence` of their spans, alike at every rank.
+    pub observed: AtomicU64,
     /// Splits made so far (each derives its context from the count).
     pub splits: AtomicU32,
     /// Large buffers reused by this communicator's collectives.
@@ -50,6 +56,14 @@ impl Upper for CollState {
 }
 
 impl Comm {
+    /// Counts a collective call of `op` by `alg` with this rank's `bytes`, and opens its span
+    /// and clock if it is timed (see `observe::coll`). Every public collective calls this once,
+    /// when it is called.
+    pub(super) fn observe(&self, op: Operation, alg: Algorithm, bytes: usize) -> Observe {
+        let sequence = self.coll().observed.fetch_add(1, Ordering::Relaxed);
+        self.inner().coll_meters.call(op, alg, bytes, sequence, self.context())
+    }
+
     /// This communicator's collective state, made on first use.
     #[inline]
     pub(crate) fn coll(&self) -> &CollState {

@@ -49,10 +49,11 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc};
 
 use crate::api::world::{Comm, Op};
+use crate::config::TransportChoice;
 use crate::error::{Error, McastError, Result};
 use crate::p2p::{Source, TagMatch};
 
-pub use crate::config::McastSettings;
+pub use crate::config::{McastNet, McastSettings};
 pub use ferrocomm_multicast::proto::Stats as McastStats;
 
 /// Datagrams handled per wake-up of the driver task before its output is pushed.
@@ -213,6 +214,43 @@ pub struct Channel {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// Joins the UD multicast group derived from `group` on the verbs device of the job's settings
+/// (`FERROCOMM_VERBS_DEVICE`, `FERROCOMM_VERBS_GID_INDEX`); `None`, with a warning, when that fails
+/// or ferrocomm is built without verbs.
+fn join_ud(comm: &Comm, group: Ipv4Addr, h: u64) -> Option<Box<dyn MulticastTransport>> {
+    #[cfg(feature = "verbs")]
+    {
+        let (s, v) = (&comm.settings().multicast, &comm.settings().verbs);
+        let cfg = ferrocomm_multicast::UdConfig {
+            device: v.device.clone(),
+            gid_index: v.gid_index,
+            datagram: s.datagram,
+            // About what the UDP socket's buffer holds.
+            recv_buffers: (s.buffer / (s.datagram + 40)).clamp(256, 8192) as u32,
+            test_drop: s.test_drop,
+            seed: mix(&[h, u64::from(comm.rank()), 0x7564]),
+            ..ferrocomm_multicast::UdConfig::new(group)
+        };
+        match ferrocomm_multicast::UdMulticast::join(&cfg) {
+            Ok(u) => {
+                // The group's MTU decides the datagram: it must leave room for the protocol's
+                // header and the tag, and keep the largest message within 65535 fragments.
+                let core = u.max_datagram().saturating_sub(ferrocomm_transports::auth::TAG_LEN);
+                let fits = core >= ferrocomm_multicast::wire::HEADER + 64
+                    && ferrocomm_multicast::wire::fragments(s.max_message, core) <= usize::from(u16::MAX);
+                if fits {
+                    return Some(Box::new(u));
+                }
+                tracing::warn!(rank = comm.rank(), mtu = u.mtu(), %group, "UD multicast datagrams too small for FERROCOMM_MCAST_MAX_MESSAGE");
+            }
+            Err(e) => tracing::warn!(rank = comm.rank(), error = %e, %group, "cannot join the UD multicast group"),
+        }
+    }
+    #[cfg(not(feature = "verbs"))]
+    let _ = (comm, group, h);
+    None
+}
+
 /// FNV-1a of a few words: derived group addresses and ports.
 fn mix(words: &[u64]) -> u64 {
     crate::bootstrap::env::fnv1a64_bytes(words.iter().flat_map(|w| w.to_le_bytes()))
@@ -240,13 +278,28 @@ impl Channel {
             multicast: s.enabled,
             ..Config::new(comm.rank(), comm.size())
         };
-        let net: Option<Box<dyn MulticastTransport>> = if s.enabled {
+        let group = s.group.unwrap_or(Ipv4Addr::new(239, 255, (h >> 8) as u8, h as u8));
+        let over_verbs = comm.settings().transports == TransportChoice::Verbs;
+        let ud = s.enabled
+            && match s.network {
+                McastNet::Ud => true,
+                McastNet::Auto => over_verbs,
+                McastNet::Udp => false,
+            };
+        let mut test_drop = s.test_drop;
+        let net: Option<Box<dyn MulticastTransport>> = if let Some(u) = ud.then(|| join_ud(comm, group, h)).flatten() {
+            // The group's MTU may be below the configured datagram; the UD transport drops test
+            // losses in its own receive path.
+            cfg.datagram = u.max_datagram() - ferrocomm_transports::auth::TAG_LEN;
+            test_drop = 0.0;
+            Some(u)
+        } else if s.enabled && s.network != McastNet::Ud {
             let interface = s.interface.unwrap_or(match comm.listen_addr().ip() {
                 IpAddr::V4(a) => a,
                 IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
             });
             let udp = UdpConfig {
-                group: s.group.unwrap_or(Ipv4Addr::new(239, 255, (h >> 8) as u8, h as u8)),
+                group,
                 port: s.port.unwrap_or(20000 + ((h >> 16) % 40000) as u16),
                 interface,
                 datagram: s.datagram,
@@ -263,6 +316,11 @@ impl Channel {
                 }
             }
         } else {
+            if s.enabled {
+                // UD asked for and not available.
+                metrics::counter!("ferrocomm_mcast_groups_degraded").increment(1);
+                cfg.multicast = false;
+            }
             None
         };
         let core = McastCore::new(cfg, Instant::now());
@@ -280,10 +338,16 @@ impl Channel {
             closed: AtomicBool::new(false),
             failed: Mutex::new(None),
             drop_rng: AtomicU64::new(mix(&[h, u64::from(comm.rank())]) | 1),
-            test_drop: s.test_drop,
+            test_drop,
         });
         let task = tokio::spawn(drive(shared.clone(), rx));
         Ok(Channel { shared, task })
+    }
+
+    /// Which network carries this channel's datagrams: `ud` (an RDMA UD multicast group),
+    /// `udp4`, or `none` (point-to-point only).
+    pub fn network(&self) -> &'static str {
+        self.shared.net.as_ref().map_or("none", |n| n.name())
     }
 
     /// This rank in the channel's communicator.

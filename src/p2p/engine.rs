@@ -198,6 +198,9 @@ struct Peer {
     push: bool,
     /// The pushed message whose data is arriving from the peer.
     push_in: Option<PushIn>,
+    /// Messages and bytes exchanged with the peer, and their peer-labelled metrics: made at the
+    /// first message either way (a job of thousands of ranks talks to few of them).
+    traffic: Option<Box<Traffic>>,
 }
 
 /// The point-to-point protocol state of one rank.
@@ -308,12 +311,9 @@ fn fill(mut b: BytesMut, data: &[u8], status: Status) -> Result<(Payload, Status
 /// The engine's metrics, registered once with the recorder in force when the engine is made.
 /// `metrics::counter!` looks its key up in the recorder's registry on every use (a hash of the
 /// key and a sharded map): on the message path, with a recorder installed, that doubled the cost
-/// of an 8 B send and receive.
+/// of an 8 B send and receive. The per-peer metrics are in [`Traffic`].
 struct Meters {
-    messages_sent: Counter,
-    bytes_sent: Counter,
     message_bytes: Histogram,
-    rendezvous_sends: Counter,
     credit_stalls: Counter,
     unexpected_messages: Counter,
     peers_lost: Counter,
@@ -321,22 +321,65 @@ struct Meters {
 
 impl Meters {
     fn new() -> Meters {
+        crate::observe::describe();
         Meters {
-            messages_sent: metrics::counter!("ferrocomm_messages_sent"),
-            bytes_sent: metrics::counter!("ferrocomm_bytes_sent"),
-            message_bytes: metrics::histogram!("ferrocomm_message_bytes"),
-            rendezvous_sends: metrics::counter!("ferrocomm_rendezvous_sends"),
-            credit_stalls: metrics::counter!("ferrocomm_credit_stalls"),
-            unexpected_messages: metrics::counter!("ferrocomm_unexpected_messages"),
-            peers_lost: metrics::counter!("ferrocomm_peers_lost"),
+            message_bytes: metrics::histogram!(crate::observe::MESSAGE_BYTES),
+            credit_stalls: metrics::counter!(crate::observe::CREDIT_STALLS),
+            unexpected_messages: metrics::counter!(crate::observe::UNEXPECTED_MESSAGES),
+            peers_lost: metrics::counter!(crate::observe::PEERS_LOST),
         }
     }
+}
 
-    #[inline(always)]
-    fn sent(&self, len: usize) {
-        self.messages_sent.increment(1);
-        self.bytes_sent.increment(len as u64);
-        self.message_bytes.record(len as f64);
+/// How a message travels: whole (eager), or announced and pulled (rendezvous).
+#[derive(Clone, Copy)]
+enum Protocol {
+    Eager = 0,
+    Rendezvous = 1,
+}
+
+/// What this rank exchanged with one peer (see [`Engine::traffic`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerCounts {
+    /// Messages sent to the peer (eager and rendezvous).
+    pub messages_sent: u64,
+    /// Their payload bytes.
+    pub bytes_sent: u64,
+    /// Of the messages sent, those that went by rendezvous.
+    pub rendezvous_sent: u64,
+    /// Messages received from the peer (eager, or rendezvous once all the data is in).
+    pub messages_received: u64,
+    /// Their payload bytes.
+    pub bytes_received: u64,
+    /// Of the messages received, those that came by rendezvous.
+    pub rendezvous_received: u64,
+}
+
+/// One peer's counts and the handles of its metrics, labelled `peer` and `protocol`, registered
+/// once (at the first message) so that the message path does no registry look-up.
+struct Traffic {
+    counts: PeerCounts,
+    /// `[messages, bytes]` by protocol, sent and received.
+    sent: [[Counter; 2]; 2],
+    received: [[Counter; 2]; 2],
+}
+
+impl Traffic {
+    #[cold]
+    #[inline(never)]
+    fn new(peer: Rank) -> Box<Traffic> {
+        use crate::observe::{BYTES_RECEIVED, BYTES_SENT, MESSAGES_RECEIVED, MESSAGES_SENT};
+        let peer = peer.to_string();
+        let by = |name: &'static str, protocol: &'static str| metrics::counter!(name, "peer" => peer.clone(), "protocol" => protocol);
+        let pair = |messages, bytes, protocol| [by(messages, protocol), by(bytes, protocol)];
+        Box::new(Traffic {
+            counts: PeerCounts::default(),
+            sent: [pair(MESSAGES_SENT, BYTES_SENT, "eager"), pair(MESSAGES_SENT, BYTES_SENT, "rendezvous")],
+            received: [
+                pair(MESSAGES_RECEIVED, BYTES_RECEIVED, "eager"),
+                pair(MESSAGES_RECEIVED, BYTES_RECEIVED, "rendezvous"),
+            ],
+        })
     }
 }
 
@@ -472,6 +515,51 @@ impl<C: Completions> Engine<C> {
         self.peers[peer as usize].backlog.len()
     }
 
+    /// What this rank knows of `peer`'s fate.
+    pub(crate) fn peer_state(&self, peer: Rank) -> crate::observe::PeerState {
+        use super::failure::Fate;
+        match self.failures.fate(peer) {
+            Fate::Alive => crate::observe::PeerState::Alive,
+            Fate::Departed => crate::observe::PeerState::Departed,
+            Fate::Lost(why) => crate::observe::PeerState::Lost(why.clone()),
+        }
+    }
+
+    /// What this rank exchanged with `peer` so far (zero for a rank it never talked to).
+    pub fn traffic(&self, peer: Rank) -> PeerCounts {
+        self.peers.get(peer as usize).and_then(|p| p.traffic.as_ref()).map_or_else(PeerCounts::default, |t| t.counts)
+    }
+
+    /// Counts a message of `len` bytes sent to `peer` (its counts and metrics, and the size
+    /// histogram).
+    #[inline(always)]
+    fn count_sent(&mut self, peer: Rank, len: usize, protocol: Protocol) {
+        self.meters.message_bytes.record(len as f64);
+        let t = self.peers[peer as usize].traffic.get_or_insert_with(|| Traffic::new(peer));
+        t.counts.messages_sent += 1;
+        t.counts.bytes_sent += len as u64;
+        if let Protocol::Rendezvous = protocol {
+            t.counts.rendezvous_sent += 1;
+        }
+        let [messages, bytes] = &t.sent[protocol as usize];
+        messages.increment(1);
+        bytes.increment(len as u64);
+    }
+
+    /// Counts a message of `len` bytes received from `peer`.
+    #[inline(always)]
+    fn count_received(&mut self, peer: Rank, len: usize, protocol: Protocol) {
+        let t = self.peers[peer as usize].traffic.get_or_insert_with(|| Traffic::new(peer));
+        t.counts.messages_received += 1;
+        t.counts.bytes_received += len as u64;
+        if let Protocol::Rendezvous = protocol {
+            t.counts.rendezvous_received += 1;
+        }
+        let [messages, bytes] = &t.received[protocol as usize];
+        messages.increment(1);
+        bytes.increment(len as u64);
+    }
+
     #[inline(always)]
     fn lost_error(&self, peer: Rank) -> Option<Error> {
         self.peers[peer as usize].lost.clone().map(|reason| Error::PeerLost { rank: peer, reason })
@@ -514,7 +602,9 @@ impl<C: Completions> Engine<C> {
         }
         if dest == self.me {
             // To ourselves: no wire, no credit, no copy (of owned data).
-            self.meters.sent(data.as_ref().len());
+            let len = data.as_ref().len();
+            self.count_sent(dest, len, Protocol::Eager);
+            self.count_received(dest, len, Protocol::Eager);
             self.arrive_eager(dest, context, tag, data.into_bytes());
             return Ok(Ok(()));
         }
@@ -524,7 +614,7 @@ impl<C: Completions> Engine<C> {
         {
             return Err(data);
         }
-        self.meters.sent(data.as_ref().len());
+        self.count_sent(dest, data.as_ref().len(), Protocol::Eager);
         self.peers[dest as usize].sent += 1;
         let header =
             self.stamp(dest, Header { context, tag, len: data.as_ref().len() as u32, ..Header::new(Kind::Eager) });
@@ -546,18 +636,18 @@ impl<C: Completions> Engine<C> {
             Ok(r) => return self.done.complete(op, Completion::Send(r)),
             Err(data) => data,
         };
-        self.meters.sent(data.len());
         let header = Header { context, tag, ..Header::new(Kind::Eager) };
         if data.len() <= self.cfg.eager_limit {
+            self.count_sent(dest, data.len(), Protocol::Eager);
             // Behind others, or out of credit: queued.
             self.queue_credited(dest, Header { len: data.len() as u32, ..header }, data, Some(op));
         } else {
+            self.count_sent(dest, data.len(), Protocol::Rendezvous);
             let len = data.len() as u64;
             let msg = self.rndv_sends.insert(RndvSend { op: Some(op), peer: dest, context, data });
             let push = if self.peers[dest as usize].push { flags::PUSH } else { 0 };
             let rts = Header { kind: Kind::Rts, seq: msg as u64, aux: len, flags: push, ..header };
             let _span = tracing::trace_span!("rts", dest, tag, len, msg).entered();
-            self.meters.rendezvous_sends.increment(1);
             self.queue_credited(dest, rts, Bytes::new(), None);
         }
     }
@@ -977,6 +1067,9 @@ impl<C: Completions> Engine<C> {
                 self.violation(peer, WireError::Unexpected(h.kind));
                 return false;
             }
+            if h.kind == Kind::Eager {
+                self.count_received(peer, h.len as usize, Protocol::Eager);
+            }
         }
         true
     }
@@ -1028,6 +1121,7 @@ impl<C: Completions> Engine<C> {
             return;
         }
         let r = self.rndv_recvs.remove(key);
+        self.count_received(peer, r.buf.len(), Protocol::Rendezvous);
         tracing::trace!(peer, len = r.buf.len(), "rendezvous complete");
         if let Some(op) = r.op {
             let status = Status { source: peer, tag: r.tag, len: r.buf.len() };

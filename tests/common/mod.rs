@@ -301,12 +301,26 @@ pub(crate) struct Job<'a> {
 
 impl Job<'_> {
     pub(crate) fn run(&self, n: u32, scenario: &str, transport: &str, env: &[&str]) -> (Option<i32>, String, Duration) {
+        let t0 = Instant::now();
+        let out = self.command(n, scenario, transport, env).stdin(std::process::Stdio::null()).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text, t0.elapsed())
+    }
+
+    /// [`Job::run`] without waiting for the job: the launcher with its stdout and stderr piped,
+    /// for a test that talks to the ranks while they run.
+    pub(crate) fn spawn(&self, n: u32, scenario: &str, transport: &str, env: &[&str]) -> std::process::Child {
+        use std::process::Stdio;
+        let mut cmd = self.command(n, scenario, transport, env);
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    }
+
+    fn command(&self, n: u32, scenario: &str, transport: &str, env: &[&str]) -> std::process::Command {
         let (choice, backend) = match transport {
             "shm" => ("auto", "auto"),
             "verbs" => ("verbs", "auto"),
             _ => ("tcp", transport),
         };
-        let t0 = Instant::now();
         let mut cmd = std::process::Command::new(self.ferrorun);
         cmd.args(["-n", &n.to_string(), "--grace", &self.grace_s.to_string()])
             .args(["--env", &format!("{}={scenario}", self.scenario_var)])
@@ -315,13 +329,7 @@ impl Job<'_> {
         for e in env {
             cmd.args(["--env", e]);
         }
-        let out = cmd
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", self.rank_test, "--nocapture", "--test-threads=1"])
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        (out.status.code(), text, t0.elapsed())
+        cmd.arg(std::env::current_exe().unwrap()).args(["--exact", self.rank_test, "--nocapture", "--test-threads=1"]);
+        cmd
     }
 }

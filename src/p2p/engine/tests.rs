@@ -575,30 +575,70 @@ fn orderly_goodbye_fails_only_what_names_the_peer() {
 }
 
 #[test]
-fn metrics_count_messages_and_credit_stalls() {
+fn metrics_count_messages_by_peer_and_protocol_both_ways() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let mut net = Net::new(2, cfg(2));
+    let counts = metrics::with_local_recorder(&recorder, || {
+        let mut net = Net::new(3, cfg(2));
         for op in 0..5 {
             net.send(0, op, 1, 0, data(8, 0));
         }
         net.send(0, 9, 1, 1, data(EAGER + 1, 0));
+        net.send(0, 10, 2, 0, data(3, 0));
+        for op in 0..6 {
+            net.recv(1, op, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+        }
+        net.recv(2, 0, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+        net.run();
+        [net.engines[0].traffic(1), net.engines[1].traffic(0), net.engines[0].traffic(2), net.engines[1].traffic(2)]
     });
-    let counters: HashMap<String, u64> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter_map(|(key, _, _, v)| match v {
-            DebugValue::Counter(c) => Some((key.key().name().to_string(), c)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(counters["ferrocomm_messages_sent"], 6);
-    assert_eq!(counters["ferrocomm_bytes_sent"], 5 * 8 + EAGER as u64 + 1);
-    assert_eq!(counters["ferrocomm_credit_stalls"], 4, "3 eager messages and the RTS wait for credit");
-    assert_eq!(counters["ferrocomm_rendezvous_sends"], 1);
+    let sent = PeerCounts {
+        messages_sent: 6,
+        bytes_sent: 5 * 8 + EAGER as u64 + 1,
+        rendezvous_sent: 1,
+        ..PeerCounts::default()
+    };
+    let received = PeerCounts {
+        messages_received: 6,
+        bytes_received: sent.bytes_sent,
+        rendezvous_received: 1,
+        ..PeerCounts::default()
+    };
+    assert_eq!(
+        counts,
+        [
+            sent,
+            received,
+            PeerCounts { messages_sent: 1, bytes_sent: 3, ..PeerCounts::default() },
+            PeerCounts::default()
+        ]
+    );
+    let mut counters: HashMap<String, u64> = HashMap::new();
+    for (key, _, _, v) in snapshotter.snapshot().into_vec() {
+        let DebugValue::Counter(c) = v else { continue };
+        let mut labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+        labels.sort();
+        *counters.entry(format!("{}{{{}}}", key.key().name(), labels.join(","))).or_default() += c;
+    }
+    // Every engine's meters are in one recorder: rank 0's send to peer 1 and rank 1's receive
+    // from peer 0 carry different labels.
+    assert_eq!(counters["ferrocomm_messages_sent{peer=1,protocol=eager}"], 5);
+    assert_eq!(counters["ferrocomm_messages_sent{peer=1,protocol=rendezvous}"], 1);
+    assert_eq!(counters["ferrocomm_bytes_sent{peer=1,protocol=eager}"], 5 * 8);
+    assert_eq!(counters["ferrocomm_bytes_sent{peer=1,protocol=rendezvous}"], EAGER as u64 + 1);
+    assert_eq!(counters["ferrocomm_messages_sent{peer=2,protocol=eager}"], 1);
+    assert_eq!(counters["ferrocomm_messages_received{peer=0,protocol=eager}"], 5 + 1, "at ranks 1 and 2");
+    assert_eq!(counters["ferrocomm_bytes_received{peer=0,protocol=eager}"], 5 * 8 + 3);
+    assert_eq!(counters["ferrocomm_messages_received{peer=0,protocol=rendezvous}"], 1);
+    assert_eq!(counters["ferrocomm_bytes_received{peer=0,protocol=rendezvous}"], EAGER as u64 + 1);
+    assert_eq!(counters["ferrocomm_credit_stalls{}"], 4, "3 eager messages and the RTS wait for credit");
+    // A peer's metrics are registered together at its first message either way: a series can
+    // be there at zero.
+    assert_eq!(counters.get("ferrocomm_messages_sent{peer=0,protocol=eager}"), Some(&0), "{counters:?}");
+    let from_2: u64 =
+        counters.iter().filter(|(k, _)| k.contains("peer=2") && k.contains("received")).map(|(_, v)| v).sum();
+    assert_eq!(from_2, 0, "rank 2 sent nothing: {counters:?}");
 }
 
 /// A recorder that counts how often the engine registers a metric: once per metric and engine,
@@ -629,8 +669,12 @@ fn metrics_are_registered_once_not_per_message() {
     let recorder = Registrations::default();
     let made = metrics::with_local_recorder(&recorder, || {
         let mut net = Net::new(2, cfg(2));
-        let made = recorder.0.load(Ordering::Relaxed);
+        let mut made = recorder.0.load(Ordering::Relaxed);
         for op in 0..100 {
+            if op == 1 {
+                // The per-peer metrics are registered at the first message with each peer.
+                made = recorder.0.load(Ordering::Relaxed);
+            }
             // Eager, rendezvous, unexpected and credit-stalled messages all count something.
             let len = if op % 10 == 0 { EAGER + 1 } else { 8 };
             net.send(0, op, 1, 0, data(len, 0));

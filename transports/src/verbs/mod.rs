@@ -74,9 +74,13 @@ pub mod regcache;
 mod sys;
 #[cfg(feature = "verbs")]
 mod transport;
+#[cfg(feature = "verbs")]
+pub mod ud;
 
 #[cfg(feature = "verbs")]
 pub use transport::{VerbsEndpoint, VerbsStats, VerbsTransport, device_names};
+#[cfg(feature = "verbs")]
+pub use ud::{UdConfig, UdMulticast, UdStats};
 
 // For the module documentation's links, with or without the `verbs` feature.
 #[allow(unused_imports)]

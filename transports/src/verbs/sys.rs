@@ -21,6 +21,9 @@ use ibverbs_sys as ffi;
 /// The port every QP uses (single-port devices such as rxe).
 pub(super) const PORT: u8 = 1;
 
+/// UD queue pairs and multicast (reliable multicast's fabric transport, `super::ud`).
+pub(super) mod udqp;
+
 fn last_err(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
     io::Error::new(e.kind(), format!("{what}: {e}"))
