@@ -151,7 +151,7 @@ fn main() {
         let ranks: u32 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(4);
         let exe = std::env::current_exe().expect("own path");
         let args: Vec<_> = std::env::args_os().skip(1).collect();
-        let code = ferrocomm::launch::run_local(ranks, &exe, &args, &Default::default()).expect("launch");
+        let code = ferrorun::run_local(ranks, &exe, &args, &Default::default()).expect("launch");
         std::process::exit(code);
     }
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");

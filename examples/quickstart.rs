@@ -20,7 +20,7 @@ fn main() {
         // Not launched yet: become the launcher of RANKS copies of ourselves.
         let exe = std::env::current_exe().expect("own path");
         let args: Vec<_> = std::env::args_os().skip(1).collect();
-        let code = ferrocomm::launch::run_local(RANKS, &exe, &args, &Default::default()).expect("launch");
+        let code = ferrorun::run_local(RANKS, &exe, &args, &Default::default()).expect("launch");
         std::process::exit(code);
     }
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");

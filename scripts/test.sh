@@ -33,17 +33,23 @@ fi
 # any other failure fails those tests (they run the script again), not the rest of the suite.
 bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
 
+# Rails and proxy routes (tests/rails.rs, docs/routes.md): two and three network namespaces joined
+# by veth pairs, rate-limited with tc tbf (tc comes with iproute2, installed above); root only, like
+# the multicast tests (they skip loudly otherwise); about a minute once built. The tbf qdisc must be
+# in the kernel. `cargo test --workspace` below runs them with the rest.
+if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
+    modprobe sch_tbf 2>/dev/null || true
+fi
+
 # Several hosts (tests/multihost.rs): 3 network namespaces on a bridge, each a host with its own
 # address and host name (ip netns + unshare --uts), 2 ranks each, the same job under ferrorun,
 # mpirun, mpiexec and srun (the launchers come from slurm-local.sh above); then the link cut
 # between such hosts (tests/faults.rs). Root only (the tests skip loudly otherwise); about a
-# minute once built. `cargo test --workspace` below runs them again with the rest.
+# minute once built. `cargo test --workspace` below runs them with the rest.
 if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
     if ! command -v unshare >/dev/null || ! command -v ip >/dev/null; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -o DPkg::Lock::Timeout=900 util-linux iproute2 >/dev/null
     fi
-    cargo test --locked -p ferrocomm --test multihost
-    cargo test --locked -p ferrocomm --test faults link_cut_between_namespace_hosts
 fi
 
 cargo fmt --all -- --check
@@ -65,7 +71,7 @@ rm -rf target/package-check
 
 # Coverage-guided fuzzing, the CI smoke (docs/fuzzing.md): every fuzz target builds and runs
 # FUZZ_SECONDS (default 20) without a crash. Installs the nightly toolchain and cargo-fuzz if
-# missing. About 5.5 minutes on 2 cores: the sanitizer build, then 9 targets x 20 s.
+# missing. About 6 minutes on 2 cores: the sanitizer build, then 10 targets x 20 s.
 bash scripts/fuzz.sh
 
 # The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so

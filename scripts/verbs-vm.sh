@@ -8,11 +8,15 @@
 #                                loss) and the point-to-point suite with 2 and 4 ranks as
 #                                processes (each eager path; rendezvous in all three orders, by
 #                                RDMA write and by RDMA read) plus a rank killed mid-transfer;
-#                                reliable multicast over a UD multicast group with 3 and 4 ranks
-#                                as processes (loss injected in the UD receive path, a member
+#                                the one-sided suite over verbs (2 and 4 ranks as processes:
+#                                RDMA write, read and atomics; a target killed); reliable
+#                                multicast over a UD multicast group with 3 and 4 ranks as
+#                                processes (loss injected in the UD receive path, a member
 #                                killed mid-window)
 #   scripts/verbs-vm.sh bench    ferrocomm verbs ping-pong and streaming bandwidth vs
-#                                ib_send_lat / ib_write_bw on rxe0, and the transport alone;
+#                                ib_send_lat / ib_write_bw on rxe0, the transport alone, and
+#                                one-sided put/get/fetch-add latency vs ib_write_lat,
+#                                ib_read_lat, ib_atomic_lat (ratios; results/rma-verbs.*);
 #                                JSON, SVG and the printed output (.txt) into results/. For
 #                                shorter runs while tuning:
 #                                VERBS_BENCH_MODES (default "busy blocking busy-srq": progress
@@ -79,15 +83,21 @@ echo "verbs-vm: building with --features verbs (target dir $TARGET)"
 t0=$(date +%s)
 if [ "$MODE" = test ]; then
     cargo test --locked -p ferrocomm-transports --features verbs --test verbs --no-run
-    cargo test --locked -p ferrocomm --features verbs --test multiprocess --no-run
+    cargo test --locked -p ferrorun --features verbs --test multiprocess --no-run
+    cargo test --locked -p ferrorun --features verbs --test faults --no-run
+    cargo test --locked -p ferrorun --features verbs --test rma_multiprocess --no-run
     # Reliable multicast over a UD multicast group (processes under ferrorun, injected loss).
-    cargo test --locked -p ferrocomm --features verbs --test multicast_ud --no-run
+    cargo test --locked -p ferrorun --features verbs --test multicast_ud --no-run
     cargo test --locked -p ferrocomm-transports --features verbs --test verbs_ud --no-run
     DEVICE_TESTS=$(executable -p ferrocomm-transports --features verbs --test verbs)
-    SUITE=$(executable -p ferrocomm --features verbs --test multiprocess)
-    MCAST_UD=$(executable -p ferrocomm --features verbs --test multicast_ud)
+    SUITE=$(executable -p ferrorun --features verbs --test multiprocess)
+    FAULTS=$(executable -p ferrorun --features verbs --test faults)
+    RMA_SUITE=$(executable -p ferrorun --features verbs --test rma_multiprocess)
+    MCAST_UD=$(executable -p ferrorun --features verbs --test multicast_ud)
     UD_GROUP=$(executable -p ferrocomm-transports --features verbs --test verbs_ud)
-    [ -x "$DEVICE_TESTS" ] && [ -x "$SUITE" ] && [ -x "$MCAST_UD" ] && [ -x "$UD_GROUP" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
+    for x in "$DEVICE_TESTS" "$SUITE" "$FAULTS" "$RMA_SUITE" "$MCAST_UD" "$UD_GROUP"; do
+        [ -x "$x" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
+    done
 else
     cargo build --locked --release -p ferrocomm-bench --features verbs
     BENCH=$TARGET/release/ferrocomm-bench
@@ -123,6 +133,9 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         step device-tests timeout 600 "${DEVICE_TESTS:-}" --test-threads=1 --nocapture
         step p2p-suite-2-and-4-ranks timeout 1200 "${SUITE:-}" --exact suite_over_verbs --test-threads=1 --nocapture
         step killed-rank timeout 600 "${SUITE:-}" --exact killed_rank_over_verbs --test-threads=1 --nocapture
+        # The fault matrix's kill cases over verbs (tests/faults.rs kill_matrix_verbs).
+        step fault-matrix timeout 1200 "${FAULTS:-}" --exact kill_matrix_verbs --test-threads=1 --nocapture
+        step one-sided-suite timeout 1200 "${RMA_SUITE:-}" --exact rma_suite_over_verbs --test-threads=1 --nocapture
         step ud-group timeout 300 "${UD_GROUP:-}" --test-threads=1 --nocapture
         step multicast-ud-loss timeout 1800 "${MCAST_UD:-}" --exact exactly_once_in_order_over_ud_with_loss --nocapture
         step multicast-ud-kill timeout 900 "${MCAST_UD:-}" --exact member_killed_mid_window_over_ud --nocapture
@@ -131,6 +144,8 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         { uptime; top -bn1 | head -15; } >"$OUT/vm-load.txt" 2>&1
         # The transport alone, each eager path: what the layers above it cost, by difference.
         step verbs-transport timeout 600 "${BENCH:-}" verbs-transport --json "$OUT/verbs-transport.json"
+        # One-sided latency against perftest's RDMA write, read and atomic latency.
+        step rma-verbs timeout 1200 "${BENCH:-}" rma-verbs --runs ${VERBS_RMA_RUNS:-3} --json "$OUT/rma-verbs.json"
         for p in ${VERBS_BENCH_MODES:-busy blocking busy-srq}; do
             # MODE[-srq]: progress mode, eager slots through the shared receive queue with -srq.
             progress=\${p%-srq}; eager=ring; [ "\$progress" = "\$p" ] || eager=srq
@@ -167,18 +182,20 @@ while read -r name rc ms; do
         tail -60 "$OUT/$name.log" | sed 's/^/    /' >&2
         status=1
     fi
-    grep -hoE '(verbs suite|verbs kill|multicast over UD|UD group|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
+    grep -hoE '(FAULT-MATRIX|one-sided|ratios ferrocomm|verbs suite|verbs kill|multicast over UD|UD group|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
 done <"$OUT/steps"
 [ -e "$OUT/done" ] || { echo "verbs-vm: FAILED: the run inside the VM did not finish" >&2; tail -20 "$OUT/console.log" >&2; status=1; }
 if [ "$MODE" = test ]; then
-    expected=7
+    expected=9
 else
     set -- ${VERBS_BENCH_MODES:-busy blocking busy-srq}
-    expected=$((2 + $#))
+    expected=$((3 + $#))
     mkdir -p results
     cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg "$OUT"/verbs-transport.json results/ 2>/dev/null || true
     for p in "$@"; do cp "$OUT/pingpong-$p.log" "results/pingpong-verbs-$p.txt" 2>/dev/null || true; done
     cp "$OUT/verbs-transport.log" results/verbs-transport.txt 2>/dev/null || true
+    cp "$OUT/rma-verbs.log" results/rma-verbs.txt 2>/dev/null || true
+    cp "$OUT/rma-verbs.json" results/rma-verbs.json 2>/dev/null || true
     echo "verbs-vm: VM load before the bench:" && sed 's/^/    /' "$OUT/vm-load.txt" 2>/dev/null || true
     echo "verbs-vm: results in results/pingpong-verbs-{$(echo "$@" | tr ' ' ,)}.{json,svg,txt}"
 fi

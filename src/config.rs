@@ -8,6 +8,8 @@ pub use ferrocomm_transports::tcp::Backend as TcpBackend;
 pub use ferrocomm_transports::verbs::Eager as VerbsEager;
 pub use ferrocomm_transports::verbs::Rendezvous as VerbsRendezvous;
 
+pub use crate::bootstrap::rails::{RailList, RailSettings};
+pub use crate::bootstrap::routes::RouteSettings;
 use crate::error::{Error, Result};
 
 /// Which transports a rank may use.
@@ -89,6 +91,12 @@ pub struct Settings {
     pub multicast: McastSettings,
     /// Settings of the verbs transport (used with [`TransportChoice::Verbs`]).
     pub verbs: VerbsSettings,
+    /// More TCP connections per peer over other interfaces (`FERROCOMM_RAILS`,
+    /// `FERROCOMM_RAIL_*`): see [`RailSettings`] and docs/routes.md.
+    pub rails: RailSettings,
+    /// Routes through a proxy rank (`FERROCOMM_PROXY`, `FERROCOMM_ROUTE_COSTS`, ...): see
+    /// [`RouteSettings`] and docs/routes.md.
+    pub routes: RouteSettings,
 }
 
 /// Settings of the verbs transport. Fields may be added in any release: start from
@@ -146,6 +154,8 @@ impl Default for Settings {
             collectives: Default::default(),
             multicast: Default::default(),
             verbs: VerbsSettings::default(),
+            rails: RailSettings::default(),
+            routes: RouteSettings::default(),
         }
     }
 }
@@ -200,6 +210,10 @@ setters! {
     multicast: McastSettings,
     /// Sets [`Settings::verbs`].
     verbs: VerbsSettings,
+    /// Sets [`Settings::rails`].
+    rails: RailSettings,
+    /// Sets [`Settings::routes`].
+    routes: RouteSettings,
 }
 
 impl SettingsBuilder {
@@ -324,6 +338,8 @@ impl Settings {
         if let Some(v) = parse("FERROCOMM_VERBS_RENDEZVOUS", &get)? {
             s.verbs.rendezvous = v;
         }
+        s.rails = RailSettings::from_vars(&get)?;
+        s.routes = RouteSettings::from_vars(&get)?;
         s.validate()?;
         Ok(s)
     }

@@ -23,7 +23,6 @@ pub mod bootstrap;
 mod coll;
 mod config;
 mod error;
-pub mod launch;
 pub mod multicast;
 pub mod observe;
 // The point-to-point protocol core, public for the simulator, the benchmarks and the fuzz
@@ -37,8 +36,8 @@ pub use api::{Comm, Deadline, Message, Op, Refused, World};
 pub use bootstrap::env::EnvError;
 pub use bootstrap::{init, init_with};
 pub use config::{
-    McastNet, McastSettings, ProgressMode, Settings, SettingsBuilder, TcpBackend, TransportChoice, VerbsEager,
-    VerbsRendezvous, VerbsSettings,
+    McastNet, McastSettings, ProgressMode, RailList, RailSettings, RouteSettings, Settings, SettingsBuilder,
+    TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous, VerbsSettings,
 };
 pub use error::{Cause, Error, McastError, Result};
 pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table, bf16, f16};

@@ -149,17 +149,139 @@ fn shm_files(job: &str) -> Vec<String> {
         .collect()
 }
 
+/// Who starts the ranks of a kill case.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Launch {
+    /// `ferrorun`, which hosts the store and reports the rank whose process ends.
+    Ferrorun,
+    /// The test, with `FERROCOMM_*` variables as a user would set them (as under `mpirun` or
+    /// `srun`): rank 0 hosts the store, and no launcher reports anything.
+    ByHand,
+}
+
+/// Runs the `n` ranks of a case with `vars` (`KEY=VALUE`) and checks how they ended (the killed
+/// rank by SIGKILL, and the launcher's report of it or the survivors' own exits); returns what
+/// they printed.
+///
+/// By hand, in the bootstrap, this test kills the victim itself, once every rank's address is in
+/// the store (each rank makes its watch there first): the store can report only a rank that
+/// reached it, and only to ranks that reached it (a rank killed before that is a launcher's
+/// business: `mpirun` and `srun --kill-on-bad-exit` end the job).
+fn start(launch: Launch, n: u32, victim: u32, vars: &[&str], what: &str, bootstrap_kill: Option<Duration>) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let rank_args = ["--exact", "fault_rank", "--nocapture", "--test-threads=1"];
+    if launch == Launch::Ferrorun {
+        let mut cmd = Command::new(FERRORUN);
+        cmd.args(["-n", &n.to_string(), "--grace", "20"]);
+        for v in vars {
+            cmd.args(["--env", v]);
+        }
+        let out = cmd.arg(exe).args(rank_args).stdin(Stdio::null()).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(137), "{what}: the launcher exits with the killed rank's status\n{text}");
+        assert!(
+            text.contains(&format!("ferrorun: rank {victim} exited with signal 9 (SIGKILL)")),
+            "{what}: the launcher names the killed rank\n{text}"
+        );
+        return text;
+    }
+    // Below Linux's ephemeral range, so that no connection of another case takes it meanwhile.
+    let port = 20_000 + (now_ns() / 1000 % 12_000) as u16;
+    let token: String = (0..32).map(|i| format!("{:02x}", (now_ns() as u8).wrapping_add(i * 7))).collect();
+    let (tx, rx) = mpsc::channel::<(u32, String)>();
+    let mut children = Vec::new();
+    for r in 0..n {
+        let mut c = Command::new(&exe);
+        if r == victim && bootstrap_kill.is_some() {
+            c.env("FERROCOMM_FAULT_KILLED_BY_TEST", "1");
+        }
+        c.args(rank_args)
+            .env("FERROCOMM_RANK", r.to_string())
+            .env("FERROCOMM_SIZE", n.to_string())
+            .env("FERROCOMM_COORD", format!("127.0.0.1:{port}"))
+            .env("FERROCOMM_TOKEN", &token)
+            .env_remove("FERROCOMM_LAUNCHER")
+            .env_remove("FERROCOMM_HOST_STORE");
+        for v in vars {
+            let (k, v) = v.split_once('=').unwrap();
+            c.env(k, v);
+        }
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        for pipe in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = tx.send((r, line));
+                }
+            });
+        }
+        children.push(child);
+    }
+    if let Some(delay) = bootstrap_kill {
+        let token_bytes: Vec<u8> = (0..32).map(|i| u8::from_str_radix(&token[2 * i..2 * i + 2], 16).unwrap()).collect();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let put = rt.block_on(async {
+            let t = Duration::from_secs(30);
+            let coord = format!("127.0.0.1:{port}");
+            let mut kv =
+                ferrocomm::bootstrap::kv::KvClient::connect(&coord, &token_bytes.try_into().unwrap(), t).await?;
+            for r in 0..n {
+                kv.get(&format!("addr/{r}"), t).await?;
+            }
+            Ok::<_, ferrocomm::bootstrap::kv::KvError>(())
+        });
+        assert!(put.is_ok(), "{what}: the ranks' addresses never came: {put:?}");
+        std::thread::sleep(delay);
+        let _ = tx.send((victim, format!("FAULT-KILL rank={victim} at={}", now_ns())));
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(children[victim as usize].id() as i32, libc::SIGKILL) };
+    }
+    drop(tx);
+    // No launcher stops the survivors: each must end on its own (the hang limit is theirs).
+    let deadline = Instant::now() + HANG + Duration::from_secs(30);
+    let mut statuses = Vec::new();
+    for c in children.iter_mut() {
+        let status = loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        statuses.push(status);
+    }
+    let text: String = rx.iter().map(|(r, line)| format!("[{r}] {line}\n")).collect();
+    use std::os::unix::process::ExitStatusExt;
+    for (r, status) in statuses.iter().enumerate() {
+        let status = status.unwrap_or_else(|| panic!("{what}: rank {r} still ran at the deadline\n{text}"));
+        if r as u32 == victim {
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{what}: the victim was killed\n{text}");
+        } else {
+            assert!(status.success(), "{what}: rank {r} ended with {status}\n{text}");
+        }
+    }
+    text
+}
+
 /// One case of the kill matrix; returns the slowest survivor's time from the kill to its failure.
-fn kill_case(kind: &str, n: u32, transport: &str, env: &[&str], seed: u64) -> Duration {
+fn kill_case(launch: Launch, kind: &str, n: u32, transport: &str, env: &[&str], seed: u64) -> Duration {
     let mut rng = Rng(seed);
     let victim = (rng.next() % u64::from(n)) as u32;
     let delay_us = if kind == "bootstrap" { rng.next() % 80_000 } else { 20_000 + rng.next() % 250_000 };
-    let what = format!("{transport} {kind}: seed {seed}, rank {victim} killed after {delay_us} us");
-    let marker = format!("FERROCOMM_FAULT_RUN={}-{transport}-{kind}-{seed}", std::process::id());
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = Command::new(FERRORUN);
-    cmd.args(["-n", &n.to_string(), "--grace", "20"]);
-    let transports = if transport == "tcp" { "tcp" } else { "auto" };
+    let what = format!("{transport} {kind} ({launch:?}): seed {seed}, rank {victim} killed after {delay_us} us");
+    let marker = format!("FERROCOMM_FAULT_RUN={}-{transport}-{kind}-{seed}-{launch:?}", std::process::id());
+    let transports = match transport {
+        "tcp" | "verbs" => transport,
+        _ => "auto",
+    };
     let vars = [
         format!("FERROCOMM_FAULT_KIND={kind}"),
         format!("FERROCOMM_FAULT_VICTIM={victim}"),
@@ -168,23 +290,11 @@ fn kill_case(kind: &str, n: u32, transport: &str, env: &[&str], seed: u64) -> Du
         format!("FERROCOMM_PEER_TIMEOUT_MS={}", PEER_TIMEOUT.as_millis()),
         marker.clone(),
     ];
-    for v in vars.iter().map(String::as_str).chain(env.iter().copied()) {
-        cmd.args(["--env", v]);
-    }
+    let vars: Vec<&str> = vars.iter().map(String::as_str).chain(env.iter().copied()).collect();
     let t0 = Instant::now();
-    let out = cmd
-        .arg(exe)
-        .args(["--exact", "fault_rank", "--nocapture", "--test-threads=1"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let bootstrap_kill = (launch == Launch::ByHand && kind == "bootstrap").then(|| Duration::from_micros(delay_us / 4));
+    let text = start(launch, n, victim, &vars, &what, bootstrap_kill);
     let said = parse(&text);
-    assert_eq!(out.status.code(), Some(137), "{what}: the launcher exits with the killed rank's status\n{text}");
-    assert!(
-        text.contains(&format!("ferrorun: rank {victim} exited with signal 9 (SIGKILL)")),
-        "{what}: the launcher names the killed rank\n{text}"
-    );
     let kill = said.get(&victim).and_then(|s| s.kill).unwrap_or_else(|| panic!("{what}: no kill time\n{text}"));
     let mut slowest = Duration::ZERO;
     for r in (0..n).filter(|&r| r != victim) {
@@ -218,6 +328,10 @@ fn kill_case(kind: &str, n: u32, transport: &str, env: &[&str], seed: u64) -> Du
 /// Runs the cases two at a time (the machine may have two cores) and prints the slowest
 /// survivor of each.
 fn matrix(transport: &str, kinds: &[(&'static str, u32, &'static [&'static str])]) {
+    matrix_under(Launch::Ferrorun, transport, kinds)
+}
+
+fn matrix_under(launch: Launch, transport: &str, kinds: &[(&'static str, u32, &'static [&'static str])]) {
     let seed = base_seed();
     println!("{transport} kill matrix, base seed {seed}");
     // `FERROCOMM_FAULT_ONLY=kind,kind`: just those.
@@ -232,7 +346,7 @@ fn matrix(transport: &str, kinds: &[(&'static str, u32, &'static [&'static str])
             .iter()
             .map(|&((kind, n, env), s)| {
                 let transport = transport.to_string();
-                std::thread::spawn(move || (kind, kill_case(kind, n, &transport, env, s)))
+                std::thread::spawn(move || (kind, kill_case(launch, kind, n, &transport, env, s)))
             })
             .collect();
         for h in handles {
@@ -243,7 +357,11 @@ fn matrix(transport: &str, kinds: &[(&'static str, u32, &'static [&'static str])
         }
     }
     for (kind, slowest) in results {
-        println!("FAULT-MATRIX {transport:<4} {kind:<16} slowest survivor {:>9.1} ms", slowest.as_secs_f64() * 1e3);
+        println!(
+            "FAULT-MATRIX {transport:<4} {kind:<16} {:<9} slowest survivor {:>9.1} ms",
+            format!("{launch:?}"),
+            slowest.as_secs_f64() * 1e3
+        );
     }
 }
 
@@ -256,6 +374,34 @@ fn kill_matrix_shared_memory() {
 #[test]
 fn kill_matrix_tcp() {
     matrix("tcp", KINDS);
+}
+
+/// Over RDMA verbs (every peer through the verbs transport, its TCP connections kept as liveness
+/// channels): the kinds that do not need shared memory. Needs an RDMA device: scripts/verbs-vm.sh
+/// runs it over Soft-RoCE in a VM (elsewhere it says it skipped, unless `FERROCOMM_REQUIRE_VERBS`
+/// is set).
+#[cfg(feature = "verbs")]
+#[test]
+fn kill_matrix_verbs() {
+    let present = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() > 0).unwrap_or(false);
+    if !present {
+        assert!(std::env::var_os("FERROCOMM_REQUIRE_VERBS").is_none(), "kill_matrix_verbs: no RDMA device");
+        eprintln!("kill_matrix_verbs: skipped, no RDMA device here (scripts/verbs-vm.sh runs it over Soft-RoCE)");
+        return;
+    }
+    // Multicast needs a multicast route, which the VM's dummy interface has not.
+    let kinds: Vec<_> = KINDS.iter().copied().filter(|k| k.0 != "multicast").collect();
+    matrix("verbs", &kinds);
+}
+
+/// Without `ferrorun` (as under `mpirun` or `srun`: rank 0 hosts the store, no launcher reports
+/// a death), on both transports: the bootstrap, where only the store sees a rank die (the others
+/// would wait for it until the connect timeout), and a collective and point-to-point loop.
+#[test]
+fn kill_matrix_store_hosted_by_rank_0() {
+    const BY_HAND: &[(&str, u32, &[&str])] = &[("bootstrap", 4, &[]), ("allreduce", 4, &[]), ("eager", 4, &[])];
+    matrix_under(Launch::ByHand, "shm", BY_HAND);
+    matrix_under(Launch::ByHand, "tcp", BY_HAND);
 }
 
 // ---------------------------------------------------------------- the link cut --
@@ -460,7 +606,7 @@ fn fault_rank() {
         return rt.block_on(departure());
     }
     rt.block_on(async move {
-        if kind == "bootstrap" && victim == Some(rank) {
+        if kind == "bootstrap" && victim == Some(rank) && std::env::var("FERROCOMM_FAULT_KILLED_BY_TEST").is_err() {
             killer();
         }
         let fail = |e: Error| {

@@ -183,7 +183,7 @@ fn bad_arguments_print_usage() {
     for args in [&[][..], &["-n", "0", "true"], &["sh"], &["-n", "2", "--what", "true"]] {
         let out = ferrorun(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(text(&out.stderr).contains("usage: ferrorun -n N"), "{args:?}");
+        assert!(text(&out.stderr).contains("Usage: ferrorun [OPTIONS] -n <N> <PROGRAM>"), "{args:?}");
     }
     let out = ferrorun(&["-n", "1", "/nonexistent/ferrocomm-nothing"]).output().unwrap();
     assert_eq!(out.status.code(), Some(127));

@@ -73,6 +73,44 @@ fn rma_target_killed() {
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
 
+/// Whether an RDMA device is present (inside the Soft-RoCE VM of scripts/verbs-vm.sh); without
+/// one the verbs tests say they are skipped, unless FERROCOMM_REQUIRE_VERBS is set (the VM run
+/// sets it, so a missing device there fails).
+#[cfg(feature = "verbs")]
+fn verbs_here(test: &str) -> bool {
+    let present = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() > 0).unwrap_or(false);
+    if !present {
+        assert!(std::env::var_os("FERROCOMM_REQUIRE_VERBS").is_none(), "{test}: no RDMA device");
+        eprintln!("{test}: skipped, no RDMA device here (scripts/verbs-vm.sh runs it over Soft-RoCE)");
+    }
+    present
+}
+
+/// The suite over RDMA verbs with 2 and 4 ranks as processes: puts and gets as RDMA writes and
+/// reads, atomics as RDMA atomics (the suite checks that the device route is the one taken), in
+/// each progress mode; then a target killed during operations.
+#[cfg(feature = "verbs")]
+#[test]
+fn rma_suite_over_verbs() {
+    if !verbs_here("rma_suite_over_verbs") {
+        return;
+    }
+    for (n, progress) in [(2, "busy"), (4, "busy"), (2, "blocking")] {
+        let (code, text, took) = launch(n, "suite", "verbs", &[&format!("FERROCOMM_PROGRESS={progress}")]);
+        assert_eq!(code, Some(0), "verbs, {n} ranks, {progress}:\n{text}");
+        for r in 0..n {
+            assert!(said(&text, r, "RMA-OK"), "verbs, {progress}, rank {r}:\n{text}");
+        }
+        println!("one-sided suite over verbs, {n} ranks, {progress} progress: {took:?}");
+    }
+    let (code, text, took) = launch(4, "kill", "verbs", &[]);
+    assert_ne!(code, Some(0), "the launcher reports the killed rank:\n{text}");
+    for r in [0, 1, 3] {
+        assert!(said(&text, r, "RMA-PEER-LOST-OK"), "verbs kill, rank {r}:\n{text}");
+    }
+    println!("one-sided over verbs, target killed: {took:?}");
+}
+
 /// One rank of a scenario, when run by `ferrorun`.
 #[test]
 fn rma_rank_process() {

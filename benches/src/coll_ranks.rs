@@ -1,5 +1,5 @@
 //! The ferrocomm side of `collectives`: the OSU measurement of `benches/mpi/osu_coll.c`, line for
-//! line, on ferrocomm ranks (each its own process, started by [`run_local`](ferrocomm::launch::run_local) as in `pingpong`).
+//! line, on ferrocomm ranks (each its own process, started by [`run_local`](ferrorun::run_local) as in `pingpong`).
 //!
 //! Each rank pins itself (`-p`, rank r on the (r mod count)-th CPU), joins the job, and for each
 //! operation and size runs the warm-up and timed iterations, timing each collective alone with an

@@ -19,7 +19,7 @@
 //!   8 B latency is also given by that method (each batch cut into 3 trials), like for like.
 //!
 //! The ferrocomm side ([`ranks`]): the binary re-executes itself as a job of two ranks through
-//! [`ferrocomm::launch::run_local`], so each rank is its own process. Each rank pins itself to one
+//! [`ferrorun::run_local`], so each rank is its own process. Each rank pins itself to one
 //! CPU (`--cpus`, default 0 and 1) before anything else starts, so that ferrocomm's progress thread
 //! shares the rank's CPU. Rank 0 sends then receives, rank 1 receives then sends, both from one
 //! preallocated [`bytes::Bytes`] payload (sliced, never copied); receives use `recv` (or, with
@@ -59,10 +59,12 @@ mod perftest;
 mod pingpong;
 mod plot;
 mod process;
+mod rails;
 mod ranks;
 mod reference;
 mod report;
 mod rma;
+mod rma_verbs;
 mod sim_scale;
 mod sweep;
 mod transport;
@@ -97,7 +99,9 @@ enum Command {
     Burst(burst::Options),
     Multicast(mcast::Options),
     Rma(rma::Options),
+    RmaVerbs(rma_verbs::Options),
     SimScale(sim_scale::Options),
+    Rails(rails::Options),
     // The processes the benchmarks start: this binary again, with these hidden subcommands.
     #[command(name = ranks::JOB_COMMAND, hide = true)]
     PingpongJob(ranks::JobSpec),
@@ -125,6 +129,8 @@ enum Command {
     RmaJob(rma::JobSpec),
     #[command(name = rma::RANK_COMMAND, hide = true)]
     RmaRank(rma::JobSpec),
+    #[command(name = rails::RANK_COMMAND, hide = true)]
+    RailsRank(rails::RankSpec),
 }
 
 fn main() -> ExitCode {
@@ -138,7 +144,10 @@ fn main() -> ExitCode {
         Command::Burst(o) => burst::main(o),
         Command::Multicast(o) => mcast::main(o),
         Command::Rma(o) => rma::main(o),
+        Command::RmaVerbs(o) => rma_verbs::main(o),
         Command::SimScale(o) => sim_scale::main(o),
+        Command::Rails(o) => rails::main(o),
+        Command::RailsRank(s) => rails::rank_main(s),
         Command::PingpongJob(s) => ranks::job_main(s),
         Command::PingpongRank(s) => ranks::rank_main(s),
         Command::StreamJob(s) => perftest::stream_job_main(s),
@@ -202,6 +211,7 @@ mod tests {
             "sim-scale --ranks 64,4096 --sizes 8,64K,1M --ops bcast,mcast --max-bytes 4G --no-crossover".into(),
             "rma --cpus 0,1 --runs 3 --atomic-ranks 4 --transports tcp --no-peer --json r.json".into(),
             "burst --ranks 6 --messages 2500 --runs 5 --json b.json".into(),
+            "rma-verbs --runs 3 --json rv.json".into(),
             "shm-transport --cpus 0,1 --cma auto --message 4M --json s.json".into(),
             "multicast --transports tcp --json g.json --plot g.svg".into(),
             "pingpong --transport verbs --progress blocking --recv-into --runs 3 --max 4M --target-ms 300 --json h.json \

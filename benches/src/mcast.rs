@@ -23,9 +23,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferrocomm::launch::{LaunchOptions, run_local};
 use ferrocomm::multicast::{Channel, TokenBarrier, broadcast};
 use ferrocomm::{Comm, Rank};
+use ferrorun::{LaunchOptions, run_local};
 use serde_json::{Value, json};
 
 use crate::{Result, cli, plot, process};
@@ -69,6 +69,23 @@ pub(crate) struct Options {
     /// Write the broadcast latency against size as SVG
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Stream comparison: this many messages of 1 B to 60 KiB (log-uniform) from rank 0, by
+    /// multicast and by a windowed binomial broadcast, at 0% loss and at --loss on half the
+    /// receivers (0: skip)
+    #[arg(long, value_name = "N", default_value_t = 20_000)]
+    stream: usize,
+    /// Only the stream comparison (no size sweep, no barrier)
+    #[arg(long)]
+    stream_only: bool,
+    /// Runs of the stream comparison per loss setting (median reported)
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    stream_runs: usize,
+    /// Injected receive loss on half the receivers (the odd ranks) in the lossy stream runs
+    #[arg(long, value_name = "P", default_value_t = 0.2)]
+    loss: f64,
+    /// Internal: the receive loss of this job's odd ranks
+    #[arg(long, hide = true, default_value_t = 0.0)]
+    drop: f64,
 }
 
 impl Options {
@@ -86,12 +103,21 @@ impl Options {
             self.progress.clone(),
             "--transports".into(),
             self.transports.clone(),
+            "--stream".into(),
+            self.stream.to_string(),
+            "--stream-runs".into(),
+            self.stream_runs.to_string(),
+            "--drop".into(),
+            self.drop.to_string(),
         ]
+        .into_iter()
+        .chain(self.stream_only.then(|| "--stream-only".to_string()))
+        .collect()
     }
 }
 
-/// `multicast`: runs the job, prints the report.
-pub(crate) fn main(o: Options) -> Result<()> {
+/// Runs one job (`multicast-job`) and returns its JSON lines, echoing the others.
+fn run_job(o: &Options) -> Result<Vec<Value>> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(&exe)
         .arg(JOB_COMMAND)
@@ -102,21 +128,135 @@ pub(crate) fn main(o: Options) -> Result<()> {
         .spawn()?;
     let out = child.stdout.take().ok_or("the job's output is not piped")?;
     let reader = std::thread::spawn(move || BufReader::new(out).lines().map_while(|l| l.ok()).collect::<Vec<_>>());
-    let status = process::wait_until(&mut child, Instant::now() + Duration::from_secs(600))
+    let status = process::wait_until(&mut child, Instant::now() + Duration::from_secs(1200))
         .map_err(|e| format!("the multicast job did not finish: {e}"))?;
     let lines = reader.join().map_err(|_| "the output reader panicked")?;
-    let (mut bcast, mut barrier) = (None, None);
+    let mut values = Vec::new();
     for line in &lines {
         let json = line.split_once("] ").map(|(_, j)| j).filter(|j| j.starts_with('{'));
         match json.and_then(|j| serde_json::from_str::<Value>(j).ok()) {
-            Some(v) if v.get("bcast").is_some() => bcast = Some(v),
-            Some(v) if v.get("barrier").is_some() => barrier = Some(v),
-            _ => eprintln!("  {line}"),
+            Some(v) => values.push(v),
+            None => eprintln!("  {line}"),
         }
     }
     if !status.success() {
         return Err(format!("the multicast job failed ({status})").into());
     }
+    Ok(values)
+}
+
+/// UDP receive-buffer overflows of this network namespace (`RcvbufErrors` of /proc/net/snmp).
+fn rcvbuf_errors() -> Option<u64> {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").ok()?;
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (udp.next()?, udp.next()?);
+    let i = names.split_whitespace().position(|n| n == "RcvbufErrors")?;
+    values.split_whitespace().nth(i)?.parse().ok()
+}
+
+/// Median and spread (min, max) of `v`.
+fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    (v.get(v.len() / 2).copied().unwrap_or(0.0), v.first().copied().unwrap_or(0.0), v.last().copied().unwrap_or(0.0))
+}
+
+/// The stream comparison: 0% and `--loss` on half the receivers, one job each.
+fn stream_report(o: &Options) -> Result<Value> {
+    let mut phases = Vec::new();
+    for drop in [0.0, o.loss] {
+        let job = Options { drop, stream_only: true, ..o.clone() };
+        let before = rcvbuf_errors();
+        let values = run_job(&job)?;
+        let overflows = rcvbuf_errors().zip(before).map(|(a, b)| a.saturating_sub(b));
+        let runs: Vec<&Value> = values.iter().filter(|v| v.get("stream_run").is_some()).collect();
+        let stats: Vec<&Value> = values.iter().filter(|v| v.get("stream_stats").is_some()).collect();
+        let col = |k: &str| runs.iter().filter_map(|r| r["stream_run"][k].as_f64()).collect::<Vec<_>>();
+        let (m, p) = (col("mcast_mbs"), col("p2p_mbs"));
+        let ratios: Vec<f64> = m.iter().zip(&p).map(|(m, p)| m / p).collect();
+        phases.push(json!({"drop": drop, "mcast_mbs": m, "p2p_mbs": p, "ratios": ratios,
+                           "rcvbuf_errors": overflows, "stats": stats}));
+    }
+    let bytes = stream_bytes(o.stream);
+    println!(
+        "stream: {} messages of 1 B..60 KiB ({:.1} MB) from rank 0 to {} receivers, datagram {} B, {} runs; \
+         MB/s median [min, max]",
+        o.stream,
+        bytes as f64 / 1e6,
+        o.ranks - 1,
+        o.datagram,
+        o.stream_runs
+    );
+    println!("{:>22} {:>24} {:>24} {:>22}", "loss", "multicast MB/s", "binomial MB/s", "multicast/binomial");
+    let mut zero = 0.0;
+    for ph in &phases {
+        let get = |k: &str| ph[k].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect::<Vec<_>>());
+        let (m, p, r) = (
+            spread(&get("mcast_mbs").unwrap_or_default()),
+            spread(&get("p2p_mbs").unwrap_or_default()),
+            spread(&get("ratios").unwrap_or_default()),
+        );
+        let drop = ph["drop"].as_f64().unwrap_or(0.0);
+        if drop == 0.0 {
+            zero = m.0;
+        }
+        let loss = if drop == 0.0 { "0%".to_string() } else { format!("{:.0}% on odd ranks", drop * 100.0) };
+        println!(
+            "{loss:>22} {:>9.1} [{:>5.1}, {:>5.1}] {:>9.1} [{:>5.1}, {:>5.1}] {:>8.2}x [{:.2}, {:.2}]",
+            m.0, m.1, m.2, p.0, p.1, p.2, r.0, r.1, r.2
+        );
+        // In rank order (the ranks print in any order).
+        let mut nacks: Vec<(u64, u64)> = ph["stats"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["rank"].as_u64() != Some(0))
+            .filter_map(|s| Some((s["rank"].as_u64()?, s["stream_stats"]["nacks_sent"].as_u64()?)))
+            .collect();
+        nacks.sort_unstable();
+        let nacks: Vec<u64> = nacks.into_iter().map(|(_, n)| n).collect();
+        let root = ph["stats"].as_array().into_iter().flatten().find(|s| s["rank"].as_u64() == Some(0));
+        let rs = |k: &str| root.and_then(|r| r["stream_stats"][k].as_u64()).unwrap_or(0);
+        println!(
+            "{:>22} NACKs per receiver (ranks 1..) {:?}, root: window full {} times, {} retransmissions; UDP receive-buffer overflows {}",
+            "",
+            nacks,
+            rs("window_stalls"),
+            rs("retransmissions"),
+            ph["rcvbuf_errors"]
+        );
+        if drop > 0.0 && zero > 0.0 {
+            println!("{:>22} multicast at {loss} / multicast at 0%: {:.2}x the time", "", zero / m.0);
+        }
+    }
+    Ok(json!({"messages": o.stream, "bytes": bytes, "phases": phases}))
+}
+
+/// Length of stream message `i`: log-uniform in 1 B..60 KiB (deterministic).
+fn stream_len(i: usize) -> usize {
+    let x = ((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 11) as f64 / (1u64 << 53) as f64;
+    (61_440f64.powf(x) as usize).clamp(1, 61_440)
+}
+
+fn stream_bytes(n: usize) -> usize {
+    (0..n).map(stream_len).sum()
+}
+
+/// `multicast`: runs the jobs, prints the report.
+pub(crate) fn main(o: Options) -> Result<()> {
+    let stream = if o.stream > 0 { Some(stream_report(&o)?) } else { None };
+    if o.stream_only {
+        if let (Some(path), Some(stream)) = (&o.json, &stream) {
+            let all = json!({ "ranks": o.ranks, "datagram": o.datagram, "progress": o.progress,
+                              "transports": o.transports, "stream": stream });
+            std::fs::write(path, serde_json::to_string_pretty(&all)? + "\n")?;
+            println!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
+    let values = run_job(&Options { stream: 0, ..o.clone() })?;
+    let bcast = values.iter().find(|v| v.get("bcast").is_some()).cloned();
+    let barrier = values.iter().find(|v| v.get("barrier").is_some()).cloned();
     let bcast = bcast.ok_or("rank 0 printed no broadcast results")?;
     let barrier = barrier.ok_or("the delayed rank printed no barrier results")?;
     println!(
@@ -172,7 +312,7 @@ pub(crate) fn main(o: Options) -> Result<()> {
     if let Some(path) = &o.json {
         let all = json!({ "ranks": o.ranks, "datagram": o.datagram, "progress": o.progress, "delay_us": o.delay_us,
                           "transports": o.transports,
-                          "bcast": bcast, "barrier": barrier });
+                          "bcast": bcast, "barrier": barrier, "stream": stream });
         std::fs::write(path, serde_json::to_string_pretty(&all)? + "\n")?;
         println!("wrote {}", path.display());
     }
@@ -246,13 +386,95 @@ fn spin(d: Duration) {
     }
 }
 
+/// The stream comparison on one rank: `--stream-runs` runs, each the multicast stream then the
+/// windowed binomial stream; rank 0 prints each run's throughput, every rank its counters.
+async fn stream_rank(o: &Options, w: &ferrocomm::World, chan: &Channel, p2p: &Comm) -> Result<()> {
+    let (me, n) = (w.rank(), w.size());
+    let window = w.settings().multicast.window;
+    let buf: Bytes = (0..61_440).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+    let bytes = stream_bytes(o.stream) as f64;
+    let mut tag = 3u64 << 40;
+    for run in 0..o.stream_runs {
+        let mut mbs = [0.0f64; 2];
+        for (m, mbs) in mbs.iter_mut().enumerate() {
+            w.barrier().await?;
+            let t0 = Instant::now();
+            if m == 0 {
+                for i in 0..o.stream {
+                    if me == 0 {
+                        chan.send(buf.slice(..stream_len(i))).await?;
+                    } else {
+                        let got = chan.recv(0).await?;
+                        if got.len() != stream_len(i) {
+                            return Err(format!("rank {me}: message {i} has {} bytes", got.len()).into());
+                        }
+                    }
+                }
+            } else {
+                // Up to `window` broadcasts in flight, as the multicast window allows.
+                let mut q: std::collections::VecDeque<(usize, tokio::task::JoinHandle<ferrocomm::Result<Bytes>>)> =
+                    std::collections::VecDeque::new();
+                for i in 0..=o.stream {
+                    if q.len() >= window || i == o.stream {
+                        while let Some((k, h)) = q.pop_front() {
+                            let got: Bytes = h.await.map_err(|e| e.to_string())??;
+                            if got.len() != stream_len(k) {
+                                return Err(format!("rank {me}: message {k} has {} bytes", got.len()).into());
+                            }
+                            if i < o.stream {
+                                break;
+                            }
+                        }
+                    }
+                    if i == o.stream {
+                        break;
+                    }
+                    tag += 1;
+                    let data = (me == 0).then(|| buf.slice(..stream_len(i)));
+                    let (c, t) = (p2p.clone(), tag);
+                    q.push_back((i, tokio::spawn(async move { binomial(&c, 0, t, data).await })));
+                }
+            }
+            tag += 1;
+            if me == 0 {
+                for _ in 1..n {
+                    w.recv(ferrocomm::Source::Any, tag).await?;
+                }
+                *mbs = bytes / t0.elapsed().as_secs_f64() / 1e6;
+            } else {
+                w.send(0, tag, Bytes::new()).await?;
+            }
+        }
+        if me == 0 {
+            println!("{}", json!({"stream_run": {"run": run, "mcast_mbs": mbs[0], "p2p_mbs": mbs[1]}}));
+        }
+    }
+    chan.flush().await?;
+    let s = chan.stats();
+    println!(
+        "{}",
+        json!({"rank": me, "stream_stats": {"nacks_sent": s.nacks_sent, "nacks_received": s.nacks_received,
+               "retransmissions": s.retransmissions, "false_retransmissions": s.false_retransmissions,
+               "window_stalls": s.window_stalls, "duplicates": s.duplicates, "out_of_window": s.out_of_window,
+               "acks_sent": s.acks_sent, "acks_at_root": s.acks_at_root, "datagrams_sent": s.datagrams_sent,
+               "copies_sent": s.copies_sent, "malformed": s.malformed, "unauthenticated": s.unauthenticated}})
+    );
+    Ok(())
+}
+
 /// `multicast-rank`: one rank.
 pub(crate) fn rank_main(o: Options) -> Result<()> {
     // One thread: the channel's driver task and the rank's code wake each other without a
     // cross-thread hand-off (9 ranks share 2 cores here).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
-        let w = ferrocomm::init().await?;
+        // Injected loss (the driver's test hook, on received datagrams) on the odd ranks only.
+        let mut settings = ferrocomm::Settings::from_env()?;
+        let rank: u32 = std::env::var("FERROCOMM_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
+        if o.drop > 0.0 && rank % 2 == 1 {
+            settings.multicast.test_drop = o.drop;
+        }
+        let w = ferrocomm::init_with(settings).await?;
         let (me, n) = (w.rank(), w.size());
         let chan = Channel::new(w.comm()).await?;
         let token = TokenBarrier::new(w.comm()).await?;
@@ -260,6 +482,17 @@ pub(crate) fn rank_main(o: Options) -> Result<()> {
         let confirmed =
             chan.wait_group(Duration::from_secs(10)).await & token.channel().wait_group(Duration::from_secs(10)).await;
         w.barrier().await?;
+
+        if o.stream > 0 {
+            stream_rank(&o, &w, &chan, &p2p).await?;
+            if o.stream_only {
+                w.barrier().await?;
+                drop(token);
+                drop(chan);
+                w.finalize().await?;
+                return Ok(());
+            }
+        }
 
         // Broadcast.
         let buf: Bytes = (0..o.max).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();

@@ -101,7 +101,7 @@ impl Perftest {
     }
 
     /// Runs a server and a client of `exe`; returns the client's output.
-    fn pair(&self, exe: &PathBuf, args: &[String], cpus: [usize; 2]) -> Result<String> {
+    pub(crate) fn pair(&self, exe: &PathBuf, args: &[String], cpus: [usize; 2]) -> Result<String> {
         let pin = |cpu: usize| -> Command {
             let mut c = Command::new("taskset");
             c.args(["-c", &cpu.to_string()]).arg(exe).args(args);
@@ -247,7 +247,7 @@ pub(crate) fn stream_rank_main(spec: StreamSpec) -> Result<()> {
 }
 
 /// The value in column `name` of perftest's result row for `bytes`.
-fn column(out: &str, bytes: usize, name: &str) -> Result<f64> {
+pub(crate) fn column(out: &str, bytes: usize, name: &str) -> Result<f64> {
     let header = out.lines().find(|l| l.contains("#bytes") && l.contains(name)).ok_or("no result header")?;
     // A column name ends with a `#name` or `...[unit]` word ("BW peak[MB/sec]" is one column).
     let mut cells = Vec::new();

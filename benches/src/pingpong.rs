@@ -248,7 +248,7 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
         format!("FERROCOMM_TCP_BACKEND={}", opts.backend)
     };
     println!(
-        "ferrocomm: {backend} FERROCOMM_PROGRESS={}, 2 ranks via ferrocomm::launch::run_local, receives with {}, sends with {}, median {}",
+        "ferrocomm: {backend} FERROCOMM_PROGRESS={}, 2 ranks via ferrorun::run_local, receives with {}, sends with {}, median {}",
         opts.progress,
         receive_call(opts.recv_into),
         send_call(opts.send_from),

@@ -29,8 +29,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ferrocomm::launch::{LaunchOptions, run_local};
 use ferrocomm::{Message, Op, Rank, Status, World};
+use ferrorun::{LaunchOptions, run_local};
 use serde_json::{Value, json};
 
 use crate::sweep::{self, MIN_ITERATIONS, MIN_WARMUP, STOP_AFTER, WARMUP};

@@ -27,8 +27,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ferrocomm::launch::{LaunchOptions, run_local};
 use ferrocomm::{Access, SegmentId, World};
+use ferrorun::{LaunchOptions, run_local};
 use serde_json::{Value, json};
 
 use crate::{Result, affinity, cli, process};
@@ -61,7 +61,7 @@ pub(crate) struct Options {
     /// Ranks of the centralized/spread fetch-add experiment
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..))]
     atomic_ranks: u32,
-    /// ferrocomm side: auto (shared memory) or tcp
+    /// ferrocomm side: auto (shared memory) or tcp (`rma-verbs` runs it over verbs)
     #[arg(long, default_value = "auto", value_parser = ["auto", "tcp"])]
     transports: String,
     /// ferrocomm alone
@@ -103,8 +103,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// One ferrocomm job: `kind` is `pair` (latency, bandwidth, one initiator's fetch-add) or
 /// `atomics` (centralized against spread); returns rank 0's JSON line.
 fn ferrocomm_job(o: &Options, kind: &str, ranks: u32) -> Result<Value> {
+    pair_job(kind, ranks, o.cpus, &o.transports)
+}
+
+/// One ferrocomm job of `ranks` ranks pinned to `cpus`, over `transports` (`auto`, `tcp`,
+/// `verbs`); returns rank 0's JSON line.
+pub(crate) fn pair_job(kind: &str, ranks: u32, cpus: [usize; 2], transports: &str) -> Result<Value> {
     let exe = std::env::current_exe()?;
-    let spec = JobSpec { kind: kind.into(), ranks, cpus: o.cpus, transports: o.transports.clone() };
+    let spec = JobSpec { kind: kind.into(), ranks, cpus, transports: transports.into() };
     let mut cmd = Command::new(&exe);
     cmd.arg(JOB_COMMAND).args(spec.to_args()).stderr(Stdio::inherit());
     let (status, lines) = process::run_lines(cmd, Duration::from_secs(600))?;
@@ -174,8 +180,12 @@ async fn pair(w: &World) -> Result<Value> {
     let (seg, remotes) = segments(w, (4 << 20) + PAGE).await?;
     let remote = &remotes[peer];
     let word = seg.word(0)?;
-    let tcp = !remote.is_mapped();
-    let lat_iters = if tcp { LAT_ITERS / 100 } else { LAT_ITERS };
+    // Requests (TCP) need the notification to learn that a put landed; a mapping or the RDMA
+    // device writes straight into the peer's memory, which spins on its word (`ib_write_lat`'s
+    // method too).
+    let device = remote.is_device();
+    let tcp = !remote.is_mapped() && !device;
+    let lat_iters = if tcp || device { LAT_ITERS / 100 } else { LAT_ITERS };
     // Put latency: ping-pong through each other's memory. Over a mapping each side spins on its
     // own word, as `ucp_put_lat` does; over requests the puts carry a notification that each side
     // awaits (its wait runs the progress that applies the peer's put: a busy-polling rank's own
@@ -216,7 +226,7 @@ async fn pair(w: &World) -> Result<Value> {
     }
     let put_mean = t_all.elapsed().as_secs_f64() / i as f64 / 2.0;
     w.barrier().await?;
-    let mut out = json!({"mapped": !tcp, "transport": w.transport_for(peer as u32),
+    let mut out = json!({"mapped": remote.is_mapped(), "device": device, "transport": w.transport_for(peer as u32),
                          "put_lat_us": median(samples) * 1e6, "put_lat_mean_us": put_mean * 1e6});
     if me == 0 {
         let (med, mean) = timed(lat_iters, || async {
@@ -233,7 +243,7 @@ async fn pair(w: &World) -> Result<Value> {
         let src = aligned(&mut src_buf);
         let dst = aligned(&mut dst_buf);
         for size in SIZES {
-            let n = (BW_BYTES / size / if tcp { 16 } else { 1 }).max(4);
+            let n = (BW_BYTES / size / if tcp || device { 16 } else { 1 }).max(4);
             let t0 = Instant::now();
             for _ in 0..n {
                 w.put(remote, PAGE, &src[..size]).await?;
@@ -246,7 +256,7 @@ async fn pair(w: &World) -> Result<Value> {
             }
             out[format!("get_bw_{size}")] = json!((n * size) as f64 / t0.elapsed().as_secs_f64() / 1e6);
         }
-        let iters = if tcp { ATOMIC_ITERS / 100 } else { ATOMIC_ITERS };
+        let iters = if tcp || device { ATOMIC_ITERS / 100 } else { ATOMIC_ITERS };
         let (med, mean) = timed(iters, || async {
             w.fetch_add(remote, 16, 1).await?;
             Ok(())

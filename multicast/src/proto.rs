@@ -23,7 +23,8 @@
 //!   messages or `ack_delay` after the first unacknowledged one. ACKs count messages the
 //!   application has taken, so a receiver that stops reading stalls the root's window instead of
 //!   growing memory anywhere.
-//! * **NACK** on a gap (a later message arrived first) asks the collector at once; **timeouts**
+//! * **NACK** on a gap (a later message arrived first) asks the collector at once (a leaf only: a
+//!   co-root's reliable copies are already on their way); **timeouts**
 //!   (RTO from a smoothed RTT estimate, Karn's rule, exponential back-off) catch the rest.
 //!   Retransmissions go to the missing rank only, over reliable point-to-point.
 //! * **Failures**: a dead leaf is dropped from its collector; a dead co-root's leaves are adopted by
@@ -933,8 +934,11 @@ impl Receiver {
 
     /// Something later than `self.next` arrived while `self.next` is incomplete: ask for the
     /// missing run at once (once per run, again after the initial RTO).
+    /// A co-root never asks: the root sends it every message over reliable, ordered
+    /// point-to-point, so whatever it lacks below a later arrival is already on its way (its
+    /// multicast copy merely came first), and a NACK would only make the root send it twice.
     fn check_gap(&mut self, cfg: &Config, seq: u32, now: Instant, out: &mut Out) {
-        if !before(self.next, seq) {
+        if !before(self.next, seq) || self.coroot.is_some() {
             return;
         }
         let mut to = self.next;

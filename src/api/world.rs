@@ -62,6 +62,12 @@ pub(crate) struct Inner {
     /// The name of this job's shared-memory files, when this rank has peers over shared memory.
     pub shm_job: Option<String>,
     pub closed: AtomicBool,
+    /// Per peer and rail, what striping measured and carried (when the rank has rails).
+    pub rail_stats: Option<ferrocomm_transports::rails::SharedStats>,
+    /// How each peer is reached, with proxy routes on.
+    pub ways: Option<Vec<ferrocomm_transports::relay::Way>>,
+    /// The store, where this rank hosts it, and the watch's goodbye ([`crate::bootstrap::notices`]).
+    pub store_link: Mutex<crate::bootstrap::notices::StoreLink>,
     pub thread: Mutex<Option<ReactorThread>>,
     /// Departures and losses this rank knows of ([`crate::p2p::failure::Failures::changes`]): the
     /// collectives' gate asks the engine only once it is not zero.
@@ -218,6 +224,25 @@ impl World {
         self.inner.reactor.with(|d| d.transport.name_for(peer))
     }
 
+    /// What the rails to `peer` carried and measured, rail 0 (the bootstrap connection) first;
+    /// `None` for a rail that does not reach `peer`. Empty without rails (docs/routes.md).
+    pub fn rail_stats(&self, peer: Rank) -> Vec<Option<ferrocomm_transports::rails::RailStats>> {
+        let Some(s) = &self.inner.rail_stats else { return Vec::new() };
+        s.lock().unwrap_or_else(|e| e.into_inner()).get(peer as usize).cloned().unwrap_or_default()
+    }
+
+    /// The route a message of `len` bytes to `peer` takes: direct, or staged through a proxy
+    /// rank (docs/routes.md). Always direct with proxy routes off.
+    pub fn route_for(&self, peer: Rank, len: usize) -> ferrocomm_transports::relay::Route {
+        use ferrocomm_transports::relay::{Route, Way};
+        match self.inner.ways.as_ref().and_then(|w| w.get(peer as usize)) {
+            Some(Way::Via(p)) => Route::Via(*p),
+            // Only rendezvous data is staged: eager messages keep the direct connection.
+            Some(Way::Split(plan)) if len > self.inner.settings.eager_limit => plan.route(len),
+            _ => Route::Direct,
+        }
+    }
+
     /// Connection attempts this rank refused (most recent last, at most 64 kept).
     pub fn refused_connections(&self) -> Vec<Refused> {
         self.inner.refused.lock().clone()
@@ -282,6 +307,8 @@ impl Inner {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        // The store first: its watch's goodbye goes before the process can exit.
+        self.store_link.lock().leave(std::thread::panicking());
         let start = Instant::now();
         let flush = |start: Instant| {
             while start.elapsed() < limit {
@@ -312,7 +339,7 @@ impl Inner {
         // Operations still in flight (their handles outlived the world's) can no longer finish.
         self.reactor.with(|d| {
             d.engine.close();
-            d.upper.close(&mut d.engine);
+            d.upper.close(&mut d.engine, &mut *d.transport);
         });
         self.reactor.stop();
         self.thread.lock().take();

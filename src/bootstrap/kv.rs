@@ -33,7 +33,17 @@
 //!            server: 0u8 (stored) | 2u8 (store full)
 //! get        client: 2u8 key_len:u16 key wait_ms:u32
 //!            server: 0u8 value_len:u32 value | 1u8 (not put within wait_ms)
+//! watch      client: 3u8 rank:u32
+//!            server: 0u8, later (at most once) report_len:u32 report
+//!            client: 4u8 (goodbye), or the connection closes
 //! ```
+//!
+//! A *watch* is a rank's lifeline to the store, held for the whole job: the store sends the report
+//! of a dead rank down it once one is known (the value of `notices::FAILED_KEY`), and a watch that
+//! ends without the rank's goodbye (its process died, so its kernel closed the connection) makes
+//! the store report that rank itself, unless a report is there already. So the store host sees
+//! every rank's end the way a launcher sees its processes end, whoever hosts the store (`ferrorun`,
+//! or rank 0 under `mpirun`, `srun` or by hand).
 
 use std::collections::HashMap;
 use std::io;
@@ -46,7 +56,7 @@ use ferrocomm_transports::auth::{
     Protocol,
 };
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
@@ -60,7 +70,7 @@ pub const MAX_VALUE_LEN: usize = 64 * 1024;
 pub const MAX_ENTRIES: usize = 1 << 20;
 
 const MAGIC: &[u8; 4] = b"FCKV";
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 /// The client's hello: magic, version, nonce.
 const HELLO_LEN: usize = 4 + 1 + NONCE_LEN;
 /// The start of the store's answer: magic, version, status.
@@ -73,6 +83,8 @@ const HS_REFUSE: u8 = 1;
 
 const OP_PUT: u8 = 1;
 const OP_GET: u8 = 2;
+const OP_WATCH: u8 = 3;
+const OP_BYE: u8 = 4;
 
 const ST_OK: u8 = 0;
 const ST_NOT_FOUND: u8 = 1;
@@ -84,6 +96,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Extra time a client allows the server beyond the wait it asked for.
 const REPLY_SLACK: Duration = Duration::from_secs(5);
+/// How long a watch waits for a report before it waits again (its wait has no end).
+const WATCH_WAIT: Duration = Duration::from_secs(3600);
 
 /// Errors of [`KvClient`].
 #[derive(Debug, Error)]
@@ -178,6 +192,27 @@ struct Shared {
     key: HandshakeKey,
     max_entries: usize,
     store: Mutex<Store>,
+    /// Watches not yet sent the report (see [`KvServer::settle`]).
+    untold: std::sync::atomic::AtomicUsize,
+    /// The ranks that made a watch.
+    watched: Mutex<std::collections::HashSet<u32>>,
+}
+
+/// Counts a watch among the untold until it is told or ends.
+struct Untold<'a>(Option<&'a Shared>);
+
+impl Untold<'_> {
+    fn told(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.untold.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Untold<'_> {
+    fn drop(&mut self) {
+        self.told();
+    }
 }
 
 impl Shared {
@@ -189,8 +224,15 @@ impl Shared {
 
     /// Stores `value`; false when the store is full.
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        self.put_if(key, value, true)
+    }
+
+    /// Stores `value` unless `key` holds one and `replace` is false; false when the store is full
+    /// (or the key was kept).
+    fn put_if(&self, key: Vec<u8>, value: Vec<u8>, replace: bool) -> bool {
         let mut s = self.lock();
-        if !s.map.contains_key(key.as_slice()) && s.map.len() >= self.max_entries {
+        let there = s.map.contains_key(key.as_slice());
+        if (there && !replace) || (!there && s.map.len() >= self.max_entries) {
             return false;
         }
         if let Some(n) = s.waiters.remove(key.as_slice()) {
@@ -257,7 +299,13 @@ impl KvServer {
         let listener = TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         let key = JobSecret::new(token).handshake_key(Protocol::Store);
-        let shared = Arc::new(Shared { key, max_entries, store: Mutex::new(Store::default()) });
+        let shared = Arc::new(Shared {
+            key,
+            max_entries,
+            store: Mutex::new(Store::default()),
+            untold: 0.into(),
+            watched: Default::default(),
+        });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(KvServer { addr, task, shared })
     }
@@ -271,6 +319,28 @@ impl KvServer {
     /// (a launcher telling the ranks something). False when the store is full.
     pub fn put(&self, key: &str, value: &[u8]) -> bool {
         self.shared.put(key.as_bytes().to_vec(), value.to_vec())
+    }
+
+    /// Reports rank `rank` dead (its process ended, `how`) to every rank's watch: what a launcher
+    /// that hosts the store says when it sees a rank's process end before its goodbye. Replaces
+    /// an earlier report in the store (watches already told keep the first).
+    pub fn report_dead(&self, rank: u32, how: &str) {
+        use super::notices::{FAILED_KEY, encode};
+        self.shared.put(FAILED_KEY.as_bytes().to_vec(), encode(rank, how));
+    }
+
+    /// Once `report` (the watches' report key) holds a value, waits until each of the ranks
+    /// `0..size` made a watch and every watch was sent the report or ended, for at most `limit`:
+    /// a store about to go lets its report reach every rank first, also ranks that come late.
+    pub(crate) async fn settle(&self, report: &str, size: u32, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let all_watched = || self.shared.watched.lock().unwrap_or_else(|e| e.into_inner()).len() >= size as usize;
+        while self.shared.lock().map.contains_key(report.as_bytes())
+            && (!all_watched() || self.shared.untold.load(std::sync::atomic::Ordering::Acquire) > 0)
+            && Instant::now() < deadline
+        {
+            sleep(Duration::from_millis(5)).await;
+        }
     }
 }
 
@@ -346,6 +416,13 @@ async fn serve(stream: TcpStream, shared: &Shared) -> End {
         };
         let request = match op {
             OP_PUT | OP_GET => timeout(REQUEST_TIMEOUT, read_request(&mut conn, op)).await,
+            OP_WATCH => {
+                return match timeout(REQUEST_TIMEOUT, conn.read_u32_le()).await {
+                    Err(_) => End::Bad(format!("request not completed within {REQUEST_TIMEOUT:?}")),
+                    Ok(Err(e)) => e.into(),
+                    Ok(Ok(rank)) => watch(conn, shared, rank).await,
+                };
+            }
             other => return End::Bad(format!("unknown request type {other:#04x}")),
         };
         let reply = match request {
@@ -370,6 +447,56 @@ async fn serve(stream: TcpStream, shared: &Shared) -> End {
         };
         if let Err(e) = conn.write_all(&reply).await {
             return e.into();
+        }
+    }
+}
+
+/// Serves rank `rank`'s watch until its goodbye or the end of its connection; the latter reports
+/// the rank as dead (see the module doc).
+async fn watch(mut conn: BufReader<TcpStream>, shared: &Shared, rank: u32) -> End {
+    use super::notices::{FAILED_KEY, encode};
+    let lost = |how: &str| {
+        tracing::warn!(rank, "kv store: rank {rank}'s connection {how}");
+        // The first report stands: a rank that fails because of an earlier loss is no news.
+        shared.put_if(FAILED_KEY.as_bytes().to_vec(), encode(rank, how), false);
+    };
+    shared.untold.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    shared.watched.lock().unwrap_or_else(|e| e.into_inner()).insert(rank);
+    let mut untold = Untold(Some(shared));
+    if let Err(e) = conn.write_all(&[ST_OK]).await {
+        lost("failed");
+        return e.into();
+    }
+    let mut told = false;
+    loop {
+        tokio::select! {
+            // Cancel safe: a one-byte read either took the byte or did not.
+            byte = conn.read_u8() => return match byte {
+                Ok(OP_BYE) => End::Closed,
+                Ok(other) => {
+                    lost("broke the protocol");
+                    End::Bad(format!("byte {other:#04x} on rank {rank}'s watch"))
+                }
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    lost("closed without a goodbye");
+                    End::Closed
+                }
+                Err(e) => {
+                    lost("failed");
+                    End::Io(e)
+                }
+            },
+            report = shared.get(FAILED_KEY.as_bytes(), Instant::now() + WATCH_WAIT), if !told => {
+                let Some(report) = report else { continue };
+                told = true;
+                // A report's value is at most MAX_VALUE_LEN, which fits in u32.
+                let msg = [&(report.len() as u32).to_le_bytes()[..], &report].concat();
+                if let Err(e) = conn.write_all(&msg).await {
+                    lost("failed");
+                    return e.into();
+                }
+                untold.told();
+            }
         }
     }
 }
@@ -410,7 +537,7 @@ async fn read_request<R: AsyncRead + Unpin>(conn: &mut R, op: u8) -> Result<Requ
 
 /// The store's side of the handshake: answers a hello with a challenge, then checks the client's
 /// proof. Every read is of a fixed size.
-async fn handshake(conn: &mut BufReader<TcpStream>, key: &HandshakeKey) -> Result<(), End> {
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(conn: &mut S, key: &HandshakeKey) -> Result<(), End> {
     let mut hello = [0u8; HELLO_LEN];
     conn.read_exact(&mut hello).await?;
     if &hello[..4] != MAGIC {
@@ -438,6 +565,48 @@ async fn handshake(conn: &mut BufReader<TcpStream>, key: &HandshakeKey) -> Resul
 }
 
 // ---------------------------------------------------------------- client --
+
+/// The client's side of the handshake over `stream` (a socket; generic for the fuzz targets):
+/// the outer error is the connection's, the inner one the handshake's verdict.
+async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    addr: &str,
+    token: &[u8; 32],
+) -> io::Result<Result<(), KvError>> {
+    let failed = |source| KvError::Handshake { addr: addr.to_string(), source };
+    let key = JobSecret::new(*token).handshake_key(Protocol::Store);
+    let connector = match Connector::new(key, Ends::STORE) {
+        Ok(c) => c,
+        Err(e) => return Ok(Err(failed(e))),
+    };
+    stream.write_all(&[&MAGIC[..], &[VERSION], connector.hello()].concat()).await?;
+    let mut answer = [0u8; ANSWER_LEN];
+    stream.read_exact(&mut answer).await?;
+    if &answer[..4] != MAGIC {
+        return Ok(Err(failed(HandshakeError::Malformed("not a ferrocomm key-value store (bad magic)"))));
+    }
+    match answer[5] {
+        HS_CHALLENGE if answer[4] == VERSION => {}
+        HS_WRONG_VERSION => {
+            return Ok(Err(failed(HandshakeError::WrongVersion { ours: VERSION, theirs: answer[4] })));
+        }
+        _ => return Ok(Err(failed(HandshakeError::Malformed("unknown answer to the hello")))),
+    }
+    let mut challenge = [0u8; CHALLENGE_LEN];
+    stream.read_exact(&mut challenge).await?;
+    match connector.answer(&Challenge::from_bytes(&challenge)) {
+        Ok(proof) => stream.write_all(&[&[HS_PROOF][..], &proof].concat()).await?,
+        Err(e) => {
+            // Nothing keyed goes to a store that did not prove itself; tell it why we go.
+            let _ = stream.write_all(&[HS_REFUSE]).await;
+            return Ok(Err(failed(e)));
+        }
+    }
+    stream.read_u8().await.map(|status| match status {
+        ST_OK => Ok(()),
+        other => Err(KvError::Protocol(format!("handshake answered with {other:#04x}"))),
+    })
+}
 
 /// A connection to the store.
 pub struct KvClient {
@@ -483,38 +652,7 @@ impl KvClient {
         deadline: Instant,
         waited: Duration,
     ) -> Result<KvClient, KvError> {
-        let failed = |source| KvError::Handshake { addr: addr.to_string(), source };
-        let key = JobSecret::new(*token).handshake_key(Protocol::Store);
-        let connector = Connector::new(key, Ends::STORE).map_err(failed)?;
-        let exchange = async {
-            stream.write_all(&[&MAGIC[..], &[VERSION], connector.hello()].concat()).await?;
-            let mut answer = [0u8; ANSWER_LEN];
-            stream.read_exact(&mut answer).await?;
-            if &answer[..4] != MAGIC {
-                return Ok(Err(failed(HandshakeError::Malformed("not a ferrocomm key-value store (bad magic)"))));
-            }
-            match answer[5] {
-                HS_CHALLENGE if answer[4] == VERSION => {}
-                HS_WRONG_VERSION => {
-                    return Ok(Err(failed(HandshakeError::WrongVersion { ours: VERSION, theirs: answer[4] })));
-                }
-                _ => return Ok(Err(failed(HandshakeError::Malformed("unknown answer to the hello")))),
-            }
-            let mut challenge = [0u8; CHALLENGE_LEN];
-            stream.read_exact(&mut challenge).await?;
-            match connector.answer(&Challenge::from_bytes(&challenge)) {
-                Ok(proof) => stream.write_all(&[&[HS_PROOF][..], &proof].concat()).await?,
-                Err(e) => {
-                    // Nothing keyed goes to a store that did not prove itself; tell it why we go.
-                    let _ = stream.write_all(&[HS_REFUSE]).await;
-                    return Ok(Err(failed(e)));
-                }
-            }
-            stream.read_u8().await.map(|status| match status {
-                ST_OK => Ok(()),
-                other => Err(KvError::Protocol(format!("handshake answered with {other:#04x}"))),
-            })
-        };
+        let exchange = client_handshake(&mut stream, addr, token);
         match tokio::time::timeout_at(deadline, exchange).await {
             Err(_) => Err(KvError::ConnectTimeout {
                 addr: addr.to_string(),
@@ -590,6 +728,17 @@ impl KvClient {
         }
     }
 
+    /// Turns this connection into rank `rank`'s watch (see the module doc): from now on the store
+    /// takes the connection's end without [`KvWatch::goodbye`] for the rank's death.
+    pub async fn watch(mut self, rank: u32) -> Result<KvWatch, KvError> {
+        self.begin()?;
+        self.stream.write_all(&[&[OP_WATCH][..], &rank.to_le_bytes()].concat()).await?;
+        match self.stream.read_u8().await? {
+            ST_OK => Ok(KvWatch { stream: self.stream }),
+            other => Err(KvError::Protocol(format!("watch answered with {other:#04x}"))),
+        }
+    }
+
     fn begin(&mut self) -> Result<(), KvError> {
         if self.in_flight {
             return Err(KvError::Broken);
@@ -597,6 +746,47 @@ impl KvClient {
         self.in_flight = true;
         Ok(())
     }
+}
+
+/// A rank's watch in the store ([`KvClient::watch`]).
+pub struct KvWatch {
+    stream: TcpStream,
+}
+
+impl KvWatch {
+    /// Waits for the store's report of a dead rank (sent at most once). Cancel safe until the
+    /// report's first byte arrives.
+    pub async fn report(&mut self) -> Result<Vec<u8>, KvError> {
+        read_report(&mut self.stream).await
+    }
+
+    /// A second handle on the connection, for [`KvWatch::goodbye`] from where no runtime runs
+    /// (the world's shutdown). It keeps the connection open as long as it lives.
+    pub fn goodbye_handle(&self) -> io::Result<std::net::TcpStream> {
+        use std::os::fd::{AsFd, OwnedFd};
+        let fd: OwnedFd = self.stream.as_fd().try_clone_to_owned()?;
+        Ok(std::net::TcpStream::from(fd))
+    }
+
+    /// Says goodbye through `handle` ([`KvWatch::goodbye_handle`]): the rank leaves in order, so
+    /// the end of its connection is no death. A single byte on an otherwise silent connection: it
+    /// fits in the socket buffer, so the write does not block (an error means the store is gone,
+    /// and then there is nobody to tell).
+    pub fn goodbye(handle: &std::net::TcpStream) {
+        use std::io::Write;
+        let _ = (&*handle).write(&[OP_BYE]);
+    }
+}
+
+/// A watch's report: its length, then the value.
+async fn read_report<R: AsyncRead + Unpin>(stream: &mut R) -> Result<Vec<u8>, KvError> {
+    let len = stream.read_u32_le().await? as usize;
+    if len > MAX_VALUE_LEN {
+        return Err(KvError::Protocol(format!("report length {len} exceeds {MAX_VALUE_LEN}")));
+    }
+    let mut value = vec![0u8; len];
+    stream.read_exact(&mut value).await?;
+    Ok(value)
 }
 
 /// The store's answer to a get: the value, or `None` if nobody put the key in time.
@@ -1041,5 +1231,32 @@ mod tests {
         });
         let e = handshake_error(KvClient::connect(&addr, &TOKEN, T).await);
         assert!(matches!(e, HandshakeError::Malformed(_)), "{e}");
+    }
+
+    /// A watch that ends after its goodbye is no death; one that ends without it is reported
+    /// (once: the first report stands) down every other watch, also one made later.
+    #[tokio::test]
+    async fn watches_report_a_rank_whose_connection_ends_without_a_goodbye() {
+        use crate::bootstrap::notices::FAILED_KEY;
+        let (server, addr) = server().await;
+        let watch = |rank| {
+            let addr = addr.clone();
+            async move { KvClient::connect(&addr, &TOKEN, T).await.unwrap().watch(rank).await.unwrap() }
+        };
+        let mut w0 = watch(0).await;
+        let leaving = watch(1).await;
+        let handle = leaving.goodbye_handle().unwrap();
+        KvWatch::goodbye(&handle);
+        drop((leaving, handle));
+        let dying = watch(2).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!server.shared.lock().map.contains_key(FAILED_KEY.as_bytes()), "a goodbye is no death");
+        drop(dying);
+        let report = tokio::time::timeout(T, w0.report()).await.unwrap().unwrap();
+        assert_eq!(report, crate::bootstrap::notices::encode(2, "closed without a goodbye"));
+        // A later death does not replace the first report; a later watch is told at once.
+        drop(watch(3).await);
+        let mut late = watch(4).await;
+        assert_eq!(tokio::time::timeout(T, late.report()).await.unwrap().unwrap(), report);
     }
 }

@@ -15,7 +15,9 @@
 pub mod env;
 pub mod kv;
 pub(crate) mod notices;
+pub(crate) mod rails;
 pub(crate) mod rendezvous;
+pub(crate) mod routes;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -24,6 +26,8 @@ use std::time::Duration;
 
 use ferrocomm_reactor::ReactorThread;
 use ferrocomm_transports::auth::JobSecret;
+use ferrocomm_transports::rails::Bonded;
+use ferrocomm_transports::relay::Relayed;
 use ferrocomm_transports::route::Routed;
 use ferrocomm_transports::tcp::{self, handshake_accept, handshake_connect};
 use ferrocomm_transports::wire::{Limits, TOKEN_LEN};
@@ -33,7 +37,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::api::world::{Inner, Refused, World};
-use crate::config::{Settings, TransportChoice};
+use crate::config::{RailList, Settings, TransportChoice};
 use crate::error::{Error, Result};
 use crate::p2p::driver::Driver;
 use crate::p2p::engine::{self, Engine};
@@ -59,16 +63,16 @@ pub async fn init_with(settings: Settings) -> Result<World> {
         // Its warnings are seen, unless the program has a log of its own.
         crate::observe::log::install();
     }
-    let (store, kv, coordinator) = rendezvous::open(&job, settings.connect_timeout).await?;
-    if job.launcher == env::Launcher::Ferrorun {
-        // Its store lives as long as the job, and it reports ranks that die.
-        return notices::join_watched(job.rank, job.size, kv, &coordinator, job.token, store, settings).await;
-    }
-    join_via(job.rank, job.size, kv, &coordinator, job.token, store, settings).await
+    let (store, kv, coordinator, host) = rendezvous::open(&job, settings.connect_timeout).await?;
+    // The store sees every rank's end through its watch (and ferrorun every process's end).
+    let reason =
+        if job.launcher == env::Launcher::Ferrorun { TransportError::Launcher } else { TransportError::StoreClosed };
+    let store = notices::Store { server: store, host };
+    notices::join_watched(job.rank, job.size, kv, &coordinator, job.token, store, settings, reason).await
 }
 
 /// Joins as `rank` of `size` through the store at `coordinator`. `store` is the store itself when
-/// this rank hosts it: it is kept alive until every rank has finished connecting.
+/// this rank hosts it: it is kept alive until this rank's world shuts down.
 pub async fn join(
     rank: Rank,
     size: u32,
@@ -81,7 +85,7 @@ pub async fn join(
     let kv = KvClient::connect(coordinator, &token, settings.connect_timeout)
         .await
         .map_err(Error::bootstrap("connecting to the key-value store"))?;
-    join_via(rank, size, kv, coordinator, token, store, settings).await
+    join_via(rank, size, kv, coordinator, token, &mut { store }, settings).await
 }
 
 /// [`join`] through `kv`, a client of the store at `coordinator`.
@@ -91,7 +95,7 @@ async fn join_via(
     mut kv: KvClient,
     coordinator: &str,
     token: [u8; TOKEN_LEN],
-    store: Option<KvServer>,
+    store: &mut Option<KvServer>,
     settings: Settings,
 ) -> Result<World> {
     if rank >= size {
@@ -174,26 +178,59 @@ async fn join_via(
     let refused = Arc::new(Mutex::new(Vec::new()));
     let (tx, mut rx) = mpsc::unbounded_channel();
     let expect: Vec<bool> = (0..size).map(|r| r > rank && !local[r as usize]).collect();
-    let to_accept = expect.iter().filter(|&&e| e).count();
+    let mut to_accept = expect.iter().filter(|&&e| e).count();
     let awaited = Arc::new(Mutex::new(expect));
     thread.handle().spawn(accept_loop(listener, rank, token, limits, refused.clone(), tx, awaited.clone()));
 
     let mut conns: Vec<Option<std::net::TcpStream>> = (0..size).map(|_| None).collect();
     let deadline = tokio::time::Instant::now() + settings.connect_timeout;
+    let proxy = settings.routes.proxy;
     for peer in (0..rank).filter(|&p| !local[p as usize]) {
         let addr = kv
             .get(&format!("addr/{peer}"), settings.connect_timeout)
             .await
             .map_err(Error::bootstrap(format!("reading rank {peer}'s address")))?;
         let addr = String::from_utf8_lossy(&addr).to_string();
-        let mut s = connect_retry(&addr, deadline).await?;
-        tokio::time::timeout_at(deadline, handshake_connect(&mut s, rank, peer, &token, &limits))
-            .await
-            .unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut)))
-            .map_err(Error::bootstrap(format!("handshake with rank {peer} at {addr}")))?;
+        // With proxies on, a peer not reached soon has no direct path (routes.rs).
+        let until =
+            if proxy { deadline.min(tokio::time::Instant::now() + settings.routes.direct_timeout) } else { deadline };
+        let direct = async {
+            // A connect whose SYNs vanish (a host that does not forward) ends only at `until`.
+            let mut s = tokio::time::timeout_at(until, connect_retry(&addr, until))
+                .await
+                .map_err(|_| Error::bootstrap_failed(format!("cannot connect to {addr}: timed out")))??;
+            tokio::time::timeout_at(until, handshake_connect(&mut s, rank, peer, &token, &limits))
+                .await
+                .unwrap_or(Err(TransportError::Io(std::io::ErrorKind::TimedOut)))
+                .map_err(Error::bootstrap(format!("handshake with rank {peer} at {addr}")))?;
+            Ok::<_, Error>(s)
+        };
+        let s = match direct.await {
+            Ok(s) => s,
+            Err(e) if proxy => {
+                tracing::info!(rank, peer, error = %e, "no direct path; a proxy will relay");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         tcp::tune(&s, settings.peer_timeout).map_err(Error::bootstrap("tuning a connection"))?;
         conns[peer as usize] = Some(s.into_std().map_err(Error::bootstrap("tuning a connection"))?);
     }
+    let reach = if proxy {
+        let mine: Vec<Rank> = (0..rank).filter(|&p| conns[p as usize].is_some()).collect();
+        let reach = routes::exchange(&mut kv, rank, size, &mine, settings.connect_timeout).await?;
+        // Higher ranks that found no direct path to this one will not connect.
+        let mut awaited = awaited.lock();
+        for r in rank + 1..size {
+            if awaited[r as usize] && !reach.connected(rank, r) {
+                awaited[r as usize] = false;
+                to_accept -= 1;
+            }
+        }
+        Some(reach)
+    } else {
+        None
+    };
     for _ in 0..to_accept {
         let (peer, s) = tokio::time::timeout_at(deadline, rx.recv())
             .await
@@ -204,6 +241,19 @@ async fn join_via(
     }
     awaited.lock().fill(false);
 
+    // More connections to the same peers over other interfaces, for striping (rails.rs).
+    let remote_tcp: Vec<bool> = (0..size).map(|r| r != rank && !local[r as usize]).collect();
+    let rails = if settings.rails.list == RailList::Off || settings.transports == TransportChoice::Verbs {
+        None
+    } else {
+        let mine = rails::local_rails(&settings.rails.list, ip)?;
+        let timeout = settings.connect_timeout;
+        let (h, peer_timeout) = (thread.handle(), settings.peer_timeout);
+        // Rails only where there is a direct path.
+        let direct: Vec<bool> = conns.iter().map(Option::is_some).collect();
+        Some(rails::connect(&mut kv, rank, &direct, mine, &token, &limits, timeout, peer_timeout, h).await?)
+    };
+
     let verbs = settings.transports == TransportChoice::Verbs;
     let tcp = if verbs {
         // Every peer over verbs; the TCP connections stay open as its liveness channels.
@@ -212,6 +262,38 @@ async fn join_via(
         let _rt = thread.handle().enter();
         tcp::build(settings.tcp_backend, conns, limits, settings.eager_limit)
             .map_err(Error::bootstrap("starting the TCP transport"))?
+    };
+    // Peers without a direct connection, through a proxy; slow direct paths, with costs, too.
+    let (tcp, ways) = match &reach {
+        Some(reach) => {
+            let costs = settings.routes.load_costs()?;
+            let ways = routes::ways(rank, &remote_tcp, reach, &costs, settings.routes.piece)?;
+            tracing::debug!(rank, ?ways, "routes");
+            let mut relayed = Relayed::new(rank, tcp, ways.clone(), settings.routes.piece, limits);
+            relayed.serve(routes::served(rank, size, reach, &costs, settings.routes.piece));
+            (Box::new(relayed) as Box<dyn Transport>, Some(ways))
+        }
+        None => (tcp, None),
+    };
+    // Pushed rendezvous needs a peer's data frames in order behind their RTS: striping across
+    // rails and relaying through proxies do not keep that, so they keep the plain protocol.
+    let pushable = rails.is_none() && !proxy;
+    let (tcp, rail_stats) = match rails {
+        Some(links) if links.conns.iter().flatten().any(|c| c.is_some()) => {
+            let _rt = thread.handle().enter();
+            let table = links.table(&remote_tcp);
+            let mut parts = vec![tcp];
+            for c in links.conns {
+                parts.push(
+                    tcp::build(settings.tcp_backend, c, limits, settings.eager_limit)
+                        .map_err(Error::bootstrap("starting a rail's TCP transport"))?,
+                );
+            }
+            let bonded = Bonded::new(rank, parts, &table, settings.rails.stripe(settings.rndv_chunk));
+            let stats = bonded.shared_stats();
+            (Box::new(bonded) as Box<dyn Transport>, Some(stats))
+        }
+        _ => (tcp, None),
     };
     let remote = (0..size).any(|r| r != rank && !local[r as usize]);
     let transport = if !local.contains(&true) {
@@ -226,16 +308,9 @@ async fn join_via(
         }
     };
 
-    // Every rank is connected to us; the store host waits until everyone is done with the store.
+    // Every rank is connected to us. The store host keeps the store as long as its world: the
+    // others' watches are there (see `notices`).
     kv.put(&format!("ready/{rank}"), b"1").await.map_err(Error::bootstrap("announcing that this rank is connected"))?;
-    if store.is_some() {
-        for r in 0..size {
-            kv.get(&format!("ready/{r}"), settings.connect_timeout)
-                .await
-                .map_err(Error::bootstrap(format!("waiting for rank {r} to connect")))?;
-        }
-    }
-    drop(store);
 
     tracing::debug!(rank, size, transport = transport.name(), "joined");
     let cfg = engine::Config {
@@ -248,7 +323,7 @@ async fn join_via(
     let mut engine = Engine::with_completions(rank, size, cfg);
     // Over a byte stream a CTS buys no zero-copy: rendezvous data follows its RTS at once.
     for peer in 0..size {
-        engine.set_push(peer, transport.name_for(peer).starts_with("tcp"));
+        engine.set_push(peer, pushable && transport.name_for(peer).starts_with("tcp"));
     }
     let rma = crate::rma::hook::Hook::new(&mut engine, rank);
     let driver = Driver { engine, transport, upper: Box::new(rma) };
@@ -271,6 +346,9 @@ async fn join_via(
         datagram_key: JobSecret::new(token).datagram_key(),
         shm_job: local.contains(&true).then(|| shm_job(&token)),
         closed: AtomicBool::new(false),
+        rail_stats,
+        ways,
+        store_link: Mutex::new(notices::StoreLink { store: store.take(), goodbye: None }),
         thread: Mutex::new(Some(thread)),
         changes,
         coll_meters: Default::default(),
@@ -449,7 +527,11 @@ fn shared_fingerprint(settings: &Settings) -> u64 {
     // Over verbs, the slot rings and the rendezvous protocol too (device and GID are per host).
     let v = &s.verbs;
     let verbs = verbs.then(|| (v.slots, format!("{:?} {:?}", v.eager, v.rendezvous)));
-    env::fnv1a64(&[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?}", s.collectives).as_bytes()])
+    let (rails, proxy) = (s.rails.list != RailList::Off, s.routes.proxy);
+    let routes = format!("rails={rails} proxy={proxy}");
+    env::fnv1a64(
+        &[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?} {routes}", s.collectives).as_bytes()],
+    )
 }
 
 /// Where a rank shares memory: with the other ranks of its host, or (if it cannot run the

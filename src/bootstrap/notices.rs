@@ -1,22 +1,35 @@
-//! The launcher's reports of ranks whose process ended before they said goodbye.
+//! The store's reports of ranks whose process ended before they said goodbye.
 //!
-//! `ferrorun` keeps the job's key-value store for the whole job and sees every rank's process end.
-//! When one ends abnormally (a signal, a nonzero exit) it puts [`FAILED_KEY`] = `"<rank>\n<how>"`
-//! in the store. Every rank keeps a second store connection waiting for that key: during the
-//! bootstrap a report fails the bootstrap at once, naming the rank (the others would otherwise wait
-//! for its address or its connection until the connect timeout; and the bootstrap ends only once
-//! every rank is connected, so it fails at every rank or at none); afterwards it reaches the engine
-//! as a loss ([`crate::p2p::engine::Engine::report_lost`]), which spreads it like any other. The
-//! transports notice a killed rank on their own as well; the report covers what they cannot see
-//! (a rank that dies during the bootstrap) and is the launcher's word in the error.
+//! The job's key-value store lives for the whole job: in `ferrorun`, or in the rank that hosts it
+//! (rank 0 under `mpirun`, `srun` or by hand) until that rank leaves. Every rank holds a *watch*
+//! there ([`super::kv::KvClient::watch`]), a connection it closes only after a goodbye (at
+//! finalize, or when its world is dropped). A rank's death reaches the store in two ways, and the
+//! first makes the report [`FAILED_KEY`] = `"<rank>\n<how>"`:
+//! * its watch closes without a goodbye (its kernel closed it when the process died), whoever
+//!   hosts the store;
+//! * `ferrorun` sees its process end abnormally (a signal, a nonzero exit).
+//!
+//! The store sends the report down every watch. During the bootstrap a report fails the bootstrap
+//! at once, naming the rank (the others would otherwise wait for its address or its connection
+//! until the connect timeout; and the bootstrap ends only once every rank is connected, so it fails
+//! at every rank or at none); afterwards it reaches the engine as a loss
+//! ([`crate::p2p::engine::Engine::report_lost`]), which spreads it like any other. The transports
+//! notice a killed rank on their own as well; the report covers what they cannot see (a rank that
+//! dies during the bootstrap) and bounds the time every survivor takes to learn of a death.
+//!
+//! The store host's own death ends every watch. During the bootstrap that is the report: a rank
+//! that hosts the store says so under [`HOST_KEY`], and a watch that ends before the bootstrap is
+//! over reports that rank. Afterwards the watches just end (the host may have left in order; if
+//! it died, every rank, connected to it, sees that directly).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ferrocomm_transports::{Rank, TransportError, wire::TOKEN_LEN};
 use tokio::sync::watch;
 
-use super::kv::{KvClient, KvError};
+use super::kv::{KvClient, KvError, KvServer, KvWatch};
 use crate::api::world::{Inner, World};
 use crate::config::Settings;
 use crate::error::{Error, Result};
@@ -24,10 +37,11 @@ use crate::error::{Error, Result};
 /// The key under which the launcher reports the first rank that ended abnormally.
 pub(crate) const FAILED_KEY: &str = "ferrorun/failed";
 
+/// The key under which a rank that hosts the store gives its rank.
+pub(crate) const HOST_KEY: &str = "store/host";
+
 /// How long a failed bootstrap waits for the launcher to report a dead rank that explains it.
 const REPORT_GRACE: Duration = Duration::from_secs(1);
-/// How long one wait for the report lasts before it is asked again.
-const WAIT: Duration = Duration::from_secs(600);
 
 /// A report: the rank, and how its process ended (the launcher's words).
 type Report = Option<(Rank, String)>;
@@ -44,27 +58,80 @@ fn decode(v: &[u8]) -> Option<(Rank, String)> {
     Some((rank.parse().ok()?, how.to_string()))
 }
 
-/// [`super::join`] (through `kv`, connected to the store at `coordinator`) under a launcher that
-/// reports dead ranks: a report during the bootstrap fails it with [`Error::PeerLost`] naming the
-/// rank ([`TransportError::Launcher`]); a later one reaches the engine.
+/// A rank's ties to the job's store, kept by its world: the store itself where this rank hosts it,
+/// and the handle its watch says goodbye through.
+#[derive(Default)]
+pub(crate) struct StoreLink {
+    pub(crate) store: Option<KvServer>,
+    pub(crate) goodbye: Option<std::net::TcpStream>,
+}
+
+impl StoreLink {
+    /// This rank leaves: it says goodbye to the store unless it is `aborting` (then its watch
+    /// closing reports it dead), and stops the store if it hosts it.
+    pub(crate) fn leave(&mut self, aborting: bool) {
+        if let Some(handle) = self.goodbye.take()
+            && !aborting
+        {
+            KvWatch::goodbye(&handle);
+        }
+        self.store.take();
+    }
+}
+
+/// The job's store as [`join_watched`] needs it: the store itself where this rank hosts it, and
+/// the rank that hosts it if a rank does.
+pub(super) struct Store {
+    pub(super) server: Option<KvServer>,
+    pub(super) host: Option<Rank>,
+}
+
+/// [`super::join`] (through `kv`, connected to the store at `coordinator`), watched by the store:
+/// a report during the bootstrap fails it with [`Error::PeerLost`] naming the rank (`reason`:
+/// [`TransportError::Launcher`] under `ferrorun`, [`TransportError::StoreClosed`] otherwise); a
+/// later one reaches the engine.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn join_watched(
     rank: Rank,
     size: u32,
     kv: KvClient,
     coordinator: &str,
     token: [u8; TOKEN_LEN],
-    store: Option<super::kv::KvServer>,
+    store: Store,
     settings: Settings,
+    reason: TransportError,
 ) -> Result<World> {
+    let Store { server: store, host } = store;
     let (tx, mut rx) = watch::channel(None);
     let timeout = settings.connect_timeout;
-    tokio::spawn(watch_store(coordinator.to_string(), token, timeout, tx));
-    let joined = super::join_via(rank, size, kv, coordinator, token, store, settings);
+    // The watch is made before anything else, so that this rank's death is seen from now on.
+    let watched = async { KvClient::connect(coordinator, &token, timeout).await?.watch(rank).await };
+    let joining = Arc::new(AtomicBool::new(true));
+    let host = host.filter(|&h| h != rank);
+    let goodbye = match watched.await {
+        Ok(w) => {
+            let handle = w.goodbye_handle().map_err(Error::bootstrap("watching the key-value store"))?;
+            let host = host.filter(|&h| h != rank).map(|h| (h, joining.clone()));
+            tokio::spawn(watch_store(w, tx, host));
+            Some(handle)
+        }
+        Err(e) => {
+            match host {
+                // The store answered a moment ago: its host is gone.
+                Some(host) => _ = tx.send(Some((host, format!("hosted the job's store, which is gone ({e})")))),
+                // The bootstrap finds the store unreachable and says so.
+                None => tracing::debug!(rank, "no watch in the store: {e}"),
+            }
+            None
+        }
+    };
+    let mut store = store;
+    let joined = super::join_via(rank, size, kv, coordinator, token, &mut store, settings);
     let reported = |r: &Report| r.as_ref().is_some_and(|(r, _)| *r != rank && *r < size);
     let dead = |report: &Report| {
         let (dead, how) = report.clone().expect("waited for");
-        tracing::warn!(rank, dead, "the launcher reports that rank {dead} {how}");
-        Error::PeerLost { rank: dead, reason: TransportError::Launcher }
+        tracing::warn!(rank, dead, "the store reports that rank {dead} {how}");
+        Error::PeerLost { rank: dead, reason: reason.clone() }
     };
     let joined = tokio::select! {
         w = joined => Some(w),
@@ -72,6 +139,7 @@ pub(super) async fn join_watched(
     };
     let world = match joined {
         Some(Ok(w)) => {
+            joining.store(false, Ordering::Release);
             // Every rank connected to every other: wait until every rank got that far, so that
             // the job starts everywhere or nowhere. A rank dying meanwhile fails every bootstrap
             // alike, with the launcher's report (a rank that gave up because of it would otherwise
@@ -87,62 +155,116 @@ pub(super) async fn join_watched(
                 r = all_ready => Err(r),
                 Ok(report) = rx.wait_for(reported) => Ok(report.clone()),
             };
-            match report {
-                Ok(report) => return Err(dead(&report)),
-                Err(ready) => ready.map_err(Error::bootstrap("waiting for every rank to connect"))?,
+            let failed = match report {
+                Ok(report) => Some(dead(&report)),
+                Err(Ok(())) => None,
+                // The store went away or failed (its host left after its own bootstrap, or
+                // died): the store's report or a loss the transports saw explains it.
+                Err(Err(e)) => Some(
+                    explain(&w, &mut rx, reported, &dead)
+                        .await
+                        .unwrap_or_else(|| Error::bootstrap("waiting for every rank to connect")(e)),
+                ),
+            };
+            if let Some(failed) = failed {
+                let store = w.inner().store_link.lock().store.take();
+                settle(store, size, timeout).await;
+                return Err(failed);
             }
             w
         }
         // A rank that died mid-handshake may fail the bootstrap before the launcher's report
         // arrives: the report, if it comes soon, is the better explanation.
         Some(Err(e)) => {
-            return match tokio::time::timeout(REPORT_GRACE, rx.wait_for(reported)).await {
+            let report = tokio::time::timeout(REPORT_GRACE, rx.wait_for(reported)).await.map(|r| r.map(|r| r.clone()));
+            settle(store, size, timeout).await;
+            return match report {
                 Ok(Ok(report)) => Err(dead(&report)),
                 _ => Err(e),
             };
         }
-        None => return Err(dead(&rx.borrow())),
+        None => {
+            let report = rx.borrow().clone();
+            settle(store, size, timeout).await;
+            return Err(dead(&report));
+        }
     };
     let inner = world.inner().clone();
+    inner.store_link.lock().goodbye = goodbye;
     if let Some(t) = inner.thread.lock().as_ref() {
-        t.handle().spawn(feed(rx, Arc::downgrade(&inner)));
+        t.handle().spawn(feed(rx, Arc::downgrade(&inner), reason));
     }
     Ok(world)
 }
 
-/// Waits in the store for the launcher's report and passes it on; stops when nobody listens any
-/// more (the rank's world shut down) or the store is gone.
-async fn watch_store(coordinator: String, token: [u8; TOKEN_LEN], timeout: Duration, tx: watch::Sender<Report>) {
-    let Ok(mut kv) = KvClient::connect(&coordinator, &token, timeout).await else { return };
+/// Why the store failed a bootstrap whose connections were all made: the store's report of a
+/// dead rank, or the first loss `w`'s transports saw, if one comes within [`REPORT_GRACE`].
+async fn explain(
+    w: &World,
+    rx: &mut watch::Receiver<Report>,
+    reported: impl Fn(&Report) -> bool,
+    dead: &impl Fn(&Report) -> Error,
+) -> Option<Error> {
+    let deadline = tokio::time::Instant::now() + REPORT_GRACE;
     loop {
-        tokio::select! {
-            _ = tx.closed() => return,
-            got = kv.get(FAILED_KEY, WAIT) => match got {
-                Ok(v) => {
-                    match decode(&v) {
-                        Some(report) => _ = tx.send(Some(report)),
-                        None => tracing::warn!("the launcher's report of a dead rank is unreadable: {v:?}"),
-                    }
-                    return;
-                }
-                Err(KvError::Timeout { .. }) => {}
-                Err(_) => return,
-            },
+        let report = rx.borrow().clone();
+        if reported(&report) {
+            return Some(dead(&report));
         }
+        let lost = w.inner().reactor.with(|d| {
+            let f = d.engine.failures();
+            f.lost().first().and_then(|&r| f.error(r))
+        });
+        if lost.is_some() || tokio::time::Instant::now() >= deadline {
+            return lost;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
-/// Hands the launcher's report to the engine of a running rank, as a loss.
-async fn feed(mut rx: watch::Receiver<Report>, inner: std::sync::Weak<Inner>) {
+/// A bootstrap that fails at the rank that hosts the store: the store stays until every rank
+/// made its watch and was told of the death that failed the bootstrap (for at most `limit`, the
+/// connect timeout), so that the others fail naming that rank, not this one's store going away.
+async fn settle(store: Option<KvServer>, size: u32, limit: Duration) {
+    if let Some(store) = store {
+        store.settle(FAILED_KEY, size, limit).await;
+    }
+}
+
+/// Waits on the watch for the store's report and passes it on; stops when nobody listens any
+/// more (the rank's world shut down) or the store is gone: while `host.1` says the bootstrap is
+/// under way, that is the report of the rank `host.0` that hosted it. The connection stays open
+/// as long as the world's goodbye handle does.
+async fn watch_store(mut w: KvWatch, tx: watch::Sender<Report>, host: Option<(Rank, Arc<AtomicBool>)>) {
+    tokio::select! {
+        _ = tx.closed() => {}
+        got = w.report() => match got {
+            Ok(v) => match decode(&v) {
+                Some(report) => _ = tx.send(Some(report)),
+                None => tracing::warn!("the store's report of a dead rank is unreadable: {v:?}"),
+            },
+            Err(e) => match host {
+                Some((host, joining)) if joining.load(Ordering::Acquire) => {
+                    _ = tx.send(Some((host, format!("hosted the job's store, which is gone ({e})"))));
+                }
+                // Its host left, or died (which the transports see).
+                _ => tracing::debug!("the store's watch ended: {e}"),
+            },
+        },
+    }
+}
+
+/// Hands the store's report to the engine of a running rank, as a loss.
+async fn feed(mut rx: watch::Receiver<Report>, inner: std::sync::Weak<Inner>, reason: TransportError) {
     let Ok(report) = rx.wait_for(Option::is_some).await else { return };
     let Some((dead, how)) = report.clone() else { return };
     let Some(inner) = inner.upgrade() else { return };
     if dead == inner.rank || dead >= inner.size {
         return;
     }
-    tracing::info!(rank = inner.rank, dead, "the launcher reports that rank {dead} {how}");
+    tracing::info!(rank = inner.rank, dead, "the store reports that rank {dead} {how}");
     inner.reactor.with(|d| {
-        d.engine.report_lost(dead, TransportError::Launcher);
+        d.engine.report_lost(dead, reason);
         d.flush();
     });
     inner.reactor.kick();

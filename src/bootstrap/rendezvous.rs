@@ -22,10 +22,13 @@ const PROBE: Duration = Duration::from_millis(250);
 /// Pause after a round of candidates that all answered at once (every one refused the token).
 const ROUND_PAUSE: Duration = Duration::from_millis(50);
 
+/// What [`open`] found: the store itself when this rank hosts it, a client connected to it, the
+/// `host:port` connected to, and the rank that hosts the store if a rank does.
+pub(crate) type Opened = (Option<KvServer>, KvClient, String, Option<u32>);
+
 /// The store of `job` and a client connected to it: started here first when this rank hosts it
-/// (the store is returned, to be kept until every rank is done with it). Also returns the
-/// `host:port` connected to.
-pub(crate) async fn open(job: &JobEnv, timeout: Duration) -> Result<(Option<KvServer>, KvClient, String), EnvError> {
+/// (the store is returned, to be kept as long as this rank's world).
+pub(crate) async fn open(job: &JobEnv, timeout: Duration) -> Result<Opened, EnvError> {
     if job.host_store {
         if job.local_size.is_some_and(|local| local < job.size) {
             let ips = resolve(&job.store).await?;
@@ -36,13 +39,20 @@ pub(crate) async fn open(job: &JobEnv, timeout: Duration) -> Result<(Option<KvSe
             }
         }
         let (server, addr) = host(&job.store, job.token).await?;
+        // Who hosts it: its end during the bootstrap is this rank's (see `notices`).
+        server.put(super::notices::HOST_KEY, job.rank.to_string().as_bytes());
         let own =
             StoreAddr { host: job.store.host.clone(), ports: vec![server.addr().port()], source: job.store.source };
         let (client, _) = connect(&own, &job.token, timeout).await?;
-        Ok((Some(server), client, addr))
+        Ok((Some(server), client, addr, Some(job.rank)))
     } else {
-        let (client, addr) = connect(&job.store, &job.token, timeout).await?;
-        Ok((None, client, addr))
+        let (mut client, addr) = connect(&job.store, &job.token, timeout).await?;
+        // Put before the store took its first connection, if a rank hosts it.
+        let host = match client.get(super::notices::HOST_KEY, Duration::ZERO).await {
+            Ok(v) => std::str::from_utf8(&v).ok().and_then(|r| r.parse().ok()).filter(|&r| r < job.size),
+            Err(_) => None,
+        };
+        Ok((None, client, addr, host))
     }
 }
 

@@ -484,8 +484,11 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
         tokio::select! {
             r = datagram => {
                 // Take what else is queued in the socket too (up to a batch) before pumping.
+                // The next datagram is read only when it will be handled in this batch: one
+                // read past the batch's end would be dropped, a loss that every receiver with a
+                // backlog of the same stream suffers at once.
                 let mut r = r;
-                for _ in 0..DATAGRAM_BATCH {
+                for i in 1..=DATAGRAM_BATCH {
                     match r {
                         Ok(n) if !shared.drop_datagram() => match shared.key.open(&buf[..n]) {
                             Ok(d) => {
@@ -503,6 +506,9 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
                         Err(e) => tracing::debug!(rank = me, error = %e, "multicast receive failed"),
                     }
                     let Some(net) = &shared.net else { break };
+                    if i == DATAGRAM_BATCH {
+                        break;
+                    }
                     match std::future::poll_fn(|cx| net.poll_recv(cx, &mut buf)).now_or_never() {
                         Some(next) => r = next,
                         None => break,

@@ -28,10 +28,11 @@ pub(crate) struct Driver {
 pub(crate) trait Upper: std::any::Any + Send {
     /// Whether [`Upper::progress`] has anything to do; asked every progress round, so cheap.
     fn wants(&self) -> bool;
-    /// Does the layer's work; returns how much was done (0: nothing).
-    fn progress(&mut self, engine: &mut SlabEngine) -> usize;
+    /// Does the layer's work (with the transport, for what its device does itself: one-sided
+    /// operations over RDMA); returns how much was done (0: nothing).
+    fn progress(&mut self, engine: &mut SlabEngine, transport: &mut dyn Transport) -> usize;
     /// The engine was closed (shutdown): the layer fails what it has in flight.
-    fn close(&mut self, engine: &mut SlabEngine);
+    fn close(&mut self, engine: &mut SlabEngine, transport: &mut dyn Transport);
 }
 
 impl Driver {
@@ -121,7 +122,7 @@ impl Driver {
     #[inline]
     fn transport_progress(&mut self) -> usize {
         let n = self.transport.progress(&mut self.engine);
-        if self.upper.wants() { n + self.upper.progress(&mut self.engine) } else { n }
+        if self.upper.wants() { n + self.upper.progress(&mut self.engine, &mut *self.transport) } else { n }
     }
 }
 

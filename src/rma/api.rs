@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrocomm_reactor::{ProgressMode, Until, Wait};
-use ferrocomm_transports::Rank;
+use ferrocomm_transports::one_sided::{RemoteKey, Request};
+use ferrocomm_transports::{Rank, TransportError};
 
 use super::geometry::{Geometry, Layout};
 use super::hook::Hook;
@@ -141,7 +142,9 @@ impl Segment {
     }
 
     /// The 64-bit word at `off` (8-byte aligned), for local atomics on the words peers update
-    /// with remote atomics.
+    /// with remote atomics. Over verbs the device's atomics are atomic only among themselves:
+    /// update such words with [`World::fetch_add`] and the others on the own segment (they go
+    /// through the device too), and use this word to read them.
     pub fn word(&self, off: usize) -> Result<&AtomicU64> {
         if !off.is_multiple_of(8) {
             return Err(rma(RmaError::Misaligned { offset: off as u64 }));
@@ -373,6 +376,12 @@ impl RemoteSegment {
         self.r.mapped.is_some()
     }
 
+    /// Whether the RDMA device carries out puts, gets and atomics on it (a peer's segment
+    /// reached over verbs), rather than a mapping or requests.
+    pub fn is_device(&self) -> bool {
+        self.r.native.is_some() && self.r.mapped.is_none()
+    }
+
     /// Bytes per record, for a queue.
     pub fn record_len(&self) -> Option<usize> {
         match self.r.info.kind {
@@ -457,8 +466,13 @@ enum St<T> {
     Pending(Box<Waiting<T>>),
     /// An enqueue on a mapping, waiting for room.
     Retry(Box<Retry>, fn(Reply) -> Result<T>),
+    /// Steps that follow each other (a device put, then its notification; a swap made of
+    /// compare-and-swaps).
+    Chain(Chain<T>),
     Done,
 }
+
+type Chain<T> = Pin<Box<dyn Future<Output = Result<T>> + Send>>;
 
 /// A one-sided operation in flight. Await it for remote completion and its result, or hand it to
 /// an [`Event`]. Dropping it does not cancel the operation.
@@ -466,7 +480,7 @@ enum St<T> {
 /// An operation that completed in its call (on a mapping) is two words, returned in registers:
 /// the latency path of a put on a mapping moves nothing through memory.
 #[must_use = "an operation completes remotely only when awaited or handed to an event"]
-pub struct RmaOp<T> {
+pub struct RmaOp<T: Send + 'static> {
     st: St<T>,
 }
 
@@ -485,7 +499,7 @@ fn raw(r: Reply) -> Result<Reply> {
     Ok(r)
 }
 
-impl<T> RmaOp<T> {
+impl<T: Send + 'static> RmaOp<T> {
     #[inline]
     fn done(v: T) -> RmaOp<T> {
         RmaOp { st: St::Ready(v) }
@@ -494,6 +508,10 @@ impl<T> RmaOp<T> {
     #[cold]
     fn failed(e: Error) -> RmaOp<T> {
         RmaOp { st: St::Failed(Box::new(e)) }
+    }
+
+    fn chain(f: impl Future<Output = Result<T>> + Send + 'static) -> RmaOp<T> {
+        RmaOp { st: St::Chain(Box::pin(f)) }
     }
 
     #[inline]
@@ -528,6 +546,13 @@ impl<T> RmaOp<T> {
                     }
                 }
             }
+            St::Chain(f) => {
+                let shared = ev.shared.clone();
+                match tokio::runtime::Handle::try_current() {
+                    Ok(h) => _ = h.spawn(async move { shared.complete(f.await.map(drop)) }),
+                    Err(_) => shared.complete(Err(Error::Invalid("a chained operation needs a tokio runtime".into()))),
+                }
+            }
             St::Done => ev.shared.complete(Err(Error::Shutdown)),
         }
         t
@@ -535,9 +560,9 @@ impl<T> RmaOp<T> {
 }
 
 // The result is only ever moved out whole, never pinned.
-impl<T> Unpin for RmaOp<T> {}
+impl<T: Send + 'static> Unpin for RmaOp<T> {}
 
-impl<T> Future for RmaOp<T> {
+impl<T: Send + 'static> Future for RmaOp<T> {
     type Output = Result<T>;
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
@@ -555,6 +580,11 @@ impl<T> Future for RmaOp<T> {
                 this.st = St::Done;
                 return Poll::Ready(r.and_then(|()| conv(Reply::Unit)));
             }
+            St::Chain(f) => {
+                let r = std::task::ready!(f.as_mut().poll(cx));
+                this.st = St::Done;
+                return Poll::Ready(r);
+            }
             _ => std::mem::replace(&mut this.st, St::Done),
         };
         Poll::Ready(match r {
@@ -565,10 +595,17 @@ impl<T> Future for RmaOp<T> {
     }
 }
 
-impl<T> Drop for RmaOp<T> {
+impl<T: Send + 'static> Drop for RmaOp<T> {
     fn drop(&mut self) {
-        if let St::Pending(w) = &self.st {
-            service(&mut w.inner.reactor.lock()).detach(w.key);
+        match std::mem::replace(&mut self.st, St::Done) {
+            St::Pending(w) => service(&mut w.inner.reactor.lock()).detach(w.key),
+            // Not cancelled: its remaining steps run on their own.
+            St::Chain(f) => {
+                if let Ok(h) = tokio::runtime::Handle::try_current() {
+                    h.spawn(async move { drop(f.await) });
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -702,7 +739,10 @@ impl World {
         let mem = SegMem::create(id, len, access, kind, u64::from_le_bytes(nonce))
             .map_err(Error::system(format!("segment memory of {len} bytes")))?;
         let mem = Arc::new(mem);
-        inner.reactor.with(|d| service(d).publish(mem.clone()));
+        inner.reactor.with(|d| {
+            service(d).publish(mem.clone());
+            super::verbs::register(d, service, &mem);
+        });
         Ok(Segment { mem, inner, live: true })
     }
 
@@ -760,8 +800,11 @@ impl World {
                 fd: mem.raw_fd(),
                 nonce: mem.nonce,
                 max_message: inner.settings.max_message,
+                rdma: RemoteKey::default(),
             };
-            Remote { id, info, mapped: Some(mem), lost: OnceLock::new() }
+            // Its own atomics on a registered segment go through the device (loopback).
+            let native = inner.reactor.with(|d| service(d).own_key(id.serial()));
+            Remote { id, info, mapped: Some(mem), lost: OnceLock::new(), native, revoked: false.into() }
         } else {
             if inner.settings.max_message < MIN_MESSAGE {
                 return Err(Error::Invalid(format!("one-sided operations need max_message of {MIN_MESSAGE} bytes")));
@@ -778,9 +821,10 @@ impl World {
                     info.max_message
                 )));
             }
-            let shm = inner.reactor.with(|d| d.transport.name_for(id.owner())) == "shm";
-            let mapped = if shm { map_peer(id, &info) } else { None };
-            Remote { id, info, mapped, lost: OnceLock::new() }
+            let route = inner.reactor.with(|d| d.transport.name_for(id.owner()));
+            let mapped = if route == "shm" { map_peer(id, &info) } else { None };
+            let native = (route == "verbs" && info.rdma.rkey != 0).then_some(info.rdma);
+            Remote { id, info, mapped, lost: OnceLock::new(), native, revoked: false.into() }
         };
         let r = inner.reactor.with(|d| service(d).cache(Arc::new(remote)));
         Ok(RemoteSegment { r })
@@ -797,6 +841,9 @@ impl World {
         }
         if let Some(reason) = r.lost.get() {
             return Err(Error::PeerLost { rank: r.id.owner(), reason: reason.clone() });
+        }
+        if r.revoked.load(Ordering::Acquire) {
+            return Err(rma(RmaError::Unpublished { id: r.id }));
         }
         Ok(())
     }
@@ -860,6 +907,9 @@ impl World {
         if bytes == 0 && !notify {
             return RmaOp::done(());
         }
+        if let Some(key) = r.native {
+            return self.device_put(r, key, g, src, bytes, notify);
+        }
         let chunk = r.info.max_message.min(MAX_CHUNK) - OVERHEAD;
         let local = g.local_layout();
         let pieces: Vec<(usize, Bytes)> = (0..bytes.div_ceil(chunk).max(1))
@@ -901,8 +951,54 @@ impl World {
             }
             return RmaOp::of(res.map(drop).map_err(|e| self.mapped_err(r, e)));
         }
-        let serial = r.id.serial();
-        emulated(self.rma_inner(), r.id, |req| vec![Msg::Notify { req, serial, n: 1 }], unit)
+        let (inner, id, serial) = (self.rma_inner().clone(), r.id, r.id.serial());
+        if r.native.is_some() {
+            // The notification message must not overtake device writes still in flight (or
+            // waiting for room in the send queue): after them, then.
+            let fence = self.fence(dst);
+            return RmaOp::chain(async move {
+                fence.await?;
+                emulated(&inner, id, |req| vec![Msg::Notify { req, serial, n: 1 }], unit).await
+            });
+        }
+        emulated(&inner, id, |req| vec![Msg::Notify { req, serial, n: 1 }], unit)
+    }
+
+    /// A put carried out by the device: RDMA writes of the geometry's runs (the source copied
+    /// into registered memory first), then, with `notify`, the notification message once the
+    /// data is in place.
+    fn device_put(
+        &self,
+        r: &Remote,
+        key: RemoteKey,
+        g: &Geometry,
+        src: &[u8],
+        bytes: usize,
+        notify: bool,
+    ) -> RmaOp<()> {
+        let inner = self.rma_inner();
+        let local = g.local_layout();
+        let packed;
+        let stream: &[u8] = if local.count == [1, 1] {
+            &src[local.side.offset..local.side.offset + bytes]
+        } else {
+            packed = gather(&local, src, 0..bytes);
+            &packed
+        };
+        let runs = super::verbs::runs(g, key.addr);
+        let op = if bytes == 0 {
+            RmaOp::done(())
+        } else {
+            native(inner, r.id, Request::Write { src: stream, runs: &runs, rkey: key.rkey }, unit)
+        };
+        if !notify {
+            return op;
+        }
+        let (inner, id, serial) = (inner.clone(), r.id, r.id.serial());
+        RmaOp::chain(async move {
+            op.await?;
+            emulated(&inner, id, |req| vec![Msg::Notify { req, serial, n: 1 }], unit).await
+        })
     }
 
     /// Reads `dst.len()` bytes at `offset` of `src` into `dst`.
@@ -946,6 +1042,12 @@ impl World {
             return GetOp::done(dst);
         }
         let inner = self.rma_inner();
+        if let Some(key) = r.native {
+            let runs = super::verbs::runs(geometry, key.addr);
+            let op = native(inner, r.id, Request::Read { len: bytes, runs: &runs, rkey: key.rkey }, raw);
+            let pending = PendingGet { op, local: geometry.local_layout(), owner: r.id.owner() };
+            return GetOp { op: Some(Box::new(pending)), failed: None, dst };
+        }
         if inner.settings.max_message < MIN_MESSAGE {
             let e = Error::Invalid(format!("one-sided operations need max_message of {MIN_MESSAGE} bytes"));
             return GetOp::failed(e, dst);
@@ -969,13 +1071,46 @@ impl World {
         GetOp { op: Some(Box::new(pending)), failed: None, dst }
     }
 
-    fn atomic<T>(&self, dst: &RemoteSegment, offset: usize, op: AtomicOp, conv: fn(Reply) -> Result<T>) -> RmaOp<T> {
+    fn atomic<T: Send + 'static>(
+        &self,
+        dst: &RemoteSegment,
+        offset: usize,
+        op: AtomicOp,
+        conv: fn(Reply) -> Result<T>,
+    ) -> RmaOp<T> {
         let r = &dst.r;
         if let Err(e) = RmaError::check_word(r.info.access, offset as u64, r.info.len as u64)
             .map_err(rma)
             .and_then(|()| self.precheck(r, Access::ATOMIC, (offset, 8)))
         {
             return RmaOp::failed(e);
+        }
+        if let Some(key) = r.native {
+            if let Some(Err(e)) = r.mapped.as_ref().map(|m| m.check_open()) {
+                return RmaOp::failed(self.mapped_err(r, e));
+            }
+            let (inner, id, addr, rkey) = (self.rma_inner(), r.id, key.addr + offset as u64, key.rkey);
+            return match op {
+                AtomicOp::FetchAdd(add) => native(inner, id, Request::FetchAdd { addr, rkey, add }, conv),
+                AtomicOp::CompareSwap { current, new } => {
+                    native(inner, id, Request::CompareSwap { addr, rkey, compare: current, swap: new }, conv)
+                }
+                AtomicOp::Swap(v) => {
+                    // The device has no swap: compare-and-swap from a guess until it holds.
+                    let inner = inner.clone();
+                    RmaOp::chain(async move {
+                        let mut guess = 0;
+                        loop {
+                            let req = Request::CompareSwap { addr, rkey, compare: guess, swap: v };
+                            let held = native(&inner, id, req, value).await?;
+                            if held == guess {
+                                return conv(Reply::Value(held));
+                            }
+                            guess = held;
+                        }
+                    })
+                }
+            };
         }
         if let Some(mem) = &r.mapped {
             let res = mem.check_open().map(|()| mem.atomic(op, offset));
@@ -1061,7 +1196,7 @@ impl World {
 }
 
 /// Starts an operation of the emulated path.
-fn emulated<T>(
+fn emulated<T: Send + 'static>(
     inner: &Arc<Inner>,
     seg: SegmentId,
     msgs: impl FnOnce(u64) -> Vec<Msg>,
@@ -1069,6 +1204,35 @@ fn emulated<T>(
 ) -> RmaOp<T> {
     let (key, now) = locked(inner, |d| {
         let key = service(d).start(seg, msgs);
+        (key, service(d).poll(key, None))
+    });
+    match now {
+        Poll::Ready(r) => RmaOp::of(r.and_then(conv)),
+        Poll::Pending => {
+            RmaOp { st: St::Pending(Box::new(Waiting { inner: inner.clone(), key, wait: Wait::default(), conv })) }
+        }
+    }
+}
+
+/// Starts an operation that the device carries out.
+fn native<T: Send + 'static>(
+    inner: &Arc<Inner>,
+    seg: SegmentId,
+    req: Request<'_>,
+    conv: fn(Reply) -> Result<T>,
+) -> RmaOp<T> {
+    let (key, now) = locked(inner, |d| {
+        let (key, post) = service(d).start_native(seg);
+        if post {
+            let token = Service::token(key);
+            let posted = match d.transport.one_sided() {
+                Some(os) => os.post(seg.owner(), req, token),
+                None => Err(TransportError::Closed),
+            };
+            if let Err(e) = posted {
+                service(d).native_done(token, Err(e));
+            }
+        }
         (key, service(d).poll(key, None))
     });
     match now {

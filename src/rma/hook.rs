@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use ferrocomm_reactor::OpKey;
-use ferrocomm_transports::{Rank, TransportError};
+use ferrocomm_transports::{Rank, Transport, TransportError};
 
 use super::service::Service;
 use crate::error::Error;
@@ -119,8 +119,18 @@ impl Upper for Hook {
     }
 
     /// Takes what arrived, lets the service act on it, and hands its messages to the engine.
-    fn progress(&mut self, engine: &mut SlabEngine) -> usize {
+    fn progress(&mut self, engine: &mut SlabEngine, transport: &mut dyn Transport) -> usize {
         let mut work = 0;
+        if let Some(os) = transport.one_sided() {
+            // Device operations that ended; registrations that nobody uses any more.
+            while let Some((token, r)) = os.poll_done() {
+                self.service.native_done(token, r);
+                work += 1;
+            }
+            for h in self.service.take_deregister() {
+                os.deregister(h);
+            }
+        }
         self.flag.0.store(false, Ordering::Relaxed);
         while let Some(key) = self.key {
             let mut cx = Context::from_waker(&self.waker);
@@ -153,13 +163,14 @@ impl Upper for Hook {
             if self.service.serve_held() {
                 work += 1;
             }
+            work += self.service.release_ready();
         }
         work + self.pump(engine)
     }
 
     /// The engine was closed (shutdown): every one-sided operation fails, every waiter wakes.
-    fn close(&mut self, engine: &mut SlabEngine) {
-        self.progress(engine);
+    fn close(&mut self, engine: &mut SlabEngine, transport: &mut dyn Transport) {
+        self.progress(engine, transport);
         self.service.close();
     }
 }

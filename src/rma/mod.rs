@@ -29,6 +29,7 @@ pub(crate) mod hook;
 pub(crate) mod memory;
 pub(crate) mod service;
 mod sys;
+mod verbs;
 pub(crate) mod wire;
 
 pub use crate::error::rma::{Access, RmaError, SegmentId};

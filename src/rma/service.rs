@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
+use ferrocomm_transports::one_sided::{Done, RemoteKey};
 use ferrocomm_transports::{Rank, TransportError};
 use parking_lot::Mutex;
 use slab::Slab;
@@ -85,6 +86,26 @@ pub(crate) struct Remote {
     pub mapped: Option<Arc<SegMem>>,
     /// Why the owner is gone, once it is known lost.
     pub lost: std::sync::OnceLock<TransportError>,
+    /// Where the device reaches the owner's memory (RDMA verbs): operations go straight to it.
+    pub native: Option<RemoteKey>,
+    /// The owner revoked the segment (unpublished it): operations fail as unpublished.
+    pub revoked: std::sync::atomic::AtomicBool,
+}
+
+/// A segment registered with the device (RDMA verbs): its registration and who attached to it.
+struct Registered {
+    handle: u64,
+    key: RemoteKey,
+    /// Ranks that attached to it (told when it is unpublished).
+    attached: Vec<Rank>,
+}
+
+/// An unpublished segment whose registration stays until every rank that may still have device
+/// operations on it in flight says it has none (its memory stays too).
+struct Retired {
+    handle: u64,
+    _mem: Arc<SegMem>,
+    waiting: Vec<Rank>,
 }
 
 enum State {
@@ -149,6 +170,14 @@ pub(crate) struct Service {
     /// Fences waiting for operations to complete (woken at every completion).
     fence_waiters: Vec<Waker>,
     closed: bool,
+    /// Owner side: segments registered with the device, by serial.
+    registered: HashMap<u32, Registered>,
+    /// Owner side: unpublished registered segments, by serial.
+    retired: HashMap<u32, Retired>,
+    /// Registrations to end (the hook hands them to the transport).
+    deregister: Vec<u64>,
+    /// Initiator side: revoked segments to report released once no operation on them runs.
+    releasing: Vec<SegmentId>,
 }
 
 impl Service {
@@ -170,6 +199,10 @@ impl Service {
             out: VecDeque::new(),
             fence_waiters: Vec::new(),
             closed: false,
+            registered: HashMap::new(),
+            retired: HashMap::new(),
+            deregister: Vec::new(),
+            releasing: Vec::new(),
         }
     }
 
@@ -181,7 +214,7 @@ impl Service {
     /// Whether the service needs progress rounds of its own: operations in flight, whose targets
     /// it watches, or held enqueues to retry.
     pub(crate) fn busy(&self) -> bool {
-        !self.pending.is_empty() || !self.held.is_empty()
+        !self.pending.is_empty() || !self.held.is_empty() || !self.releasing.is_empty() || !self.deregister.is_empty()
     }
 
     /// Learns of the lost ranks among those it watches (targets of operations in flight, owners of
@@ -232,6 +265,20 @@ impl Service {
         let Some(mem) = self.segments.remove(&serial) else { return };
         mem.close();
         let id = mem.id;
+        if let Some(reg) = self.registered.remove(&serial) {
+            // Peers that attached may have device operations in flight: the registration (and
+            // the memory) stays until each says it has none. This rank's own (loopback) ones too.
+            let mut waiting: Vec<Rank> = reg.attached.into_iter().filter(|r| !self.lost.contains_key(r)).collect();
+            for &r in &waiting {
+                self.send(r, Msg::Revoke { serial });
+            }
+            waiting.push(self.me);
+            self.retired.insert(serial, Retired { handle: reg.handle, _mem: mem.clone(), waiting });
+            if let Some(own) = self.remotes.remove(&id) {
+                own.revoked.store(true, Ordering::Release);
+            }
+            self.releasing.push(id);
+        }
         let mut kept = VecDeque::new();
         for h in std::mem::take(&mut self.held) {
             if h.serial == serial {
@@ -291,18 +338,31 @@ impl Service {
     fn serve(&mut self, from: Rank, m: Msg) {
         let reply = match m {
             Msg::Attach { req, serial } => match self.segment(serial) {
-                Ok(mem) => Msg::Attached {
-                    req,
-                    info: AttachInfo {
-                        len: mem.len,
-                        access: mem.access,
-                        kind: mem.kind,
-                        pid: std::process::id() as i32,
-                        fd: mem.raw_fd(),
-                        nonce: mem.nonce,
-                        max_message: self.max_message,
-                    },
-                },
+                Ok(_) => {
+                    let rdma = match self.registered.get_mut(&serial) {
+                        Some(reg) => {
+                            if !reg.attached.contains(&from) {
+                                reg.attached.push(from);
+                            }
+                            reg.key
+                        }
+                        None => RemoteKey::default(),
+                    };
+                    let mem = self.segments.get(&serial).expect("just found");
+                    Msg::Attached {
+                        req,
+                        info: AttachInfo {
+                            len: mem.len,
+                            access: mem.access,
+                            kind: mem.kind,
+                            pid: std::process::id() as i32,
+                            fd: mem.raw_fd(),
+                            nonce: mem.nonce,
+                            max_message: self.max_message,
+                            rdma,
+                        },
+                    }
+                }
                 Err(error) => Msg::Fail { req, error },
             },
             Msg::Put { req, serial, notify, layout, start, data } => {
@@ -378,6 +438,17 @@ impl Service {
                 }
                 return;
             }
+            Msg::Revoke { serial } => {
+                let id = SegmentId::new(from, serial);
+                if let Some(r) = self.remotes.remove(&id) {
+                    r.revoked.store(true, Ordering::Release);
+                }
+                if !self.releasing.contains(&id) {
+                    self.releasing.push(id);
+                }
+                return;
+            }
+            Msg::Released { serial } => return self.released(from, serial),
             _ => unreachable!("not a request"),
         };
         self.send(from, reply);
@@ -559,6 +630,11 @@ impl Service {
             return;
         }
         self.lost.insert(rank, reason.clone());
+        let serials: Vec<u32> = self.retired.keys().copied().collect();
+        for serial in serials {
+            self.released(rank, serial);
+        }
+        self.releasing.retain(|id| id.owner() != rank);
         let keys: Vec<usize> = self
             .pending
             .iter()
@@ -722,6 +798,111 @@ impl Service {
         self.remotes.remove(&id);
     }
 
+    // ---- device (RDMA verbs) operations ----
+
+    /// Segment `serial` was registered with the device: attaching peers get `key`.
+    pub(crate) fn registered(&mut self, serial: u32, handle: u64, key: RemoteKey) {
+        self.registered.insert(serial, Registered { handle, key, attached: Vec::new() });
+    }
+
+    /// The device key of this rank's segment `serial`, if registered.
+    pub(crate) fn own_key(&self, serial: u32) -> Option<RemoteKey> {
+        self.registered.get(&serial).map(|r| r.key)
+    }
+
+    /// `from` has no device operation on retired segment `serial` in flight any more.
+    fn released(&mut self, from: Rank, serial: u32) {
+        let Some(r) = self.retired.get_mut(&serial) else { return };
+        r.waiting.retain(|&w| w != from);
+        if r.waiting.is_empty() {
+            let r = self.retired.remove(&serial).expect("just found");
+            self.deregister.push(r.handle);
+        }
+    }
+
+    /// Registrations to end now (their memory may go once ended).
+    pub(crate) fn take_deregister(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.deregister)
+    }
+
+    /// Reports revoked segments released once none of this rank's operations on them runs.
+    pub(crate) fn release_ready(&mut self) -> usize {
+        if self.releasing.is_empty() {
+            return 0;
+        }
+        let ready: Vec<SegmentId> = self
+            .releasing
+            .iter()
+            .copied()
+            .filter(|id| !self.pending.iter().any(|(_, p)| p.seg == *id && matches!(p.state, State::Running)))
+            .collect();
+        self.releasing.retain(|id| !ready.contains(id));
+        for id in &ready {
+            if id.owner() == self.me {
+                self.released(self.me, id.serial());
+            } else if !self.lost.contains_key(&id.owner()) {
+                self.send(id.owner(), Msg::Released { serial: id.serial() });
+            }
+        }
+        ready.len()
+    }
+
+    /// Starts an operation that the device carries out (one completion ends it); returns its
+    /// key, and whether to post it (not if it already failed: target lost, shutdown).
+    pub(crate) fn start_native(&mut self, seg: SegmentId) -> (Key, bool) {
+        let peer = seg.owner();
+        self.generation = self.generation.wrapping_add(1);
+        self.seq += 1;
+        let key = self.pending.insert(Pending {
+            generation: self.generation,
+            peer,
+            seg,
+            seq: self.seq,
+            left: 1,
+            data: Vec::new(),
+            state: State::Running,
+            waker: None,
+            event: None,
+            detached: false,
+        });
+        let key = Key { key, generation: self.generation };
+        *self.inflight.entry(peer).or_default() += 1;
+        if let Some(reason) = self.lost.get(&peer).cloned() {
+            self.settle(key.key, Err(Error::PeerLost { rank: peer, reason }));
+            (key, false)
+        } else if self.closed {
+            self.settle(key.key, Err(Error::Shutdown));
+            (key, false)
+        } else {
+            (key, true)
+        }
+    }
+
+    /// The request id of `k`, the device's token for it.
+    pub(crate) fn token(k: Key) -> u64 {
+        k.req()
+    }
+
+    /// A device operation ended (`token`: its request id).
+    pub(crate) fn native_done(&mut self, token: u64, r: Result<Done, TransportError>) {
+        let key = token as u32 as usize;
+        let Some(p) =
+            self.pending.get(key).filter(|p| p.generation == (token >> 32) as u32 && matches!(p.state, State::Running))
+        else {
+            return;
+        };
+        let peer = p.peer;
+        let r = match r {
+            Ok(Done::Unit) => Ok(Reply::Unit),
+            Ok(Done::Value(v)) => Ok(Reply::Value(v)),
+            Ok(Done::Data(b)) => Ok(Reply::Data(vec![(0, b)])),
+            Err(reason) => Err(self.lost.get(&peer).map_or(Error::PeerLost { rank: peer, reason }, |why| {
+                Error::PeerLost { rank: peer, reason: why.clone() }
+            })),
+        };
+        self.settle(key, r);
+    }
+
     /// This rank's own published segment `serial`, for attaching to it locally.
     pub(crate) fn own(&self, serial: u32) -> Result<Arc<SegMem>, RmaError> {
         self.segment(serial).cloned()
@@ -810,6 +991,79 @@ mod tests {
                 })
                 .collect()
         }
+    }
+
+    /// The device route's protocol: the key travels in the attach answer; device operations
+    /// complete by their tokens (once: a late or duplicate completion is ignored); unpublishing
+    /// revokes the segment at the attached peer, which answers released only once its operation
+    /// in flight is over, and only then is the registration handed back for ending.
+    #[test]
+    fn device_operations_and_revocation() {
+        let mut p = Pair::new();
+        let mem = p.window(4096, Access::WINDOW);
+        let id = mem.id;
+        let key = RemoteKey { addr: 0x1000, rkey: 77 };
+        p.b.registered(id.serial(), 5, key);
+        assert_eq!(p.b.own_key(id.serial()), Some(key));
+        let k = p.a.start(id, |req| vec![Msg::Attach { req, serial: id.serial() }]);
+        p.run();
+        let Reply::Attached(info) = p.result(k).unwrap() else { panic!() };
+        assert_eq!(info.rdma, key);
+        let remote = p.a.cache(Arc::new(Remote {
+            id,
+            info,
+            mapped: None,
+            lost: std::sync::OnceLock::new(),
+            native: Some(info.rdma),
+            revoked: false.into(),
+        }));
+
+        // Completions by token: data, value, a failure naming the target; duplicates ignored.
+        let (k, post) = p.a.start_native(id);
+        assert!(post);
+        p.a.native_done(Service::token(k), Ok(Done::Data(Bytes::from_static(b"abc"))));
+        p.a.native_done(Service::token(k), Ok(Done::Unit));
+        let Ok(Reply::Data(d)) = p.result(k) else { panic!() };
+        assert_eq!(d, vec![(0, Bytes::from_static(b"abc"))]);
+        let (k, _) = p.a.start_native(id);
+        p.a.native_done(Service::token(k), Ok(Done::Value(9)));
+        assert!(matches!(p.result(k), Ok(Reply::Value(9))));
+        let (k, _) = p.a.start_native(id);
+        p.a.native_done(Service::token(k), Err(TransportError::Closed));
+        assert!(matches!(p.result(k), Err(Error::PeerLost { rank: 1, reason: TransportError::Closed })));
+
+        // An operation in flight when the owner unpublishes.
+        let (running, _) = p.a.start_native(id);
+        p.b.unpublish(id.serial());
+        p.run();
+        assert!(remote.revoked.load(Ordering::Acquire), "the attached peer was told");
+        assert!(p.a.cached(id).is_none());
+        assert_eq!(p.a.release_ready(), 0, "not released while an operation runs");
+        p.b.release_ready();
+        assert!(p.b.take_deregister().is_empty(), "the registration stays while the peer may use it");
+        p.a.native_done(Service::token(running), Ok(Done::Unit));
+        assert!(matches!(p.result(running), Ok(Reply::Unit)), "an operation already posted completes");
+        assert_eq!(p.a.release_ready(), 1);
+        p.run();
+        assert_eq!(p.b.take_deregister(), vec![5]);
+        assert!(!p.a.busy() && !p.b.busy());
+    }
+
+    /// A peer lost while the owner waits for its release counts as released.
+    #[test]
+    fn a_lost_peer_releases_a_revoked_segment() {
+        let mut p = Pair::new();
+        let mem = p.window(64, Access::WINDOW);
+        let id = mem.id;
+        p.b.registered(id.serial(), 3, RemoteKey { addr: 8, rkey: 1 });
+        let k = p.a.start(id, |req| vec![Msg::Attach { req, serial: id.serial() }]);
+        p.run();
+        p.result(k).unwrap();
+        p.b.unpublish(id.serial());
+        p.b.release_ready();
+        assert!(p.b.take_deregister().is_empty());
+        p.b.peer_lost(0, TransportError::Closed);
+        assert_eq!(p.b.take_deregister(), vec![3]);
     }
 
     #[test]

@@ -7,12 +7,14 @@
 //! value and reports what is wrong; a request whose id could be read gets a `Fail` reply.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use ferrocomm_transports::one_sided::RemoteKey;
 
 use super::geometry::{Layout, Side};
 use super::memory::{AtomicOp, SegmentKind, queue_shape_ok};
 use super::{Access, RmaError, SegmentId};
 
-const VERSION: u8 = 1;
+/// 2: attach answers carry the segment's RDMA address and key; revoke and released.
+const VERSION: u8 = 2;
 
 /// Kinds, as tags.
 const ATTACH: u64 = 1;
@@ -22,6 +24,8 @@ const ATOMIC: u64 = 4;
 const NOTIFY: u64 = 5;
 const ENQUEUE: u64 = 6;
 const WAKE: u64 = 7;
+const REVOKE: u64 = 8;
+const RELEASED: u64 = 9;
 const ACK: u64 = 16;
 const DATA: u64 = 17;
 const VALUE: u64 = 18;
@@ -48,6 +52,9 @@ pub(crate) struct AttachInfo {
     pub nonce: u64,
     /// The largest message the owner receives (puts are cut to it).
     pub max_message: usize,
+    /// Where the device reaches the segment's data (RDMA verbs), if the owner registered it
+    /// (`rkey` 0: not registered).
+    pub rdma: RemoteKey,
 }
 
 /// One message of the emulated path.
@@ -92,6 +99,15 @@ pub(crate) enum Msg {
     },
     /// A peer wrote through its mapping and the owner sleeps: wake it (no reply).
     Wake {
+        serial: u32,
+    },
+    /// Owner to an attached peer: the segment is unpublished; operate on it no more, and say
+    /// `Released` once the operations already posted through the device are over (no reply).
+    Revoke {
+        serial: u32,
+    },
+    /// Peer to owner, after `Revoke`: none of its device operations on the segment is in flight.
+    Released {
         serial: u32,
     },
     Ack {
@@ -184,6 +200,14 @@ impl Msg {
                 b.put_u32_le(*serial);
                 WAKE
             }
+            Msg::Revoke { serial } => {
+                b.put_u32_le(*serial);
+                REVOKE
+            }
+            Msg::Released { serial } => {
+                b.put_u32_le(*serial);
+                RELEASED
+            }
             Msg::Ack { req } => {
                 b.put_u64_le(*req);
                 ACK
@@ -215,6 +239,8 @@ impl Msg {
                 b.put_i32_le(info.fd);
                 b.put_u64_le(info.nonce);
                 b.put_u64_le(info.max_message as u64);
+                b.put_u64_le(info.rdma.addr);
+                b.put_u32_le(info.rdma.rkey);
                 ATTACHED
             }
             Msg::Fail { req, error } => {
@@ -237,9 +263,14 @@ impl Msg {
         if r.u8().map_err(|e| (None, e))? != VERSION {
             return Err((None, "unknown version"));
         }
-        if tag == WAKE {
+        if matches!(tag, WAKE | REVOKE | RELEASED) {
             let serial = r.u32().map_err(|e| (None, e))?;
-            return r.end().map(|()| Msg::Wake { serial }).map_err(|e| (None, e));
+            let m = match tag {
+                WAKE => Msg::Wake { serial },
+                REVOKE => Msg::Revoke { serial },
+                _ => Msg::Released { serial },
+            };
+            return r.end().map(|()| m).map_err(|e| (None, e));
         }
         let req = r.u64().map_err(|e| (None, e))?;
         let fail = |e| (Some(req), e);
@@ -297,7 +328,8 @@ impl Msg {
                         _ => return Err("bad segment kind"),
                     };
                     let (pid, fd, nonce, max_message) = (r.i32()?, r.i32()?, r.u64()?, r.usize()?);
-                    Msg::Attached { req, info: AttachInfo { len, access, kind, pid, fd, nonce, max_message } }
+                    let rdma = RemoteKey { addr: r.u64()?, rkey: r.u32()? };
+                    Msg::Attached { req, info: AttachInfo { len, access, kind, pid, fd, nonce, max_message, rdma } }
                 }
                 FAIL => {
                     let code = r.u8()?;
@@ -416,8 +448,11 @@ mod tests {
                     fd: 7,
                     nonce: 0xdead_beef,
                     max_message: 1 << 30,
+                    rdma: RemoteKey { addr: 0x7f00_0000_1000, rkey: 0x1234 },
                 },
             },
+            Msg::Revoke { serial: 21 },
+            Msg::Released { serial: 22 },
             Msg::Fail { req: 16, error: RmaError::OutOfBounds { offset: 1, len: 2, segment_len: 3 } },
             Msg::Fail {
                 req: 17,
@@ -465,7 +500,7 @@ mod tests {
         let (_, p) = Msg::Ack { req: 5 }.encode();
         assert_eq!(Msg::decode(99, p.clone()), Err((Some(5), "unknown message kind")));
         let mut v = p.to_vec();
-        v[0] = 2;
+        v[0] = VERSION + 1;
         assert_eq!(Msg::decode(ACK, v.into()), Err((None, "unknown version")));
         let (tag, p) = Msg::Atomic { req: 7, serial: 1, op: AtomicOp::Swap(1), off: 0 }.encode();
         let mut v = p.to_vec();
@@ -481,6 +516,7 @@ mod tests {
                 fd: 1,
                 nonce: 1,
                 max_message: 1,
+                rdma: RemoteKey::default(),
             },
         }
         .encode();

@@ -31,3 +31,44 @@ impl StreamReader {
         Ok(n)
     }
 }
+
+/// Runs `f` (a handshake over [`Memory`]) to its end: reading from memory never waits.
+fn run_now<T>(f: impl std::future::Future<Output = T>) -> T {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(t) => t,
+        std::task::Poll::Pending => unreachable!("a handshake over memory never waits"),
+    }
+}
+
+/// A connection in memory: what the peer sent, and what this side writes.
+pub type Memory<'a> = tokio::io::Join<&'a [u8], Vec<u8>>;
+
+/// The accepting side of the peers' handshake ([`crate::tcp::handshake_accept`]) as rank `me`
+/// with `token`, reading `from_peer` as what the connecting side sent. Returns its verdict and
+/// what it wrote.
+pub fn peer_accept(
+    from_peer: &[u8],
+    me: Rank,
+    token: &[u8; crate::wire::TOKEN_LEN],
+    limits: &Limits,
+) -> (Result<Rank, TransportError>, Vec<u8>) {
+    let mut conn: Memory<'_> = tokio::io::join(from_peer, Vec::new());
+    let verdict = run_now(crate::tcp::handshake_accept(&mut conn, me, token, limits));
+    (verdict, conn.into_inner().1)
+}
+
+/// The connecting side of the peers' handshake ([`crate::tcp::handshake_connect`]) as rank `me`
+/// to rank `expect`, reading `from_peer` as what the listener sent. Returns its verdict and what
+/// it wrote.
+pub fn peer_connect(
+    from_peer: &[u8],
+    me: Rank,
+    expect: Rank,
+    token: &[u8; crate::wire::TOKEN_LEN],
+    limits: &Limits,
+) -> (Result<(), TransportError>, Vec<u8>) {
+    let mut conn: Memory<'_> = tokio::io::join(from_peer, Vec::new());
+    let verdict = run_now(crate::tcp::handshake_connect(&mut conn, me, expect, token, limits));
+    (verdict, conn.into_inner().1)
+}

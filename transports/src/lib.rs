@@ -8,6 +8,9 @@
 
 pub mod auth;
 pub mod mapping;
+pub mod one_sided;
+pub mod rails;
+pub mod relay;
 pub mod route;
 #[cfg(target_os = "linux")]
 pub mod shm;
@@ -57,6 +60,10 @@ pub enum TransportError {
     /// The launcher saw the peer's process end before it said goodbye.
     #[error("the launcher saw its process end")]
     Launcher,
+    /// Its connection to the job's key-value store (hosted by a rank, under a launcher other than
+    /// `ferrorun`) closed without a goodbye: its process ended.
+    #[error("its connection to the job's store closed without a goodbye")]
+    StoreClosed,
 }
 
 impl From<io::Error> for TransportError {
@@ -173,4 +180,9 @@ pub trait Transport: Send {
     /// Drops the connection to `peer` (it broke the protocol one level up). The transport reports
     /// the loss through [`Sink::peer_lost`] with `reason` once no read into a sink buffer is in flight.
     fn disconnect(&mut self, peer: Rank, reason: TransportError);
+    /// The one-sided capability ([`one_sided::OneSided`]), for a transport whose device reaches
+    /// peers' memory itself; `None` (the default) otherwise.
+    fn one_sided(&mut self) -> Option<&mut dyn one_sided::OneSided> {
+        None
+    }
 }

@@ -74,4 +74,10 @@ impl Transport for Routed {
     fn disconnect(&mut self, peer: Rank, reason: TransportError) {
         self.parts[self.route[peer as usize]].disconnect(peer, reason)
     }
+
+    fn one_sided(&mut self) -> Option<&mut dyn crate::one_sided::OneSided> {
+        // At most one part has a device of its own (verbs); the caller picks peers by their
+        // route (`name_for`).
+        self.parts.iter_mut().find_map(|p| p.one_sided())
+    }
 }

@@ -104,13 +104,22 @@ pub mod flags {
     pub const PROOF: u16 = 4;
     /// On `Hello`: the connector refuses the listener's proof (no payload).
     pub const REFUSE: u16 = 8;
+    /// On `Data`: one part of a frame striped across rails ([`crate::rails`]); `tag` is the
+    /// part's id among the parts sent to that peer.
+    pub const RAIL_PART: u16 = 16;
+    /// On `Credit`: a rail's acknowledgement ([`crate::rails`]); `seq` counts the parts received
+    /// on the connection it travels back on.
+    pub const RAIL_ACK: u16 = 32;
+    /// On `Data`: an envelope to be forwarded ([`crate::relay`]); `seq` is the final
+    /// destination, the payload the whole frame (header, then payload) it carries.
+    pub const RELAY: u16 = 64;
     /// On `Rts`: the data follows at once, without waiting for a `Cts` (a pushed rendezvous).
     /// On `Data`: a chunk of such a message; `seq` is then the sender's message id, and the
     /// chunks follow their `Rts` in order, at consecutive offsets, before any other pushed `Rts`.
-    pub const PUSH: u16 = 16;
+    pub const PUSH: u16 = 128;
     /// On `Cts` for a pushed message: the pushed data lands in the matched receive, nothing is to
     /// be sent again.
-    pub const TAKEN: u16 = 32;
+    pub const TAKEN: u16 = 256;
 }
 
 /// The decoded frame header.

@@ -213,6 +213,32 @@ fn peer_closes(backend: Backend) {
     assert!(matches!(err, TransportError::Closed | TransportError::Io(_)), "{err:?}");
 }
 
+/// The peer sends a last frame and goes away without reading what it was sent, so its kernel
+/// resets the connection: our sends to it fail, yet the frame it sent before is delivered, and
+/// only then the loss reported (a goodbye or a loss notice from a rank that then exits is not lost
+/// to the failure of our send).
+fn last_words_before_a_reset(backend: Backend) {
+    let rt = runtime();
+    let (mut node, mut raw) = with_raw_peer(&rt, backend, 0);
+    // Output the peer never reads: the socket buffers fill, the rest stays queued.
+    for i in 0..400 {
+        let (h, p) = eager(0, i, EAGER);
+        node.t.send(1, h, p);
+    }
+    for _ in 0..20 {
+        node.t.progress(&mut node.s);
+    }
+    assert!(node.t.has_pending_output());
+    let (h, p) = eager(1, 9, 300);
+    raw.write_all(&h.encode()).unwrap();
+    raw.write_all(&p).unwrap();
+    // Closed with unread input: the kernel answers with a reset.
+    drop(raw);
+    let err = expect_lost_once(&mut node, "reset after a last frame");
+    assert!(matches!(err, TransportError::Closed | TransportError::Io(_)), "{err:?}");
+    check_received(&node.s, 1, &[(h, p)]);
+}
+
 fn garbage(backend: Backend) {
     let rt = runtime();
     let (mut node, mut raw) = with_raw_peer(&rt, backend, 0);
@@ -396,6 +422,7 @@ both!(eager_in_order, pair);
 both!(data_in_place, pair);
 both!(interleaved_volume, pair);
 both!(peer_closes);
+both!(last_words_before_a_reset);
 both!(garbage);
 both!(poll_ready_wakes);
 both!(progress_from_exited_thread);

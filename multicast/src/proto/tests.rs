@@ -584,3 +584,32 @@ fn coroot_dead_before_the_stream_starts_its_leaves_acknowledge_to_the_root() {
     check_exactly_once_in_order(&s, 0, 100);
     assert!(s.run(Duration::from_secs(5), |s| s.cores[0].in_flight() == 0), "window drains without the dead");
 }
+
+/// Without loss nobody asks for anything, even when every co-root's reliable copy comes long
+/// after the multicast of later messages: the copy is on its way, and a NACK would only make the
+/// root send the message twice.
+#[test]
+fn coroots_never_nack_when_their_copies_lag_the_multicast() {
+    let mut s = Sim::new(9, |c| c.subgroups = Some(3));
+    s.confirm_groups();
+    let coroots = s.cores[0].layout().coroots.clone();
+    for &c in &coroots {
+        s.slow.insert((0, c), Duration::from_millis(2));
+    }
+    // Each co-root misses some datagrams: only its copies complete those messages.
+    let missed = coroots.clone();
+    let k = std::cell::Cell::new(0u64);
+    s.drop_if = Some(Box::new(move |to, _| {
+        k.set(k.get() + 1);
+        missed.contains(&to) && k.get().is_multiple_of(3)
+    }));
+    s.outbox[0] = (0..200).map(|i| message(0, i)).collect();
+    let ok = s.run(Duration::from_secs(20), |s| s.all_received(0, 200) && s.cores[0].in_flight() == 0);
+    assert!(ok, "stalled; in flight {}", s.cores[0].in_flight());
+    check_exactly_once_in_order(&s, 0, 200);
+    for &c in &coroots {
+        assert_eq!(s.cores[c as usize].stats().nacks_sent, 0, "co-root {c} asked for a copy on its way");
+    }
+    // The leaves miss nothing either: the root hears no NACK at all.
+    assert_eq!(s.cores[0].stats().nacks_received, 0);
+}

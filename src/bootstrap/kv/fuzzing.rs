@@ -34,7 +34,35 @@ pub fn server_requests(mut stream: &[u8]) -> (Vec<Decoded>, Option<String>) {
     }
 }
 
+/// Decodes `report` as a watch reads the store's report of a dead rank.
+pub fn watch_report(mut report: &[u8]) -> Result<Vec<u8>, KvError> {
+    super::read_report(&mut report).now_or_never().expect("reading from memory never waits")
+}
+
 /// Decodes `reply` as the client reads the answer to a get.
 pub fn get_reply(mut reply: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
     read_get_reply(&mut reply).now_or_never().expect("reading from memory never waits")
+}
+
+/// The store's side of the handshake with `token`, reading `from_client` as what the client sent.
+/// Returns whether the client was accepted (or why not) and what the store wrote.
+pub fn server_handshake(from_client: &[u8], token: [u8; 32]) -> (Result<(), String>, Vec<u8>) {
+    let key = super::JobSecret::new(token).handshake_key(super::Protocol::Store);
+    let mut conn = tokio::io::join(from_client, Vec::new());
+    let verdict = super::handshake(&mut conn, &key).now_or_never().expect("reading from memory never waits");
+    let verdict = verdict.map_err(|end| match end {
+        End::Bad(why) => why,
+        End::Io(e) => e.to_string(),
+        End::Closed => "closed".into(),
+    });
+    (verdict, conn.into_inner().1)
+}
+
+/// The client's side of the handshake with `token`, reading `from_store` as what the store sent.
+/// Returns the verdict (the outer error is the connection's) and what the client wrote.
+pub fn client_handshake(from_store: &[u8], token: [u8; 32]) -> (Result<Result<(), KvError>, std::io::Error>, Vec<u8>) {
+    let mut conn = tokio::io::join(from_store, Vec::new());
+    let verdict =
+        super::client_handshake(&mut conn, "fuzz", &token).now_or_never().expect("reading from memory never waits");
+    (verdict, conn.into_inner().1)
 }

@@ -15,7 +15,7 @@ pub mod uring;
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::auth::{
@@ -98,7 +98,10 @@ fn hello(me: Rank, to: Rank, flags: u16, payload: &[u8]) -> Vec<u8> {
 
 /// Reads one `Hello` frame: its header, and its payload into a fixed buffer (the header's
 /// check bounds `len` by [`HELLO_MAX`], so nothing is sized by the peer).
-async fn read_hello(s: &mut TcpStream, limits: &Limits) -> Result<(Header, [u8; HELLO_MAX]), TransportError> {
+async fn read_hello<S: AsyncRead + Unpin>(
+    s: &mut S,
+    limits: &Limits,
+) -> Result<(Header, [u8; HELLO_MAX]), TransportError> {
     let mut raw = [0u8; HEADER_LEN];
     s.read_exact(&mut raw).await?;
     let h = Header::decode(&raw, limits)?;
@@ -116,9 +119,10 @@ fn malformed(what: &'static str) -> TransportError {
 
 /// Connecting side of the peers' handshake ([`crate::auth`]): sends a nonce, checks the
 /// acceptor's proof, and only then proves the job token itself. A listener that fails its proof
-/// gets a refusal and nothing keyed.
-pub async fn handshake_connect(
-    s: &mut TcpStream,
+/// gets a refusal and nothing keyed. `s` is the connection (a `TcpStream`; generic so that the
+/// fuzz targets can run it over bytes in memory).
+pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
     me: Rank,
     expect: Rank,
     token: &[u8; TOKEN_LEN],
@@ -149,9 +153,9 @@ pub async fn handshake_connect(
 
 /// Accepting side of the peers' handshake: answers a hello meant for `me` with a challenge, then
 /// checks the connector's proof. Returns the rank the connector proved to be (its claim is bound
-/// into both proofs).
-pub async fn handshake_accept(
-    s: &mut TcpStream,
+/// into both proofs). `s` as for [`handshake_connect`].
+pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
     me: Rank,
     token: &[u8; TOKEN_LEN],
     limits: &Limits,

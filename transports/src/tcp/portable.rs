@@ -21,6 +21,11 @@ struct Conn {
     stream: TcpStream,
     reader: Reader,
     writer: Writer,
+    /// Why a send failed (set once): nothing more is sent, but the connection is read until its
+    /// read side ends too, so that what the peer sent before it went (a goodbye, a loss notice) is
+    /// not thrown away; then it fails for this reason. A socket whose send failed is reset or
+    /// timed out, so its read side ends once the bytes already received are read.
+    write_failed: Option<TransportError>,
 }
 
 /// TCP over tokio sockets; one connection per peer.
@@ -44,6 +49,7 @@ impl PortableTcp {
                         stream: TcpStream::from_std(s)?,
                         reader: Reader::new(peer as Rank, limits),
                         writer: Writer::default(),
+                        write_failed: None,
                     })
                 })
                 .transpose()
@@ -82,17 +88,20 @@ impl Conn {
                 Ok(_) => work += 1,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    self.write_failed = Some(e.into());
+                    self.writer = Writer::default();
+                }
             }
         }
         for _ in 0..64 {
             let t = self.reader.target(sink)?;
             match recv(&self.stream, t.ptr, t.len) {
-                Ok(0) => return Err(TransportError::Closed),
+                Ok(0) => return Err(self.write_failed.take().unwrap_or(TransportError::Closed)),
                 Ok(n) => work += 1 + self.reader.advance(n, sink)?,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(self.write_failed.take().unwrap_or(e.into())),
             }
         }
         Ok(work)
@@ -151,7 +160,9 @@ impl Transport for PortableTcp {
     }
 
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
-        if let Some(c) = self.conns.get_mut(peer as usize).and_then(Option::as_mut) {
+        if let Some(c) = self.conns.get_mut(peer as usize).and_then(Option::as_mut)
+            && c.write_failed.is_none()
+        {
             c.writer.push(&header, payload);
         }
     }

@@ -73,6 +73,11 @@ struct Conn {
     /// Why the connection ended (set once); it is freed and reported when no operation is in
     /// flight any more.
     ended: Option<TransportError>,
+    /// Why a send failed (set once): nothing more is sent, but the connection is read until its
+    /// read side ends too, so that what the peer sent before it went (a goodbye, a loss notice) is
+    /// not thrown away; then it ends for this reason. A socket whose send failed is reset or
+    /// timed out, so its read side ends once the bytes already received are read.
+    write_failed: Option<TransportError>,
 }
 
 impl Conn {
@@ -85,6 +90,21 @@ impl Conn {
             self.ended = Some(why);
             self.writer = Writer::default();
         }
+    }
+
+    /// A send failed: stop sending, keep reading (see `write_failed`).
+    fn fail_write(&mut self, why: TransportError) {
+        if self.ended.is_none() && self.write_failed.is_none() {
+            self.write_failed = Some(why);
+            self.writer = Writer::default();
+        }
+    }
+
+    /// The read side ended (EOF or an error): the connection ends, for the send's failure if
+    /// one came first.
+    fn end_read(&mut self, why: TransportError) {
+        let why = self.write_failed.take().unwrap_or(why);
+        self.end(why);
     }
 
     fn idle(&self) -> bool {
@@ -148,6 +168,7 @@ impl UringTcp {
                     recv_busy: false,
                     send_busy: false,
                     ended: None,
+                    write_failed: None,
                 })
             })
             .collect();
@@ -166,13 +187,13 @@ impl UringTcp {
                 return 0;
             }
             match res {
-                0 => c.end(TransportError::Closed),
+                0 => c.end_read(TransportError::Closed),
                 n if n > 0 => match c.reader.advance(n as usize, sink) {
                     Ok(frames) => return frames,
                     Err(e) => c.end(e),
                 },
                 _ if transient(-res) => {}
-                _ => c.end(err()),
+                _ => c.end_read(err()),
             }
         } else {
             c.send_busy = false;
@@ -183,7 +204,7 @@ impl UringTcp {
                 c.writer.put_back(&mut c.batch.frames);
             } else {
                 c.batch.frames = Writer::default();
-                c.end(err());
+                c.fail_write(err());
             }
         }
         0
@@ -298,6 +319,7 @@ impl Transport for UringTcp {
     fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
         if let Some(c) = self.conns.get_mut(peer as usize).and_then(Option::as_mut)
             && c.ended.is_none()
+            && c.write_failed.is_none()
         {
             c.writer.push(&header, payload);
         }

@@ -415,7 +415,11 @@ impl Qp {
             qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
             pkey_index: 0,
             port_num: PORT,
-            qp_access_flags: (A::IBV_ACCESS_REMOTE_WRITE | A::IBV_ACCESS_REMOTE_READ | A::IBV_ACCESS_LOCAL_WRITE).0,
+            qp_access_flags: (A::IBV_ACCESS_REMOTE_WRITE
+                | A::IBV_ACCESS_REMOTE_READ
+                | A::IBV_ACCESS_REMOTE_ATOMIC
+                | A::IBV_ACCESS_LOCAL_WRITE)
+                .0,
             ..Default::default()
         };
         self.modify(
@@ -544,6 +548,52 @@ impl Qp {
             post(self.qp, &mut wr, &mut bad)
         };
         check(rc, "ibv_post_send")
+    }
+}
+
+impl Qp {
+    /// Posts one signaled atomic on the 8-byte word at remote `(raddr, rkey)`: fetch-and-add of
+    /// `add` (`compare` is `None`) or compare-and-swap (`add` is the new value); the previous
+    /// value lands in the local 8-byte word `(laddr, lkey)`.
+    ///
+    /// # Safety
+    /// The local word must stay valid and registered until the request's completion has been
+    /// polled or the QP has been flushed.
+    pub(super) unsafe fn post_atomic(
+        &self,
+        wr_id: u64,
+        (laddr, lkey): (u64, u32),
+        (raddr, rkey): (u64, u32),
+        compare: Option<u64>,
+        add: u64,
+    ) -> io::Result<()> {
+        let mut sge = ffi::ibv_sge { addr: laddr, length: 8, lkey };
+        let mut wr = ffi::ibv_send_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: match compare {
+                None => ffi::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD,
+                Some(_) => ffi::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
+            },
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+            remote_addr: raddr,
+            compare_add: compare.unwrap_or(add),
+            swap: add,
+            rkey,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid QP; the WR and SGE are read during the call only; the caller keeps the
+        // local word valid.
+        let rc = unsafe {
+            let post = (*(*self.qp).context).ops.post_send.expect("provider has post_send");
+            post(self.qp, &mut wr, &mut bad)
+        };
+        check(rc, "ibv_post_send (atomic)")
     }
 }
 

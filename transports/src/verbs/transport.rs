@@ -23,6 +23,10 @@ use crate::{Outgoing, Sink, Transport, TransportError};
 
 pub use super::sys::device_names;
 
+// A child of this module: it reaches the connections and the device.
+#[path = "rma.rs"]
+mod rma;
+
 /// Descriptor magic, `"FCVB"`.
 const MAGIC: u32 = u32::from_le_bytes(*b"FCVB");
 /// 4: eager messages travel in compact slots ([`link`]); a peer of version 3 could not read them.
@@ -54,6 +58,8 @@ enum Wr {
     SharedRecv = 4,
     /// An unsignaled slot write: it has a completion only if it fails (or is flushed).
     QuietSlot = 5,
+    /// A one-sided operation's work request (`rma`).
+    Rma = 6,
 }
 
 fn wr_id(peer: usize, kind: Wr, token: u32) -> u64 {
@@ -215,7 +221,8 @@ impl VerbsEndpoint {
         // `VerbsTransport::repost`), plus per slot one write, one RDMA write and reads.
         let recv_wr = 2 * slots;
         let send_wr = 2 * slots + 2 * u32::from(RD_ATOMIC) + 8;
-        let cq = ((recv_wr + send_wr) as usize * npeers.max(1)).min(32_000) as i32;
+        // Plus the one-sided loopback pair's send queue (`rma`), which shares the CQ.
+        let cq = ((recv_wr + send_wr) as usize * npeers.max(1) + send_wr as usize).min(32_000) as i32;
         let dev = Device::open(cfg.device.as_deref(), cfg.gid_index, cq)?;
         let ring_len = slot_size * slots as usize;
         let shared = match cfg.eager {
@@ -336,6 +343,7 @@ impl VerbsEndpoint {
             sq_depth: send_wr,
             rendezvous: cfg.rendezvous,
             liveness_polls: cfg.liveness_polls.max(1),
+            rma: rma::RmaState::new(&dev, send_wr)?,
             conns,
             stats: VerbsStats { srq_buffers: shared.as_ref().map_or(0, |s| s.buffers), ..VerbsStats::default() },
             shared,
@@ -546,6 +554,8 @@ pub struct VerbsTransport {
     liveness_polls: u32,
     /// Declared before the cache and the device: QPs and receive registrations go first.
     conns: Vec<Conn>,
+    /// One-sided operations (after the connections, before the device).
+    rma: rma::RmaState,
     /// After the QPs that use it.
     shared: Option<SharedRecv>,
     cache: RegCache<Mr>,
@@ -653,6 +663,9 @@ impl VerbsTransport {
 
     fn handle_wc(&mut self, wc: &ffi::ibv_wc, sink: &mut dyn Sink) {
         let (k, kind, token) = split_wr(wc.wr_id());
+        if kind == Wr::Rma as u64 {
+            return self.on_rma_wc(wc, k, token);
+        }
         if kind == Wr::SharedRecv as u64 {
             return self.on_shared_recv(wc, token, sink);
         }
@@ -1093,6 +1106,7 @@ impl Transport for VerbsTransport {
                 break;
             }
         }
+        work += self.rma_flush();
         if work == 0 {
             for k in 0..self.conns.len() {
                 let c = &mut self.conns[k];
@@ -1184,6 +1198,10 @@ impl Transport for VerbsTransport {
         if let Some(k) = self.index(peer) {
             self.fail(k, reason);
         }
+    }
+
+    fn one_sided(&mut self) -> Option<&mut dyn crate::one_sided::OneSided> {
+        Some(self)
     }
 }
 

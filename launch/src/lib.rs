@@ -1,7 +1,7 @@
-//! The local launcher: start N ranks of a program on this machine.
+//! `ferrorun`, the local launcher of ferrocomm jobs: start N ranks of a program on this machine.
 //!
-//! This is a library function so that both the `ferrorun` binary and
-//! examples or tests can start a job without an MPI installation. It plays
+//! This is a library ([`run_local`]) so that both the `ferrorun` binary and
+//! examples, tests or benchmarks can start a job without an MPI installation. It plays
 //! the part `mpirun` plays elsewhere:
 //!
 //! * it runs the job's key-value store ([`KvServer`]) on `127.0.0.1` (or
@@ -9,7 +9,7 @@
 //!   fresh random token, and tells every rank where it is through
 //!   `FERROCOMM_RANK`, `FERROCOMM_SIZE`, `FERROCOMM_COORD`, `FERROCOMM_TOKEN`
 //!   and `FERROCOMM_LAUNCHER=ferrorun` (read back by
-//!   [`crate::bootstrap::env::detect`]);
+//!   `ferrocomm::bootstrap::env::detect`);
 //! * it forwards each rank's output line by line with a `[rank] ` prefix,
 //!   stdout to stdout and stderr to stderr;
 //! * it turns one rank's failure into the job's failure: it tells the other
@@ -42,9 +42,8 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, sleep_until, timeout};
 
-use crate::bootstrap::env::{MAX_SIZE, to_hex};
-use crate::bootstrap::kv::KvServer;
-use crate::bootstrap::notices;
+use ferrocomm::bootstrap::env::{MAX_SIZE, to_hex};
+use ferrocomm::bootstrap::kv::KvServer;
 
 /// A forwarded line longer than this is passed on in pieces.
 const MAX_LINE: usize = 64 * 1024;
@@ -210,7 +209,7 @@ async fn run_job(n: u32, program: &Path, args: &[OsString], opts: &LaunchOptions
                     result = Some(code);
                     // A rank that said goodbye first (finalize) and then failed is no loss to the
                     // others: they ignore the report then.
-                    store.put(notices::FAILED_KEY, &notices::encode(r, &format!("exited with {what}")));
+                    store.report_dead(r, &format!("exited with {what}"));
                     say(format!("rank {r} exited with {what}; stopping the job")).await;
                     kill_at = Some(Instant::now() + opts.grace);
                 } else {

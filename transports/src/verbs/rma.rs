@@ -1,0 +1,398 @@
+//! One-sided operations over the RC queue pairs ([`OneSided`]): RDMA write and read of a peer's
+//! registered memory, and RDMA atomics (fetch-and-add, compare-and-swap) on its 8-byte words.
+//!
+//! * **Staging.** A write copies its source into a registered staging buffer before `post`
+//!   returns (the caller's borrow ends there); a read lands in one and is copied out when it
+//!   completes (the caller's buffer may be gone by then: a dropped future does not cancel an
+//!   operation); an atomic's previous value lands in one. Buffers come from a pool by power-of-two
+//!   size, registered once and reused ([`KEEP_BYTES`] kept at most), so the latency path
+//!   registers nothing.
+//! * **Work requests.** One per run (a strided or sub-array transfer is several, one per
+//!   contiguous run after merging adjacent ones), each signaled: an operation completes when its
+//!   last request's completion is polled. Requests wait in a per-connection backlog, in issue
+//!   order, while the send queue has no room (two entries stay free for slots).
+//! * **Loopback.** A rank's own atomics on its registered words go through a pair of queue pairs
+//!   connected to each other on the same device: RDMA atomics are atomic only with respect to the
+//!   device's other atomics (Soft-RoCE applies them under a lock of its own), so every atomic on a
+//!   registered word, the owner's included, must take the device.
+//! * **Failures.** A failed request fails its connection (RC: the queue pair is in error), like
+//!   any other; flushed requests complete their operations with the connection's end.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+
+use bytes::Bytes;
+use ibverbs_sys as ffi;
+use slab::Slab;
+
+use super::super::link::SendQueue;
+use super::super::sys::{Device, Mr, Op, Qp, QpAddr, access};
+use super::{RD_ATOMIC, VerbsTransport, Wr, random_u32, wr_id};
+use crate::one_sided::{Done, OneSided, RemoteAccess, RemoteKey, Request, Run};
+use crate::{Rank, TransportError};
+
+/// The connection index of the loopback pair in work request ids.
+const LOOPBACK: usize = 0xff_ffff;
+/// Staging bytes kept registered in the pool at most.
+const KEEP_BYTES: usize = 64 << 20;
+/// Send queue entries left to slot writes on a peer's queue pair.
+const SLOT_RESERVE: u32 = 2;
+
+/// A registered buffer for the device (the region is dropped before the memory).
+struct Staging {
+    mr: Option<Mr>,
+    ptr: *mut u8,
+    cap: usize,
+}
+
+// SAFETY: plain heap memory and a region handle.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    fn new(dev: &Device, cap: usize) -> io::Result<Staging> {
+        let b: Box<[u8]> = vec![0u8; cap].into_boxed_slice();
+        let ptr: *mut u8 = Box::into_raw(b).cast();
+        let mut s = Staging { mr: None, ptr, cap };
+        // SAFETY: the memory lives until `drop`, which drops the region first.
+        s.mr = Some(unsafe { dev.register(ptr, cap, access::LOCAL)? });
+        Ok(s)
+    }
+
+    fn lkey(&self) -> u32 {
+        self.mr.as_ref().map_or(0, Mr::lkey)
+    }
+
+    fn addr(&self, at: usize) -> u64 {
+        self.ptr as u64 + at as u64
+    }
+
+    /// The first `len` bytes (nothing but polled completions wrote them).
+    fn bytes(&self, len: usize) -> &[u8] {
+        // SAFETY: `len <= cap` (callers ask for what they staged); the device is done with it.
+        unsafe { std::slice::from_raw_parts(self.ptr, len.min(self.cap)) }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        self.mr = None;
+        // SAFETY: made from a boxed slice of `cap` bytes in `new`, freed once, after its region.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.cap)) });
+    }
+}
+
+enum Kind {
+    Write,
+    Read(usize),
+    Atomic,
+}
+
+/// An operation in flight.
+struct OpState {
+    token: u64,
+    /// Work requests not yet completed (posted or waiting in the backlog).
+    left: u32,
+    kind: Kind,
+    staging: Staging,
+    err: Option<TransportError>,
+}
+
+/// A work request waiting for room in its send queue.
+#[derive(Clone, Copy)]
+enum Spec {
+    Rdma { write: bool, stream: usize, addr: u64, len: usize, rkey: u32 },
+    Atomic { addr: u64, rkey: u32, compare: Option<u64>, add: u64 },
+}
+
+/// The one-sided state of a verbs transport.
+pub(super) struct RmaState {
+    /// The loopback pair: requests go on `lo_a`, `lo_b` answers. Declared first: dropped before
+    /// the registrations.
+    lo_a: Qp,
+    _lo_b: Qp,
+    lo_sq: SendQueue,
+    sq_depth: u32,
+    regs: HashMap<u64, Mr>,
+    next_reg: u64,
+    ops: Slab<OpState>,
+    /// By connection index (the loopback's too): requests in issue order.
+    backlog: HashMap<usize, VecDeque<(usize, Spec)>>,
+    pool: HashMap<usize, Vec<Staging>>,
+    kept: usize,
+    done: VecDeque<(u64, Result<Done, TransportError>)>,
+}
+
+impl RmaState {
+    /// Creates the loopback pair (connected to each other) on `dev`.
+    pub(super) fn new(dev: &Device, sq_depth: u32) -> io::Result<RmaState> {
+        let a = dev.create_qp(sq_depth, 1, 0, None)?;
+        let b = dev.create_qp(sq_depth, 1, 0, None)?;
+        let (pa, pb) = (random_u32() & 0xff_ffff, random_u32() & 0xff_ffff);
+        let at = |qp: &Qp, psn| QpAddr { qpn: qp.qpn(), psn, lid: dev.lid, gid: dev.gid };
+        a.connect(dev, pa, &at(&b, pb), RD_ATOMIC)?;
+        b.connect(dev, pb, &at(&a, pa), RD_ATOMIC)?;
+        Ok(RmaState {
+            lo_a: a,
+            _lo_b: b,
+            lo_sq: SendQueue::default(),
+            sq_depth,
+            regs: HashMap::new(),
+            next_reg: 1,
+            ops: Slab::new(),
+            backlog: HashMap::new(),
+            pool: HashMap::new(),
+            kept: 0,
+            done: VecDeque::new(),
+        })
+    }
+
+    fn take(&mut self, dev: &Device, len: usize) -> io::Result<Staging> {
+        let class = len.max(64).next_power_of_two();
+        if let Some(s) = self.pool.get_mut(&class).and_then(Vec::pop) {
+            self.kept -= class;
+            return Ok(s);
+        }
+        Staging::new(dev, class)
+    }
+
+    fn give(&mut self, s: Staging) {
+        if self.kept + s.cap <= KEEP_BYTES {
+            self.kept += s.cap;
+            self.pool.entry(s.cap).or_default().push(s);
+        }
+    }
+
+    /// One of operation `key`'s requests is over (`err`: failed, or never posted).
+    fn one_done(&mut self, key: usize, err: Option<TransportError>) {
+        let Some(op) = self.ops.get_mut(key) else { return };
+        if let Some(e) = err {
+            op.err.get_or_insert(e);
+        }
+        op.left = op.left.saturating_sub(1);
+        if op.left > 0 {
+            return;
+        }
+        let op = self.ops.remove(key);
+        let r = match (op.err, op.kind) {
+            (Some(e), _) => Err(e),
+            (None, Kind::Write) => Ok(Done::Unit),
+            (None, Kind::Read(len)) => Ok(Done::Data(Bytes::copy_from_slice(op.staging.bytes(len)))),
+            (None, Kind::Atomic) => {
+                let b: [u8; 8] = op.staging.bytes(8).try_into().expect("8 staged bytes");
+                Ok(Done::Value(u64::from_ne_bytes(b)))
+            }
+        };
+        self.done.push_back((op.token, r));
+        self.give(op.staging);
+    }
+}
+
+/// Adjacent runs (next in the stream and in remote memory) as one.
+fn merged(runs: &[Run]) -> Vec<Run> {
+    let mut out: Vec<Run> = Vec::with_capacity(runs.len());
+    for r in runs.iter().filter(|r| r.len > 0) {
+        match out.last_mut() {
+            Some(p) if p.stream + p.len == r.stream && p.addr + p.len as u64 == r.addr => p.len += r.len,
+            _ => out.push(*r),
+        }
+    }
+    out
+}
+
+impl VerbsTransport {
+    /// A completion of a one-sided request of connection `k` (or the loopback).
+    pub(super) fn on_rma_wc(&mut self, wc: &ffi::ibv_wc, k: usize, token: u32) {
+        let err = if wc.is_valid() {
+            None
+        } else if k == LOOPBACK {
+            let (status, vendor) = wc.error().unwrap_or_default();
+            tracing::error!(status, vendor, "a loopback one-sided request failed");
+            Some(TransportError::Io(io::ErrorKind::Other))
+        } else {
+            self.failed(k, wc);
+            Some(self.conns.get(k).and_then(|c| c.failing.clone()).unwrap_or(TransportError::Closed))
+        };
+        if k == LOOPBACK {
+            self.rma.lo_sq.retire();
+        } else if let Some(c) = self.conns.get_mut(k) {
+            c.sq.retire();
+        }
+        self.rma.one_done(token as usize, err);
+    }
+
+    /// Posts what waits in the backlogs as far as the send queues have room; fails what waits
+    /// for a connection that ended. Returns how many requests moved.
+    pub(super) fn rma_flush(&mut self) -> usize {
+        if self.rma.backlog.is_empty() {
+            return 0;
+        }
+        let keys: Vec<usize> = self.rma.backlog.keys().copied().collect();
+        keys.into_iter().map(|k| self.flush_conn(k)).sum()
+    }
+
+    fn flush_conn(&mut self, k: usize) -> usize {
+        let mut n = 0;
+        let reserve = if k == LOOPBACK { 0 } else { SLOT_RESERVE };
+        loop {
+            let Some(&(key, spec)) = self.rma.backlog.get(&k).and_then(VecDeque::front) else {
+                self.rma.backlog.remove(&k);
+                return n;
+            };
+            if k != LOOPBACK && !self.conns[k].live() {
+                let why = self.conns[k].failing.clone().unwrap_or(TransportError::Closed);
+                for (key, _) in self.rma.backlog.remove(&k).unwrap_or_default() {
+                    self.rma.one_done(key, Some(why.clone()));
+                }
+                return n;
+            }
+            let used = if k == LOOPBACK { self.rma.lo_sq.used() } else { self.conns[k].sq.used() };
+            if used + 1 + reserve > self.rma.sq_depth {
+                return n;
+            }
+            self.rma.backlog.get_mut(&k).and_then(VecDeque::pop_front);
+            let Some(op) = self.rma.ops.get(key) else { continue };
+            let (base, lkey) = (op.staging.addr(0), op.staging.lkey());
+            let qp = if k == LOOPBACK { &self.rma.lo_a } else { &self.conns[k].qp };
+            let id = wr_id(k, Wr::Rma, key as u32);
+            // SAFETY: the staging buffer belongs to the operation, which stays in the slab (and
+            // the buffer registered) until this request's completion is polled, or its queue
+            // pair is flushed and reaped.
+            let r = unsafe {
+                match spec {
+                    Spec::Rdma { write, stream, addr, len, rkey } => {
+                        let op = if write { Op::Write } else { Op::Read };
+                        qp.post_send(id, op, base + stream as u64, len as u32, lkey, addr, rkey, true)
+                    }
+                    Spec::Atomic { addr, rkey, compare, add } => {
+                        qp.post_atomic(id, (base, lkey), (addr, rkey), compare, add)
+                    }
+                }
+            };
+            match r {
+                Ok(()) => {
+                    if k == LOOPBACK {
+                        self.rma.lo_sq.posted(false);
+                    } else {
+                        self.conns[k].sq.posted(false);
+                    }
+                    n += 1;
+                }
+                Err(e) => {
+                    tracing::debug!(peer = k, error = %e, "posting a one-sided request failed");
+                    let why = TransportError::Io(e.kind());
+                    self.rma.one_done(key, Some(why.clone()));
+                    if k != LOOPBACK {
+                        self.fail(k, why);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl OneSided for VerbsTransport {
+    unsafe fn register(&mut self, addr: *mut u8, len: usize, a: RemoteAccess) -> io::Result<(u64, RemoteKey)> {
+        use ffi::ibv_access_flags as A;
+        let mut bits = A::IBV_ACCESS_LOCAL_WRITE.0;
+        if a.read {
+            bits |= A::IBV_ACCESS_REMOTE_READ.0;
+        }
+        if a.write {
+            bits |= A::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        if a.atomic {
+            bits |= A::IBV_ACCESS_REMOTE_ATOMIC.0;
+        }
+        // SAFETY: the caller keeps the memory allocated until `deregister` or the drop.
+        let mr = unsafe { self.dev.register(addr, len, bits)? };
+        let key = RemoteKey { addr: addr as u64, rkey: mr.rkey() };
+        let h = self.rma.next_reg;
+        self.rma.next_reg += 1;
+        self.rma.regs.insert(h, mr);
+        Ok((h, key))
+    }
+
+    fn deregister(&mut self, handle: u64) {
+        self.rma.regs.remove(&handle);
+    }
+
+    fn post(&mut self, peer: Rank, req: Request<'_>, token: u64) -> Result<(), TransportError> {
+        let k = if peer == self.me {
+            LOOPBACK
+        } else {
+            let k = self.index(peer).ok_or(TransportError::Closed)?;
+            let c = &self.conns[k];
+            if !c.live() {
+                return Err(c.failing.clone().unwrap_or(TransportError::Closed));
+            }
+            k
+        };
+        let (kind, len) = match &req {
+            Request::Write { src, .. } => (Kind::Write, src.len()),
+            Request::Read { len, .. } => (Kind::Read(*len), *len),
+            Request::FetchAdd { .. } | Request::CompareSwap { .. } => (Kind::Atomic, 8),
+        };
+        let staging = self.rma.take(&self.dev, len).map_err(|e| TransportError::Io(e.kind()))?;
+        let specs: Vec<Spec> = match req {
+            Request::Write { src, runs, rkey } => {
+                // SAFETY: the buffer holds at least `src.len()` bytes and the device does not
+                // touch it before the requests are posted.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), staging.ptr, src.len()) };
+                let runs = merged(runs);
+                if runs.iter().any(|r| r.stream + r.len > src.len() || r.len > u32::MAX as usize) {
+                    self.rma.give(staging);
+                    return Err(TransportError::Io(io::ErrorKind::InvalidInput));
+                }
+                runs.into_iter()
+                    .map(|r| Spec::Rdma { write: true, stream: r.stream, addr: r.addr, len: r.len, rkey })
+                    .collect()
+            }
+            Request::Read { len, runs, rkey } => {
+                let runs = merged(runs);
+                if runs.iter().any(|r| r.stream + r.len > len || r.len > u32::MAX as usize) {
+                    self.rma.give(staging);
+                    return Err(TransportError::Io(io::ErrorKind::InvalidInput));
+                }
+                runs.into_iter()
+                    .map(|r| Spec::Rdma { write: false, stream: r.stream, addr: r.addr, len: r.len, rkey })
+                    .collect()
+            }
+            Request::FetchAdd { addr, rkey, add } => vec![Spec::Atomic { addr, rkey, compare: None, add }],
+            Request::CompareSwap { addr, rkey, compare, swap } => {
+                vec![Spec::Atomic { addr, rkey, compare: Some(compare), add: swap }]
+            }
+        };
+        let n = specs.len() as u32;
+        let key = self.rma.ops.insert(OpState { token, left: n.max(1), kind, staging, err: None });
+        if n == 0 {
+            self.rma.one_done(key, None);
+            return Ok(());
+        }
+        self.rma.backlog.entry(k).or_default().extend(specs.into_iter().map(|s| (key, s)));
+        self.flush_conn(k);
+        Ok(())
+    }
+
+    fn poll_done(&mut self) -> Option<(u64, Result<Done, TransportError>)> {
+        self.rma.done.pop_front()
+    }
+
+    fn busy(&self) -> bool {
+        !self.rma.ops.is_empty() || !self.rma.done.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adjacent_runs_merge() {
+        let r = |stream, addr, len| Run { stream, addr, len };
+        assert_eq!(
+            merged(&[r(0, 100, 8), r(8, 108, 8), r(16, 200, 8), r(24, 208, 0)]),
+            vec![r(0, 100, 16), r(16, 200, 8)]
+        );
+        assert_eq!(merged(&[r(0, 100, 8), r(16, 108, 8)]), vec![r(0, 100, 8), r(16, 108, 8)]);
+    }
+}
