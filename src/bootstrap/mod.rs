@@ -275,6 +275,9 @@ async fn join_via(
         }
         None => (tcp, None),
     };
+    // Pushed rendezvous needs a peer's data frames in order behind their RTS: striping across
+    // rails and relaying through proxies do not keep that, so they keep the plain protocol.
+    let pushable = rails.is_none() && !proxy;
     let (tcp, rail_stats) = match rails {
         Some(links) if links.conns.iter().flatten().any(|c| c.is_some()) => {
             let _rt = thread.handle().enter();
@@ -318,6 +321,10 @@ async fn join_via(
         max_message: settings.max_message,
     };
     let mut engine = Engine::with_completions(rank, size, cfg);
+    // Over a byte stream a CTS buys no zero-copy: rendezvous data follows its RTS at once.
+    for peer in 0..size {
+        engine.set_push(peer, pushable && transport.name_for(peer).starts_with("tcp"));
+    }
     let rma = crate::rma::hook::Hook::new(&mut engine, rank);
     let driver = Driver { engine, transport, upper: Box::new(rma) };
     let changes = driver.engine.failures().changes();

@@ -19,6 +19,13 @@
 //!   wildcard or not (one posted queue per context, searched front to back).
 //! * Messages up to the eager limit travel whole; larger ones send an RTS, the receiver answers with
 //!   a CTS once a matching receive is posted, and the data lands straight in the posted buffer.
+//! * Pushed rendezvous (peers set with [`Engine::set_push`], those reached over a byte stream, where
+//!   a CTS buys no zero-copy): the data follows the RTS at once. A receive that matches before the
+//!   first data frame arrives takes it all in place and answers with a `TAKEN` CTS; otherwise the
+//!   pushed data is read and dropped, and the message is sent again after a plain CTS, as above.
+//!   So the receiver never holds more for a pushed message than the posted buffer, and its state
+//!   per peer is one pushed message in progress (the sender pushes one message's data whole,
+//!   right behind its RTS).
 //! * Credits: every eager message and RTS uses one of `max_credit` credits toward its receiver; the
 //!   receiver hands credits back (piggybacked on every frame, or in a `Credit` frame when the sender
 //!   runs low) only when the message has been matched. A sender out of credits queues locally, so the
@@ -94,7 +101,8 @@ struct Posted {
 
 enum Body {
     Eager(Bytes),
-    /// A rendezvous announcement: the sender's message id and the total length.
+    /// A rendezvous announcement: the sender's message id and the total length (for a pushed
+    /// one, the data may be arriving; see [`PushIn`]).
     Rts {
         msg: u64,
         len: usize,
@@ -158,6 +166,19 @@ struct Backlogged {
     op: Option<OpKey>,
 }
 
+/// The pushed rendezvous message arriving from a peer.
+struct PushIn {
+    /// The sender's message id.
+    msg: u64,
+    /// Its length, and the bytes of it that have arrived.
+    len: usize,
+    next: usize,
+    /// The matched receive taking the data in place (`rndv_recvs` key); `None`: dropped.
+    into: Option<usize>,
+    /// A data frame was told to be dropped: the rest can no longer be taken in place.
+    dropping: bool,
+}
+
 #[derive(Default)]
 struct Peer {
     /// Credit-consuming frames sent to the peer.
@@ -173,6 +194,10 @@ struct Peer {
     advertised: u32,
     /// Why operations naming the peer fail: it departed or was lost (see [`Failures`]).
     lost: Option<TransportError>,
+    /// Rendezvous messages to the peer are pushed ([`Engine::set_push`]).
+    push: bool,
+    /// The pushed message whose data is arriving from the peer.
+    push_in: Option<PushIn>,
     /// Messages and bytes exchanged with the peer, and their peer-labelled metrics: made at the
     /// first message either way (a job of thousands of ranks talks to few of them).
     traffic: Option<Box<Traffic>>,
@@ -476,6 +501,15 @@ impl<C: Completions> Engine<C> {
         p.received.wrapping_sub(p.freed) as usize
     }
 
+    /// Pushes rendezvous data to `peer` right behind its RTS instead of waiting for a CTS. Worth it
+    /// where the CTS buys no zero-copy (a byte stream: TCP); the receiver's memory bound is the
+    /// same either way. Both ends accept pushed messages whatever this says.
+    pub fn set_push(&mut self, peer: Rank, on: bool) {
+        if let Some(p) = self.peers.get_mut(peer as usize) {
+            p.push = on && peer != self.me;
+        }
+    }
+
     /// Sends queued locally for lack of credit toward `peer`.
     pub fn backlog_to(&self, peer: Rank) -> usize {
         self.peers[peer as usize].backlog.len()
@@ -611,7 +645,8 @@ impl<C: Completions> Engine<C> {
             self.count_sent(dest, data.len(), Protocol::Rendezvous);
             let len = data.len() as u64;
             let msg = self.rndv_sends.insert(RndvSend { op: Some(op), peer: dest, context, data });
-            let rts = Header { kind: Kind::Rts, seq: msg as u64, aux: len, ..header };
+            let push = if self.peers[dest as usize].push { flags::PUSH } else { 0 };
+            let rts = Header { kind: Kind::Rts, seq: msg as u64, aux: len, flags: push, ..header };
             let _span = tracing::trace_span!("rts", dest, tag, len, msg).entered();
             self.queue_credited(dest, rts, Bytes::new(), None);
         }
@@ -647,13 +682,34 @@ impl<C: Completions> Engine<C> {
     fn queue_credited(&mut self, dest: Rank, header: Header, payload: Bytes, op: Option<OpKey>) {
         if self.peers[dest as usize].backlog.is_empty() && self.has_credit(dest) {
             self.peers[dest as usize].sent += 1;
-            self.emit(dest, header, payload);
+            self.emit_credited(dest, header, payload);
             if let Some(op) = op {
                 self.done.complete(op, Completion::Send(Ok(())));
             }
         } else {
             self.meters.credit_stalls.increment(1);
             self.peers[dest as usize].backlog.push_back(Backlogged { header, payload, op });
+        }
+    }
+
+    /// Emits a credit-consuming frame; a pushed RTS takes its data right behind it.
+    fn emit_credited(&mut self, dest: Rank, header: Header, payload: Bytes) {
+        self.emit(dest, header, payload);
+        if header.kind == Kind::Rts && header.flags & flags::PUSH != 0 {
+            let data = self.rndv_sends[header.seq as usize].data.clone();
+            self.emit_data(dest, header.seq, flags::PUSH, &data);
+        }
+    }
+
+    /// Emits `data` in data frames of at most `chunk` bytes, addressed by `seq`.
+    fn emit_data(&mut self, dest: Rank, seq: u64, fl: u16, data: &Bytes) {
+        let chunk = self.cfg.chunk;
+        let mut off = 0;
+        while off < data.len() {
+            let end = (off + chunk).min(data.len());
+            let d = Header { seq, aux: off as u64, len: (end - off) as u32, flags: fl, ..Header::new(Kind::Data) };
+            self.emit(dest, d, data.slice(off..end));
+            off = end;
         }
     }
 
@@ -681,7 +737,7 @@ impl<C: Completions> Engine<C> {
         while !self.peers[from as usize].backlog.is_empty() && self.has_credit(from) {
             let b = self.peers[from as usize].backlog.pop_front().unwrap();
             self.peers[from as usize].sent += 1;
-            self.emit(from, b.header, b.payload);
+            self.emit_credited(from, b.header, b.payload);
             if let Some(op) = b.op {
                 self.done.complete(op, Completion::Send(Ok(())));
             }
@@ -870,7 +926,15 @@ impl<C: Completions> Engine<C> {
                 let key =
                     self.rndv_recvs.insert(RndvRecv { op: Some(op), peer: src, context, buf, got: 0, tag, user_buf });
                 let _span = tracing::trace_span!("cts", src, tag, len, msg).entered();
-                self.emit(src, Header { aux: key as u64, ..cts }, Bytes::new());
+                // A pushed message none of whose data has been dropped yet lands here in place.
+                let taken = match &mut self.peers[src as usize].push_in {
+                    Some(p) if p.msg == msg && p.into.is_none() && !p.dropping && p.len == len => {
+                        p.into = Some(key);
+                        flags::TAKEN
+                    }
+                    _ => 0,
+                };
+                self.emit(src, Header { aux: key as u64, flags: taken, ..cts }, Bytes::new());
             }
         }
     }
@@ -897,7 +961,19 @@ impl<C: Completions> Engine<C> {
 
     /// Where the payload of rendezvous data frame `h` goes.
     pub fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
-        let Some(r) = self.rndv_recvs.get_mut(h.seq as usize).filter(|r| r.peer == peer) else {
+        let key = if h.flags & flags::PUSH != 0 {
+            let p = self.pushed_chunk(peer, h)?;
+            match p.into {
+                Some(key) => key,
+                None => {
+                    p.dropping = true;
+                    return Ok(None);
+                }
+            }
+        } else {
+            h.seq as usize
+        };
+        let Some(r) = self.rndv_recvs.get_mut(key).filter(|r| r.peer == peer) else {
             return Err(WireError::Unexpected(Kind::Data));
         };
         let start = h.aux as usize;
@@ -908,6 +984,20 @@ impl<C: Completions> Engine<C> {
         }
     }
 
+    /// The pushed message that data frame `h` from `peer` belongs to, checked: the next bytes of
+    /// the message in progress, and no more than it has left.
+    fn pushed_chunk(&mut self, peer: Rank, h: &Header) -> Result<&mut PushIn, WireError> {
+        match self.peers.get_mut(peer as usize).and_then(|p| p.push_in.as_mut()) {
+            Some(p) if p.msg == h.seq && h.aux == p.next as u64 => {
+                if h.len as usize > p.len - p.next {
+                    return Err(WireError::Oversize { kind: Kind::Data, len: h.aux + h.len as u64, max: p.len as u64 });
+                }
+                Ok(p)
+            }
+            _ => Err(WireError::Unexpected(Kind::Data)),
+        }
+    }
+
     /// A whole frame from `peer` (for data frames, the payload is already in place).
     pub fn handle_frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
         if !self.accept(peer, &h) {
@@ -915,7 +1005,18 @@ impl<C: Completions> Engine<C> {
         }
         match h.kind {
             Kind::Eager => self.arrive_eager(peer, h.context, h.tag, payload),
-            Kind::Rts => self.arrive(peer, h.context, h.tag, Body::Rts { msg: h.seq, len: h.aux as usize }),
+            Kind::Rts => {
+                if h.flags & flags::PUSH != 0 && h.aux > 0 {
+                    let p = &mut self.peers[peer as usize];
+                    if p.push_in.is_some() {
+                        // Pushed data comes whole behind its RTS: this one cut into the last.
+                        return self.violation(peer, WireError::Unexpected(Kind::Rts));
+                    }
+                    let len = h.aux as usize;
+                    p.push_in = Some(PushIn { msg: h.seq, len, next: 0, into: None, dropping: false });
+                }
+                self.arrive(peer, h.context, h.tag, Body::Rts { msg: h.seq, len: h.aux as usize })
+            }
             Kind::Cts => self.on_cts(peer, h),
             Kind::Data => self.on_data(peer, h),
             Kind::Credit => {}
@@ -985,14 +1086,9 @@ impl<C: Completions> Engine<C> {
             }
             return;
         }
-        let _span = tracing::trace_span!("rendezvous_data", peer, len = s.data.len()).entered();
-        let chunk = self.cfg.chunk;
-        let mut off = 0;
-        while off < s.data.len() {
-            let end = (off + chunk).min(s.data.len());
-            let d = Header { seq: h.aux, aux: off as u64, len: (end - off) as u32, ..Header::new(Kind::Data) };
-            self.emit(peer, d, s.data.slice(off..end));
-            off = end;
+        if h.flags & flags::TAKEN == 0 {
+            let _span = tracing::trace_span!("rendezvous_data", peer, len = s.data.len()).entered();
+            self.emit_data(peer, h.aux, 0, &s.data);
         }
         if let Some(op) = s.op {
             self.done.complete(op, Completion::Send(Ok(())));
@@ -1000,7 +1096,23 @@ impl<C: Completions> Engine<C> {
     }
 
     fn on_data(&mut self, peer: Rank, h: Header) {
-        let key = h.seq as usize;
+        let key = if h.flags & flags::PUSH != 0 {
+            let p = match self.pushed_chunk(peer, &h) {
+                Ok(p) => p,
+                Err(e) => return self.violation(peer, e),
+            };
+            p.next += h.len as usize;
+            let into = p.into;
+            if p.next == p.len {
+                self.peers[peer as usize].push_in = None;
+            }
+            match into {
+                Some(key) => key,
+                None => return,
+            }
+        } else {
+            h.seq as usize
+        };
         let Some(r) = self.rndv_recvs.get_mut(key).filter(|r| r.peer == peer) else {
             return self.violation(peer, WireError::Unexpected(Kind::Data));
         };

@@ -81,7 +81,8 @@ wire_enum! {
         /// Receiver is ready (clear-to-send) for message `seq`; `aux` = receiver's operation id.
         /// With [`flags::TRUNCATED`] the receiver refuses the data (its buffer is too small).
         Cts = 4,
-        /// A chunk of rendezvous data for receiver operation `seq`, at byte offset `aux`.
+        /// A chunk of rendezvous data for receiver operation `seq`, at byte offset `aux` (with
+        /// [`flags::PUSH`], `seq` is the sender's message id).
         Data = 5,
         /// Credit update only (the piggybacked `credit` field is the content).
         Credit = 6,
@@ -112,6 +113,13 @@ pub mod flags {
     /// On `Data`: an envelope to be forwarded ([`crate::relay`]); `seq` is the final
     /// destination, the payload the whole frame (header, then payload) it carries.
     pub const RELAY: u16 = 64;
+    /// On `Rts`: the data follows at once, without waiting for a `Cts` (a pushed rendezvous).
+    /// On `Data`: a chunk of such a message; `seq` is then the sender's message id, and the
+    /// chunks follow their `Rts` in order, at consecutive offsets, before any other pushed `Rts`.
+    pub const PUSH: u16 = 128;
+    /// On `Cts` for a pushed message: the pushed data lands in the matched receive, nothing is to
+    /// be sent again.
+    pub const TAKEN: u16 = 256;
 }
 
 /// The decoded frame header.

@@ -65,6 +65,7 @@ impl<C: Completions> Engine<C> {
         }
         // The buffers of receives from the peer can go now (their operations were failed).
         self.rndv_recvs.retain(|_, r| r.peer != peer);
+        self.peers[peer as usize].push_in = None;
     }
 
     /// A loss learnt other than from the transport (the launcher saw the process end): recorded

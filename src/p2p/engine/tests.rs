@@ -19,6 +19,8 @@ struct Net {
     sent_count: HashMap<Rank, u64>,
     /// Every other non-`Data` frame is lent (`handle_frame_ref`, as from a shared-memory ring).
     lend: bool,
+    /// Data frames delivered per link, and how many of them were dropped by their receiver.
+    data_frames: HashMap<(Rank, Rank), (usize, usize)>,
 }
 
 #[derive(Clone, Debug)]
@@ -36,7 +38,24 @@ impl Net {
             log: Vec::new(),
             sent_count: HashMap::new(),
             lend: false,
+            data_frames: HashMap::new(),
         }
+    }
+
+    /// The same, with rendezvous data pushed behind its RTS between every pair (as over TCP).
+    fn pushing(n: u32, c: Config) -> Net {
+        let mut net = Net::new(n, c);
+        for e in &mut net.engines {
+            for peer in 0..n {
+                e.set_push(peer, true);
+            }
+        }
+        net
+    }
+
+    /// Delivers every frame now on link `(from, to)`, and none on any other.
+    fn drain(&mut self, from: Rank, to: Rank) {
+        while self.deliver_one(from, to) {}
     }
 
     fn pump(&mut self) {
@@ -58,8 +77,11 @@ impl Net {
         let e = &mut self.engines[to as usize];
         if h.kind == Kind::Data {
             let dest = e.data_dest(from, &h).expect("data for a known receive");
-            if let Some(d) = dest {
-                d.copy_from_slice(&p);
+            let count = self.data_frames.entry((from, to)).or_default();
+            count.0 += 1;
+            match dest {
+                Some(d) => d.copy_from_slice(&p),
+                None => count.1 += 1,
             }
             e.handle_frame(from, h, Bytes::new());
         } else {
@@ -453,8 +475,8 @@ proptest! {
     /// without wildcards at rank 0 (into a buffer or not), and frame deliveries (given or lent): every receive gets exactly the message
     /// the reference model says, messages from one sender are never overtaken, and nothing is lost.
     #[test]
-    fn matching_agrees_with_the_reference(steps in prop::collection::vec(step(), 1..120), credit in 1u32..6) {
-        let mut net = Net::new(4, cfg(credit));
+    fn matching_agrees_with_the_reference(steps in prop::collection::vec(step(), 1..120), credit in 1u32..6, push: bool) {
+        let mut net = if push { Net::pushing(4, cfg(credit)) } else { Net::new(4, cfg(credit)) };
         let mut next_op = 0;
         let mut counts = [0u64; 4];
         let mut recvs = Vec::new();
@@ -1036,4 +1058,194 @@ fn an_interrupted_context_is_not_revoked() {
     net.send_on(2, 2, 7, 1, data(8, 4));
     net.run();
     assert_eq!(net.received(1, 4).0, data(8, 4));
+}
+
+/// Sizes around the eager limit, and one of several chunks: below and at the limit the message
+/// travels eagerly; above it, a pushed message meets a posted receive without a CTS round trip.
+const AROUND_THE_SWITCH: [usize; 6] = [EAGER - 1, EAGER, EAGER + 1, EAGER + 3, 1000, 1001];
+
+#[test]
+fn pushed_rendezvous_needs_no_round_trip_when_the_receive_is_posted() {
+    for len in AROUND_THE_SWITCH {
+        let mut net = Net::pushing(2, cfg(4));
+        net.recv(1, 1, Source::Rank(0), TagMatch::Exact(5), RecvBuf::User(BytesMut::zeroed(2000)));
+        net.send(0, 1, 1, 5, data(len, 1));
+        // Nothing travels from the receiver to the sender before the message is in.
+        net.drain(0, 1);
+        assert_eq!(net.received(1, 1), (data(len, 1), Status { source: 0, tag: 5, len }), "{len} B");
+        assert_eq!(net.data_frames.get(&(0, 1)).map_or(0, |c| c.1), 0, "nothing dropped");
+        // The send completes when the receiver says it took the data (or at once, if eager).
+        net.run();
+        assert!(matches!(net.take(0, 1), Some(Completion::Send(Ok(())))));
+        assert_eq!(net.data_frames.get(&(0, 1)).map_or(0, |c| c.0), if len > EAGER { len.div_ceil(100) } else { 0 });
+        assert_eq!(net.engines[1].unexpected_from(0), 0);
+    }
+}
+
+#[test]
+fn pushed_rendezvous_arriving_unexpected_is_dropped_and_sent_again() {
+    for len in AROUND_THE_SWITCH {
+        for alloc in [false, true] {
+            let mut net = Net::pushing(2, cfg(4));
+            net.send(0, 1, 1, 5, data(len, 2));
+            net.drain(0, 1);
+            assert_eq!(net.engines[1].unexpected_from(0), 1, "{len} B: held as one unexpected message");
+            if len > EAGER {
+                assert!(net.take(0, 1).is_none(), "a pushed send waits for the receiver's word");
+            } else {
+                assert!(matches!(net.take(0, 1), Some(Completion::Send(Ok(())))));
+            }
+            let buf = if alloc { RecvBuf::Alloc } else { RecvBuf::User(BytesMut::zeroed(len)) };
+            net.recv(1, 1, Source::Any, TagMatch::Any, buf);
+            net.run();
+            assert_eq!(net.received(1, 1).0, data(len, 2), "{len} B");
+            if len > EAGER {
+                assert!(matches!(net.take(0, 1), Some(Completion::Send(Ok(())))));
+                let chunks = len.div_ceil(100);
+                assert_eq!(net.data_frames[&(0, 1)], (2 * chunks, chunks), "dropped once, sent again");
+            }
+        }
+    }
+}
+
+#[test]
+fn pushed_rendezvous_matched_between_rts_and_data_lands_in_place() {
+    let mut net = Net::pushing(2, cfg(4));
+    net.send(0, 1, 1, 5, data(1000, 3));
+    assert!(net.deliver_one(0, 1), "the RTS");
+    net.recv(1, 1, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+    net.run();
+    assert_eq!(net.received(1, 1).0, data(1000, 3));
+    assert_eq!(net.data_frames[&(0, 1)], (10, 0), "every chunk taken in place, none sent again");
+    assert!(matches!(net.take(0, 1), Some(Completion::Send(Ok(())))));
+}
+
+#[test]
+fn pushed_rendezvous_matched_after_a_chunk_was_dropped_is_sent_again() {
+    let mut net = Net::pushing(2, cfg(4));
+    net.send(0, 1, 1, 5, data(1000, 4));
+    assert!(net.deliver_one(0, 1), "the RTS");
+    assert!(net.deliver_one(0, 1), "the first chunk, dropped");
+    net.recv(1, 1, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+    net.run();
+    assert_eq!(net.received(1, 1).0, data(1000, 4));
+    assert_eq!(net.data_frames[&(0, 1)], (20, 10));
+}
+
+#[test]
+fn pushed_and_plain_messages_keep_their_order() {
+    let mut net = Net::pushing(2, cfg(8));
+    let lens = [10, 1000, EAGER + 3, 5, 300, EAGER];
+    for (i, &len) in lens.iter().enumerate() {
+        net.send(0, i, 1, 7, data(len, i as u8));
+    }
+    // The first two find posted receives, the rest arrive unexpected.
+    net.recv(1, 0, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+    net.recv(1, 1, Source::Any, TagMatch::Any, RecvBuf::User(BytesMut::zeroed(1000)));
+    net.run();
+    for i in 2..lens.len() {
+        net.recv(1, i, Source::Rank(0), TagMatch::Exact(7), RecvBuf::Alloc);
+        net.run();
+    }
+    for (i, &len) in lens.iter().enumerate() {
+        assert_eq!(net.received(1, i).0, data(len, i as u8), "message {i}");
+        assert!(matches!(net.take(0, i), Some(Completion::Send(Ok(())))), "send {i}");
+    }
+}
+
+#[test]
+fn pushed_rendezvous_stays_within_credits() {
+    let mut net = Net::pushing(2, cfg(2));
+    for op in 0..5 {
+        net.send(0, op, 1, 0, data(1000, op as u8));
+    }
+    net.run();
+    // Two announcements hold the credit; the rest, data included, wait at the sender.
+    assert_eq!(net.engines[1].unexpected_from(0), 2);
+    assert_eq!(net.engines[0].backlog_to(1), 3);
+    assert_eq!(net.data_frames[&(0, 1)], (20, 20), "only the credited messages' data was pushed");
+    for op in 0..5 {
+        net.recv(1, op, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+        net.run();
+        assert_eq!(net.received(1, op).0, data(1000, op as u8), "in order");
+        assert!(net.engines[1].unexpected_from(0) <= 2);
+    }
+    assert_eq!(net.engines[0].backlog_to(1), 0);
+}
+
+#[test]
+fn pushed_rendezvous_truncation_is_an_error_on_both_sides() {
+    for posted_first in [true, false] {
+        let mut net = Net::pushing(2, cfg(4));
+        if posted_first {
+            net.recv(1, 1, Source::Any, TagMatch::Any, RecvBuf::User(BytesMut::zeroed(5)));
+        }
+        net.send(0, 1, 1, 0, data(EAGER + 3, 0));
+        net.run();
+        if !posted_first {
+            net.recv(1, 1, Source::Any, TagMatch::Any, RecvBuf::User(BytesMut::zeroed(5)));
+            net.run();
+        }
+        assert!(matches!(net.take(1, 1), Some(Completion::Recv(Err(Error::Truncated { capacity: 5, .. })))));
+        assert!(matches!(net.take(0, 1), Some(Completion::Send(Err(Error::RemoteTruncated { rank: 1 })))));
+        net.send(0, 2, 1, 0, data(1000, 1));
+        net.recv(1, 2, Source::Any, TagMatch::Any, RecvBuf::Alloc);
+        net.run();
+        assert_eq!(net.received(1, 2).0, data(1000, 1));
+    }
+}
+
+#[test]
+fn a_sender_dying_mid_push_fails_the_receive_and_frees_its_state() {
+    let mut net = Net::pushing(3, cfg(4));
+    net.recv(1, 1, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+    net.send(0, 1, 1, 0, data(1000, 5));
+    for _ in 0..4 {
+        assert!(net.deliver_one(0, 1), "the RTS and three chunks");
+    }
+    net.links.clear();
+    net.engines[1].peer_lost(0, TransportError::Closed);
+    net.pump();
+    assert!(matches!(net.take(1, 1), Some(Completion::Recv(Err(Error::PeerLost { rank: 0, .. })))));
+    // Nothing of the message is kept: no destination for its remaining chunks.
+    let rest = Header { seq: 0, aux: 300, len: 100, flags: flags::PUSH, ..Header::new(Kind::Data) };
+    assert!(net.engines[1].data_dest(0, &rest).is_err());
+    assert_eq!(net.engines[1].unexpected_from(0), 0);
+}
+
+#[test]
+fn a_receiver_dying_mid_push_fails_the_send() {
+    let mut net = Net::pushing(2, cfg(4));
+    net.send(0, 1, 1, 0, data(1000, 5));
+    net.engines[0].peer_lost(1, TransportError::Closed);
+    net.pump();
+    assert!(matches!(net.take(0, 1), Some(Completion::Send(Err(Error::PeerLost { rank: 1, .. })))));
+}
+
+#[test]
+fn malformed_pushes_are_violations() {
+    let rts = |seq, len| Header { seq, aux: len, flags: flags::PUSH, ..Header::new(Kind::Rts) };
+    let chunk = |seq, off, len| Header { seq, aux: off, len, flags: flags::PUSH, ..Header::new(Kind::Data) };
+    // Data with no pushed message in progress.
+    let mut e = Engine::new(1, 2, cfg(4));
+    assert!(e.data_dest(0, &chunk(3, 0, 10)).is_err());
+    e.handle_frame(0, chunk(3, 0, 10), Bytes::new());
+    assert!(e.poll_violation().is_some());
+    // A second push cutting into the first.
+    let mut e = Engine::new(1, 2, cfg(4));
+    e.handle_frame(0, rts(1, 200), Bytes::new());
+    e.handle_frame(0, rts(2, 200), Bytes::new());
+    assert!(e.poll_violation().is_some());
+    // Wrong message, a gap, past the end.
+    let mut e = Engine::new(1, 2, cfg(4));
+    e.handle_frame(0, rts(1, 200), Bytes::new());
+    assert!(e.data_dest(0, &chunk(2, 0, 10)).is_err());
+    assert!(e.data_dest(0, &chunk(1, 10, 10)).is_err());
+    assert!(e.data_dest(0, &chunk(1, 0, 201)).is_err());
+    assert!(matches!(e.data_dest(0, &chunk(1, 0, 200)), Ok(None)), "unmatched: dropped");
+    e.handle_frame(0, chunk(1, 0, 200), Bytes::new());
+    assert!(e.poll_violation().is_none());
+    // Done: the next push may start.
+    e.handle_frame(0, rts(2, 200), Bytes::new());
+    assert!(e.poll_violation().is_none());
 }

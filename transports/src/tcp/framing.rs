@@ -31,6 +31,10 @@ enum State {
 pub(crate) struct ReadTarget {
     pub ptr: *mut u8,
     pub len: usize,
+    /// The bytes belong to the current data frame, all of them due: a completion-based backend
+    /// may wait for the whole target (`MSG_WAITALL`) instead of taking it piece by piece.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub whole: bool,
 }
 
 /// Parses one connection's byte stream into frames.
@@ -70,10 +74,10 @@ impl Reader {
                     self.scratch = vec![0; READ_BUF].into_boxed_slice();
                 }
                 let n = want.min(self.scratch.len());
-                return Ok(ReadTarget { ptr: self.scratch.as_mut_ptr(), len: n });
+                return Ok(ReadTarget { ptr: self.scratch.as_mut_ptr(), len: n, whole: true });
             }
             let dest = sink.data_dest(self.peer, &h)?.ok_or(WireError::Unexpected(Kind::Data))?;
-            return Ok(ReadTarget { ptr: dest[got..].as_mut_ptr(), len: want });
+            return Ok(ReadTarget { ptr: dest[got..].as_mut_ptr(), len: want, whole: true });
         }
         if self.start == self.end {
             self.start = 0;
@@ -83,7 +87,7 @@ impl Reader {
             self.end -= self.start;
             self.start = 0;
         }
-        Ok(ReadTarget { ptr: self.buf[self.end..].as_mut_ptr(), len: self.buf.len() - self.end })
+        Ok(ReadTarget { ptr: self.buf[self.end..].as_mut_ptr(), len: self.buf.len() - self.end, whole: false })
     }
 
     /// Accounts `n` bytes that arrived at the last [`Reader::target`], and delivers every frame

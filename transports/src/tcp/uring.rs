@@ -222,7 +222,10 @@ impl UringTcp {
                 match c.reader.target(sink) {
                     Ok(t) => {
                         let len = u32::try_from(t.len).unwrap_or(u32::MAX);
-                        let e = opcode::Recv::new(fd, t.ptr, len).build().user_data(peer as u64 * 2);
+                        // A data frame's bytes are all due: one completion for the whole of them
+                        // (the kernel retries partial receives) instead of a progress round each.
+                        let flags = if t.whole { libc::MSG_WAITALL } else { 0 };
+                        let e = opcode::Recv::new(fd, t.ptr, len).flags(flags).build().user_data(peer as u64 * 2);
                         // SAFETY: the target stays valid until the completion is reaped: it is the
                         // reader's own boxed buffer, kept until then, or the sink's buffer, which
                         // the `Sink` contract keeps until the frame or `peer_lost` (reported only
