@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Benchmarks (not part of the tests): installs the peers, builds, runs, and writes results/.
 #
-#   bash scripts/bench.sh [shm] [tcp] [collectives] [multicast] [verbs]
+#   bash scripts/bench.sh [shm] [tcp] [collectives] [multicast] [rma] [hosts] [rails] [sim] [verbs]
 #
-# Default: shm tcp collectives multicast (verbs boots a VM: ask for it by name). Each benchmark
+# Default: all but verbs (verbs boots a VM: ask for it by name; rails needs root for its network
+# namespaces). Each benchmark
 # writes results/NAME.json (every slice's figures), results/NAME.txt (the printed table and
 # summary) and results/NAME.svg (latency, for ping-pong also throughput, against size).
 # docs/benchmarks.md describes the method (interleaved slices, medians of per-slice ratios with
@@ -12,11 +13,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parts=("$@")
-((${#parts[@]})) || parts=(shm tcp collectives multicast)
+((${#parts[@]})) || parts=(shm tcp collectives multicast rma hosts rails sim)
 want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 for p in "${parts[@]}"; do
-    case "$p" in shm | tcp | collectives | multicast | verbs) ;;
-        *) echo "usage: $0 [shm] [tcp] [collectives] [multicast] [verbs]" >&2; exit 2 ;;
+    case "$p" in shm | tcp | collectives | multicast | rma | hosts | rails | sim | verbs) ;;
+        *) echo "usage: $0 [shm] [tcp] [collectives] [multicast] [rma] [hosts] [rails] [sim] [verbs]" >&2; exit 2 ;;
     esac
 done
 
@@ -79,6 +80,40 @@ if want multicast; then
     "$bench" multicast --transports tcp --json results/multicast-tcp.json --plot results/multicast-tcp.svg \
         | tee results/multicast-tcp.txt
     took multicast
+fi
+
+if want rma; then
+    # One-sided put/get/fetch-add against ucx_perftest over shared memory (segments mapped by the
+    # peer), and over TCP (served by the target's progress; no peer runs over TCP).
+    "$bench" rma --json results/rma-shm.json | tee results/rma-shm.txt
+    "$bench" rma --transports tcp --no-peer --json results/rma-tcp.json | tee results/rma-tcp.txt
+    took rma
+fi
+
+if want hosts; then
+    # TCP-only collectives (each rank its own host as far as ferrocomm knows) against Open MPI's
+    # TCP BTL on the same CPUs.
+    "$bench" hosts --runs 3 --json results/hosts.json | tee results/hosts.txt
+    took hosts
+fi
+
+if want rails; then
+    # Striping over two rate-limited veth rails and routes through a proxy (network namespaces:
+    # root only).
+    if [ "$(id -u)" = 0 ]; then
+        modprobe sch_tbf 2>/dev/null || true
+        "$bench" rails | tee results/rails.txt
+    else
+        echo "note: rails needs root (network namespaces): skipped" >&2
+    fi
+    took rails
+fi
+
+if want sim; then
+    # The simulated network: each collective's virtual time at 64 to 4,096 ranks beside its
+    # algorithm's alpha-beta model, and where multicast overtakes a binomial tree.
+    "$bench" sim-scale --json results/sim-scale.json --text results/sim-scale.txt
+    took sim
 fi
 
 if want verbs; then
