@@ -85,7 +85,8 @@ fn prerequisites(test: &str) -> bool {
 fn launchers() -> Result<(), String> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-local.sh");
+        // This test belongs to the ferrorun package (launch/): the scripts are one level up.
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm-local.sh");
         let out = Command::new("bash").arg(&script).stdin(Stdio::null()).output().expect("bash runs");
         let said = String::from_utf8_lossy(&out.stderr).into_owned();
         match out.status.code() {
