@@ -215,7 +215,7 @@ fn assert_no_token(recordings: &[Vec<u8>], token: &[u8; TOKEN_LEN]) {
 /// The key-value store's handshake (see `ferrocomm::bootstrap::kv`'s wire format): magic,
 /// version, and the store's "challenge follows" status.
 const KV_MAGIC: &[u8; 4] = b"FCKV";
-const KV_VERSION: u8 = 2;
+const KV_VERSION: u8 = 3;
 
 /// A fake store bound where the ranks look for the coordinator (as a process that took the port
 /// first would be): it records everything a real rank sends while bootstrapping, luring it on
