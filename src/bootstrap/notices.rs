@@ -139,9 +139,10 @@ pub(super) async fn join_watched(
     };
     let world = match joined {
         Some(Ok(w)) => {
-            joining.store(false, Ordering::Release);
             // Every rank connected to every other: wait until every rank got that far, so that
-            // the job starts everywhere or nowhere. A rank dying meanwhile fails every bootstrap
+            // the job starts everywhere or nowhere. Until then the store's host counts as joining:
+            // its store vanishing now (a connect to it would be refused until the timeout) is its
+            // loss, reported through the watch at once. A rank dying meanwhile fails every bootstrap
             // alike, with the launcher's report (a rank that gave up because of it would otherwise
             // be the first loss some others see, and their errors would name it).
             let all_ready = async {
@@ -157,7 +158,10 @@ pub(super) async fn join_watched(
             };
             let failed = match report {
                 Ok(report) => Some(dead(&report)),
-                Err(Ok(())) => None,
+                Err(Ok(())) => {
+                    joining.store(false, Ordering::Release);
+                    None
+                }
                 // The store went away or failed (its host left after its own bootstrap, or
                 // died): the store's report or a loss the transports saw explains it.
                 Err(Err(e)) => Some(
