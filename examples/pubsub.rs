@@ -135,13 +135,9 @@ pub(crate) async fn run(world: &World, o: &Options) -> ferrocomm::Result<Option<
 
 #[allow(dead_code)]
 fn main() {
-    if std::env::var_os("FERROCOMM_RANK").is_none() {
-        let ranks: u32 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(4);
-        let exe = std::env::current_exe().expect("own path");
-        let args: Vec<_> = std::env::args_os().skip(1).collect();
-        let code = ferrorun::run_local(ranks, &exe, &args, &Default::default()).expect("launch");
-        std::process::exit(code);
-    }
+    // Outside a job: become the launcher of that many copies of ourselves (the first
+    // argument, if it is a number).
+    ferrorun::launch_self(std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(4)).expect("launch");
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let res = rt.block_on(async {
         let world = ferrocomm::init().await?;

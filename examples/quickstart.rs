@@ -16,13 +16,8 @@ const STORM: u32 = 1000;
 const LARGE: usize = 64 << 20;
 
 fn main() {
-    if std::env::var_os("FERROCOMM_RANK").is_none() {
-        // Not launched yet: become the launcher of RANKS copies of ourselves.
-        let exe = std::env::current_exe().expect("own path");
-        let args: Vec<_> = std::env::args_os().skip(1).collect();
-        let code = ferrorun::run_local(RANKS, &exe, &args, &Default::default()).expect("launch");
-        std::process::exit(code);
-    }
+    // Outside a job: become the launcher of RANKS copies of ourselves.
+    ferrorun::launch_self(RANKS).expect("launch");
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     if let Err(e) = rt.block_on(rank_main()) {
         eprintln!("error: {e}");

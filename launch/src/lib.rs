@@ -70,6 +70,20 @@ impl Default for LaunchOptions {
     }
 }
 
+/// Makes a program its own launcher. Outside a job (no `FERROCOMM_RANK` in the environment) it
+/// runs `ranks` copies of this executable with the same arguments ([`run_local`]) and exits the
+/// process with the job's code; inside a job it returns at once and the program goes on as its
+/// rank. The examples start this way: `cargo run --example NAME` is a whole local job.
+pub fn launch_self(ranks: u32) -> io::Result<()> {
+    if std::env::var_os("FERROCOMM_RANK").is_some() {
+        return Ok(());
+    }
+    let exe = std::env::current_exe()?;
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let code = run_local(ranks, &exe, &args, &LaunchOptions::default())?;
+    std::process::exit(code)
+}
+
 /// Runs `n` ranks of `program args...` on this machine and waits for them.
 ///
 /// Returns 0 when every rank exits with 0. When a rank fails, returns its
