@@ -28,6 +28,9 @@
 //! test binary, re-run with `--exact fault_rank` and the case in `FERROCOMM_FAULT_*` variables;
 //! without them `fault_rank` does nothing.
 
+#[path = "common/netns.rs"]
+mod netns;
+use netns::{is_root, sh};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -185,8 +188,12 @@ fn start(launch: Launch, n: u32, victim: u32, vars: &[&str], what: &str, bootstr
         );
         return text;
     }
-    // Below Linux's ephemeral range, so that no connection of another case takes it meanwhile.
-    let port = 20_000 + (now_ns() / 1000 % 12_000) as u16;
+    // Below Linux's ephemeral range, so that no connection of another case takes it meanwhile;
+    // cases started in the same microsecond (the matrix starts them on threads at once) differ
+    // by their turn.
+    static TURN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let turn = TURN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let port = 20_000 + ((now_ns() / 1000 + u128::from(turn) * 997) % 12_000) as u16;
     let token: String = (0..32).map(|i| format!("{:02x}", (now_ns() as u8).wrapping_add(i * 7))).collect();
     let (tx, rx) = mpsc::channel::<(u32, String)>();
     let mut children = Vec::new();
@@ -405,20 +412,6 @@ fn kill_matrix_store_hosted_by_rank_0() {
 }
 
 // ---------------------------------------------------------------- the link cut --
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
 
 /// Network namespaces deleted when dropped.
 struct Netns(Vec<String>);

@@ -16,6 +16,9 @@
 //! The ranks are this test binary, re-run inside the namespaces with `--exact mcast_rank_process`
 //! and the job in `FERROCOMM_*` variables; without `FERROCOMM_MCAST_SCENARIO` that test does nothing.
 
+#[path = "common/netns.rs"]
+mod netns;
+use netns::{is_root, sh};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,20 +34,6 @@ const ROOTS: [u32; 2] = [0, 5];
 fn payload(root: u32, i: usize) -> Bytes {
     let len = (i * 7919 + root as usize * 131) % 20_000;
     (0..len).map(|k| (k as u32 ^ (i as u32).wrapping_mul(2_654_435_761) ^ root) as u8).collect::<Vec<u8>>().into()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
 }
 
 /// Network namespaces that are deleted when dropped.

@@ -14,6 +14,9 @@
 
 mod common;
 
+#[path = "common/netns.rs"]
+mod netns;
+use netns::{is_root, sh};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -92,20 +95,6 @@ async fn large_messages_are_striped_over_every_rail() {
 
 const ROLE: &str = "FERROCOMM_RAILS_ROLE";
 const BIG: usize = 48 << 20;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
 
 /// Two namespaces joined by two veth pairs; deleted when dropped.
 struct TwoHosts {

@@ -26,6 +26,7 @@
 //!
 //! Everything is removed when the [`Hosts`] is dropped, also after a failed assertion.
 
+// Each test that includes this module uses part of it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
