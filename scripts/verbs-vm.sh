@@ -21,7 +21,10 @@
 #                                shorter runs while tuning:
 #                                VERBS_BENCH_MODES (default "busy blocking busy-srq": progress
 #                                mode, -srq for eager slots through the shared receive queue) and
-#                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M --target-ms 300")
+#                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M --target-ms 300");
+#                                VERBS_BENCH_STEPS (default "verbs-transport rma-verbs pingpong":
+#                                the steps to run, e.g. "rma-verbs" alone) and VERBS_RMA_RUNS
+#                                (default 3: rma-verbs --runs)
 #
 # Installs what it needs (idempotent: apt, pip), builds on the host with `--features verbs`,
 # boots the VM, brings up rxe0 on a dummy interface, runs, and reports pass/fail and timings.
@@ -105,6 +108,7 @@ fi
 echo "verbs-vm: build $(($(date +%s) - t0)) s"
 
 # --- the run inside the VM -------------------------------------------------------------------
+STEPS=" ${VERBS_BENCH_STEPS:-verbs-transport rma-verbs pingpong} "
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ferrocomm-verbs-vm.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
 cat >"$OUT/inner.sh" <<EOF
@@ -143,10 +147,11 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         # How busy the VM is before the bench (anything left spinning skews every figure).
         { uptime; top -bn1 | head -15; } >"$OUT/vm-load.txt" 2>&1
         # The transport alone, each eager path: what the layers above it cost, by difference.
-        step verbs-transport timeout 600 "${BENCH:-}" verbs-transport --json "$OUT/verbs-transport.json"
+        steps="$STEPS"
+        [[ \$steps == *" verbs-transport "* ]] && step verbs-transport timeout 600 "${BENCH:-}" verbs-transport --json "$OUT/verbs-transport.json"
         # One-sided latency against perftest's RDMA write, read and atomic latency.
-        step rma-verbs timeout 1200 "${BENCH:-}" rma-verbs --runs ${VERBS_RMA_RUNS:-3} --json "$OUT/rma-verbs.json"
-        for p in ${VERBS_BENCH_MODES:-busy blocking busy-srq}; do
+        [[ \$steps == *" rma-verbs "* ]] && step rma-verbs timeout 1200 "${BENCH:-}" rma-verbs --runs ${VERBS_RMA_RUNS:-3} --json "$OUT/rma-verbs.json"
+        [[ \$steps == *" pingpong "* ]] && for p in ${VERBS_BENCH_MODES:-busy blocking busy-srq}; do
             # MODE[-srq]: progress mode, eager slots through the shared receive queue with -srq.
             progress=\${p%-srq}; eager=ring; [ "\$progress" = "\$p" ] || eager=srq
             step pingpong-\$p env FERROCOMM_VERBS_EAGER=\$eager timeout 1800 "${BENCH:-}" pingpong --transport verbs \\
@@ -189,7 +194,10 @@ if [ "$MODE" = test ]; then
     expected=9
 else
     set -- ${VERBS_BENCH_MODES:-busy blocking busy-srq}
-    expected=$((3 + $#))
+    expected=1
+    [[ $STEPS == *" verbs-transport "* ]] && expected=$((expected + 1))
+    [[ $STEPS == *" rma-verbs "* ]] && expected=$((expected + 1))
+    [[ $STEPS == *" pingpong "* ]] && expected=$((expected + $#))
     mkdir -p results
     cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg "$OUT"/verbs-transport.json results/ 2>/dev/null || true
     for p in "$@"; do cp "$OUT/pingpong-$p.log" "results/pingpong-verbs-$p.txt" 2>/dev/null || true; done

@@ -43,6 +43,10 @@ const SIZES: [usize; 2] = [64 << 10, 4 << 20];
 /// Operations per timed sample of the latency tests.
 const BATCH: u64 = 64;
 const PAGE: usize = 4096;
+/// Looks at its word between two yields of a device ping-pong's spin ([`spin_until`]).
+const YIELD_EVERY: u32 = 64;
+/// The word of rank 1's segment where rank 0 marks the end of its tests over the device.
+const DONE: usize = 24;
 
 /// One-sided put/get latency and bandwidth and fetch-add vs ucx_perftest over shared memory;
 /// fetch-add to one target vs spread.
@@ -210,9 +214,7 @@ async fn pair(w: &World) -> Result<Value> {
             if tcp {
                 seg.wait_notifications(i).await?;
             } else {
-                while word.load(Ordering::Acquire) != i {
-                    std::hint::spin_loop();
-                }
+                spin_until(word, i, device);
             }
             if me == 1 {
                 if tcp {
@@ -226,6 +228,16 @@ async fn pair(w: &World) -> Result<Value> {
     }
     let put_mean = t_all.elapsed().as_secs_f64() / i as f64 / 2.0;
     w.barrier().await?;
+    // Over the device, rank 1 idles through rank 0's one-sided tests, as perftest's server does:
+    // Soft-RoCE answers reads and atomics with kernel work on these CPUs, which a rank spinning
+    // in a barrier competes with. Rank 0 ends the wait with a put into its word at DONE.
+    let idle = device && me == 1;
+    if idle {
+        let done = seg.word(DONE)?;
+        while done.load(Ordering::Acquire) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
     let mut out = json!({"mapped": remote.is_mapped(), "device": device, "transport": w.transport_for(peer as u32),
                          "put_lat_us": median(samples) * 1e6, "put_lat_mean_us": put_mean * 1e6});
     if me == 0 {
@@ -264,10 +276,30 @@ async fn pair(w: &World) -> Result<Value> {
         .await?;
         out["fadd_lat_us"] = json!(med * 1e6);
         out["fadd_lat_mean_us"] = json!(mean * 1e6);
+        if device {
+            w.put(remote, DONE, &1u64.to_le_bytes()).await?;
+        }
     }
     w.barrier().await?;
     seg.unpublish().await?;
     Ok(out)
+}
+
+/// Spins until `word` holds `v`. Over the device (`yielding`) it gives its CPU away every
+/// [`YIELD_EVERY`] looks, as ferrocomm's own busy waits do once they have spun a while: on
+/// Soft-RoCE each RDMA write's delivery and acknowledgement is kernel work (softirqs, work items)
+/// that may be due on this very CPU, and a spin that never yields holds it off until the
+/// scheduler's next tick, several milliseconds per write.
+fn spin_until(word: &std::sync::atomic::AtomicU64, v: u64, yielding: bool) {
+    let mut looks = 0u32;
+    while word.load(Ordering::Acquire) != v {
+        looks = looks.wrapping_add(1);
+        if yielding && looks.is_multiple_of(YIELD_EVERY) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 /// The page-aligned part of `buf`.

@@ -2,11 +2,17 @@
 //! scripts/verbs-vm.sh), ferrocomm against perftest on the same device, in one invocation.
 //!
 //! * **Put latency, 8 B**: ferrocomm's put ping-pong (each side puts a counter into the other's
-//!   segment by RDMA write and spins on its own word until the peer's has landed; half the round
-//!   trip) against `ib_write_lat` (the same ping-pong of RDMA writes polling memory).
+//!   segment by RDMA write, awaits its completion, and spins on its own word, yielding the CPU
+//!   every few dozen looks, until the peer's has landed; half the round trip) against
+//!   `ib_write_lat` (the same ping-pong of RDMA writes polling memory).
 //! * **Get latency, 8 B**: a loop of awaited gets (RDMA reads) against `ib_read_lat`.
 //! * **Fetch-add latency**: a loop of awaited fetch-adds (RDMA atomics) against
 //!   `ib_atomic_lat -A FETCH_AND_ADD`.
+//!
+//! Soft-RoCE carries out RDMA in the kernel, on the same two CPUs: a spin that never yields holds
+//! off the kernel work that delivers and acknowledges the peer's writes until the scheduler's next
+//! tick (milliseconds). So the ping-pong's spin yields now and then, and the target rank idles
+//! through the get and fetch-add loops (perftest's server idles too).
 //!
 //! ferrocomm's figures are medians of 64-operation samples, perftest's its `t_typical` (the
 //! median); both means are in the JSON. Each side runs `--runs` times, alternately; the report
