@@ -26,9 +26,15 @@
 //! - torchrun: `MASTER_ADDR`, ports from `MASTER_PORT` up (from `MASTER_PORT + 1` when
 //!   `TORCHELASTIC_USE_AGENT_STORE=True` says torchrun's own store holds `MASTER_PORT`);
 //! - Slurm: the first host of the step's node list (where rank 0 runs under Slurm's block and
-//!   cyclic distributions); Open MPI and Hydra: `127.0.0.1`, which serves a job on one host. They
-//!   do not tell a process where rank 0 runs, so a job whose ranks span hosts (its local size is
-//!   below its size) must set `FERROCOMM_COORD`, and detection says so;
+//!   cyclic distributions);
+//! - Open MPI and Hydra: `127.0.0.1` for a job on one host (its local size equals its size). They
+//!   do not tell a process where rank 0 runs, so for a job whose ranks span hosts rank 0 shares
+//!   its address through the launcher's own key-value service: Hydra's PMI-1 over `PMI_FD`
+//!   (`bootstrap/pmi.rs`: put, barrier, get), Open MPI's PMIx through `libpmix` opened at run
+//!   time (`bootstrap/pmix.rs`: put, commit, fence, get). The address is `FERROCOMM_BIND` when
+//!   that names one, else one of the host's own (the default route's interface first). Where
+//!   `libpmix` cannot be loaded, such an Open MPI job must set `FERROCOMM_COORD`, and detection
+//!   says so;
 //! - under Slurm, Open MPI and Hydra the ports are derived from the job id (under Slurm the job
 //!   and step ids) by a hash into `20000..32000`, below Linux's default ephemeral range, so that
 //!   every rank computes the same list without talking to anyone.
@@ -447,7 +453,7 @@ fn launcher_store(
 /// What rank `rank` does with the store's host: share it when the job's ranks span hosts and
 /// `FERROCOMM_COORD` does not say where the store is.
 fn role<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>, rank: u32, size: u32, local_size: Option<u32>) -> Role {
-    if vars.get("FERROCOMM_COORD").is_some() || !local_size.is_some_and(|l| l < size) {
+    if vars.get("FERROCOMM_COORD").is_some() || local_size.is_none_or(|l| l >= size) {
         Role::Nothing
     } else if rank == 0 {
         Role::Publish { bind: vars.get("FERROCOMM_BIND") }
