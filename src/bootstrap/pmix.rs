@@ -85,8 +85,13 @@ struct Api {
 }
 
 fn load() -> Result<Api, PmixError> {
+    load_from(&LIBRARIES)
+}
+
+/// Opens the first of `names` that loads and resolves the functions used.
+fn load_from(names: &[&str]) -> Result<Api, PmixError> {
     let mut tried = Vec::new();
-    let lib = LIBRARIES.iter().find_map(|name| {
+    let lib = names.iter().find_map(|name| {
         // SAFETY: loading libpmix runs its initialisers, which only set up its own state.
         match unsafe { Library::new(name) } {
             Ok(lib) => Some(lib),
@@ -187,4 +192,22 @@ fn session(api: &Api, me: &Proc, publish: Option<&str>) -> Result<String, PmixEr
         host?
     };
     Ok(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_that_cannot_be_loaded_is_unavailable() {
+        let Err(PmixError::Unavailable(why)) = load_from(&["libferrocomm-no-such-pmix.so.9"]) else {
+            panic!("a missing library must be Unavailable")
+        };
+        assert!(why.contains("libferrocomm-no-such-pmix.so.9"), "{why}");
+        // A library without PMIx's functions (the C library) is unavailable too, not a crash.
+        let Err(PmixError::Unavailable(why)) = load_from(&["libc.so.6"]) else {
+            panic!("a library without PMIx_Init must be Unavailable")
+        };
+        assert!(why.contains("PMIx_Init"), "{why}");
+    }
 }
