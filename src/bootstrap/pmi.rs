@@ -11,6 +11,9 @@
 //! crash and kills the job: every session ends with `finalize`, after which Hydra hangs up. The
 //! protocol logic ([`Request::encode`], [`parse_reply`]) is sans-IO; [`hydra`] drives it over the
 //! socket.
+//!
+//! [`own_address`], the address rank 0 shares (here and through PMIx), is here too: which of its
+//! host's addresses the other hosts are likeliest to reach.
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
