@@ -464,7 +464,15 @@ impl Collector {
     ) -> Collector {
         let ackers: Vec<Acker> = members
             .into_iter()
-            .map(|(rank, reliable)| Acker { rank, acked: first, reliable, alive: true, since: now, backoff: 0, wants: HashSet::new() })
+            .map(|(rank, reliable)| Acker {
+                rank,
+                acked: first,
+                reliable,
+                alive: true,
+                since: now,
+                backoff: 0,
+                wants: HashSet::new(),
+            })
             .collect();
         let index = ackers.iter().enumerate().map(|(i, a)| (a.rank, i)).collect();
         let rtt =
@@ -629,7 +637,15 @@ impl Collector {
         }
         let acked = if before(acked, self.base) { self.base } else { acked };
         self.index.insert(rank, self.ackers.len());
-        self.ackers.push(Acker { rank, acked, reliable: false, alive: true, since: now, backoff: 0, wants: HashSet::new() });
+        self.ackers.push(Acker {
+            rank,
+            acked,
+            reliable: false,
+            alive: true,
+            since: now,
+            backoff: 0,
+            wants: HashSet::new(),
+        });
     }
 }
 

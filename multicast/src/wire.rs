@@ -232,7 +232,9 @@ pub fn decode(d: Bytes, e: &Expect) -> Result<Datagram, DatagramError> {
     let frag = be16(&d, 32);
     match DatagramKind::from_repr(kind) {
         Some(DatagramKind::Ping) => Ok(Datagram::Ping { root, nonce: seq }),
-        Some(DatagramKind::Tail) if d.len() != HEADER => Err(DatagramError::Inconsistent("a tail probe with a payload")),
+        Some(DatagramKind::Tail) if d.len() != HEADER => {
+            Err(DatagramError::Inconsistent("a tail probe with a payload"))
+        }
         Some(DatagramKind::Tail) => Ok(Datagram::Tail { root, next: seq }),
         Some(DatagramKind::Data) => {
             if len as usize > e.max_message {

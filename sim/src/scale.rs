@@ -170,7 +170,8 @@ pub fn multicast_stream(
     let mcfg = ferrocomm_multicast::Config { size: p, ..mcfg.clone() };
     let mut ranks: Vec<McastRank> = (0..p)
         .map(|r| {
-            let outbox = if r == 0 { lens.iter().map(|&n| data.slice(..n.min(data.len()))).collect() } else { Vec::new() };
+            let outbox =
+                if r == 0 { lens.iter().map(|&n| data.slice(..n.min(data.len()))).collect() } else { Vec::new() };
             let expect = if r == 0 { 0 } else { lens.len() };
             let rank = McastRank::new(Node::with_defaults(&net, r), &net, origin, mcfg.clone(), outbox, expect);
             let share = if r % 2 == 1 { drop } else { 0.0 };
