@@ -1049,7 +1049,7 @@ impl Receiver {
             out.unicast(self.target, Control::Nack { root: self.root, from: start, to: k });
             asked = true;
         }
-        if asked || self.nacked.is_none_or(|(t, _)| before(t, seq)) {
+        if asked {
             self.nacked = Some((seq, now));
         }
     }
