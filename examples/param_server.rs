@@ -30,16 +30,13 @@ const DONE: u64 = 3;
 const PARAMS: u64 = 4;
 
 /// What the example fails with: ferrocomm's errors, and breaches of its own protocol.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 pub(crate) enum PsError {
     /// A communication failed.
-    #[error(transparent)]
-    Comm(#[from] ferrocomm::Error),
+    Comm(ferrocomm::Error),
     /// One server and at least one worker are needed.
-    #[error("a parameter server needs at least 2 ranks, not {0}")]
     TooFewRanks(u32),
     /// A message of a kind this protocol does not have.
-    #[error("rank {rank} sent an unknown kind {kind}")]
     UnknownKind {
         /// The sender.
         rank: u32,
@@ -47,6 +44,24 @@ pub(crate) enum PsError {
         kind: u64,
     },
 }
+
+impl From<ferrocomm::Error> for PsError {
+    fn from(e: ferrocomm::Error) -> PsError {
+        PsError::Comm(e)
+    }
+}
+
+impl std::fmt::Display for PsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PsError::Comm(e) => write!(f, "{e}"),
+            PsError::TooFewRanks(n) => write!(f, "a parameter server needs at least 2 ranks, not {n}"),
+            PsError::UnknownKind { rank, kind } => write!(f, "rank {rank} sent an unknown kind {kind}"),
+        }
+    }
+}
+
+impl std::error::Error for PsError {}
 
 fn tag(kind: u64, iteration: u64) -> u64 {
     (iteration << 8) | kind
