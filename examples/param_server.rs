@@ -29,6 +29,40 @@ const PUSH: u64 = 2;
 const DONE: u64 = 3;
 const PARAMS: u64 = 4;
 
+/// What the example fails with: ferrocomm's errors, and breaches of its own protocol.
+#[derive(Debug)]
+pub(crate) enum PsError {
+    /// A communication failed.
+    Comm(ferrocomm::Error),
+    /// One server and at least one worker are needed.
+    TooFewRanks(u32),
+    /// A message of a kind this protocol does not have.
+    UnknownKind {
+        /// The sender.
+        rank: u32,
+        /// The kind (the tag's low byte).
+        kind: u64,
+    },
+}
+
+impl From<ferrocomm::Error> for PsError {
+    fn from(e: ferrocomm::Error) -> PsError {
+        PsError::Comm(e)
+    }
+}
+
+impl std::fmt::Display for PsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PsError::Comm(e) => write!(f, "{e}"),
+            PsError::TooFewRanks(n) => write!(f, "a parameter server needs at least 2 ranks, not {n}"),
+            PsError::UnknownKind { rank, kind } => write!(f, "rank {rank} sent an unknown kind {kind}"),
+        }
+    }
+}
+
+impl std::error::Error for PsError {}
+
 fn tag(kind: u64, iteration: u64) -> u64 {
     (iteration << 8) | kind
 }
@@ -70,7 +104,7 @@ fn decode(b: &[u8]) -> (Vec<f64>, u64) {
 }
 
 /// The server's loop. Returns its report.
-async fn serve(world: &World, o: &Options) -> ferrocomm::Result<String> {
+async fn serve(world: &World, o: &Options) -> Result<String, PsError> {
     let workers = world.size() - 1;
     let mut params = vec![0f64; DIM];
     let mut version = 0u64;
@@ -97,7 +131,7 @@ async fn serve(world: &World, o: &Options) -> ferrocomm::Result<String> {
             }
             DONE => done += 1,
             other => {
-                return Err(ferrocomm::Error::Invalid(format!("rank {} sent an unknown kind {other}", m.source)));
+                return Err(PsError::UnknownKind { rank: m.source, kind: other });
             }
         }
     }
@@ -136,9 +170,9 @@ async fn work(world: &World, o: &Options) -> ferrocomm::Result<()> {
 }
 
 /// The example on every rank of `world` (at least 2); rank 0 returns the report.
-pub(crate) async fn run(world: &World, o: &Options) -> ferrocomm::Result<Option<String>> {
+pub(crate) async fn run(world: &World, o: &Options) -> Result<Option<String>, PsError> {
     if world.size() < 2 {
-        return Err(ferrocomm::Error::Invalid("a parameter server needs at least 2 ranks".into()));
+        return Err(PsError::TooFewRanks(world.size()));
     }
     let report = if world.rank() == 0 { Some(serve(world, o).await?) } else { work(world, o).await.map(|()| None)? };
     world.barrier().await?;
@@ -155,7 +189,7 @@ fn main() {
         let world = ferrocomm::init().await?;
         let report = run(&world, &Options::default()).await?;
         world.finalize().await?;
-        Ok::<_, ferrocomm::Error>(report)
+        Ok::<_, PsError>(report)
     });
     match res {
         Ok(Some(report)) => println!("{report}"),

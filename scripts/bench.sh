@@ -32,7 +32,8 @@ command -v mpicc.mpich >/dev/null || need+=(libmpich-dev)
 if ((${#need[@]})); then
     apt-get update -qq && apt-get install -y -o DPkg::Lock::Timeout=900 "${need[@]}"
 fi
-cargo build --release -p ferrocomm-bench
+# The release profile plus the inline threshold (.cargo/config.toml's alias).
+cargo build-tuned -p ferrocomm-bench
 bench="${CARGO_TARGET_DIR:-target}/release/ferrocomm-bench"
 mkdir -p results
 start=$SECONDS
@@ -44,6 +45,16 @@ if want shm; then
     # and the latency to an idle peer.
     "$bench" pingpong --transport shm --progress busy --runs 3 --recv-into --max 4M \
         --json results/pingpong-shm.json --plot results/pingpong-shm.svg | tee results/pingpong-shm.txt
+    # The user's build: the same 8 B / 64 KiB ping-pong built by a crate outside the workspace with
+    # Cargo's default release profile (built from outside the repository, so that its
+    # .cargo/config.toml does not apply) and as the bench's `userbuild-pingpong`, alternated.
+    repo=$PWD tdir=$(realpath "${CARGO_TARGET_DIR:-target}")
+    (cd / && cargo build --release --locked --manifest-path "$repo/benches/userbuild/Cargo.toml" \
+        --target-dir "$tdir/userbuild")
+    for run in 1 2 3; do
+        "$tdir/release/userbuild-pingpong" "run $run, ferrocomm's build"
+        "$tdir/userbuild/release/ferrocomm-userbuild" "run $run, user's build"
+    done | tee results/userbuild.txt
     took shm
 fi
 

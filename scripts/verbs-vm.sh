@@ -102,7 +102,7 @@ if [ "$MODE" = test ]; then
         [ -x "$x" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
     done
 else
-    cargo build --locked --release -p ferrocomm-bench --features verbs
+    cargo build-tuned --locked -p ferrocomm-bench --features verbs
     BENCH=$TARGET/release/ferrocomm-bench
 fi
 echo "verbs-vm: build $(($(date +%s) - t0)) s"

@@ -39,7 +39,7 @@ pub use config::{
     McastNet, McastSettings, ProgressMode, RailList, RailSettings, RouteSettings, Settings, SettingsBuilder,
     TcpBackend, TransportChoice, VerbsEager, VerbsRendezvous, VerbsSettings,
 };
-pub use error::{Cause, Error, McastError, Result};
+pub use error::{Cause, Error, InvalidArgument, McastError, OwnedError, Result};
 pub use ferrocomm_collectives::{Algorithm, CollError, Element, Operation, ReduceOp, Table, bf16, f16};
 pub use ferrocomm_reactor::HybridStats;
 // The transports crate, for the benchmarks and the fuzz targets that drive a transport alone.

@@ -112,7 +112,7 @@ fn example_rank() {
         let world = ferrocomm::init().await.unwrap();
         let report = match example.as_str() {
             "training" => training::run(&world, &Default::default()).await,
-            "param_server" => param_server::run(&world, &Default::default()).await,
+            "param_server" => param_server::run(&world, &Default::default()).await.map_err(|e| panic!("{e}")),
             "pubsub" => pubsub::run(&world, &Default::default()).await,
             other => panic!("no example {other}"),
         };

@@ -644,12 +644,16 @@ fn fault_rank() {
         if kind != "bootstrap" && victim == Some(rank) {
             killer();
         }
-        let e = match run(&w, &kind).timeout(HANG).await {
+        match run(&w, &kind).timeout(HANG).await {
             Ok(()) => unreachable!("the loop ends in an error"),
-            Err(Error::Timeout) => Error::Invalid(format!("no failure after {HANG:?}: the rank hangs")),
-            Err(e) => e,
-        };
-        fail(e);
+            Err(Error::Timeout) => {
+                println!(
+                    "FAULT-FAIL rank={rank} at={} lost=none err=no failure after {HANG:?}: the rank hangs",
+                    now_ns()
+                )
+            }
+            Err(e) => fail(e),
+        }
         // (Where the kill may land in the split itself, not every survivor has the communicator.)
         later(&w, rest.as_ref().filter(|_| kind != "bootstrap"), victim).await;
         let _ = w.finalize().timeout(t).await;
@@ -733,7 +737,7 @@ async fn run(w: &World, kind: &str) -> ferrocomm::Result<()> {
             "idle" => {
                 // Nothing is ever sent: the loss is seen by keep-alive probing alone.
                 let m = w.recv(ferrocomm::Source::Any, u64::MAX).await?;
-                return Err(Error::Invalid(format!("a message nobody sent: {m:?}")));
+                panic!("a message nobody sent: {m:?}");
             }
             other => panic!("unknown kind {other}"),
         }

@@ -9,7 +9,9 @@ mod coll;
 
 use std::time::Duration;
 
-use ferrocomm::{Comm, ProgressMode, ReduceOp, Settings, Source, TagMatch, TransportChoice, testing};
+use ferrocomm::{
+    Comm, Error, InvalidArgument, ProgressMode, ReduceOp, Settings, Source, TagMatch, TransportChoice, testing,
+};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -64,7 +66,15 @@ async fn owned_forms(c: &Comm, counts: &[usize], label: &str) {
     }
     // Wrong arguments are typed errors, as in place.
     let bad = spawned(c.reduce_scatter_owned(vec![1u64; 3], &[1], ReduceOp::Sum)).await;
-    assert!(n == 1 && bad.is_err() || n > 1 && matches!(bad, Err(ferrocomm::Error::Invalid(_))), "{bad:?}");
+    let want = if n == 1 {
+        InvalidArgument::CountSum { sum: 1, len: 3 }
+    } else {
+        InvalidArgument::CountMismatch { expected: n as usize, got: 1 }
+    };
+    assert!(
+        matches!(&bad, Err(e) if matches!(e.error, Error::Invalid(got) if got == want) && e.buffer == [1; 3]),
+        "{bad:?}"
+    );
     c.barrier().await.unwrap();
 }
 
@@ -183,6 +193,56 @@ async fn dropped_owned_calls_leave_the_communicator_usable() {
                 let got = spawned(w.allreduce_owned(coll::input(r, count), ReduceOp::Sum)).await.unwrap();
                 assert_eq!(got, sum(count, 0..n), "count {count} rank {r}");
             }
+            w.finalize().await.unwrap();
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// A failed owned call gives the caller's buffer back with the error, element for element: each
+/// form with arguments that cannot work, and an all-reduce whose peer left before joining it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_owned_calls_return_the_buffer() {
+    for (settings, label) in [(shm(), "shm"), (tcp(), "tcp")] {
+        testing::run(2, settings, move |w| async move {
+            let (r, n) = (w.rank(), w.size());
+            let ints = coll::input(r, 1000);
+            let floats: Vec<f64> = (0..1000).map(|i| f64::from(i) + 0.5).collect();
+            let ctx = format!("{label} rank {r}");
+            let unsupported =
+                |e: &Error, want| matches!(e, Error::Invalid(InvalidArgument::UnsupportedOp { op, element: "f64" }) if *op == want);
+
+            let e = spawned(w.allreduce_owned(floats.clone(), ReduceOp::BitAnd)).await.unwrap_err();
+            assert!(unsupported(&e.error, "BitAnd"), "{e:?} {ctx}");
+            assert_eq!(e.buffer, floats, "allreduce_owned {ctx}");
+            let e = spawned(w.broadcast_owned(n + 3, ints.clone())).await.unwrap_err();
+            assert!(matches!(e.error, Error::UnknownRank { rank, size } if rank == n + 3 && size == n), "{e:?} {ctx}");
+            assert_eq!(e.buffer, ints, "broadcast_owned {ctx}");
+            let e = spawned(w.reduce_owned(n, ints.clone(), ReduceOp::Sum)).await.unwrap_err();
+            assert!(matches!(e.error, Error::UnknownRank { .. }), "{e:?} {ctx}");
+            assert_eq!(e.buffer, ints, "reduce_owned {ctx}");
+            let e = spawned(w.reduce_scatter_owned(ints.clone(), &[500, 400], ReduceOp::Sum)).await.unwrap_err();
+            let want = InvalidArgument::CountSum { sum: 900, len: 1000 };
+            assert!(matches!(e.error, Error::Invalid(got) if got == want), "{e:?} {ctx}");
+            assert_eq!(e.buffer, ints, "reduce_scatter_owned {ctx}");
+            let e = spawned(w.scan_owned(floats.clone(), ReduceOp::BitXor)).await.unwrap_err();
+            assert!(unsupported(&e.error, "BitXor"), "{e:?} {ctx}");
+            assert_eq!(e.buffer, floats, "scan_owned {ctx}");
+            // `?` makes it an `Error`.
+            let plain: Error = e.into();
+            assert!(unsupported(&plain, "BitXor"), "{plain:?}");
+
+            // The communicator is still usable; then rank 1 leaves, and rank 0's all-reduce, which
+            // rank 1 never joins, fails naming it, with rank 0's buffer.
+            w.barrier().await.unwrap();
+            if r == 1 {
+                w.finalize().await.unwrap();
+                return;
+            }
+            let e = spawned(w.allreduce_owned(ints.clone(), ReduceOp::Sum)).await.unwrap_err();
+            assert!(matches!(e.error, Error::PeerLost { rank: 1, .. }), "{e:?} {ctx}");
+            assert_eq!(e.buffer, ints, "allreduce_owned after a departure {ctx}");
             w.finalize().await.unwrap();
         })
         .await

@@ -23,6 +23,12 @@ pub trait Topology {
     /// The node-leader decomposition: `None` if the members are on one host, else whether it
     /// saves network traffic (some host has several members).
     fn hosts(&self) -> Option<bool>;
+    /// Whether a broadcast may go by reliable multicast: multicast is enabled and the members
+    /// span several hosts (on one host there is no network for it to save). The table's
+    /// [`Table::multicast_bcast_ranks`] decides whether it does. Default: no.
+    fn multicast(&self) -> bool {
+        false
+    }
 }
 
 /// The facts as plain values.
@@ -36,6 +42,8 @@ pub struct Facts {
     pub all_single_copy: bool,
     /// See [`Topology::hosts`].
     pub hosts: Option<bool>,
+    /// See [`Topology::multicast`].
+    pub multicast: bool,
 }
 
 impl Topology for Facts {
@@ -50,6 +58,9 @@ impl Topology for Facts {
     }
     fn hosts(&self) -> Option<bool> {
         self.hosts
+    }
+    fn multicast(&self) -> bool {
+        self.multicast
     }
 }
 
@@ -81,9 +92,18 @@ pub fn choose(call: Call, topology: &impl Topology, table: &Table) -> Algorithm 
             return Algorithm::SingleCopy;
         }
     }
-    // Reliable multicast serves broadcast and barrier when pinned (it needs a multicast group,
-    // and pays off across hosts, not within one; see docs/multicast.md).
+    // Reliable multicast serves broadcast and barrier when pinned; unpinned, a broadcast on
+    // more ranks than the simulated network's crossover, where a group serves the members (it
+    // pays off across hosts, not within one; see docs/multicast.md).
     if pinned == Some(Algorithm::Multicast) && matches!(op, Operation::Bcast | Operation::Barrier) {
+        return Algorithm::Multicast;
+    }
+    if op == Operation::Bcast
+        && pinned.is_none()
+        && ranks > table.multicast_bcast_ranks
+        && bytes <= table.multicast_bcast_max
+        && topology.multicast()
+    {
         return Algorithm::Multicast;
     }
     let forced = pinned == Some(Algorithm::Hierarchical);
@@ -101,9 +121,11 @@ mod tests {
     use super::*;
 
     /// Busy-polling ranks on one host that may read each other's memory.
-    const HOST: Facts = Facts { on_one_host: true, all_busy: true, all_single_copy: true, hosts: None };
+    const HOST: Facts =
+        Facts { on_one_host: true, all_busy: true, all_single_copy: true, hosts: None, multicast: false };
     /// Two hosts with several ranks each.
-    const HOSTS: Facts = Facts { on_one_host: false, all_busy: true, all_single_copy: true, hosts: Some(true) };
+    const HOSTS: Facts =
+        Facts { on_one_host: false, all_busy: true, all_single_copy: true, hosts: Some(true), multicast: false };
 
     fn call(op: Operation, ranks: u32, bytes: usize) -> Call {
         Call { op, ranks, bytes, commutative: true }
@@ -165,6 +187,27 @@ mod tests {
         assert_eq!(choose(call(Operation::Bcast, 8, 1 << 20), &HOSTS, &t), Algorithm::Multicast);
         assert_eq!(choose(call(Operation::Barrier, 8, 0), &HOSTS, &t), Algorithm::Multicast);
         assert_eq!(choose(call(Operation::Bcast, 8, 1 << 20), &HOSTS, &Table::default()), Algorithm::Hierarchical);
+    }
+
+    #[test]
+    fn broadcast_takes_multicast_above_the_crossover_only() {
+        let t = Table::default();
+        let group = Facts { multicast: true, ..HOSTS };
+        let (above, at) = (t.multicast_bcast_ranks + 1, t.multicast_bcast_ranks);
+        assert_eq!(choose(call(Operation::Bcast, above, 8), &group, &t), Algorithm::Multicast);
+        assert_eq!(choose(call(Operation::Bcast, above, t.multicast_bcast_max), &group, &t), Algorithm::Multicast);
+        // Not at or below the crossover, nor above the size it holds for, nor without a group.
+        assert_eq!(choose(call(Operation::Bcast, at, 8), &group, &t), Algorithm::Hierarchical);
+        assert_ne!(choose(call(Operation::Bcast, above, t.multicast_bcast_max + 1), &group, &t), Algorithm::Multicast);
+        assert_ne!(choose(call(Operation::Bcast, above, 8), &HOSTS, &t), Algorithm::Multicast);
+        // Nor for another collective, nor against a pin, nor on one host.
+        assert_ne!(choose(call(Operation::Barrier, above, 0), &group, &t), Algorithm::Multicast);
+        assert_eq!(choose(call(Operation::Bcast, above, 8), &group, &pinned("bcast=binomial")), Algorithm::Binomial);
+        let local = Facts { multicast: true, ..HOST };
+        assert_ne!(choose(call(Operation::Bcast, above, 8), &local, &t), Algorithm::Multicast);
+        // The threshold is the table's: a table that never takes multicast.
+        let never = Table { multicast_bcast_ranks: u32::MAX, ..Table::default() };
+        assert_ne!(choose(call(Operation::Bcast, 1 << 20, 8), &group, &never), Algorithm::Multicast);
     }
 
     #[test]

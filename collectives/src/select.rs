@@ -260,9 +260,25 @@ pub struct Table {
     /// ... and reduce, all-gather and all-to-all (a rank's block) from this many; see
     /// [`Table::single_copy_from`].
     pub single_copy_gather_min: usize,
+    /// Broadcast goes by reliable multicast on more than this many ranks, where a multicast
+    /// group serves the communicator ([`crate::plan::Topology::multicast`]): the rank count above
+    /// which the simulated network has multicast beat a binomial broadcast
+    /// (`ferrocomm-bench sim-scale`; [`MULTICAST_BCAST_RANKS`]).
+    pub multicast_bcast_ranks: u32,
+    /// ... for broadcasts up to this many bytes.
+    pub multicast_bcast_max: usize,
     /// Operations pinned to one algorithm.
     pub overrides: Overrides,
 }
+
+/// The rank count above which a broadcast by reliable multicast finishes before a binomial one
+/// on the simulated network (10 Gbit/s links of 2 us, 1400-byte datagrams, the default protocol
+/// settings), for every size up to [`MULTICAST_BCAST_MAX`]: `ferrocomm-bench sim-scale` prints
+/// it, and the `ferrocomm-sim` test `the_selection_tables_crossover_holds_on_the_simulated_network`
+/// checks it.
+pub const MULTICAST_BCAST_RANKS: u32 = 2;
+/// The largest broadcast for which [`MULTICAST_BCAST_RANKS`] holds.
+pub const MULTICAST_BCAST_MAX: usize = 1 << 20;
 
 /// Operations pinned to one algorithm: a slot per operation. Looked up several times per call, so
 /// it is an array, not a hash map (whose SipHash showed in profiles of small calls: about 350
@@ -303,6 +319,8 @@ impl Default for Table {
             single_copy_min: 64 << 10,
             single_copy_allreduce_min: 256 << 10,
             single_copy_gather_min: 512 << 10,
+            multicast_bcast_ranks: MULTICAST_BCAST_RANKS,
+            multicast_bcast_max: MULTICAST_BCAST_MAX,
             overrides: Overrides::default(),
         }
     }

@@ -47,7 +47,7 @@ fuzz_target!(|input: Input| {
         max_message: input.max_message as usize,
     };
     match wire::decode(bytes.clone(), &e) {
-        Ok(Datagram::Ping { root, .. }) => assert!(root < e.size),
+        Ok(Datagram::Ping { root, .. } | Datagram::Tail { root, .. }) => assert!(root < e.size),
         Ok(Datagram::Data { root, seq, len, frag, frags, payload }) => {
             assert!(root < e.size && (len as usize) <= e.max_message && frag < frags);
             assert_eq!(usize::from(frags), wire::fragments(len as usize, e.datagram));

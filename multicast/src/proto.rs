@@ -36,7 +36,7 @@
 //! Sequence numbers are per root, `u32`, wrapping, compared in serial-number arithmetic; a window
 //! is far below 2^31 so comparisons are unambiguous.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -316,6 +316,8 @@ pub struct Stats {
     pub false_retransmissions: u64,
     /// Times a send found the window full.
     pub window_stalls: u64,
+    /// Tail probes multicast (when the window fills, and `ack_delay` after the last send).
+    pub tail_probes: u64,
     /// Datagrams or copies of messages already complete.
     pub duplicates: u64,
     /// Data beyond the receive window (dropped).
@@ -346,6 +348,7 @@ impl Stats {
         c("ferrocomm_mcast_retransmissions", self.retransmissions, prev.retransmissions);
         c("ferrocomm_mcast_false_retransmissions", self.false_retransmissions, prev.false_retransmissions);
         c("ferrocomm_mcast_window_stalls", self.window_stalls, prev.window_stalls);
+        c("ferrocomm_mcast_tail_probes", self.tail_probes, prev.tail_probes);
         c("ferrocomm_mcast_duplicates", self.duplicates, prev.duplicates);
         c("ferrocomm_mcast_malformed", self.malformed, prev.malformed);
         c("ferrocomm_mcast_datagrams_unauthenticated", self.unauthenticated, prev.unauthenticated);
@@ -423,6 +426,9 @@ struct Acker {
     /// When the retransmission timer of this acker started.
     since: Instant,
     backoff: u32,
+    /// Messages a NACK asked for that the collector did not hold yet (a co-root whose own copy
+    /// is still on its way): each goes out as soon as it comes. At most `2 * window` entries.
+    wants: HashSet<u32>,
 }
 
 /// ACK collection and retransmission for one sub-group (the root's or a co-root's): the messages
@@ -435,6 +441,8 @@ struct Collector {
     base: u32,
     store: VecDeque<Slot>,
     rtt: Rtt,
+    /// The channel's window (bounds what a member may ask for ahead).
+    window: usize,
 }
 
 /// How far a co-root's leaf may be acknowledged ahead of the co-root's own copies.
@@ -456,24 +464,41 @@ impl Collector {
     ) -> Collector {
         let ackers: Vec<Acker> = members
             .into_iter()
-            .map(|(rank, reliable)| Acker { rank, acked: first, reliable, alive: true, since: now, backoff: 0 })
+            .map(|(rank, reliable)| Acker {
+                rank,
+                acked: first,
+                reliable,
+                alive: true,
+                since: now,
+                backoff: 0,
+                wants: HashSet::new(),
+            })
             .collect();
         let index = ackers.iter().enumerate().map(|(i, a)| (a.rank, i)).collect();
         let rtt =
             Rtt { srtt: None, rttvar: Duration::ZERO, initial: cfg.rto_initial, min: cfg.rto_min, max: cfg.rto_max };
-        Collector { origin, ackers, index, base: first, store: VecDeque::new(), rtt }
+        Collector { origin, ackers, index, base: first, store: VecDeque::new(), rtt, window: cfg.window }
     }
 
     fn next(&self) -> u32 {
         self.base.wrapping_add(self.store.len() as u32)
     }
 
-    fn push(&mut self, data: Bytes, now: Instant) {
+    fn push(&mut self, data: Bytes, now: Instant, root: Rank, out: &mut Out) {
         let seq = self.next();
-        for a in self.ackers.iter_mut().filter(|a| a.alive && a.acked == seq) {
-            a.since = now;
+        let mut asked = Vec::new();
+        for a in self.ackers.iter_mut().filter(|a| a.alive) {
+            if a.acked == seq {
+                a.since = now;
+            }
+            if a.wants.remove(&seq) && !before(seq, a.acked) {
+                asked.push(a.rank);
+            }
         }
         self.store.push_back(Slot { data, sent: now, retransmitted: false });
+        for r in asked {
+            self.retransmit(r, seq, root, out);
+        }
     }
 
     fn slot(&mut self, seq: u32) -> Option<&mut Slot> {
@@ -494,10 +519,12 @@ impl Collector {
         if !a.alive || !before(a.acked, upto) {
             return Ok(false);
         }
-        // Karn: only messages sent once give an RTT sample.
-        if let Some(s) = self.slot(upto.wrapping_sub(1))
-            && !s.retransmitted
-        {
+        // Karn, over the whole acknowledged run: an ACK that waited for a retransmission of any
+        // message it covers (the receiver consumes in order) measures the repair, not the round
+        // trip, and would inflate the timeout that the repairs of tail losses wait for.
+        let was = a.acked;
+        let repaired = (0..dist(was, upto)).any(|k| self.slot(was.wrapping_add(k)).is_some_and(|s| s.retransmitted));
+        if !repaired && let Some(s) = self.slot(upto.wrapping_sub(1)) {
             let sample = now.saturating_duration_since(s.sent);
             self.rtt.sample(sample);
         }
@@ -577,6 +604,20 @@ impl Collector {
         if n > 0 {
             self.ackers[i].since = now;
         }
+        // What this collector lacks yet goes out when it comes (a co-root only: the root holds
+        // everything it sent).
+        let a = &mut self.ackers[i];
+        if !self.origin && before(next, to) {
+            let start = if before(start, next) { next } else { start };
+            let cap = 2 * self.window;
+            a.wants.retain(|&k| !before(k, a.acked));
+            for k in 0..dist(start, to).min(cap as u32) {
+                if a.wants.len() >= cap {
+                    break;
+                }
+                a.wants.insert(start.wrapping_add(k));
+            }
+        }
     }
 
     /// Marks `r` dead; returns where it stood if it was a live member.
@@ -596,7 +637,15 @@ impl Collector {
         }
         let acked = if before(acked, self.base) { self.base } else { acked };
         self.index.insert(rank, self.ackers.len());
-        self.ackers.push(Acker { rank, acked, reliable: false, alive: true, since: now, backoff: 0 });
+        self.ackers.push(Acker {
+            rank,
+            acked,
+            reliable: false,
+            alive: true,
+            since: now,
+            backoff: 0,
+            wants: HashSet::new(),
+        });
     }
 }
 
@@ -617,6 +666,8 @@ pub struct RootSender {
     alive: Vec<bool>,
     stalled: bool,
     window: usize,
+    /// When to send a tail probe if nothing is sent meanwhile (`ack_delay` after the last send).
+    probe_at: Option<Instant>,
 }
 
 const PING_NONCE: u32 = 0x5049_4e47;
@@ -633,7 +684,15 @@ impl RootSender {
         } else {
             Mode::Testing { started: now, last_ping: None, answered: vec![false; cfg.size as usize] }
         };
-        RootSender { layout, collector, mode, alive: vec![true; cfg.size as usize], stalled: false, window: cfg.window }
+        RootSender {
+            layout,
+            collector,
+            mode,
+            alive: vec![true; cfg.size as usize],
+            stalled: false,
+            window: cfg.window,
+            probe_at: None,
+        }
     }
 
     fn receivers(&self) -> impl Iterator<Item = Rank> + '_ {
@@ -649,11 +708,15 @@ impl RootSender {
             if !self.stalled {
                 self.stalled = true;
                 out.stats.window_stalls += 1;
+                // Nothing more comes until ACKs free the window: say where the stream ends, so
+                // that a receiver that lost its last datagrams asks for them now.
+                self.probe(cfg, out);
             }
             return Err(SendError::WindowFull);
         }
         let seq = self.collector.next();
-        self.collector.push(data.clone(), now);
+        self.probe_at = Some(now + cfg.ack_delay);
+        self.collector.push(data.clone(), now, cfg.me, out);
         let root = cfg.me;
         let copy = |out: &mut Out, to| out.unicast(to, Control::Data { root, seq, copy: true, data: data.clone() });
         if let Mode::Multicast = self.mode {
@@ -674,6 +737,17 @@ impl RootSender {
             self.advanced(out);
         }
         Ok(seq)
+    }
+
+    /// Multicasts a tail probe (the next sequence number), if messages are unacknowledged.
+    fn probe(&mut self, cfg: &Config, out: &mut Out) {
+        self.probe_at = None;
+        if matches!(self.mode, Mode::Multicast) && !self.collector.store.is_empty() {
+            out.stats.datagrams_sent += 1;
+            out.stats.tail_probes += 1;
+            let next = self.collector.next();
+            out.transmit.push_back(Transmit::Multicast(wire::encode_tail(cfg.job, cfg.channel, cfg.me, next)));
+        }
     }
 
     fn advanced(&mut self, out: &mut Out) {
@@ -721,7 +795,8 @@ impl RootSender {
             Mode::Testing { last_ping: Some(t), .. } => Some(*t + cfg.ping_interval),
             _ => None,
         };
-        [ping, self.collector.deadline()].into_iter().flatten().min()
+        let probe = self.probe_at.filter(|_| !self.collector.store.is_empty());
+        [ping, probe, self.collector.deadline()].into_iter().flatten().min()
     }
 
     fn on_timeout(&mut self, cfg: &Config, now: Instant, out: &mut Out) {
@@ -748,6 +823,9 @@ impl RootSender {
                     PING_NONCE,
                 )));
             }
+        }
+        if self.probe_at.is_some_and(|t| now >= t) {
+            self.probe(cfg, out);
         }
         self.collector.on_timeout(now, cfg.me, out);
     }
@@ -919,7 +997,7 @@ impl Receiver {
         while let Some(Part::Done(_)) = self.parts.get(&self.next) {
             let Some(Part::Done(data)) = self.parts.remove(&self.next) else { unreachable!() };
             if let Some(c) = &mut self.coroot {
-                c.collector.push(data.clone(), now);
+                c.collector.push(data.clone(), now, self.root, out);
                 // Without live leaves the sub-group is complete at once.
                 c.collector.advance();
             }
@@ -932,8 +1010,10 @@ impl Receiver {
         }
     }
 
-    /// Something later than `self.next` arrived while `self.next` is incomplete: ask for the
-    /// missing run at once (once per run, again after the initial RTO).
+    /// Something at `seq` arrived (or a tail probe says the root sent everything below `seq`)
+    /// while `self.next` is incomplete: datagrams of one root come in order, so whatever below
+    /// `seq` is incomplete lost a datagram. Each missing run is asked for at once, once (again
+    /// after the initial RTO: the answer may be on its way).
     /// A co-root never asks: the root sends it every message over reliable, ordered
     /// point-to-point, so whatever it lacks below a later arrival is already on its way (its
     /// multicast copy merely came first), and a NACK would only make the root send it twice.
@@ -941,27 +1021,42 @@ impl Receiver {
         if !before(self.next, seq) || self.coroot.is_some() {
             return;
         }
-        let mut to = self.next;
-        while before(to, seq) && !matches!(self.parts.get(&to), Some(Part::Done(_))) {
-            to = to.wrapping_add(1);
-        }
-        if to == self.next {
-            return;
-        }
-        // What was asked for is asked again only after the initial RTO (the answer may be on
-        // its way); meanwhile only the part of the run beyond it.
+        // Nothing beyond the receive window can be kept, so nothing beyond it is asked for.
+        let limit = self.consumed.wrapping_add(cfg.window as u32);
+        let seq = if before(limit, seq) { limit } else { seq };
+        // What was asked for recently is not asked again; only what lies beyond it.
         let mut from = self.next;
         if let Some((t, at)) = self.nacked
             && now < at + cfg.rto_initial
             && before(self.next, t)
         {
-            if !before(t, to) {
+            if !before(t, seq) {
                 return;
             }
             from = t;
         }
-        self.nacked = Some((to, now));
-        out.unicast(self.target, Control::Nack { root: self.root, from, to });
+        let mut k = from;
+        let mut asked = false;
+        while before(k, seq) {
+            if matches!(self.parts.get(&k), Some(Part::Done(_))) {
+                k = k.wrapping_add(1);
+                continue;
+            }
+            let start = k;
+            while before(k, seq) && !matches!(self.parts.get(&k), Some(Part::Done(_))) {
+                k = k.wrapping_add(1);
+            }
+            out.unicast(self.target, Control::Nack { root: self.root, from: start, to: k });
+            asked = true;
+        }
+        if asked {
+            self.nacked = Some((seq, now));
+        }
+    }
+
+    /// A tail probe: the root has sent everything below `next`.
+    fn on_tail(&mut self, cfg: &Config, next: u32, now: Instant, out: &mut Out) {
+        self.check_gap(cfg, next, now, out);
     }
 
     fn pop(&mut self, cfg: &Config, now: Instant, out: &mut Out) -> Option<Bytes> {
@@ -1190,7 +1285,21 @@ impl McastCore {
     fn datagram(&mut self, now: Instant, d: Bytes) -> Result<(), ProtoError> {
         match wire::decode(d, &self.expect)? {
             // Our own datagrams come back (IP_MULTICAST_LOOP).
-            Datagram::Data { root, .. } | Datagram::Ping { root, .. } if root == self.cfg.me => Ok(()),
+            Datagram::Data { root, .. } | Datagram::Ping { root, .. } | Datagram::Tail { root, .. }
+                if root == self.cfg.me =>
+            {
+                Ok(())
+            }
+            Datagram::Tail { root, next } => {
+                // Only a stream this rank has heard of: one whose first datagrams were all lost
+                // is repaired by the collector's timeout.
+                if let Some(r) = self.receivers.get_mut(&root)
+                    && !r.root_lost
+                {
+                    r.on_tail(&self.cfg, next, now, &mut self.out);
+                }
+                Ok(())
+            }
             Datagram::Ping { root, nonce } => {
                 self.out.unicast(root, Control::PingAck { root, nonce });
                 Ok(())

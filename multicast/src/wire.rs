@@ -10,6 +10,10 @@
 //! 16 channel u32        20 root u32    24 seq u32 (ping: nonce)
 //! 28 message length u32 32 fragment index u16     34 reserved u16
 //! ```
+//!
+//! A tail probe is a header alone, with `seq` the root's next sequence number: a receiver that
+//! lacks anything below it asks for it at once, instead of waiting for its collector's timeout
+//! (the loss of a stream's last datagrams is seen by nothing else).
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -28,6 +32,7 @@ ferrocomm_transports::wire_enum! {
     enum DatagramKind: u8 {
         Data = 1,
         Ping = 2,
+        Tail = 3,
     }
 }
 
@@ -54,7 +59,7 @@ pub enum DatagramError {
     /// A format version other than [`VERSION`].
     #[error("unsupported version {0}")]
     BadVersion(u8),
-    /// A kind byte that is neither data nor ping.
+    /// A kind byte that is not data, ping or tail probe.
     #[error("unknown datagram kind {0}")]
     BadKind(u8),
     /// The job hash is not this job's.
@@ -101,6 +106,13 @@ pub enum Datagram {
         frags: u16,
         /// This fragment's bytes.
         payload: Bytes,
+    },
+    /// Tail probe: `root` has sent every message below `next` (a receiver lacking any asks).
+    Tail {
+        /// The sending rank.
+        root: Rank,
+        /// The root's next sequence number.
+        next: u32,
     },
     /// The multicast test: answer with [`Control::PingAck`].
     Ping {
@@ -173,6 +185,13 @@ pub fn encode_ping(job: u64, channel: u32, root: Rank, nonce: u32) -> Bytes {
     b.freeze()
 }
 
+/// A tail probe: `root` has sent every message below `next`.
+pub fn encode_tail(job: u64, channel: u32, root: Rank, next: u32) -> Bytes {
+    let mut b = BytesMut::with_capacity(HEADER);
+    header(&mut b, DatagramKind::Tail as u8, 1, job, channel, root, next, 0, 0);
+    b.freeze()
+}
+
 fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
@@ -213,6 +232,10 @@ pub fn decode(d: Bytes, e: &Expect) -> Result<Datagram, DatagramError> {
     let frag = be16(&d, 32);
     match DatagramKind::from_repr(kind) {
         Some(DatagramKind::Ping) => Ok(Datagram::Ping { root, nonce: seq }),
+        Some(DatagramKind::Tail) if d.len() != HEADER => {
+            Err(DatagramError::Inconsistent("a tail probe with a payload"))
+        }
+        Some(DatagramKind::Tail) => Ok(Datagram::Tail { root, next: seq }),
         Some(DatagramKind::Data) => {
             if len as usize > e.max_message {
                 return Err(DatagramError::MessageTooLarge { len: len as usize, max: e.max_message });

@@ -57,6 +57,11 @@ pub struct McastRank {
     /// Why the channel ended: a loss revoked its context (as the facade's channel ends with its
     /// revoked communicator). Nothing more is sent or read.
     pub ended: Option<String>,
+    /// Share of received datagrams this rank drops before its core sees them, as the facade's
+    /// `FERROCOMM_MCAST_TEST_DROP` does in its driver (the link's loss applies to frames too).
+    drop: f64,
+    /// The drop's generator (xorshift, seeded by [`McastRank::with_drop`]).
+    drop_rng: u64,
 }
 
 impl McastRank {
@@ -83,7 +88,26 @@ impl McastRank {
             acked_at: None,
             ended: None,
             errors: Vec::new(),
+            drop: 0.0,
+            drop_rng: 1,
         }
+    }
+
+    /// The rank, dropping `share` of the datagrams it receives (seeded by `seed`).
+    pub fn with_drop(self, share: f64, seed: u64) -> McastRank {
+        McastRank { drop: share, drop_rng: seed | 1, ..self }
+    }
+
+    fn drop_datagram(&mut self) -> bool {
+        if self.drop <= 0.0 {
+            return false;
+        }
+        let mut x = self.drop_rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.drop_rng = x;
+        ((x >> 11) as f64 / (1u64 << 53) as f64) < self.drop
     }
 
     /// Its protocol core.
@@ -139,6 +163,9 @@ impl McastRank {
         }
         while let Some(d) = self.group.recv() {
             work += 1;
+            if self.drop_datagram() {
+                continue;
+            }
             if let Err(e) = self.core.handle_datagram(t, d) {
                 self.errors.push(format!("datagram: {e}"));
             }

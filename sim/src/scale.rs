@@ -143,3 +143,51 @@ pub fn broadcast_stream(p: u32, bytes: usize, count: usize, multicast: bool, cfg
         Ok(report.time)
     }
 }
+
+/// What [`multicast_stream`] measured.
+#[derive(Clone, Debug)]
+pub struct StreamRun {
+    /// From the root's first send until the last rank read the last message, nanoseconds.
+    pub time: Time,
+    /// Each rank's protocol counters (rank 0 is the root).
+    pub stats: Vec<ferrocomm_multicast::Stats>,
+}
+
+/// The messages `lens` from rank 0 to `p - 1` receivers through one multicast channel of
+/// protocol settings `mcfg` (its `me` and `size` are set here), with `drop` of the datagrams
+/// received by the odd ranks dropped (as `FERROCOMM_MCAST_TEST_DROP` on half the receivers):
+/// the simulated form of `ferrocomm-bench multicast --stream`.
+pub fn multicast_stream(
+    p: u32,
+    lens: &[usize],
+    drop: f64,
+    mcfg: &ferrocomm_multicast::Config,
+    cfg: &NetConfig,
+) -> Result<StreamRun, String> {
+    let net = SimNet::new(p, cfg.clone());
+    let origin = Instant::now();
+    let data = payload(lens.iter().copied().max().unwrap_or(0));
+    let mcfg = ferrocomm_multicast::Config { size: p, ..mcfg.clone() };
+    let mut ranks: Vec<McastRank> = (0..p)
+        .map(|r| {
+            let outbox =
+                if r == 0 { lens.iter().map(|&n| data.slice(..n.min(data.len()))).collect() } else { Vec::new() };
+            let expect = if r == 0 { 0 } else { lens.len() };
+            let rank = McastRank::new(Node::with_defaults(&net, r), &net, origin, mcfg.clone(), outbox, expect);
+            let share = if r % 2 == 1 { drop } else { 0.0 };
+            rank.with_drop(share, cfg.seed ^ (u64::from(r) << 32) ^ 0x6d63)
+        })
+        .collect();
+    run(&net, &mut ranks, 3_600_000_000_000, |_, _| {}).map_err(|e| e.to_string())?;
+    if let Some(e) = ranks.iter().flat_map(|r| r.errors.first()).next() {
+        return Err(e.clone());
+    }
+    for (r, rank) in ranks.iter().enumerate().skip(1) {
+        if rank.got.len() != lens.len() || rank.got.iter().zip(lens).any(|((_, m), &n)| m.len() != n) {
+            return Err(format!("rank {r} did not read the stream intact"));
+        }
+    }
+    let start = ranks[0].first_send_at.ok_or("the root never sent")?;
+    let time = ranks.iter().filter_map(|r| r.read_all_at).max().unwrap_or(start) - start;
+    Ok(StreamRun { time, stats: ranks.iter().map(|r| r.core().stats().clone()).collect() })
+}

@@ -126,3 +126,24 @@ fn a_coroot_dying_mid_stream_on_1024_ranks_ends_the_channel_everywhere() {
     }
     assert!(ranks.iter().any(|r| !r.got.is_empty()), "the stream was under way");
 }
+
+/// The selection table's multicast tier: on the simulated network (the default one of
+/// `ferrocomm-bench sim-scale`) a broadcast by reliable multicast loses to a binomial one at
+/// `MULTICAST_BCAST_RANKS` ranks and wins above, from 8 B to `MULTICAST_BCAST_MAX`.
+#[test]
+fn the_selection_tables_crossover_holds_on_the_simulated_network() {
+    use ferrocomm_collectives::select::{MULTICAST_BCAST_MAX, MULTICAST_BCAST_RANKS};
+    use ferrocomm_sim::model::Op;
+    use ferrocomm_sim::scale::measure;
+    let cfg = NetConfig { link: Link::new(2_000, 10.0), ..NetConfig::default() };
+    let at = MULTICAST_BCAST_RANKS;
+    for (bytes, above) in [(8, vec![at + 1, 8, 32]), (MULTICAST_BCAST_MAX, vec![at + 1, 8])] {
+        let time = |op, p| measure(op, p, bytes, &cfg).expect("the run finishes").sim_ns;
+        let (b, m) = (time(Op::Bcast(ferrocomm::Algorithm::Binomial), at), time(Op::McastBcast, at));
+        assert!(m >= b, "{bytes} B on {at} ranks: multicast {m} ns, binomial {b} ns");
+        for p in above {
+            let (b, m) = (time(Op::Bcast(ferrocomm::Algorithm::Binomial), p), time(Op::McastBcast, p));
+            assert!(m < b, "{bytes} B on {p} ranks: multicast {m} ns, binomial {b} ns");
+        }
+    }
+}

@@ -6,9 +6,9 @@ use super::*;
 /// Why an all-to-all of `data` into `out` over `n` ranks cannot be made, if it cannot.
 pub(super) fn alltoall_misfit<T>(data: &[T], out: &[T], n: u32) -> Option<Error> {
     if !data.len().is_multiple_of(n as usize) {
-        Some(Error::Invalid(format!("{} elements do not split into {n} parts", data.len())))
+        Some(InvalidArgument::Indivisible { len: data.len(), parts: n as usize }.into())
     } else if out.len() != data.len() {
-        Some(Error::Invalid(format!("all-to-all of {} elements into {}", data.len(), out.len())))
+        Some(InvalidArgument::LengthMismatch { expected: size_of_val(data), got: size_of_val(out) }.into())
     } else {
         None
     }
@@ -135,7 +135,7 @@ impl Comm {
         let direct = (alg == Algorithm::SingleCopy).then(|| {
             let out: &mut [u8] = bytemuck::cast_slice_mut(out);
             if out.len() != n as usize * len {
-                return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
+                return Err(InvalidArgument::LengthMismatch { expected: n as usize * len, got: out.len() }.into());
             }
             out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
             self.lend(data, lend)
@@ -300,10 +300,8 @@ impl Comm {
                 let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
                 for (i, b) in got.iter().enumerate().filter(|&(i, _)| i != r as usize) {
                     if b.len() != part {
-                        return Err(Error::Invalid(format!(
-                            "all-to-all part of {} bytes from rank {i}, not {part}",
-                            b.len()
-                        )));
+                        let why = "an all-to-all part of another length";
+                        return Err(CollError::Malformed { from: i as u32, why }.into());
                     }
                     bytes[i * part..(i + 1) * part].copy_from_slice(b);
                 }
@@ -361,8 +359,10 @@ impl Comm {
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let n = self.size() as usize;
         let total = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c)).unwrap_or(usize::MAX);
-        let early = if counts.len() != n || total != len {
-            Some(Error::Invalid(format!("{} counts summing to {total} for {n} ranks and {len} elements", counts.len())))
+        let early = if counts.len() != n {
+            Some(InvalidArgument::CountMismatch { expected: n, got: counts.len() }.into())
+        } else if total != len {
+            Some(InvalidArgument::CountSum { sum: total, len }.into())
         } else {
             check_op(&op).err()
         };
@@ -407,7 +407,7 @@ impl Comm {
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         let run = self.scan_with(to_bytes(buf), op, true);
         async move {
-            let out = run.await?.ok_or_else(|| Error::Invalid("scan produced nothing".into()))?;
+            let out = run.await?.ok_or_else(|| Error::Internal { what: "an inclusive scan produced no result" })?;
             copy_into(buf, &out)
         }
     }

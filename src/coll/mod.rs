@@ -51,7 +51,7 @@ use ferrocomm_transports::Rank;
 use smallvec::SmallVec;
 
 use crate::api::world::{COLLECTIVE_BIT, Comm, Group, Message, Op, derive_context};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::multicast::{Channel, TokenBarrier};
 use crate::observe::coll::Observe;
 use crate::p2p::Status;
@@ -67,7 +67,7 @@ fn to_bytes<T: Element>(data: &[T]) -> Bytes {
 
 fn to_vec<T: Element>(b: &Bytes) -> Result<Vec<T>> {
     if !b.len().is_multiple_of(size_of::<T>()) {
-        return Err(Error::Invalid(format!("{} bytes are not a whole number of {}", b.len(), T::NAME)));
+        return Err(InvalidArgument::PartialElement { len: b.len(), element: T::NAME }.into());
     }
     Ok(bytemuck::pod_collect_to_vec(b))
 }
@@ -75,7 +75,7 @@ fn to_vec<T: Element>(b: &Bytes) -> Result<Vec<T>> {
 fn copy_into<T: Element>(out: &mut [T], b: &Bytes) -> Result<()> {
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
     if bytes.len() != b.len() {
-        return Err(Error::Invalid(format!("expected {} bytes, the collective produced {}", bytes.len(), b.len())));
+        return Err(InvalidArgument::LengthMismatch { expected: b.len(), got: bytes.len() }.into());
     }
     bytes.copy_from_slice(b);
     Ok(())
@@ -86,7 +86,7 @@ fn copy_parts<T: Element, P: AsRef<[u8]>>(out: &mut [T], parts: &[P]) -> Result<
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
     let total: usize = parts.iter().map(|p| p.as_ref().len()).sum();
     if total != bytes.len() {
-        return Err(Error::Invalid(format!("expected {} bytes, the collective produced {total}", bytes.len())));
+        return Err(InvalidArgument::LengthMismatch { expected: total, got: bytes.len() }.into());
     }
     let mut at = 0;
     for p in parts {
@@ -159,7 +159,9 @@ impl Future for Collective<'_> {
                 let parts = std::task::ready!(Pin::new(call.get()).poll(cx))?;
                 Poll::Ready(deliver(out.take(), &parts, *ranks))
             }
-            Collective::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| Err(Error::Invalid("polled again".into())))),
+            Collective::Ready(r) => {
+                Poll::Ready(r.take().unwrap_or_else(|| Err(InvalidArgument::PolledAfterCompletion.into())))
+            }
             Collective::Boxed(f) => f.as_mut().poll(cx),
         }
     }
@@ -172,7 +174,7 @@ fn copy_gathered<T: Element, P: AsRef<[u8]>>(out: &mut [T], pieces: &[P], ranks:
     let pieces = || pieces.iter().map(AsRef::as_ref);
     let total: usize = pieces().map(<[u8]>::len).sum();
     if total != bytes.len() || pieces().any(|p| !p.len().is_multiple_of(ranks)) {
-        return Err(Error::Invalid(format!("expected {} bytes, the all-gather produced {total}", bytes.len())));
+        return Err(InvalidArgument::LengthMismatch { expected: total, got: bytes.len() }.into());
     }
     let block = total / ranks;
     let mut at = 0;
@@ -187,7 +189,16 @@ fn copy_gathered<T: Element, P: AsRef<[u8]>>(out: &mut [T], pieces: &[P], ranks:
 }
 
 fn check_op<T: Element>(op: &ReduceOp<T>) -> Result<()> {
-    if op.supported() { Ok(()) } else { Err(Error::Invalid(format!("{op:?} is not defined on {}", T::NAME))) }
+    if op.supported() {
+        return Ok(());
+    }
+    let op = match op {
+        ReduceOp::BitAnd => "BitAnd",
+        ReduceOp::BitOr => "BitOr",
+        ReduceOp::BitXor => "BitXor",
+        _ => "this operator",
+    };
+    Err(InvalidArgument::UnsupportedOp { op, element: T::NAME }.into())
 }
 
 #[cfg(test)]

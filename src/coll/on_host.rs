@@ -184,7 +184,7 @@ impl Comm {
     /// This communicator's shared-memory board, opened on first use.
     pub(super) fn board(&self) -> Result<&Arc<board::HostBoard>> {
         let seg = self.coll().board.get_or_init(|| {
-            let job = self.inner().shm_job.as_deref().ok_or_else(|| Error::Invalid("no shared memory".into()))?;
+            let job = self.inner().shm_job.as_deref().ok_or_else(|| Error::from(InvalidArgument::NoSharedMemory))?;
             board::HostBoard::open(self, job).map(Arc::new)
         });
         seg.as_ref().map_err(Clone::clone)

@@ -14,11 +14,15 @@
 //! moves, and it is handed back only after the in-place future is gone ([`Owning`]). The
 //! reduce-scatter and the scan copy their input into the call anyway; their owned forms hand the
 //! vector itself to the call as the message bytes, without a copy.
+//!
+//! A failed owned call does not cost the caller its buffer: the error ([`OwnedError`]) carries
+//! it, so a loop can retry the call or reuse the memory.
 
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 use super::*;
+use crate::error::OwnedError;
 
 /// A vector taken apart, so that no `Vec` (whose moves assert that it owns its block) exists
 /// while a future borrows the block.
@@ -94,16 +98,22 @@ impl<T, F> Owning<T, F> {
 }
 
 impl<T, R, F: Future<Output = Result<R>>> Future for Owning<T, F> {
-    type Output = Result<(R, Vec<T>)>;
+    type Output = Result<(R, Vec<T>), OwnedError<T>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // SAFETY: `fut` is structurally pinned: it is never moved out of `self` (only dropped in
         // place, in `finish`).
         let fut = unsafe { self.as_mut().map_unchecked_mut(|s| &mut s.fut) }.as_pin_mut();
-        let Some(fut) = fut else { return Poll::Ready(Err(Error::Invalid("polled after completion".into()))) };
+        let Some(fut) = fut else {
+            let error = InvalidArgument::PolledAfterCompletion.into();
+            return Poll::Ready(Err(OwnedError { error, buffer: Vec::new() }));
+        };
         let r = std::task::ready!(fut.poll(cx));
-        let v = self.finish().expect("the vector is given back once, with the future's result");
-        Poll::Ready(r.map(|r| (r, v)))
+        let buffer = self.finish().expect("the vector is given back once, with the future's result");
+        Poll::Ready(match r {
+            Ok(r) => Ok((r, buffer)),
+            Err(error) => Err(OwnedError { error, buffer }),
+        })
     }
 }
 
@@ -129,11 +139,18 @@ pub(super) fn vec_bytes<T: Element>(v: Vec<T>) -> Bytes {
     Bytes::from_owner(VecBytes(v))
 }
 
+/// The buffer behind `bytes` (made by [`vec_bytes`]) for an [`OwnedError`]: a copy, since the
+/// transport may still hold the bytes.
+fn failed<T: Element>(error: Error, bytes: &Bytes) -> OwnedError<T> {
+    OwnedError { error, buffer: bytemuck::pod_collect_to_vec(bytes) }
+}
+
 impl Comm {
     /// [`Comm::allreduce`] on an owned buffer: combines every rank's `buf` with `op` and returns
     /// it holding the result. The future borrows nothing (`Send + 'static`): it may be
     /// `tokio::spawn`ed to run while the caller computes. The call takes its place among the
-    /// communicator's collectives when made, not when first polled.
+    /// communicator's collectives when made, not when first polled. On failure the error
+    /// carries `buf` back ([`OwnedError`]); `?` turns it into an [`Error`].
     ///
     /// ```no_run
     /// # async fn demo(comm: ferrocomm::Comm, other: Vec<f32>) -> ferrocomm::Result<()> {
@@ -149,7 +166,7 @@ impl Comm {
         &self,
         buf: Vec<T>,
         op: ReduceOp<T>,
-    ) -> impl Future<Output = Result<Vec<T>>> + Send + 'static + use<T> {
+    ) -> impl Future<Output = Result<Vec<T>, OwnedError<T>>> + Send + 'static + use<T> {
         // SAFETY: `allreduce` is generic in the buffer's lifetime.
         let call = unsafe { Owning::start(buf, |b| self.allreduce(b, op)) };
         async move { call.await.map(|((), v)| v) }
@@ -162,7 +179,7 @@ impl Comm {
         &self,
         root: Rank,
         buf: Vec<T>,
-    ) -> impl Future<Output = Result<Vec<T>>> + Send + 'static + use<T> {
+    ) -> impl Future<Output = Result<Vec<T>, OwnedError<T>>> + Send + 'static + use<T> {
         // SAFETY: `broadcast` is generic in the buffer's lifetime.
         let call = unsafe { Owning::start(buf, |b| self.broadcast(root, b)) };
         async move { call.await.map(|((), v)| v) }
@@ -175,7 +192,7 @@ impl Comm {
         root: Rank,
         data: Vec<T>,
         op: ReduceOp<T>,
-    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + 'static + use<T> {
+    ) -> impl Future<Output = Result<Option<Vec<T>>, OwnedError<T>>> + Send + 'static + use<T> {
         // SAFETY: `reduce` is generic in the data's lifetime.
         let call = unsafe { Owning::start(data, |d| self.reduce(root, &*d, op)) };
         async move { call.await.map(|(out, _)| out) }
@@ -189,9 +206,11 @@ impl Comm {
         data: Vec<T>,
         counts: &[usize],
         op: ReduceOp<T>,
-    ) -> impl Future<Output = Result<Vec<T>>> + Send + 'static + use<T> {
+    ) -> impl Future<Output = Result<Vec<T>, OwnedError<T>>> + Send + 'static + use<T> {
         let len = data.len();
-        self.reduce_scatter_with(vec_bytes(data), len, counts, op)
+        let data = vec_bytes(data);
+        let run = self.reduce_scatter_with(data.clone(), len, counts, op);
+        async move { run.await.map_err(|e| failed(e, &data)) }
     }
 
     /// [`Comm::scan`] (inclusive prefix reduction) of an owned buffer, which becomes the call's
@@ -201,8 +220,13 @@ impl Comm {
         &self,
         data: Vec<T>,
         op: ReduceOp<T>,
-    ) -> impl Future<Output = Result<Vec<T>>> + Send + 'static + use<T> {
-        let run = self.scan_with(vec_bytes(data), op, true);
-        async move { to_vec(&run.await?.ok_or_else(|| Error::Invalid("scan produced nothing".into()))?) }
+    ) -> impl Future<Output = Result<Vec<T>, OwnedError<T>>> + Send + 'static + use<T> {
+        let data = vec_bytes(data);
+        let run = self.scan_with(data.clone(), op, true);
+        async move {
+            let out =
+                run.await.and_then(|out| out.ok_or(Error::Internal { what: "an inclusive scan produced no result" }));
+            out.and_then(|out| to_vec(&out)).map_err(|e| failed(e, &data))
+        }
     }
 }

@@ -41,7 +41,7 @@ impl Comm {
                 .await;
             }
             match plan {
-                None => Err(Error::Invalid("a multicast barrier without its channel".into())),
+                None => Err(Error::Internal { what: "a multicast barrier planned without its channel" }),
                 Some(Ok(run)) => run?.await.map(drop),
                 Some(Err(hier)) => {
                     Box::pin(async move {
@@ -106,7 +106,7 @@ impl Comm {
         data: Option<Bytes>,
     ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
         let early = match (&data, self.rank() == root) {
-            (None, true) => Some(Error::Invalid("the root must provide the data".into())),
+            (None, true) => Some(InvalidArgument::RootWithoutData { op: "broadcast" }.into()),
             _ => None,
         };
         let obs = self.observe(Operation::Bcast, Algorithm::Binomial, data.as_ref().map_or(0, Bytes::len));
@@ -178,7 +178,7 @@ impl Comm {
                             have = Some(ops::bcast_result(&Comm::drive(slot, m).await?, n, Algorithm::Binomial)?);
                         }
                         have.map(|b| vec![b])
-                            .ok_or_else(|| Error::Invalid("hierarchical broadcast ended without data".into()))
+                            .ok_or_else(|| Error::Internal { what: "a hierarchical broadcast ended without data" })
                     })
                     .await
                 }
@@ -318,7 +318,7 @@ impl Comm {
         let n = self.size() as usize;
         let parts = match data {
             Some(d) if !d.len().is_multiple_of(n) => {
-                Err(Error::Invalid(format!("{} elements do not split into {n} parts", d.len())))
+                Err(InvalidArgument::Indivisible { len: d.len(), parts: n }.into())
             }
             Some(d) => {
                 let k = d.len() / n;
@@ -357,9 +357,9 @@ impl Comm {
         let (r, n) = (self.rank(), self.size());
         let early = self.check_root(root).or_else(|| match (&parts, r == root) {
             (Some(p), true) if p.len() != n as usize => {
-                Some(Error::Invalid(format!("{} parts for {n} ranks", p.len())))
+                Some(InvalidArgument::CountMismatch { expected: n as usize, got: p.len() }.into())
             }
-            (None, true) => Some(Error::Invalid("the root must provide the parts".into())),
+            (None, true) => Some(InvalidArgument::RootWithoutData { op: "scatter" }.into()),
             _ => None,
         });
         // Bytes the root sends (what the others receive is known only once it arrives).

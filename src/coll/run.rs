@@ -45,7 +45,7 @@ impl Incoming {
         };
         match r {
             Poll::Ready(r) => r,
-            Poll::Pending => Err(Error::Invalid("a collective receive taken before it completed".into())),
+            Poll::Pending => Err(Error::Internal { what: "a collective receive taken before it completed" }),
         }
     }
 }
@@ -130,7 +130,7 @@ impl Comm {
                 break;
             }
             if recvs.is_empty() {
-                return Err(Error::Invalid("collective waits with nothing posted".into()));
+                return Err(Error::Internal { what: "a collective waits with nothing posted" });
             }
             if !recvs.iter().any(|r| r.3.is_ready()) {
                 let mut wait = Wait::default();

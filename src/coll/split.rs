@@ -14,7 +14,7 @@ impl Comm {
         for (r, b) in all.iter().enumerate() {
             let v: Vec<u64> = to_vec(b)?;
             if v.len() != 2 {
-                return Err(Error::Invalid(format!("rank {r} sent a malformed split request")));
+                return Err(CollError::Malformed { from: r as u32, why: "a split request of another length" }.into());
             }
             if v[0] == u64::from(color) {
                 members.push((v[1], r as Rank));

@@ -1,12 +1,17 @@
 //! The one error type of the public API.
 
+pub(crate) mod invalid;
 pub(crate) mod job;
+pub(crate) mod owned;
 pub(crate) mod rma;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use ferrocomm_transports::{Rank, TransportError};
+
+pub use invalid::InvalidArgument;
+pub use owned::OwnedError;
 
 /// The error of a layer below, kept as it came: [`std::error::Error::source`] of an [`Error`]
 /// gives it as itself, to downcast (to [`std::io::Error`], [`crate::bootstrap::kv::KvError`],
@@ -135,9 +140,17 @@ pub enum Error {
     /// arguments are inconsistent.
     #[error(transparent)]
     Collective(#[from] ferrocomm_collectives::CollError),
-    /// The arguments of a call cannot work (mismatched lengths, an unsupported operator, ...).
+    /// The arguments of a call cannot work (mismatched lengths, an unsupported operator, ...):
+    /// which mistake, with the values that show it.
     #[error("invalid argument: {0}")]
-    Invalid(String),
+    Invalid(#[from] InvalidArgument),
+    /// An invariant of ferrocomm itself does not hold: a bug in ferrocomm, reported rather than
+    /// panicking. `what` names the invariant.
+    #[error("internal error (a bug in ferrocomm): {what}")]
+    Internal {
+        /// The invariant that failed.
+        what: &'static str,
+    },
     /// A one-sided operation was refused (bounds, rights, alignment, an unknown or unpublished
     /// segment, ...); the target memory is untouched.
     #[error(transparent)]

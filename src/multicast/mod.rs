@@ -568,7 +568,7 @@ pub(crate) async fn drain(rank: Rank, channel: Option<&Channel>, barrier: Option
 /// rank returns the data. For the collectives table.
 pub async fn broadcast(chan: &Channel, root: Rank, data: Option<Bytes>) -> Result<Bytes> {
     if chan.rank() == root {
-        let data = data.ok_or_else(|| Error::Invalid("the root of a broadcast must give the data".into()))?;
+        let data = data.ok_or_else(|| Error::from(crate::InvalidArgument::RootWithoutData { op: "broadcast" }))?;
         chan.send(data.clone()).await?;
         Ok(data)
     } else {

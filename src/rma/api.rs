@@ -541,16 +541,19 @@ impl<T: Send + 'static> RmaOp<T> {
                 let drive = async move { std::future::poll_fn(|cx| retry.poll(cx)).await };
                 match tokio::runtime::Handle::try_current() {
                     Ok(h) => _ = h.spawn(async move { shared.complete(drive.await) }),
-                    Err(_) => {
-                        shared.complete(Err(Error::Invalid("an enqueue waiting for room needs a tokio runtime".into())))
-                    }
+                    Err(_) => shared
+                        .complete(
+                            Err(crate::InvalidArgument::NoRuntime { what: "an enqueue waiting for room" }.into()),
+                        ),
                 }
             }
             St::Chain(f) => {
                 let shared = ev.shared.clone();
                 match tokio::runtime::Handle::try_current() {
                     Ok(h) => _ = h.spawn(async move { shared.complete(f.await.map(drop)) }),
-                    Err(_) => shared.complete(Err(Error::Invalid("a chained operation needs a tokio runtime".into()))),
+                    Err(_) => {
+                        shared.complete(Err(crate::InvalidArgument::NoRuntime { what: "a chained operation" }.into()))
+                    }
                 }
             }
             St::Done => ev.shared.complete(Err(Error::Shutdown)),
@@ -751,7 +754,7 @@ impl World {
     /// peers on this host map; the returned handle keeps it.
     pub fn publish(&self, len: usize, access: Access) -> Result<Segment> {
         if !Access::WINDOW.contains(access) {
-            return Err(Error::Invalid(format!("a window allows {:?} at most, not {access:?}", Access::WINDOW)));
+            return Err(crate::InvalidArgument::WindowAccess { asked: access, allowed: Access::WINDOW }.into());
         }
         self.new_segment(len, access, SegmentKind::Window)
     }
@@ -767,10 +770,8 @@ impl World {
     /// bytes (1 to 4096) that peers enqueue into.
     pub fn publish_queue(&self, record: usize, capacity: usize) -> Result<Queue> {
         if !queue_shape_ok(record, capacity) {
-            return Err(Error::Invalid(format!(
-                "a queue needs records of 1 to {MAX_RECORD} bytes and a power-of-two capacity up to {MAX_CAPACITY}, \
-                 not {record} and {capacity}"
-            )));
+            let (max_record, max_capacity) = (MAX_RECORD, MAX_CAPACITY);
+            return Err(crate::InvalidArgument::QueueShape { record, capacity, max_record, max_capacity }.into());
         }
         let seg = self.new_segment(0, Access::QUEUE, SegmentKind::Queue { record, capacity })?;
         Ok(Queue { seg, record })
@@ -807,7 +808,10 @@ impl World {
             Remote { id, info, mapped: Some(mem), lost: OnceLock::new(), native, revoked: false.into() }
         } else {
             if inner.settings.max_message < MIN_MESSAGE {
-                return Err(Error::Invalid(format!("one-sided operations need max_message of {MIN_MESSAGE} bytes")));
+                let max_message = inner.settings.max_message;
+                return Err(
+                    crate::InvalidArgument::MessageLimit { rank: None, max_message, needed: MIN_MESSAGE }.into()
+                );
             }
             let serial = id.serial();
             let reply = emulated(&inner, id, |req| vec![Msg::Attach { req, serial }], raw).await?;
@@ -815,11 +819,8 @@ impl World {
                 return Err(rma(RmaError::Malformed { rank: id.owner(), what: "attach answered without a segment" }));
             };
             if info.max_message < MIN_MESSAGE {
-                return Err(Error::Invalid(format!(
-                    "rank {} receives messages of {} bytes at most",
-                    id.owner(),
-                    info.max_message
-                )));
+                let (rank, max_message) = (Some(id.owner()), info.max_message);
+                return Err(crate::InvalidArgument::MessageLimit { rank, max_message, needed: MIN_MESSAGE }.into());
             }
             let route = inner.reactor.with(|d| d.transport.name_for(id.owner()));
             let mapped = if route == "shm" { map_peer(id, &info) } else { None };
@@ -1049,7 +1050,8 @@ impl World {
             return GetOp { op: Some(Box::new(pending)), failed: None, dst };
         }
         if inner.settings.max_message < MIN_MESSAGE {
-            let e = Error::Invalid(format!("one-sided operations need max_message of {MIN_MESSAGE} bytes"));
+            let max_message = inner.settings.max_message;
+            let e = crate::InvalidArgument::MessageLimit { rank: None, max_message, needed: MIN_MESSAGE }.into();
             return GetOp::failed(e, dst);
         }
         let chunk = inner.settings.max_message.min(MAX_CHUNK) - OVERHEAD;

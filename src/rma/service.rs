@@ -255,7 +255,7 @@ impl Service {
     /// A fresh serial for a segment about to be published.
     pub(crate) fn reserve(&mut self) -> Result<u32, Error> {
         let s = self.next_serial;
-        self.next_serial = s.checked_add(1).ok_or_else(|| Error::Invalid("segment ids exhausted".into()))?;
+        self.next_serial = s.checked_add(1).ok_or_else(|| Error::from(crate::InvalidArgument::SegmentIdsExhausted))?;
         Ok(s)
     }
 

@@ -613,3 +613,109 @@ fn coroots_never_nack_when_their_copies_lag_the_multicast() {
     // The leaves miss nothing either: the root hears no NACK at all.
     assert_eq!(s.cores[0].stats().nacks_received, 0);
 }
+
+/// Drops, once, the last datagram of message `seq` of root 0 on its way to `to`.
+fn drop_last_fragment(to: Rank, seq: u32) -> (DropIf, std::rc::Rc<std::cell::Cell<bool>>) {
+    let dropped = std::rc::Rc::new(std::cell::Cell::new(false));
+    let d2 = dropped.clone();
+    let f: DropIf = Box::new(move |r, d| {
+        let last = d[5] == 1 && u16::from_be_bytes([d[32], d[33]]) + 1 == u16::from_be_bytes([d[6], d[7]]);
+        let hit = r == to && d[24..28] == seq.to_be_bytes() && last && !d2.get();
+        if hit {
+            d2.set(true);
+        }
+        hit
+    });
+    (f, dropped)
+}
+
+/// Tail loss: nothing later arrives to reveal a lost last datagram, so the root's tail probe
+/// (when the window fills, and `ack_delay` after its last send) makes the receiver ask at once;
+/// the collector's retransmission timeout never has to fire.
+#[test]
+fn a_lost_tail_is_asked_for_after_the_tail_probe() {
+    // The stream's last message, and the message that fills the window.
+    for (count, window) in [(12usize, 16usize), (12, 4)] {
+        let mut s = Sim::new(4, |c| c.window = window);
+        s.confirm_groups();
+        let last = (count.min(window) - 1) as u32;
+        let (f, dropped) = drop_last_fragment(2, last);
+        s.drop_if = Some(f);
+        s.outbox[0] = (0..count).map(|i| Bytes::from(vec![i as u8; 1000])).collect();
+        let ok = s.run(Duration::from_secs(5), |s| s.all_received(0, count) && s.cores[0].in_flight() == 0);
+        assert!(ok && dropped.get(), "window {window}");
+        assert_eq!(s.got[2][0][last as usize], Bytes::from(vec![last as u8; 1000]));
+        let (root, leaf) = (s.cores[0].stats(), s.cores[2].stats());
+        assert!(root.tail_probes >= 1, "window {window}: {root:?}");
+        assert_eq!(leaf.nacks_sent, 1, "window {window}: {leaf:?}");
+        assert_eq!(root.retransmissions, 1, "window {window}: one NACK, one retransmission, no timeout");
+    }
+}
+
+/// A tail probe (like any later arrival) makes a leaf ask for every missing run below it at once,
+/// each run in a NACK of its own, and not again while the answer may be on its way.
+#[test]
+fn every_missing_run_below_the_tail_is_asked_for_at_once() {
+    let t0 = Instant::now();
+    let c = cfg(2, 4);
+    let mut leaf = McastCore::new(c.clone(), t0);
+    assert_eq!(leaf.receiver(0, t0).target, 0, "rank 2 acknowledges to the root");
+    for seq in [0u32, 2, 4] {
+        for d in wire::encode_data(c.job, c.channel, 0, seq, &[seq as u8; 10], c.datagram) {
+            leaf.handle_datagram(t0, d).unwrap();
+        }
+    }
+    let nacks = |leaf: &mut McastCore| {
+        let mut v = Vec::new();
+        while let Some(t) = leaf.poll_transmit() {
+            if let Transmit::Unicast { to, msg } = t
+                && let Ok(Control::Nack { from, to: end, .. }) = Control::decode(msg, 4)
+            {
+                v.push((to, from, end));
+            }
+        }
+        v
+    };
+    assert_eq!(nacks(&mut leaf), [(0, 1, 2), (0, 3, 4)]);
+    leaf.handle_datagram(t0, wire::encode_tail(c.job, c.channel, 0, 7)).unwrap();
+    assert_eq!(nacks(&mut leaf), [(0, 5, 7)], "only what was not asked for yet");
+    leaf.handle_datagram(t0, wire::encode_tail(c.job, c.channel, 0, 7)).unwrap();
+    assert_eq!(nacks(&mut leaf), [], "the answers may be on their way");
+    let later = t0 + c.rto_initial;
+    leaf.handle_datagram(later, wire::encode_tail(c.job, c.channel, 0, 7)).unwrap();
+    assert_eq!(nacks(&mut leaf), [(0, 1, 2), (0, 3, 4), (0, 5, 7)], "asked again after the initial RTO");
+    // A probe with a payload is malformed.
+    let mut bad = BytesMut::from(&wire::encode_tail(c.job, c.channel, 0, 7)[..]);
+    bad.extend_from_slice(b"x");
+    assert!(leaf.handle_datagram(later, bad.freeze()).is_err());
+}
+
+/// A co-root asked for messages its own copies have not brought yet retransmits each of them as
+/// it comes, and only those.
+#[test]
+fn a_coroot_serves_a_nack_for_messages_it_gets_later() {
+    let t0 = Instant::now();
+    let c = cfg(1, 4);
+    let mut coroot = McastCore::new(c.clone(), t0);
+    assert!(coroot.receiver(0, t0).coroot.is_some());
+    let nack = Control::Nack { root: 0, from: 1, to: 3 }.encode();
+    coroot.handle_control(t0, 3, nack).unwrap();
+    let sent = |core: &mut McastCore| {
+        let mut v = Vec::new();
+        while let Some(t) = core.poll_transmit() {
+            if let Transmit::Unicast { to, msg } = t
+                && let Ok(Control::Data { seq, copy: false, .. }) = Control::decode(msg, 4)
+            {
+                v.push((to, seq));
+            }
+        }
+        v
+    };
+    assert_eq!(sent(&mut coroot), []);
+    for seq in 0..4u32 {
+        let copy = Control::Data { root: 0, seq, copy: true, data: Bytes::from(vec![seq as u8; 5]) }.encode();
+        coroot.handle_control(t0, 0, copy).unwrap();
+    }
+    assert_eq!(sent(&mut coroot), [(3, 1), (3, 2)]);
+    assert_eq!(coroot.stats().retransmissions, 2);
+}
