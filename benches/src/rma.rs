@@ -248,9 +248,9 @@ async fn pair(w: &World) -> Result<Value> {
         let dst = aligned(&mut dst_buf);
         for size in SIZES {
             let n = (BW_BYTES / size / if tcp || device { 16 } else { 1 }).max(4);
-            // Warm-up as `ucx_perftest`'s (a tenth of the iterations, at most 10,000): the first
-            // pass maps the peer's pages into this process and brings the buffers into cache.
-            let warm = (n / 10).clamp(1, 10_000);
+            // Warm-up as `ucx_perftest`'s (`ucx_perf_set_warmup`: a tenth of the iterations
+            // rounded up, at most 10,000), so that both timed loops start with warm caches.
+            let warm = n.div_ceil(10).min(10_000);
             let mut times = Vec::with_capacity(warm + n);
             let mut t0 = Instant::now();
             for i in 0..warm + n {
