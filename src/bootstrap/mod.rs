@@ -15,6 +15,8 @@
 pub mod env;
 pub mod kv;
 pub(crate) mod notices;
+pub(crate) mod pmi;
+pub(crate) mod pmix;
 pub(crate) mod rails;
 pub(crate) mod rendezvous;
 pub(crate) mod routes;
