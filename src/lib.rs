@@ -49,7 +49,8 @@ pub use ferrocomm_transports::{Rank, TransportError, WireError};
 pub use observe::{PeerState, PeerStats};
 pub use p2p::{Source, Status, TagMatch};
 pub use rma::{
-    Access, ArrayView, Event, Geometry, GetOp, Queue, RemoteSegment, RmaError, RmaOp, Segment, SegmentId, Side, Ticket,
+    Access, ArrayView, Event, Geometry, GetOp, RemoteQueue, RemoteSegment, RmaError, RmaOp, Segment, SegmentId, Side,
+    Ticket,
 };
 
 /// The README's examples compile.

@@ -326,7 +326,7 @@ mod send {
         assert_spawnable(&c.scan_owned(vec![0f32], ReduceOp::Sum));
     }
 
-    fn one_sided(c: &World, seg: Segment, queue: ferrocomm::Queue, remote: &RemoteSegment, buf: &mut [u8]) {
+    fn one_sided(c: &World, seg: Segment, queue: ferrocomm::RemoteQueue, remote: &RemoteSegment, buf: &mut [u8]) {
         assert_send(&c.attach(seg.id()));
         assert_spawnable(&c.put(remote, 0, b"x"));
         assert_spawnable(&c.put_notify(remote, 0, b"x"));

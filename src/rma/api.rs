@@ -1,4 +1,4 @@
-//! The one-sided API: segments a rank publishes ([`Segment`], [`Queue`]), handles on its peers'
+//! The one-sided API: segments a rank publishes ([`Segment`], [`RemoteQueue`]), handles on its peers'
 //! ([`RemoteSegment`]), the operations on [`World`], and their completions ([`RmaOp`],
 //! [`GetOp`], [`Event`]).
 //!
@@ -223,12 +223,12 @@ impl Drop for Segment {
 /// owner takes them in order. Flow control is by slot: a producer waits while the queue is a
 /// whole capacity ahead of the owner.
 #[derive(Debug)]
-pub struct Queue {
+pub struct RemoteQueue {
     seg: Segment,
     record: usize,
 }
 
-impl Queue {
+impl RemoteQueue {
     /// The segment's global id (its peers attach it by this id).
     pub fn id(&self) -> SegmentId {
         self.seg.id()
@@ -254,7 +254,7 @@ impl Queue {
         self.len() == 0
     }
 
-    /// Takes the oldest record into `out` (exactly [`Queue::record_len`] bytes), if any.
+    /// Takes the oldest record into `out` (exactly [`RemoteQueue::record_len`] bytes), if any.
     pub fn try_dequeue_into(&self, out: &mut [u8]) -> Result<bool> {
         if out.len() != self.record {
             return Err(rma(RmaError::RecordSize { len: out.len() as u64, record: self.record as u64 }));
@@ -768,13 +768,13 @@ impl World {
 
     /// Publishes a remote queue of `capacity` records (a power of two, at most 2^20) of `record`
     /// bytes (1 to 4096) that peers enqueue into.
-    pub fn publish_queue(&self, record: usize, capacity: usize) -> Result<Queue> {
+    pub fn publish_queue(&self, record: usize, capacity: usize) -> Result<RemoteQueue> {
         if !queue_shape_ok(record, capacity) {
             let (max_record, max_capacity) = (MAX_RECORD, MAX_CAPACITY);
             return Err(crate::InvalidArgument::QueueShape { record, capacity, max_record, max_capacity }.into());
         }
         let seg = self.new_segment(0, Access::QUEUE, SegmentKind::Queue { record, capacity })?;
-        Ok(Queue { seg, record })
+        Ok(RemoteQueue { seg, record })
     }
 
     /// Attaches to segment `id` (one round trip to its owner, then cached: attaching again is

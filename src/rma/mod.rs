@@ -15,7 +15,7 @@
 //! * `hook`: the thin glue that runs the service inside the reactor's progress, over the
 //!   point-to-point engine on a reserved context, so the target serves requests without any call
 //!   by its application;
-//! * `api`: [`Segment`], [`RemoteSegment`], [`Queue`], [`Event`] and the operations on
+//! * `api`: [`Segment`], [`RemoteSegment`], [`RemoteQueue`], [`Event`] and the operations on
 //!   [`World`](crate::World).
 //!
 //! Routes: a peer reached over shared memory maps the owner's segment (`pidfd_getfd` of the
@@ -33,7 +33,7 @@ mod verbs;
 pub(crate) mod wire;
 
 pub use crate::error::rma::{Access, RmaError, SegmentId};
-pub use api::{Event, GetOp, Queue, RemoteSegment, RmaOp, Segment, Ticket};
+pub use api::{Event, GetOp, RemoteQueue, RemoteSegment, RmaOp, Segment, Ticket};
 pub use geometry::{ArrayView, Geometry, Side};
 
 #[cfg(test)]
