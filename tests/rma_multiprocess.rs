@@ -120,7 +120,9 @@ fn rdma_collectives_over_verbs() {
     if !verbs_here("rdma_collectives_over_verbs") {
         return;
     }
-    for (n, pin) in [(2, ""), (3, ""), (4, ""), (4, "allgather=rdma,alltoall=rdma"), (3, "allgather=rdma,alltoall=rdma")] {
+    for (n, pin) in
+        [(2, ""), (3, ""), (4, ""), (4, "allgather=rdma,alltoall=rdma"), (3, "allgather=rdma,alltoall=rdma")]
+    {
         let env = format!("FERROCOMM_COLL={pin}");
         let (code, text, took) = launch(n, "rdma-coll", "verbs", &[env.as_str()]);
         assert_eq!(code, Some(0), "verbs, {n} ranks, pinned {pin:?}:\n{text}");

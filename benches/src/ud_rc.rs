@@ -86,7 +86,9 @@ fn own() -> Result<Own> {
 pub(crate) fn main(o: Options) -> Result<()> {
     let exe = std::env::current_exe()?;
     let mut rows = Vec::new();
-    println!("ranks  init_ms  RC_QPs  UD_QPs  MRs  RC_reg_KiB  UD_reg_KiB  (per rank, mean over ranks; UD: the multicast channel)");
+    println!(
+        "ranks  init_ms  RC_QPs  UD_QPs  MRs  RC_reg_KiB  UD_reg_KiB  (per rank, mean over ranks; UD: the multicast channel)"
+    );
     for &n in &o.ranks {
         let mut child = Command::new(&exe)
             .args([JOB_COMMAND, "--n", &n.to_string()])
@@ -128,7 +130,8 @@ pub(crate) fn main(o: Options) -> Result<()> {
     let slope = |k: &str| (last[k].as_f64().unwrap_or(0.0) - first[k].as_f64().unwrap_or(0.0)) / peers;
     let base = |k: &str, s: f64| first[k].as_f64().unwrap_or(0.0) - s * (first["ranks"].as_f64().unwrap_or(0.0) - 1.0);
     let (qp_slope, mem_slope, init_slope) = (slope("rc_qps"), slope("mr_bytes"), slope("init_ms"));
-    let (qp_base, mem_base, init_base) = (base("rc_qps", qp_slope), base("mr_bytes", mem_slope), base("init_ms", init_slope));
+    let (qp_base, mem_base, init_base) =
+        (base("rc_qps", qp_slope), base("mr_bytes", mem_slope), base("init_ms", init_slope));
     println!(
         "\nper peer: {qp_slope:.2} RC queue pairs, {:.1} KiB registered, {init_slope:.2} ms of set-up; \
          fixed: {qp_base:.1} queue pairs, {:.1} KiB, {init_base:.1} ms",
@@ -137,7 +140,10 @@ pub(crate) fn main(o: Options) -> Result<()> {
     );
     let ud_bytes = last["ud_mr_bytes"].as_f64().unwrap_or(0.0);
     println!("model (per rank): RC to every peer vs one UD queue pair in the group (its pool does not grow)");
-    println!("{:>7}  {:>8}  {:>14}  {:>12}  {:>6}  {:>8}", "ranks", "RC QPs", "RC MiB", "RC set-up s", "UD QPs", "UD MiB");
+    println!(
+        "{:>7}  {:>8}  {:>14}  {:>12}  {:>6}  {:>8}",
+        "ranks", "RC QPs", "RC MiB", "RC set-up s", "UD QPs", "UD MiB"
+    );
     let mut model = Vec::new();
     for &n in &o.model {
         let p = (n - 1) as f64;

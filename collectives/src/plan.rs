@@ -120,7 +120,8 @@ mod tests {
     use super::*;
 
     /// Busy-polling ranks on one host that may read each other's memory.
-    const HOST: Facts = Facts { on_one_host: true, all_busy: true, all_single_copy: true, hosts: None, all_verbs: false };
+    const HOST: Facts =
+        Facts { on_one_host: true, all_busy: true, all_single_copy: true, hosts: None, all_verbs: false };
     /// Two hosts with several ranks each.
     const HOSTS: Facts =
         Facts { on_one_host: false, all_busy: true, all_single_copy: true, hosts: Some(true), all_verbs: false };

@@ -154,7 +154,8 @@ impl Comm {
             Box::pin(obs.wrap(async move {
                 if let Some(call) = rdma {
                     let (slot, turn, src) = call?;
-                    return rdma::run(slot, turn, rdma::Shape::Allgather, src, len, bytemuck::cast_slice_mut(out)).await;
+                    return rdma::run(slot, turn, rdma::Shape::Allgather, src, len, bytemuck::cast_slice_mut(out))
+                        .await;
                 }
                 if let Some(call) = direct {
                     // Every other block straight from its rank's memory into `out`.

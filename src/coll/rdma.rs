@@ -139,7 +139,8 @@ async fn buffers(comm: &Comm, shared: &Shared, need: usize, tag: u64) -> Result<
     let (r, n) = (comm.rank(), comm.size());
     let sends: Vec<_> = (0..n).filter(|&j| j != r).map(|j| comm.send(j, tag, ids.clone())).collect();
     let recvs: Vec<_> = (0..n).filter(|&j| j != r).map(|j| comm.recv(j, tag)).collect();
-    let (_, got) = futures::future::try_join(futures::future::try_join_all(sends), futures::future::try_join_all(recvs)).await?;
+    let (_, got) =
+        futures::future::try_join(futures::future::try_join_all(sends), futures::future::try_join_all(recvs)).await?;
     let mut peers: Vec<Option<[RemoteSegment; 2]>> = (0..n).map(|_| None).collect();
     for (j, m) in (0..n).filter(|&j| j != r).zip(got) {
         let owner = comm.world_rank(j);
