@@ -6,10 +6,11 @@
 //!   through `place.sh`, which moves it onto the host of its rank;
 //! * **mpirun** (Open MPI): `--host A:2,B:2,C:2` with a remote shell (`--mca plm_rsh_agent
 //!   agent.sh`) whose "remote" hosts are the namespaces: Open MPI starts one `orted` per host
-//!   and each starts its ranks there; `-x FERROCOMM_COORD=<host 0>:<port>`, as
-//!   docs/deployment.md says for Open MPI across hosts;
+//!   and each starts its ranks there; no ferrocomm variable: rank 0 shares its address through
+//!   Open MPI's PMIx;
 //! * **mpiexec** (MPICH Hydra): `-launcher rsh -launcher-exec agent.sh -hosts A:2,B:2,C:2`, one
-//!   `hydra_pmi_proxy` per host, with `FERROCOMM_COORD` in the environment;
+//!   `hydra_pmi_proxy` per host; no ferrocomm variable: rank 0 shares its address through
+//!   Hydra's PMI;
 //! * **srun** (Slurm, one node brought up by scripts/slurm-local.sh): `srun place.sh ...`; no
 //!   ferrocomm variable at all: the store's host is the step's first node, whose name resolves to
 //!   host 0 inside the namespaces.
@@ -152,11 +153,6 @@ fn rank_args(cmd: &mut Command) {
     cmd.arg(std::env::current_exe().unwrap()).args(["--exact", "multihost_rank", "--nocapture", "--test-threads=1"]);
 }
 
-/// A store port for the launchers that need one named, distinct per test process.
-fn store_port() -> u16 {
-    29_000 + (std::process::id() % 900) as u16
-}
-
 #[test]
 fn ferrorun_across_namespace_hosts() {
     if !prerequisites("ferrorun_across_namespace_hosts") {
@@ -191,10 +187,11 @@ fn mpirun_across_namespace_hosts() {
         .args(["--mca", "plm_rsh_no_tree_spawn", "1"])
         // mpirun and its daemons talk over the bridge, the one network they share.
         .args(["--mca", "oob_tcp_if_include", &hosts.subnet])
-        .args(["-x", &format!("FERROCOMM_COORD={}:{}", hosts.hosts[0].addr, store_port())])
         .args(["-x", &format!("{SCENARIO}=full")]);
     rank_args(&mut cmd);
-    run_job("mpirun", &hosts, cmd);
+    let (text, _) = run_job("mpirun", &hosts, cmd);
+    // The store was found at host 0's address, which rank 0 shared through PMIx.
+    assert!(text.contains(&format!("store={}:", hosts.hosts[0].addr)), "{text}");
 }
 
 #[test]
@@ -213,10 +210,11 @@ fn mpiexec_across_namespace_hosts() {
         .args(["-hosts", &list.join(","), "-n", &RANKS.to_string()])
         // The proxies reach mpiexec at its address on the bridge.
         .args(["-localhost", &hosts.gateway])
-        .args(["-genv", "FERROCOMM_COORD", &format!("{}:{}", hosts.hosts[0].addr, store_port() + 1)])
         .args(["-genv", SCENARIO, "full"]);
     rank_args(&mut cmd);
-    run_job("mpiexec", &hosts, cmd);
+    let (text, _) = run_job("mpiexec", &hosts, cmd);
+    // The store was found at host 0's address, which rank 0 shared through Hydra's PMI.
+    assert!(text.contains(&format!("store={}:", hosts.hosts[0].addr)), "{text}");
 }
 
 #[test]

@@ -368,6 +368,29 @@ fn a_slow_direct_link_loses_large_messages_to_the_proxy_path() {
 }
 
 #[test]
+fn the_start_up_probe_sends_large_messages_around_a_slow_direct_link() {
+    if !prerequisites("the_start_up_probe_sends_large_messages_around_a_slow_direct_link") {
+        return;
+    }
+    let prefix = format!("fcq{}", std::process::id() % 100_000);
+    let hosts = ThreeHosts::new(&prefix).unwrap();
+    hosts.direct_link("20mbit").unwrap();
+    // No calibration file: the probe measures the hops (256 KiB bursts; the slow link's takes
+    // about 0.1 s).
+    let before = (hosts.tx_bytes(0, "ac"), hosts.tx_bytes(0, "ab"));
+    let out = hosts.run("split", "10.90.3.1", 29614, &[("FERROCOMM_ROUTE_PROBE_BYTES", (256 << 10).to_string())]);
+    for (rank, text) in out.iter().enumerate() {
+        assert!(text.contains("SPLIT-OK"), "rank {rank}:\n{text}");
+    }
+    assert!(out[1].contains("routes Direct Via(0)"), "{}", out[1]);
+    let (ac, ab) = (hosts.tx_bytes(0, "ac") - before.0, hosts.tx_bytes(0, "ab") - before.1);
+    println!("A sent {ac} bytes on the direct link, {ab} toward the proxy");
+    assert!(ab > 16 << 20, "{ab} bytes toward the proxy");
+    // The probe's burst, the small messages and the handshakes.
+    assert!(ac < 2 << 20, "{ac} bytes on the slow direct link");
+}
+
+#[test]
 fn a_peer_without_a_direct_path_is_reached_through_a_proxy() {
     if !prerequisites("a_peer_without_a_direct_path_is_reached_through_a_proxy") {
         return;

@@ -26,9 +26,15 @@
 //! - torchrun: `MASTER_ADDR`, ports from `MASTER_PORT` up (from `MASTER_PORT + 1` when
 //!   `TORCHELASTIC_USE_AGENT_STORE=True` says torchrun's own store holds `MASTER_PORT`);
 //! - Slurm: the first host of the step's node list (where rank 0 runs under Slurm's block and
-//!   cyclic distributions); Open MPI and Hydra: `127.0.0.1`, which serves a job on one host. They
-//!   do not tell a process where rank 0 runs, so a job whose ranks span hosts (its local size is
-//!   below its size) must set `FERROCOMM_COORD`, and detection says so;
+//!   cyclic distributions);
+//! - Open MPI and Hydra: `127.0.0.1` for a job on one host (its local size equals its size). They
+//!   do not tell a process where rank 0 runs, so for a job whose ranks span hosts rank 0 shares
+//!   its address through the launcher's own key-value service: Hydra's PMI-1 over `PMI_FD`
+//!   (`bootstrap/pmi.rs`: put, barrier, get), Open MPI's PMIx through `libpmix` opened at run
+//!   time (`bootstrap/pmix.rs`: put, commit, fence, get). The address is `FERROCOMM_BIND` when
+//!   that names one, else one of the host's own (the default route's interface first). Where
+//!   `libpmix` cannot be loaded, such an Open MPI job must set `FERROCOMM_COORD`, and detection
+//!   says so;
 //! - under Slurm, Open MPI and Hydra the ports are derived from the job id (under Slurm the job
 //!   and step ids) by a hash into `20000..32000`, below Linux's default ephemeral range, so that
 //!   every rank computes the same list without talking to anyone.
@@ -46,7 +52,6 @@
 //! touch the process environment.
 
 use std::fmt;
-use std::time::Duration;
 
 pub use crate::error::job::EnvError;
 
@@ -64,9 +69,6 @@ const PORT_SPAN: u16 = 12000;
 
 /// Values longer than this are cut short when quoted in an error message.
 const MAX_QUOTED: usize = 80;
-
-/// How long a read from Hydra's process manager may take.
-const PMI_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Who started this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,26 +173,103 @@ impl fmt::Debug for JobEnv {
 }
 
 /// Reads the job environment of this process. Under MPICH Hydra without `FERROCOMM_COORD` or
-/// `FERROCOMM_TOKEN`, asks Hydra's process manager for the job id over `PMI_FD`.
+/// `FERROCOMM_TOKEN`, asks Hydra's process manager for the job id over `PMI_FD`; under Hydra and
+/// Open MPI, when the job's ranks span hosts and `FERROCOMM_COORD` is not set, shares rank 0's
+/// address through the launcher's key-value service (PMI-1 over `PMI_FD`, PMIx).
 pub fn detect() -> Result<JobEnv, EnvError> {
-    // Hydra answers once: the exchange ends with `finalize`, after which it hangs up. The answer
-    // is kept for later calls in this process.
-    static HYDRA_JOB: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    // The launchers answer once: their sessions end with a finalize, after which Hydra hangs up.
+    // The answer is kept for later calls in this process, whose environment is the same.
+    static TOLD: std::sync::OnceLock<Result<Told, AskError>> = std::sync::OnceLock::new();
     let get = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-    detect_with(&get, &mut |fd| HYDRA_JOB.get_or_init(|| pmi::hydra_kvsname(fd)).clone())
+    detect_with(&get, &mut |ask| TOLD.get_or_init(|| ask_launcher(ask)).clone())
 }
 
 /// Reads the job environment through `get`, which returns a variable's value or `None` when it
-/// is unset. Empty values count as unset. A Hydra job must set `FERROCOMM_COORD` and
-/// `FERROCOMM_TOKEN` here: the job id is not asked for.
+/// is unset. Empty values count as unset. No launcher is asked anything: a Hydra job must set
+/// `FERROCOMM_COORD` and `FERROCOMM_TOKEN` here, and a job across hosts under Hydra or Open MPI
+/// `FERROCOMM_COORD`.
 pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<JobEnv, EnvError> {
-    detect_with(&get, &mut |_| Err("detect_from does not ask the process manager".to_string()))
+    detect_with(&get, &mut |_| Err(AskError::Unavailable("detect_from does not ask the launcher".to_string())))
 }
 
-/// [`detect`] with the environment and Hydra's job id (from the value of `PMI_FD`) given.
+/// What detection asks a launcher's process manager.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ask {
+    /// [`Launcher::Hydra`] or [`Launcher::OpenMpi`].
+    launcher: Launcher,
+    /// `PMI_FD`'s value, under Hydra.
+    fd: Option<String>,
+    /// What this rank does with the store's host.
+    role: Role,
+}
+
+/// What a rank does with the store's host in the launcher's key-value service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Nothing (Hydra: only the job id is asked).
+    Nothing,
+    /// Rank 0: publishes `FERROCOMM_BIND` when it names an address, else
+    /// [`pmi::own_address`](super::pmi::own_address).
+    Publish {
+        /// `FERROCOMM_BIND`'s value.
+        bind: Option<String>,
+    },
+    /// The other ranks: read what rank 0 published.
+    Fetch,
+}
+
+/// What the launcher told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Told {
+    /// The job id (Hydra's KVS name).
+    job: Option<String>,
+    /// The store's host, when shared (rank 0's own as published).
+    store_host: Option<String>,
+}
+
+/// Why the launcher told nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AskError {
+    /// Its service cannot be reached from here at all (no libpmix; [`detect_from`]).
+    Unavailable(String),
+    /// It was reached, and the exchange failed.
+    Failed(String),
+}
+
+/// Asks the launcher, for real.
+fn ask_launcher(ask: &Ask) -> Result<Told, AskError> {
+    use super::{pmi, pmix};
+    let published = match &ask.role {
+        Role::Publish { bind } => Some(match bind.as_deref().map(str::trim) {
+            // An address to listen on is the one to publish; 0.0.0.0 and :: say nothing.
+            Some(b) if b.parse::<std::net::IpAddr>().map_or(true, |ip| !ip.is_unspecified()) => b.to_string(),
+            _ => pmi::own_address().map_err(AskError::Failed)?.to_string(),
+        }),
+        _ => None,
+    };
+    match ask.launcher {
+        Launcher::Hydra => {
+            let fd = ask.fd.as_deref().unwrap_or_default();
+            let share = match (&ask.role, &published) {
+                (Role::Fetch, _) => pmi::Share::Fetch,
+                (_, Some(host)) => pmi::Share::Publish(host.clone()),
+                _ => pmi::Share::Nothing,
+            };
+            let told = pmi::hydra(fd, &share).map_err(|e| AskError::Failed(e.to_string()))?;
+            Ok(Told { job: Some(told.kvsname), store_host: published.or(told.store_host) })
+        }
+        _ => match pmix::exchange(published.as_deref()) {
+            Ok(host) => Ok(Told { job: None, store_host: Some(host) }),
+            Err(pmix::PmixError::Unavailable(why)) => Err(AskError::Unavailable(why)),
+            Err(pmix::PmixError::Failed(why)) => Err(AskError::Failed(why)),
+        },
+    }
+}
+
+/// [`detect`] with the environment and the launcher's answers given.
 fn detect_with<F: Fn(&str) -> Option<String>>(
     get: &F,
-    hydra_job: &mut dyn FnMut(&str) -> Result<String, String>,
+    ask: &mut dyn FnMut(&Ask) -> Result<Told, AskError>,
 ) -> Result<JobEnv, EnvError> {
     let vars = Vars(get);
     let has = |name| vars.get(name).is_some();
@@ -199,9 +278,9 @@ fn detect_with<F: Fn(&str) -> Option<String>>(
     } else if has("RANK") && has("WORLD_SIZE") {
         from_torchrun(&vars)
     } else if has("OMPI_COMM_WORLD_RANK") || has("OMPI_COMM_WORLD_SIZE") {
-        from_open_mpi(&vars)
+        from_open_mpi(&vars, ask)
     } else if has("PMI_RANK") && (has("MPI_LOCALRANKID") || !has("SLURM_PROCID")) {
-        from_hydra(&vars, hydra_job)
+        from_hydra(&vars, ask)
     } else if has("SLURM_PROCID") {
         from_slurm(&vars)
     } else if has("FERROCOMM_LAUNCHER") {
@@ -351,26 +430,42 @@ fn from_torchrun<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<Jo
     Ok(job(rank, size, local, store, token, Launcher::Torchrun, vars.hosts_store(rank)?))
 }
 
-/// Open MPI and Hydra tell a process neither where rank 0 runs nor the hosts of the job: the
-/// store's default address, `127.0.0.1`, serves a job on one host only.
-fn single_host_store<F: Fn(&str) -> Option<String>>(
-    vars: &Vars<'_, F>,
-    size: u32,
-    local_size: Option<u32>,
+/// Where the store is under Open MPI and Hydra, which tell a process neither where rank 0 runs
+/// nor the hosts of the job: `FERROCOMM_COORD` when set; else, for a job on one host,
+/// `127.0.0.1`; else the host rank 0 shared through the launcher (`shared`). The ports are
+/// derived from the job id.
+fn launcher_store(
+    configured: Option<StoreAddr>,
+    shared: Option<String>,
     job_id: impl FnOnce() -> Result<String, EnvError>,
-    source: &'static str,
-    why_multi: &'static str,
+    (var, local_source, shared_source): (&'static str, &'static str, &'static str),
 ) -> Result<StoreAddr, EnvError> {
-    if let Some(s) = vars.configured_store()? {
+    if let Some(s) = configured {
         return Ok(s);
     }
-    if local_size.is_some_and(|l| l < size) {
-        return Err(EnvError::Missing { var: "FERROCOMM_COORD", why: why_multi });
-    }
-    Ok(StoreAddr { host: "127.0.0.1".to_string(), ports: derived_ports(&job_id()?).to_vec(), source })
+    let (host, source) = match shared {
+        Some(host) => (parse_host(var, &host)?, shared_source),
+        None => ("127.0.0.1".to_string(), local_source),
+    };
+    Ok(StoreAddr { host, ports: derived_ports(&job_id()?).to_vec(), source })
 }
 
-fn from_open_mpi<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<JobEnv, EnvError> {
+/// What rank `rank` does with the store's host: share it when the job's ranks span hosts and
+/// `FERROCOMM_COORD` does not say where the store is.
+fn role<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>, rank: u32, size: u32, local_size: Option<u32>) -> Role {
+    if vars.get("FERROCOMM_COORD").is_some() || local_size.is_none_or(|l| l >= size) {
+        Role::Nothing
+    } else if rank == 0 {
+        Role::Publish { bind: vars.get("FERROCOMM_BIND") }
+    } else {
+        Role::Fetch
+    }
+}
+
+fn from_open_mpi<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<'_, F>,
+    ask: &mut dyn FnMut(&Ask) -> Result<Told, AskError>,
+) -> Result<JobEnv, EnvError> {
     const WHY: &str = "Open MPI sets both OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE";
     let rank_s = vars.require("OMPI_COMM_WORLD_RANK", WHY)?;
     let size_s = vars.require("OMPI_COMM_WORLD_SIZE", WHY)?;
@@ -386,14 +481,33 @@ fn from_open_mpi<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<Jo
             },
         )
     };
-    let store = single_host_store(
-        vars,
-        size,
-        local.1,
+    let configured = vars.configured_store()?;
+    let role = role(vars, rank, size, local.1);
+    let shared = if role == Role::Nothing {
+        None
+    } else {
+        // The job id first: without it no port is derived, whatever PMIx says.
+        job_id()?;
+        let told = ask(&Ask { launcher: Launcher::OpenMpi, fd: None, role }).map_err(|e| match e {
+            AskError::Unavailable(_) => EnvError::Missing {
+                var: "FERROCOMM_COORD",
+                why: "the job's ranks span hosts (OMPI_COMM_WORLD_LOCAL_SIZE < OMPI_COMM_WORLD_SIZE), \
+                      Open MPI does not say where rank 0 runs, and its PMIx library (libpmix.so.2) \
+                      cannot be loaded to ask: pass `-x FERROCOMM_COORD=<rank 0's host>:<port>` to mpirun",
+            },
+            AskError::Failed(reason) => EnvError::Pmix { reason },
+        })?;
+        Some(told.store_host.ok_or_else(|| EnvError::Pmix { reason: "no host was shared".into() })?)
+    };
+    let store = launcher_store(
+        configured,
+        shared,
         job_id,
-        "127.0.0.1 and the Open MPI job id",
-        "the job's ranks span hosts (OMPI_COMM_WORLD_LOCAL_SIZE < OMPI_COMM_WORLD_SIZE), and Open \
-         MPI does not say where rank 0 runs: pass `-x FERROCOMM_COORD=<rank 0's host>:<port>` to mpirun",
+        (
+            "PMIx key ferrocomm.store",
+            "127.0.0.1 and the Open MPI job id",
+            "rank 0's address (shared through PMIx) and the Open MPI job id",
+        ),
     )?;
     let token = vars.token_or(job_id)?;
     Ok(job(rank, size, local, store, token, Launcher::OpenMpi, vars.hosts_store(rank)?))
@@ -401,36 +515,51 @@ fn from_open_mpi<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<Jo
 
 fn from_hydra<F: Fn(&str) -> Option<String>>(
     vars: &Vars<'_, F>,
-    hydra_job: &mut dyn FnMut(&str) -> Result<String, String>,
+    ask: &mut dyn FnMut(&Ask) -> Result<Told, AskError>,
 ) -> Result<JobEnv, EnvError> {
     let rank_s = vars.get("PMI_RANK").unwrap_or_default();
     let size_s = vars.require("PMI_SIZE", "MPICH's Hydra sets both PMI_RANK and PMI_SIZE")?;
     let (rank, size) = rank_and_size(("PMI_RANK", &rank_s), ("PMI_SIZE", &size_s))?;
     let local = vars.local("MPI_LOCALRANKID", "MPI_LOCALNRANKS")?;
-    // The job id comes from the process manager: ask once, and only if something is derived.
-    let job_id = if vars.get("FERROCOMM_COORD").is_some() && vars.get("FERROCOMM_TOKEN").is_some() {
-        None
-    } else {
+    let configured = vars.configured_store()?;
+    // The process manager is asked once, and only if something is derived or shared.
+    let role = role(vars, rank, size, local.1);
+    let derives = vars.get("FERROCOMM_COORD").is_none() || vars.get("FERROCOMM_TOKEN").is_none();
+    let told = if derives || role != Role::Nothing {
         let fd = vars.require(
             "PMI_FD",
-            "Hydra's process manager is asked for the job id through it, to derive the store's \
-             address and the token when FERROCOMM_COORD and FERROCOMM_TOKEN are not set",
+            "Hydra's process manager is asked through it for the job id (to derive the store's \
+             port and the token when FERROCOMM_COORD and FERROCOMM_TOKEN are not set) and, for a \
+             job across hosts, for rank 0's address",
         )?;
-        Some(format!("hydra:{}", hydra_job(&fd).map_err(|reason| EnvError::Pmi { reason })?))
+        let sharing = role != Role::Nothing;
+        let told = ask(&Ask { launcher: Launcher::Hydra, fd: Some(fd), role })
+            .map_err(|(AskError::Unavailable(reason) | AskError::Failed(reason))| EnvError::Pmi { reason })?;
+        if sharing && told.store_host.is_none() {
+            return Err(EnvError::Pmi { reason: "no host was shared".into() });
+        }
+        Some(told)
+    } else {
+        None
     };
-    // Asked above whenever a value is derived, so the error is never returned.
-    let job_id = || job_id.clone().ok_or_else(|| EnvError::Pmi { reason: "the job id was not asked for".into() });
-    let store = single_host_store(
-        vars,
-        size,
-        local.1,
+    let (job, shared) = match told {
+        Some(t) => (t.job.map(|j| format!("hydra:{j}")), t.store_host),
+        None => (None, None),
+    };
+    // Asked above whenever a value is derived.
+    let job_id = || job.clone().ok_or_else(|| EnvError::Pmi { reason: "the process manager gave no job id".into() });
+    let store = launcher_store(
+        configured,
+        shared,
         job_id,
-        "127.0.0.1 and the Hydra job id",
-        "the job's ranks span hosts (MPI_LOCALNRANKS < PMI_SIZE), and Hydra does not say where \
-         rank 0 runs: set FERROCOMM_COORD=<rank 0's host>:<port> (mpiexec passes the environment on)",
+        (
+            "PMI key ferrocomm-store",
+            "127.0.0.1 and the Hydra job id",
+            "rank 0's address (shared through Hydra's PMI) and the Hydra job id",
+        ),
     )?;
     let token = vars.token_or(job_id)?;
-    Ok(job(rank, size, local, store, token, Launcher::Hydra, vars.hosts_store(rank)?))
+    Ok(self::job(rank, size, local, store, token, Launcher::Hydra, vars.hosts_store(rank)?))
 }
 
 fn from_slurm<F: Fn(&str) -> Option<String>>(vars: &Vars<'_, F>) -> Result<JobEnv, EnvError> {
@@ -710,102 +839,6 @@ fn first_host(list: &str) -> Result<String, String> {
     Ok(host)
 }
 
-/// Hydra's job id, asked of its process manager in the PMI-1 wire protocol: lines of
-/// `key=value` pairs over the socket `PMI_FD` that Hydra hands each process.
-///
-/// Hydra tells a process no job id in the environment. Its KVS name (`kvs_<pid>_<n>_...`) is one:
-/// the same for every rank of a job, different between jobs. A process that has sent `init`
-/// must `finalize` before it exits, or Hydra takes its exit for a crash and kills the job, so the
-/// exchange is `init`, `get_my_kvsname`, `finalize`; it is not a barrier.
-mod pmi {
-    use std::io::{Read, Write};
-    use std::os::fd::{FromRawFd, OwnedFd};
-    use std::os::unix::net::UnixStream;
-
-    use super::PMI_TIMEOUT;
-
-    /// Longest reply line read.
-    const MAX_LINE: usize = 4096;
-
-    /// The request lines, in order, and the command each reply must carry.
-    pub(super) const EXCHANGE: [(&str, &str); 3] = [
-        ("cmd=init pmi_version=1 pmi_subversion=1\n", "response_to_init"),
-        ("cmd=get_my_kvsname\n", "my_kvsname"),
-        ("cmd=finalize\n", "finalize_ack"),
-    ];
-
-    /// The value of `key` in a reply line `cmd=... key=value ...`, after checking that the line
-    /// is the reply `cmd` and reports no failure (`rc` other than 0).
-    pub(super) fn field<'a>(line: &'a str, cmd: &str, key: &str) -> Result<Option<&'a str>, String> {
-        let mut found = None;
-        let mut command = None;
-        for pair in line.split_whitespace() {
-            let (k, v) = pair.split_once('=').ok_or_else(|| format!("malformed reply {line:?}"))?;
-            match k {
-                "cmd" => command = Some(v),
-                "rc" if v != "0" => return Err(format!("the process manager answered {line:?}")),
-                _ if k == key => found = Some(v),
-                _ => {}
-            }
-        }
-        if command != Some(cmd) {
-            return Err(format!("expected a {cmd} reply, got {line:?}"));
-        }
-        Ok(found)
-    }
-
-    /// Runs [`EXCHANGE`] over the socket numbered `fd_value` and returns the KVS name.
-    pub(super) fn hydra_kvsname(fd_value: &str) -> Result<String, String> {
-        let fd: i32 = fd_value.trim().parse().map_err(|_| format!("PMI_FD={fd_value:?} is not a descriptor number"))?;
-        // SAFETY: fstat only writes the stat buffer it is given.
-        let is_socket = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK
-        };
-        if !is_socket {
-            return Err(format!("PMI_FD={fd} is not an open socket"));
-        }
-        // A duplicate, so that the launcher's descriptor stays as it was when this one closes.
-        // SAFETY: dup has no memory-safety preconditions.
-        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-        if dup < 0 {
-            return Err(format!("cannot duplicate PMI_FD={fd}: {}", std::io::Error::last_os_error()));
-        }
-        // SAFETY: `dup` is a fresh descriptor that nothing else owns.
-        let mut sock = UnixStream::from(unsafe { OwnedFd::from_raw_fd(dup) });
-        let io = |e: std::io::Error| format!("on PMI_FD={fd}: {e}");
-        sock.set_read_timeout(Some(PMI_TIMEOUT)).map_err(io)?;
-        sock.set_write_timeout(Some(PMI_TIMEOUT)).map_err(io)?;
-        let mut kvsname = None;
-        for (request, reply) in EXCHANGE {
-            sock.write_all(request.as_bytes()).map_err(io)?;
-            let line = read_line(&mut sock).map_err(io)?;
-            if let Some(name) = field(&line, reply, "kvsname")? {
-                kvsname = Some(name.to_string());
-            }
-        }
-        kvsname.filter(|k| !k.is_empty()).ok_or_else(|| "the process manager gave no KVS name".to_string())
-    }
-
-    /// One line, without its newline, of at most [`MAX_LINE`] bytes.
-    fn read_line(sock: &mut UnixStream) -> std::io::Result<String> {
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
-        loop {
-            if sock.read(&mut byte)? == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            match byte[0] {
-                b'\n' => return Ok(String::from_utf8_lossy(&line).into_owned()),
-                _ if line.len() == MAX_LINE => {
-                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "reply line too long"));
-                }
-                b => line.push(b),
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -818,15 +851,25 @@ mod tests {
         detect_from(move |k| map.get(k).cloned())
     }
 
-    /// Like [`env`], with Hydra's process manager answering `kvsname` (and counting the questions).
+    /// Like [`env`], with Hydra's process manager answering `kvsname` (and counting the questions);
+    /// a shared host is `10.1.0.1`.
     fn env_hydra(pairs: &[(&str, &str)], kvsname: &str, asked: &mut u32) -> Result<JobEnv, EnvError> {
+        env_ask(pairs, &mut |ask| {
+            assert_eq!((ask.launcher, ask.fd.as_deref()), (Launcher::Hydra, Some("6")));
+            *asked += 1;
+            let store_host = (ask.role != Role::Nothing).then(|| "10.1.0.1".to_string());
+            Ok(Told { job: Some(kvsname.to_string()), store_host })
+        })
+    }
+
+    /// Like [`env`], with the launcher answering through `ask`.
+    fn env_ask(
+        pairs: &[(&str, &str)],
+        ask: &mut dyn FnMut(&Ask) -> Result<Told, AskError>,
+    ) -> Result<JobEnv, EnvError> {
         let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let get = move |k: &str| map.get(k).cloned();
-        detect_with(&get, &mut |fd| {
-            assert_eq!(fd, "6");
-            *asked += 1;
-            Ok(kvsname.to_string())
-        })
+        detect_with(&get, ask)
     }
 
     fn invalid_var(r: Result<JobEnv, EnvError>) -> &'static str {
@@ -1113,20 +1156,57 @@ mod tests {
     }
 
     #[test]
-    fn open_mpi_across_hosts_needs_the_coordinator() {
+    fn open_mpi_across_hosts_shares_rank_0s_address_through_pmix() {
         let pairs = [
             ("OMPI_COMM_WORLD_RANK", "0"),
             ("OMPI_COMM_WORLD_SIZE", "8"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
             ("OMPI_MCA_ess_base_jobid", "1"),
         ];
+        // Rank 0 publishes (FERROCOMM_BIND, when set, is what it publishes), the others fetch.
+        let mut asks = Vec::new();
+        let mut pmix = |ask: &Ask| {
+            asks.push(ask.clone());
+            Ok(Told { job: None, store_host: Some("10.1.0.1".into()) })
+        };
+        let j0 = env_ask(&pairs, &mut pmix).unwrap();
+        let mut r5 = pairs.to_vec();
+        r5[0].1 = "5";
+        r5.push(("FERROCOMM_BIND", "10.9.9.9"));
+        let j5 = env_ask(&r5, &mut pmix).unwrap();
+        assert_eq!(asks[0], Ask { launcher: Launcher::OpenMpi, fd: None, role: Role::Publish { bind: None } });
+        assert_eq!(asks[1].role, Role::Fetch);
+        assert_eq!((j0.store.host.as_str(), j0.host_store, j5.host_store), ("10.1.0.1", true, false));
+        assert_eq!(j0.store, j5.store, "ranks agree");
+        assert_eq!(j0.store.source, "rank 0's address (shared through PMIx) and the Open MPI job id");
+        assert_derived(&j0.store);
+        let mut bound = pairs.to_vec();
+        bound.push(("FERROCOMM_BIND", "10.9.9.9"));
+        env_ask(&bound, &mut |ask| {
+            assert_eq!(ask.role, Role::Publish { bind: Some("10.9.9.9".into()) });
+            Ok(Told { job: None, store_host: Some("10.9.9.9".into()) })
+        })
+        .unwrap();
+
+        // No libpmix: the job must name the store, as the error says.
         let e = env(&pairs).unwrap_err();
         assert_eq!(missing_var(Err(e.clone())), "FERROCOMM_COORD");
-        assert!(e.to_string().contains("-x FERROCOMM_COORD"), "{e}");
+        assert!(e.to_string().contains("-x FERROCOMM_COORD") && e.to_string().contains("libpmix"), "{e}");
+        // PMIx loaded but failing: a typed error; a shared value that is no host: invalid.
+        let e = env_ask(&pairs, &mut |_| Err(AskError::Failed("PMIx_Fence returned status -1".into()))).unwrap_err();
+        assert!(matches!(&e, EnvError::Pmix { reason } if reason.contains("PMIx_Fence")), "{e}");
+        let e = env_ask(&pairs, &mut |_| Ok(Told { job: None, store_host: Some("a b".into()) })).unwrap_err();
+        assert_eq!(invalid_var(Err(e)), "PMIx key ferrocomm.store");
+        // FERROCOMM_COORD overrides: PMIx is not asked.
         let mut set = pairs.to_vec();
         set.push(("FERROCOMM_COORD", "head-node:29400"));
-        let j = env(&set).unwrap();
+        let j = env_ask(&set, &mut |_| panic!("asked")).unwrap();
         assert_eq!((j.coordinator.as_str(), j.host_store), ("head-node:29400", true));
+        // A job on one host is not asked either.
+        let mut one = pairs.to_vec();
+        one[2].1 = "8";
+        let j = env_ask(&one, &mut |_| panic!("asked")).unwrap();
+        assert_eq!(j.store.host, "127.0.0.1");
     }
 
     #[test]
@@ -1222,14 +1302,38 @@ mod tests {
         assert_eq!(missing_var(r), "PMI_FD");
         let r = env_hydra(&[("PMI_RANK", "0"), ("PMI_SIZE", "2x"), ("PMI_FD", "6")], "k", &mut asked);
         assert_eq!(invalid_var(r), "PMI_SIZE");
+        // Across hosts: rank 0 publishes its address, the others fetch it, in one session each.
         let spanning = [("PMI_RANK", "0"), ("PMI_SIZE", "4"), ("PMI_FD", "6"), ("MPI_LOCALNRANKS", "2")];
-        let e = env_hydra(&spanning, "k", &mut asked).unwrap_err();
-        assert_eq!(missing_var(Err(e.clone())), "FERROCOMM_COORD");
-        assert!(e.to_string().contains("MPI_LOCALNRANKS < PMI_SIZE"), "{e}");
+        let mut roles = Vec::new();
+        let mut hydra = |ask: &Ask| {
+            roles.push(ask.role.clone());
+            Ok(Told { job: Some("kvs_9".into()), store_host: Some("10.1.0.1".into()) })
+        };
+        let j0 = env_ask(&spanning, &mut hydra).unwrap();
+        let mut r3 = spanning.to_vec();
+        r3[0].1 = "3";
+        let j3 = env_ask(&r3, &mut hydra).unwrap();
+        assert_eq!(roles, [Role::Publish { bind: None }, Role::Fetch]);
+        assert_eq!((j0.store.clone(), j0.token), (j3.store.clone(), j3.token), "ranks agree");
+        assert_eq!((j0.store.host.as_str(), j0.host_store, j3.host_store), ("10.1.0.1", true, false));
+        assert_eq!(j0.store.source, "rank 0's address (shared through Hydra's PMI) and the Hydra job id");
+        assert_derived(&j0.store);
+        // A session that shares nothing where sharing was asked is an error, not 127.0.0.1.
+        let e = env_ask(&spanning, &mut |_| Ok(Told { job: Some("k".into()), store_host: None })).unwrap_err();
+        assert!(matches!(e, EnvError::Pmi { .. }), "{e}");
+        // FERROCOMM_COORD overrides; only the job id is asked (for the token).
+        let mut set = spanning.to_vec();
+        set.push(("FERROCOMM_COORD", "10.2.0.1:29400"));
+        let j = env_ask(&set, &mut |ask| {
+            assert_eq!(ask.role, Role::Nothing);
+            Ok(Told { job: Some("k".into()), store_host: None })
+        })
+        .unwrap();
+        assert_eq!(j.coordinator, "10.2.0.1:29400");
         // The process manager failing is a typed error that says what to set instead.
         let map: HashMap<&str, &str> = [("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("PMI_FD", "6")].into();
         let get = |k: &str| map.get(k).map(|v| v.to_string());
-        let e = detect_with(&get, &mut |_| Err("connection reset".into())).unwrap_err();
+        let e = detect_with(&get, &mut |_| Err(AskError::Failed("connection reset".into()))).unwrap_err();
         assert_eq!(e, EnvError::Pmi { reason: "connection reset".into() });
         assert!(e.to_string().contains("FERROCOMM_COORD and FERROCOMM_TOKEN"), "{e}");
         // detect_from does not ask.
@@ -1450,59 +1554,5 @@ mod tests {
         ]);
         let msg = r.unwrap_err().to_string();
         assert!(msg.len() < 300, "{msg}");
-    }
-
-    #[test]
-    fn pmi_replies() {
-        assert_eq!(pmi::field("cmd=my_kvsname kvsname=kvs_1_0", "my_kvsname", "kvsname"), Ok(Some("kvs_1_0")));
-        assert_eq!(pmi::field("cmd=finalize_ack", "finalize_ack", "kvsname"), Ok(None));
-        assert_eq!(pmi::field("cmd=response_to_init pmi_version=1 rc=0", "response_to_init", "x"), Ok(None));
-        assert!(pmi::field("cmd=response_to_init rc=-1", "response_to_init", "x").is_err());
-        assert!(pmi::field("cmd=other kvsname=k", "my_kvsname", "kvsname").is_err());
-        assert!(pmi::field("garbage", "my_kvsname", "kvsname").is_err());
-        assert!(pmi::field("", "my_kvsname", "kvsname").is_err());
-    }
-
-    /// The PMI exchange over a real socket pair, with this test playing Hydra's process manager.
-    #[test]
-    fn pmi_exchange_with_a_process_manager() {
-        use std::io::{BufRead, BufReader, Write};
-        use std::os::fd::AsRawFd;
-        use std::os::unix::net::UnixStream;
-
-        let (ours, manager) = UnixStream::pair().unwrap();
-        let served = std::thread::spawn(move || {
-            let mut lines = BufReader::new(manager.try_clone().unwrap());
-            let mut out = manager;
-            let mut seen = Vec::new();
-            for reply in [
-                "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n",
-                "cmd=my_kvsname kvsname=kvs_42_0_7_host\n",
-                "cmd=finalize_ack\n",
-            ] {
-                let mut line = String::new();
-                lines.read_line(&mut line).unwrap();
-                seen.push(line);
-                out.write_all(reply.as_bytes()).unwrap();
-            }
-            seen
-        });
-        let fd = ours.as_raw_fd().to_string();
-        assert_eq!(pmi::hydra_kvsname(&fd).unwrap(), "kvs_42_0_7_host");
-        let seen = served.join().unwrap();
-        let sent: Vec<&str> = pmi::EXCHANGE.iter().map(|(request, _)| *request).collect();
-        assert_eq!(seen, sent);
-        // Our descriptor is left open (a duplicate was used).
-        assert!(ours.peer_addr().is_ok());
-
-        // A manager that hangs up, and descriptors that are not sockets, are errors.
-        let (ours, manager) = UnixStream::pair().unwrap();
-        drop(manager);
-        assert!(pmi::hydra_kvsname(&ours.as_raw_fd().to_string()).is_err());
-        let file = std::fs::File::open("/proc/self/status").unwrap();
-        let e = pmi::hydra_kvsname(&file.as_raw_fd().to_string()).unwrap_err();
-        assert!(e.contains("not an open socket"), "{e}");
-        assert!(pmi::hydra_kvsname("x").is_err());
-        assert!(pmi::hydra_kvsname("-1").is_err());
     }
 }

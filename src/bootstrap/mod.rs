@@ -15,6 +15,8 @@
 pub mod env;
 pub mod kv;
 pub(crate) mod notices;
+pub(crate) mod pmi;
+pub(crate) mod pmix;
 pub(crate) mod rails;
 pub(crate) mod rendezvous;
 pub(crate) mod routes;
@@ -241,6 +243,29 @@ async fn join_via(
     }
     awaited.lock().fill(false);
 
+    // Per-hop costs for the route planner: a calibration file, or a start-up probe of every
+    // direct connection (routes.rs).
+    let costs = match &reach {
+        Some(_) if settings.routes.probes() && settings.transports != TransportChoice::Verbs => {
+            let (bytes, timeout) = (settings.routes.probe_bytes, settings.connect_timeout);
+            let (back, mine) = thread
+                .handle()
+                .spawn_blocking(move || {
+                    let r = routes::probe(rank, &mut conns, bytes, timeout);
+                    (conns, r)
+                })
+                .await
+                .map_err(|e| Error::bootstrap_failed(format!("the route probe stopped: {e}")))?;
+            conns = back;
+            let mine = mine.map_err(Error::bootstrap("probing the direct connections"))?;
+            let costs = routes::share_probes(&mut kv, rank, size, &mine, settings.connect_timeout).await?;
+            tracing::debug!(rank, costs = %costs.to_text(), "probed route costs");
+            costs
+        }
+        Some(_) => settings.routes.load_costs()?,
+        None => Default::default(),
+    };
+
     // More connections to the same peers over other interfaces, for striping (rails.rs).
     let remote_tcp: Vec<bool> = (0..size).map(|r| r != rank && !local[r as usize]).collect();
     let rails = if settings.rails.list == RailList::Off || settings.transports == TransportChoice::Verbs {
@@ -266,7 +291,6 @@ async fn join_via(
     // Peers without a direct connection, through a proxy; slow direct paths, with costs, too.
     let (tcp, ways) = match &reach {
         Some(reach) => {
-            let costs = settings.routes.load_costs()?;
             let ways = routes::ways(rank, &remote_tcp, reach, &costs, settings.routes.piece)?;
             tracing::debug!(rank, ?ways, "routes");
             let mut relayed = Relayed::new(rank, tcp, ways.clone(), settings.routes.piece, limits);
@@ -528,7 +552,9 @@ fn shared_fingerprint(settings: &Settings) -> u64 {
     let v = &s.verbs;
     let verbs = verbs.then(|| (v.slots, format!("{:?} {:?}", v.eager, v.rendezvous)));
     let (rails, proxy) = (s.rails.list != RailList::Off, s.routes.proxy);
-    let routes = format!("rails={rails} proxy={proxy}");
+    // The probe is a conversation on every direct connection: every rank probes, or none.
+    let probe = s.routes.probes().then_some(s.routes.probe_bytes);
+    let routes = format!("rails={rails} proxy={proxy} probe={probe:?}");
     env::fnv1a64(
         &[format!("{:?} verbs={verbs:?} limits={limits:?} mcast={mcast:?} {routes}", s.collectives).as_bytes()],
     )

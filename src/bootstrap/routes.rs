@@ -7,12 +7,19 @@
 //! is reached through the lowest rank connected to both (or, with per-hop costs, the fastest); a
 //! peer with one is reached directly, except that with costs its large messages' data may take
 //! a faster path through a proxy ([`Planner`]).
+//!
+//! The planner needs per-hop costs: a calibration file gives them, or else a short start-up probe
+//! ([`probe`]) measures every direct connection before the transport starts (a few round trips
+//! of 8 bytes, then one burst of [`RouteSettings::probe_bytes`] one way), and every rank reads
+//! every rank's figures from the store, so all plan alike.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrocomm_transports::Rank;
-use ferrocomm_transports::relay::{Costs, Planner, Way};
+use ferrocomm_transports::relay::{Costs, Planner, ProbeSample, Way};
 
 use super::kv::KvClient;
 use crate::config::parse;
@@ -34,11 +41,22 @@ pub struct RouteSettings {
     pub direct_timeout: Duration,
     /// `FERROCOMM_PROXY_PIECE`: pieces a staged message crosses the proxy in. Default 128 KiB.
     pub piece: usize,
+    /// `FERROCOMM_ROUTE_PROBE_BYTES`: without a calibration file, the bytes of the burst a
+    /// start-up probe sends over each direct connection to measure its bandwidth (its latency
+    /// from 16 round trips). 0 turns the probe off (peers with a direct connection then always
+    /// use it). Default 1 MiB.
+    pub probe_bytes: usize,
 }
 
 impl Default for RouteSettings {
     fn default() -> Self {
-        RouteSettings { proxy: false, costs: None, direct_timeout: Duration::from_secs(3), piece: 128 * 1024 }
+        RouteSettings {
+            proxy: false,
+            costs: None,
+            direct_timeout: Duration::from_secs(3),
+            piece: 128 * 1024,
+            probe_bytes: 1 << 20,
+        }
     }
 }
 
@@ -63,6 +81,15 @@ impl RouteSettings {
         if let Some(v) = parse("FERROCOMM_PROXY_PIECE", get)? {
             r.piece = v;
         }
+        if let Some(v) = parse::<usize>("FERROCOMM_ROUTE_PROBE_BYTES", get)? {
+            if v > PROBE_MAX {
+                return Err(Error::Config {
+                    name: "FERROCOMM_ROUTE_PROBE_BYTES",
+                    reason: format!("{v}: at most {PROBE_MAX}"),
+                });
+            }
+            r.probe_bytes = v;
+        }
         if r.piece == 0 {
             return Err(Error::Config { name: "FERROCOMM_PROXY_PIECE", reason: "must be positive".into() });
         }
@@ -77,6 +104,130 @@ impl RouteSettings {
         Costs::parse(&text)
             .map_err(|e| Error::Config { name: "FERROCOMM_ROUTE_COSTS", reason: format!("{}: {e}", path.display()) })
     }
+
+    /// Whether the costs come from a start-up probe.
+    pub(crate) fn probes(&self) -> bool {
+        self.proxy && self.costs.is_none() && self.probe_bytes > 0
+    }
+}
+
+/// The largest probe burst a rank sends or accepts.
+const PROBE_MAX: usize = 64 << 20;
+/// Round trips of a probe's latency measurement.
+const PROBE_ROUND_TRIPS: u64 = 16;
+
+/// Measures every direct connection of this rank (`conns[peer]`, blocking I/O with `timeout`),
+/// the lower rank of each pair sending. Pairs go in one global order (by lower rank, then higher),
+/// each rank through its own pairs in that order, so every pair's ends meet without deadlock and
+/// each hop is measured without its rank's other hops' traffic. Returns the hops this rank
+/// measured (those to higher ranks). Leaves the streams with nothing unread.
+pub(crate) fn probe(
+    rank: Rank,
+    conns: &mut [Option<std::net::TcpStream>],
+    bytes: usize,
+    timeout: Duration,
+) -> std::io::Result<Vec<(Rank, Rank, ProbeSample)>> {
+    let mut out = Vec::new();
+    for peer in 0..conns.len() as Rank {
+        let Some(s) = conns[peer as usize].as_mut() else { continue };
+        s.set_nonblocking(false)?;
+        s.set_read_timeout(Some(timeout))?;
+        s.set_write_timeout(Some(timeout))?;
+        if peer > rank {
+            out.push((rank, peer, probe_send(s, bytes)?));
+        } else {
+            probe_answer(s)?;
+        }
+        s.set_read_timeout(None)?;
+        s.set_write_timeout(None)?;
+    }
+    Ok(out)
+}
+
+/// The sending end of one pair's probe.
+fn probe_send(s: &mut TcpStream, bytes: usize) -> std::io::Result<ProbeSample> {
+    let mut round_trips = Vec::new();
+    let mut buf = [0u8; 8];
+    for i in 0..PROBE_ROUND_TRIPS {
+        let t0 = Instant::now();
+        s.write_all(&i.to_le_bytes())?;
+        s.read_exact(&mut buf)?;
+        if u64::from_le_bytes(buf) != i {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "probe echo does not match"));
+        }
+        round_trips.push(t0.elapsed().as_secs_f64());
+    }
+    let block = vec![0u8; bytes.min(256 << 10)];
+    let t0 = Instant::now();
+    s.write_all(&(bytes as u64).to_le_bytes())?;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(block.len());
+        s.write_all(&block[..n])?;
+        left -= n;
+    }
+    let mut ok = [0u8; 1];
+    s.read_exact(&mut ok)?;
+    Ok(ProbeSample { round_trips, bytes, secs: t0.elapsed().as_secs_f64() })
+}
+
+/// The answering end of one pair's probe: echoes the round trips, reads the burst (at most
+/// [`PROBE_MAX`] bytes, into a fixed buffer), answers one byte.
+fn probe_answer(s: &mut TcpStream) -> std::io::Result<()> {
+    let mut buf = [0u8; 8];
+    for _ in 0..PROBE_ROUND_TRIPS {
+        s.read_exact(&mut buf)?;
+        s.write_all(&buf)?;
+    }
+    s.read_exact(&mut buf)?;
+    let len = u64::from_le_bytes(buf);
+    if len > PROBE_MAX as u64 {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "probe burst too long"));
+    }
+    let mut left = len as usize;
+    let mut sink = vec![0u8; left.min(256 << 10)];
+    while left > 0 {
+        let n = left.min(sink.len());
+        s.read_exact(&mut sink[..n])?;
+        left -= n;
+    }
+    s.write_all(&[1])
+}
+
+/// Publishes the hops this rank probed and reads every rank's: the job's costs, the same on every
+/// rank. A hop a probe could not turn into figures is left out (its pair then counts as of unknown
+/// cost: direct, if connected).
+pub(crate) async fn share_probes(
+    kv: &mut KvClient,
+    rank: Rank,
+    size: u32,
+    mine: &[(Rank, Rank, ProbeSample)],
+    timeout: Duration,
+) -> Result<Costs> {
+    let mut c = Costs::default();
+    for (a, b, sample) in mine {
+        if let Some(h) = sample.hop() {
+            c.set(*a, *b, h);
+        }
+    }
+    kv.put(&format!("hops/{rank}"), c.to_text().as_bytes())
+        .await
+        .map_err(Error::bootstrap("announcing the probed hops"))?;
+    let mut all = Costs::default();
+    for r in 0..size {
+        let raw = kv.get(&format!("hops/{r}"), timeout).await.map_err(Error::bootstrap("reading the probed hops"))?;
+        let theirs = Costs::parse(&String::from_utf8_lossy(&raw))
+            .map_err(|e| Error::bootstrap_failed(format!("rank {r}'s probed hops: {e}")))?;
+        for (a, b, h) in theirs.hops() {
+            // Each rank announces only the hops it measured itself, to higher ranks (a line sets
+            // both directions).
+            if a.min(b) != r || a == b || a.max(b) >= size {
+                return Err(Error::bootstrap_failed(format!("rank {r} announced a hop {a} -> {b} it did not probe")));
+            }
+            all.set(a, b, h);
+        }
+    }
+    Ok(all)
 }
 
 /// Which pairs of ranks are connected directly over TCP.
@@ -183,6 +334,51 @@ mod tests {
         assert!(ways(0, &[false, true], &reach, &Costs::default(), 1 << 17).is_err());
     }
 
+    /// The bench's three hosts with the figures a calibration measured there: rank 1 stages its
+    /// 4 MiB messages to rank 2 through rank 0.
+    #[test]
+    fn the_bench_triangle_stages_through_the_middle_host() {
+        let reach = Reach { size: 3, reached: vec![vec![], vec![0], vec![0, 1]] };
+        let costs = Costs::parse("0 1 50.8 87.2\n0 2 86.4 96.7\n1 2 88.2 12.1\n").unwrap();
+        let w = ways(1, &[true, false, true], &reach, &costs, 1 << 17).unwrap();
+        let Way::Split(plan) = &w[2] else { panic!("{w:?}") };
+        assert_eq!((plan.route(100), plan.route(4 << 20)), (Route::Direct, Route::Via(0)));
+        assert_eq!(served(0, 3, &reach, &costs, 1 << 17), vec![1, 2]);
+    }
+
+    /// Two ranks probe the loopback connection between them: the lower one gets a hop, and both
+    /// streams are left with nothing unread.
+    #[test]
+    fn the_probe_measures_a_connection_and_leaves_it_clean() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let t = Duration::from_secs(30);
+        let other = std::thread::spawn(move || {
+            let mut conns = vec![Some(b), None];
+            let got = probe(1, &mut conns, 300_000, t).unwrap();
+            let s = conns[0].as_mut().unwrap();
+            s.write_all(b"after").unwrap();
+            let mut buf = [0u8; 6];
+            s.read_exact(&mut buf).unwrap();
+            (got, buf)
+        });
+        let mut conns = vec![None, Some(a)];
+        let got = probe(0, &mut conns, 300_000, t).unwrap();
+        let s = conns[1].as_mut().unwrap();
+        s.write_all(b"after!").unwrap();
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"after");
+        let (theirs, their_buf) = other.join().unwrap();
+        assert_eq!(&their_buf, b"after!");
+        assert!(theirs.is_empty());
+        let [(0, 1, sample)] = &got[..] else { panic!("{got:?}") };
+        assert_eq!((sample.round_trips.len(), sample.bytes), (PROBE_ROUND_TRIPS as usize, 300_000));
+        let hop = sample.hop().unwrap();
+        assert!(hop.latency > 0.0 && hop.bandwidth > 0.0, "{hop:?}");
+    }
+
     #[test]
     fn route_settings_parse() {
         let get = |k: &str| match k {
@@ -196,5 +392,18 @@ mod tests {
         assert_eq!(r.direct_timeout, Duration::from_millis(500));
         assert!(matches!(r.load_costs(), Err(Error::Config { name: "FERROCOMM_ROUTE_COSTS", .. })));
         assert!(RouteSettings::from_vars(&|k: &str| (k == "FERROCOMM_PROXY").then(|| "maybe".to_string())).is_err());
+        // The probe runs with proxies on and no calibration file, unless its burst is 0.
+        assert!(!r.probes());
+        let probing = RouteSettings::from_vars(&|k: &str| (k == "FERROCOMM_PROXY").then(|| "on".to_string())).unwrap();
+        assert!(probing.probes() && probing.probe_bytes == 1 << 20);
+        let off = |v: &'static str| {
+            move |k: &str| match k {
+                "FERROCOMM_PROXY" => Some("on".to_string()),
+                "FERROCOMM_ROUTE_PROBE_BYTES" => Some(v.to_string()),
+                _ => None,
+            }
+        };
+        assert!(!RouteSettings::from_vars(&off("0")).unwrap().probes());
+        assert!(RouteSettings::from_vars(&off("999999999999")).is_err());
     }
 }

@@ -50,13 +50,22 @@ pub enum EnvError {
         /// The variable that gave the size.
         size_var: &'static str,
     },
-    /// Hydra's process manager did not tell the job id, from which the store's address and the
-    /// token are derived.
+    /// Hydra's process manager did not tell the job id, from which the store's ports and the
+    /// token are derived, or (for a job across hosts) rank 0's address.
     #[error(
-        "cannot ask MPICH Hydra's process manager (PMI_FD) for the job id: {reason}; set \
-         FERROCOMM_COORD and FERROCOMM_TOKEN instead"
+        "cannot ask MPICH Hydra's process manager (PMI_FD) for the job id or rank 0's address: \
+         {reason}; set FERROCOMM_COORD and FERROCOMM_TOKEN instead"
     )]
     Pmi {
+        /// Why.
+        reason: String,
+    },
+    /// Open MPI's PMIx service, loaded, did not share rank 0's address for a job across hosts.
+    #[error(
+        "cannot share rank 0's address through Open MPI's PMIx: {reason}; pass \
+         `-x FERROCOMM_COORD=<rank 0's host>:<port>` to mpirun instead"
+    )]
+    Pmix {
         /// Why.
         reason: String,
     },

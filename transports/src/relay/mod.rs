@@ -17,7 +17,15 @@
 //!
 //! A proxy's loss is the loss of every peer reached only through it; a peer that also has a
 //! direct connection falls back to it.
+//!
+//! Every route through a proxy is flow-controlled ([`flow`]): a source keeps at most a window of
+//! envelope bytes unacknowledged on it, the destination returns credit through the proxy, and the
+//! proxy refuses a source that exceeds its window; so a forwarding rank holds at most a window per
+//! (source, destination) pair, whatever its peers send. Credits are `Credit` frames with
+//! [`flags::RELAY`]: `tag` 0 from the destination to the proxy (`seq` = the source), `tag` 1 from
+//! the proxy to the source (`seq` = the destination); `aux` = bytes.
 
+pub mod flow;
 pub mod plan;
 
 use std::collections::{HashMap, VecDeque};
@@ -27,7 +35,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::wire::{HEADER_LEN, Header, Kind, Limits, Rank, WireError, flags};
 use crate::{Sink, Transport, TransportError};
-pub use plan::{Costs, Hop, PeerPlan, Planner, Route};
+pub use plan::{Costs, Hop, PeerPlan, Planner, ProbeSample, Route};
 
 /// How frames reach one peer.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,6 +64,18 @@ impl Way {
     }
 }
 
+/// `tag` of a relay credit from a destination to its proxy.
+const CREDIT_TO_PROXY: u64 = 0;
+/// `tag` of a relay credit from a proxy to the source.
+const CREDIT_TO_SOURCE: u64 = 1;
+
+/// An envelope waiting for its route's window: the frame it carries (as sent directly), and the
+/// envelope's payload (that frame's header, then its payload).
+struct Envelope {
+    inner: Header,
+    body: Bytes,
+}
+
 /// A staging buffer for the envelope being read from one neighbour.
 #[derive(Default)]
 struct Staged {
@@ -82,6 +102,29 @@ pub struct Relayed {
     staged_messages: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Ranks this rank forwards for whose connection is still open.
     serving: Vec<bool>,
+    /// Windows of the routes this rank sends through a proxy.
+    flow: flow::Sender<Envelope>,
+    /// Bytes this rank holds as a proxy, per (source, destination).
+    ledger: flow::Ledger,
+    /// Credit this rank owes the proxies that brought it envelopes.
+    owed: flow::Owed,
+    /// Peers that broke the relay protocol, to disconnect.
+    violations: Vec<(Rank, WireError)>,
+    /// Envelopes that waited on a lost proxy's routes: sent directly where there is a way.
+    fallback: Vec<(Rank, Envelope)>,
+}
+
+/// A relay credit frame from `me`: `to` says to whom ([`CREDIT_TO_PROXY`] or
+/// [`CREDIT_TO_SOURCE`]), `other` the route's other end.
+fn credit(me: Rank, to: u64, other: Rank, bytes: usize) -> Header {
+    Header {
+        flags: flags::RELAY,
+        src: me,
+        tag: to,
+        seq: u64::from(other),
+        aux: bytes as u64,
+        ..Header::new(Kind::Credit)
+    }
 }
 
 impl Relayed {
@@ -104,7 +147,17 @@ impl Relayed {
             data_len: HashMap::new(),
             staged_messages: Default::default(),
             serving: vec![false; n],
+            flow: flow::Sender::new(flow::window(&limits)),
+            ledger: flow::Ledger::new(flow::window(&limits)),
+            owed: flow::Owed::default(),
+            violations: Vec::new(),
+            fallback: Vec::new(),
         }
+    }
+
+    /// Bytes this rank holds as a proxy for envelopes from `src` to `dest` (at most a window).
+    pub fn held(&self, src: Rank, dest: Rank) -> usize {
+        self.ledger.held(src, dest)
     }
 
     /// The ranks this rank is a proxy for: until their connections close, it counts as having
@@ -122,21 +175,18 @@ impl Relayed {
         self.staged_messages.clone()
     }
 
-    /// Sends `h` (with `payload`) to `dest` through `proxy`, in pieces if it is data.
+    /// Sends `h` (with `payload`) to `dest` through `proxy`, in pieces if it is data, each as
+    /// its route's window allows.
     fn relay(&mut self, proxy: Rank, dest: Rank, h: Header, payload: &[u8]) {
+        let me = self.me;
+        let flow = &mut self.flow;
         let mut wrap = |h: Header, body: &[u8]| {
-            let inner = Header { src: self.me, len: body.len() as u32, ..h };
+            let inner = Header { src: me, len: body.len() as u32, ..h };
             let mut b = BytesMut::with_capacity(HEADER_LEN + body.len());
             b.put_slice(&inner.encode());
             b.put_slice(body);
-            let outer = Header {
-                flags: flags::RELAY,
-                src: self.me,
-                seq: u64::from(dest),
-                len: b.len() as u32,
-                ..Header::new(Kind::Data)
-            };
-            self.inner.send(proxy, outer, b.freeze());
+            let body = b.freeze();
+            flow.push(proxy, dest, body.len(), Envelope { inner, body });
         };
         if h.kind == Kind::Data {
             for (i, body) in payload.chunks(self.piece).enumerate() {
@@ -145,6 +195,7 @@ impl Relayed {
         } else {
             wrap(h, payload);
         }
+        self.drain();
     }
 
     /// Where frame `h` to `peer` goes: `None` for the direct connection, else the proxy.
@@ -177,9 +228,30 @@ impl Relayed {
         }
     }
 
+    /// Writes what is due: forwarded envelopes, envelopes their windows let go, credits; and
+    /// disconnects peers that broke the protocol.
     fn drain(&mut self) {
         while let Some((dest, h, payload)) = self.forward.pop_front() {
             self.inner.send(dest, h, payload);
+        }
+        while let Some((proxy, dest, env)) = self.flow.poll() {
+            let outer = Header {
+                flags: flags::RELAY,
+                src: self.me,
+                seq: u64::from(dest),
+                len: env.body.len() as u32,
+                ..Header::new(Kind::Data)
+            };
+            self.inner.send(proxy, outer, env.body);
+        }
+        for (proxy, src, bytes) in self.owed.drain() {
+            if !self.gone[proxy as usize] {
+                self.inner.send(proxy, credit(self.me, CREDIT_TO_PROXY, src, bytes), Bytes::new());
+            }
+        }
+        for (peer, e) in std::mem::take(&mut self.violations) {
+            tracing::warn!(peer, error = %e, "relay protocol broken; disconnecting");
+            self.inner.disconnect(peer, TransportError::Wire(e));
         }
     }
 }
@@ -236,15 +308,25 @@ impl Transport for Relayed {
             data_len: &mut self.data_len,
             rts_len: &mut self.rts_len,
             serving: &mut self.serving,
+            flow: &mut self.flow,
+            ledger: &mut self.ledger,
+            owed: &mut self.owed,
+            violations: &mut self.violations,
+            fallback: &mut self.fallback,
             up: sink,
         };
         n += self.inner.progress(&mut rs);
+        for (dest, env) in std::mem::take(&mut self.fallback) {
+            if matches!(self.ways.get(dest as usize), Some(Way::Direct)) && !self.gone[dest as usize] {
+                self.inner.send(dest, env.inner, env.body.slice(HEADER_LEN..));
+            }
+        }
         self.drain();
         n
     }
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if !self.lost.is_empty() || !self.forward.is_empty() {
+        if !self.lost.is_empty() || !self.forward.is_empty() || !self.violations.is_empty() {
             return Poll::Ready(());
         }
         self.inner.poll_ready(cx)
@@ -258,11 +340,14 @@ impl Transport for Relayed {
     /// shutdown, then keeps flushing (and so forwarding) until the ranks that rely on this proxy
     /// have left, within its time limit, rather than cut them off mid-conversation.
     fn has_pending_output(&self) -> bool {
-        !self.forward.is_empty() || self.inner.has_pending_output() || self.serving.contains(&true)
+        !self.forward.is_empty()
+            || self.flow.has_waiting()
+            || self.inner.has_pending_output()
+            || self.serving.contains(&true)
     }
 
     fn has_queued_output(&self) -> bool {
-        !self.forward.is_empty() || self.inner.has_queued_output()
+        !self.forward.is_empty() || self.flow.has_waiting() || self.inner.has_queued_output()
     }
 
     fn disconnect(&mut self, peer: Rank, reason: TransportError) {
@@ -287,10 +372,36 @@ struct RelaySink<'a> {
     data_len: &'a mut HashMap<(Rank, u64), usize>,
     rts_len: &'a mut HashMap<(Rank, u64), usize>,
     serving: &'a mut [bool],
+    flow: &'a mut flow::Sender<Envelope>,
+    ledger: &'a mut flow::Ledger,
+    owed: &'a mut flow::Owed,
+    violations: &'a mut Vec<(Rank, WireError)>,
+    fallback: &'a mut Vec<(Rank, Envelope)>,
     up: &'a mut dyn Sink,
 }
 
 impl RelaySink<'_> {
+    /// A relay credit from `from`: as a proxy, passes it on to the source; as a source, opens the
+    /// route's window.
+    fn credit(&mut self, from: Rank, h: &Header) -> Result<(), WireError> {
+        let other = Rank::try_from(h.seq).ok().filter(|&r| r < self.limits.world_size);
+        let other = other.ok_or(WireError::UnknownRank { rank: u32::MAX, size: self.limits.world_size })?;
+        let bytes = usize::try_from(h.aux).map_err(|_| WireError::Link("relay credit beyond the bytes forwarded"))?;
+        match h.tag {
+            CREDIT_TO_PROXY => {
+                // `from` took envelopes from `other` that this rank forwarded.
+                self.ledger.credit(other, from, bytes)?;
+                if !self.gone[other as usize] {
+                    let c = credit(self.me, CREDIT_TO_SOURCE, from, bytes);
+                    self.forward.push_back((other, c, Bytes::new()));
+                }
+                Ok(())
+            }
+            CREDIT_TO_SOURCE => self.flow.credit(from, other, bytes),
+            _ => Err(WireError::Link("relay credit of an unknown kind")),
+        }
+    }
+
     /// Delivers envelope `env` (whole, from neighbour `from`) here, or queues it onward.
     fn envelope(&mut self, from: Rank, h: Header, env: Bytes) -> Result<(), WireError> {
         let dest = Rank::try_from(h.seq).ok().filter(|&d| d < self.limits.world_size);
@@ -300,7 +411,14 @@ impl RelaySink<'_> {
             if !matches!(self.ways.get(dest as usize), Some(Way::Direct | Way::Split(_))) {
                 return Err(WireError::Link("envelope for a rank this proxy does not reach"));
             }
+            // The credit for it comes back naming the frame's source: it must be the neighbour
+            // whose window it counts against.
+            let src = env.get(8..12).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+            if src != Some(from) {
+                return Err(WireError::WrongSource { expected: from, got: src.unwrap_or(u32::MAX) });
+            }
             if !self.gone[dest as usize] {
+                self.ledger.take(from, dest, env.len())?;
                 self.forward.push_back((dest, Header { src: self.me, ..h }, env));
             }
             return Ok(());
@@ -319,6 +437,7 @@ impl RelaySink<'_> {
         if self.gone[src as usize] {
             return Ok(());
         }
+        self.owed.took(from, src, env.len());
         if inner.kind == Kind::Data {
             match self.up.data_dest(src, &inner)? {
                 Some(d) if d.len() == env.len() - HEADER_LEN => {
@@ -353,8 +472,13 @@ unsafe impl Sink for RelaySink<'_> {
         if h.kind == Kind::Data && h.flags & flags::RELAY != 0 {
             let env = Bytes::from(std::mem::take(&mut self.staging[peer as usize].buf));
             if let Err(e) = self.envelope(peer, h, env) {
-                tracing::warn!(from = peer, error = %e, "bad envelope; disconnecting");
-                self.up.peer_lost(peer, TransportError::Wire(e));
+                self.violations.push((peer, e));
+            }
+            return;
+        }
+        if h.kind == Kind::Credit && h.flags & flags::RELAY != 0 {
+            if let Err(e) = self.credit(peer, &h) {
+                self.violations.push((peer, e));
             }
             return;
         }
@@ -377,6 +501,8 @@ unsafe impl Sink for RelaySink<'_> {
 
     fn peer_lost(&mut self, peer: Rank, err: TransportError) {
         self.serving[peer as usize] = false;
+        self.ledger.lost(peer);
+        self.flow.dest_lost(peer);
         self.staging[peer as usize] = Staged::default();
         self.rts_len.retain(|k, _| k.0 != peer);
         self.data_len.retain(|k, _| k.0 != peer);
@@ -391,5 +517,200 @@ unsafe impl Sink for RelaySink<'_> {
                 _ => {}
             }
         }
+        // What waited for the lost proxy's windows goes directly where it can (`Way::Direct` by
+        // now), else nowhere (the destination is lost with the proxy).
+        self.fallback.extend(self.flow.proxy_lost(peer));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `Relayed` over a scripted inner transport: what a proxy holds, and what it forwards, as
+    //! its neighbours send.
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Wire {
+        /// Frames to hand to the sink on the next progress: (from, header, payload).
+        incoming: VecDeque<(Rank, Header, Bytes)>,
+        sent: Vec<(Rank, Header, Bytes)>,
+        disconnected: Vec<Rank>,
+    }
+
+    struct Scripted(Arc<Mutex<Wire>>);
+
+    impl Transport for Scripted {
+        fn name(&self) -> &'static str {
+            "tcp"
+        }
+        fn eager_limit(&self) -> usize {
+            1024
+        }
+        fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
+            self.0.lock().unwrap().sent.push((peer, header, payload));
+        }
+        fn send_copy(&mut self, peer: Rank, header: Header, payload: &[u8]) {
+            self.send(peer, header, Bytes::copy_from_slice(payload))
+        }
+        fn progress(&mut self, sink: &mut dyn Sink) -> usize {
+            let frames: Vec<_> = self.0.lock().unwrap().incoming.drain(..).collect();
+            let n = frames.len();
+            for (from, h, payload) in frames {
+                if h.kind == Kind::Data {
+                    match sink.data_dest(from, &h) {
+                        Ok(Some(d)) => d.copy_from_slice(&payload),
+                        other => panic!("no destination: {:?}", other.map(|d| d.map(|d| d.len()))),
+                    }
+                    sink.frame(from, h, Bytes::new());
+                } else {
+                    sink.frame(from, h, payload);
+                }
+            }
+            n
+        }
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<()> {
+            Poll::Pending
+        }
+        fn awake(&mut self) {}
+        fn has_pending_output(&self) -> bool {
+            false
+        }
+        fn disconnect(&mut self, peer: Rank, _: TransportError) {
+            self.0.lock().unwrap().disconnected.push(peer);
+        }
+    }
+
+    /// Collects what reaches the engine.
+    #[derive(Default)]
+    struct Up {
+        frames: Vec<(Rank, Header)>,
+        buf: Vec<u8>,
+        lost: Vec<Rank>,
+    }
+
+    // SAFETY: the buffer lent by `data_dest` lives as long as the sink and is only replaced by the
+    // next `data_dest`, after the frame it was lent for.
+    unsafe impl Sink for Up {
+        fn data_dest(&mut self, _: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
+            self.buf = vec![0; h.len as usize];
+            Ok(Some(&mut self.buf))
+        }
+        fn frame(&mut self, peer: Rank, h: Header, _: Bytes) {
+            self.frames.push((peer, h));
+        }
+        fn peer_lost(&mut self, peer: Rank, _: TransportError) {
+            self.lost.push(peer);
+        }
+    }
+
+    const LIMITS: Limits = Limits { world_size: 3, eager_limit: 1024, chunk: 64 << 10, max_message: 1 << 30 };
+
+    /// An envelope from `src` for `dest` carrying a data frame of `len` bytes.
+    fn envelope(src: Rank, dest: Rank, len: usize) -> (Header, Bytes) {
+        let inner = Header { src, len: len as u32, ..Header::new(Kind::Data) };
+        let mut b = BytesMut::new();
+        b.put_slice(&inner.encode());
+        b.put_slice(&vec![7u8; len]);
+        let outer =
+            Header { flags: flags::RELAY, src, seq: u64::from(dest), len: b.len() as u32, ..Header::new(Kind::Data) };
+        (outer, b.freeze())
+    }
+
+    fn relayed(me: Rank, ways: Vec<Way>) -> (Relayed, Arc<Mutex<Wire>>) {
+        let wire = Arc::new(Mutex::new(Wire::default()));
+        (Relayed::new(me, Box::new(Scripted(wire.clone())), ways, 32 << 10, LIMITS), wire)
+    }
+
+    /// Rank 1 forwards for 0 -> 2. Rank 0 floods it beyond its window: the proxy forwards a
+    /// window's worth, holds no more, and disconnects rank 0 at the first envelope beyond it.
+    #[test]
+    fn a_proxy_holds_one_window_and_refuses_a_flooding_source() {
+        let (mut proxy, wire) = relayed(1, vec![Way::Direct, Way::None, Way::Direct]);
+        let w = flow::window(&LIMITS);
+        let (h, env) = envelope(0, 2, 32 << 10);
+        let fit = w / env.len();
+        for _ in 0..fit + 1 {
+            wire.lock().unwrap().incoming.push_back((0, h, env.clone()));
+        }
+        let mut up = Up::default();
+        proxy.progress(&mut up);
+        let wire_now = wire.lock().unwrap();
+        let forwarded = wire_now.sent.iter().filter(|s| s.0 == 2 && s.1.flags & flags::RELAY != 0).count();
+        assert_eq!(forwarded, fit);
+        assert!(proxy.held(0, 2) <= w, "{} > {w}", proxy.held(0, 2));
+        assert_eq!(wire_now.disconnected, vec![0]);
+        assert!(up.frames.is_empty(), "nothing for the proxy's own engine");
+    }
+
+    /// The destination's credit passes through the proxy to the source, which then sends what
+    /// waited for its window; the proxy's ledger empties.
+    #[test]
+    fn credit_flows_back_through_the_proxy_and_opens_the_window() {
+        // Source 0 reaches 2 only through 1.
+        let (mut src, src_wire) = relayed(0, vec![Way::None, Way::Direct, Way::Via(1)]);
+        let (mut proxy, proxy_wire) = relayed(1, vec![Way::Direct, Way::None, Way::Direct]);
+        let (mut dest, dest_wire) = relayed(2, vec![Way::Via(1), Way::Direct, Way::None]);
+        let w = flow::window(&LIMITS);
+        // 3 MiB of data in 32 KiB pieces: three windows.
+        let h = Header { src: 0, len: 3 << 20, ..Header::new(Kind::Data) };
+        src.send(2, h, Bytes::from(vec![3u8; 3 << 20]));
+        let mut delivered = 0usize;
+        let mut max_held = 0;
+        for _ in 0..100 {
+            let mut up = Up::default();
+            src.progress(&mut up);
+            // Source -> proxy.
+            let out: Vec<_> = src_wire.lock().unwrap().sent.drain(..).collect();
+            for (to, h, p) in out {
+                assert_eq!(to, 1, "everything to 2 goes through 1");
+                proxy_wire.lock().unwrap().incoming.push_back((0, h, p));
+            }
+            proxy.progress(&mut Up::default());
+            max_held = max_held.max(proxy.held(0, 2));
+            let out: Vec<_> = proxy_wire.lock().unwrap().sent.drain(..).collect();
+            for (to, h, p) in out {
+                match to {
+                    2 => dest_wire.lock().unwrap().incoming.push_back((1, h, p)),
+                    0 => src_wire.lock().unwrap().incoming.push_back((1, h, p)),
+                    _ => panic!("to {to}"),
+                }
+            }
+            let mut up = Up::default();
+            dest.progress(&mut up);
+            delivered += up.frames.iter().filter(|(from, h)| *from == 0 && h.kind == Kind::Data).count();
+            let out: Vec<_> = dest_wire.lock().unwrap().sent.drain(..).collect();
+            for (to, h, p) in out {
+                assert_eq!((to, h.kind, h.flags), (1, Kind::Credit, flags::RELAY));
+                proxy_wire.lock().unwrap().incoming.push_back((2, h, p));
+            }
+            if delivered == 96 && proxy.held(0, 2) == 0 && !src.has_queued_output() {
+                break;
+            }
+        }
+        assert_eq!(delivered, 96, "every piece arrives");
+        assert!(max_held > 0 && max_held <= w, "{max_held}");
+        assert_eq!(proxy.held(0, 2), 0);
+        for wire in [&src_wire, &proxy_wire, &dest_wire] {
+            assert!(wire.lock().unwrap().disconnected.is_empty());
+        }
+    }
+
+    /// A destination that returns more credit than it was sent is disconnected by the proxy.
+    #[test]
+    fn an_inflated_credit_is_a_violation() {
+        let (mut proxy, wire) = relayed(1, vec![Way::Direct, Way::None, Way::Direct]);
+        let (h, env) = envelope(0, 2, 100);
+        wire.lock().unwrap().incoming.push_back((0, h, env.clone()));
+        let c = credit(2, CREDIT_TO_PROXY, 0, env.len() + 1);
+        wire.lock().unwrap().incoming.push_back((2, c, Bytes::new()));
+        proxy.progress(&mut Up::default());
+        assert_eq!(wire.lock().unwrap().disconnected, vec![2]);
+        // A source that claims another rank's frames is refused too.
+        let (h, env) = envelope(2, 2, 100);
+        wire.lock().unwrap().incoming.push_back((0, Header { src: 0, ..h }, env));
+        proxy.progress(&mut Up::default());
+        assert_eq!(wire.lock().unwrap().disconnected, vec![2, 0]);
     }
 }

@@ -115,6 +115,13 @@ impl Costs {
         Ok(c)
     }
 
+    /// Every hop named (not the default), sorted.
+    pub fn hops(&self) -> Vec<(Rank, Rank, Hop)> {
+        let mut v: Vec<_> = self.hops.iter().map(|(&(a, b), &h)| (a, b, h)).collect();
+        v.sort_by_key(|x| (x.0, x.1));
+        v
+    }
+
     /// Writes the costs in the form [`Costs::parse`] reads.
     pub fn to_text(&self) -> String {
         let mut keys: Vec<_> = self.hops.keys().copied().collect();
@@ -128,6 +135,36 @@ impl Costs {
             s += &format!("{a} {b} {:.3} {:.3}\n", h.latency * 1e6, h.bandwidth / 1e6);
         }
         s
+    }
+}
+
+/// What a start-up probe of one hop measured: round trips of a few bytes, and one burst of
+/// bytes sent one way, timed from its first byte's send to the receiver's one-byte answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProbeSample {
+    /// Each round trip, seconds.
+    pub round_trips: Vec<f64>,
+    /// Bytes of the burst.
+    pub bytes: usize,
+    /// Seconds from the burst's start to its answer.
+    pub secs: f64,
+}
+
+impl ProbeSample {
+    /// The hop it measured: half the median round trip; the burst's bytes over its time less one
+    /// round trip (the answer's way back and the first byte's way there). `None` if it measured
+    /// nothing usable.
+    pub fn hop(&self) -> Option<Hop> {
+        let mut rtts: Vec<f64> = self.round_trips.iter().copied().filter(|t| t.is_finite() && *t >= 0.0).collect();
+        if rtts.is_empty() || self.bytes == 0 || !self.secs.is_finite() || self.secs <= 0.0 {
+            return None;
+        }
+        rtts.sort_by(f64::total_cmp);
+        let rtt = rtts[rtts.len() / 2];
+        // A burst that took no longer than a round trip says only that the hop is fast: count
+        // it as taking at least a tenth of its time beyond the round trip.
+        let transfer = (self.secs - rtt).max(self.secs / 10.0);
+        Some(Hop { latency: rtt / 2.0, bandwidth: self.bytes as f64 / transfer })
     }
 }
 
@@ -315,6 +352,45 @@ mod tests {
         let connected = |a: Rank, b: Rank| (a.min(b), a.max(b)) != (0, 3);
         let plan = Planner::default().plan(0, 3, &c, connected, 0..4).unwrap();
         assert_eq!(plan.steps, vec![(0, Route::Via(2))]);
+    }
+
+    #[test]
+    fn probe_samples_become_hops() {
+        let s = ProbeSample { round_trips: vec![0.0002, 0.0001, 0.009, 0.0001, 0.0001], bytes: 1 << 20, secs: 0.0801 };
+        let h = s.hop().unwrap();
+        assert!((h.latency - 50e-6).abs() < 1e-9, "{h:?}");
+        assert!((h.bandwidth - (1 << 20) as f64 / 0.08).abs() < 1.0, "{h:?}");
+        // A burst faster than a round trip still gives a finite, large bandwidth.
+        let fast = ProbeSample { round_trips: vec![0.001], bytes: 1 << 20, secs: 0.0005 }.hop().unwrap();
+        assert!(fast.bandwidth.is_finite() && fast.bandwidth > 1e9, "{fast:?}");
+        assert_eq!(ProbeSample { round_trips: vec![], bytes: 1, secs: 1.0 }.hop(), None);
+        assert_eq!(ProbeSample { round_trips: vec![0.001], bytes: 0, secs: 1.0 }.hop(), None);
+        assert_eq!(ProbeSample { round_trips: vec![0.001], bytes: 1, secs: f64::NAN }.hop(), None);
+    }
+
+    /// The bench's three hosts as a start-up probe sees them: A (1) and C (2) joined by a slow
+    /// direct link, both joined to B (0) by fast ones. From the probed costs, rank 1 stages its
+    /// large messages to 2 through 0, and keeps small ones direct; with a healthy direct link it
+    /// keeps everything direct.
+    #[test]
+    fn probed_costs_choose_the_route_per_message() {
+        let probe = |rtt: f64, mbps: f64| {
+            let bytes = 1 << 20;
+            ProbeSample { round_trips: vec![rtt; 5], bytes, secs: rtt + bytes as f64 / (mbps * MB) }.hop().unwrap()
+        };
+        let mut c = Costs::default();
+        c.set(0, 1, probe(100e-6, 90.0));
+        c.set(0, 2, probe(170e-6, 95.0));
+        c.set(1, 2, probe(180e-6, 12.0));
+        let all = |a: Rank, b: Rank| a != b;
+        let plan = Planner::default().plan(1, 2, &c, all, 0..3).unwrap();
+        assert_eq!(plan.route(8), Route::Direct);
+        assert_eq!(plan.route(1 << 10), Route::Direct);
+        assert_eq!(plan.route(4 << 20), Route::Via(0));
+        c.set(1, 2, probe(160e-6, 1300.0));
+        c.set(2, 1, probe(160e-6, 1300.0));
+        let plan = Planner::default().plan(1, 2, &c, all, 0..3).unwrap();
+        assert_eq!(plan.steps, vec![(0, Route::Direct)]);
     }
 
     #[test]
