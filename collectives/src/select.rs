@@ -316,7 +316,7 @@ impl Default for Table {
             single_copy_min: 64 << 10,
             single_copy_allreduce_min: 256 << 10,
             single_copy_gather_min: 512 << 10,
-            rdma_min: 16 << 10,
+            rdma_min: 128 << 10,
             overrides: Overrides::default(),
         }
     }
