@@ -12,7 +12,8 @@
 #                                RDMA write, read and atomics; a target killed); reliable
 #                                multicast over a UD multicast group with 3 and 4 ranks as
 #                                processes (loss injected in the UD receive path, a member
-#                                killed mid-window)
+#                                killed mid-window); all-gather and all-to-all by RDMA writes
+#                                (2 to 4 ranks as processes, against the sequential reference)
 #   scripts/verbs-vm.sh bench    ferrocomm verbs ping-pong and streaming bandwidth vs
 #                                ib_send_lat / ib_write_bw on rxe0, the transport alone, and
 #                                one-sided put/get/fetch-add latency vs ib_write_lat,
@@ -21,10 +22,15 @@
 #                                shorter runs while tuning:
 #                                VERBS_BENCH_MODES (default "busy blocking busy-srq": progress
 #                                mode, -srq for eager slots through the shared receive queue) and
-#                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M --target-ms 300");
-#                                VERBS_BENCH_STEPS (default "verbs-transport rma-verbs pingpong":
-#                                the steps to run, e.g. "rma-verbs" alone) and VERBS_RMA_RUNS
-#                                (default 3: rma-verbs --runs)
+#                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M --target-ms 300"),
+#                                VERBS_RMA_RUNS (default 3: rma-verbs --runs).
+#                                Also: reliable multicast over UD vs binomial broadcast over RC
+#                                at 4 ranks, 8 B to 1 MiB, with the stream's NACKs at the
+#                                default UD receive pool and at a 256-buffer one
+#                                (results/multicast-verbs.*); RDMA all-gather and all-to-all vs
+#                                the point-to-point algorithms (results/collectives-rdma.*); the
+#                                UD vs RC resources per rank (results/ud-vs-rc.txt)
+#   VERBS_ONLY="step ..."        runs only these steps (names as reported), in either mode
 #
 # Installs what it needs (idempotent: apt, pip), builds on the host with `--features verbs`,
 # boots the VM, brings up rxe0 on a dummy interface, runs, and reports pass/fail and timings.
@@ -108,7 +114,6 @@ fi
 echo "verbs-vm: build $(($(date +%s) - t0)) s"
 
 # --- the run inside the VM -------------------------------------------------------------------
-STEPS=" ${VERBS_BENCH_STEPS:-verbs-transport rma-verbs pingpong} "
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ferrocomm-verbs-vm.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
 cat >"$OUT/inner.sh" <<EOF
@@ -118,6 +123,7 @@ echo booted >"$OUT/booted"
 cd "$ROOT"
 step() { # name command... : runs, logs, records "name rc seconds"
     local name=\$1; shift
+    case " ${VERBS_ONLY:-\$name} soft-roce " in *" \$name "*) ;; *) return 0 ;; esac
     local t0=\$(date +%s%N)
     "\$@" >"$OUT/\$name.log" 2>&1
     local rc=\$?
@@ -143,21 +149,37 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         step ud-group timeout 300 "${UD_GROUP:-}" --test-threads=1 --nocapture
         step multicast-ud-loss timeout 1800 "${MCAST_UD:-}" --exact exactly_once_in_order_over_ud_with_loss --nocapture
         step multicast-ud-kill timeout 900 "${MCAST_UD:-}" --exact member_killed_mid_window_over_ud --nocapture
+        step rdma-collectives timeout 1200 "${RMA_SUITE:-}" --exact rdma_collectives_over_verbs --test-threads=1 --nocapture
     else
         # How busy the VM is before the bench (anything left spinning skews every figure).
         { uptime; top -bn1 | head -15; } >"$OUT/vm-load.txt" 2>&1
         # The transport alone, each eager path: what the layers above it cost, by difference.
-        steps="$STEPS"
-        [[ \$steps == *" verbs-transport "* ]] && step verbs-transport timeout 600 "${BENCH:-}" verbs-transport --json "$OUT/verbs-transport.json"
+        step verbs-transport timeout 600 "${BENCH:-}" verbs-transport --json "$OUT/verbs-transport.json"
         # One-sided latency against perftest's RDMA write, read and atomic latency.
-        [[ \$steps == *" rma-verbs "* ]] && step rma-verbs timeout 1200 "${BENCH:-}" rma-verbs --runs ${VERBS_RMA_RUNS:-3} --json "$OUT/rma-verbs.json"
-        [[ \$steps == *" pingpong "* ]] && for p in ${VERBS_BENCH_MODES:-busy blocking busy-srq}; do
+        step rma-verbs timeout 1200 "${BENCH:-}" rma-verbs --runs ${VERBS_RMA_RUNS:-3} --json "$OUT/rma-verbs.json"
+        for p in ${VERBS_BENCH_MODES:-busy blocking busy-srq}; do
             # MODE[-srq]: progress mode, eager slots through the shared receive queue with -srq.
             progress=\${p%-srq}; eager=ring; [ "\$progress" = "\$p" ] || eager=srq
             step pingpong-\$p env FERROCOMM_VERBS_EAGER=\$eager timeout 1800 "${BENCH:-}" pingpong --transport verbs \\
                 --progress \$progress --recv-into ${VERBS_BENCH_ARGS:---runs 3 --max 4M --target-ms 300} \\
                 --json "$OUT/pingpong-verbs-\$p.json" --plot "$OUT/pingpong-verbs-\$p.svg"
         done
+        # Reliable multicast over UD vs binomial broadcast over RC, 4 ranks; the stream's NACKs.
+        # The group test takes longer than its 2 s default in an emulated VM (as in multicast_ud).
+        step multicast-verbs env FERROCOMM_MCAST_CONFIRM_MS=30000 timeout 1800 "${BENCH:-}" multicast --ranks 4 --transports verbs --max 1M \
+            --stream ${VERBS_MCAST_STREAM:-4000} --stream-runs 1 --json "$OUT/multicast-verbs.json" --plot "$OUT/multicast-verbs.svg"
+        # The same stream with the UD receive pool at 256 buffers (the pool a 60 KB datagram
+        # setting bought when it was counted in configured datagrams), and the kernel's and
+        # the device's drop counters around it.
+        step multicast-verbs-pool256 sh -c 'cat /proc/net/softnet_stat; rdma statistic show || true; \
+            FERROCOMM_MCAST_CONFIRM_MS=30000 FERROCOMM_MCAST_BUFFER=\$((256 * (1024 + 40))) timeout 1800 "${BENCH:-}" multicast --ranks 4 --transports verbs \
+            --stream ${VERBS_MCAST_STREAM:-4000} --stream-runs 1 --stream-only; rc=\$?; cat /proc/net/softnet_stat; rdma statistic show; exit \$rc'
+        # RDMA all-gather and all-to-all against the point-to-point algorithms, each pinned.
+        step collectives-rdma timeout 2400 "${BENCH:-}" collectives --sweep --no-mpi --ranks 2,4 --ops allgather,alltoall \
+            --max 1M --step 8 --runs 1 --iters 100 --warmup 10 --iters-large 10 --warmup-large 2 --progress blocking --env FERROCOMM_TRANSPORTS=verbs \
+            --json "$OUT/collectives-rdma.json" --plot "$OUT/collectives-rdma.svg"
+        # UD vs RC: queue pairs and registered memory per rank, measured and modelled.
+        step ud-vs-rc env FERROCOMM_MCAST_CONFIRM_MS=30000 timeout 600 "${BENCH:-}" ud-vs-rc --ranks 2,3,4 --json "$OUT/ud-vs-rc.json"
     fi
 fi
 echo done >"$OUT/done"
@@ -187,26 +209,29 @@ while read -r name rc ms; do
         tail -60 "$OUT/$name.log" | sed 's/^/    /' >&2
         status=1
     fi
-    grep -hoE '(FAULT-MATRIX|one-sided|ratios ferrocomm|verbs suite|verbs kill|multicast over UD|UD group|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
+    grep -hoE '(FAULT-MATRIX|one-sided|ratios ferrocomm|verbs suite|verbs kill|multicast over UD|UD group|RDMA collectives|NACK|loss reported|new buffer|frames through|verbs vs perftest|verbs transport alone|summary).*' "$OUT/$name.log" | sed 's/^/      /' || true
 done <"$OUT/steps"
 [ -e "$OUT/done" ] || { echo "verbs-vm: FAILED: the run inside the VM did not finish" >&2; tail -20 "$OUT/console.log" >&2; status=1; }
 if [ "$MODE" = test ]; then
-    expected=9
+    expected=10
 else
     set -- ${VERBS_BENCH_MODES:-busy blocking busy-srq}
-    expected=1
-    [[ $STEPS == *" verbs-transport "* ]] && expected=$((expected + 1))
-    [[ $STEPS == *" rma-verbs "* ]] && expected=$((expected + 1))
-    [[ $STEPS == *" pingpong "* ]] && expected=$((expected + $#))
+    expected=$((7 + $#))
     mkdir -p results
     cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg "$OUT"/verbs-transport.json results/ 2>/dev/null || true
     for p in "$@"; do cp "$OUT/pingpong-$p.log" "results/pingpong-verbs-$p.txt" 2>/dev/null || true; done
     cp "$OUT/verbs-transport.log" results/verbs-transport.txt 2>/dev/null || true
     cp "$OUT/rma-verbs.log" results/rma-verbs.txt 2>/dev/null || true
     cp "$OUT/rma-verbs.json" results/rma-verbs.json 2>/dev/null || true
+    cp "$OUT"/multicast-verbs.json "$OUT"/multicast-verbs.svg "$OUT"/collectives-rdma.json "$OUT"/collectives-rdma.svg \
+        "$OUT"/ud-vs-rc.json results/ 2>/dev/null || true
+    for f in multicast-verbs multicast-verbs-pool256 collectives-rdma ud-vs-rc; do
+        cp "$OUT/$f.log" "results/$f.txt" 2>/dev/null || true
+    done
     echo "verbs-vm: VM load before the bench:" && sed 's/^/    /' "$OUT/vm-load.txt" 2>/dev/null || true
     echo "verbs-vm: results in results/pingpong-verbs-{$(echo "$@" | tr ' ' ,)}.{json,svg,txt}"
 fi
+[ -z "${VERBS_ONLY:-}" ] || expected=$((1 + $(echo $VERBS_ONLY | wc -w)))
 [ "$(wc -l <"$OUT/steps" 2>/dev/null || echo 0)" -ge "$expected" ] || { echo "verbs-vm: FAILED: steps missing" >&2; status=1; }
 echo "verbs-vm: $([ $status = 0 ] && echo PASSED || echo FAILED) in $(($(date +%s) - t_start)) s"
 exit $status

@@ -111,6 +111,76 @@ fn rma_suite_over_verbs() {
     println!("one-sided over verbs, target killed: {took:?}");
 }
 
+/// All-gather and all-to-all by RDMA writes into the peers' buffers (`Algorithm::Rdma`) with 2,
+/// 3 and 4 ranks as processes over verbs: by the default table (the RDMA tier from its
+/// threshold) and pinned to `rdma` at every size; each result against the sequential reference.
+#[cfg(feature = "verbs")]
+#[test]
+fn rdma_collectives_over_verbs() {
+    if !verbs_here("rdma_collectives_over_verbs") {
+        return;
+    }
+    for (n, pin) in
+        [(2, ""), (3, ""), (4, ""), (4, "allgather=rdma,alltoall=rdma"), (3, "allgather=rdma,alltoall=rdma")]
+    {
+        let env = format!("FERROCOMM_COLL={pin}");
+        let (code, text, took) = launch(n, "rdma-coll", "verbs", &[env.as_str()]);
+        assert_eq!(code, Some(0), "verbs, {n} ranks, pinned {pin:?}:\n{text}");
+        for r in 0..n {
+            assert!(said(&text, r, "RDMA-COLL-OK"), "verbs, {n} ranks, pinned {pin:?}, rank {r}:\n{text}");
+        }
+        println!("RDMA collectives over verbs, {n} ranks, pinned {pin:?}: {took:?}");
+    }
+}
+
+/// The element `i` of rank `from`'s block for rank `to` (an all-gather's blocks have `to` 0).
+fn element(from: u32, to: u32, i: usize) -> u64 {
+    (u64::from(from) << 48) ^ (u64::from(to) << 32) ^ (i as u64).wrapping_mul(0x9e37_79b9)
+}
+
+/// Every size from one element to 512 KiB per block, each twice (the buffers alternate between
+/// calls), sizes rising (the buffers grow) and falling; two calls held together; each result
+/// against the reference.
+async fn rdma_collectives(w: &ferrocomm::World) {
+    use ferrocomm::{Algorithm, Operation};
+    let (r, n) = (w.rank(), w.size());
+    let pinned = std::env::var("FERROCOMM_COLL").is_ok_and(|v| v.contains("rdma"));
+    let mut used = 0;
+    for elems in [1usize, 1000, 2048, 4096, 65536, 4096, 1, 20000] {
+        let bytes = elems * 8;
+        let want = if pinned || bytes >= w.collective_table().rdma_min { Algorithm::Rdma } else { Algorithm::Bruck };
+        for op in [Operation::Allgather, Operation::Alltoall] {
+            let got = w.collective_algorithm(op, bytes);
+            if want == Algorithm::Rdma {
+                assert_eq!(got, Algorithm::Rdma, "{op} of {bytes} B on {n} ranks");
+                used += 1;
+            } else {
+                assert_ne!(got, Algorithm::Rdma, "{op} of {bytes} B on {n} ranks");
+            }
+        }
+        for _ in 0..2 {
+            let mine: Vec<u64> = (0..elems).map(|i| element(r, 0, i)).collect();
+            let all = w.allgather(&mine).await.unwrap();
+            let reference: Vec<u64> = (0..n).flat_map(|j| (0..elems).map(move |i| element(j, 0, i))).collect();
+            assert!(all == reference, "all-gather of {elems} elements on {n} ranks differs");
+            let parts: Vec<u64> = (0..n).flat_map(|to| (0..elems).map(move |i| element(r, to, i))).collect();
+            let got = w.alltoall(&parts).await.unwrap();
+            let reference: Vec<u64> = (0..n).flat_map(|from| (0..elems).map(move |i| element(from, r, i))).collect();
+            assert!(got == reference, "all-to-all of {elems} elements on {n} ranks differs");
+        }
+    }
+    // Two calls made before either is awaited, driven together.
+    let elems = 8192;
+    let a: Vec<u64> = (0..elems).map(|i| element(r, 0, i)).collect();
+    let b: Vec<u64> = (0..n).flat_map(|to| (0..elems).map(move |i| element(r, to, i))).collect();
+    let (x, y) = futures::join!(w.allgather(&a), w.alltoall(&b));
+    let rx: Vec<u64> = (0..n).flat_map(|j| (0..elems).map(move |i| element(j, 0, i))).collect();
+    let ry: Vec<u64> = (0..n).flat_map(|from| (0..elems).map(move |i| element(from, r, i))).collect();
+    assert!(x.unwrap() == rx && y.unwrap() == ry, "held calls on {n} ranks differ");
+    assert!(used > 0);
+    println!("RDMA-COLL-OK {n} ranks, {used} sizes by rdma");
+}
+
 /// One rank of a scenario, when run by `ferrorun`.
 #[test]
 fn rma_rank_process() {
@@ -133,6 +203,10 @@ fn rma_rank_process() {
                 w.finalize().await.unwrap();
             }
             "kill" => kill_scenario(w).await,
+            "rdma-coll" => {
+                rdma_collectives(&w).await;
+                w.finalize().await.unwrap();
+            }
             other => panic!("unknown scenario {other}"),
         }
     };

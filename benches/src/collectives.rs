@@ -450,15 +450,23 @@ fn sweep(opts: &Options, s: &Schedule) -> Result<()> {
     let mut found: BTreeMap<Key, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
     let mut watch = Watch { busiest: 0.0, log: Vec::new() };
     let mut commands = Vec::new();
-    let algorithms: usize =
-        s.ops.iter().map(|op| op.parse::<Operation>().map_or(0, |o| Algorithm::for_operation(o).len())).sum();
+    // Over verbs, the RDMA tier is one more curve where it serves.
+    let verbs = opts.env.iter().any(|e| e == "FERROCOMM_TRANSPORTS=verbs");
+    let menu = |o: Operation| {
+        let mut algs = Algorithm::for_operation(o).to_vec();
+        if verbs && Algorithm::rdma_serves(o) {
+            algs.push(Algorithm::Rdma);
+        }
+        algs
+    };
+    let algorithms: usize = s.ops.iter().map(|op| op.parse::<Operation>().map_or(0, |o| menu(o).len())).sum();
     let bar = cli::Progress::new((opts.runs * opts.ranks.len() * algorithms) as u64, "collectives --sweep");
     for run in 1..=opts.runs {
         for &n in &opts.ranks {
             for op in &s.ops {
                 let operation: Operation = op.parse()?;
                 let schedule = Schedule { ops: vec![op.clone()], ..s.clone() };
-                for alg in Algorithm::for_operation(operation) {
+                for alg in menu(operation) {
                     bar.step(format!("run {run}: {n} ranks: {op}={alg}"));
                     let job = spec(opts, n, &schedule, Some(format!("{operation}={alg}")));
                     if run == 1 {

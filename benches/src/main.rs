@@ -68,6 +68,7 @@ mod rma_verbs;
 mod sim_scale;
 mod sweep;
 mod transport;
+mod ud_rc;
 #[cfg(feature = "verbs")]
 mod verbs_transport;
 
@@ -102,6 +103,7 @@ enum Command {
     RmaVerbs(rma_verbs::Options),
     SimScale(sim_scale::Options),
     Rails(rails::Options),
+    UdVsRc(ud_rc::Options),
     // The processes the benchmarks start: this binary again, with these hidden subcommands.
     #[command(name = ranks::JOB_COMMAND, hide = true)]
     PingpongJob(ranks::JobSpec),
@@ -131,6 +133,10 @@ enum Command {
     RmaRank(rma::JobSpec),
     #[command(name = rails::RANK_COMMAND, hide = true)]
     RailsRank(rails::RankSpec),
+    #[command(name = ud_rc::JOB_COMMAND, hide = true)]
+    UdVsRcJob(ud_rc::JobSpec),
+    #[command(name = ud_rc::RANK_COMMAND, hide = true)]
+    UdVsRcRank(ud_rc::JobSpec),
 }
 
 fn main() -> ExitCode {
@@ -147,6 +153,9 @@ fn main() -> ExitCode {
         Command::RmaVerbs(o) => rma_verbs::main(o),
         Command::SimScale(o) => sim_scale::main(o),
         Command::Rails(o) => rails::main(o),
+        Command::UdVsRc(o) => ud_rc::main(o),
+        Command::UdVsRcJob(s) => ud_rc::job_main(s),
+        Command::UdVsRcRank(s) => ud_rc::rank_main(s),
         Command::RailsRank(s) => rails::rank_main(s),
         Command::PingpongJob(s) => ranks::job_main(s),
         Command::PingpongRank(s) => ranks::rank_main(s),

@@ -60,8 +60,9 @@ pub(crate) struct Options {
     /// ferrocomm progress mode of the ranks (blocking: more ranks than cores)
     #[arg(long, default_value = "blocking", value_parser = cli::progress)]
     progress: String,
-    /// Point-to-point between the ranks: auto (shared memory) or tcp
-    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp"])]
+    /// Point-to-point between the ranks: auto (shared memory), tcp, or verbs (then multicast
+    /// goes over a UD multicast group and the binomial tree over RC queue pairs)
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "verbs"])]
     transports: String,
     /// Write the results as JSON
     #[arg(long, value_name = "FILE")]

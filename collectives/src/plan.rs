@@ -29,6 +29,10 @@ pub trait Topology {
     fn multicast(&self) -> bool {
         false
     }
+    /// Whether every other member is reached over RDMA verbs (the RDMA tier's condition).
+    fn all_verbs(&self) -> bool {
+        false
+    }
 }
 
 /// The facts as plain values.
@@ -44,6 +48,8 @@ pub struct Facts {
     pub hosts: Option<bool>,
     /// See [`Topology::multicast`].
     pub multicast: bool,
+    /// See [`Topology::all_verbs`].
+    pub all_verbs: bool,
 }
 
 impl Topology for Facts {
@@ -62,11 +68,14 @@ impl Topology for Facts {
     fn multicast(&self) -> bool {
         self.multicast
     }
+    fn all_verbs(&self) -> bool {
+        self.all_verbs
+    }
 }
 
 /// The algorithm for `call` on a communicator described by `topology`, with `table`'s thresholds
-/// and overrides: the board, then single copy, then multicast, then the node-leader hierarchy,
-/// then [`Table::choose`].
+/// and overrides: the board, then single copy, then RDMA writes (every member over verbs), then
+/// multicast, then the node-leader hierarchy, then [`Table::choose`].
 pub fn choose(call: Call, topology: &impl Topology, table: &Table) -> Algorithm {
     let Call { op, ranks, bytes, commutative } = call;
     let pinned = table.overrides.get(&op).copied();
@@ -90,6 +99,16 @@ pub fn choose(call: Call, topology: &impl Topology, table: &Table) -> Algorithm 
         };
         if single {
             return Algorithm::SingleCopy;
+        }
+    }
+    // RDMA writes into the peers' registered buffers: every other member reached over verbs.
+    if Algorithm::rdma_serves(op) && ranks >= 2 && topology.all_verbs() {
+        let rdma = match pinned {
+            Some(pinned) => pinned == Algorithm::Rdma,
+            None => bytes >= table.rdma_min,
+        };
+        if rdma {
+            return Algorithm::Rdma;
         }
     }
     // Reliable multicast serves broadcast and barrier when pinned; unpinned, a broadcast on
@@ -122,10 +141,10 @@ mod tests {
 
     /// Busy-polling ranks on one host that may read each other's memory.
     const HOST: Facts =
-        Facts { on_one_host: true, all_busy: true, all_single_copy: true, hosts: None, multicast: false };
+        Facts { on_one_host: true, all_busy: true, all_single_copy: true, hosts: None, multicast: false, all_verbs: false };
     /// Two hosts with several ranks each.
     const HOSTS: Facts =
-        Facts { on_one_host: false, all_busy: true, all_single_copy: true, hosts: Some(true), multicast: false };
+        Facts { on_one_host: false, all_busy: true, all_single_copy: true, hosts: Some(true), multicast: false, all_verbs: false };
 
     fn call(op: Operation, ranks: u32, bytes: usize) -> Call {
         Call { op, ranks, bytes, commutative: true }
@@ -229,6 +248,26 @@ mod tests {
         assert_eq!(choose(call(Operation::Allgather, 8, 64), &HOSTS, &t), Algorithm::Bruck);
         // Another pin wins over the hierarchy.
         assert_eq!(choose(call(Operation::Bcast, 8, 64), &HOSTS, &pinned("bcast=binomial")), Algorithm::Binomial);
+    }
+
+    #[test]
+    fn rdma_serves_large_gathers_over_verbs_only() {
+        let t = Table::default();
+        let verbs = Facts { all_verbs: true, ..HOSTS };
+        for op in [Operation::Allgather, Operation::Alltoall] {
+            assert_eq!(choose(call(op, 4, t.rdma_min), &verbs, &t), Algorithm::Rdma, "{op}");
+            assert_ne!(choose(call(op, 4, t.rdma_min - 1), &verbs, &t), Algorithm::Rdma, "{op}");
+            // Not without verbs to every member, nor on one rank.
+            assert_ne!(choose(call(op, 4, t.rdma_min), &HOSTS, &t), Algorithm::Rdma, "{op}");
+            assert_ne!(choose(call(op, 1, t.rdma_min), &verbs, &t), Algorithm::Rdma, "{op}");
+        }
+        // Pinned: at any size; another pin wins; other operations never.
+        let p = pinned("alltoall=rdma");
+        assert_eq!(choose(call(Operation::Alltoall, 4, 8), &verbs, &p), Algorithm::Rdma);
+        assert_eq!(choose(call(Operation::Alltoall, 4, 8), &HOSTS, &p), Algorithm::Bruck);
+        let other = pinned("alltoall=pairwise");
+        assert_eq!(choose(call(Operation::Alltoall, 4, 1 << 20), &verbs, &other), Algorithm::Pairwise);
+        assert_ne!(choose(call(Operation::Allreduce, 4, 1 << 20), &verbs, &t), Algorithm::Rdma);
     }
 
     #[test]

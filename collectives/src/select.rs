@@ -97,11 +97,14 @@ pub enum Algorithm {
     /// Each rank copies straight from the others' memory (cross-memory attach), synchronised on
     /// the shared-memory board (every rank on one host; see [`crate::shared`]).
     SingleCopy,
+    /// Each rank RDMA-writes its blocks straight into the peers' registered receive buffers,
+    /// then a completion flag (every member reached over verbs; all-gather and all-to-all).
+    Rdma,
 }
 
 impl Algorithm {
     /// Every algorithm, in declaration order.
-    pub const ALL: [Algorithm; 14] = [
+    pub const ALL: [Algorithm; 15] = [
         Algorithm::Linear,
         Algorithm::Dissemination,
         Algorithm::Binomial,
@@ -116,6 +119,7 @@ impl Algorithm {
         Algorithm::Multicast,
         Algorithm::SharedMemory,
         Algorithm::SingleCopy,
+        Algorithm::Rdma,
     ];
 
     /// The flat (non-hierarchical) algorithms implemented for `op`.
@@ -159,6 +163,11 @@ impl Algorithm {
             Operation::Bcast | Operation::Allreduce | Operation::Reduce | Operation::Allgather | Operation::Alltoall
         )
     }
+
+    /// The operations served by RDMA writes into the peers' buffers (every member over verbs).
+    pub fn rdma_serves(op: Operation) -> bool {
+        matches!(op, Operation::Allgather | Operation::Alltoall)
+    }
 }
 
 impl fmt::Display for Algorithm {
@@ -178,6 +187,7 @@ impl fmt::Display for Algorithm {
             Algorithm::Multicast => "multicast",
             Algorithm::SharedMemory => "shared-memory",
             Algorithm::SingleCopy => "single-copy",
+            Algorithm::Rdma => "rdma",
         };
         f.write_str(s)
     }
@@ -267,6 +277,9 @@ pub struct Table {
     pub multicast_bcast_ranks: u32,
     /// ... for broadcasts up to this many bytes.
     pub multicast_bcast_max: usize,
+    /// All-gather and all-to-all from this many bytes (a rank's block) RDMA-write straight into
+    /// the peers' buffers ([`Algorithm::Rdma`]) when every member is reached over verbs.
+    pub rdma_min: usize,
     /// Operations pinned to one algorithm.
     pub overrides: Overrides,
 }
@@ -321,6 +334,7 @@ impl Default for Table {
             single_copy_gather_min: 512 << 10,
             multicast_bcast_ranks: MULTICAST_BCAST_RANKS,
             multicast_bcast_max: MULTICAST_BCAST_MAX,
+            rdma_min: 128 << 10,
             overrides: Overrides::default(),
         }
     }
@@ -334,7 +348,8 @@ impl Table {
             let (op, alg): (Operation, Algorithm) = (op.trim().parse()?, alg.trim().parse()?);
             let special = matches!(alg, Algorithm::Hierarchical | Algorithm::Multicast)
                 || (alg == Algorithm::SharedMemory && Algorithm::shared_memory_serves(op))
-                || (alg == Algorithm::SingleCopy && Algorithm::single_copy_serves(op));
+                || (alg == Algorithm::SingleCopy && Algorithm::single_copy_serves(op))
+                || (alg == Algorithm::Rdma && Algorithm::rdma_serves(op));
             if !alg.serves(op) && !special {
                 return Err(format!("{alg} does not implement {op}"));
             }
@@ -463,5 +478,7 @@ mod tests {
         assert_eq!(t.single_copy_from(Operation::Alltoall, 3), 512 << 10);
         assert_eq!(t.single_copy_from(Operation::Gather, 3), usize::MAX);
         assert!(Table::default().with_overrides("gather=single-copy").is_err());
+        assert!(Table::default().with_overrides("alltoall=rdma,allgather=rdma").is_ok());
+        assert!(Table::default().with_overrides("bcast=rdma").is_err());
     }
 }

@@ -574,6 +574,11 @@ impl Comm {
         self.inner.reactor.poll_until(cx, wait, check)
     }
 
+    /// A world handle on this communicator's world (the one-sided operations are `World`'s).
+    pub(crate) fn world(&self) -> World {
+        World { inner: self.inner.clone(), comm: self.clone() }
+    }
+
     /// The world this communicator belongs to.
     pub(crate) fn inner(&self) -> &Arc<Inner> {
         &self.inner

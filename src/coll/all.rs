@@ -140,10 +140,23 @@ impl Comm {
             out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
             self.lend(data, lend)
         });
-        let plan =
-            (board.is_none() && direct.is_none()).then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
+        let rdma = (alg == Algorithm::Rdma).then(|| {
+            let out: &mut [u8] = bytemuck::cast_slice_mut(out);
+            if out.len() != n as usize * len {
+                return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
+            }
+            out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
+            Ok((self.slot(), self.coll().rdma.turn(), Bytes::copy_from_slice(bytes)))
+        });
+        let plan = (board.is_none() && direct.is_none() && rdma.is_none())
+            .then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
         move |out: &mut [T]| {
             Box::pin(obs.wrap(async move {
+                if let Some(call) = rdma {
+                    let (slot, turn, src) = call?;
+                    return rdma::run(slot, turn, rdma::Shape::Allgather, src, len, bytemuck::cast_slice_mut(out))
+                        .await;
+                }
                 if let Some(call) = direct {
                     // Every other block straight from its rank's memory into `out`.
                     let out: &mut [u8] = bytemuck::cast_slice_mut(out);
@@ -258,7 +271,9 @@ impl Comm {
             // Messages and single copy alike: the own part does not travel.
             out[mine.clone()].copy_from_slice(&data[mine.clone()]);
         }
-        let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
+        let rdma = (early.is_none() && alg == Algorithm::Rdma)
+            .then(|| (self.slot(), self.coll().rdma.turn(), Bytes::copy_from_slice(bytemuck::cast_slice(data))));
+        let plan = (early.is_none() && board.is_none() && direct.is_none() && rdma.is_none()).then(|| {
             let travel = (0..n as usize).filter(|&i| i != r as usize).map(|i| &data[i * elems..(i + 1) * elems]);
             let mut all = pool.take(part * (n as usize - 1));
             for (chunk, src) in all.chunks_mut(part.max(1)).zip(travel) {
@@ -293,6 +308,11 @@ impl Comm {
                 }
                 if let Some(call) = board {
                     return copy_parts(out, &call?.await?);
+                }
+                if let Some((slot, turn, src)) = rdma {
+                    // The own part is in `out` already.
+                    let out: &mut [u8] = bytemuck::cast_slice_mut(out);
+                    return rdma::run(slot, turn, rdma::Shape::Alltoall, src, part, out).await;
                 }
                 let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
                 let blocks = Comm::drive(slot, m?).await?;

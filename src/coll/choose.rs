@@ -31,6 +31,18 @@ impl Comm {
         *self.coll().all_single_copy.get_or_init(|| self.every_member(|w| self.inner().single_copy[w]))
     }
 
+    /// Whether every other member is reached over verbs (the RDMA tier), from this rank's
+    /// routes: a job over verbs reaches every peer alike, so all members choose alike.
+    pub(super) fn all_verbs(&self) -> bool {
+        *self.coll().all_verbs.get_or_init(|| {
+            let inner = self.inner();
+            self.size() > 1
+                && inner.reactor.with(|d| {
+                    self.every_member(|w| w as Rank == inner.rank || d.transport.name_for(w as Rank) == "verbs")
+                })
+        })
+    }
+
     /// Whether `holds(world rank)` for every member.
     pub(super) fn every_member(&self, holds: impl Fn(usize) -> bool) -> bool {
         (0..self.size()).all(|r| holds(self.world_rank(r) as usize))
@@ -62,5 +74,8 @@ impl Topology for Members<'_> {
     }
     fn hosts(&self) -> Option<bool> {
         self.0.hierarchy().map(|h| h.worth_it())
+    }
+    fn all_verbs(&self) -> bool {
+        self.0.all_verbs()
     }
 }

@@ -30,6 +30,7 @@ mod hierarchy;
 mod on_host;
 mod owned;
 mod pool;
+mod rdma;
 mod rooted;
 mod run;
 mod split;

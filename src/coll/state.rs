@@ -45,6 +45,10 @@ pub(crate) struct CollState {
     pub all_busy: OnceLock<bool>,
     /// Whether every member may read the others' memory.
     pub all_single_copy: OnceLock<bool>,
+    /// Whether every other member is reached over verbs (the RDMA tier can serve).
+    pub all_verbs: OnceLock<bool>,
+    /// The RDMA tier's receive buffers and call order.
+    pub rdma: super::rdma::RdmaState,
     /// The shared-memory board of small collectives, opened on first use.
     pub board: OnceLock<Result<Arc<board::HostBoard>>>,
 }

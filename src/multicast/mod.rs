@@ -225,8 +225,8 @@ fn join_ud(comm: &Comm, group: Ipv4Addr, h: u64) -> Option<Box<dyn MulticastTran
             device: v.device.clone(),
             gid_index: v.gid_index,
             datagram: s.datagram,
-            // About what the UDP socket's buffer holds.
-            recv_buffers: (s.buffer / (s.datagram + 40)).clamp(256, 8192) as u32,
+            // About what the UDP socket's buffer holds, in datagrams of the group's MTU.
+            recv_bytes: s.buffer,
             test_drop: s.test_drop,
             seed: mix(&[h, u64::from(comm.rank()), 0x7564]),
             ..ferrocomm_multicast::UdConfig::new(group)

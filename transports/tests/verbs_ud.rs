@@ -133,3 +133,20 @@ async fn burst_into_idle_members() {
     println!("UD group burst: {N} datagrams of {len} bytes sent back to back, received {got:?} by 3 idle members");
     assert!(got.iter().all(|&n| n > N / 2), "{got:?}");
 }
+
+/// A pool sized in bytes holds that many bytes of datagrams at the port's MTU (not of the
+/// configured datagram size): 4 MiB is about 4,000 buffers of a 1 KiB MTU, and the bounds hold.
+#[tokio::test]
+async fn pool_sized_in_bytes_at_the_mtu() {
+    if !device("pool_sized_in_bytes_at_the_mtu") {
+        return;
+    }
+    use ferrocomm_transports::verbs::MAX_RECV_BUFFERS;
+    for (bytes, k) in [(4usize << 20, 5u8), (1 << 10, 6), (1 << 30, 7)] {
+        let cfg = UdConfig { recv_bytes: bytes, datagram: 60_000, ..UdConfig::new(Ipv4Addr::new(239, 255, 91, k)) };
+        let m = UdMulticast::join(&cfg).unwrap();
+        let want = (bytes / (m.mtu() + 40)).clamp(256, MAX_RECV_BUFFERS as usize) as u32;
+        assert_eq!(m.recv_buffers(), want, "{bytes} bytes at MTU {}", m.mtu());
+        println!("UD group pool: {bytes} bytes at MTU {} = {} buffers", m.mtu(), m.recv_buffers());
+    }
+}

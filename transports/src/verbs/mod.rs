@@ -80,7 +80,7 @@ pub mod ud;
 #[cfg(feature = "verbs")]
 pub use transport::{VerbsEndpoint, VerbsStats, VerbsTransport, device_names};
 #[cfg(feature = "verbs")]
-pub use ud::{UdConfig, UdMulticast, UdStats};
+pub use ud::{MAX_RECV_BUFFERS, UdConfig, UdMulticast, UdStats};
 
 // For the module documentation's links, with or without the `verbs` feature.
 #[allow(unused_imports)]

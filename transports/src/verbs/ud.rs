@@ -22,7 +22,8 @@
 //!   `Unsupported`, and the caller falls back to UDP or point-to-point.
 //! * **Datagrams** of at most the port's active MTU (payload; each receive buffer has 40 more
 //!   bytes in front for the global route header the device writes there).
-//! * **Receive pool**: `recv_buffers` buffers in one registration, all posted at start; a
+//! * **Receive pool**: `recv_buffers` buffers (or a byte budget's worth at the MTU,
+//!   [`UdConfig::recv_bytes`]) in one registration, all posted at start; a
 //!   buffer is posted again as soon as its datagram is copied out (or dropped), so the pool stays
 //!   posted while the reader keeps up, and a reader that falls behind loses datagrams at the
 //!   device (what UDP's socket buffer does too), never grows memory.
@@ -49,6 +50,9 @@ use tokio::io::unix::AsyncFd;
 use super::sys::udqp::{Ah, CompQueue, GRH, UdQp};
 use super::sys::{Device, Mr, access, wc_array};
 
+/// The largest receive pool a byte budget ([`UdConfig::recv_bytes`]) buys.
+pub const MAX_RECV_BUFFERS: u32 = 8192;
+
 /// Where a UD multicast group lives and how it is sized.
 #[derive(Clone, Debug)]
 pub struct UdConfig {
@@ -60,8 +64,15 @@ pub struct UdConfig {
     pub group: Ipv4Addr,
     /// Largest datagram wanted; the group carries the smaller of this and the port's MTU.
     pub datagram: usize,
-    /// Receive buffers kept posted.
+    /// Receive buffers kept posted (when `recv_bytes` is 0).
     pub recv_buffers: u32,
+    /// Bytes of datagrams the receive pool holds (0: `recv_buffers` buffers): the pool gets
+    /// this many bytes' worth of buffers at the port's MTU, 256 to [`MAX_RECV_BUFFERS`]. A
+    /// budget in bytes rather than buffers, because a UD datagram is at most the MTU (1 to 4 KiB)
+    /// whatever the datagram size configured: a pool counted in configured datagrams (60 KB on a
+    /// loopback) holds a few hundred MTU-sized ones, and a receiver that falls that far behind a
+    /// burst loses what arrives while no buffer is posted (UD has no receiver-not-ready retry).
+    pub recv_bytes: usize,
     /// Send slots (datagrams in flight from this member).
     pub send_buffers: u32,
     /// Test setting: probability of dropping each datagram received. 0 in production.
@@ -79,6 +90,7 @@ impl UdConfig {
             group,
             datagram: usize::MAX,
             recv_buffers: 512,
+            recv_bytes: 0,
             send_buffers: 64,
             test_drop: 0.0,
             seed: 1,
@@ -128,6 +140,7 @@ pub struct UdMulticast {
     counters: Counters,
     datagram: usize,
     mtu: usize,
+    recv_buffers: u32,
     test_drop: f64,
 }
 
@@ -168,7 +181,8 @@ impl UdMulticast {
         if !(0.0..=1.0).contains(&cfg.test_drop) || cfg.recv_buffers == 0 || cfg.send_buffers == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad UD multicast settings {cfg:?}")));
         }
-        let dev = Device::open(cfg.device.as_deref(), cfg.gid_index, cfg.recv_buffers as i32 + 16)?;
+        let most = if cfg.recv_bytes > 0 { MAX_RECV_BUFFERS } else { cfg.recv_buffers };
+        let dev = Device::open(cfg.device.as_deref(), cfg.gid_index, most as i32 + 16)?;
         if !dev.roce {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -195,8 +209,13 @@ impl UdMulticast {
         // stays clear.
         let qkey = u32::from(cfg.group) & 0x7fff_ffff;
 
+        let recv_buffers = if cfg.recv_bytes > 0 {
+            (cfg.recv_bytes / (GRH + mtu)).clamp(256, MAX_RECV_BUFFERS as usize) as u32
+        } else {
+            cfg.recv_buffers
+        };
         let send_cq = CompQueue::new(&dev, cfg.send_buffers as i32 + 16)?;
-        let mut qp = dev.create_ud_qp(&send_cq, cfg.send_buffers, cfg.recv_buffers, qkey)?;
+        let mut qp = dev.create_ud_qp(&send_cq, cfg.send_buffers, recv_buffers, qkey)?;
         qp.attach(mgid)?;
         let igmp = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
         igmp.join_multicast_v4(&cfg.group, &iface)
@@ -204,7 +223,7 @@ impl UdMulticast {
         let ah = dev.create_ah(mgid)?;
 
         let recv_slot = GRH + mtu;
-        let mut recv_mem = vec![0u8; recv_slot * cfg.recv_buffers as usize].into_boxed_slice();
+        let mut recv_mem = vec![0u8; recv_slot * recv_buffers as usize].into_boxed_slice();
         let mut send_mem = vec![0u8; mtu * cfg.send_buffers as usize].into_boxed_slice();
         // SAFETY: both allocations are owned by `Inner`, which drops the registrations first.
         let recv_mr = unsafe { dev.register(recv_mem.as_mut_ptr(), recv_mem.len(), access::LOCAL) }?;
@@ -228,7 +247,7 @@ impl UdMulticast {
             rng: cfg.seed | 1,
             broken: None,
         };
-        for i in 0..cfg.recv_buffers {
+        for i in 0..recv_buffers {
             inner.post_recv(i)?;
         }
         inner.dev.arm()?;
@@ -246,8 +265,14 @@ impl UdMulticast {
             counters: Counters::default(),
             datagram,
             mtu,
+            recv_buffers,
             test_drop: cfg.test_drop,
         })
+    }
+
+    /// Receive buffers in the pool.
+    pub fn recv_buffers(&self) -> u32 {
+        self.recv_buffers
     }
 
     /// Largest datagram the group carries.
