@@ -140,11 +140,23 @@ mod tests {
     use super::*;
 
     /// Busy-polling ranks on one host that may read each other's memory.
-    const HOST: Facts =
-        Facts { on_one_host: true, all_busy: true, all_single_copy: true, hosts: None, multicast: false, all_verbs: false };
+    const HOST: Facts = Facts {
+        on_one_host: true,
+        all_busy: true,
+        all_single_copy: true,
+        hosts: None,
+        multicast: false,
+        all_verbs: false,
+    };
     /// Two hosts with several ranks each.
-    const HOSTS: Facts =
-        Facts { on_one_host: false, all_busy: true, all_single_copy: true, hosts: Some(true), multicast: false, all_verbs: false };
+    const HOSTS: Facts = Facts {
+        on_one_host: false,
+        all_busy: true,
+        all_single_copy: true,
+        hosts: Some(true),
+        multicast: false,
+        all_verbs: false,
+    };
 
     fn call(op: Operation, ranks: u32, bytes: usize) -> Call {
         Call { op, ranks, bytes, commutative: true }

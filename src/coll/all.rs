@@ -143,7 +143,10 @@ impl Comm {
         let rdma = (alg == Algorithm::Rdma).then(|| {
             let out: &mut [u8] = bytemuck::cast_slice_mut(out);
             if out.len() != n as usize * len {
-                return Err(Error::Invalid(format!("all-gather of {len} bytes into {}", out.len())));
+                return Err(Error::Invalid(InvalidArgument::LengthMismatch {
+                    expected: n as usize * len,
+                    got: out.len(),
+                }));
             }
             out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
             Ok((self.slot(), self.coll().rdma.turn(), Bytes::copy_from_slice(bytes)))

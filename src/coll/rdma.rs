@@ -149,11 +149,11 @@ async fn buffers(comm: &Comm, shared: &Shared, need: usize, tag: u64) -> Result<
             word.map(SegmentId::from_u64).filter(|id| id.owner() == owner && m.data.len() == 16)
         };
         let (Some(a), Some(b)) = (id(0), id(1)) else {
-            return Err(Error::Invalid(format!("rank {j} announced malformed RDMA buffers ({} bytes)", m.data.len())));
+            return Err(CollError::Malformed { from: j, why: "RDMA buffer announcement" }.into());
         };
         let pair = [world.attach(a).await?, world.attach(b).await?];
         if pair.iter().any(|s| s.len() < need || !s.access().contains(Access::PUT)) {
-            return Err(Error::Invalid(format!("rank {j}'s RDMA buffers are smaller than {need} bytes")));
+            return Err(CollError::Malformed { from: j, why: "RDMA buffers smaller than announced need" }.into());
         }
         peers[j as usize] = Some(pair);
     }
