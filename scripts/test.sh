@@ -59,6 +59,10 @@ cargo test --workspace --doc --locked
 # The API documentation builds without a broken or private link.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
+# The user's-build crate (benches/userbuild, outside the workspace; bench.sh builds it with
+# --locked) keeps a lock file that matches the workspace's dependencies.
+cargo metadata --locked --format-version 1 --manifest-path benches/userbuild/Cargo.toml >/dev/null
+
 # The library crates package as for publishing (versioned path dependencies, metadata), and each
 # one builds alone from its package, with only the tokio features it names (a few minutes). The
 # bench and the simulator are not published (publish = false). Cargo takes a package of a given
