@@ -508,8 +508,13 @@ pub(crate) fn main(o: Options) -> Result<()> {
         let b = if theirs.is_empty() { f64::NAN } else { med(&theirs, &key) };
         // Latency: ferrocomm / UCX (lower is better); bandwidth: ferrocomm / UCX (higher is better).
         let ratio = a / b;
-        let fmt = |x: f64| if lat { format!("{x:.3} {unit}") } else { format!("{x:.0} {unit}") };
-        println!("{label:<24} {:>14} {:>14} {:>9.2}x", fmt(a), fmt(b), ratio);
+        let fmt = |x: f64| match () {
+            _ if x.is_nan() => "-".to_string(),
+            _ if lat => format!("{x:.3} {unit}"),
+            _ => format!("{x:.0} {unit}"),
+        };
+        let shown = if ratio.is_nan() { "-".to_string() } else { format!("{ratio:.2}x") };
+        println!("{label:<24} {:>14} {:>14} {shown:>10}", fmt(a), fmt(b));
         summary.insert(key, json!({"ferrocomm": a, "ucx": b, "ratio": ratio}));
     }
     let c = med(&spread, "centralized_Mops");
