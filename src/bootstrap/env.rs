@@ -177,7 +177,7 @@ impl fmt::Debug for JobEnv {
 /// Open MPI, when the job's ranks span hosts and `FERROCOMM_COORD` is not set, shares rank 0's
 /// address through the launcher's key-value service (PMI-1 over `PMI_FD`, PMIx).
 pub fn detect() -> Result<JobEnv, EnvError> {
-    // The launchers answer once: their sessions end with a finalize, after which Hydra hangs up.
+    // The launchers answer once: their conversations end with a finalize, after which Hydra hangs up.
     // The answer is kept for later calls in this process, whose environment is the same.
     static TOLD: std::sync::OnceLock<Result<Told, AskError>> = std::sync::OnceLock::new();
     let get = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
@@ -1302,7 +1302,7 @@ mod tests {
         assert_eq!(missing_var(r), "PMI_FD");
         let r = env_hydra(&[("PMI_RANK", "0"), ("PMI_SIZE", "2x"), ("PMI_FD", "6")], "k", &mut asked);
         assert_eq!(invalid_var(r), "PMI_SIZE");
-        // Across hosts: rank 0 publishes its address, the others fetch it, in one session each.
+        // Across hosts: rank 0 publishes its address, the others fetch it, in one conversation each.
         let spanning = [("PMI_RANK", "0"), ("PMI_SIZE", "4"), ("PMI_FD", "6"), ("MPI_LOCALNRANKS", "2")];
         let mut roles = Vec::new();
         let mut hydra = |ask: &Ask| {
@@ -1318,7 +1318,7 @@ mod tests {
         assert_eq!((j0.store.host.as_str(), j0.host_store, j3.host_store), ("10.1.0.1", true, false));
         assert_eq!(j0.store.source, "rank 0's address (shared through Hydra's PMI) and the Hydra job id");
         assert_derived(&j0.store);
-        // A session that shares nothing where sharing was asked is an error, not 127.0.0.1.
+        // A conversation that shares nothing where sharing was asked is an error, not 127.0.0.1.
         let e = env_ask(&spanning, &mut |_| Ok(Told { job: Some("k".into()), store_host: None })).unwrap_err();
         assert!(matches!(e, EnvError::Pmi { .. }), "{e}");
         // FERROCOMM_COORD overrides; only the job id is asked (for the token).

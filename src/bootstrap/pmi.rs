@@ -8,7 +8,7 @@
 //!   [`STORE_KEY`], every rank enters the barrier, and the others get it.
 //!
 //! A process that has sent `init` must `finalize` before it exits, or Hydra takes its exit for a
-//! crash and kills the job: every session ends with `finalize`, after which Hydra hangs up. The
+//! crash and kills the job: every conversation ends with `finalize`, after which Hydra hangs up. The
 //! protocol logic ([`Request::encode`], [`parse_reply`]) is sans-IO; [`hydra`] drives it over the
 //! socket.
 //!
@@ -300,7 +300,7 @@ impl Maxes {
     }
 }
 
-/// What rank does what with the store's host in a session.
+/// What rank does what with the store's host in a conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Share {
     /// Nothing: only the job id is asked.
@@ -311,7 +311,7 @@ pub(crate) enum Share {
     Fetch,
 }
 
-/// What a session learnt.
+/// What a conversation learnt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Answer {
     /// The job's KVS name: its id.
@@ -320,7 +320,7 @@ pub(crate) struct Answer {
     pub(crate) store_host: Option<String>,
 }
 
-/// The requests of a session, in order, given the KVS name once it is known.
+/// The requests of a conversation, in order, given the KVS name once it is known.
 pub(crate) fn plan<'a>(share: &'a Share, kvsname: &'a str) -> Vec<Request<'a>> {
     match share {
         Share::Nothing => vec![],
@@ -329,26 +329,26 @@ pub(crate) fn plan<'a>(share: &'a Share, kvsname: &'a str) -> Vec<Request<'a>> {
     }
 }
 
-/// Runs a session over the socket numbered `fd_value`: `init`, `get_maxes`, `get_my_kvsname`,
+/// Runs a conversation over the socket numbered `fd_value`: `init`, `get_maxes`, `get_my_kvsname`,
 /// the steps of [`plan`], and `finalize` (also after a failure, once `init` succeeded).
 pub(crate) fn hydra(fd_value: &str, share: &Share) -> Result<Answer, PmiError> {
-    let mut session = Session::open(fd_value)?;
-    session.call(&Request::Init)?;
-    let result = session.exchange(share);
-    let finalized = session.call(&Request::Finalize);
+    let mut conversation = Conversation::open(fd_value)?;
+    conversation.call(&Request::Init)?;
+    let result = conversation.exchange(share);
+    let finalized = conversation.call(&Request::Finalize);
     let answer = result?;
     finalized?;
     Ok(answer)
 }
 
 /// A duplicate of the launcher's descriptor, so that the launcher's stays as it was.
-struct Session {
+struct Conversation {
     fd: i32,
     sock: UnixStream,
 }
 
-impl Session {
-    fn open(fd_value: &str) -> Result<Session, PmiError> {
+impl Conversation {
+    fn open(fd_value: &str) -> Result<Conversation, PmiError> {
         let bad = |why: String| PmiError::Descriptor { value: fd_value.to_string(), why };
         let fd: i32 =
             fd_value.trim().parse().ok().filter(|&fd| fd >= 0).ok_or_else(|| bad("not a descriptor number".into()))?;
@@ -368,7 +368,7 @@ impl Session {
         // SAFETY: `dup` is a fresh descriptor that nothing else owns.
         let sock = UnixStream::from(unsafe { OwnedFd::from_raw_fd(dup) });
         sock.set_write_timeout(Some(REPLY_TIMEOUT)).map_err(|e| bad(e.to_string()))?;
-        Ok(Session { fd, sock })
+        Ok(Conversation { fd, sock })
     }
 
     fn exchange(&mut self, share: &Share) -> Result<Answer, PmiError> {
@@ -645,7 +645,7 @@ mod tests {
     const FIN: &str = "cmd=finalize_ack\n";
 
     #[test]
-    fn sessions_over_a_socket_pair() {
+    fn conversations_over_a_socket_pair() {
         // Only the job id.
         let (ours, manager) = UnixStream::pair().unwrap();
         let served = serve(manager, vec![INIT, MAXES, KVS, FIN]);
@@ -680,7 +680,7 @@ mod tests {
     }
 
     #[test]
-    fn failed_sessions_still_finalize_and_say_why() {
+    fn failed_conversations_still_finalize_and_say_why() {
         // The key is missing: a typed error, and finalize is still sent.
         let (ours, manager) = UnixStream::pair().unwrap();
         let get = "cmd=get_result rc=-1 msg=key_ferrocomm-store_not_found value=unknown\n";

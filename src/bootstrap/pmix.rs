@@ -7,7 +7,7 @@
 //! `dlopen` when a job across hosts needs it, so that ferrocomm neither links it nor needs its
 //! headers to build, and runs where it is absent (the caller then says to set `FERROCOMM_COORD`).
 //!
-//! The session: `PMIx_Init`; rank 0 `PMIx_Put(PMIX_GLOBAL, key, string)` and `PMIx_Commit`;
+//! The conversation: `PMIx_Init`; rank 0 `PMIx_Put(PMIX_GLOBAL, key, string)` and `PMIx_Commit`;
 //! everyone `PMIx_Fence` over the job, collecting the data; `PMIx_Get` of rank 0's key;
 //! `PMIx_Finalize`. The layouts below are those of PMIx's `pmix_common.h` (v3 and v4 alike),
 //! checked against its compiled sizes: `pmix_proc_t` 260 bytes (namespace 256, rank at 256),
@@ -126,7 +126,7 @@ fn check(what: &str, status: i32) -> Result<(), PmixError> {
     if status == PMIX_SUCCESS { Ok(()) } else { Err(PmixError::Failed(format!("{what} returned status {status}"))) }
 }
 
-/// Runs the session: rank 0 passes `Some(host)` to publish, the others `None`. Returns rank 0's
+/// Runs the conversation: rank 0 passes `Some(host)` to publish, the others `None`. Returns rank 0's
 /// host as every rank read it back.
 pub(crate) fn exchange(publish: Option<&str>) -> Result<String, PmixError> {
     let api = load()?;
@@ -135,7 +135,7 @@ pub(crate) fn exchange(publish: Option<&str>) -> Result<String, PmixError> {
     // SAFETY: PMIx_Init writes this process's namespace and rank into `me`, which outlives the
     // call; no attributes are passed (null, 0).
     check("PMIx_Init", unsafe { (api.init)(&mut me, std::ptr::null_mut(), 0) })?;
-    let result = session(&api, &me, publish);
+    let result = conversation(&api, &me, publish);
     // SAFETY: PMIx was initialised above; no attributes are passed.
     let finalized = check("PMIx_Finalize", unsafe { (api.finalize)(std::ptr::null(), 0) });
     let host = result?;
@@ -143,7 +143,7 @@ pub(crate) fn exchange(publish: Option<&str>) -> Result<String, PmixError> {
     Ok(host)
 }
 
-fn session(api: &Api, me: &Proc, publish: Option<&str>) -> Result<String, PmixError> {
+fn conversation(api: &Api, me: &Proc, publish: Option<&str>) -> Result<String, PmixError> {
     let key = CString::new(STORE_KEY).map_err(|e| PmixError::Failed(e.to_string()))?;
     if let Some(host) = publish {
         let host = CString::new(host).map_err(|e| PmixError::Failed(format!("the host {host:?}: {e}")))?;
