@@ -47,9 +47,9 @@
 //! apart, it is **no secret** (anyone who can read the job id can compute it). Set
 //! `FERROCOMM_TOKEN` (for example from `openssl rand -hex 32`) where other users share the nodes.
 //!
-//! Host names are resolved when the job starts (`bootstrap/rendezvous.rs`), and errors name the address
-//! and the variable it came from. [`detect_from`] takes the lookup as a closure so that tests never
-//! touch the process environment.
+//! Host names are resolved when the job starts (`bootstrap/rendezvous.rs`), and errors name the
+//! address and the variable it came from. [`detect_from`] takes the lookup as a closure so that
+//! tests never touch the process environment.
 
 use std::fmt;
 
@@ -177,8 +177,8 @@ impl fmt::Debug for JobEnv {
 /// Open MPI, when the job's ranks span hosts and `FERROCOMM_COORD` is not set, shares rank 0's
 /// address through the launcher's key-value service (PMI-1 over `PMI_FD`, PMIx).
 pub fn detect() -> Result<JobEnv, EnvError> {
-    // The launchers answer once: their conversations end with a finalize, after which Hydra hangs up.
-    // The answer is kept for later calls in this process, whose environment is the same.
+    // The launchers answer once: their conversations end with a finalize, after which Hydra hangs
+    // up. The answer is kept for later calls in this process, whose environment is the same.
     static TOLD: std::sync::OnceLock<Result<Told, AskError>> = std::sync::OnceLock::new();
     let get = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
     detect_with(&get, &mut |ask| TOLD.get_or_init(|| ask_launcher(ask)).clone())
@@ -1302,7 +1302,7 @@ mod tests {
         assert_eq!(missing_var(r), "PMI_FD");
         let r = env_hydra(&[("PMI_RANK", "0"), ("PMI_SIZE", "2x"), ("PMI_FD", "6")], "k", &mut asked);
         assert_eq!(invalid_var(r), "PMI_SIZE");
-        // Across hosts: rank 0 publishes its address, the others fetch it, in one conversation each.
+        // Across hosts: rank 0 publishes its address, the others fetch it, one conversation each.
         let spanning = [("PMI_RANK", "0"), ("PMI_SIZE", "4"), ("PMI_FD", "6"), ("MPI_LOCALNRANKS", "2")];
         let mut roles = Vec::new();
         let mut hydra = |ask: &Ask| {

@@ -8,9 +8,9 @@
 //!   [`STORE_KEY`], every rank enters the barrier, and the others get it.
 //!
 //! A process that has sent `init` must `finalize` before it exits, or Hydra takes its exit for a
-//! crash and kills the job: every conversation ends with `finalize`, after which Hydra hangs up. The
-//! protocol logic ([`Request::encode`], [`parse_reply`]) is sans-IO; [`hydra`] drives it over the
-//! socket.
+//! crash and kills the job: every conversation ends with `finalize`, after which Hydra hangs up.
+//! The protocol logic ([`Request::encode`], [`parse_reply`]) is sans-IO; [`hydra`] drives it over
+//! the socket.
 //!
 //! [`own_address`], the address rank 0 shares (here and through PMIx), is here too: which of its
 //! host's addresses the other hosts are likeliest to reach.

@@ -126,8 +126,8 @@ fn check(what: &str, status: i32) -> Result<(), PmixError> {
     if status == PMIX_SUCCESS { Ok(()) } else { Err(PmixError::Failed(format!("{what} returned status {status}"))) }
 }
 
-/// Runs the conversation: rank 0 passes `Some(host)` to publish, the others `None`. Returns rank 0's
-/// host as every rank read it back.
+/// Runs the conversation: rank 0 passes `Some(host)` to publish, the others `None`. Returns rank
+/// 0's host as every rank read it back.
 pub(crate) fn exchange(publish: Option<&str>) -> Result<String, PmixError> {
     let api = load()?;
     // SAFETY: `Proc` is plain data; all zeroes is a valid (empty) value.
