@@ -132,8 +132,13 @@ pub(crate) fn main(o: Options) -> Result<()> {
     let (qp_slope, mem_slope, init_slope) = (slope("rc_qps"), slope("mr_bytes"), slope("init_ms"));
     let (qp_base, mem_base, init_base) =
         (base("rc_qps", qp_slope), base("mr_bytes", mem_slope), base("init_ms", init_slope));
+    // Set-up time at 2-4 ranks is mostly fixed costs and scheduling: a slope that does not grow
+    // is not a per-peer cost, and is not extrapolated.
+    let setup_grows = init_slope > 0.0;
+    let per_peer_setup =
+        if setup_grows { format!("{init_slope:.2} ms of set-up") } else { "no set-up growth measurable".to_string() };
     println!(
-        "\nper peer: {qp_slope:.2} RC queue pairs, {:.1} KiB registered, {init_slope:.2} ms of set-up; \
+        "\nper peer: {qp_slope:.2} RC queue pairs, {:.1} KiB registered, {per_peer_setup}; \
          fixed: {qp_base:.1} queue pairs, {:.1} KiB, {init_base:.1} ms",
         mem_slope / 1024.0,
         mem_base / 1024.0
@@ -149,7 +154,9 @@ pub(crate) fn main(o: Options) -> Result<()> {
         let p = (n - 1) as f64;
         let (qps, mem, init) = (qp_base + qp_slope * p, mem_base + mem_slope * p, (init_base + init_slope * p) / 1e3);
         let mib = |b: f64| b / (1 << 20) as f64;
-        println!("{n:>7}  {qps:>8.0}  {:>14.1}  {init:>12.2}  {:>6}  {:>8.1}", mib(mem), 1, mib(ud_bytes));
+        let init = setup_grows.then_some(init);
+        let shown = init.map_or("-".to_string(), |s| format!("{s:.2}"));
+        println!("{n:>7}  {qps:>8.0}  {:>14.1}  {shown:>12}  {:>6}  {:>8.1}", mib(mem), 1, mib(ud_bytes));
         model.push(json!({"ranks": n, "rc_qps": qps, "rc_mr_bytes": mem, "rc_setup_s": init, "ud_qps": 1,
                           "ud_mr_bytes": ud_bytes}));
     }
