@@ -39,6 +39,16 @@ pub struct Refused {
     pub error: ferrocomm_transports::TransportError,
 }
 
+/// How this rank leaves its job's store: the goodbye on its watch and, where this rank hosts the
+/// store, the store itself. The bootstrap provides it; the world only asks it to leave.
+pub(crate) trait StoreLeave: Send {
+    /// Says goodbye unless `aborting` (then the watch's end reports this rank dead), and stops
+    /// the store if this rank hosts it.
+    fn leave(&mut self, aborting: bool);
+    /// The bootstrap's own type behind it.
+    fn as_any(&mut self) -> &mut dyn std::any::Any;
+}
+
 pub(crate) struct Inner {
     pub rank: Rank,
     pub size: u32,
@@ -66,8 +76,8 @@ pub(crate) struct Inner {
     pub rail_stats: Option<ferrocomm_transports::rails::SharedStats>,
     /// How each peer is reached, with proxy routes on.
     pub ways: Option<Vec<ferrocomm_transports::relay::Way>>,
-    /// The store, where this rank hosts it, and the watch's goodbye ([`crate::bootstrap::notices`]).
-    pub store_link: Mutex<crate::bootstrap::notices::StoreLink>,
+    /// The store, where this rank hosts it, and the watch's goodbye (the bootstrap's).
+    pub store_link: Mutex<Box<dyn StoreLeave>>,
     pub thread: Mutex<Option<ReactorThread>>,
     /// Departures and losses this rank knows of ([`crate::p2p::failure::Failures::changes`]): the
     /// collectives' gate asks the engine only once it is not zero.

@@ -372,7 +372,7 @@ async fn join_via(
         closed: AtomicBool::new(false),
         rail_stats,
         ways,
-        store_link: Mutex::new(notices::StoreLink { store: store.take(), goodbye: None }),
+        store_link: Mutex::new(Box::new(notices::StoreLink { store: store.take(), goodbye: None })),
         thread: Mutex::new(Some(thread)),
         changes,
         coll_meters: Default::default(),

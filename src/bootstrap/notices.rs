@@ -30,7 +30,7 @@ use ferrocomm_transports::{Rank, TransportError, wire::TOKEN_LEN};
 use tokio::sync::watch;
 
 use super::kv::{KvClient, KvError, KvServer, KvWatch};
-use crate::api::world::{Inner, World};
+use crate::api::world::{Inner, StoreLeave, World};
 use crate::config::Settings;
 use crate::error::{Error, Result};
 
@@ -66,10 +66,12 @@ pub(crate) struct StoreLink {
     pub(crate) goodbye: Option<std::net::TcpStream>,
 }
 
-impl StoreLink {
-    /// This rank leaves: it says goodbye to the store unless it is `aborting` (then its watch
-    /// closing reports it dead), and stops the store if it hosts it.
-    pub(crate) fn leave(&mut self, aborting: bool) {
+impl StoreLeave for StoreLink {
+    fn as_any(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn leave(&mut self, aborting: bool) {
         if let Some(handle) = self.goodbye.take()
             && !aborting
         {
@@ -171,7 +173,8 @@ pub(super) async fn join_watched(
                 ),
             };
             if let Some(failed) = failed {
-                let store = w.inner().store_link.lock().store.take();
+                let store =
+                    w.inner().store_link.lock().as_any().downcast_mut::<StoreLink>().and_then(|l| l.store.take());
                 settle(store, size, timeout).await;
                 return Err(failed);
             }
@@ -194,7 +197,9 @@ pub(super) async fn join_watched(
         }
     };
     let inner = world.inner().clone();
-    inner.store_link.lock().goodbye = goodbye;
+    if let Some(link) = inner.store_link.lock().as_any().downcast_mut::<StoreLink>() {
+        link.goodbye = goodbye;
+    }
     if let Some(t) = inner.thread.lock().as_ref() {
         t.handle().spawn(feed(rx, Arc::downgrade(&inner), reason));
     }

@@ -14,106 +14,13 @@ use std::time::Duration;
 
 use ferrocomm_transports::Rank;
 use ferrocomm_transports::TransportError;
-use ferrocomm_transports::rails::StripeConfig;
 use ferrocomm_transports::tcp::{handshake_accept, handshake_connect};
 use ferrocomm_transports::wire::{Limits, TOKEN_LEN};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use super::kv::KvClient;
-use crate::config::parse;
+use crate::config::RailList;
 use crate::error::{Error, Result};
-
-/// Which addresses are a rank's rails.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub enum RailList {
-    /// No rails: one connection per peer.
-    #[default]
-    Off,
-    /// Every address of an interface that is up, except loopback and the bootstrap address.
-    Auto,
-    /// These addresses (each must belong to an interface of this host).
-    List(Vec<IpAddr>),
-}
-
-impl std::str::FromStr for RailList {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.trim() {
-            "" | "off" | "none" => Ok(RailList::Off),
-            "auto" => Ok(RailList::Auto),
-            list => list
-                .split(',')
-                .map(|a| a.trim().parse::<IpAddr>().map_err(|e| format!("rail address {a:?}: {e}")))
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map(RailList::List),
-        }
-    }
-}
-
-/// Multi-rail settings; each field has a `FERROCOMM_RAIL*` variable.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RailSettings {
-    /// `FERROCOMM_RAILS`: `off` (default), `auto` (every non-loopback address of an interface
-    /// that is up), or a comma-separated list of this rank's rail addresses. Every rank of a job
-    /// must have rails on or every rank off; the addresses differ from rank to rank.
-    pub list: RailList,
-    /// `FERROCOMM_RAIL_THRESHOLD`: messages of at least this many bytes are striped; smaller ones
-    /// take the bootstrap connection alone. Default 256 KiB (at most the rendezvous chunk).
-    pub threshold: usize,
-    /// `FERROCOMM_RAIL_PART`: size of the parts a message is cut into. Default 128 KiB.
-    pub part: usize,
-    /// `FERROCOMM_RAIL_WINDOW`: bytes a rail may carry unacknowledged. Default 1 MiB.
-    pub window: usize,
-    /// `FERROCOMM_RAIL_STALL_MS`: a rail whose parts stay unacknowledged this long is dropped and
-    /// its share moves to the others. Default 2000.
-    pub stall: Duration,
-}
-
-impl Default for RailSettings {
-    fn default() -> Self {
-        let s = StripeConfig::default();
-        RailSettings { list: RailList::Off, threshold: s.threshold, part: s.part, window: s.window, stall: s.stall }
-    }
-}
-
-impl RailSettings {
-    pub(crate) fn from_vars(get: &impl Fn(&str) -> Option<String>) -> Result<RailSettings> {
-        let mut r = RailSettings::default();
-        if let Some(v) = parse("FERROCOMM_RAILS", get)? {
-            r.list = v;
-        }
-        if let Some(v) = parse("FERROCOMM_RAIL_THRESHOLD", get)? {
-            r.threshold = v;
-        }
-        if let Some(v) = parse("FERROCOMM_RAIL_PART", get)? {
-            r.part = v;
-        }
-        if let Some(v) = parse("FERROCOMM_RAIL_WINDOW", get)? {
-            r.window = v;
-        }
-        if let Some(v) = parse::<u64>("FERROCOMM_RAIL_STALL_MS", get)? {
-            r.stall = Duration::from_millis(v);
-        }
-        if r.part == 0 || r.window == 0 {
-            return Err(Error::Config {
-                name: "FERROCOMM_RAIL_PART",
-                reason: "part and window must be positive".into(),
-            });
-        }
-        Ok(r)
-    }
-
-    /// The striping core's parameters (parts no larger than a data frame may be).
-    pub(crate) fn stripe(&self, chunk: usize) -> StripeConfig {
-        StripeConfig {
-            threshold: self.threshold.min(chunk),
-            part: self.part.min(chunk),
-            window: self.window,
-            stall: self.stall,
-            ..StripeConfig::default()
-        }
-    }
-}
 
 /// A rail as advertised: an address, its network's prefix length, a listening port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -400,6 +307,7 @@ async fn connect_from(from: IpAddr, to: SocketAddr, deadline: tokio::time::Insta
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RailSettings;
 
     fn r(ip: &str, prefix: u8, port: u16) -> RailAddr {
         RailAddr { ip: ip.parse().unwrap(), prefix, port }

@@ -1,5 +1,8 @@
 //! Settings: every tunable has a default, an environment variable, and a builder field.
 
+mod rails;
+mod routes;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -8,9 +11,10 @@ pub use ferrocomm_transports::tcp::Backend as TcpBackend;
 pub use ferrocomm_transports::verbs::Eager as VerbsEager;
 pub use ferrocomm_transports::verbs::Rendezvous as VerbsRendezvous;
 
-pub use crate::bootstrap::rails::{RailList, RailSettings};
-pub use crate::bootstrap::routes::RouteSettings;
 use crate::error::{Error, Result};
+pub use rails::{RailList, RailSettings};
+pub(crate) use routes::PROBE_MAX;
+pub use routes::RouteSettings;
 
 /// Which transports a rank may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
