@@ -215,10 +215,14 @@ pub(crate) fn main(o: Options) -> crate::Result<()> {
             match first {
                 Some(p) => writeln!(
                     out,
-                    "{}: multicast is faster from {p} ranks on (up to the largest count tried)",
+                    "{}, one broadcast: multicast is faster from {p} ranks on (up to the largest count tried)",
                     size_name(*n)
                 )?,
-                None => writeln!(out, "{}: multicast is not faster at the largest count tried", size_name(*n))?,
+                None => writeln!(
+                    out,
+                    "{}, one broadcast: multicast is not faster at the largest count tried",
+                    size_name(*n)
+                )?,
             }
         }
     }
