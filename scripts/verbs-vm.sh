@@ -20,7 +20,7 @@
 #                                ib_read_lat, ib_atomic_lat (ratios; results/rma-verbs.*);
 #                                JSON, SVG and the printed output (.txt) into results/. For
 #                                shorter runs while tuning:
-#                                VERBS_BENCH_MODES (default "busy blocking busy-srq": progress
+#                                VERBS_BENCH_MODES (default "busy"; also "blocking", "busy-srq": progress
 #                                mode, -srq for eager slots through the shared receive queue) and
 #                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M --target-ms 300"),
 #                                VERBS_RMA_RUNS (default 3: rma-verbs --runs).
@@ -157,7 +157,7 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         step verbs-transport timeout 600 "${BENCH:-}" verbs-transport --json "$OUT/verbs-transport.json"
         # One-sided latency against perftest's RDMA write, read and atomic latency.
         step rma-verbs timeout 1200 "${BENCH:-}" rma-verbs --runs ${VERBS_RMA_RUNS:-3} --json "$OUT/rma-verbs.json"
-        for p in ${VERBS_BENCH_MODES:-busy blocking busy-srq}; do
+        for p in ${VERBS_BENCH_MODES:-busy}; do
             # MODE[-srq]: progress mode, eager slots through the shared receive queue with -srq.
             progress=\${p%-srq}; eager=ring; [ "\$progress" = "\$p" ] || eager=srq
             step pingpong-\$p env FERROCOMM_VERBS_EAGER=\$eager timeout 1800 "${BENCH:-}" pingpong --transport verbs \\
@@ -179,7 +179,7 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
             --max 1M --step 8 --runs 1 --iters 100 --warmup 10 --iters-large 10 --warmup-large 2 --progress blocking --env FERROCOMM_TRANSPORTS=verbs \
             --json "$OUT/collectives-rdma.json" --plot "$OUT/collectives-rdma.svg"
         # UD vs RC: queue pairs and registered memory per rank, measured and modelled.
-        step ud-vs-rc env FERROCOMM_MCAST_CONFIRM_MS=30000 timeout 600 "${BENCH:-}" ud-vs-rc --ranks 2,3,4 --json "$OUT/ud-vs-rc.json"
+        step ud-vs-rc env FERROCOMM_MCAST_CONFIRM_MS=30000 timeout 600 "${BENCH:-}" ud-vs-rc --ranks 2,3,4
     fi
 fi
 echo done >"$OUT/done"
@@ -215,16 +215,14 @@ done <"$OUT/steps"
 if [ "$MODE" = test ]; then
     expected=10
 else
-    set -- ${VERBS_BENCH_MODES:-busy blocking busy-srq}
+    set -- ${VERBS_BENCH_MODES:-busy}
     expected=$((7 + $#))
     mkdir -p results
-    cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg "$OUT"/verbs-transport.json results/ 2>/dev/null || true
+    cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg results/ 2>/dev/null || true
     for p in "$@"; do cp "$OUT/pingpong-$p.log" "results/pingpong-verbs-$p.txt" 2>/dev/null || true; done
-    cp "$OUT/verbs-transport.log" results/verbs-transport.txt 2>/dev/null || true
     cp "$OUT/rma-verbs.log" results/rma-verbs.txt 2>/dev/null || true
-    cp "$OUT/rma-verbs.json" results/rma-verbs.json 2>/dev/null || true
     cp "$OUT"/multicast-verbs.json "$OUT"/multicast-verbs.svg "$OUT"/collectives-rdma.json "$OUT"/collectives-rdma.svg \
-        "$OUT"/ud-vs-rc.json results/ 2>/dev/null || true
+        results/ 2>/dev/null || true
     for f in multicast-verbs multicast-verbs-pool256 collectives-rdma ud-vs-rc; do
         cp "$OUT/$f.log" "results/$f.txt" 2>/dev/null || true
     done
