@@ -61,22 +61,12 @@ fn field(text: &str, r: u32, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key}= for rank {r} in:\n{text}"))
 }
 
-#[cfg(feature = "verbs")]
-fn verbs_here(test: &str) -> bool {
-    let present = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() > 0).unwrap_or(false);
-    if !present {
-        assert!(std::env::var_os("FERROCOMM_REQUIRE_VERBS").is_none(), "{test}: no RDMA device");
-        eprintln!("{test}: skipped, no RDMA device here (scripts/verbs-vm.sh runs it over Soft-RoCE)");
-    }
-    present
-}
-
 /// Exactly once and in order at every member over UD, at 0%, 5% and 20% injected receive loss
 /// with 4 ranks, and 10% with 3.
 #[cfg(feature = "verbs")]
 #[test]
 fn exactly_once_in_order_over_ud_with_loss() {
-    if !verbs_here("exactly_once_in_order_over_ud_with_loss") {
+    if !common::verbs_here("exactly_once_in_order_over_ud_with_loss") {
         return;
     }
     for (n, loss) in [(4, 0.0), (4, 0.05), (4, 0.2), (3, 0.1)] {
@@ -112,7 +102,7 @@ fn exactly_once_in_order_over_ud_with_loss() {
 #[cfg(feature = "verbs")]
 #[test]
 fn member_killed_mid_window_over_ud() {
-    if !verbs_here("member_killed_mid_window_over_ud") {
+    if !common::verbs_here("member_killed_mid_window_over_ud") {
         return;
     }
     let (code, text, took) = launch(4, "kill", &[]);

@@ -183,19 +183,6 @@ fn collectives_under_ferrorun() {
     }
 }
 
-/// Whether an RDMA device is present (inside the Soft-RoCE VM of scripts/verbs-vm.sh). Without
-/// one the verbs tests are skipped with a message, unless FERROCOMM_REQUIRE_VERBS is set (the
-/// VM run sets it, so a missing device there fails).
-#[cfg(feature = "verbs")]
-fn verbs_here(test: &str) -> bool {
-    let present = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() > 0).unwrap_or(false);
-    if !present {
-        assert!(std::env::var_os("FERROCOMM_REQUIRE_VERBS").is_none(), "{test}: no RDMA device");
-        eprintln!("{test}: skipped, no RDMA device here (scripts/verbs-vm.sh runs it over Soft-RoCE)");
-    }
-    present
-}
-
 /// The point-to-point suite over RDMA verbs, 2 and 4 ranks, with each eager path (rings written
 /// by RDMA, a shared receive queue) and each rendezvous protocol (RDMA write into the
 /// receiver's announced buffer, RDMA read of the sender's lent chunks).
@@ -203,7 +190,7 @@ fn verbs_here(test: &str) -> bool {
 #[test]
 fn suite_over_verbs() {
     let _machine = sharing_the_machine();
-    if !verbs_here("suite_over_verbs") {
+    if !common::verbs_here("suite_over_verbs") {
         return;
     }
     for eager in ["ring", "srq"] {
@@ -291,7 +278,7 @@ fn hierarchical_collectives_across_pretend_hosts() {
 #[test]
 fn killed_rank_over_verbs() {
     let _machine = sharing_the_machine();
-    if !verbs_here("killed_rank_over_verbs") {
+    if !common::verbs_here("killed_rank_over_verbs") {
         return;
     }
     for (eager, rndv) in [("ring", "write"), ("ring", "read"), ("srq", "write")] {

@@ -73,26 +73,13 @@ fn rma_target_killed() {
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
 
-/// Whether an RDMA device is present (inside the Soft-RoCE VM of scripts/verbs-vm.sh); without
-/// one the verbs tests say they are skipped, unless FERROCOMM_REQUIRE_VERBS is set (the VM run
-/// sets it, so a missing device there fails).
-#[cfg(feature = "verbs")]
-fn verbs_here(test: &str) -> bool {
-    let present = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() > 0).unwrap_or(false);
-    if !present {
-        assert!(std::env::var_os("FERROCOMM_REQUIRE_VERBS").is_none(), "{test}: no RDMA device");
-        eprintln!("{test}: skipped, no RDMA device here (scripts/verbs-vm.sh runs it over Soft-RoCE)");
-    }
-    present
-}
-
 /// The suite over RDMA verbs with 2 and 4 ranks as processes: puts and gets as RDMA writes and
 /// reads, atomics as RDMA atomics (the suite checks that the device route is the one taken), in
 /// each progress mode; then a target killed during operations.
 #[cfg(feature = "verbs")]
 #[test]
 fn rma_suite_over_verbs() {
-    if !verbs_here("rma_suite_over_verbs") {
+    if !common::verbs_here("rma_suite_over_verbs") {
         return;
     }
     for (n, progress) in [(2, "busy"), (4, "busy"), (2, "blocking")] {
@@ -117,7 +104,7 @@ fn rma_suite_over_verbs() {
 #[cfg(feature = "verbs")]
 #[test]
 fn rdma_collectives_over_verbs() {
-    if !verbs_here("rdma_collectives_over_verbs") {
+    if !common::verbs_here("rdma_collectives_over_verbs") {
         return;
     }
     for (n, pin) in

@@ -333,3 +333,16 @@ impl Job<'_> {
         cmd
     }
 }
+
+/// Whether an RDMA device is present (inside the Soft-RoCE VM of scripts/verbs-vm.sh). Without
+/// one the verbs tests are skipped with a message, unless FERROCOMM_REQUIRE_VERBS is set (the
+/// VM run sets it, so a missing device there fails).
+#[cfg(feature = "verbs")]
+pub(crate) fn verbs_here(test: &str) -> bool {
+    let present = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() > 0).unwrap_or(false);
+    if !present {
+        assert!(std::env::var_os("FERROCOMM_REQUIRE_VERBS").is_none(), "{test}: no RDMA device");
+        eprintln!("{test}: skipped, no RDMA device here (scripts/verbs-vm.sh runs it over Soft-RoCE)");
+    }
+    present
+}
