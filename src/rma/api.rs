@@ -1231,8 +1231,9 @@ fn native<T: Send + 'static>(
                 Some(os) => os.post(seg.owner(), req, token),
                 None => Err(TransportError::Closed),
             };
-            if let Err(e) = posted {
-                service(d).native_done(token, Err(e));
+            match posted {
+                Ok(()) => super::verbs::collect(d),
+                Err(e) => service(d).native_done(token, Err(e)),
             }
         }
         (key, service(d).poll(key, None))

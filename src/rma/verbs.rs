@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use ferrocomm_transports::one_sided::{RemoteAccess, Run};
+use smallvec::SmallVec;
 
 use super::Access;
 use super::geometry::Geometry;
@@ -43,8 +44,19 @@ pub(super) fn register(d: &mut Driver, service: impl FnOnce(&mut Driver) -> &mut
     }
 }
 
-/// The runs of `g` in the remote segment whose data starts at `base`, in stream order.
-pub(super) fn runs(g: &Geometry, base: u64) -> Vec<Run> {
+/// The runs of `g` in the remote segment whose data starts at `base`, in stream order (a
+/// contiguous transfer's one run stays on the stack).
+pub(super) fn runs(g: &Geometry, base: u64) -> SmallVec<[Run; 1]> {
     let block = g.remote_layout().block;
     g.runs().enumerate().map(|(k, (_, r))| Run { stream: k * block, addr: base + r as u64, len: block }).collect()
+}
+
+/// After an operation was posted: collects what the device has completed already. A software
+/// device may carry out the operation within the posting call (Soft-RoCE: the request, the
+/// target's side and the acknowledgement run in the poster's system call when both ends are
+/// on the same device), and an operation whose completion is collected here completes in its
+/// call, without a waiting future or a spin's round to find it. Otherwise the completion comes
+/// later, and this costs one progress round.
+pub(super) fn collect(d: &mut Driver) {
+    ferrocomm_reactor::Progress::progress(d);
 }

@@ -1,16 +1,22 @@
 //! One-sided operations over the RC queue pairs ([`OneSided`]): RDMA write and read of a peer's
 //! registered memory, and RDMA atomics (fetch-and-add, compare-and-swap) on its 8-byte words.
 //!
-//! * **Staging.** A write copies its source into a registered staging buffer before `post`
-//!   returns (the caller's borrow ends there); a read lands in one and is copied out when it
-//!   completes (the caller's buffer may be gone by then: a dropped future does not cancel an
-//!   operation); an atomic's previous value lands in one. Buffers come from a pool by power-of-two
-//!   size, registered once and reused ([`KEEP_BYTES`] kept at most), so the latency path
-//!   registers nothing.
+//! * **Posting.** An operation whose queue pair has nothing waiting and room for all its
+//!   requests is posted by the caller, in `post`; otherwise its requests wait in a
+//!   per-connection backlog, in issue order, until the send queue has room (two entries stay
+//!   free for slots).
+//! * **Staging.** A write whose runs all fit the queue pair's inline size and that is posted in
+//!   the call goes from the caller's bytes: the provider copies them into the work requests
+//!   (`IBV_SEND_INLINE`), so the write needs no registered memory (an 8 B put is one work
+//!   request and no copy of ours). Any other write copies its source into a registered staging
+//!   buffer before `post` returns (the caller's borrow ends there); a read lands in one and is
+//!   copied out when it completes (the caller's buffer may be gone by then: a dropped future
+//!   does not cancel an operation); an atomic's previous value lands in one. Buffers come from a
+//!   pool by power-of-two size, registered once and reused ([`KEEP_BYTES`] kept at most), so the
+//!   latency path registers nothing.
 //! * **Work requests.** One per run (a strided or sub-array transfer is several, one per
 //!   contiguous run after merging adjacent ones), each signaled: an operation completes when its
-//!   last request's completion is polled. Requests wait in a per-connection backlog, in issue
-//!   order, while the send queue has no room (two entries stay free for slots).
+//!   last request's completion is polled.
 //! * **Loopback.** A rank's own atomics on its registered words go through a pair of queue pairs
 //!   connected to each other on the same device: RDMA atomics are atomic only with respect to the
 //!   device's other atomics (Soft-RoCE applies them under a lock of its own), so every atomic on a
@@ -18,6 +24,7 @@
 //! * **Failures.** A failed request fails its connection (RC: the queue pair is in error), like
 //!   any other; flushed requests complete their operations with the connection's end.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 
@@ -93,7 +100,8 @@ struct OpState {
     /// Work requests not yet completed (posted or waiting in the backlog).
     left: u32,
     kind: Kind,
-    staging: Staging,
+    /// `None`: an inline write, posted in its call from the caller's bytes.
+    staging: Option<Staging>,
     err: Option<TransportError>,
 }
 
@@ -102,6 +110,31 @@ struct OpState {
 enum Spec {
     Rdma { write: bool, stream: usize, addr: u64, len: usize, rkey: u32 },
     Atomic { addr: u64, rkey: u32, compare: Option<u64>, add: u64 },
+}
+
+/// An operation's work requests: one per (merged) run, or one atomic.
+enum Specs<'a> {
+    Rdma { write: bool, runs: Cow<'a, [Run]>, rkey: u32 },
+    Atomic(Spec),
+}
+
+impl Specs<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Specs::Rdma { runs, .. } => runs.len(),
+            Specs::Atomic(_) => 1,
+        }
+    }
+
+    fn get(&self, i: usize) -> Spec {
+        match self {
+            Specs::Rdma { write, runs, rkey } => {
+                let r = runs[i];
+                Spec::Rdma { write: *write, stream: r.stream, addr: r.addr, len: r.len, rkey: *rkey }
+            }
+            Specs::Atomic(s) => *s,
+        }
+    }
 }
 
 /// The one-sided state of a verbs transport.
@@ -117,7 +150,8 @@ pub(super) struct RmaState {
     ops: Slab<OpState>,
     /// By connection index (the loopback's too): requests in issue order.
     backlog: HashMap<usize, VecDeque<(usize, Spec)>>,
-    pool: HashMap<usize, Vec<Staging>>,
+    /// Staging buffers by size class: index `i` holds buffers of `2^i` bytes.
+    pool: Vec<Vec<Staging>>,
     kept: usize,
     done: VecDeque<(u64, Result<Done, TransportError>)>,
 }
@@ -140,7 +174,7 @@ impl RmaState {
             next_reg: 1,
             ops: Slab::new(),
             backlog: HashMap::new(),
-            pool: HashMap::new(),
+            pool: Vec::new(),
             kept: 0,
             done: VecDeque::new(),
         })
@@ -148,7 +182,7 @@ impl RmaState {
 
     fn take(&mut self, dev: &Device, len: usize) -> io::Result<Staging> {
         let class = len.max(64).next_power_of_two();
-        if let Some(s) = self.pool.get_mut(&class).and_then(Vec::pop) {
+        if let Some(s) = self.pool.get_mut(class.trailing_zeros() as usize).and_then(Vec::pop) {
             self.kept -= class;
             return Ok(s);
         }
@@ -158,8 +192,18 @@ impl RmaState {
     fn give(&mut self, s: Staging) {
         if self.kept + s.cap <= KEEP_BYTES {
             self.kept += s.cap;
-            self.pool.entry(s.cap).or_default().push(s);
+            // Staging capacities are powers of two (`take`).
+            let i = s.cap.trailing_zeros() as usize;
+            if self.pool.len() <= i {
+                self.pool.resize_with(i + 1, Vec::new);
+            }
+            self.pool[i].push(s);
         }
+    }
+
+    /// Whether requests of connection `k` wait in the backlog.
+    fn waiting(&self, k: usize) -> bool {
+        !self.backlog.is_empty() && self.backlog.get(&k).is_some_and(|q| !q.is_empty())
     }
 
     /// One of operation `key`'s requests is over (`err`: failed, or never posted).
@@ -173,22 +217,31 @@ impl RmaState {
             return;
         }
         let op = self.ops.remove(key);
+        let staged = |len| op.staging.as_ref().map_or(&[][..], |s| s.bytes(len));
         let r = match (op.err, op.kind) {
             (Some(e), _) => Err(e),
             (None, Kind::Write) => Ok(Done::Unit),
-            (None, Kind::Read(len)) => Ok(Done::Data(Bytes::copy_from_slice(op.staging.bytes(len)))),
-            (None, Kind::Atomic) => {
-                let b: [u8; 8] = op.staging.bytes(8).try_into().expect("8 staged bytes");
-                Ok(Done::Value(u64::from_ne_bytes(b)))
-            }
+            (None, Kind::Read(len)) => Ok(Done::Data(Bytes::copy_from_slice(staged(len)))),
+            (None, Kind::Atomic) => match staged(8).try_into() {
+                Ok(b) => Ok(Done::Value(u64::from_ne_bytes(b))),
+                Err(_) => Err(TransportError::Io(io::ErrorKind::Other)),
+            },
         };
         self.done.push_back((op.token, r));
-        self.give(op.staging);
+        if let Some(s) = op.staging {
+            self.give(s);
+        }
     }
 }
 
-/// Adjacent runs (next in the stream and in remote memory) as one.
-fn merged(runs: &[Run]) -> Vec<Run> {
+/// Adjacent runs (next in the stream and in remote memory) as one, without empty ones; a single
+/// run as it is (no allocation on the latency path).
+fn merged(runs: &[Run]) -> Cow<'_, [Run]> {
+    if let [r] = runs
+        && r.len > 0
+    {
+        return Cow::Borrowed(runs);
+    }
     let mut out: Vec<Run> = Vec::with_capacity(runs.len());
     for r in runs.iter().filter(|r| r.len > 0) {
         match out.last_mut() {
@@ -196,7 +249,7 @@ fn merged(runs: &[Run]) -> Vec<Run> {
             _ => out.push(*r),
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 impl VerbsTransport {
@@ -232,7 +285,6 @@ impl VerbsTransport {
 
     fn flush_conn(&mut self, k: usize) -> usize {
         let mut n = 0;
-        let reserve = if k == LOOPBACK { 0 } else { SLOT_RESERVE };
         loop {
             let Some(&(key, spec)) = self.rma.backlog.get(&k).and_then(VecDeque::front) else {
                 self.rma.backlog.remove(&k);
@@ -245,46 +297,71 @@ impl VerbsTransport {
                 }
                 return n;
             }
-            let used = if k == LOOPBACK { self.rma.lo_sq.used() } else { self.conns[k].sq.used() };
-            if used + 1 + reserve > self.rma.sq_depth {
+            if self.room(k) < 1 {
                 return n;
             }
             self.rma.backlog.get_mut(&k).and_then(VecDeque::pop_front);
-            let Some(op) = self.rma.ops.get(key) else { continue };
-            let (base, lkey) = (op.staging.addr(0), op.staging.lkey());
-            let qp = if k == LOOPBACK { &self.rma.lo_a } else { &self.conns[k].qp };
-            let id = wr_id(k, Wr::Rma, key as u32);
+            // Operations in the backlog are staged (only one posted in its call goes inline).
+            let Some(local) = self.rma.ops.get(key).and_then(|op| op.staging.as_ref()).map(|s| (s.addr(0), s.lkey()))
+            else {
+                continue;
+            };
             // SAFETY: the staging buffer belongs to the operation, which stays in the slab (and
             // the buffer registered) until this request's completion is polled, or its queue
             // pair is flushed and reaped.
-            let r = unsafe {
-                match spec {
-                    Spec::Rdma { write, stream, addr, len, rkey } => {
-                        let op = if write { Op::Write } else { Op::Read };
-                        qp.post_send(id, op, base + stream as u64, len as u32, lkey, addr, rkey, true)
-                    }
-                    Spec::Atomic { addr, rkey, compare, add } => {
-                        qp.post_atomic(id, (base, lkey), (addr, rkey), compare, add)
-                    }
+            if unsafe { self.post_spec(k, key, spec, local) }.is_ok() {
+                n += 1;
+            }
+        }
+    }
+
+    /// Send queue entries of connection `k` (or the loopback) free for one-sided requests.
+    fn room(&self, k: usize) -> u32 {
+        let (used, reserve) =
+            if k == LOOPBACK { (self.rma.lo_sq.used(), 0) } else { (self.conns[k].sq.used(), SLOT_RESERVE) };
+        self.rma.sq_depth.saturating_sub(used + reserve)
+    }
+
+    /// Posts one request of operation `key` on connection `k` (or the loopback), its local
+    /// stream at `(base, lkey)`. A failure completes the request with it (and ends the
+    /// connection).
+    ///
+    /// # Safety
+    /// As [`Qp::post_send`] and [`Qp::post_atomic`] for the local memory: staged memory stays
+    /// valid until the request completes; a write that goes inline (its length within the queue
+    /// pair's inline size) reads it during the call only.
+    unsafe fn post_spec(&mut self, k: usize, key: usize, spec: Spec, (base, lkey): (u64, u32)) -> Result<(), ()> {
+        let qp = if k == LOOPBACK { &self.rma.lo_a } else { &self.conns[k].qp };
+        let id = wr_id(k, Wr::Rma, key as u32);
+        // SAFETY: the caller's contract.
+        let r = unsafe {
+            match spec {
+                Spec::Rdma { write, stream, addr, len, rkey } => {
+                    let op = if write { Op::Write } else { Op::Read };
+                    qp.post_send(id, op, base + stream as u64, len as u32, lkey, addr, rkey, true)
                 }
-            };
-            match r {
-                Ok(()) => {
-                    if k == LOOPBACK {
-                        self.rma.lo_sq.posted(false);
-                    } else {
-                        self.conns[k].sq.posted(false);
-                    }
-                    n += 1;
+                Spec::Atomic { addr, rkey, compare, add } => {
+                    qp.post_atomic(id, (base, lkey), (addr, rkey), compare, add)
                 }
-                Err(e) => {
-                    tracing::debug!(peer = k, error = %e, "posting a one-sided request failed");
-                    let why = TransportError::Io(e.kind());
-                    self.rma.one_done(key, Some(why.clone()));
-                    if k != LOOPBACK {
-                        self.fail(k, why);
-                    }
+            }
+        };
+        match r {
+            Ok(()) => {
+                if k == LOOPBACK {
+                    self.rma.lo_sq.posted(false);
+                } else {
+                    self.conns[k].sq.posted(false);
                 }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::debug!(peer = k, error = %e, "posting a one-sided request failed");
+                let why = TransportError::Io(e.kind());
+                self.rma.one_done(key, Some(why.clone()));
+                if k != LOOPBACK {
+                    self.fail(k, why);
+                }
+                Err(())
             }
         }
     }
@@ -327,49 +404,77 @@ impl OneSided for VerbsTransport {
             }
             k
         };
-        let (kind, len) = match &req {
-            Request::Write { src, .. } => (Kind::Write, src.len()),
-            Request::Read { len, .. } => (Kind::Read(*len), *len),
-            Request::FetchAdd { .. } | Request::CompareSwap { .. } => (Kind::Atomic, 8),
-        };
-        let staging = self.rma.take(&self.dev, len).map_err(|e| TransportError::Io(e.kind()))?;
-        let specs: Vec<Spec> = match req {
+        let (kind, len, src, specs) = match req {
             Request::Write { src, runs, rkey } => {
-                // SAFETY: the buffer holds at least `src.len()` bytes and the device does not
-                // touch it before the requests are posted.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), staging.ptr, src.len()) };
                 let runs = merged(runs);
                 if runs.iter().any(|r| r.stream + r.len > src.len() || r.len > u32::MAX as usize) {
-                    self.rma.give(staging);
                     return Err(TransportError::Io(io::ErrorKind::InvalidInput));
                 }
-                runs.into_iter()
-                    .map(|r| Spec::Rdma { write: true, stream: r.stream, addr: r.addr, len: r.len, rkey })
-                    .collect()
+                (Kind::Write, src.len(), Some(src), Specs::Rdma { write: true, runs, rkey })
             }
             Request::Read { len, runs, rkey } => {
                 let runs = merged(runs);
                 if runs.iter().any(|r| r.stream + r.len > len || r.len > u32::MAX as usize) {
-                    self.rma.give(staging);
                     return Err(TransportError::Io(io::ErrorKind::InvalidInput));
                 }
-                runs.into_iter()
-                    .map(|r| Spec::Rdma { write: false, stream: r.stream, addr: r.addr, len: r.len, rkey })
-                    .collect()
+                (Kind::Read(len), len, None, Specs::Rdma { write: false, runs, rkey })
             }
-            Request::FetchAdd { addr, rkey, add } => vec![Spec::Atomic { addr, rkey, compare: None, add }],
+            Request::FetchAdd { addr, rkey, add } => {
+                (Kind::Atomic, 8, None, Specs::Atomic(Spec::Atomic { addr, rkey, compare: None, add }))
+            }
             Request::CompareSwap { addr, rkey, compare, swap } => {
-                vec![Spec::Atomic { addr, rkey, compare: Some(compare), add: swap }]
+                (Kind::Atomic, 8, None, Specs::Atomic(Spec::Atomic { addr, rkey, compare: Some(compare), add: swap }))
             }
         };
-        let n = specs.len() as u32;
-        let key = self.rma.ops.insert(OpState { token, left: n.max(1), kind, staging, err: None });
+        let n = specs.len();
+        // Posted now, in issue order, when nothing of this connection waits before it and the
+        // send queue has room for all of its requests.
+        let now = !self.rma.waiting(k) && n <= self.room(k) as usize;
+        let max_inline = if k == LOOPBACK { self.rma.lo_a.max_inline() } else { self.conns[k].qp.max_inline() };
+        let inline = match (&specs, src) {
+            (Specs::Rdma { runs, .. }, Some(_)) => now && runs.iter().all(|r| r.len <= max_inline as usize),
+            _ => false,
+        };
+        let staging = if inline || n == 0 {
+            None
+        } else {
+            let s = self.rma.take(&self.dev, len).map_err(|e| TransportError::Io(e.kind()))?;
+            if let Some(src) = src {
+                // SAFETY: the buffer holds at least `src.len()` bytes and the device does not
+                // touch it before the requests are posted.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), s.ptr, src.len()) };
+            }
+            Some(s)
+        };
+        let local = match (&staging, src) {
+            (Some(s), _) => (s.addr(0), s.lkey()),
+            (None, Some(src)) => (src.as_ptr() as u64, 0),
+            (None, None) => (0, 0),
+        };
+        let key = self.rma.ops.insert(OpState { token, left: (n as u32).max(1), kind, staging, err: None });
         if n == 0 {
             self.rma.one_done(key, None);
             return Ok(());
         }
-        self.rma.backlog.entry(k).or_default().extend(specs.into_iter().map(|s| (key, s)));
-        self.flush_conn(k);
+        if !now {
+            self.rma.backlog.entry(k).or_default().extend((0..n).map(|i| (key, specs.get(i))));
+            self.flush_conn(k);
+            return Ok(());
+        }
+        for i in 0..n {
+            // SAFETY: staged memory belongs to the operation, which stays in the slab (and the
+            // buffer registered) until its requests complete or their queue pair is flushed and
+            // reaped; unstaged, every request is a write within the inline size, which the
+            // provider copies from the caller's bytes during the call.
+            if unsafe { self.post_spec(k, key, specs.get(i), local) }.is_err() {
+                // The connection has ended (or the loopback refused): the rest fail with it.
+                let why = self.conns.get(k).and_then(|c| c.failing.clone()).unwrap_or(TransportError::Closed);
+                for _ in i + 1..n {
+                    self.rma.one_done(key, Some(why.clone()));
+                }
+                break;
+            }
+        }
         Ok(())
     }
 
@@ -394,5 +499,24 @@ mod tests {
             vec![r(0, 100, 16), r(16, 200, 8)]
         );
         assert_eq!(merged(&[r(0, 100, 8), r(16, 108, 8)]), vec![r(0, 100, 8), r(16, 108, 8)]);
+    }
+
+    #[test]
+    fn a_single_run_is_borrowed_and_an_empty_one_dropped() {
+        let one = [Run { stream: 0, addr: 64, len: 8 }];
+        assert!(matches!(merged(&one), Cow::Borrowed(r) if r == one));
+        assert!(merged(&[Run { stream: 0, addr: 64, len: 0 }]).is_empty());
+        assert!(merged(&[]).is_empty());
+    }
+
+    #[test]
+    fn specs_follow_the_runs() {
+        let runs = [Run { stream: 0, addr: 100, len: 8 }, Run { stream: 8, addr: 200, len: 4 }];
+        let s = Specs::Rdma { write: true, runs: merged(&runs), rkey: 7 };
+        assert_eq!(s.len(), 2);
+        assert!(matches!(s.get(1), Spec::Rdma { write: true, stream: 8, addr: 200, len: 4, rkey: 7 }));
+        let a = Specs::Atomic(Spec::Atomic { addr: 8, rkey: 3, compare: Some(1), add: 2 });
+        assert_eq!(a.len(), 1);
+        assert!(matches!(a.get(0), Spec::Atomic { addr: 8, rkey: 3, compare: Some(1), add: 2 }));
     }
 }

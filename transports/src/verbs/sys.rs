@@ -396,6 +396,11 @@ pub(super) struct Qp {
 unsafe impl Send for Qp {}
 
 impl Qp {
+    /// Largest write that goes inline (its bytes copied into the work request at posting).
+    pub(super) fn max_inline(&self) -> u32 {
+        self.max_inline
+    }
+
     pub(super) fn qpn(&self) -> u32 {
         // SAFETY: valid until drop.
         unsafe { (*self.qp).qp_num }
@@ -505,7 +510,8 @@ impl Qp {
     /// # Safety
     /// The local memory must stay valid (and, for reads, unaliased) until the request is known
     /// complete (its completion, or a later signaled one's, has been polled) or the QP has been
-    /// flushed.
+    /// flushed; for a send that goes inline (not a read, `len` at most [`Qp::max_inline`]), during
+    /// the call only (`lkey` is not used then).
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn post_send(
         &self,
