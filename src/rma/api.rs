@@ -1231,13 +1231,16 @@ fn native<T: Send + 'static>(
                 Some(os) => os.post(seg.owner(), req, token),
                 None => Err(TransportError::Closed),
             };
-            match posted {
-                Ok(()) => super::verbs::collect(d),
-                Err(e) => service(d).native_done(token, Err(e)),
+            if let Err(e) = posted {
+                service(d).native_done(token, Err(e));
             }
         }
         (key, service(d).poll(key, None))
     });
+    let now = match now {
+        Poll::Pending => super::verbs::collect(&inner.reactor, |d| service(d).poll(key, None)),
+        done => done,
+    };
     match now {
         Poll::Ready(r) => RmaOp::of(r.and_then(conv)),
         Poll::Pending => {
