@@ -2,16 +2,19 @@
 //!
 //! Rail 0 is the transport the rank would use anyway (the bootstrap TCP connections); rails 1..
 //! are more TCP transports, each over another pair of addresses (another interface, another
-//! network). Every frame goes on rail 0, in order, except the rendezvous data of large messages:
-//! [`stripe`] cuts it into parts, spreads them over the peer's rails in proportion to each rail's
-//! measured bandwidth, acknowledges them per connection, and moves a failed rail's share to the
-//! others. A part carries its own offset, so each part completes on its own, in any order, and
-//! the engine above sees ordinary data frames.
+//! network). To a peer with more than one rail, [`stripe`] decides what goes where: the
+//! rendezvous data of messages is cut into parts spread over the rails in proportion to each
+//! rail's measured bandwidth; every other frame travels in order on one rail (rail 0 until it
+//! fails), numbered and kept until acknowledged; and when any rail fails, its parts and its
+//! unacknowledged frames move to the rails still up. A part carries its own offset, so each part
+//! completes on its own, in any order, and the engine above sees ordinary data frames; it sees
+//! the peer lost only when its last rail is.
 //!
-//! Parts that arrive on rails other than rail 0 are read into a staging buffer and copied into
-//! their destination only when complete: a connection that fails mid-part may still have a read
-//! in flight, and it must not write into a receive buffer the engine has since completed (the
-//! same part may have come whole on another rail meanwhile). Parts on rail 0 land in place.
+//! Parts are read into a staging buffer and copied into their destination only when complete and
+//! not delivered before: a connection that fails mid-part may still have a read in flight, and it
+//! must not write into a receive buffer the engine has since completed (the same part may have
+//! come whole on another rail meanwhile). A frame that is a copy of one delivered already (sent
+//! again after its rail failed) is dropped before the engine sees it.
 
 pub mod stripe;
 
@@ -37,7 +40,7 @@ pub struct Bonded {
     me: Rank,
     rails: Vec<Box<dyn Transport>>,
     core: Stripe,
-    /// `staging[rail][peer]`; row 0 unused.
+    /// `staging[rail][peer]`.
     staging: Vec<Vec<Staged>>,
     timer: Pin<Box<tokio::time::Sleep>>,
     stats: SharedStats,
@@ -127,7 +130,6 @@ impl Transport for Bonded {
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
         let now = Instant::now();
         self.core.handle_timeout(now);
-        let mut lost = Vec::new();
         let mut n = 0;
         for (rail, t) in self.rails.iter_mut().enumerate() {
             let mut rs = RailSink {
@@ -136,15 +138,8 @@ impl Transport for Bonded {
                 staged: &mut self.staging[rail],
                 up: sink,
                 now,
-                lost: &mut lost,
             };
             n += t.progress(&mut rs);
-        }
-        // A peer lost on rail 0 is lost: its other rails close too.
-        for (peer, why) in lost {
-            for t in &mut self.rails[1..] {
-                t.disconnect(peer, why.clone());
-            }
         }
         self.drain();
         if n > 0 {
@@ -190,7 +185,6 @@ struct RailSink<'a> {
     staged: &'a mut [Staged],
     up: &'a mut dyn Sink,
     now: Instant,
-    lost: &'a mut Vec<(Rank, TransportError)>,
 }
 
 /// The header the engine sees: the part as an ordinary data frame.
@@ -198,11 +192,16 @@ fn plain(h: &Header) -> Header {
     Header { flags: h.flags & !flags::RAIL_PART, tag: 0, ..*h }
 }
 
-// SAFETY: a slice from `data_dest` is either the upper sink's (rail 0 only, for a frame that
-// this sink then delivers to it through `frame`, or whose connection's loss it forwards through
-// `peer_lost`: the upper sink's own contract) or `staged[peer]`'s buffer, which is replaced only
-// when the next part's header arrives on this connection (after the frame was delivered) and
-// dropped only in `peer_lost`.
+/// A frame the rails consume themselves: an acknowledgement or a mark.
+fn rail_frame(h: &Header) -> bool {
+    h.kind == Kind::Credit && h.flags & flags::RAIL_ACK != 0
+}
+
+// SAFETY: a slice from `data_dest` is either the upper sink's (rail 0 only, for a data frame that
+// is not a part, which this sink then delivers to it through `frame`, or whose connection's loss
+// it forwards through `peer_lost`: the upper sink's own contract) or `staged[peer]`'s buffer,
+// which is replaced only when the next part's header arrives on this connection (after the frame
+// was delivered) and dropped only in `peer_lost`.
 unsafe impl Sink for RailSink<'_> {
     fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
         if h.flags & flags::RAIL_PART == 0 {
@@ -212,9 +211,6 @@ unsafe impl Sink for RailSink<'_> {
             return self.up.data_dest(peer, h);
         }
         self.core.check_part(peer, h.tag)?;
-        if self.rail == 0 {
-            return if self.core.land(peer, h.tag) { self.up.data_dest(peer, &plain(h)) } else { Ok(None) };
-        }
         let s = self.staged.get_mut(peer as usize).ok_or(WireError::Unexpected(Kind::Data))?;
         if s.id != Some(h.tag) {
             s.id = Some(h.tag);
@@ -225,18 +221,15 @@ unsafe impl Sink for RailSink<'_> {
     }
 
     fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
-        if h.kind == Kind::Credit && h.flags & flags::RAIL_ACK != 0 {
-            return self.core.on_ack(peer, self.rail, h.seq, self.now);
+        if rail_frame(&h) {
+            return self.core.on_rail_frame(peer, self.rail, &h, self.now);
         }
         if h.kind == Kind::Data && h.flags & flags::RAIL_PART != 0 {
+            let Some(s) = self.staged.get_mut(peer as usize) else { return };
+            s.id = None;
             if !self.core.arrived(peer, self.rail, h.tag) {
                 return;
             }
-            if self.rail == 0 {
-                return self.up.frame(peer, plain(&h), payload);
-            }
-            let Some(s) = self.staged.get_mut(peer as usize) else { return };
-            s.id = None;
             let p = plain(&h);
             match self.up.data_dest(peer, &p) {
                 Ok(Some(dest)) if dest.len() == s.buf.len() => {
@@ -244,33 +237,39 @@ unsafe impl Sink for RailSink<'_> {
                     self.up.frame(peer, p, Bytes::new());
                 }
                 Ok(_) => {}
-                // Like a broken frame on rail 0: the peer is disconnected, on every rail.
+                // Like a broken frame on one connection: the peer is disconnected, on every rail.
                 Err(e) => self.core.violation(peer, e),
             }
             return;
         }
-        if self.rail != 0 {
-            tracing::warn!(peer, rail = self.rail, kind = ?h.kind, "unexpected frame on a rail; ignored");
-            return;
+        if h.kind == Kind::Data {
+            // Not a part: only rail 0 gets here (`data_dest` refuses it elsewhere), untracked.
+            return self.up.frame(peer, h, payload);
         }
-        self.up.frame(peer, h, payload)
+        match self.core.control(peer, self.rail, self.now) {
+            Ok(true) => self.up.frame(peer, h, payload),
+            Ok(false) => {}
+            Err(e) => self.core.violation(peer, e),
+        }
     }
 
     fn frame_ref(&mut self, peer: Rank, h: Header, payload: &[u8]) {
-        if self.rail == 0 && h.flags & (flags::RAIL_ACK | flags::RAIL_PART) == 0 {
-            self.up.frame_ref(peer, h, payload)
-        } else {
-            self.frame(peer, h, Bytes::copy_from_slice(payload))
+        if h.kind == Kind::Data || rail_frame(&h) {
+            return self.frame(peer, h, Bytes::copy_from_slice(payload));
+        }
+        match self.core.control(peer, self.rail, self.now) {
+            Ok(true) => self.up.frame_ref(peer, h, payload),
+            Ok(false) => {}
+            Err(e) => self.core.violation(peer, e),
         }
     }
 
     fn peer_lost(&mut self, peer: Rank, err: TransportError) {
-        self.core.rail_lost(peer, self.rail, self.now);
-        if self.rail == 0 {
-            self.lost.push((peer, err.clone()));
-            self.up.peer_lost(peer, err);
-        } else if let Some(s) = self.staged.get_mut(peer as usize) {
+        if let Some(s) = self.staged.get_mut(peer as usize) {
             *s = Staged::default();
+        }
+        if self.core.rail_lost(peer, self.rail, self.now) {
+            self.up.peer_lost(peer, err);
         }
     }
 }
