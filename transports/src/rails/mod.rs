@@ -37,7 +37,6 @@ struct Staged {
 
 /// Several transports to the same peers, striping large messages across them.
 pub struct Bonded {
-    me: Rank,
     rails: Vec<Box<dyn Transport>>,
     core: Stripe,
     /// `staging[rail][peer]`.
@@ -59,8 +58,7 @@ impl Bonded {
         let staging = (0..rails.len()).map(|_| (0..links.len()).map(|_| Staged::default()).collect()).collect();
         let far = tokio::time::Instant::now() + std::time::Duration::from_secs(86400 * 365);
         Bonded {
-            me,
-            core: Stripe::new(cfg, links, now),
+            core: Stripe::new(me, cfg, links, now),
             rails,
             staging,
             timer: Box::pin(tokio::time::sleep_until(far)),
@@ -78,7 +76,7 @@ impl Bonded {
         while let Some((rail, peer, h, payload)) = self.core.poll_transmit() {
             self.rails[rail].send(peer, h, payload);
         }
-        while let Some((rail, peer, h)) = self.core.poll_ack(self.me) {
+        while let Some((rail, peer, h)) = self.core.poll_ack() {
             self.rails[rail].send(peer, h, Bytes::new());
         }
         while let Some((rail, peer)) = self.core.poll_cut() {
@@ -132,13 +130,7 @@ impl Transport for Bonded {
         self.core.handle_timeout(now);
         let mut n = 0;
         for (rail, t) in self.rails.iter_mut().enumerate() {
-            let mut rs = RailSink {
-                rail,
-                core: &mut self.core,
-                staged: &mut self.staging[rail],
-                up: sink,
-                now,
-            };
+            let mut rs = RailSink { rail, core: &mut self.core, staged: &mut self.staging[rail], up: sink, now };
             n += t.progress(&mut rs);
         }
         self.drain();
@@ -162,8 +154,10 @@ impl Transport for Bonded {
         self.rails.iter_mut().for_each(|t| t.awake());
     }
 
+    /// Also while frames are unacknowledged: until then they may have to be sent again on
+    /// another rail, so an orderly shutdown waits for them (or for the peer's loss).
     fn has_pending_output(&self) -> bool {
-        self.core.has_queued() || self.rails.iter().any(|t| t.has_pending_output())
+        self.core.has_queued() || self.core.unacknowledged() || self.rails.iter().any(|t| t.has_pending_output())
     }
 
     fn has_queued_output(&self) -> bool {

@@ -255,6 +255,7 @@ enum Ack {
 
 /// Striping state for every peer of one rank.
 pub struct Stripe {
+    me: Rank,
     cfg: StripeConfig,
     peers: Vec<Peer>,
     /// Frames to write: (rail, peer, header, payload).
@@ -268,9 +269,9 @@ pub struct Stripe {
 }
 
 impl Stripe {
-    /// `links[peer][rail]`: whether there is a connection to `peer` on `rail` (rail 0 is the
-    /// bootstrap connection, which every remote peer has).
-    pub fn new(cfg: StripeConfig, links: &[Vec<bool>], now: Instant) -> Stripe {
+    /// For rank `me`; `links[peer][rail]`: whether there is a connection to `peer` on `rail`
+    /// (rail 0 is the bootstrap connection, which every remote peer has).
+    pub fn new(me: Rank, cfg: StripeConfig, links: &[Vec<bool>], now: Instant) -> Stripe {
         let cfg = StripeConfig { part: cfg.part.max(1), window: cfg.window.max(1), ..cfg };
         let peers = links
             .iter()
@@ -284,6 +285,7 @@ impl Stripe {
             })
             .collect();
         Stripe {
+            me,
             cfg,
             peers,
             out: VecDeque::new(),
@@ -454,7 +456,9 @@ impl Stripe {
     fn on_control_ack(&mut self, peer: Rank, count: u64, now: Instant) {
         let p = &mut self.peers[peer as usize];
         if count > p.ctrl_base + p.ctrl.len() as u64 {
-            return self.violations.push_back((peer, WireError::Link("control acknowledgement beyond the frames sent")));
+            return self
+                .violations
+                .push_back((peer, WireError::Link("control acknowledgement beyond the frames sent")));
         }
         // An older acknowledgement, overtaken on another rail, says nothing new.
         if count > p.ctrl_base {
@@ -513,7 +517,13 @@ impl Stripe {
         metrics::counter!("ferrocomm_rail_failures").increment(1);
         if rail == p.ctrl_rail {
             p.ctrl_rail = next;
-            let mark = Header { flags: flags::RAIL_ACK, tag: MARK, seq: p.ctrl_base, ..Header::new(Kind::Credit) };
+            let mark = Header {
+                src: self.me,
+                flags: flags::RAIL_ACK,
+                tag: MARK,
+                seq: p.ctrl_base,
+                ..Header::new(Kind::Credit)
+            };
             self.out.push_back((next, peer, mark, Bytes::new()));
             for (h, payload) in &p.ctrl {
                 self.out.push_back((next, peer, *h, payload.clone()));
@@ -540,8 +550,10 @@ impl Stripe {
                         r.up && !r.inflight.is_empty() && now.saturating_duration_since(r.last) >= self.cfg.stall
                     })
                 });
-                let ctrl_stalled =
-                    p.ctrl_since.is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.stall).then_some(p.ctrl_rail);
+                let ctrl_stalled = p
+                    .ctrl_since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.stall)
+                    .then_some(p.ctrl_rail);
                 let Some(rail) = stalled.or(ctrl_stalled) else { break };
                 self.rail_lost(peer as Rank, rail, now);
                 self.cut.push_back((rail, peer as Rank));
@@ -596,7 +608,7 @@ impl Stripe {
     }
 
     /// The next acknowledgement to write: (rail, peer, header).
-    pub fn poll_ack(&mut self, me: Rank) -> Option<(usize, Rank, Header)> {
+    pub fn poll_ack(&mut self) -> Option<(usize, Rank, Header)> {
         let (peer, what) = self.acks.pop_front()?;
         let p = &mut self.peers[peer as usize];
         let (rail, tag, seq) = match what {
@@ -611,7 +623,7 @@ impl Stripe {
                 (p.ctrl_ack_rail, ACK_CONTROL, p.ctrl_low)
             }
         };
-        let h = Header { src: me, flags: flags::RAIL_ACK, tag, seq, ..Header::new(Kind::Credit) };
+        let h = Header { src: self.me, flags: flags::RAIL_ACK, tag, seq, ..Header::new(Kind::Credit) };
         Some((rail, peer, h))
     }
 
@@ -623,6 +635,12 @@ impl Stripe {
     /// True while any part is unacknowledged or waiting.
     pub fn busy(&self) -> bool {
         self.peers.iter().any(|p| p.busy() || !p.held.is_empty())
+    }
+
+    /// True while anything to a peer not lost, part or control frame, is unacknowledged or
+    /// waiting: it may still have to be sent again on another rail, so the connections must stay.
+    pub fn unacknowledged(&self) -> bool {
+        self.peers.iter().any(|p| !p.gone && (p.busy() || !p.held.is_empty() || !p.ctrl.is_empty()))
     }
 
     // ---- receiving ----

@@ -42,8 +42,8 @@ impl Net {
         let back = vec![vec![true; n], vec![false; n]];
         Net {
             now,
-            tx: Stripe::new(cfg, &links, now),
-            rx: Stripe::new(cfg, &back, now),
+            tx: Stripe::new(0, cfg, &links, now),
+            rx: Stripe::new(1, cfg, &back, now),
             rate: rate.to_vec(),
             wire: vec![VecDeque::new(); n],
             moved_front: vec![0.0; n],
@@ -118,7 +118,7 @@ impl Net {
             }
         }
         self.rx.handle_timeout(self.now);
-        while let Some((rail, peer, ack)) = self.rx.poll_ack(1) {
+        while let Some((rail, peer, ack)) = self.rx.poll_ack() {
             assert_eq!(peer, 0);
             if self.rate[rail] > 0.0 {
                 self.tx.on_rail_frame(1, rail, &ack, self.now);
@@ -469,4 +469,22 @@ fn an_idle_peer_does_not_make_estimates_stale() {
     let p = &n.tx.peers[1];
     let newest = p.rails.iter().flatten().map(|r| r.sampled_at).max().unwrap();
     assert!(p.rails.iter().flatten().all(|r| !r.stale(&n.tx.cfg, newest)));
+}
+
+#[test]
+fn marks_and_acknowledgements_carry_the_senders_rank() {
+    let now = Instant::now();
+    let mut s = Stripe::new(7, cfg(), &[vec![true, true]], now);
+    s.send(0, Header { src: 7, ..Header::new(Kind::Rts) }, Bytes::new(), now);
+    assert!(!s.rail_lost(0, 0, now));
+    let sent: Vec<_> = std::iter::from_fn(|| s.poll_transmit()).collect();
+    let kinds: Vec<_> = sent.iter().map(|(rail, _, h, _)| (*rail, h.kind, h.tag, h.src)).collect();
+    assert_eq!(kinds, [(0, Kind::Rts, 0, 7), (1, Kind::Credit, MARK, 7), (1, Kind::Rts, 0, 7)]);
+    assert_eq!(s.control(0, 1, now), Err(WireError::Link("control frame on a rail before its mark")));
+    let mark = Header { flags: flags::RAIL_ACK, tag: MARK, ..Header::new(Kind::Credit) };
+    s.on_rail_frame(0, 1, &mark, now);
+    assert_eq!(s.control(0, 1, now), Ok(true));
+    s.handle_timeout(now + ACK_DELAY_MAX);
+    let (rail, peer, ack) = s.poll_ack().expect("an acknowledgement");
+    assert_eq!((rail, peer, ack.src, ack.tag, ack.seq), (1, 0, 7, ACK_CONTROL, 1));
 }
