@@ -186,7 +186,9 @@ async fn ack_implosion_root_share_falls_to_one_per_subgroup() {
     const M: usize = 100;
     for receivers in [8u32, 16] {
         let mut counts = Vec::new();
-        for subgroups in [1usize, 0] {
+        // Explicit: by default a stream this small has no co-roots (FLAT_RECEIVERS).
+        let sqrt = (f64::from(receivers).sqrt().round()) as usize;
+        for subgroups in [1usize, sqrt] {
             let mut s = settings(0.0);
             s.multicast.subgroups = subgroups;
             s.multicast.ack_every = 1;
@@ -304,4 +306,19 @@ async fn datagrams_without_the_jobs_tag_are_dropped_and_counted() {
     .unwrap();
     println!("(dropped for their tag, duplicates) per rank: {out:?}");
     assert!(out.iter().all(|&(dropped, _)| dropped == FORGED), "{out:?}");
+}
+
+/// The default selection keeps a broadcast on one host off multicast (no network to save there):
+/// ranks of one host choose a point-to-point algorithm for every size, with multicast on.
+/// (Across hosts it takes multicast: `multicast_netns.rs`, `multiprocess.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_on_one_host_is_not_selected_as_multicast() {
+    let out = ferrocomm::testing::run(4, settings(0.0), |w| async move {
+        assert!(w.settings().multicast.enabled);
+        [8usize, 1 << 10, 1 << 20]
+            .map(|bytes| w.collective_algorithm(ferrocomm::Operation::Bcast, bytes) != ferrocomm::Algorithm::Multicast)
+    })
+    .await
+    .unwrap();
+    assert!(out.iter().flatten().all(|&p2p| p2p), "{out:?}");
 }
