@@ -43,6 +43,20 @@ impl Comm {
         })
     }
 
+    /// Whether a broadcast may go by reliable multicast ([`Topology::multicast`]): multicast is on
+    /// (`FERROCOMM_MCAST`, which every rank shares: bootstrap refuses ranks that differ) and the
+    /// members span several hosts, from what every rank announced, so all members choose alike.
+    /// Whether the group's multicast test confirms is not part of it: that is each root's own
+    /// finding, at run time, and a channel whose group does not confirm delivers over
+    /// point-to-point (`docs/multicast.md`).
+    pub(super) fn multicast_capable(&self) -> bool {
+        *self.coll().multicast_capable.get_or_init(|| {
+            let inner = self.inner();
+            let first = inner.nodes[self.world_rank(0) as usize];
+            inner.settings.multicast.enabled && !self.every_member(|w| inner.nodes[w] == first)
+        })
+    }
+
     /// Whether `holds(world rank)` for every member.
     pub(super) fn every_member(&self, holds: impl Fn(usize) -> bool) -> bool {
         (0..self.size()).all(|r| holds(self.world_rank(r) as usize))
@@ -77,5 +91,8 @@ impl Topology for Members<'_> {
     }
     fn all_verbs(&self) -> bool {
         self.0.all_verbs()
+    }
+    fn multicast(&self) -> bool {
+        self.0.multicast_capable()
     }
 }
