@@ -245,8 +245,9 @@ fn loopback_namespace_with_iptables_loss() {
 }
 
 /// Broadcast by the communicator's own selection: the ranks of the bridge, each namespace posing
-/// as a host of its own (`FERROCOMM_HOST_ID`), choose reliable multicast for broadcasts of 8 B to
-/// 1 MiB (more ranks than the table's crossover, several hosts); every rank gets every broadcast
+/// as a host of its own (`FERROCOMM_HOST_ID`), choose reliable multicast for broadcasts of 0 B to
+/// the table's 8 KiB (more ranks than the table's crossover, several hosts; 1400-byte datagrams,
+/// so the larger ones take several) and point-to-point above it; every rank gets every broadcast
 /// intact, at 0% and 20% loss; at 0% each rank's namespace took in at least half as many UDP
 /// datagrams as the broadcasts from other roots need (so they came by multicast, not TCP).
 #[test]
@@ -257,7 +258,7 @@ fn broadcast_selected_as_multicast_across_namespace_hosts() {
     let prefix = format!("fcs{}", std::process::id() % 100_000);
     let (_ns, ranks) = Netns::bridge(&prefix, RANKS).unwrap();
     for loss in [0.0, 0.2] {
-        let out = run(&ranks, loss, &[(SCENARIO, "selected")]);
+        let out = run(&ranks, loss, &[(SCENARIO, "selected"), ("FERROCOMM_MCAST_DATAGRAM", "1400")]);
         for (r, text) in out.iter().enumerate() {
             assert!(text.contains("SELECTED-OK"), "loss {loss}, rank {r}:\n{text}");
             if loss == 0.0 {
@@ -290,17 +291,19 @@ async fn selected(w: &ferrocomm::World) {
     let payload_per = datagram - ferrocomm_multicast::wire::HEADER;
     let before = udp_in();
     let mut needed = 0u64;
-    for (root, len) in [(0u32, 8usize), (5, 1000), (0, 40_000), (5, 1 << 20), (3, 0)] {
+    let max = ferrocomm::Table::default().multicast_bcast_max;
+    for (root, len) in [(0u32, 8usize), (5, 1000), (0, max), (5, max + 1), (0, 1 << 20), (3, 0)] {
+        let multicast = len <= max;
         assert_eq!(
-            w.collective_algorithm(ferrocomm::Operation::Bcast, len),
-            ferrocomm::Algorithm::Multicast,
+            w.collective_algorithm(ferrocomm::Operation::Bcast, len) == ferrocomm::Algorithm::Multicast,
+            multicast,
             "rank {me}: broadcast of {len} B"
         );
         let want: Vec<u8> = payload(root, len % 9973).iter().copied().cycle().take(len).collect();
         let mut buf = if me == root { want.clone() } else { vec![0u8; len] };
         w.broadcast(root, &mut buf).timeout(t).await.unwrap();
         assert!(buf == want, "rank {me}: broadcast of {len} B from {root} altered");
-        if me != root {
+        if me != root && multicast {
             needed += len.div_ceil(payload_per).max(1) as u64;
         }
     }
