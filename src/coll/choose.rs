@@ -18,6 +18,18 @@ impl Comm {
         plan::choose(call, &Members(self), self.collective_table())
     }
 
+    /// The algorithm for `op` with `bytes` per rank among those that send messages: the
+    /// selection table's, for the calls that the board and single copy do not serve (lengths
+    /// that differ between ranks).
+    pub(super) fn choose_messages(&self, op: Operation, bytes: usize, commutative: bool) -> Algorithm {
+        match self.choose(op, bytes, commutative) {
+            Algorithm::SharedMemory | Algorithm::SingleCopy => {
+                self.collective_table().choose(Call { op, ranks: self.size(), bytes, commutative })
+            }
+            alg => alg,
+        }
+    }
+
     /// Whether every member busy-polls: the default table's condition for the board and single
     /// copy (whose waits a sleeping rank would only see every `NAP`). Decided from what every
     /// rank announced, so all members choose alike even when their progress modes differ.
