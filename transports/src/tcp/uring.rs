@@ -6,10 +6,8 @@
 //!   posted buffer: the kernel copies socket data straight to its final place.
 //! * **Batched submissions.** One `io_uring_enter` per [`Transport::progress`] submits every
 //!   connection's `recv` and vectored `sendmsg` (up to `BATCH` frames each) at once.
-//! * **An eventfd to sleep on.** While a sleeper waits ([`Transport::poll_ready`] to
-//!   [`Transport::awake`]) the ring signals a registered eventfd for every completion; tokio
-//!   watches it, so the progress loop can park. While callers spin the signal is off: it would
-//!   wake the reactor thread once per message.
+//! * **An eventfd to sleep on.** The ring signals a registered eventfd for every completion; tokio
+//!   watches it, so [`Transport::poll_ready`] can park the progress loop.
 //!
 //! Memory rule: the kernel may write into (recv) or read from (send) a buffer until that
 //! operation's completion is reaped. A connection that ends (EOF, error, protocol violation,
@@ -292,7 +290,7 @@ fn setup(n: usize) -> io::Result<(IoUring, AsyncFd<OwnedFd>)> {
     // next kernel entry instead of interrupting it (a sleeping thread is still woken), and the
     // taskrun flag tells a busy-polling caller when to enter. Measured: 8 B ping-pong latency
     // 25-29 us without, 19-23 us with (ferrocomm-bench pingpong --backend uring).
-    let mut ring = IoUring::builder()
+    let ring = IoUring::builder()
         .setup_coop_taskrun()
         .setup_taskrun_flag()
         .build((2 * n).next_power_of_two().clamp(256, 32768) as u32)?;
@@ -304,8 +302,6 @@ fn setup(n: usize) -> io::Result<(IoUring, AsyncFd<OwnedFd>)> {
     // SAFETY: `fd` is a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     ring.submitter().register_eventfd(fd.as_raw_fd())?;
-    // Signalled only while a sleeper waits on it (`poll_ready` to `awake`).
-    ring.completion().disable_eventfd();
     // SAFETY: the `OwnedFd` keeps the descriptor open, unchanged, for the `AsyncFd`'s lifetime.
     let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;
     Ok((ring, fd))
@@ -365,13 +361,6 @@ impl Transport for UringTcp {
     }
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        // A sleeper relies on the eventfd from here on (until `awake`). Enabled before the queues
-        // are checked, with a full fence between: a completion posted after the check signals
-        // it (the kernel reads the flag after a full barrier that follows its tail update).
-        if self.ring.completion().eventfd_disabled() {
-            self.ring.completion().enable_eventfd();
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        }
         loop {
             let work = !self.ring.completion().is_empty()
                 || !self.ring.submission().is_empty()
@@ -393,13 +382,6 @@ impl Transport for UringTcp {
                 if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
             });
         }
-    }
-
-    fn awake(&mut self) {
-        // Nobody sleeps on the eventfd now: a caller spinning on `progress` reaps completions
-        // itself, and an eventfd signalled per completion would wake the reactor thread (out of
-        // `epoll_wait`) once per message, taking a CPU from a spinning rank.
-        self.ring.completion().disable_eventfd();
     }
 
     fn has_pending_output(&self) -> bool {
