@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ferrocomm::multicast::Channel;
-use ferrocomm::{Algorithm, Deadline, Error, Operation, World};
+use ferrocomm::{Algorithm, Deadline, Error, Operation, Table, World};
 
 use netns::Hosts;
 
@@ -289,8 +289,10 @@ fn placement(w: &World) {
     }
     for op in [Operation::Barrier, Operation::Bcast, Operation::Allreduce] {
         for bytes in [8, 1 << 20] {
-            // A broadcast across hosts goes by reliable multicast (docs/multicast.md).
-            let want = if op == Operation::Bcast { Algorithm::Multicast } else { Algorithm::Hierarchical };
+            // A broadcast across hosts up to the table's multicast size goes by reliable
+            // multicast (docs/multicast.md); larger ones by the node-leader hierarchy.
+            let multicast = op == Operation::Bcast && bytes <= Table::default().multicast_bcast_max;
+            let want = if multicast { Algorithm::Multicast } else { Algorithm::Hierarchical };
             assert_eq!(w.collective_algorithm(op, bytes), want, "{op} of {bytes} B");
         }
     }
