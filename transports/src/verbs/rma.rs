@@ -6,7 +6,8 @@
 //!   completes (the caller's buffer may be gone by then: a dropped future does not cancel an
 //!   operation); an atomic's previous value lands in one. Buffers come from a pool by power-of-two
 //!   size, registered once and reused ([`KEEP_BYTES`] kept at most), so the latency path
-//!   registers nothing.
+//!   registers nothing. A write from the transport's own registration (`WriteRegistered`, the
+//!   RDMA collectives' zero-copy path) stages nothing: the device reads the caller's memory.
 //! * **Work requests.** One per run (a strided or sub-array transfer is several, one per
 //!   contiguous run after merging adjacent ones), each signaled: an operation completes when its
 //!   last request's completion is polled. Requests wait in a per-connection backlog, in issue
@@ -93,7 +94,10 @@ struct OpState {
     /// Work requests not yet completed (posted or waiting in the backlog).
     left: u32,
     kind: Kind,
-    staging: Staging,
+    /// None for a write from a registration of the caller's (`local` says where).
+    staging: Option<Staging>,
+    /// The local stream's address and key (the staging buffer's, or the registration's).
+    local: (u64, u32),
     err: Option<TransportError>,
 }
 
@@ -112,7 +116,8 @@ pub(super) struct RmaState {
     _lo_b: Qp,
     lo_sq: SendQueue,
     sq_depth: u32,
-    regs: HashMap<u64, Mr>,
+    /// By handle: the region, its first byte's address and its length.
+    regs: HashMap<u64, (Mr, u64, usize)>,
     next_reg: u64,
     ops: Slab<OpState>,
     /// By connection index (the loopback's too): requests in issue order.
@@ -173,17 +178,20 @@ impl RmaState {
             return;
         }
         let op = self.ops.remove(key);
+        let staged = |len| op.staging.as_ref().map_or(&[][..], |s| s.bytes(len));
         let r = match (op.err, op.kind) {
             (Some(e), _) => Err(e),
             (None, Kind::Write) => Ok(Done::Unit),
-            (None, Kind::Read(len)) => Ok(Done::Data(Bytes::copy_from_slice(op.staging.bytes(len)))),
+            (None, Kind::Read(len)) => Ok(Done::Data(Bytes::copy_from_slice(staged(len)))),
             (None, Kind::Atomic) => {
-                let b: [u8; 8] = op.staging.bytes(8).try_into().expect("8 staged bytes");
+                let b: [u8; 8] = staged(8).try_into().expect("8 staged bytes");
                 Ok(Done::Value(u64::from_ne_bytes(b)))
             }
         };
         self.done.push_back((op.token, r));
-        self.give(op.staging);
+        if let Some(s) = op.staging {
+            self.give(s);
+        }
     }
 }
 
@@ -230,6 +238,26 @@ impl VerbsTransport {
         keys.into_iter().map(|k| self.flush_conn(k)).sum()
     }
 
+    /// Starts an operation of `specs` on connection `k` (or the loopback).
+    fn enqueue(
+        &mut self,
+        k: usize,
+        token: u64,
+        kind: Kind,
+        staging: Option<Staging>,
+        local: (u64, u32),
+        specs: Vec<Spec>,
+    ) {
+        let n = specs.len() as u32;
+        let key = self.rma.ops.insert(OpState { token, left: n.max(1), kind, staging, local, err: None });
+        if n == 0 {
+            self.rma.one_done(key, None);
+            return;
+        }
+        self.rma.backlog.entry(k).or_default().extend(specs.into_iter().map(|s| (key, s)));
+        self.flush_conn(k);
+    }
+
     fn flush_conn(&mut self, k: usize) -> usize {
         let mut n = 0;
         let reserve = if k == LOOPBACK { 0 } else { SLOT_RESERVE };
@@ -251,12 +279,14 @@ impl VerbsTransport {
             }
             self.rma.backlog.get_mut(&k).and_then(VecDeque::pop_front);
             let Some(op) = self.rma.ops.get(key) else { continue };
-            let (base, lkey) = (op.staging.addr(0), op.staging.lkey());
+            let (base, lkey) = op.local;
             let qp = if k == LOOPBACK { &self.rma.lo_a } else { &self.conns[k].qp };
             let id = wr_id(k, Wr::Rma, key as u32);
             // SAFETY: the staging buffer belongs to the operation, which stays in the slab (and
             // the buffer registered) until this request's completion is polled, or its queue
-            // pair is flushed and reaped.
+            // pair is flushed and reaped; a registration of the caller's is kept, with its
+            // memory, by the caller until then (`Request::WriteRegistered`), and the device only
+            // reads it.
             let r = unsafe {
                 match spec {
                     Spec::Rdma { write, stream, addr, len, rkey } => {
@@ -308,7 +338,7 @@ impl OneSided for VerbsTransport {
         let key = RemoteKey { addr: addr as u64, rkey: mr.rkey() };
         let h = self.rma.next_reg;
         self.rma.next_reg += 1;
-        self.rma.regs.insert(h, mr);
+        self.rma.regs.insert(h, (mr, addr as u64, len));
         Ok((h, key))
     }
 
@@ -327,13 +357,31 @@ impl OneSided for VerbsTransport {
             }
             k
         };
+        if let Request::WriteRegistered { handle, offset, len, runs, rkey } = req {
+            let Some((mr, base, reg_len)) = self.rma.regs.get(&handle) else {
+                return Err(TransportError::Io(io::ErrorKind::InvalidInput));
+            };
+            let runs = merged(runs);
+            let inside = offset.checked_add(len).is_some_and(|end| end <= *reg_len);
+            if !inside || runs.iter().any(|r| r.stream + r.len > len || r.len > u32::MAX as usize) {
+                return Err(TransportError::Io(io::ErrorKind::InvalidInput));
+            }
+            let local = (base + offset as u64, mr.lkey());
+            let specs: Vec<Spec> = runs
+                .into_iter()
+                .map(|r| Spec::Rdma { write: true, stream: r.stream, addr: r.addr, len: r.len, rkey })
+                .collect();
+            return Ok(self.enqueue(k, token, Kind::Write, None, local, specs));
+        }
         let (kind, len) = match &req {
             Request::Write { src, .. } => (Kind::Write, src.len()),
             Request::Read { len, .. } => (Kind::Read(*len), *len),
             Request::FetchAdd { .. } | Request::CompareSwap { .. } => (Kind::Atomic, 8),
+            Request::WriteRegistered { .. } => unreachable!("handled above"),
         };
         let staging = self.rma.take(&self.dev, len).map_err(|e| TransportError::Io(e.kind()))?;
         let specs: Vec<Spec> = match req {
+            Request::WriteRegistered { .. } => unreachable!("handled above"),
             Request::Write { src, runs, rkey } => {
                 // SAFETY: the buffer holds at least `src.len()` bytes and the device does not
                 // touch it before the requests are posted.
@@ -362,14 +410,8 @@ impl OneSided for VerbsTransport {
                 vec![Spec::Atomic { addr, rkey, compare: Some(compare), add: swap }]
             }
         };
-        let n = specs.len() as u32;
-        let key = self.rma.ops.insert(OpState { token, left: n.max(1), kind, staging, err: None });
-        if n == 0 {
-            self.rma.one_done(key, None);
-            return Ok(());
-        }
-        self.rma.backlog.entry(k).or_default().extend(specs.into_iter().map(|s| (key, s)));
-        self.flush_conn(k);
+        let local = (staging.addr(0), staging.lkey());
+        self.enqueue(k, token, kind, Some(staging), local, specs);
         Ok(())
     }
 
