@@ -268,10 +268,12 @@ pub(super) async fn run(slot: Slot, turn: Turn, shape: Shape, src: Source, block
 
     // The send side, registered for this call.
     let owned;
-    let (sptr, slen, offset): (usize, usize, fn(usize, usize, usize) -> usize) = match (&src, shape) {
-        (Source::OwnBlock, _) => (base + r * block, block, |_, _, _| 0),
-        (Source::Borrowed(l), Shape::Alltoall) => (l.ptr as usize, l.len, |j, _, b| j * b),
-        (Source::Owned(b), Shape::Alltoall) => (b.as_ptr() as usize, b.len(), |j, _, b| j * b),
+    // (address, length) of the send side; block `j` sits at `j * block` in it (all-to-all), or
+    // it is the one block (all-gather).
+    let (sptr, slen) = match (&src, shape) {
+        (Source::OwnBlock, _) => (base + r * block, block),
+        (Source::Borrowed(l), Shape::Alltoall) => (l.ptr as usize, l.len),
+        (Source::Owned(b), Shape::Alltoall) => (b.as_ptr() as usize, b.len()),
         _ => return Err(CollError::Invalid("an RDMA all-gather sends its own block from the result".into()).into()),
     };
     if shape == Shape::Alltoall && slen < n * block {
@@ -311,7 +313,7 @@ pub(super) async fn run(slot: Slot, turn: Turn, shape: Shape, src: Source, block
                     );
                 }
                 let to = RemoteKey { addr: a.key.addr + (r * block) as u64, rkey: a.key.rkey };
-                let off = offset(j, r, block);
+                let off = if shape == Shape::Alltoall { j * block } else { 0 };
                 world_ref.device_write(comm.world_rank(j as Rank), send_ref.handle, off, block, to).await?;
                 comm.send(j as Rank, tag(2), Bytes::new()).await?;
                 Ok::<_, Error>(())

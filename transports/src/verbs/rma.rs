@@ -371,7 +371,8 @@ impl OneSided for VerbsTransport {
                 .into_iter()
                 .map(|r| Spec::Rdma { write: true, stream: r.stream, addr: r.addr, len: r.len, rkey })
                 .collect();
-            return Ok(self.enqueue(k, token, Kind::Write, None, local, specs));
+            self.enqueue(k, token, Kind::Write, None, local, specs);
+            return Ok(());
         }
         let (kind, len) = match &req {
             Request::Write { src, .. } => (Kind::Write, src.len()),
