@@ -89,6 +89,9 @@ if want multicast; then
     "$bench" multicast --json results/multicast-shm.json --plot results/multicast-shm.svg \
         | tee results/multicast-shm.txt
     "$bench" multicast --transports tcp | tee results/multicast-tcp.txt
+    # The stream between namespace hosts (one per rank, on a bridge; needs root), appended.
+    "$bench" multicast --stream-only --netns --datagram 8900 | tee -a results/multicast-tcp.txt \
+        || echo "note: multicast between namespace hosts not measured (root needed)" | tee -a results/multicast-tcp.txt
     took multicast
 fi
 

@@ -7,7 +7,9 @@
 //!   and 10.88.2.0/24), each rank in its own namespace, both rails rate-limited by `tc tbf` so
 //!   that a transfer lasts long enough; while rank 0 sends a 48 MiB message, the test takes the
 //!   second rail's link down (`ip link set ... down`): the message arrives whole, the second rail
-//!   is dropped, and the bootstrap rail carried the rest.
+//!   is dropped, and the bootstrap rail carried the rest; then the same with the bootstrap rail's
+//!   (rail 0's) link down: the second rail takes over its parts and every control frame (the
+//!   message's, the barrier's and the goodbyes after it), and the job ends cleanly.
 //!
 //! The namespace test needs root (namespaces, tc): without it, it says so loudly and passes. Its
 //! ranks are this test binary, re-run inside the namespaces with `--exact rails_rank_process`.
@@ -86,9 +88,11 @@ async fn large_messages_are_striped_over_every_rail() {
         for (rail, r) in s.iter().enumerate() {
             let r = r.unwrap_or_else(|| panic!("rank {rank}: rail {rail} does not reach the peer"));
             assert!(r.up, "rank {rank}: rail {rail} dropped: {s:?}");
-            // Every rail carries parts of the large messages. How much depends on the bandwidth
-            // each rail was measured at, and on loopback with the CPUs shared by the test's other
-            // work a rail's first sample can come out low, after which it takes a small share.
+            // Every rail carries parts of the large messages. How much follows each rail's
+            // measured bandwidth, which on loopback with shared CPUs is noise; that shares track
+            // bandwidth, and that a rail measured low once regains its share by re-probing, is
+            // asserted on the striping core with modelled rails (ferrocomm-transports,
+            // rails::stripe::tests), where time is not the machine's.
             assert!(r.carried > 0, "rank {rank}: rail {rail} carried nothing: {s:?}");
         }
     }
@@ -156,18 +160,16 @@ fn prerequisites(test: &str) -> bool {
     true
 }
 
-#[test]
-fn two_veth_rails_survive_a_link_cut_mid_message() {
-    if !prerequisites("two_veth_rails_survive_a_link_cut_mid_message") {
-        return;
-    }
-    let prefix = format!("fcr{}", std::process::id() % 100_000);
-    let hosts = TwoHosts::new(&prefix).unwrap();
+/// Runs the two ranks of the link-cut test across `hosts`; `veth` (1: rail 0, the bootstrap
+/// connection; 2: rail 1) goes down 300 ms into the 48 MiB message. The job's store is on the
+/// other pair, so that only the rails see the cut. Returns rank 0's `RAIL-STATS` line.
+fn cut_mid_message(hosts: &TwoHosts, veth: u32, port: u16) -> String {
     // 48 MiB over 2 x 200 Mbit/s: about a second, so the cut lands mid-message.
     hosts.limit(1, "200mbit").unwrap();
     hosts.limit(2, "200mbit").unwrap();
     let exe = std::env::current_exe().unwrap();
     let token: String = (0..32).map(|i| format!("{:02x}", (std::process::id() as u8).wrapping_add(i * 7))).collect();
+    let store = 3 - veth;
     let mut children = Vec::new();
     for (rank, ns, host) in [(0, &hosts.a, 1), (1, &hosts.b, 2)] {
         let mut c = Command::new("ip");
@@ -180,7 +182,7 @@ fn two_veth_rails_survive_a_link_cut_mid_message() {
         c.env(ROLE, "cut")
             .env("FERROCOMM_RANK", rank.to_string())
             .env("FERROCOMM_SIZE", "2")
-            .env("FERROCOMM_COORD", "10.88.1.1:29611")
+            .env("FERROCOMM_COORD", format!("10.88.{store}.1:{port}"))
             .env("FERROCOMM_TOKEN", &token)
             .env("FERROCOMM_HOST_STORE", if rank == 0 { "1" } else { "0" })
             .env("FERROCOMM_BIND", format!("10.88.1.{host}"))
@@ -191,15 +193,16 @@ fn two_veth_rails_survive_a_link_cut_mid_message() {
         c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         children.push(c.spawn().unwrap());
     }
-    // Rank 0 says when the big message starts; the second rail's link goes down a moment later.
+    // Rank 0 says when the big message starts; the link goes down a moment later.
     let out0 = children[0].stdout.take().unwrap();
     let ns_a = hosts.a.clone();
+    let dev = format!("r{veth}a");
     let reader = std::thread::spawn(move || {
         let (mut text, mut cut) = (String::new(), false);
         for line in BufReader::new(out0).lines().map_while(Result::ok) {
             if line.contains("BIG-START") && !cut {
                 std::thread::sleep(Duration::from_millis(300));
-                sh(&["ip", "-n", &ns_a, "link", "set", "r2a", "down"]).unwrap();
+                sh(&["ip", "-n", &ns_a, "link", "set", &dev, "down"]).unwrap();
                 cut = true;
             }
             text.push_str(&line);
@@ -209,7 +212,7 @@ fn two_veth_rails_survive_a_link_cut_mid_message() {
     });
     let start = Instant::now();
     let mut outputs = Vec::new();
-    for (rank, mut child) in children.into_iter().enumerate() {
+    for mut child in children {
         while child.try_wait().unwrap().is_none() {
             if start.elapsed() > Duration::from_secs(120) {
                 let _ = child.kill();
@@ -218,21 +221,56 @@ fn two_veth_rails_survive_a_link_cut_mid_message() {
         }
         let out = child.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "rank {rank} failed ({:?}):\n{text}", out.status);
-        outputs.push(text);
+        outputs.push((out.status, text));
     }
+    for (rank, (status, text)) in outputs.iter().enumerate() {
+        assert!(status.success(), "rank {rank} failed ({status:?}):\n{text}\nother rank:\n{}", outputs[1 - rank].1);
+    }
+    let outputs: Vec<String> = outputs.into_iter().map(|(_, t)| t).collect();
     let (text0, cut) = reader.join().unwrap();
     let text0 = text0 + &outputs[0];
     assert!(cut, "the link was never cut:\n{text0}");
     assert!(outputs[1].contains("RAILS-OK"), "rank 1:\n{}", outputs[1]);
     let stats = text0.lines().find(|l| l.starts_with("RAIL-STATS")).unwrap_or_else(|| panic!("no stats:\n{text0}"));
     println!("{stats}");
-    // rail 0 carried and is up; rail 1 (the second veth pair) carried part and is down.
-    let f: Vec<&str> = stats.split_whitespace().collect();
-    let get = |k: &str| f.iter().find_map(|w| w.strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in {stats}"));
-    assert_eq!(get("up1="), "false", "{stats}");
-    let carried1: u64 = get("carried1=").parse().unwrap();
+    stats.to_string()
+}
+
+/// The value of `key` (`up0=`, `carried1=`...) in a `RAIL-STATS` line.
+fn stat(stats: &str, key: &str) -> String {
+    stats.split_whitespace().find_map(|w| w.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} in {stats}")).into()
+}
+
+#[test]
+fn two_veth_rails_survive_a_link_cut_mid_message() {
+    if !prerequisites("two_veth_rails_survive_a_link_cut_mid_message") {
+        return;
+    }
+    let prefix = format!("fcr{}", std::process::id() % 100_000);
+    let hosts = TwoHosts::new(&prefix).unwrap();
+    let stats = cut_mid_message(&hosts, 2, 29611);
+    // Rail 0 carried and is up; rail 1 (the second veth pair) carried part and is down.
+    assert_eq!(stat(&stats, "up0="), "true", "{stats}");
+    assert_eq!(stat(&stats, "up1="), "false", "{stats}");
+    let carried1: u64 = stat(&stats, "carried1=").parse().unwrap();
     assert!(carried1 > 0 && carried1 < BIG as u64, "{stats}");
+}
+
+#[test]
+fn two_veth_rails_survive_cutting_rail_zero_mid_message() {
+    if !prerequisites("two_veth_rails_survive_cutting_rail_zero_mid_message") {
+        return;
+    }
+    let prefix = format!("fcz{}", std::process::id() % 100_000);
+    let hosts = TwoHosts::new(&prefix).unwrap();
+    let stats = cut_mid_message(&hosts, 1, 29612);
+    // Rail 0 (the bootstrap connection, first veth pair) carried part and is down; rail 1 took
+    // over its share and the control frames: the message, the barrier after it and the goodbye.
+    assert_eq!(stat(&stats, "up0="), "false", "{stats}");
+    assert_eq!(stat(&stats, "up1="), "true", "{stats}");
+    assert_eq!(stat(&stats, "control1="), "true", "{stats}");
+    let carried0: u64 = stat(&stats, "carried0=").parse().unwrap();
+    assert!(carried0 > 0 && carried0 < BIG as u64, "{stats}");
 }
 
 // ---- three namespaces: A and C joined only through B ----
@@ -441,7 +479,10 @@ fn rails_rank_process() {
         let mut line = String::from("RAIL-STATS");
         for (i, r) in s.iter().enumerate() {
             if let Some(r) = r {
-                line += &format!(" up{i}={} carried{i}={} bw{i}={:.0}", r.up, r.carried, r.bandwidth);
+                line += &format!(
+                    " up{i}={} carried{i}={} bw{i}={:.0} control{i}={}",
+                    r.up, r.carried, r.bandwidth, r.control
+                );
             }
         }
         println!("{line}");

@@ -69,6 +69,19 @@ pub(crate) struct Options {
     /// ferrocomm alone (no Open MPI)
     #[arg(long)]
     pub no_peer: bool,
+    /// Ranks per host: rank r is host r / N. Above 1, the ranks of a host share memory (no
+    /// FERROCOMM_TRANSPORTS=tcp) and the collectives take the node-leader hierarchy: shared memory
+    /// inside a host, TCP between; compare with a flat algorithm pinned by --pin (Open MPI stays
+    /// on TCP alone, so its column is no like-for-like peer then)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub per_host: u32,
+    /// Algorithm overrides for ferrocomm (op=algorithm,...), e.g. bcast=binomial to compare a flat
+    /// algorithm with the hierarchy
+    #[arg(long, value_name = "OP=ALG,...")]
+    pub pin: Option<String>,
+    /// Extra environment of the ferrocomm ranks (KEY=VALUE), e.g. FERROCOMM_COLL=...
+    #[arg(long, value_name = "KEY=VALUE", value_parser = cli::key_value)]
+    pub env: Vec<String>,
     /// Write the results as JSON here
     #[arg(long, value_name = "FILE")]
     pub json: Option<std::path::PathBuf>,
@@ -89,9 +102,15 @@ impl Options {
     }
 }
 
+/// The environment variable that tells the hidden subcommands how many ranks share a host.
+const PER_HOST: &str = "FERROCOMM_BENCH_PER_HOST";
+
 /// The hidden subcommands' arguments for `spec` (what [`JobSpec`] parses).
 fn job_args(spec: &JobSpec) -> Vec<String> {
     let mut a = vec!["--ranks".into(), spec.ranks.to_string(), "--progress".into(), spec.progress.clone()];
+    if let Some(p) = &spec.pin {
+        a.extend(["--pin".into(), p.clone()]);
+    }
     for e in &spec.env {
         a.extend(["--env".into(), e.clone()]);
     }
@@ -137,8 +156,11 @@ fn run_ferrocomm(spec: &JobSpec) -> Result<(String, Vec<Measurement>)> {
 /// `hosts`: both sides, run after run, and the report.
 pub(crate) fn main(o: Options) -> Result<()> {
     let s = o.schedule();
-    let spec =
-        JobSpec { ranks: o.ranks, progress: o.progress.clone(), pin: None, env: Vec::new(), schedule: s.clone() };
+    let mut env = o.env.clone();
+    if o.per_host > 1 {
+        env.push(format!("{PER_HOST}={}", o.per_host));
+    }
+    let spec = JobSpec { ranks: o.ranks, progress: o.progress.clone(), pin: o.pin.clone(), env, schedule: s.clone() };
     // osu_coll built against Open MPI, where `collectives` builds it too (osu::Mpi::build names
     // it osu_coll-openmpi).
     let dir = std::env::current_exe()?.parent().ok_or("the executable has no directory")?.join("osu_coll");
@@ -148,13 +170,17 @@ pub(crate) fn main(o: Options) -> Result<()> {
         Mpi::build("openmpi", &dir)?;
         Some(dir.join("osu_coll-openmpi"))
     };
+    let (layout, transports, host) = match o.per_host {
+        1 => ("each a host of its own over TCP".to_string(), "FERROCOMM_TRANSPORTS=tcp ", "<rank>".to_string()),
+        n => (format!("{n} per host (shared memory inside, TCP between)"), "", format!("<rank / {n}>")),
+    };
     println!(
-        "hosts: {} ranks, each a host of its own over TCP; {:?} at {:?} B; OSU method ({} iterations after {} \
+        "hosts: {} ranks, {layout}; {:?} at {:?} B; OSU method ({} iterations after {} \
          warm-up, {} after {} above 8 KiB); median of {} run(s); ranks on CPUs {:?}",
         o.ranks, o.ops, o.sizes, o.iters, o.warmup, o.iters_large, o.warmup_large, o.runs, o.cpus
     );
     println!(
-        "  ferrocomm: FERROCOMM_TRANSPORTS=tcp FERROCOMM_HOST_ID=bench-host-<rank> FERROCOMM_PROGRESS={} \
+        "  ferrocomm: {transports}FERROCOMM_HOST_ID=bench-host-{host} FERROCOMM_PROGRESS={} \
          ferrocomm-bench {JOB_COMMAND} {}",
         o.progress,
         job_args(&spec).join(" ")
@@ -229,23 +255,30 @@ pub(crate) fn main(o: Options) -> Result<()> {
     Ok(())
 }
 
-/// `hosts-job`: launches the ranks, TCP only.
+/// `hosts-job`: launches the ranks, TCP only (or, with several ranks per host, shared memory
+/// inside a host).
 pub(crate) fn job_main(spec: JobSpec) -> Result<()> {
-    let mut env: Vec<(String, String)> =
-        vec![("FERROCOMM_TRANSPORTS".into(), "tcp".into()), ("FERROCOMM_PROGRESS".into(), spec.progress.clone())];
+    let mut env: Vec<(String, String)> = vec![("FERROCOMM_PROGRESS".into(), spec.progress.clone())];
     for e in &spec.env {
         let (k, v) = e.split_once('=').ok_or_else(|| format!("--env {e:?}: expected KEY=VALUE"))?;
         env.push((k.into(), v.into()));
     }
+    if !env.iter().any(|(k, _)| k == PER_HOST) {
+        env.push(("FERROCOMM_TRANSPORTS".into(), "tcp".into()));
+    }
     crate::ranks::launch(spec.ranks, RANK_COMMAND, job_args(&spec), env)
 }
 
-/// `hosts-rank`: one rank, on a host of its own; then the OSU measurement of `collectives`.
+/// `hosts-rank`: one rank, on a host of its own (or of `FERROCOMM_BENCH_PER_HOST` ranks); then the
+/// OSU measurement of `collectives`.
 pub(crate) fn rank_main(spec: JobSpec) -> Result<()> {
-    let rank = std::env::var("FERROCOMM_RANK")
-        .map_err(|_| "FERROCOMM_RANK is not set: hosts-rank runs under the benchmark's launcher")?;
+    let rank: u32 = std::env::var("FERROCOMM_RANK")
+        .map_err(|_| "FERROCOMM_RANK is not set: hosts-rank runs under the benchmark's launcher")?
+        .parse()
+        .map_err(|e| format!("FERROCOMM_RANK: {e}"))?;
+    let per_host: u32 = std::env::var(PER_HOST).ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
     // SAFETY: no other thread runs yet in this process (the runtime starts in rank_main).
-    unsafe { std::env::set_var("FERROCOMM_HOST_ID", format!("bench-host-{rank}")) };
+    unsafe { std::env::set_var("FERROCOMM_HOST_ID", format!("bench-host-{}", rank / per_host)) };
     coll_ranks::rank_main(spec)
 }
 

@@ -12,6 +12,10 @@
 //!   (median of 100 barriers).
 //!   Token barrier ([`TokenBarrier`]) against the dissemination barrier ([`ferrocomm::Comm::barrier`]).
 //!
+//! With `--netns` every rank is a host of its own instead: a network namespace with its own address
+//! on a Linux bridge (9000-byte MTU) and its own `FERROCOMM_HOST_ID`, point-to-point over TCP
+//! between them, multicast over the bridge; the benchmark process starts the ranks itself.
+//!
 //! As for `pingpong`, the benchmark process starts a job process (`multicast-job`) whose output
 //! it reads; the job launches the ranks (`multicast-rank`) with [`run_local`]. Rank 0 prints the
 //! broadcast results and the delayed rank the barrier results, one JSON line each.
@@ -87,6 +91,11 @@ pub(crate) struct Options {
     /// Internal: the receive loss of this job's odd ranks
     #[arg(long, hide = true, default_value_t = 0.0)]
     drop: f64,
+    /// Each rank a host of its own: a network namespace with its own address on a Linux bridge
+    /// (links of 9000-byte MTU: use --datagram 8972 or less) and its own FERROCOMM_HOST_ID;
+    /// point-to-point over TCP between them, multicast over the bridge (needs root)
+    #[arg(long)]
+    netns: bool,
 }
 
 impl Options {
@@ -117,8 +126,133 @@ impl Options {
     }
 }
 
+/// Runs `args`; an error with its stderr when it fails.
+fn sh(args: &[&str]) -> Result<()> {
+    let out = Command::new(args[0]).args(&args[1..]).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()).into())
+    }
+}
+
+/// Hosts for `--netns`: one network namespace per rank, each joined by a veth pair to a bridge
+/// in a hub namespace of its own (multicast snooping off: the bridge floods the group to every
+/// port, as a switch without IGMP snooping does). Rank r is `10.90.S.(r+1)`. Removed on drop.
+struct NetnsHosts {
+    names: Vec<String>,
+    ranks: Vec<(String, String)>,
+}
+
+impl Drop for NetnsHosts {
+    fn drop(&mut self) {
+        for n in self.names.iter().rev() {
+            let _ = sh(&["ip", "netns", "del", n]);
+        }
+    }
+}
+
+impl NetnsHosts {
+    fn new(n: u32) -> Result<NetnsHosts> {
+        let id = std::process::id();
+        let (prefix, subnet) = (format!("fcmb{}", id % 100_000), 100 + id % 100);
+        let mut h = NetnsHosts { names: Vec::new(), ranks: Vec::new() };
+        let add = |h: &mut NetnsHosts, name: String| -> Result<String> {
+            let _ = sh(&["ip", "netns", "del", &name]);
+            sh(&["ip", "netns", "add", &name])?;
+            h.names.push(name.clone());
+            sh(&["ip", "-n", &name, "link", "set", "lo", "up"])?;
+            Ok(name)
+        };
+        let hub = add(&mut h, format!("{prefix}h"))?;
+        sh(&["ip", "-n", &hub, "link", "add", "br0", "mtu", "9000", "type", "bridge", "mcast_snooping", "0"])?;
+        sh(&["ip", "-n", &hub, "link", "set", "br0", "up"])?;
+        for r in 0..n {
+            let name = add(&mut h, format!("{prefix}r{r}"))?;
+            let port = format!("v{r}");
+            sh(&[
+                "ip", "-n", &hub, "link", "add", &port, "mtu", "9000", "type", "veth", "peer", "name", "eth0", "netns",
+                &name,
+            ])?;
+            sh(&["ip", "-n", &hub, "link", "set", &port, "master", "br0", "up"])?;
+            let addr = format!("10.90.{subnet}.{}", r + 1);
+            sh(&["ip", "-n", &name, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+            sh(&["ip", "-n", &name, "link", "set", "eth0", "up"])?;
+            sh(&["ip", "-n", &name, "route", "add", "224.0.0.0/4", "dev", "eth0"])?;
+            h.ranks.push((name, addr));
+        }
+        Ok(h)
+    }
+}
+
+/// UDP receive-buffer overflows of namespace `ns`.
+fn rcvbuf_errors_in(ns: &str) -> Option<u64> {
+    let out = Command::new("ip").args(["netns", "exec", ns, "cat", "/proc/net/snmp"]).output().ok()?;
+    snmp_rcvbuf_errors(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// `--netns`: every rank in its namespace, started directly (a launcher would start them all in
+/// this one); returns their JSON lines, echoing the others, and the UDP receive-buffer overflows.
+fn run_netns_job(o: &Options) -> Result<(Vec<Value>, Option<u64>)> {
+    let hosts = NetnsHosts::new(o.ranks)?;
+    let exe = std::env::current_exe()?;
+    let token: String = (0..32u32).map(|i| format!("{:02x}", (std::process::id() + i * 29) as u8)).collect();
+    let coord = format!("{}:29600", hosts.ranks[0].1);
+    let mut children = Vec::new();
+    for (r, (ns, addr)) in hosts.ranks.iter().enumerate() {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns]).arg(&exe).arg(RANK_COMMAND).args(o.to_args());
+        c.env("FERROCOMM_RANK", r.to_string())
+            .env("FERROCOMM_SIZE", o.ranks.to_string())
+            .env("FERROCOMM_COORD", &coord)
+            .env("FERROCOMM_TOKEN", &token)
+            .env("FERROCOMM_HOST_STORE", if r == 0 { "1" } else { "0" })
+            .env("FERROCOMM_BIND", addr)
+            .env("FERROCOMM_HOST_ID", format!("mcast-bench-host-{r}"))
+            .env("FERROCOMM_TRANSPORTS", "tcp")
+            .env("FERROCOMM_PROGRESS", &o.progress)
+            .env("FERROCOMM_MCAST_DATAGRAM", o.datagram.to_string())
+            .env("FERROCOMM_MCAST_IF", addr)
+            .env_remove("FERROCOMM_LAUNCHER");
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        children.push(c.spawn()?);
+    }
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|c| {
+            let out = c.stdout.take().expect("piped");
+            std::thread::spawn(move || BufReader::new(out).lines().map_while(|l| l.ok()).collect::<Vec<_>>())
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(1200);
+    let mut failed = None;
+    for (r, c) in children.iter_mut().enumerate() {
+        let status = process::wait_until(c, deadline).map_err(|e| format!("rank {r} did not finish: {e}"))?;
+        if !status.success() && failed.is_none() {
+            failed = Some(format!("rank {r} failed ({status})"));
+        }
+    }
+    let mut values = Vec::new();
+    for reader in readers {
+        for line in reader.join().map_err(|_| "an output reader panicked")? {
+            match serde_json::from_str::<Value>(&line).ok().filter(|_| line.starts_with('{')) {
+                Some(v) => values.push(v),
+                None => eprintln!("  {line}"),
+            }
+        }
+    }
+    if let Some(f) = failed {
+        return Err(f.into());
+    }
+    let overflows = hosts.ranks.iter().map(|(ns, _)| rcvbuf_errors_in(ns)).sum::<Option<u64>>();
+    Ok((values, overflows))
+}
+
 /// Runs one job (`multicast-job`) and returns its JSON lines, echoing the others.
 fn run_job(o: &Options) -> Result<Vec<Value>> {
+    if o.netns {
+        return run_netns_job(o).map(|(v, _)| v);
+    }
     let exe = std::env::current_exe()?;
     let mut child = Command::new(&exe)
         .arg(JOB_COMMAND)
@@ -148,7 +282,11 @@ fn run_job(o: &Options) -> Result<Vec<Value>> {
 
 /// UDP receive-buffer overflows of this network namespace (`RcvbufErrors` of /proc/net/snmp).
 fn rcvbuf_errors() -> Option<u64> {
-    let snmp = std::fs::read_to_string("/proc/net/snmp").ok()?;
+    snmp_rcvbuf_errors(&std::fs::read_to_string("/proc/net/snmp").ok()?)
+}
+
+/// `RcvbufErrors` of the text of /proc/net/snmp.
+fn snmp_rcvbuf_errors(snmp: &str) -> Option<u64> {
     let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
     let (names, values) = (udp.next()?, udp.next()?);
     let i = names.split_whitespace().position(|n| n == "RcvbufErrors")?;
@@ -167,9 +305,14 @@ fn stream_report(o: &Options) -> Result<Value> {
     let mut phases = Vec::new();
     for drop in [0.0, o.loss] {
         let job = Options { drop, stream_only: true, ..o.clone() };
-        let before = rcvbuf_errors();
-        let values = run_job(&job)?;
-        let overflows = rcvbuf_errors().zip(before).map(|(a, b)| a.saturating_sub(b));
+        let (values, overflows) = if o.netns {
+            // Fresh namespaces per job: their counters start at zero.
+            run_netns_job(&job)?
+        } else {
+            let before = rcvbuf_errors();
+            let values = run_job(&job)?;
+            (values, rcvbuf_errors().zip(before).map(|(a, b)| a.saturating_sub(b)))
+        };
         let runs: Vec<&Value> = values.iter().filter(|v| v.get("stream_run").is_some()).collect();
         let stats: Vec<&Value> = values.iter().filter(|v| v.get("stream_stats").is_some()).collect();
         let col = |k: &str| runs.iter().filter_map(|r| r["stream_run"][k].as_f64()).collect::<Vec<_>>();
@@ -180,11 +323,12 @@ fn stream_report(o: &Options) -> Result<Value> {
     }
     let bytes = stream_bytes(o.stream);
     println!(
-        "stream: {} messages of 1 B..60 KiB ({:.1} MB) from rank 0 to {} receivers, datagram {} B, {} runs; \
+        "stream: {} messages of 1 B..60 KiB ({:.1} MB) from rank 0 to {} receivers{}, datagram {} B, {} runs; \
          MB/s median [min, max]",
         o.stream,
         bytes as f64 / 1e6,
         o.ranks - 1,
+        if o.netns { " (each rank a namespace host, point-to-point over TCP)" } else { "" },
         o.datagram,
         o.stream_runs
     );
@@ -245,6 +389,8 @@ fn stream_bytes(n: usize) -> usize {
 
 /// `multicast`: runs the jobs, prints the report.
 pub(crate) fn main(o: Options) -> Result<()> {
+    // Namespace hosts reach each other over TCP only.
+    let o = if o.netns { Options { transports: "tcp".into(), ..o } } else { o };
     let stream = if o.stream > 0 { Some(stream_report(&o)?) } else { None };
     if o.stream_only {
         if let (Some(path), Some(stream)) = (&o.json, &stream) {

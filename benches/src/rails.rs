@@ -10,8 +10,11 @@
 //!   (goal: at least 1.15x);
 //! * **equal**: both at `--fast`; striped against one (goal: at least 1.7x);
 //! * **equal, unshaped**: both veth pairs at full speed (CPU-bound on a small machine);
-//! * **cut**: striped at `--fast` on both, and rail 2's link taken down 200 ms into the transfer:
-//!   the message must arrive whole (checked byte for byte), and the time is reported.
+//! * **cut**: striped at `--fast` on both, and one rail's link taken down 200 ms into the
+//!   transfer, once rail 1 (the second veth pair) and once rail 0 (the first pair, which carries
+//!   the bootstrap connection and the control frames until it fails): every message must arrive
+//!   whole (checked byte for byte), and the time is reported. The job's store sits on the pair
+//!   that stays up.
 //!
 //! * **proxy routes** (also alone, `--proxy-only`): three hosts, A and C joined by a direct link
 //!   at `--slow-direct` and each joined to B at `--fast`; rank 1 (A) streams `--route-size`
@@ -146,8 +149,10 @@ struct Run {
     stats: String,
 }
 
-/// Runs one job: rails on or off; with `cut`, rail 2 goes down 200 ms into the transfer.
-fn job(h: &Hosts, o: &Options, rails: bool, cut: bool, port: u16) -> Result<Run> {
+/// Runs one job: rails on or off; with `cut = Some(n)`, veth pair `n` goes down 200 ms into the
+/// transfer (1: rail 0, 2: rail 1).
+fn job(h: &Hosts, o: &Options, rails: bool, cut: Option<u32>, port: u16) -> Result<Run> {
+    let store = if cut == Some(1) { 2 } else { 1 };
     let exe = std::env::current_exe()?;
     let token: String = (0..32u8).map(|i| format!("{:02x}", (port as u8).wrapping_add(i.wrapping_mul(13)))).collect();
     let mut children = Vec::new();
@@ -157,7 +162,7 @@ fn job(h: &Hosts, o: &Options, rails: bool, cut: bool, port: u16) -> Result<Run>
         c.args(["--size", &o.size.to_string(), "--reps", &o.reps.to_string()]);
         c.env("FERROCOMM_RANK", rank.to_string())
             .env("FERROCOMM_SIZE", "2")
-            .env("FERROCOMM_COORD", format!("10.89.1.1:{port}"))
+            .env("FERROCOMM_COORD", format!("10.89.{store}.1:{port}"))
             .env("FERROCOMM_TOKEN", &token)
             .env("FERROCOMM_HOST_STORE", if rank == 0 { "1" } else { "0" })
             .env("FERROCOMM_BIND", format!("10.89.1.{host}"))
@@ -173,9 +178,9 @@ fn job(h: &Hosts, o: &Options, rails: bool, cut: bool, port: u16) -> Result<Run>
     let reader = std::thread::spawn(move || -> std::result::Result<String, String> {
         let mut text = String::new();
         for line in BufReader::new(out0).lines().map_while(std::result::Result::ok) {
-            if cut && line.starts_with("START") {
+            if let Some(n) = cut.filter(|_| line.starts_with("START")) {
                 std::thread::sleep(Duration::from_millis(200));
-                sh(&["ip", "-n", &ns_a, "link", "set", "r2a", "down"]).map_err(|e| e.to_string())?;
+                sh(&["ip", "-n", &ns_a, "link", "set", &format!("r{n}a"), "down"]).map_err(|e| e.to_string())?;
             }
             text += &line;
             text.push('\n');
@@ -195,8 +200,8 @@ fn job(h: &Hosts, o: &Options, rails: bool, cut: bool, port: u16) -> Result<Run>
         }
     }
     let text = reader.join().map_err(|_| "reader panicked")??;
-    if cut {
-        h.up(2)?;
+    if let Some(n) = cut {
+        h.up(n)?;
     }
     let line = text.lines().find(|l| l.starts_with("RESULT")).ok_or_else(|| format!("no result in:\n{text}"))?;
     let secs = line.split_whitespace().find_map(|w| w.strip_prefix("secs=")).ok_or("no secs=")?.parse()?;
@@ -443,7 +448,7 @@ pub(crate) fn main(o: Options) -> Result<()> {
     }
     let h = Hosts::new()?;
     let bytes = (o.size * o.reps) as f64;
-    let mut measure = |rails: bool, cut: bool| -> Result<(f64, String)> {
+    let mut measure = |rails: bool, cut: Option<u32>| -> Result<(f64, String)> {
         let mut bw = Vec::new();
         let mut stats = String::new();
         for _ in 0..o.runs {
@@ -463,19 +468,23 @@ pub(crate) fn main(o: Options) -> Result<()> {
     };
     h.shape(1, Some(&o.fast))?;
     h.shape(2, Some(&o.slow))?;
-    let (one, two) = (measure(false, false)?, measure(true, false)?);
+    let (one, two) = (measure(false, None)?, measure(true, None)?);
     ratio(&format!("unequal ({} + {})", o.fast, o.slow), 1.15, one, two);
     h.shape(2, Some(&o.fast))?;
-    let (one, two) = (measure(false, false)?, measure(true, false)?);
+    let (one, two) = (measure(false, None)?, measure(true, None)?);
     ratio(&format!("equal ({} + {})", o.fast, o.fast), 1.7, one, two);
-    let cut = measure(true, true)?;
-    println!(
-        "{:<34} striped, rail 2 down 200 ms in: {:>8.1} MB/s, every message whole; rails: {}",
-        "rail killed mid-transfer", cut.0, cut.1
-    );
+    for (rail, veth) in [(1, 2), (0, 1)] {
+        let cut = measure(true, Some(veth))?;
+        println!(
+            "{:<34} striped, veth {veth} down 200 ms in: {:>8.1} MB/s, every message whole; rails: {}",
+            format!("rail {rail} killed mid-transfer"),
+            cut.0,
+            cut.1
+        );
+    }
     h.shape(1, None)?;
     h.shape(2, None)?;
-    let (one, two) = (measure(false, false)?, measure(true, false)?);
+    let (one, two) = (measure(false, None)?, measure(true, None)?);
     ratio("equal, unshaped veth", 1.7, one, two);
     drop(h);
     proxy_scenarios(&o, &mut port)
@@ -510,7 +519,13 @@ pub(crate) fn rank_main(s: RankSpec) -> Result<()> {
                 .enumerate()
                 .filter_map(|(i, r)| {
                     r.map(|r| {
-                        format!("rail{i} up={} carried={}MB est={:.0}MB/s", r.up, r.carried >> 20, r.bandwidth / 1e6)
+                        format!(
+                            "rail{i} up={} carried={}MB est={:.0}MB/s{}",
+                            r.up,
+                            r.carried >> 20,
+                            r.bandwidth / 1e6,
+                            if r.control { " (control)" } else { "" }
+                        )
                     })
                 })
                 .collect();

@@ -232,7 +232,13 @@ pub struct Machine {
     spare: Vec<BytesMut>,
     /// The length of every bare block of this call, when the caller knows it.
     block_len: Option<usize>,
+    /// Where a buffer to fill comes from (see [`Machine::with_alloc`]).
+    alloc: Option<Alloc>,
 }
+
+/// A source of buffers of a given length (contents unspecified) for a [`Machine`] that must copy
+/// an operand: the driver's pool of reused buffers.
+pub type Alloc = Arc<dyn Fn(usize) -> BytesMut + Send + Sync>;
 
 impl Machine {
     /// A machine holding `blocks` at the start. `reducer` is needed only by schedules that reduce.
@@ -249,6 +255,7 @@ impl Machine {
             max_message: usize::MAX,
             spare: Vec::new(),
             block_len: None,
+            alloc: None,
         };
         m.advance();
         m
@@ -268,6 +275,15 @@ impl Machine {
                 *l = Some(len);
             }
         }
+        self
+    }
+
+    /// Takes the buffers it must fill (a reduction's operand that others still hold, copied to
+    /// be combined into) from `alloc`. Why: a fresh allocation above the allocator's mmap
+    /// threshold (128 KiB with glibc) is mapped, faulted in page by page and unmapped on every
+    /// call, which costs more than the reduction itself.
+    pub fn with_alloc(mut self, alloc: Alloc) -> Machine {
+        self.alloc = Some(alloc);
         self
     }
 
@@ -419,7 +435,14 @@ impl Machine {
             Err(left) => {
                 let mut acc = match right.try_into_mut() {
                     Ok(acc) => acc,
-                    Err(right) => BytesMut::from(&right[..]),
+                    Err(right) => match &self.alloc {
+                        Some(alloc) => {
+                            let mut acc = alloc(right.len());
+                            acc.copy_from_slice(&right);
+                            acc
+                        }
+                        None => BytesMut::from(&right[..]),
+                    },
                 };
                 reducer.apply(&mut acc, &left, true);
                 (acc, left)

@@ -153,6 +153,9 @@ impl Algorithm {
                 | Operation::Allreduce
                 | Operation::Allgather
                 | Operation::Alltoall
+                | Operation::Gather
+                | Operation::ReduceScatter
+                | Operation::Scan
         )
     }
 
@@ -160,7 +163,14 @@ impl Algorithm {
     pub fn single_copy_serves(op: Operation) -> bool {
         matches!(
             op,
-            Operation::Bcast | Operation::Allreduce | Operation::Reduce | Operation::Allgather | Operation::Alltoall
+            Operation::Bcast
+                | Operation::Allreduce
+                | Operation::Reduce
+                | Operation::Allgather
+                | Operation::Alltoall
+                | Operation::Gather
+                | Operation::ReduceScatter
+                | Operation::Scan
         )
     }
 
@@ -260,16 +270,24 @@ pub struct Table {
     pub shared_bcast_max: usize,
     /// ... all-reduce up to this many with more than 2 ranks ...
     pub shared_allreduce_max: usize,
-    /// ... and reduce up to this many.
+    /// ... reduce up to this many ...
     pub shared_reduce_max: usize,
+    /// ... gather up to this many (a rank's block) ...
+    pub shared_rooted_max: usize,
+    /// ... and reduce-scatter and scan up to this many (the whole vector).
+    pub shared_scan_max: usize,
     /// Broadcast from this many bytes copies straight from the root's memory
     /// ([`Algorithm::SingleCopy`]) under the same conditions as the board ...
     pub single_copy_min: usize,
     /// ... all-reduce from this many (twice as many on 2 ranks) ...
     pub single_copy_allreduce_min: usize,
-    /// ... and reduce, all-gather and all-to-all (a rank's block) from this many; see
-    /// [`Table::single_copy_from`].
+    /// ... reduce, all-gather and all-to-all (a rank's block) from this many ...
     pub single_copy_gather_min: usize,
+    /// ... gather (a rank's block) from this many ...
+    pub single_copy_rooted_min: usize,
+    /// ... and reduce-scatter and scan (the whole vector) from this many; see
+    /// [`Table::single_copy_from`].
+    pub single_copy_scan_min: usize,
     /// Broadcast goes by reliable multicast on more than this many ranks, where a multicast
     /// group serves the communicator ([`crate::plan::Topology::multicast`]): the rank count above
     /// which the simulated network has multicast beat a binomial broadcast
@@ -286,12 +304,15 @@ pub struct Table {
 
 /// The rank count above which a broadcast by reliable multicast finishes before a binomial one
 /// on the simulated network (10 Gbit/s links of 2 us, 1400-byte datagrams, the default protocol
-/// settings), for every size up to [`MULTICAST_BCAST_MAX`]: `ferrocomm-bench sim-scale` prints
+/// settings), for every size up to [`MULTICAST_BCAST_MAX`] (and on to 1 MiB): `ferrocomm-bench sim-scale` prints
 /// it, and the `ferrocomm-sim` test `the_selection_tables_crossover_holds_on_the_simulated_network`
 /// checks it.
 pub const MULTICAST_BCAST_RANKS: u32 = 2;
-/// The largest broadcast for which [`MULTICAST_BCAST_RANKS`] holds.
-pub const MULTICAST_BCAST_MAX: usize = 1 << 20;
+/// The largest broadcast that goes by multicast. The simulated network has multicast winning up
+/// to 1 MiB, but on real hosts every receiver copies and checks each datagram while TCP moves
+/// 64 KiB per segment: over loopback TCP (`ferrocomm-bench multicast --stream 0 --transports tcp`,
+/// 9 ranks) multicast wins from 8 B to 8 KiB and loses from 32 KiB, so the table stops at 8 KiB.
+pub const MULTICAST_BCAST_MAX: usize = 8 << 10;
 
 /// Operations pinned to one algorithm: a slot per operation. Looked up several times per call, so
 /// it is an array, not a hash map (whose SipHash showed in profiles of small calls: about 350
@@ -329,9 +350,13 @@ impl Default for Table {
             shared_bcast_max: 64 << 10,
             shared_allreduce_max: 32 << 10,
             shared_reduce_max: 32 << 10,
+            shared_rooted_max: 8 << 10,
+            shared_scan_max: 8 << 10,
             single_copy_min: 64 << 10,
             single_copy_allreduce_min: 256 << 10,
             single_copy_gather_min: 512 << 10,
+            single_copy_rooted_min: 64 << 10,
+            single_copy_scan_min: 64 << 10,
             multicast_bcast_ranks: MULTICAST_BCAST_RANKS,
             multicast_bcast_max: MULTICAST_BCAST_MAX,
             rdma_min: 128 << 10,
@@ -366,6 +391,8 @@ impl Table {
             Operation::Bcast if ranks > 2 => self.shared_bcast_max,
             Operation::Allreduce if ranks > 2 => self.shared_allreduce_max,
             Operation::Reduce => self.shared_reduce_max,
+            Operation::Gather => self.shared_rooted_max,
+            Operation::ReduceScatter | Operation::Scan => self.shared_scan_max,
             _ if Algorithm::shared_memory_serves(op) => self.shared_max,
             _ => 0,
         }
@@ -380,6 +407,8 @@ impl Table {
             Operation::Allreduce if ranks == 2 => self.single_copy_allreduce_min.saturating_mul(2),
             Operation::Allreduce => self.single_copy_allreduce_min,
             Operation::Reduce | Operation::Allgather | Operation::Alltoall => self.single_copy_gather_min,
+            Operation::Gather => self.single_copy_rooted_min,
+            Operation::ReduceScatter | Operation::Scan => self.single_copy_scan_min,
             _ => usize::MAX,
         }
     }
@@ -468,16 +497,18 @@ mod tests {
         assert_eq!(t.shared_limit(Operation::Allgather, 4), 8 << 10);
         assert_eq!(t.shared_limit(Operation::Reduce, 2), 32 << 10);
         assert_eq!(t.shared_limit(Operation::Alltoall, 2), 8 << 10);
-        assert_eq!(t.shared_limit(Operation::Gather, 4), 0);
+        assert_eq!(t.shared_limit(Operation::Gather, 4), 8 << 10);
+        assert_eq!(t.shared_limit(Operation::Scan, 4), 8 << 10);
         assert!(Table::default().with_overrides("alltoall=shared-memory").is_ok());
-        assert!(Table::default().with_overrides("gather=shared-memory").is_err());
+        assert!(Table::default().with_overrides("gather=shared-memory,scan=shared-memory").is_ok());
         assert!(Table::default().with_overrides("allreduce=single-copy").is_ok());
         assert_eq!(t.single_copy_from(Operation::Bcast, 4), 64 << 10);
         assert_eq!(t.single_copy_from(Operation::Allreduce, 2), 512 << 10);
         assert_eq!(t.single_copy_from(Operation::Allreduce, 3), 256 << 10);
         assert_eq!(t.single_copy_from(Operation::Alltoall, 3), 512 << 10);
-        assert_eq!(t.single_copy_from(Operation::Gather, 3), usize::MAX);
-        assert!(Table::default().with_overrides("gather=single-copy").is_err());
+        assert_eq!(t.single_copy_from(Operation::Gather, 3), 64 << 10);
+        assert_eq!(t.single_copy_from(Operation::Barrier, 3), usize::MAX);
+        assert!(Table::default().with_overrides("gather=single-copy,reduce_scatter=single-copy").is_ok());
         assert!(Table::default().with_overrides("alltoall=rdma,allgather=rdma").is_ok());
         assert!(Table::default().with_overrides("bcast=rdma").is_err());
     }

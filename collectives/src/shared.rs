@@ -6,8 +6,8 @@
 //! 8 B in 0.1-0.3 us). Here a rank publishes its part in its own cache line of a shared *board* and
 //! the others read it there: a barrier, an 8 B broadcast or an 8 B all-reduce costs a few
 //! cache-line transfers, as in the shared-memory collectives of MPI libraries (Open MPI's coll/sm,
-//! UCC's shared-memory team). Served: barrier, broadcast, reduce, all-reduce, all-gather and
-//! all-to-all ([`Kind`]).
+//! UCC's shared-memory team). Served: barrier, broadcast, reduce, all-reduce, gather, all-gather,
+//! all-to-all, reduce-scatter and scans ([`Kind`]).
 //!
 //! The board has [`SLOTS`] slots used in turn by the communicator's calls (call `s` uses slot
 //! `s % SLOTS`). In each slot every rank owns a cache line (a counter, a length and up to 48 bytes
@@ -345,6 +345,37 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
     }
 }
 
+impl<M: Deref<Target = [AtomicU64]>> Board<M> {
+    /// Bytes `part` of rank `rank`'s data of call `seq` (after its `posted` was acquired), which
+    /// must be `len` bytes long.
+    fn read_part(
+        &self,
+        seq: u64,
+        rank: usize,
+        len: usize,
+        part: Range<usize>,
+        out: &mut Data,
+    ) -> Result<(), CollError> {
+        let line = self.line(seq, rank);
+        let posted = line[LEN].load(Relaxed) as usize;
+        if posted != len || len > self.capacity || part.end > len || part.start > part.end {
+            return Err(CollError::Malformed { from: rank as u32, why: "length differs from this rank's" });
+        }
+        out.clear();
+        if len <= INLINE {
+            let mut buf = [0u8; INLINE];
+            let (words, _) = buf.as_chunks_mut::<8>();
+            for (c, w) in words.iter_mut().zip(&line[INLINE_AT..]).take(len.div_ceil(8)) {
+                *c = w.load(Relaxed).to_le_bytes();
+            }
+            out.extend_from_slice(&buf[part]);
+        } else {
+            copy_out_at(self.area(seq, rank), out, part);
+        }
+        Ok(())
+    }
+}
+
 /// Copies `data` into the memory of `words` with `memcpy`. Word by word atomic stores cost a
 /// read-for-ownership per cache line, which the other core holds from its last read; a bulk copy
 /// writes whole lines (a 32 KiB broadcast takes about 4x longer word by word).
@@ -368,6 +399,20 @@ fn copy_out(words: &[AtomicU64], out: &mut Data, len: usize) {
     unsafe {
         std::ptr::copy_nonoverlapping(words.as_ptr().cast::<u8>(), out.as_mut_ptr(), len);
         out.set_len(len);
+    }
+}
+
+/// Sets `out` (empty) to bytes `part` of `words`, with one `memcpy`.
+fn copy_out_at(words: &[AtomicU64], out: &mut Data, part: Range<usize>) {
+    assert!(part.end <= words.len() * 8 && part.start <= part.end && out.is_empty(), "checked against the capacity");
+    out.reserve_exact(part.len());
+    // SAFETY: as in `copy_out`: the source is valid for `words.len() * 8` bytes (`part` lies
+    // within), its writer finished before the release of `posted` that the caller acquired and
+    // does not write again before this rank is done with the slot; `out` has room for
+    // `part.len()` bytes, all written before `set_len`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(words.as_ptr().cast::<u8>().add(part.start), out.as_mut_ptr(), part.len());
+        out.set_len(part.len());
     }
 }
 
@@ -399,6 +444,30 @@ pub enum Kind {
     Fanin {
         /// The rank that waits.
         root: u32,
+    },
+    /// Every rank's part (all of one length), laid end to end in rank order at the root (empty
+    /// result elsewhere): a reduction's shape, without the combining.
+    Gather {
+        /// The rank that receives the parts.
+        root: u32,
+    },
+    /// Prefix reduction: this rank's result combines, in rank order, the data of the ranks before
+    /// it and, if `inclusive`, its own; it waits for those ranks only. An exclusive scan's rank 0
+    /// gets an empty result.
+    Scan {
+        /// The reduction.
+        op: Reducer,
+        /// Whether this rank's own data is part of its result.
+        inclusive: bool,
+    },
+    /// Every rank's data combined in rank order over the bytes `part` only: this rank's segment
+    /// of a reduce-scatter (each rank names its own). Not split into pieces: the whole data must
+    /// fit one call.
+    ReduceScatter {
+        /// The reduction.
+        op: Reducer,
+        /// This rank's bytes of the data.
+        part: Range<usize>,
     },
 }
 
@@ -445,7 +514,13 @@ impl Call {
         match &self.kind {
             Kind::Barrier | Kind::Fanin { .. } => false,
             Kind::Bcast { root } => *root as usize == me,
-            Kind::Allreduce(_) | Kind::Allgather | Kind::Alltoall | Kind::Reduce { .. } => true,
+            Kind::Allreduce(_)
+            | Kind::Allgather
+            | Kind::Alltoall
+            | Kind::Reduce { .. }
+            | Kind::Gather { .. }
+            | Kind::Scan { .. }
+            | Kind::ReduceScatter { .. } => true,
         }
     }
 
@@ -759,12 +834,16 @@ fn unposted<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<us
     let late = |r: usize| b.line(c.seq, r)[POSTED].load(Acquire) < need;
     match c.kind {
         Kind::Bcast { root } => late(root as usize).then_some(root as usize),
+        // A scan waits for the ranks before this one (and its own post, if inclusive).
+        Kind::Scan { inclusive, .. } => (0..b.me + usize::from(inclusive)).find(|&r| late(r)),
         // Rank 0 posted last (see `Phase::Post`): its post says that all have. Until then, the
         // rank waited for is the first that has not posted (it may be lost).
         Kind::Barrier if fans_in(b, c) => late(0).then(|| (1..b.ranks).find(|&r| late(r)).unwrap_or(0)),
         // Only the root reads a reduction.
-        Kind::Reduce { root, .. } | Kind::Fanin { root } if root as usize != b.me => None,
+        Kind::Reduce { root, .. } | Kind::Fanin { root } | Kind::Gather { root } if root as usize != b.me => None,
         Kind::Barrier
+        | Kind::Gather { .. }
+        | Kind::ReduceScatter { .. }
         | Kind::Allreduce(_)
         | Kind::Allgather
         | Kind::Alltoall
@@ -845,7 +924,32 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
         // The root has its data: it gets nothing back.
         Kind::Bcast { root } if *root as usize == b.me => return Ok(out),
         Kind::Bcast { root } => b.read(c.seq, *root as usize, &mut out)?,
-        Kind::Reduce { root, .. } if *root as usize != b.me => return Ok(out),
+        Kind::Reduce { root, .. } | Kind::Gather { root } if *root as usize != b.me => return Ok(out),
+        Kind::Scan { op, inclusive } => {
+            let upto = b.me + usize::from(*inclusive);
+            if upto == 0 {
+                return Ok(out);
+            }
+            b.read(c.seq, 0, &mut out)?;
+            for r in 1..upto {
+                b.read(c.seq, r, x)?;
+                if x.len() != out.len() || !x.len().is_multiple_of(op.element_size()) {
+                    return Err(CollError::Malformed { from: r as u32, why: "scan length differs" });
+                }
+                op.apply(&mut out, x, false);
+            }
+        }
+        Kind::ReduceScatter { op, part } => {
+            if part.end > c.len || !part.len().is_multiple_of(op.element_size()) {
+                return Err(CollError::Invalid(format!("segment {part:?} of a {}-byte reduction", c.len)));
+            }
+            b.read_part(c.seq, 0, c.len, part.clone(), &mut out)?;
+            for r in 1..b.ranks {
+                b.read_part(c.seq, r, c.len, part.clone(), x)?;
+                op.apply(&mut out, x, false);
+            }
+            return Ok(out);
+        }
         Kind::Allreduce(op) | Kind::Reduce { op, .. } => {
             b.read(c.seq, 0, &mut out)?;
             for r in 1..b.ranks {
@@ -859,7 +963,7 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
                 op.apply(&mut out, x, false);
             }
         }
-        Kind::Allgather => {
+        Kind::Allgather | Kind::Gather { .. } => {
             out.reserve(c.len * b.ranks);
             for r in 0..b.ranks {
                 b.read(c.seq, r, x)?;
@@ -1249,7 +1353,12 @@ mod tests {
                         let part = |r: usize| -> Vec<u64> {
                             (0..words_n as u64).map(|i| salt ^ (r as u64 * 31 + i)).collect()
                         };
-                        let (kind, input, want) = match next(&mut shared) % 6 {
+                        let sum_of = |ranks: std::ops::Range<usize>| -> Vec<u64> {
+                            (0..words_n)
+                                .map(|i| ranks.clone().map(|r| part(r)[i]).fold(0u64, u64::wrapping_add))
+                                .collect()
+                        };
+                        let (kind, input, want) = match next(&mut shared) % 10 {
                             0 => (Kind::Barrier, Vec::new(), Vec::new()),
                             1 => {
                                 let want = if me == root { Vec::new() } else { words(&part(root)) };
@@ -1274,13 +1383,32 @@ mod tests {
                                 let got: Vec<u64> = (0..n).flat_map(|r| block(r, me)).collect();
                                 (Kind::Alltoall, words(&mine), words(&got))
                             }
-                            _ => {
+                            5 => {
                                 let op = sum();
                                 let total: Vec<u64> = (0..words_n)
                                     .map(|i| (0..n).map(|r| part(r)[i]).fold(0u64, u64::wrapping_add))
                                     .collect();
                                 let want = if me == root { words(&total) } else { Vec::new() };
                                 (Kind::Reduce { root: root as u32, op }, words(&part(me)), want)
+                            }
+                            6 => {
+                                let all: Vec<u64> = (0..n).flat_map(part).collect();
+                                let want = if me == root { words(&all) } else { Vec::new() };
+                                (Kind::Gather { root: root as u32 }, words(&part(me)), want)
+                            }
+                            7 => {
+                                (Kind::Scan { op: sum(), inclusive: true }, words(&part(me)), words(&sum_of(0..me + 1)))
+                            }
+                            8 => {
+                                let want = if me == 0 { Vec::new() } else { words(&sum_of(0..me)) };
+                                (Kind::Scan { op: sum(), inclusive: false }, words(&part(me)), want)
+                            }
+                            _ => {
+                                // This rank's segment: words `me * words_n / n ..` of the vector.
+                                let seg = |r: usize| r * words_n / n..(r + 1) * words_n / n;
+                                let want = words(&sum_of(0..n)[seg(me)]);
+                                let bytes = seg(me).start * 8..seg(me).end * 8;
+                                (Kind::ReduceScatter { op: sum(), part: bytes }, words(&part(me)), want)
                             }
                         };
                         let len = match kind {

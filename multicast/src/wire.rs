@@ -199,6 +199,14 @@ fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes(b[at..at + 2].try_into().expect("2 bytes"))
 }
 
+/// The root a datagram's header names, read without checking anything else: `None` if it is
+/// shorter than a header or lacks [`MAGIC`]. The driver drops its own datagrams, which come back
+/// to its socket (IP_MULTICAST_LOOP), on this alone, before paying for their authentication and
+/// a copy: a datagram that names this rank as its root is never used by it, whoever sent it.
+pub fn peek_root(d: &[u8]) -> Option<Rank> {
+    (d.len() >= HEADER && be32(d, 0) == MAGIC).then(|| be32(d, 20))
+}
+
 /// Checks and decodes a datagram.
 pub fn decode(d: Bytes, e: &Expect) -> Result<Datagram, DatagramError> {
     if d.len() < HEADER {
@@ -384,6 +392,18 @@ mod tests {
     use super::*;
 
     const E: Expect = Expect { job: 7, channel: 3, size: 4, datagram: 100, max_message: 1000 };
+
+    #[test]
+    fn peek_root_reads_the_root_of_every_kind_and_nothing_else() {
+        for d in [encode_data(7, 3, 2, 9, b"abc", 100).remove(0), encode_ping(7, 3, 2, 1), encode_tail(7, 3, 2, 5)] {
+            assert_eq!(peek_root(&d), Some(2));
+        }
+        let d = encode_tail(7, 3, 2, 5);
+        assert_eq!(peek_root(&d[..HEADER - 1]), None);
+        let mut bad = d.to_vec();
+        bad[0] ^= 1;
+        assert_eq!(peek_root(&bad), None);
+    }
 
     #[test]
     fn data_round_trips_through_fragments() {

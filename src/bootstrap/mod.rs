@@ -135,6 +135,7 @@ async fn join_via(
         busy: settings.progress == ProgressMode::BusyPoll,
         single_copy: shm_here && single_copy_permitted(),
         shared: shared_fingerprint(&settings),
+        machine: machine_identity(),
     };
     kv.put(&format!("host/{rank}"), &me.encode()).await.map_err(Error::bootstrap("publishing this rank's host"))?;
     // A rank's host, and its shared-memory domain: the host, or the rank alone if it cannot run
@@ -143,6 +144,7 @@ async fn join_via(
     let mut domains = Vec::with_capacity(size as usize);
     let mut busy = Vec::with_capacity(size as usize);
     let mut single_copy = Vec::with_capacity(size as usize);
+    let mut machines = Vec::with_capacity(size as usize);
     for r in 0..size {
         let a = Announce::decode(
             kv.get(&format!("host/{r}"), settings.connect_timeout)
@@ -163,6 +165,7 @@ async fn join_via(
         hosts.push(a.host);
         busy.push(a.busy);
         single_copy.push(a.single_copy);
+        machines.push(a.machine);
     }
     // Node (host) index of every rank, for the node-leader collectives, and its shared-memory
     // domain's index, for the peers reached through shared memory and the board (both numbered
@@ -171,10 +174,14 @@ async fn join_via(
     let domains = number(&domains);
     let local: Vec<bool> =
         (0..size).map(|r| shm_here && r != rank && domains[r as usize] == domains[rank as usize]).collect();
-    // More ranks on this host than CPUs to run them. Ranks that take turns on a CPU read each
-    // other's messages faster from the cache than from memory (4 ranks on 2 CPUs: all-to-all of
-    // 16-64 KiB 1.2-1.4x slower with non-temporal copies), so none then.
-    let crowded = nodes.iter().filter(|&&n| n == nodes[rank as usize]).count() > host_cpus();
+    // More ranks on this machine than CPUs to run them. The machine, not the host: ranks that
+    // `FERROCOMM_HOST_ID` or network namespaces make hosts of their own still take turns on the
+    // same CPUs, and a spinning rank that does not give way holds up the one it waits for (4 ranks
+    // on 2 CPUs, each its own host over TCP: allreduce and broadcast 2-3x slower). Ranks that
+    // take turns on a CPU also read each other's messages faster from the cache than from memory
+    // (4 ranks on 2 CPUs: all-to-all of 16-64 KiB 1.2-1.4x slower with non-temporal copies), so
+    // none then.
+    let crowded = machines.iter().filter(|&&m| m == machines[rank as usize]).count() > host_cpus();
     let settings = if crowded { Settings { shm_nt_min: 0, ..settings } } else { settings };
 
     let refused = Arc::new(Mutex::new(Vec::new()));
@@ -505,32 +512,37 @@ struct Announce {
     busy: bool,
     single_copy: bool,
     shared: u64,
+    /// [`machine_identity`]: ranks with the same one share CPUs, whatever their host.
+    machine: u64,
 }
 
 impl Announce {
-    /// The host identity, then a line `shm busy single_copy shared` (the identity may hold
-    /// anything).
+    /// The host identity, then a line `shm busy single_copy shared machine` (the identity may
+    /// hold anything).
     fn encode(&self) -> Vec<u8> {
         let flag = |b: bool| u8::from(b);
-        let line = format!("\n{} {} {} {:x}", flag(self.shm), flag(self.busy), flag(self.single_copy), self.shared);
+        let (shm, busy, single_copy) = (flag(self.shm), flag(self.busy), flag(self.single_copy));
+        let line = format!("\n{shm} {busy} {single_copy} {:x} {:x}", self.shared, self.machine);
         [&self.host[..], line.as_bytes()].concat()
     }
 
     /// Anything else than [`Announce::encode`]'s form reads as a host of that name that shares
     /// nothing, sleeps, and shares no settings (a peer that speaks it fails that check).
     fn decode(mut b: Vec<u8>) -> Announce {
-        let none = |host| Announce { host, shm: false, busy: false, single_copy: false, shared: 0 };
+        let none = |host| Announce { host, shm: false, busy: false, single_copy: false, shared: 0, machine: 0 };
         let Some(i) = b.iter().rposition(|&c| c == b'\n') else { return none(b) };
         let line = b.split_off(i);
         let fields: Vec<&str> = std::str::from_utf8(&line[1..]).unwrap_or("").split(' ').collect();
         match fields[..] {
-            [shm, busy, single_copy, shared] => match u64::from_str_radix(shared, 16) {
-                Ok(shared) => {
-                    let (shm, busy, single_copy) = (shm == "1", busy == "1", single_copy == "1");
-                    Announce { host: b, shm, busy, single_copy, shared }
+            [shm, busy, single_copy, shared, machine] => {
+                match (u64::from_str_radix(shared, 16), u64::from_str_radix(machine, 16)) {
+                    (Ok(shared), Ok(machine)) => {
+                        let (shm, busy, single_copy) = (shm == "1", busy == "1", single_copy == "1");
+                        Announce { host: b, shm, busy, single_copy, shared, machine }
+                    }
+                    _ => none(b),
                 }
-                Err(_) => none(b),
-            },
+            }
             _ => none(b),
         }
     }
@@ -609,6 +621,16 @@ fn host_identity() -> String {
         std::fs::read_to_string("/proc/sys/kernel/hostname").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_default();
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     format!("{}/{}", name.trim(), boot.trim())
+}
+
+/// What identifies the CPUs this rank runs on: the running kernel's boot id (shared by the
+/// network namespaces and containers of one machine, different on another machine or VM), not
+/// overridden by `FERROCOMM_HOST_ID`. Where there is none, the host identity stands in.
+fn machine_identity() -> u64 {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let boot = boot.trim();
+    let id = if boot.is_empty() { host_identity() } else { boot.to_string() };
+    env::fnv1a64(&[id.as_bytes()])
 }
 
 /// The local address the kernel would use to reach `coordinator` (no packet is sent), for a rank
@@ -719,14 +741,21 @@ mod tests {
     fn announcements_round_trip_and_odd_ones_share_nothing() {
         let host = b"node-7/1234\nwith a newline".to_vec();
         for (shm, busy, single_copy) in [(true, false, true), (false, true, false)] {
-            let a = Announce { host: host.clone(), shm, busy, single_copy, shared: 0xdead_beef };
+            let a = Announce { host: host.clone(), shm, busy, single_copy, shared: 0xdead_beef, machine: u64::MAX };
             assert_eq!(Announce::decode(a.encode()), a);
         }
-        let nothing =
-            |host: &[u8]| Announce { host: host.to_vec(), shm: false, busy: false, single_copy: false, shared: 0 };
+        let nothing = |host: &[u8]| Announce {
+            host: host.to_vec(),
+            shm: false,
+            busy: false,
+            single_copy: false,
+            shared: 0,
+            machine: 0,
+        };
         assert_eq!(Announce::decode(b"impostor-host".to_vec()), nothing(b"impostor-host"));
-        assert_eq!(Announce::decode(b"h\n1 1 1 not-hex".to_vec()), nothing(b"h"));
-        assert_eq!(Announce::decode(b"h\n1 1 2".to_vec()), nothing(b"h"));
+        assert_eq!(Announce::decode(b"h\n1 1 1 not-hex 2".to_vec()), nothing(b"h"));
+        assert_eq!(Announce::decode(b"h\n1 1 1 2 not-hex".to_vec()), nothing(b"h"));
+        assert_eq!(Announce::decode(b"h\n1 1 1 2".to_vec()), nothing(b"h"));
         assert_eq!(Announce::decode(b"h\n\xff 1 1 2".to_vec()), nothing(b"h"));
     }
 

@@ -376,7 +376,7 @@ impl Comm {
         counts: &[usize],
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
-        self.reduce_scatter_with(to_bytes(data), data.len(), counts, op)
+        self.reduce_scatter_with(self.coll().pool.copy(data), data.len(), counts, op)
     }
 
     /// [`Comm::reduce_scatter`] of `whole`, the bytes of `len` elements: the segments are slices
@@ -411,10 +411,43 @@ impl Comm {
         let alg = self.choose(Operation::ReduceScatter, len * elem, op.is_commutative());
         let obs = self.observe(Operation::ReduceScatter, alg, len * elem);
         let (r, n) = (self.rank(), self.size());
-        let plan = early.is_none().then(|| (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase())));
+        // This rank's bytes of the vector.
+        let mine = {
+            let start = counts.iter().take(r as usize).sum::<usize>().min(len) * elem;
+            start..start + segments.get(r as usize).map_or(0, Bytes::len)
+        };
+        let count = mine.len() / elem;
+        let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
+            let kind = BoardOp::ReduceScatter { op: op.erase(), part: mine.clone() };
+            self.board_future(kind, whole.len(), &whole, elem)
+        });
+        // The future does not borrow the caller's data: the call lends a pooled copy, which it
+        // keeps until nobody reads it.
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(&whole[..], Lend::Copy));
+        let plan = (early.is_none() && board.is_none() && direct.is_none())
+            .then(|| (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase())));
+        let pool = self.coll().pool.clone();
         obs.wrap(async move {
+            if let Some(call) = board {
+                let mut out = vec![T::zeroed(); count];
+                copy_parts(&mut out, &call?.await?)?;
+                return Ok(out);
+            }
+            if let Some(call) = direct {
+                let mut out = vec![T::zeroed(); count];
+                let dst = bytemuck::cast_slice_mut(&mut out);
+                Box::pin(reduce_scatter_direct(call?, mine, op.erase(), r, n, dst, &pool)).await?;
+                return Ok(out);
+            }
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
-            to_vec(&ops::reduce_scatter_result(&Comm::drive(slot, m?).await?, r)?)
+            let blocks = Comm::drive(slot, m?).await?;
+            let out = to_vec(&ops::reduce_scatter_result(&blocks, r)?);
+            // The received buffers and the input's serve the next calls.
+            pool.recycle(blocks);
+            if let Ok(b) = whole.try_into_mut() {
+                pool.give(b);
+            }
+            out
         })
     }
 
@@ -436,11 +469,35 @@ impl Comm {
         buf: &'a mut [T],
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
-        let run = self.scan_with(to_bytes(buf), op, true);
-        async move {
-            let out = run.await?.ok_or_else(|| Error::Internal { what: "an inclusive scan produced no result" })?;
-            copy_into(buf, &out)
+        let bytes = size_of_val(buf);
+        let alg = self.choose(Operation::Scan, bytes, op.is_commutative());
+        if check_op(&op).is_ok() && alg == Algorithm::SharedMemory {
+            // On the board: the result straight into `buf`, as an all-reduce's.
+            let obs = self.observe(Operation::Scan, alg, bytes);
+            let kind = BoardOp::Scan { op: op.erase(), inclusive: true };
+            let call = self.board_call(kind, bytes, bytemuck::cast_slice(buf), size_of::<T>());
+            return obs.wrap(Collective::board(call, Some(bytemuck::cast_slice_mut(buf))));
         }
+        if check_op(&op).is_ok() && alg == Algorithm::SingleCopy {
+            // The others read `buf` where it is (the future borrows it); the result goes in once
+            // nobody reads it any more.
+            let obs = self.observe(Operation::Scan, alg, bytes);
+            let call = self.lending(BoardOp::Allgather, Some(Lent::of(bytemuck::cast_slice(buf))), &[BoardOp::Barrier]);
+            let (r, n, pool) = (self.rank(), self.size(), self.coll().pool.clone());
+            let buf = bytemuck::cast_slice_mut(buf);
+            return obs
+                .wrap(Collective::boxed(async move { scan_direct(call?, buf, op.erase(), r, n, true, &pool).await }));
+        }
+        let pool = self.coll().pool.clone();
+        let run = self.scan_with(pool.copy(buf), op, true);
+        Observe::ELSEWHERE.wrap(Collective::boxed(async move {
+            let out = run.await?.ok_or_else(|| Error::Internal { what: "an inclusive scan produced no result" })?;
+            copy_into(buf, &out)?;
+            if let Ok(b) = out.try_into_mut() {
+                pool.give(b);
+            }
+            Ok(())
+        }))
     }
 
     /// Exclusive prefix reduction: `data_0 ⊕ ... ⊕ data_(r-1)`, `None` at rank 0.
@@ -449,8 +506,46 @@ impl Comm {
         data: &[T],
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<T> {
-        let run = self.scan_with(to_bytes(data), op, false);
-        async move { run.await?.map(|b| to_vec(&b)).transpose() }
+        let (bytes, r, n) = (size_of_val(data), self.rank(), self.size());
+        let alg = self.choose(Operation::Scan, bytes, op.is_commutative());
+        let count = data.len();
+        if check_op(&op).is_ok() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy) {
+            let obs = self.observe(Operation::Scan, alg, bytes);
+            let call = if alg == Algorithm::SharedMemory {
+                let kind = BoardOp::Scan { op: op.erase(), inclusive: false };
+                Ok(self.board_future(kind, bytes, bytemuck::cast_slice(data), size_of::<T>()))
+            } else {
+                // The future does not borrow `data`: the call lends a pooled copy.
+                Err(self.lend(data, Lend::Copy))
+            };
+            let pool = self.coll().pool.clone();
+            return futures::future::Either::Left(obs.wrap(async move {
+                let mut out = (r > 0).then(|| vec![T::zeroed(); count]);
+                match call {
+                    Ok(call) => {
+                        let pieces = call?.await?;
+                        if let Some(out) = out.as_mut() {
+                            copy_parts(out, &pieces)?;
+                        }
+                    }
+                    Err(call) => {
+                        let dst = out.as_deref_mut().map(bytemuck::cast_slice_mut::<T, u8>).unwrap_or_default();
+                        Box::pin(scan_direct(call?, dst, op.erase(), r, n, false, &pool)).await?;
+                    }
+                }
+                Ok(out)
+            }));
+        }
+        let pool = self.coll().pool.clone();
+        let run = self.scan_with(pool.copy(data), op, false);
+        futures::future::Either::Right(async move {
+            let out = run.await?;
+            let v = out.as_ref().map(to_vec).transpose();
+            if let Some(b) = out.and_then(|b| b.try_into_mut().ok()) {
+                pool.give(b);
+            }
+            v
+        })
     }
 
     pub(super) fn scan_with<T: Element>(
@@ -460,13 +555,19 @@ impl Comm {
         inclusive: bool,
     ) -> impl Future<Output = Result<Option<Bytes>>> + Send + use<T> {
         let early = check_op(&op).err();
-        // Always recursive doubling (`ops::scan`).
+        // Messages: always recursive doubling (`ops::scan`).
         let obs = self.observe(Operation::Scan, Algorithm::RecursiveDoubling, data.len());
         let plan =
             early.is_none().then(|| (self.slot(), ops::scan(self.rank(), self.size(), data, op.erase(), inclusive)));
+        let pool = self.coll().pool.clone();
         obs.wrap(async move {
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
-            Ok(ops::scan_result(&Comm::drive(slot, m).await?))
+            let mut blocks = Comm::drive(slot, m).await?;
+            let out = ops::scan_result(&blocks);
+            // The result stays with the caller; the other buffers serve the next calls.
+            blocks.remove(&1);
+            pool.recycle(blocks);
+            Ok(out)
         })
     }
 }

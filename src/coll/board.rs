@@ -433,6 +433,28 @@ impl Lending {
         Ok(parts.pop().unwrap_or_default())
     }
 
+    /// [`Lending::next`] for an owner that would only wait: meanwhile it writes the halves that
+    /// readers of its kept memory offer to split ([`Helper::help`]).
+    pub(crate) async fn next_helping(&mut self) -> Result<Data> {
+        let seq = self.steps.start;
+        self.seg.queue.lock().release(seq);
+        let helper = self.helper();
+        let src = self.kept.as_deref().unwrap_or_default();
+        let mut wait = std::pin::pin!(self.seg.wait(seq..seq + 1, self.lent()));
+        let mut parts = std::future::poll_fn(|cx| {
+            helper.help(src);
+            wait.as_mut().poll(cx)
+        })
+        .await?;
+        self.steps.start += 1;
+        Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// The kept memory ([`Lending::keep`]), empty if none.
+    pub(crate) fn kept(&self) -> &[u8] {
+        self.kept.as_deref().unwrap_or_default()
+    }
+
     /// The call's first step if this rank lent memory (what it withdraws on leaving early).
     fn lent(&self) -> Option<u64> {
         self.lends.then_some(self.first)

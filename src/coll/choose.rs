@@ -18,6 +18,18 @@ impl Comm {
         plan::choose(call, &Members(self), self.collective_table())
     }
 
+    /// The algorithm for `op` with `bytes` per rank among those that send messages: the
+    /// selection table's, for the calls that the board and single copy do not serve (lengths
+    /// that differ between ranks).
+    pub(super) fn choose_messages(&self, op: Operation, bytes: usize, commutative: bool) -> Algorithm {
+        match self.choose(op, bytes, commutative) {
+            Algorithm::SharedMemory | Algorithm::SingleCopy => {
+                self.collective_table().choose(Call { op, ranks: self.size(), bytes, commutative })
+            }
+            alg => alg,
+        }
+    }
+
     /// Whether every member busy-polls: the default table's condition for the board and single
     /// copy (whose waits a sleeping rank would only see every `NAP`). Decided from what every
     /// rank announced, so all members choose alike even when their progress modes differ.
@@ -40,6 +52,20 @@ impl Comm {
                 && inner.reactor.with(|d| {
                     self.every_member(|w| w as Rank == inner.rank || d.transport.name_for(w as Rank) == "verbs")
                 })
+        })
+    }
+
+    /// Whether a broadcast may go by reliable multicast ([`Topology::multicast`]): multicast is on
+    /// (`FERROCOMM_MCAST`, which every rank shares: bootstrap refuses ranks that differ) and the
+    /// members span several hosts, from what every rank announced, so all members choose alike.
+    /// Whether the group's multicast test confirms is not part of it: that is each root's own
+    /// finding, at run time, and a channel whose group does not confirm delivers over
+    /// point-to-point (`docs/multicast.md`).
+    pub(super) fn multicast_capable(&self) -> bool {
+        *self.coll().multicast_capable.get_or_init(|| {
+            let inner = self.inner();
+            let first = inner.nodes[self.world_rank(0) as usize];
+            inner.settings.multicast.enabled && !self.every_member(|w| inner.nodes[w] == first)
         })
     }
 
@@ -77,5 +103,8 @@ impl Topology for Members<'_> {
     }
     fn all_verbs(&self) -> bool {
         self.0.all_verbs()
+    }
+    fn multicast(&self) -> bool {
+        self.0.multicast_capable()
     }
 }

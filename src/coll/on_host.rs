@@ -61,6 +61,98 @@ pub(super) async fn gather_single_copy<R>(
     Ok(r)
 }
 
+/// A gather by single copy: every rank lends a copy of its part (the future does not borrow the
+/// caller's); the root copies each into its place in `dst` (`len` bytes a rank), then a barrier
+/// ends the lending. On 2 ranks the other rank, which would only wait, writes half of the root's
+/// copy ([`board::Lending::read_split`]); on more, an offer does not say whose memory it is for,
+/// so the root reads alone.
+pub(super) async fn gather_direct(
+    mut call: board::Lending,
+    root: Rank,
+    me: Rank,
+    n: Rank,
+    len: usize,
+    dst: Option<&mut [u8]>,
+    pool: &Pool,
+) -> Result<()> {
+    let lent = lent_by_all(&call.next().await?, n as usize, len)?;
+    if let Some(dst) = dst.filter(|_| me == root) {
+        for (k, (d, l)) in dst.chunks_exact_mut(len.max(1)).zip(&lent).enumerate() {
+            match k as Rank {
+                k if k == me => d.copy_from_slice(call.kept()),
+                k if n == 2 => call.read_split(k, l, d)?,
+                k => call.read(k, l, 0, d)?,
+            }
+        }
+        call.next().await?;
+    } else if n == 2 {
+        call.next_helping().await?;
+    } else {
+        call.next().await?;
+    }
+    call.give_back().into_iter().for_each(|b| pool.give(b));
+    Ok(())
+}
+
+/// A reduce-scatter by single copy: every rank lends a copy of its vector (kept by the call);
+/// this rank combines bytes `mine` of every rank's, in rank order, into `dst`; a barrier then ends
+/// the lending.
+pub(super) async fn reduce_scatter_direct(
+    mut call: board::Lending,
+    mine: std::ops::Range<usize>,
+    op: ferrocomm_collectives::Reducer,
+    me: Rank,
+    n: Rank,
+    dst: &mut [u8],
+    pool: &Pool,
+) -> Result<()> {
+    let len = call.kept().len();
+    let lent = lent_by_all(&call.next().await?, n as usize, len)?;
+    let own = call.kept().get(mine.clone()).ok_or(Error::Internal { what: "a reduce-scatter segment out of range" })?;
+    combine(&call, &lent, me as usize, &op, mine.start, Some(own), dst, pool)?;
+    call.next().await?;
+    call.give_back().into_iter().for_each(|b| pool.give(b));
+    Ok(())
+}
+
+/// A scan by single copy: every rank lends its data (`buf` in place, or a copy the call keeps);
+/// this rank combines, in rank order, the data of the ranks before it and, if `inclusive`, its own
+/// into a pooled scratch buffer; once nobody reads what it lent any more (a barrier), the result
+/// goes into `buf` (an exclusive scan's rank 0 has none: its `buf` is empty).
+pub(super) async fn scan_direct(
+    mut call: board::Lending,
+    buf: &mut [u8],
+    op: ferrocomm_collectives::Reducer,
+    me: Rank,
+    n: Rank,
+    inclusive: bool,
+    pool: &Pool,
+) -> Result<()> {
+    let (me, n) = (me as usize, n as usize);
+    let len = if inclusive { buf.len() } else { call.kept().len() };
+    let lent = lent_by_all(&call.next().await?, n, len)?;
+    // The last rank this one combines, if any, and the ranks up to it.
+    let upto = if inclusive { Some(me) } else { me.checked_sub(1) };
+    let mut scratch = None;
+    if let Some(last) = upto {
+        let mut x = pool.take(len);
+        if inclusive {
+            combine(&call, &lent[..=last], last, &op, 0, Some(&*buf), &mut x, pool)?;
+        } else {
+            call.read(last as Rank, &lent[last], 0, &mut x)?;
+            combine(&call, &lent[..=last], last, &op, 0, None, &mut x, pool)?;
+        }
+        scratch = Some(x);
+    }
+    call.next().await?;
+    if let Some(x) = scratch {
+        buf.copy_from_slice(&x);
+        pool.give(x);
+    }
+    call.give_back().into_iter().for_each(|b| pool.give(b));
+    Ok(())
+}
+
 /// Bytes of a reduction's piece: a piece of each rank's part and the partial result stay in cache
 /// (L2 is 1 MiB a core here), and each `process_vm_readv` moves a piece (a call has a fixed cost:
 /// the kernel pins the remote pages). 256 KiB pieces beat 64 KiB ones by 10-15% on a 1 MiB

@@ -253,15 +253,45 @@ impl Comm {
         root: Rank,
         data: &[T],
     ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<T> {
-        let run = self.gather_plan(root, to_bytes(data), size_of_val(data));
-        async move {
-            let Some(parts) = run.await? else { return Ok(None) };
-            let mut out = Vec::new();
-            for p in &parts {
-                out.extend(to_vec::<T>(p)?);
-            }
-            Ok(Some(out))
+        let (bytes, r, n) = (size_of_val(data), self.rank(), self.size());
+        let alg = self.choose(Operation::Gather, bytes, true);
+        if self.check_root(root).is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy) {
+            let obs = self.observe(Operation::Gather, alg, bytes);
+            let count = data.len() * n as usize;
+            let call = if alg == Algorithm::SharedMemory {
+                let input = bytemuck::cast_slice(data);
+                Ok(self.board_future(BoardOp::Gather { root }, bytes, input, size_of::<T>()))
+            } else {
+                // The future does not borrow `data`: the call lends a pooled copy.
+                Err(self.lend(data, Lend::Copy))
+            };
+            let pool = self.coll().pool.clone();
+            return futures::future::Either::Left(obs.wrap(async move {
+                let mut out = (r == root).then(|| vec![T::zeroed(); count]);
+                let dst = out.as_deref_mut().map(bytemuck::cast_slice_mut::<T, u8>);
+                match call {
+                    Ok(call) => {
+                        let pieces = call?.await?;
+                        if let Some(dst) = dst {
+                            copy_gathered(dst, &pieces, n as usize)?;
+                        }
+                    }
+                    Err(call) => Box::pin(gather_direct(call?, root, r, n, bytes, dst, &pool)).await?,
+                }
+                Ok(out)
+            }));
         }
+        // Messages: the input in a pooled buffer, the parts laid end to end straight into the
+        // result (one allocation), and the buffers back to the pool.
+        let pool = self.coll().pool.clone();
+        let run = self.gather_plan(root, pool.copy(data), bytes);
+        futures::future::Either::Right(async move {
+            let Some(parts) = run.await? else { return Ok(None) };
+            let mut out = vec![T::zeroed(); parts.iter().map(Bytes::len).sum::<usize>() / size_of::<T>()];
+            copy_parts(&mut out, &parts)?;
+            parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
+            Ok(Some(out))
+        })
     }
 
     /// Gathers every rank's `data` (lengths may differ) at `root`: one vector per rank.
@@ -293,15 +323,18 @@ impl Comm {
         data: Bytes,
         bytes: usize,
     ) -> impl Future<Output = Result<Option<Vec<Bytes>>>> + Send + use<> {
-        let alg = self.choose(Operation::Gather, bytes, true);
+        // Messages: the tiers on one host serve the typed calls (`Comm::gather`).
+        let alg = self.choose_messages(Operation::Gather, bytes, true);
         let obs = self.observe(Operation::Gather, alg, data.len());
         let (r, n) = (self.rank(), self.size());
         let early = self.check_root(root);
         let plan = early.is_none().then(|| (self.slot(), ops::gather(r, n, root, alg, data)));
+        let pool = self.coll().pool.clone();
         obs.wrap(async move {
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
             let blocks = Comm::drive(slot, m?).await?;
             if r != root {
+                pool.recycle(blocks);
                 return Ok(None);
             }
             Ok(Some(ops::gather_result(&blocks, n, root)?))
@@ -316,17 +349,28 @@ impl Comm {
         data: Option<&[T]>,
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let n = self.size() as usize;
+        // The root's data in one pooled buffer, the parts slices of it.
+        let pool = self.coll().pool.clone();
+        let whole = data.filter(|d| d.len().is_multiple_of(n)).map(|d| pool.copy(d));
         let parts = match data {
             Some(d) if !d.len().is_multiple_of(n) => {
                 Err(InvalidArgument::Indivisible { len: d.len(), parts: n }.into())
             }
             Some(d) => {
-                let k = d.len() / n;
-                Ok(Some((0..n).map(|i| to_bytes(&d[i * k..(i + 1) * k])).collect()))
+                let k = size_of_val(d) / n;
+                Ok(whole.as_ref().map(|w| (0..n).map(|i| w.slice(i * k..(i + 1) * k)).collect()))
             }
             None => Ok(None),
         };
-        self.scatter_bytes_typed::<T>(root, parts)
+        let run = self.scatter_bytes_typed::<T>(root, parts);
+        async move {
+            let out = run.await;
+            // Every slice is gone once the call is over: the buffer serves the next calls.
+            if let Some(b) = whole.and_then(|w| w.try_into_mut().ok()) {
+                pool.give(b);
+            }
+            out
+        }
     }
 
     /// Sends `parts[i]` of the root to rank i (lengths may differ); returns this rank's part.
@@ -344,7 +388,16 @@ impl Comm {
         parts: Result<Option<Vec<Bytes>>>,
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let run = parts.map(|p| self.scatter_bytes(root, p));
-        async move { to_vec(&run?.await?) }
+        let pool = self.coll().pool.clone();
+        async move {
+            let part = run?.await?;
+            let out = to_vec(&part);
+            // A received part (a pooled receive buffer) serves the next calls.
+            if let Ok(b) = part.try_into_mut() {
+                pool.give(b);
+            }
+            out
+        }
     }
 
     /// Sends message `parts[i]` of the root to rank i; returns this rank's.
@@ -368,6 +421,7 @@ impl Comm {
         let plan = early.is_none().then(|| (self.slot(), ops::scatter(r, n, root, alg, parts.filter(|_| r == root))));
         obs.wrap(async move {
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
+            // (The other blocks are dropped here: the result is unique, for the caller to reuse.)
             Ok(ops::scatter_result(&Comm::drive(slot, m?).await?, r, n, root)?)
         })
     }

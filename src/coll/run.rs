@@ -107,7 +107,9 @@ impl Comm {
             return Err(e);
         }
         // A peer's message, or the blocks its header announces, cannot exceed what a receive takes.
-        let mut m = m.with_max_message(comm.settings().max_message);
+        // Buffers the machine fills come from the pool, as do the receives' (see `Pool`).
+        let alloc = pool.clone();
+        let mut m = m.with_max_message(comm.settings().max_message).with_alloc(Arc::new(move |len| alloc.take(len)));
         let tag = |round: u32| (seq << 16) | u64::from(round);
         // A handful of operations at a time: inline vectors (no task allocations).
         let mut sends = Sends::new();

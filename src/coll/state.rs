@@ -47,6 +47,8 @@ pub(crate) struct CollState {
     pub all_single_copy: OnceLock<bool>,
     /// Whether every other member is reached over verbs (the RDMA tier can serve).
     pub all_verbs: OnceLock<bool>,
+    /// Whether a broadcast may go by reliable multicast (on, and the members span several hosts).
+    pub multicast_capable: OnceLock<bool>,
     /// The RDMA tier's receive buffers and call order.
     pub rdma: super::rdma::RdmaState,
     /// The shared-memory board of small collectives, opened on first use.

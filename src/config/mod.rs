@@ -423,7 +423,8 @@ pub struct McastSettings {
     /// Default 200 us.
     pub ack_delay: Duration,
     /// `FERROCOMM_MCAST_SUBGROUPS`: number of ACK sub-groups (root's plus one per co-root);
-    /// 0 = about sqrt(receivers) (default); 1 = no co-roots.
+    /// 0 (default) = none up to [`crate::multicast::FLAT_RECEIVERS`] receivers, about
+    /// sqrt(receivers) above; 1 = no co-roots.
     pub subgroups: usize,
     /// `FERROCOMM_MCAST_DATAGRAM`: datagram size, header and 16-byte tag included. Default 1400 (fits an
     /// Ethernet MTU: IP fragments would multiply the loss rate); up to 65000 on loopback.

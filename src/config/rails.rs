@@ -44,21 +44,36 @@ pub struct RailSettings {
     /// must have rails on or every rank off; the addresses differ from rank to rank.
     pub list: RailList,
     /// `FERROCOMM_RAIL_THRESHOLD`: messages of at least this many bytes are striped; smaller ones
-    /// take the bootstrap connection alone. Default 256 KiB (at most the rendezvous chunk).
+    /// travel whole, each on one rail. Default 256 KiB (at most the rendezvous chunk).
     pub threshold: usize,
     /// `FERROCOMM_RAIL_PART`: size of the parts a message is cut into. Default 128 KiB.
     pub part: usize,
     /// `FERROCOMM_RAIL_WINDOW`: bytes a rail may carry unacknowledged. Default 1 MiB.
     pub window: usize,
-    /// `FERROCOMM_RAIL_STALL_MS`: a rail whose parts stay unacknowledged this long is dropped and
-    /// its share moves to the others. Default 2000.
+    /// `FERROCOMM_RAIL_STALL_MS`: a rail whose parts or control frames stay unacknowledged this
+    /// long is dropped and its share moves to the others (while another rail is up). Default 2000.
     pub stall: Duration,
+    /// `FERROCOMM_RAIL_REPROBE_MS`: a rail that took no bandwidth sample for this long while the
+    /// peer's other rails did is re-probed: it takes parts as if it were as fast as the fastest,
+    /// until its next sample. Default 100.
+    pub reprobe: Duration,
+    /// `FERROCOMM_RAIL_REPROBE_MESSAGES`: ... or after this many striped messages without a
+    /// sample. Default 16.
+    pub reprobe_messages: u32,
 }
 
 impl Default for RailSettings {
     fn default() -> Self {
         let s = StripeConfig::default();
-        RailSettings { list: RailList::Off, threshold: s.threshold, part: s.part, window: s.window, stall: s.stall }
+        RailSettings {
+            list: RailList::Off,
+            threshold: s.threshold,
+            part: s.part,
+            window: s.window,
+            stall: s.stall,
+            reprobe: s.reprobe,
+            reprobe_messages: s.reprobe_messages,
+        }
     }
 }
 
@@ -80,6 +95,12 @@ impl RailSettings {
         if let Some(v) = parse::<u64>("FERROCOMM_RAIL_STALL_MS", get)? {
             r.stall = Duration::from_millis(v);
         }
+        if let Some(v) = parse::<u64>("FERROCOMM_RAIL_REPROBE_MS", get)? {
+            r.reprobe = Duration::from_millis(v);
+        }
+        if let Some(v) = parse("FERROCOMM_RAIL_REPROBE_MESSAGES", get)? {
+            r.reprobe_messages = v;
+        }
         if r.part == 0 || r.window == 0 {
             return Err(Error::Config {
                 name: "FERROCOMM_RAIL_PART",
@@ -96,7 +117,29 @@ impl RailSettings {
             part: self.part.min(chunk),
             window: self.window,
             stall: self.stall,
+            reprobe: self.reprobe,
+            reprobe_messages: self.reprobe_messages,
             ..StripeConfig::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reprobe_settings_parse_and_reach_the_core() {
+        let get = |k: &str| match k {
+            "FERROCOMM_RAIL_REPROBE_MS" => Some("250".to_string()),
+            "FERROCOMM_RAIL_REPROBE_MESSAGES" => Some("3".to_string()),
+            _ => None,
+        };
+        let s = RailSettings::from_vars(&get).unwrap();
+        assert_eq!((s.reprobe, s.reprobe_messages), (Duration::from_millis(250), 3));
+        let c = s.stripe(1 << 20);
+        assert_eq!((c.reprobe, c.reprobe_messages), (Duration::from_millis(250), 3));
+        let bad = |k: &str| (k == "FERROCOMM_RAIL_REPROBE_MESSAGES").then(|| "many".to_string());
+        assert!(RailSettings::from_vars(&bad).is_err());
     }
 }

@@ -22,8 +22,10 @@
 //! job's, a stranger's, an altered one) is dropped and counted (`Stats::unauthenticated`, metric
 //! `ferrocomm_mcast_datagrams_unauthenticated`). The tag counts within
 //! `FERROCOMM_MCAST_DATAGRAM`, so the core fragments into datagrams 16 bytes shorter. Cost: one
-//! HMAC-SHA-256 over each datagram sent and received (3-5 us for 1400 B on the 2-CPU test VM,
-//! `examples/handshake_cost.rs`), and a copy of each datagram sent.
+//! keyed BLAKE3 over each datagram sent and received (`examples/handshake_cost.rs` measures it),
+//! and a copy of each datagram sent. A rank's own datagrams come back to its socket
+//! (IP_MULTICAST_LOOP, needed for the other ranks on its host): the driver drops them by the
+//! header's root before authenticating them.
 //!
 //! A channel holds a handle on the communicator: drop channels before finalizing the world, and
 //! [`Channel::flush`] them first: a dropped channel abandons what it has not delivered yet.
@@ -58,6 +60,13 @@ pub use ferrocomm_multicast::proto::Stats as McastStats;
 
 /// Datagrams handled per wake-up of the driver task before its output is pushed.
 const DATAGRAM_BATCH: usize = 64;
+
+/// Up to this many receivers a stream has no co-roots by default (`FERROCOMM_MCAST_SUBGROUPS=0`):
+/// the root collects every ACK itself, 16/k per message at `ack_every` = k. Co-roots cost more
+/// than that at this scale: the root sends every message to each co-root over point-to-point as
+/// well, and each ACK takes a second hop (`ferrocomm-bench multicast`, 8 receivers: the stream
+/// ran faster without them).
+pub const FLAT_RECEIVERS: usize = 16;
 
 /// Tag of the protocol's point-to-point messages on the channel's private communicator.
 const TAG: u64 = 0x6d63;
@@ -271,7 +280,11 @@ impl Channel {
             window: s.window,
             ack_every: s.ack_every,
             ack_delay: s.ack_delay,
-            subgroups: (s.subgroups > 0).then_some(s.subgroups),
+            subgroups: match s.subgroups {
+                0 if comm.size() as usize <= FLAT_RECEIVERS + 1 => Some(1),
+                0 => None,
+                g => Some(g),
+            },
             datagram: s.core_datagram(),
             max_message: s.max_message,
             confirm_timeout: s.confirm_timeout,
@@ -490,6 +503,8 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
                 let mut r = r;
                 for i in 1..=DATAGRAM_BATCH {
                     match r {
+                        // This rank's own datagrams, looped back: never used, so not authenticated.
+                        Ok(n) if ferrocomm_multicast::wire::peek_root(&buf[..n]) == Some(me) => {}
                         Ok(n) if !shared.drop_datagram() => match shared.key.open(&buf[..n]) {
                             Ok(d) => {
                                 let d = Bytes::copy_from_slice(d);

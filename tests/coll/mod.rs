@@ -37,11 +37,13 @@ pub(crate) fn on_board(c: &Comm) -> Comm {
 
 /// Pins every operation the shared-memory board serves to it.
 pub(crate) const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,reduce=shared-memory,allreduce=shared-memory,\
-                         allgather=shared-memory,alltoall=shared-memory";
+                         gather=shared-memory,allgather=shared-memory,alltoall=shared-memory,\
+                         reduce_scatter=shared-memory,scan=shared-memory";
 
 /// Pins every operation single copy serves to it (the others keep the table).
-pub(crate) const SINGLE_COPY: &str =
-    "bcast=single-copy,allreduce=single-copy,reduce=single-copy,allgather=single-copy,alltoall=single-copy";
+pub(crate) const SINGLE_COPY: &str = "bcast=single-copy,allreduce=single-copy,reduce=single-copy,gather=single-copy,\
+                                       allgather=single-copy,alltoall=single-copy,reduce_scatter=single-copy,\
+                                       scan=single-copy";
 /// Element counts for single copy: empty, one, fewer elements than ranks, uneven parts, and parts
 /// above the 256 KiB piece of the reduction (u64: on up to 4 ranks; the reduce's root combines
 /// the whole length, four pieces and a remnant).
@@ -195,6 +197,15 @@ pub(crate) async fn every_algorithm(c: &Comm) {
     let mut out = vec![u64::MAX; all.len()];
     on_board(c).allgather_into(&input(r, count), &mut out).await.unwrap();
     assert_eq!(out, all, "board allgather_into in pieces");
+    // A gather and scans that the board splits into pieces too.
+    let root = n - 1;
+    let got = on_board(c).gather(root, &input(r, count)).await.unwrap();
+    assert_eq!(got, (r == root).then_some(all), "board gather in pieces");
+    let mut buf = input(r, count);
+    on_board(c).scan(&mut buf, ReduceOp::Sum).await.unwrap();
+    assert_eq!(buf, sum_ref(n, count, 0..r + 1), "board scan in pieces");
+    let got = on_board(c).exscan(&input(r, count), ReduceOp::Sum).await.unwrap();
+    assert_eq!(got, (r > 0).then(|| sum_ref(n, count, 0..r)), "board exscan in pieces");
     // Single copy (likewise).
     operations(&single_copy(c), &SINGLE_COPY_COUNTS, "single-copy").await;
 }

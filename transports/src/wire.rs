@@ -107,8 +107,10 @@ pub mod flags {
     /// On `Data`: one part of a frame striped across rails ([`crate::rails`]); `tag` is the
     /// part's id among the parts sent to that peer.
     pub const RAIL_PART: u16 = 16;
-    /// On `Credit`: a rail's acknowledgement ([`crate::rails`]); `seq` counts the parts received
-    /// on the connection it travels back on.
+    /// On `Credit`: a rail's own frame ([`crate::rails::stripe`]), by `tag`: an acknowledgement
+    /// of parts (`seq` counts the parts received on the connection it travels back on), of
+    /// control frames (`seq` counts those delivered), or a mark (`seq` numbers the control frames
+    /// that follow on its connection).
     pub const RAIL_ACK: u16 = 32;
     /// On `Data`: an envelope to be forwarded ([`crate::relay`]); `seq` is the final
     /// destination, the payload the whole frame (header, then payload) it carries.

@@ -2,16 +2,19 @@
 //!
 //! Rail 0 is the transport the rank would use anyway (the bootstrap TCP connections); rails 1..
 //! are more TCP transports, each over another pair of addresses (another interface, another
-//! network). Every frame goes on rail 0, in order, except the rendezvous data of large messages:
-//! [`stripe`] cuts it into parts, spreads them over the peer's rails in proportion to each rail's
-//! measured bandwidth, acknowledges them per connection, and moves a failed rail's share to the
-//! others. A part carries its own offset, so each part completes on its own, in any order, and
-//! the engine above sees ordinary data frames.
+//! network). To a peer with more than one rail, [`stripe`] decides what goes where: the
+//! rendezvous data of messages is cut into parts spread over the rails in proportion to each
+//! rail's measured bandwidth; every other frame travels in order on one rail (rail 0 until it
+//! fails), numbered and kept until acknowledged; and when any rail fails, its parts and its
+//! unacknowledged frames move to the rails still up. A part carries its own offset, so each part
+//! completes on its own, in any order, and the engine above sees ordinary data frames; it sees
+//! the peer lost only when its last rail is.
 //!
-//! Parts that arrive on rails other than rail 0 are read into a staging buffer and copied into
-//! their destination only when complete: a connection that fails mid-part may still have a read
-//! in flight, and it must not write into a receive buffer the engine has since completed (the
-//! same part may have come whole on another rail meanwhile). Parts on rail 0 land in place.
+//! Parts are read into a staging buffer and copied into their destination only when complete and
+//! not delivered before: a connection that fails mid-part may still have a read in flight, and it
+//! must not write into a receive buffer the engine has since completed (the same part may have
+//! come whole on another rail meanwhile). A frame that is a copy of one delivered already (sent
+//! again after its rail failed) is dropped before the engine sees it.
 
 pub mod stripe;
 
@@ -34,10 +37,9 @@ struct Staged {
 
 /// Several transports to the same peers, striping large messages across them.
 pub struct Bonded {
-    me: Rank,
     rails: Vec<Box<dyn Transport>>,
     core: Stripe,
-    /// `staging[rail][peer]`; row 0 unused.
+    /// `staging[rail][peer]`.
     staging: Vec<Vec<Staged>>,
     timer: Pin<Box<tokio::time::Sleep>>,
     stats: SharedStats,
@@ -56,8 +58,7 @@ impl Bonded {
         let staging = (0..rails.len()).map(|_| (0..links.len()).map(|_| Staged::default()).collect()).collect();
         let far = tokio::time::Instant::now() + std::time::Duration::from_secs(86400 * 365);
         Bonded {
-            me,
-            core: Stripe::new(cfg, links, now),
+            core: Stripe::new(me, cfg, links, now),
             rails,
             staging,
             timer: Box::pin(tokio::time::sleep_until(far)),
@@ -75,7 +76,7 @@ impl Bonded {
         while let Some((rail, peer, h, payload)) = self.core.poll_transmit() {
             self.rails[rail].send(peer, h, payload);
         }
-        while let Some((rail, peer, h)) = self.core.poll_ack(self.me) {
+        while let Some((rail, peer, h)) = self.core.poll_ack() {
             self.rails[rail].send(peer, h, Bytes::new());
         }
         while let Some((rail, peer)) = self.core.poll_cut() {
@@ -127,24 +128,10 @@ impl Transport for Bonded {
     fn progress(&mut self, sink: &mut dyn Sink) -> usize {
         let now = Instant::now();
         self.core.handle_timeout(now);
-        let mut lost = Vec::new();
         let mut n = 0;
         for (rail, t) in self.rails.iter_mut().enumerate() {
-            let mut rs = RailSink {
-                rail,
-                core: &mut self.core,
-                staged: &mut self.staging[rail],
-                up: sink,
-                now,
-                lost: &mut lost,
-            };
+            let mut rs = RailSink { rail, core: &mut self.core, staged: &mut self.staging[rail], up: sink, now };
             n += t.progress(&mut rs);
-        }
-        // A peer lost on rail 0 is lost: its other rails close too.
-        for (peer, why) in lost {
-            for t in &mut self.rails[1..] {
-                t.disconnect(peer, why.clone());
-            }
         }
         self.drain();
         if n > 0 {
@@ -167,8 +154,10 @@ impl Transport for Bonded {
         self.rails.iter_mut().for_each(|t| t.awake());
     }
 
+    /// Also while frames are unacknowledged: until then they may have to be sent again on
+    /// another rail, so an orderly shutdown waits for them (or for the peer's loss).
     fn has_pending_output(&self) -> bool {
-        self.core.has_queued() || self.rails.iter().any(|t| t.has_pending_output())
+        self.core.has_queued() || self.core.unacknowledged() || self.rails.iter().any(|t| t.has_pending_output())
     }
 
     fn has_queued_output(&self) -> bool {
@@ -190,7 +179,6 @@ struct RailSink<'a> {
     staged: &'a mut [Staged],
     up: &'a mut dyn Sink,
     now: Instant,
-    lost: &'a mut Vec<(Rank, TransportError)>,
 }
 
 /// The header the engine sees: the part as an ordinary data frame.
@@ -198,11 +186,16 @@ fn plain(h: &Header) -> Header {
     Header { flags: h.flags & !flags::RAIL_PART, tag: 0, ..*h }
 }
 
-// SAFETY: a slice from `data_dest` is either the upper sink's (rail 0 only, for a frame that
-// this sink then delivers to it through `frame`, or whose connection's loss it forwards through
-// `peer_lost`: the upper sink's own contract) or `staged[peer]`'s buffer, which is replaced only
-// when the next part's header arrives on this connection (after the frame was delivered) and
-// dropped only in `peer_lost`.
+/// A frame the rails consume themselves: an acknowledgement or a mark.
+fn rail_frame(h: &Header) -> bool {
+    h.kind == Kind::Credit && h.flags & flags::RAIL_ACK != 0
+}
+
+// SAFETY: a slice from `data_dest` is either the upper sink's (rail 0 only, for a data frame that
+// is not a part, which this sink then delivers to it through `frame`, or whose connection's loss
+// it forwards through `peer_lost`: the upper sink's own contract) or `staged[peer]`'s buffer,
+// which is replaced only when the next part's header arrives on this connection (after the frame
+// was delivered) and dropped only in `peer_lost`.
 unsafe impl Sink for RailSink<'_> {
     fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
         if h.flags & flags::RAIL_PART == 0 {
@@ -212,9 +205,6 @@ unsafe impl Sink for RailSink<'_> {
             return self.up.data_dest(peer, h);
         }
         self.core.check_part(peer, h.tag)?;
-        if self.rail == 0 {
-            return if self.core.land(peer, h.tag) { self.up.data_dest(peer, &plain(h)) } else { Ok(None) };
-        }
         let s = self.staged.get_mut(peer as usize).ok_or(WireError::Unexpected(Kind::Data))?;
         if s.id != Some(h.tag) {
             s.id = Some(h.tag);
@@ -225,18 +215,15 @@ unsafe impl Sink for RailSink<'_> {
     }
 
     fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
-        if h.kind == Kind::Credit && h.flags & flags::RAIL_ACK != 0 {
-            return self.core.on_ack(peer, self.rail, h.seq, self.now);
+        if rail_frame(&h) {
+            return self.core.on_rail_frame(peer, self.rail, &h, self.now);
         }
         if h.kind == Kind::Data && h.flags & flags::RAIL_PART != 0 {
+            let Some(s) = self.staged.get_mut(peer as usize) else { return };
+            s.id = None;
             if !self.core.arrived(peer, self.rail, h.tag) {
                 return;
             }
-            if self.rail == 0 {
-                return self.up.frame(peer, plain(&h), payload);
-            }
-            let Some(s) = self.staged.get_mut(peer as usize) else { return };
-            s.id = None;
             let p = plain(&h);
             match self.up.data_dest(peer, &p) {
                 Ok(Some(dest)) if dest.len() == s.buf.len() => {
@@ -244,33 +231,39 @@ unsafe impl Sink for RailSink<'_> {
                     self.up.frame(peer, p, Bytes::new());
                 }
                 Ok(_) => {}
-                // Like a broken frame on rail 0: the peer is disconnected, on every rail.
+                // Like a broken frame on one connection: the peer is disconnected, on every rail.
                 Err(e) => self.core.violation(peer, e),
             }
             return;
         }
-        if self.rail != 0 {
-            tracing::warn!(peer, rail = self.rail, kind = ?h.kind, "unexpected frame on a rail; ignored");
-            return;
+        if h.kind == Kind::Data {
+            // Not a part: only rail 0 gets here (`data_dest` refuses it elsewhere), untracked.
+            return self.up.frame(peer, h, payload);
         }
-        self.up.frame(peer, h, payload)
+        match self.core.control(peer, self.rail, self.now) {
+            Ok(true) => self.up.frame(peer, h, payload),
+            Ok(false) => {}
+            Err(e) => self.core.violation(peer, e),
+        }
     }
 
     fn frame_ref(&mut self, peer: Rank, h: Header, payload: &[u8]) {
-        if self.rail == 0 && h.flags & (flags::RAIL_ACK | flags::RAIL_PART) == 0 {
-            self.up.frame_ref(peer, h, payload)
-        } else {
-            self.frame(peer, h, Bytes::copy_from_slice(payload))
+        if h.kind == Kind::Data || rail_frame(&h) {
+            return self.frame(peer, h, Bytes::copy_from_slice(payload));
+        }
+        match self.core.control(peer, self.rail, self.now) {
+            Ok(true) => self.up.frame_ref(peer, h, payload),
+            Ok(false) => {}
+            Err(e) => self.core.violation(peer, e),
         }
     }
 
     fn peer_lost(&mut self, peer: Rank, err: TransportError) {
-        self.core.rail_lost(peer, self.rail, self.now);
-        if self.rail == 0 {
-            self.lost.push((peer, err.clone()));
-            self.up.peer_lost(peer, err);
-        } else if let Some(s) = self.staged.get_mut(peer as usize) {
+        if let Some(s) = self.staged.get_mut(peer as usize) {
             *s = Staged::default();
+        }
+        if self.core.rail_lost(peer, self.rail, self.now) {
+            self.up.peer_lost(peer, err);
         }
     }
 }

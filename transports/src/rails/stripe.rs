@@ -1,27 +1,52 @@
-//! The sans-IO core of multi-rail striping: which rail carries which part, acknowledgements,
-//! bandwidth estimates, moving a failed rail's share, and at the receiver, delivering each part
-//! exactly once.
+//! The sans-IO core of multi-rail striping: which rail carries which frame, acknowledgements,
+//! bandwidth estimates, moving a failed rail's share, and at the receiver, delivering each frame
+//! exactly once and in order.
 //!
-//! Sending: a rendezvous `Data` frame of a large message is cut into parts of [`StripeConfig::part`]
-//! bytes (each a `Data` frame of its own, with [`flags::RAIL_PART`] and a per-peer part id in
-//! `tag`), which wait in the peer's queue. A rail takes the next part when it is the rail that
-//! would finish it first, `(unacknowledged bytes + part) / bandwidth`, and has fewer than
-//! [`StripeConfig::window`] bytes unacknowledged: so each rail carries a share in proportion to
-//! its bandwidth, the slow rail does not take the last part when the fast one would finish it
-//! sooner, and a rail that slows down takes less at once (its acknowledgements come later).
-//! The bandwidth of a rail is a running estimate from the pace of its acknowledgements while it
-//! is busy.
+//! A peer with more than one rail is *tracked*: every frame to it goes through this core, and
+//! any rail may fail (rail 0 included) without losing or repeating a frame. A peer with one rail
+//! (rail 0 only) is not: its frames go straight to rail 0, whose loss is the peer's.
 //!
-//! Each connection acknowledges the parts it carried (a `Credit` frame with
-//! [`flags::RAIL_ACK`], `seq` = parts received on that connection: TCP keeps them in order, so
-//! one count says which). A sender keeps a part (a slice of the message, not a copy) until it is
-//! acknowledged. When a rail fails (its connection reports the peer lost, or it is stalled:
-//! parts unacknowledged for [`StripeConfig::stall`] while it carries any), its unacknowledged
-//! parts go back to the front of the queue and the other rails carry them. Rail 0 is the
-//! bootstrap connection: it carries every other frame, in order, and its loss is the peer's.
+//! **Parts.** Rendezvous `Data` frames are cut into parts of [`StripeConfig::part`] bytes (a
+//! frame below [`StripeConfig::threshold`] stays one part), each a `Data` frame of its own with
+//! [`flags::RAIL_PART`] and a per-peer part id in `tag`, which wait in the peer's queue. A rail
+//! takes the next part when it is the rail that would finish it first, `(unacknowledged bytes +
+//! part) / bandwidth`, and has fewer than [`StripeConfig::window`] bytes unacknowledged: each
+//! rail carries a share in proportion to its bandwidth, and the slow rail does not take the last
+//! part when the fast one would finish it sooner. The bandwidth of a rail is a running estimate
+//! from the pace of its acknowledgements while it is busy. Each connection acknowledges the parts
+//! it carried (`seq` = parts received on that connection: TCP keeps them in order, so one count
+//! says which); a sender keeps a part (a slice of the message, not a copy) until then.
 //!
-//! Receiving: a part may arrive twice (on the failed rail, read before the failure, and again on
-//! another). Part ids are dense from 0, so delivered ids are a low-water mark and the set above
+//! **Re-probing.** A rail that takes no part learns nothing about its bandwidth, so one measured
+//! low once (a busy CPU at the receiver) would keep a tiny share for good. A rail whose estimate is
+//! stale (no sample while another rail of the peer took samples for [`StripeConfig::reprobe`],
+//! or for [`StripeConfig::reprobe_messages`] messages) is scheduled as if it were as fast as the fastest rail until its next sample: it
+//! takes at most a window of parts more than its share, and the sample puts its estimate back to
+//! what the rail does now.
+//!
+//! **Control frames.** Every other frame (eager messages, the rendezvous handshake, credits,
+//! goodbyes) is a control frame with an index, implicit: the frames on one connection are numbered
+//! consecutively from the index its *mark* gives (rail 0 starts at 0 without one). They travel on
+//! the peer's control rail, rail 0 until it fails, and the sender keeps each until the receiver
+//! acknowledges it (a cumulative count, coalesced: after [`CTRL_ACK_EVERY`] frames or
+//! [`StripeConfig::stall`] / 4, at most [`ACK_DELAY_MAX`]). When the control rail fails, the
+//! lowest rail still up becomes the control rail: a mark carrying the oldest unacknowledged
+//! index, then every unacknowledged control frame again, then new ones. The receiver delivers the
+//! frame whose index is the next it expects, discards one below it (a copy it already has) and
+//! treats one above it as a protocol violation (a sender never leaves a gap).
+//!
+//! Acknowledgements and marks are `Credit` frames with [`flags::RAIL_ACK`], told apart by `tag`
+//! ([`ACK_PARTS`], [`ACK_CONTROL`], [`MARK`]); they are not numbered. Acknowledgements go back on
+//! the connection the acknowledged frames came in on.
+//!
+//! **Failure.** A rail fails when its connection reports the peer lost, or when it is stalled:
+//! parts (or, on the control rail, control frames) unacknowledged for [`StripeConfig::stall`]
+//! while another rail is up (the last rail is left to the connection's own timeout). Its
+//! unacknowledged parts go back to the front of the queue, and the other rails carry them. The
+//! peer is lost when its last rail is.
+//!
+//! **Receiving.** A part may arrive twice (on the failed rail, read before the failure, and again
+//! on another). Part ids are dense from 0, so delivered ids are a low-water mark and the set above
 //! it; an id at or beyond [`MAX_AHEAD`] past the mark is a protocol violation (it bounds that set).
 //!
 //! An orderly goodbye (`Bye`) to a peer waits until every part to that peer is acknowledged, so
@@ -37,20 +62,41 @@ use crate::wire::{Header, Kind, Rank, WireError, flags};
 /// How far past its lowest undelivered part id a receiver accepts parts.
 pub const MAX_AHEAD: u64 = 1 << 20;
 
+/// `tag` of a [`flags::RAIL_ACK`] frame acknowledging parts: `seq` counts the parts received on
+/// the connection it travels back on.
+pub const ACK_PARTS: u64 = 0;
+/// `tag` of a [`flags::RAIL_ACK`] frame acknowledging control frames: `seq` counts the control
+/// frames delivered from the peer, whichever rail they came on.
+pub const ACK_CONTROL: u64 = 1;
+/// `tag` of a [`flags::RAIL_ACK`] frame marking the start of control frames on a connection:
+/// `seq` is the index of the next control frame on it.
+pub const MARK: u64 = 2;
+
+/// A receiver acknowledges control frames at once after this many.
+pub const CTRL_ACK_EVERY: u64 = 32;
+/// The longest a receiver delays acknowledging control frames.
+pub const ACK_DELAY_MAX: Duration = Duration::from_millis(5);
+
 /// Striping parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StripeConfig {
-    /// Messages of fewer bytes travel whole on rail 0 (a rendezvous data frame at offset 0 that is
-    /// shorter than this is a whole message below it).
+    /// A rendezvous data frame at offset 0 shorter than this (a whole message below it) travels
+    /// as one part, on whichever rail would finish it first.
     pub threshold: usize,
     /// Size of one part.
     pub part: usize,
     /// Bytes a rail may have unacknowledged.
     pub window: usize,
-    /// A rail other than rail 0 whose parts stay unacknowledged this long is dropped.
+    /// A rail whose parts (or control frames) stay unacknowledged this long is dropped, while
+    /// another rail is up.
     pub stall: Duration,
     /// Bandwidth assumed for a rail before its first measurement, bytes per second.
     pub initial_bandwidth: f64,
+    /// A rail's bandwidth estimate is stale, and the rail re-probed, when another rail of the
+    /// peer has a sample this much newer...
+    pub reprobe: Duration,
+    /// ... or when this many messages were striped to the peer since it was taken.
+    pub reprobe_messages: u32,
 }
 
 impl Default for StripeConfig {
@@ -61,6 +107,8 @@ impl Default for StripeConfig {
             window: 1 << 20,
             stall: Duration::from_secs(2),
             initial_bandwidth: 1e9,
+            reprobe: Duration::from_millis(100),
+            reprobe_messages: 16,
         }
     }
 }
@@ -87,6 +135,9 @@ struct Rail {
     /// Start of the current bandwidth sample (the rail has been busy since), and its bytes.
     sample_start: Option<Instant>,
     sample_bytes: usize,
+    /// When the estimate was last sampled (or the rail set up), and messages striped since.
+    sampled_at: Instant,
+    messages: u32,
     /// Last acknowledgement, or the first part sent to the idle rail.
     last: Instant,
     carried: u64,
@@ -104,32 +155,55 @@ impl Rail {
             measured: false,
             sample_start: None,
             sample_bytes: 0,
+            sampled_at: now,
+            messages: 0,
             last: now,
             carried: 0,
         }
     }
 
-    /// When this rail would have delivered `len` more bytes, in seconds from now.
-    fn finish(&self, len: usize) -> f64 {
-        (self.bytes + len) as f64 / self.bandwidth
+    /// Whether the estimate is stale: `newest` is the latest sample of any of the peer's rails, so
+    /// time without samples counts only while other rails take them (an idle peer stales none).
+    fn stale(&self, cfg: &StripeConfig, newest: Instant) -> bool {
+        self.measured
+            && (self.messages >= cfg.reprobe_messages
+                || newest.saturating_duration_since(self.sampled_at) >= cfg.reprobe)
     }
 }
 
 #[derive(Default)]
 struct Peer {
     rails: Vec<Option<Rail>>,
+    /// More than one rail: every frame goes through the core (see the module docs).
+    tracked: bool,
     queue: VecDeque<Part>,
     next_id: u64,
     /// Frames (a goodbye, and whatever follows it) waiting for every part to be acknowledged.
     held: VecDeque<(Header, Bytes)>,
     gone: bool,
     moved: u64,
+    /// Control frames sent and not acknowledged, the first with index `ctrl_base`.
+    ctrl: VecDeque<(Header, Bytes)>,
+    ctrl_base: u64,
+    ctrl_rail: usize,
+    /// When the oldest unacknowledged control frame was sent, or the last acknowledgement that
+    /// freed some.
+    ctrl_since: Option<Instant>,
+    replayed: u64,
     // Receiving side.
     low: u64,
     above: BTreeSet<u64>,
-    landing: Option<u64>,
     received: Vec<u64>,
     acked: Vec<u64>,
+    /// Per rail: the index of the next control frame on that connection (`None`: not marked).
+    cursor: Vec<Option<u64>>,
+    /// Control frames delivered, and the count last acknowledged.
+    ctrl_low: u64,
+    ctrl_acked: u64,
+    /// The connection the last control frame came on, and when the acknowledgement is due.
+    ctrl_ack_rail: usize,
+    ctrl_ack_due: Option<Instant>,
+    ctrl_ack_queued: bool,
 }
 
 impl Peer {
@@ -168,10 +242,20 @@ pub struct RailStats {
     pub bandwidth: f64,
     /// The estimate is a measurement.
     pub measured: bool,
+    /// It carries the control frames.
+    pub control: bool,
+}
+
+/// What to acknowledge: parts on a rail, or control frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ack {
+    Parts(usize),
+    Control,
 }
 
 /// Striping state for every peer of one rank.
 pub struct Stripe {
+    me: Rank,
     cfg: StripeConfig,
     peers: Vec<Peer>,
     /// Frames to write: (rail, peer, header, payload).
@@ -180,25 +264,28 @@ pub struct Stripe {
     cut: VecDeque<(usize, Rank)>,
     /// Peers that broke the rails' protocol.
     violations: VecDeque<(Rank, WireError)>,
-    /// (rail, peer) pairs owing an acknowledgement.
-    acks: VecDeque<(usize, Rank)>,
+    /// Acknowledgements owed.
+    acks: VecDeque<(Rank, Ack)>,
 }
 
 impl Stripe {
-    /// `links[peer][rail]`: whether there is a connection to `peer` on `rail` (rail 0 is the
-    /// bootstrap connection, which every remote peer has).
-    pub fn new(cfg: StripeConfig, links: &[Vec<bool>], now: Instant) -> Stripe {
+    /// For rank `me`; `links[peer][rail]`: whether there is a connection to `peer` on `rail`
+    /// (rail 0 is the bootstrap connection, which every remote peer has).
+    pub fn new(me: Rank, cfg: StripeConfig, links: &[Vec<bool>], now: Instant) -> Stripe {
         let cfg = StripeConfig { part: cfg.part.max(1), window: cfg.window.max(1), ..cfg };
         let peers = links
             .iter()
             .map(|l| Peer {
                 rails: l.iter().map(|&on| on.then(|| Rail::new(cfg.initial_bandwidth, now))).collect(),
+                tracked: l.iter().filter(|&&on| on).count() > 1,
                 received: vec![0; l.len()],
                 acked: vec![0; l.len()],
+                cursor: (0..l.len()).map(|r| (r == 0).then_some(0)).collect(),
                 ..Peer::default()
             })
             .collect();
         Stripe {
+            me,
             cfg,
             peers,
             out: VecDeque::new(),
@@ -209,37 +296,31 @@ impl Stripe {
     }
 
     /// Whether frame `h` to `peer` goes through [`Stripe::send`] rather than straight to rail 0:
-    /// data of a large message while the peer has a second rail, and anything behind a held
-    /// goodbye (or a goodbye while parts are on their way).
+    /// every frame to a tracked peer except a proxy's envelope (which travels whole, untracked, on
+    /// rail 0).
     pub fn takes(&self, peer: Rank, h: &Header) -> bool {
         let Some(p) = self.peers.get(peer as usize) else { return false };
-        if p.gone {
-            return false;
-        }
-        if !p.held.is_empty() {
-            return true;
-        }
-        match h.kind {
-            // An envelope for a proxy (crate::relay) travels whole.
-            Kind::Data if h.flags & flags::RELAY != 0 => false,
-            Kind::Data => (h.aux > 0 || h.len as usize >= self.cfg.threshold) && p.up_rails() > 1,
-            Kind::Bye => p.busy(),
-            _ => false,
-        }
+        p.tracked && !p.gone && !(h.kind == Kind::Data && h.flags & flags::RELAY != 0)
     }
 
     /// Queues a frame that [`Stripe::takes`].
     pub fn send(&mut self, peer: Rank, h: Header, payload: Bytes, now: Instant) {
-        let part = self.cfg.part;
+        let (part, threshold) = (self.cfg.part, self.cfg.threshold);
         let p = &mut self.peers[peer as usize];
         if p.gone {
             return;
         }
-        if h.kind != Kind::Data || !p.held.is_empty() {
+        if !p.held.is_empty() || (h.kind == Kind::Bye && p.busy()) {
             p.held.push_back((h, payload));
-        } else {
+        } else if h.kind == Kind::Data {
+            if h.aux == 0 {
+                for r in p.rails.iter_mut().flatten() {
+                    r.messages = r.messages.saturating_add(1);
+                }
+            }
+            let part = if h.aux == 0 && payload.len() < threshold { payload.len().max(1) } else { part };
             let mut off = 0;
-            while off < payload.len() {
+            loop {
                 let end = (off + part).min(payload.len());
                 let header = Header {
                     flags: h.flags | flags::RAIL_PART,
@@ -251,25 +332,54 @@ impl Stripe {
                 p.queue.push_back(Part { header, payload: payload.slice(off..end) });
                 p.next_id += 1;
                 off = end;
+                if off >= payload.len() {
+                    break;
+                }
             }
+        } else {
+            Self::control_out(&mut self.out, peer, p, h, payload, now);
         }
         self.schedule(peer, now);
+    }
+
+    /// Sends control frame `h` on the peer's control rail, keeping it until acknowledged.
+    fn control_out(
+        out: &mut VecDeque<(usize, Rank, Header, Bytes)>,
+        peer: Rank,
+        p: &mut Peer,
+        h: Header,
+        payload: Bytes,
+        now: Instant,
+    ) {
+        if p.ctrl.is_empty() {
+            p.ctrl_since = Some(now);
+        }
+        out.push_back((p.ctrl_rail, peer, h, payload.clone()));
+        p.ctrl.push_back((h, payload));
     }
 
     /// Hands parts to the rails that should carry them; releases held frames once nothing is on
     /// its way.
     fn schedule(&mut self, peer: Rank, now: Instant) {
+        let cfg = self.cfg;
         let p = &mut self.peers[peer as usize];
+        // A stale rail counts as fast as the fastest until it is sampled again.
+        let fastest = p.rails.iter().flatten().filter(|r| r.up).map(|r| r.bandwidth).fold(0.0, f64::max);
+        let newest = p.rails.iter().flatten().filter(|r| r.up).map(|r| r.sampled_at).max().unwrap_or(now);
         while let Some(len) = p.queue.front().map(|x| x.payload.len()) {
             let best = p
                 .rails
                 .iter()
                 .enumerate()
-                .filter_map(|(i, r)| r.as_ref().filter(|r| r.up).map(|r| (i, r.finish(len))))
+                .filter_map(|(i, r)| {
+                    let r = r.as_ref().filter(|r| r.up)?;
+                    let bw = if r.stale(&cfg, newest) { fastest } else { r.bandwidth };
+                    Some((i, (r.bytes + len) as f64 / bw))
+                })
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             let Some((i, _)) = best else { break };
             let r = p.rails[i].as_mut().expect("an up rail");
-            if r.bytes >= self.cfg.window {
+            if r.bytes >= cfg.window {
                 // The rail that would finish it first is full: wait for its acknowledgements
                 // rather than give the part to a rail that would finish it later.
                 break;
@@ -287,8 +397,18 @@ impl Stripe {
         }
         if !p.busy() {
             while let Some((h, payload)) = p.held.pop_front() {
-                self.out.push_back((0, peer, h, payload));
+                Self::control_out(&mut self.out, peer, p, h, payload, now);
             }
+        }
+    }
+
+    /// A [`flags::RAIL_ACK`] frame `h` from `peer` on `rail`: an acknowledgement or a mark.
+    pub fn on_rail_frame(&mut self, peer: Rank, rail: usize, h: &Header, now: Instant) {
+        match h.tag {
+            ACK_PARTS => self.on_ack(peer, rail, h.seq, now),
+            ACK_CONTROL => self.on_control_ack(peer, h.seq, now),
+            MARK => self.on_mark(peer, rail, h.seq),
+            _ => self.violations.push_back((peer, WireError::Link("unknown rail frame"))),
         }
     }
 
@@ -299,6 +419,10 @@ impl Stripe {
         };
         if count < r.acked || count > r.sent {
             return self.violations.push_back((peer, WireError::Link("rail acknowledgement beyond the parts sent")));
+        }
+        if !r.up {
+            // Its parts moved to other rails already.
+            return;
         }
         let mut bytes = 0;
         while r.acked < count {
@@ -316,6 +440,8 @@ impl Stripe {
                 let sample = r.sample_bytes as f64 / span.as_secs_f64();
                 r.bandwidth = if r.measured { 0.5 * r.bandwidth + 0.5 * sample } else { sample };
                 r.measured = true;
+                r.sampled_at = now;
+                r.messages = 0;
                 r.sample_start = Some(now);
                 r.sample_bytes = 0;
             }
@@ -326,24 +452,49 @@ impl Stripe {
         self.schedule(peer, now);
     }
 
-    /// The connection to `peer` on `rail` is gone. On rail 0 that is the peer's loss (the caller
-    /// reports it); on another rail, its unacknowledged parts move to the others.
-    pub fn rail_lost(&mut self, peer: Rank, rail: usize, now: Instant) {
+    /// `peer` acknowledged `count` control frames in all.
+    fn on_control_ack(&mut self, peer: Rank, count: u64, now: Instant) {
         let p = &mut self.peers[peer as usize];
-        if rail == 0 {
-            p.gone = true;
-            p.queue.clear();
-            p.held.clear();
-            for r in p.rails.iter_mut().flatten() {
-                r.up = false;
-                r.inflight.clear();
-                r.bytes = 0;
-            }
-            return;
+        if count > p.ctrl_base + p.ctrl.len() as u64 {
+            return self
+                .violations
+                .push_back((peer, WireError::Link("control acknowledgement beyond the frames sent")));
         }
-        let Some(r) = p.rails.get_mut(rail).and_then(|r| r.as_mut()) else { return };
+        // An older acknowledgement, overtaken on another rail, says nothing new.
+        if count > p.ctrl_base {
+            p.ctrl.drain(..(count - p.ctrl_base) as usize);
+            p.ctrl_base = count;
+            p.ctrl_since = (!p.ctrl.is_empty()).then_some(now);
+        }
+    }
+
+    /// Control frames from `peer` on `rail` are numbered from `index` on.
+    fn on_mark(&mut self, peer: Rank, rail: usize, index: u64) {
+        let p = &mut self.peers[peer as usize];
+        if rail >= p.cursor.len() || index > p.ctrl_low {
+            return self.violations.push_back((peer, WireError::Link("rail mark beyond the control frames delivered")));
+        }
+        p.cursor[rail] = Some(index);
+    }
+
+    /// The connection to `peer` on `rail` is gone: its unacknowledged parts move to the other
+    /// rails, and if it carried the control frames, the lowest rail still up takes them over
+    /// (from the oldest unacknowledged). True if that was the peer's last rail: the peer is lost
+    /// (the caller reports it).
+    pub fn rail_lost(&mut self, peer: Rank, rail: usize, now: Instant) -> bool {
+        let Some(p) = self.peers.get_mut(peer as usize) else { return false };
+        if p.gone {
+            return false;
+        }
+        if rail < p.cursor.len() {
+            p.cursor[rail] = None;
+        }
+        let Some(r) = p.rails.get_mut(rail).and_then(|r| r.as_mut()) else {
+            // A connection outside the table (there is none but rail 0's): as without rails.
+            return rail == 0;
+        };
         if !r.up {
-            return;
+            return false;
         }
         r.up = false;
         r.bytes = 0;
@@ -353,33 +504,86 @@ impl Stripe {
         for part in moved.into_iter().rev() {
             p.queue.push_front(part);
         }
-        tracing::warn!(peer, rail, "rail failed; its parts move to the other rails");
+        let Some(next) = p.rails.iter().position(|r| r.as_ref().is_some_and(|r| r.up)) else {
+            p.gone = true;
+            p.queue.clear();
+            p.held.clear();
+            p.ctrl.clear();
+            p.ctrl_since = None;
+            p.ctrl_ack_due = None;
+            return true;
+        };
+        tracing::warn!(peer, rail, "rail failed; its share moves to the other rails");
         metrics::counter!("ferrocomm_rail_failures").increment(1);
+        if rail == p.ctrl_rail {
+            p.ctrl_rail = next;
+            let mark = Header {
+                src: self.me,
+                flags: flags::RAIL_ACK,
+                tag: MARK,
+                seq: p.ctrl_base,
+                ..Header::new(Kind::Credit)
+            };
+            self.out.push_back((next, peer, mark, Bytes::new()));
+            for (h, payload) in &p.ctrl {
+                self.out.push_back((next, peer, *h, payload.clone()));
+            }
+            p.replayed += p.ctrl.len() as u64;
+            if !p.ctrl.is_empty() {
+                p.ctrl_since = Some(now);
+            }
+        }
         self.schedule(peer, now);
+        false
     }
 
-    /// Drops stalled rails (see the module docs).
+    /// Drops stalled rails and sends acknowledgements that are due (see the module docs).
     pub fn handle_timeout(&mut self, now: Instant) {
         for peer in 0..self.peers.len() {
-            for rail in 1..self.peers[peer].rails.len() {
-                let stalled = self.peers[peer].rails[rail].as_ref().is_some_and(|r| {
-                    r.up && !r.inflight.is_empty() && now.saturating_duration_since(r.last) >= self.cfg.stall
-                });
-                if stalled {
-                    self.rail_lost(peer as Rank, rail, now);
-                    self.cut.push_back((rail, peer as Rank));
+            loop {
+                let p = &self.peers[peer];
+                if p.gone || p.up_rails() < 2 {
+                    break;
                 }
+                let stalled = p.rails.iter().position(|r| {
+                    r.as_ref().is_some_and(|r| {
+                        r.up && !r.inflight.is_empty() && now.saturating_duration_since(r.last) >= self.cfg.stall
+                    })
+                });
+                let ctrl_stalled = p
+                    .ctrl_since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.stall)
+                    .then_some(p.ctrl_rail);
+                let Some(rail) = stalled.or(ctrl_stalled) else { break };
+                self.rail_lost(peer as Rank, rail, now);
+                self.cut.push_back((rail, peer as Rank));
+            }
+            let p = &mut self.peers[peer];
+            if p.ctrl_ack_due.is_some_and(|t| t <= now) && !p.ctrl_ack_queued {
+                p.ctrl_ack_queued = true;
+                self.acks.push_back((peer as Rank, Ack::Control));
             }
         }
     }
 
     /// When [`Stripe::handle_timeout`] should next run.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let stall = self.cfg.stall;
         self.peers
             .iter()
-            .flat_map(|p| p.rails.iter().skip(1).flatten())
-            .filter(|r| r.up && !r.inflight.is_empty())
-            .map(|r| r.last + self.cfg.stall)
+            .filter(|p| !p.gone)
+            .flat_map(|p| {
+                let several = p.up_rails() > 1;
+                let rails = p
+                    .rails
+                    .iter()
+                    .flatten()
+                    .filter(move |r| several && r.up && !r.inflight.is_empty())
+                    .map(move |r| r.last + stall);
+                let ctrl = p.ctrl_since.filter(|_| several).map(|t| t + stall);
+                let ack = p.ctrl_ack_due.filter(|_| !p.ctrl_ack_queued);
+                rails.chain(ctrl).chain(ack)
+            })
             .min()
     }
 
@@ -404,11 +608,22 @@ impl Stripe {
     }
 
     /// The next acknowledgement to write: (rail, peer, header).
-    pub fn poll_ack(&mut self, me: Rank) -> Option<(usize, Rank, Header)> {
-        let (rail, peer) = self.acks.pop_front()?;
+    pub fn poll_ack(&mut self) -> Option<(usize, Rank, Header)> {
+        let (peer, what) = self.acks.pop_front()?;
         let p = &mut self.peers[peer as usize];
-        p.acked[rail] = p.received[rail];
-        let h = Header { src: me, flags: flags::RAIL_ACK, seq: p.received[rail], ..Header::new(Kind::Credit) };
+        let (rail, tag, seq) = match what {
+            Ack::Parts(rail) => {
+                p.acked[rail] = p.received[rail];
+                (rail, ACK_PARTS, p.received[rail])
+            }
+            Ack::Control => {
+                p.ctrl_ack_queued = false;
+                p.ctrl_ack_due = None;
+                p.ctrl_acked = p.ctrl_low;
+                (p.ctrl_ack_rail, ACK_CONTROL, p.ctrl_low)
+            }
+        };
+        let h = Header { src: self.me, flags: flags::RAIL_ACK, tag, seq, ..Header::new(Kind::Credit) };
         Some((rail, peer, h))
     }
 
@@ -422,7 +637,53 @@ impl Stripe {
         self.peers.iter().any(|p| p.busy() || !p.held.is_empty())
     }
 
+    /// True while anything to a peer not lost, part or control frame, is unacknowledged or
+    /// waiting: it may still have to be sent again on another rail, so the connections must stay.
+    pub fn unacknowledged(&self) -> bool {
+        self.peers.iter().any(|p| !p.gone && (p.busy() || !p.held.is_empty() || !p.ctrl.is_empty()))
+    }
+
     // ---- receiving ----
+
+    /// Whether `peer` is tracked (see the module docs): then every frame from it goes through
+    /// [`Stripe::control`] or the part functions.
+    pub fn tracked(&self, peer: Rank) -> bool {
+        self.peers.get(peer as usize).is_some_and(|p| p.tracked)
+    }
+
+    /// A control frame (neither a part nor a rail frame) from `peer` came whole on `rail`: true if
+    /// it is to be delivered, false if it is a copy of one delivered already.
+    pub fn control(&mut self, peer: Rank, rail: usize, now: Instant) -> Result<bool, WireError> {
+        let ack_delay = (self.cfg.stall / 4).min(ACK_DELAY_MAX);
+        let Some(p) = self.peers.get_mut(peer as usize) else { return Ok(true) };
+        if !p.tracked {
+            return Ok(true);
+        }
+        let index = p
+            .cursor
+            .get_mut(rail)
+            .and_then(|c| c.as_mut())
+            .ok_or(WireError::Link("control frame on a rail before its mark"))?;
+        let i = *index;
+        if i > p.ctrl_low {
+            return Err(WireError::Link("control frame past a gap"));
+        }
+        *index += 1;
+        p.ctrl_ack_rail = rail;
+        if !p.ctrl_ack_queued {
+            if p.ctrl_low + 1 - p.ctrl_acked >= CTRL_ACK_EVERY {
+                p.ctrl_ack_queued = true;
+                self.acks.push_back((peer, Ack::Control));
+            } else if p.ctrl_ack_due.is_none() {
+                p.ctrl_ack_due = Some(now + ack_delay);
+            }
+        }
+        if i < p.ctrl_low {
+            return Ok(false);
+        }
+        p.ctrl_low += 1;
+        Ok(true)
+    }
 
     /// Checks the id of part `id` from `peer` before anything is read.
     pub fn check_part(&self, peer: Rank, id: u64) -> Result<(), WireError> {
@@ -433,42 +694,19 @@ impl Stripe {
         Ok(())
     }
 
-    /// Part `id` is about to be read on rail 0 straight into its destination: false if it is
-    /// delivered already (discard it).
-    pub fn land(&mut self, peer: Rank, id: u64) -> bool {
-        let p = &mut self.peers[peer as usize];
-        if p.landing == Some(id) {
-            return true;
-        }
-        if p.delivered(id) {
-            return false;
-        }
-        p.landing = Some(id);
-        true
-    }
-
-    /// Part `id` from `peer` has been read whole on `rail`; true if it is to be delivered now
-    /// (for rail 0, it was read into its destination; for another rail, the copy it staged must
-    /// go there). Counts it toward the rail's acknowledgement either way.
+    /// Part `id` from `peer` has been read whole (into a staging buffer) on `rail`; true if it is
+    /// to be delivered now, false if it was delivered already. Counts it toward the rail's
+    /// acknowledgement either way.
     pub fn arrived(&mut self, peer: Rank, rail: usize, id: u64) -> bool {
         let p = &mut self.peers[peer as usize];
         if rail >= p.received.len() {
             return false;
         }
         if p.received[rail] == p.acked[rail] {
-            self.acks.push_back((rail, peer));
+            self.acks.push_back((peer, Ack::Parts(rail)));
         }
         p.received[rail] += 1;
-        let deliver = if rail == 0 {
-            let landed = p.landing == Some(id);
-            if landed {
-                p.landing = None;
-            }
-            landed
-        } else {
-            // Being read on rail 0 right now: that copy is the one delivered.
-            !p.delivered(id) && p.landing != Some(id)
-        };
+        let deliver = !p.delivered(id);
         if deliver {
             p.deliver(id);
         }
@@ -477,15 +715,17 @@ impl Stripe {
 
     /// Per-rail figures for `peer`.
     pub fn stats(&self, peer: Rank) -> Vec<Option<RailStats>> {
-        self.peers[peer as usize]
-            .rails
+        let p = &self.peers[peer as usize];
+        p.rails
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r)| {
                 r.as_ref().map(|r| RailStats {
                     up: r.up,
                     carried: r.carried,
                     bandwidth: r.bandwidth,
                     measured: r.measured,
+                    control: p.tracked && !p.gone && i == p.ctrl_rail,
                 })
             })
             .collect()
@@ -494,6 +734,11 @@ impl Stripe {
     /// Parts to `peer` that moved off a failed rail.
     pub fn moved(&self, peer: Rank) -> u64 {
         self.peers[peer as usize].moved
+    }
+
+    /// Control frames to `peer` sent again after their rail failed.
+    pub fn replayed(&self, peer: Rank) -> u64 {
+        self.peers[peer as usize].replayed
     }
 }
 
