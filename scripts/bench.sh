@@ -131,6 +131,7 @@ fi
 
 if want verbs; then
     # Verbs over Soft-RoCE in a VM against ib_send_lat / ib_write_bw: writes
-    # results/pingpong-verbs-busy.{json,svg,txt}, rma-verbs.*, multicast-verbs.*, ud-vs-rc.txt.
+    # results/pingpong-verbs-busy.{json,svg,txt}, rma-verbs.txt, multicast-verbs.{txt,json},
+    # collectives-rdma.txt (RDMA all-gather/all-to-all vs the point-to-point algorithms), ud-vs-rc.txt.
     bash scripts/verbs-vm.sh bench
 fi

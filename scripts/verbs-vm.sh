@@ -27,9 +27,10 @@
 #                                Also: reliable multicast over UD vs binomial broadcast over RC
 #                                at 4 ranks, 8 B to 1 MiB, with the stream's NACKs at the
 #                                default UD receive pool and at a 256-buffer one
-#                                (results/multicast-verbs.*); RDMA all-gather and all-to-all vs
-#                                the point-to-point algorithms (results/collectives-rdma.*); the
-#                                UD vs RC resources per rank (results/ud-vs-rc.txt)
+#                                (results/multicast-verbs.{txt,json}); RDMA all-gather and
+#                                all-to-all vs the point-to-point algorithms, 2 and 4 ranks
+#                                (results/collectives-rdma.txt); the UD vs RC resources per rank
+#                                (results/ud-vs-rc.txt)
 #   VERBS_ONLY="step ..."        runs only these steps (names as reported), in either mode
 #
 # Installs what it needs (idempotent: apt, pip), builds on the host with `--features verbs`,
@@ -91,22 +92,22 @@ executable() { # cargo args... -> path of the test executable built
 echo "verbs-vm: building with --features verbs (target dir $TARGET)"
 t0=$(date +%s)
 if [ "$MODE" = test ]; then
-    cargo test --locked -p ferrocomm-transports --features verbs --test verbs --no-run
-    cargo test --locked -p ferrorun --features verbs --test multiprocess --no-run
-    cargo test --locked -p ferrorun --features verbs --test faults --no-run
-    cargo test --locked -p ferrorun --features verbs --test rma_multiprocess --no-run
+    # wants STEP...: whether VERBS_ONLY selects one of these steps (all of them without it).
+    wants() { [ -z "${VERBS_ONLY:-}" ] && return 0; for w in "$@"; do case " $VERBS_ONLY " in *" $w "*) return 0 ;; esac; done; return 1; }
+    # built NAME CARGO-ARGS...: builds a test executable (when one of its steps runs) into $NAME.
+    built() {
+        local name=$1; shift
+        cargo test --locked "$@" --no-run
+        printf -v "$name" '%s' "$(executable "$@")"
+        [ -x "${!name}" ] || { echo "verbs-vm: FAILED: test executable for $* not found" >&2; exit 1; }
+    }
+    ! wants device-tests || built DEVICE_TESTS -p ferrocomm-transports --features verbs --test verbs
+    ! wants p2p-suite-2-and-4-ranks killed-rank || built SUITE -p ferrorun --features verbs --test multiprocess
+    ! wants fault-matrix || built FAULTS -p ferrorun --features verbs --test faults
+    ! wants one-sided-suite rdma-collectives || built RMA_SUITE -p ferrorun --features verbs --test rma_multiprocess
     # Reliable multicast over a UD multicast group (processes under ferrorun, injected loss).
-    cargo test --locked -p ferrorun --features verbs --test multicast_ud --no-run
-    cargo test --locked -p ferrocomm-transports --features verbs --test verbs_ud --no-run
-    DEVICE_TESTS=$(executable -p ferrocomm-transports --features verbs --test verbs)
-    SUITE=$(executable -p ferrorun --features verbs --test multiprocess)
-    FAULTS=$(executable -p ferrorun --features verbs --test faults)
-    RMA_SUITE=$(executable -p ferrorun --features verbs --test rma_multiprocess)
-    MCAST_UD=$(executable -p ferrorun --features verbs --test multicast_ud)
-    UD_GROUP=$(executable -p ferrocomm-transports --features verbs --test verbs_ud)
-    for x in "$DEVICE_TESTS" "$SUITE" "$FAULTS" "$RMA_SUITE" "$MCAST_UD" "$UD_GROUP"; do
-        [ -x "$x" ] || { echo "verbs-vm: FAILED: test executables not found" >&2; exit 1; }
-    done
+    ! wants multicast-ud-loss multicast-ud-kill || built MCAST_UD -p ferrorun --features verbs --test multicast_ud
+    ! wants ud-group || built UD_GROUP -p ferrocomm-transports --features verbs --test verbs_ud
 else
     cargo build-tuned --locked -p ferrocomm-bench --features verbs
     BENCH=$TARGET/release/ferrocomm-bench
@@ -167,7 +168,7 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         # Reliable multicast over UD vs binomial broadcast over RC, 4 ranks; the stream's NACKs.
         # The group test takes longer than its 2 s default in an emulated VM (as in multicast_ud).
         step multicast-verbs env FERROCOMM_MCAST_CONFIRM_MS=30000 timeout 1800 "${BENCH:-}" multicast --ranks 4 --transports verbs --max 1M \
-            --stream ${VERBS_MCAST_STREAM:-4000} --stream-runs 1 --json "$OUT/multicast-verbs.json" --plot "$OUT/multicast-verbs.svg"
+            --stream ${VERBS_MCAST_STREAM:-4000} --stream-runs 1 --json "$OUT/multicast-verbs.json"
         # The same stream with the UD receive pool at 256 buffers (the pool a 60 KB datagram
         # setting bought when it was counted in configured datagrams), and the kernel's and
         # the device's drop counters around it.
@@ -221,11 +222,19 @@ else
     cp "$OUT"/pingpong-verbs-*.json "$OUT"/pingpong-verbs-*.svg results/ 2>/dev/null || true
     for p in "$@"; do cp "$OUT/pingpong-$p.log" "results/pingpong-verbs-$p.txt" 2>/dev/null || true; done
     cp "$OUT/rma-verbs.log" results/rma-verbs.txt 2>/dev/null || true
-    cp "$OUT"/multicast-verbs.json "$OUT"/multicast-verbs.svg "$OUT"/collectives-rdma.json "$OUT"/collectives-rdma.svg \
-        results/ 2>/dev/null || true
-    for f in multicast-verbs multicast-verbs-pool256 collectives-rdma ud-vs-rc; do
+    # One text file per step where its printed table holds every figure (results/ stays at 35
+    # files): multicast-verbs.txt also gets the 256-buffer pool's stream, collectives-rdma.txt
+    # is the RDMA collectives sweep (its JSON and plot stay in the run's directory).
+    cp "$OUT"/multicast-verbs.json results/ 2>/dev/null || true
+    for f in multicast-verbs collectives-rdma ud-vs-rc; do
         cp "$OUT/$f.log" "results/$f.txt" 2>/dev/null || true
     done
+    if [ -e "$OUT/multicast-verbs-pool256.log" ] && [ -e "$OUT/multicast-verbs.log" ]; then
+        { echo; echo "--- the stream with the UD receive pool at 256 buffers (step multicast-verbs-pool256) ---"
+          cat "$OUT/multicast-verbs-pool256.log"; } >>results/multicast-verbs.txt
+    fi
+    rm -f results/multicast-verbs.svg results/multicast-verbs-pool256.txt results/collectives-rdma.json \
+        results/collectives-rdma.svg
     echo "verbs-vm: VM load before the bench:" && sed 's/^/    /' "$OUT/vm-load.txt" 2>/dev/null || true
     echo "verbs-vm: results in results/pingpong-verbs-{$(echo "$@" | tr ' ' ,)}.{json,svg,txt}"
 fi

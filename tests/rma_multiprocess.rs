@@ -164,8 +164,48 @@ async fn rdma_collectives(w: &ferrocomm::World) {
     let rx: Vec<u64> = (0..n).flat_map(|j| (0..elems).map(move |i| element(j, 0, i))).collect();
     let ry: Vec<u64> = (0..n).flat_map(|from| (0..elems).map(move |i| element(from, r, i))).collect();
     assert!(x.unwrap() == rx && y.unwrap() == ry, "held calls on {n} ranks differ");
+    if pinned || 32768 * 8 >= w.collective_table().rdma_min {
+        into_caller_buffers(w, 32768).await;
+        into_caller_buffers(w, 5).await;
+    }
     assert!(used > 0);
     println!("RDMA-COLL-OK {n} ranks, {used} sizes by rdma");
+}
+
+/// The `_into` forms, which write straight into the caller's result buffer: the same buffers
+/// again and again (the registration and the exchange kept), another buffer (exchanged anew),
+/// the first one back, and a buffer freed and another allocated in its place (which may take the
+/// same addresses with other pages: the kept registration must not serve it stale data). Every
+/// round's values differ, so a block left from an earlier round shows.
+async fn into_caller_buffers(w: &ferrocomm::World, elems: usize) {
+    let (r, n) = (w.rank(), w.size() as usize);
+    let value = |round: u64, from: u32, to: u32, i: usize| element(from, to, i) ^ (round << 40);
+    let mut round = 0u64;
+    let mut check = async |gathered: &mut Vec<u64>, exchanged: &mut Vec<u64>, what: &str| {
+        round += 1;
+        let mine: Vec<u64> = (0..elems).map(|i| value(round, r, 0, i)).collect();
+        w.allgather_into(&mine, gathered).await.unwrap();
+        let reference: Vec<u64> = (0..n as u32).flat_map(|j| (0..elems).map(move |i| value(round, j, 0, i))).collect();
+        assert!(*gathered == reference, "all-gather into {what} ({elems} elements, round {round}) differs");
+        let parts: Vec<u64> = (0..n as u32).flat_map(|to| (0..elems).map(move |i| value(round, r, to, i))).collect();
+        w.alltoall_into(&parts, exchanged).await.unwrap();
+        let reference: Vec<u64> =
+            (0..n as u32).flat_map(|from| (0..elems).map(move |i| value(round, from, r, i))).collect();
+        assert!(*exchanged == reference, "all-to-all into {what} ({elems} elements, round {round}) differs");
+    };
+    let (mut a, mut b) = (vec![0u64; elems * n], vec![0u64; elems * n]);
+    for _ in 0..3 {
+        check(&mut a, &mut b, "the same buffers").await;
+    }
+    let (mut c, mut d) = (vec![0u64; elems * n], vec![0u64; elems * n]);
+    check(&mut c, &mut d, "other buffers").await;
+    check(&mut a, &mut b, "the first buffers back").await;
+    check(&mut a, &mut b, "the first buffers again").await;
+    drop((a, b, c, d));
+    for _ in 0..3 {
+        let (mut a, mut b) = (vec![0u64; elems * n], vec![0u64; elems * n]);
+        check(&mut a, &mut b, "a freed buffer's successor").await;
+    }
 }
 
 /// One rank of a scenario, when run by `ferrorun`.

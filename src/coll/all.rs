@@ -148,17 +148,18 @@ impl Comm {
                     got: out.len(),
                 }));
             }
+            // The own block goes from here to the peers: nothing else is copied.
             out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
-            Ok((self.slot(), self.coll().rdma.turn(), Bytes::copy_from_slice(bytes)))
+            Ok((self.slot(), self.coll().rdma.turn()))
         });
         let plan = (board.is_none() && direct.is_none() && rdma.is_none())
             .then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
         move |out: &mut [T]| {
             Box::pin(obs.wrap(async move {
                 if let Some(call) = rdma {
-                    let (slot, turn, src) = call?;
-                    return rdma::run(slot, turn, rdma::Shape::Allgather, src, len, bytemuck::cast_slice_mut(out))
-                        .await;
+                    let (slot, turn) = call?;
+                    let (shape, src) = (rdma::Shape::Allgather, rdma::Source::OwnBlock);
+                    return rdma::run(slot, turn, shape, src, len, bytemuck::cast_slice_mut(out)).await;
                 }
                 if let Some(call) = direct {
                     // Every other block straight from its rank's memory into `out`.
@@ -274,8 +275,15 @@ impl Comm {
             // Messages and single copy alike: the own part does not travel.
             out[mine.clone()].copy_from_slice(&data[mine.clone()]);
         }
-        let rdma = (early.is_none() && alg == Algorithm::Rdma)
-            .then(|| (self.slot(), self.coll().rdma.turn(), Bytes::copy_from_slice(bytemuck::cast_slice(data))));
+        let rdma = (early.is_none() && alg == Algorithm::Rdma).then(|| {
+            let src = match lend {
+                // SAFETY: `Lend::InPlace` is only for a future that borrows `data` until its end
+                // (`lending_in_place`), unchanged: the device reads it where it is.
+                Lend::InPlace => rdma::Source::Borrowed(unsafe { rdma::Lent::new(bytemuck::cast_slice(data)) }),
+                Lend::Copy => rdma::Source::Owned(Bytes::copy_from_slice(bytemuck::cast_slice(data))),
+            };
+            (self.slot(), self.coll().rdma.turn(), src)
+        });
         let plan = (early.is_none() && board.is_none() && direct.is_none() && rdma.is_none()).then(|| {
             let travel = (0..n as usize).filter(|&i| i != r as usize).map(|i| &data[i * elems..(i + 1) * elems]);
             let mut all = pool.take(part * (n as usize - 1));

@@ -1002,6 +1002,63 @@ impl World {
         })
     }
 
+    // ---- the device for the RDMA collectives (coll/rdma.rs): memory of the caller's ----
+
+    /// Registers `len` bytes at `ptr` with the device (for peers' RDMA writes and reads if
+    /// `remote`); `None` without a device, or if it refuses.
+    ///
+    /// # Safety
+    /// The memory stays allocated until [`World::device_deregister`] of the handle returned.
+    pub(crate) unsafe fn device_register(&self, ptr: *mut u8, len: usize, remote: bool) -> Option<(u64, RemoteKey)> {
+        use ferrocomm_transports::one_sided::RemoteAccess;
+        let access = RemoteAccess { read: remote, write: remote, atomic: false };
+        locked(self.rma_inner(), |d| {
+            let os = d.transport.one_sided()?;
+            // SAFETY: the caller keeps the memory allocated until the handle is deregistered.
+            match unsafe { os.register(ptr, len, access) } {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::debug!(len, error = %e, "the device refused a collective's buffer");
+                    None
+                }
+            }
+        })
+    }
+
+    /// Ends a registration of [`World::device_register`]: peers' operations with its key fail
+    /// from then on.
+    pub(crate) fn device_deregister(&self, handle: u64) {
+        locked(self.rma_inner(), |d| {
+            if let Some(os) = d.transport.one_sided() {
+                os.deregister(handle);
+            }
+        });
+    }
+
+    /// RDMA-writes `len` bytes at `offset` of registration `handle` (read by the device where
+    /// they are) to `addr` under `rkey` at world rank `peer`. The caller keeps the memory and the
+    /// registration until the returned operation completes.
+    pub(crate) fn device_write(&self, peer: Rank, handle: u64, offset: usize, len: usize, to: RemoteKey) -> RmaOp<()> {
+        if len == 0 {
+            return RmaOp::done(());
+        }
+        let runs = [ferrocomm_transports::one_sided::Run { stream: 0, addr: to.addr, len }];
+        let req = Request::WriteRegistered { handle, offset, len, runs: &runs, rkey: to.rkey };
+        native(self.rma_inner(), SegmentId::new(peer, u32::MAX), req, unit)
+    }
+
+    /// Reads `len` bytes at `at` of this rank's own registration (through the device's loopback
+    /// connection): what peers' RDMA writes put there, whatever the rank's mapping shows now.
+    pub(crate) fn device_read_own(&self, at: RemoteKey, len: usize) -> RmaOp<Bytes> {
+        let runs = [ferrocomm_transports::one_sided::Run { stream: 0, addr: at.addr, len }];
+        let me = self.comm().rank();
+        let req = Request::Read { len, runs: &runs, rkey: at.rkey };
+        native(self.rma_inner(), SegmentId::new(me, u32::MAX), req, |r| match r {
+            Reply::Data(mut pieces) if pieces.len() == 1 => Ok(pieces.pop().expect("one piece").1),
+            other => unreachable!("a device read answered {other:?}"),
+        })
+    }
+
     /// Reads `dst.len()` bytes at `offset` of `src` into `dst`.
     pub fn get<'a>(&self, src: &RemoteSegment, offset: usize, dst: &'a mut [u8]) -> GetOp<'a> {
         let g = Geometry::contiguous(0, offset, dst.len());

@@ -59,6 +59,22 @@ pub enum Request<'a> {
         /// The target's key.
         rkey: u32,
     },
+    /// Writes the runs of a local stream that lies in this transport's own registration
+    /// `handle` (from [`OneSided::register`]): `len` bytes from its `offset`, which the device
+    /// reads where they are (nothing is copied). The caller keeps the memory unchanged and the
+    /// registration in place until the operation completes.
+    WriteRegistered {
+        /// The local registration holding the stream.
+        handle: u64,
+        /// Where the stream starts in it.
+        offset: usize,
+        /// Bytes of the stream.
+        len: usize,
+        /// Where its runs go.
+        runs: &'a [Run],
+        /// The target's key.
+        rkey: u32,
+    },
     /// Reads the runs into a local stream of `len` bytes, returned as [`Done::Data`].
     Read {
         /// Bytes of the local stream.

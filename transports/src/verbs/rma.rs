@@ -13,7 +13,9 @@
 //!   copied out when it completes (the caller's buffer may be gone by then: a dropped future
 //!   does not cancel an operation); an atomic's previous value lands in one. Buffers come from a
 //!   pool by power-of-two size, registered once and reused ([`KEEP_BYTES`] kept at most), so the
-//!   latency path registers nothing.
+//!   latency path registers nothing. A write from the transport's own registration
+//!   (`WriteRegistered`, the RDMA collectives' zero-copy path) stages nothing: the device reads
+//!   the caller's memory.
 //! * **Work requests.** One per run (a strided or sub-array transfer is several, one per
 //!   contiguous run after merging adjacent ones), each signaled: an operation completes when its
 //!   last request's completion is polled.
@@ -100,8 +102,12 @@ struct OpState {
     /// Work requests not yet completed (posted or waiting in the backlog).
     left: u32,
     kind: Kind,
-    /// `None`: an inline write, posted in its call from the caller's bytes.
+    /// `None`: an inline write, posted in its call from the caller's bytes, or a write from a
+    /// registration of the caller's (`local` says where).
     staging: Option<Staging>,
+    /// The local stream's address and key (the staging buffer's, the registration's, or the
+    /// caller's bytes for an inline write).
+    local: (u64, u32),
     err: Option<TransportError>,
 }
 
@@ -145,7 +151,8 @@ pub(super) struct RmaState {
     _lo_b: Qp,
     lo_sq: SendQueue,
     sq_depth: u32,
-    regs: HashMap<u64, Mr>,
+    /// By handle: the region, its first byte's address and its length.
+    regs: HashMap<u64, (Mr, u64, usize)>,
     next_reg: u64,
     ops: Slab<OpState>,
     /// By connection index (the loopback's too): requests in issue order.
@@ -301,14 +308,16 @@ impl VerbsTransport {
                 return n;
             }
             self.rma.backlog.get_mut(&k).and_then(VecDeque::pop_front);
-            // Operations in the backlog are staged (only one posted in its call goes inline).
-            let Some(local) = self.rma.ops.get(key).and_then(|op| op.staging.as_ref()).map(|s| (s.addr(0), s.lkey()))
-            else {
+            // Operations in the backlog are staged or registered (only one posted in its call
+            // goes inline).
+            let Some(local) = self.rma.ops.get(key).map(|op| op.local) else {
                 continue;
             };
             // SAFETY: the staging buffer belongs to the operation, which stays in the slab (and
             // the buffer registered) until this request's completion is polled, or its queue
-            // pair is flushed and reaped.
+            // pair is flushed and reaped; a registration of the caller's is kept, with its
+            // memory, by the caller until then (`Request::WriteRegistered`), and the device only
+            // reads it.
             if unsafe { self.post_spec(k, key, spec, local) }.is_ok() {
                 n += 1;
             }
@@ -385,7 +394,7 @@ impl OneSided for VerbsTransport {
         let key = RemoteKey { addr: addr as u64, rkey: mr.rkey() };
         let h = self.rma.next_reg;
         self.rma.next_reg += 1;
-        self.rma.regs.insert(h, mr);
+        self.rma.regs.insert(h, (mr, addr as u64, len));
         Ok((h, key))
     }
 
@@ -404,6 +413,8 @@ impl OneSided for VerbsTransport {
             }
             k
         };
+        // `reg`: the local stream is in a registration of the caller's (no staging).
+        let mut reg = None;
         let (kind, len, src, specs) = match req {
             Request::Write { src, runs, rkey } => {
                 let runs = merged(runs);
@@ -411,6 +422,18 @@ impl OneSided for VerbsTransport {
                     return Err(TransportError::Io(io::ErrorKind::InvalidInput));
                 }
                 (Kind::Write, src.len(), Some(src), Specs::Rdma { write: true, runs, rkey })
+            }
+            Request::WriteRegistered { handle, offset, len, runs, rkey } => {
+                let Some((mr, base, reg_len)) = self.rma.regs.get(&handle) else {
+                    return Err(TransportError::Io(io::ErrorKind::InvalidInput));
+                };
+                let runs = merged(runs);
+                let inside = offset.checked_add(len).is_some_and(|end| end <= *reg_len);
+                if !inside || runs.iter().any(|r| r.stream + r.len > len || r.len > u32::MAX as usize) {
+                    return Err(TransportError::Io(io::ErrorKind::InvalidInput));
+                }
+                reg = Some((base + offset as u64, mr.lkey()));
+                (Kind::Write, len, None, Specs::Rdma { write: true, runs, rkey })
             }
             Request::Read { len, runs, rkey } => {
                 let runs = merged(runs);
@@ -435,7 +458,7 @@ impl OneSided for VerbsTransport {
             (Specs::Rdma { runs, .. }, Some(_)) => now && runs.iter().all(|r| r.len <= max_inline as usize),
             _ => false,
         };
-        let staging = if inline || n == 0 {
+        let staging = if inline || n == 0 || reg.is_some() {
             None
         } else {
             let s = self.rma.take(&self.dev, len).map_err(|e| TransportError::Io(e.kind()))?;
@@ -446,12 +469,13 @@ impl OneSided for VerbsTransport {
             }
             Some(s)
         };
-        let local = match (&staging, src) {
-            (Some(s), _) => (s.addr(0), s.lkey()),
-            (None, Some(src)) => (src.as_ptr() as u64, 0),
-            (None, None) => (0, 0),
+        let local = match (reg, &staging, src) {
+            (Some(r), _, _) => r,
+            (None, Some(s), _) => (s.addr(0), s.lkey()),
+            (None, None, Some(src)) => (src.as_ptr() as u64, 0),
+            (None, None, None) => (0, 0),
         };
-        let key = self.rma.ops.insert(OpState { token, left: (n as u32).max(1), kind, staging, err: None });
+        let key = self.rma.ops.insert(OpState { token, left: (n as u32).max(1), kind, staging, local, err: None });
         if n == 0 {
             self.rma.one_done(key, None);
             return Ok(());
@@ -464,8 +488,9 @@ impl OneSided for VerbsTransport {
         for i in 0..n {
             // SAFETY: staged memory belongs to the operation, which stays in the slab (and the
             // buffer registered) until its requests complete or their queue pair is flushed and
-            // reaped; unstaged, every request is a write within the inline size, which the
-            // provider copies from the caller's bytes during the call.
+            // reaped; a registration of the caller's is kept, with its memory, by the caller
+            // until then (`Request::WriteRegistered`); otherwise every request is a write within
+            // the inline size, which the provider copies from the caller's bytes during the call.
             if unsafe { self.post_spec(k, key, specs.get(i), local) }.is_err() {
                 // The connection has ended (or the loopback refused): the rest fail with it.
                 let why = self.conns.get(k).and_then(|c| c.failing.clone()).unwrap_or(TransportError::Closed);

@@ -28,7 +28,15 @@
 //!   posted while the reader keeps up, and a reader that falls behind loses datagrams at the
 //!   device (what UDP's socket buffer does too), never grows memory.
 //! * **Send buffers**: `send_buffers` slots in one registration; a send copies the datagram into a
-//!   free slot, and a slot is free again when its (signaled) completion is polled.
+//!   free slot. One send in [`SIGNAL_EVERY`] (and the one that takes the last free slot) asks for
+//!   a completion entry: a send queue completes in order, so that entry frees its slot and every
+//!   slot sent before it. Per datagram that saves the device a completion entry and the sender a
+//!   poll (a 1 MiB message over a 1 KiB MTU is a thousand datagrams).
+//! * **Own datagrams**: the device delivers a group's datagram to every queue pair attached,
+//!   the sender's own included (Soft-RoCE does). Those are recognized by their source (this queue
+//!   pair's number and this device's IPv4 address, from the work completion and the IPv4 header
+//!   in the GRH space) and their buffer goes straight back to the device: no copy, no
+//!   authentication above for a datagram the sender would only discard.
 //! * **Waiting**: receive completions go to the device context's completion queue, send
 //!   completions to a second one; each has its own completion channel registered with tokio, so
 //!   a receiver and a sender waiting at once each get their wake-up.
@@ -52,6 +60,13 @@ use super::sys::{Device, Mr, access, wc_array};
 
 /// The largest receive pool a byte budget ([`UdConfig::recv_bytes`]) buys.
 pub const MAX_RECV_BUFFERS: u32 = 8192;
+
+/// One send in this many asks for a completion entry (see the module documentation).
+pub const SIGNAL_EVERY: u32 = 16;
+
+/// Where the source IPv4 address sits in a receive buffer's 40-byte GRH space on RoCE v2 over
+/// IPv4 (the IPv4 header fills its last 20 bytes).
+const GRH_IPV4_SOURCE: usize = 20 + 12;
 
 /// Where a UD multicast group lives and how it is sized.
 #[derive(Clone, Debug)]
@@ -82,7 +97,7 @@ pub struct UdConfig {
 }
 
 impl UdConfig {
-    /// Defaults for `group`: 512 receive buffers, 64 send slots, datagrams up to the MTU.
+    /// Defaults for `group`: 512 receive buffers, 128 send slots, datagrams up to the MTU.
     pub fn new(group: Ipv4Addr) -> UdConfig {
         UdConfig {
             device: None,
@@ -91,7 +106,7 @@ impl UdConfig {
             datagram: usize::MAX,
             recv_buffers: 512,
             recv_bytes: 0,
-            send_buffers: 64,
+            send_buffers: 128,
             test_drop: 0.0,
             seed: 1,
         }
@@ -111,6 +126,8 @@ pub struct UdStats {
     pub errors: u64,
     /// Datagrams cut to the reader's buffer.
     pub truncated: u64,
+    /// This member's own datagrams, delivered back by the device and skipped.
+    pub own: u64,
 }
 
 #[derive(Default)]
@@ -120,6 +137,7 @@ struct Counters {
     dropped: AtomicU64,
     errors: AtomicU64,
     truncated: AtomicU64,
+    own: AtomicU64,
 }
 
 /// A completion channel's descriptor, for tokio (owned by the device or the send queue).
@@ -163,6 +181,13 @@ struct Inner {
     /// Receive buffers holding a datagram not yet read: (buffer, payload length).
     ready: VecDeque<(u32, u32)>,
     free_send: Vec<u32>,
+    /// Slots sent and not known complete, in send order.
+    in_flight: VecDeque<u32>,
+    /// Sends since the last one that asked for a completion entry.
+    unsignaled: u32,
+    /// This member's source: its queue pair's number and its IPv4 address.
+    own_qpn: u32,
+    own_ip: [u8; 4],
     rng: u64,
     /// Why the queue pair stopped working (flushed receives): no datagram will come any more.
     broken: Option<String>,
@@ -244,9 +269,14 @@ impl UdMulticast {
             send_slot: mtu,
             ready: VecDeque::new(),
             free_send: (0..cfg.send_buffers).rev().collect(),
+            in_flight: VecDeque::with_capacity(cfg.send_buffers as usize),
+            unsignaled: 0,
+            own_qpn: 0,
+            own_ip: iface.octets(),
             rng: cfg.seed | 1,
             broken: None,
         };
+        inner.own_qpn = inner.qp.qpn();
         for i in 0..recv_buffers {
             inner.post_recv(i)?;
         }
@@ -294,6 +324,7 @@ impl UdMulticast {
             dropped: c.dropped.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
             truncated: c.truncated.load(Ordering::Relaxed),
+            own: c.own.load(Ordering::Relaxed),
         }
     }
 
@@ -318,10 +349,15 @@ impl UdMulticast {
         g.send_mem[at..at + datagram.len()].copy_from_slice(datagram);
         let addr = g.send_mem.as_ptr() as u64 + at as u64;
         let lkey = g.send_mr.lkey();
-        // SAFETY: the slot is registered, owned by this send until its completion is polled
-        // (it is off the free list until then), and lives as long as the QP.
-        match unsafe { g.qp.post_send(u64::from(slot), &g.ah, addr, datagram.len() as u32, lkey) } {
+        // The last free slot's send is always signaled: whoever waits for a slot then has a
+        // completion entry coming.
+        let signaled = g.unsignaled + 1 >= SIGNAL_EVERY || g.free_send.is_empty();
+        // SAFETY: the slot is registered, owned by this send until it is known complete (it is
+        // off the free list until then: `reap_sends`), and lives as long as the QP.
+        match unsafe { g.qp.post_send(u64::from(slot), &g.ah, (addr, datagram.len() as u32, lkey), signaled) } {
             Ok(()) => {
+                g.in_flight.push_back(slot);
+                g.unsignaled = if signaled { 0 } else { g.unsignaled + 1 };
                 self.counters.sent.fetch_add(1, Ordering::Relaxed);
                 Ok(true)
             }
@@ -438,6 +474,9 @@ impl Inner {
             } else if wc.len() < GRH || wc.len() > self.recv_slot {
                 c.errors.fetch_add(1, Ordering::Relaxed);
                 self.post_recv(i)?;
+            } else if wc.src_qp == self.own_qpn && self.source_ip(i) == self.own_ip {
+                c.own.fetch_add(1, Ordering::Relaxed);
+                self.post_recv(i)?;
             } else if test_drop > 0.0 && self.coin() < test_drop {
                 c.dropped.fetch_add(1, Ordering::Relaxed);
                 self.post_recv(i)?;
@@ -458,12 +497,28 @@ impl Inner {
                     tracing::debug!(status, vendor, "UD send failed");
                     c.errors.fetch_add(1, Ordering::Relaxed);
                 }
-                self.free_send.push(wc.wr_id() as u32);
+                // This send and every one before it are done (in order; a failed send completes
+                // with an entry whether it asked for one or not).
+                let done = wc.wr_id() as u32;
+                if self.in_flight.contains(&done) {
+                    while let Some(slot) = self.in_flight.pop_front() {
+                        self.free_send.push(slot);
+                        if slot == done {
+                            break;
+                        }
+                    }
+                }
             }
             if n < wcs.len() {
                 return Ok(());
             }
         }
+    }
+
+    /// The source IPv4 address of the datagram in receive buffer `i` (RoCE v2 over IPv4).
+    fn source_ip(&self, i: u32) -> [u8; 4] {
+        let at = i as usize * self.recv_slot + GRH_IPV4_SOURCE;
+        self.recv_mem[at..at + 4].try_into().expect("4 bytes")
     }
 
     /// A uniform draw in [0, 1) (xorshift64).

@@ -150,7 +150,8 @@ impl Device {
                 max_inline_data: 0,
             },
             qp_type: ffi::ibv_qp_type::IBV_QPT_UD,
-            sq_sig_all: 1,
+            // Each send says whether it completes with a completion entry (`post_send`).
+            sq_sig_all: 0,
         };
         // SAFETY: valid PD and CQs.
         let qp = unsafe { ffi::ibv_create_qp(self.pd, &mut attr) };
@@ -234,19 +235,19 @@ impl UdQp {
         check(rc, "ibv_post_recv(UD)")
     }
 
-    /// Sends `len` bytes at local `(addr, lkey)` to every QP attached to the group of `ah`
-    /// (signaled: every send raises a completion).
+    /// Sends `len` bytes at local `(addr, lkey)` to every QP attached to the group of `ah`;
+    /// `signaled`: with a completion entry (an unsignaled send is known done once a later
+    /// signaled one completes: a send queue completes in order).
     ///
     /// # Safety
-    /// The local memory must stay valid and unmodified until the send's completion has been
-    /// polled or the QP has been destroyed.
+    /// The local memory must stay valid and unmodified until the send is known complete, or the
+    /// QP has been destroyed.
     pub(in crate::verbs) unsafe fn post_send(
         &self,
         wr_id: u64,
         ah: &Ah,
-        addr: u64,
-        len: u32,
-        lkey: u32,
+        (addr, len, lkey): (u64, u32, u32),
+        signaled: bool,
     ) -> io::Result<()> {
         let mut sge = ffi::ibv_sge { addr, length: len, lkey };
         let mut wr = ffi::ibv_send_wr {
@@ -255,7 +256,7 @@ impl UdQp {
             sg_list: &mut sge,
             num_sge: 1,
             opcode: ffi::ibv_wr_opcode::IBV_WR_SEND,
-            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            send_flags: if signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 },
             ..Default::default()
         };
         wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
@@ -271,6 +272,14 @@ impl UdQp {
             post(self.qp, &mut wr, &mut bad)
         };
         check(rc, "ibv_post_send(UD)")
+    }
+}
+
+impl UdQp {
+    /// The queue pair's number (the source QP of the datagrams it sends).
+    pub(in crate::verbs) fn qpn(&self) -> u32 {
+        // SAFETY: valid until drop.
+        unsafe { (*self.qp).qp_num }
     }
 }
 
