@@ -56,8 +56,13 @@ impl Comm {
     }
 
     /// Whether a broadcast may go by reliable multicast ([`Topology::multicast`]): multicast is on
-    /// (`FERROCOMM_MCAST`, which every rank shares: bootstrap refuses ranks that differ) and the
-    /// members span several hosts, from what every rank announced, so all members choose alike.
+    /// (`FERROCOMM_MCAST`, which every rank shares: bootstrap refuses ranks that differ), the
+    /// members span several hosts, and none of them busy-polls, from what every rank announced,
+    /// so all members choose alike. The channel's datagrams arrive through the reactor's socket
+    /// readiness, which busy-polling ranks that share CPUs leave waiting: 4 busy ranks on 2 CPUs,
+    /// each a host of its own, took 7.5 ms per 8 B broadcast by multicast against 35 us binomial,
+    /// and their other collectives slowed as much once the channel existed
+    /// (`ferrocomm-bench hosts --sizes 8`).
     /// Whether the group's multicast test confirms is not part of it: that is each root's own
     /// finding, at run time, and a channel whose group does not confirm delivers over
     /// point-to-point (`docs/multicast.md`).
@@ -65,7 +70,9 @@ impl Comm {
         *self.coll().multicast_capable.get_or_init(|| {
             let inner = self.inner();
             let first = inner.nodes[self.world_rank(0) as usize];
-            inner.settings.multicast.enabled && !self.every_member(|w| inner.nodes[w] == first)
+            inner.settings.multicast.enabled
+                && !self.every_member(|w| inner.nodes[w] == first)
+                && self.every_member(|w| !inner.busy[w])
         })
     }
 
