@@ -310,9 +310,10 @@ pub struct Table {
 pub const MULTICAST_BCAST_RANKS: u32 = 2;
 /// The largest broadcast that goes by multicast. The simulated network has multicast winning up
 /// to 1 MiB, but on real hosts every receiver copies and checks each datagram while TCP moves
-/// 64 KiB per segment: over loopback TCP (`ferrocomm-bench multicast --stream 0 --transports tcp`,
-/// 9 ranks) multicast wins from 8 B to 8 KiB and loses from 32 KiB, so the table stops at 8 KiB.
-pub const MULTICAST_BCAST_MAX: usize = 8 << 10;
+/// 64 KiB per segment: over loopback TCP (`ferrocomm-bench multicast --transports tcp`, 9 ranks,
+/// `results/multicast-tcp.txt`) multicast wins from 8 B to 128 KiB (1.15-2.2x) and loses from
+/// 512 KiB (0.9x), so the table stops at 128 KiB.
+pub const MULTICAST_BCAST_MAX: usize = 128 << 10;
 
 /// Operations pinned to one algorithm: a slot per operation. Looked up several times per call, so
 /// it is an array, not a hash map (whose SipHash showed in profiles of small calls: about 350

@@ -59,10 +59,10 @@ impl Comm {
     /// (`FERROCOMM_MCAST`, which every rank shares: bootstrap refuses ranks that differ), the
     /// members span several hosts, and none of them busy-polls, from what every rank announced,
     /// so all members choose alike. The channel's datagrams arrive through the reactor's socket
-    /// readiness, which busy-polling ranks that share CPUs leave waiting: 4 busy ranks on 2 CPUs,
-    /// each a host of its own, took 7.5 ms per 8 B broadcast by multicast against 35 us binomial,
-    /// and their other collectives slowed as much once the channel existed
-    /// (`ferrocomm-bench hosts --sizes 8`).
+    /// readiness, which busy-polling ranks that share CPUs leave waiting: with 4 busy ranks on 2
+    /// CPUs, each a host of its own, an 8 B broadcast by multicast takes 7.5 ms against 35 us
+    /// binomial, and the other collectives slow as much once the channel exists
+    /// (`ferrocomm-bench hosts --sizes 8 --env FERROCOMM_COLL=bcast=multicast`).
     /// Whether the group's multicast test confirms is not part of it: that is each root's own
     /// finding, at run time, and a channel whose group does not confirm delivers over
     /// point-to-point (`docs/multicast.md`).

@@ -52,10 +52,9 @@
 //! [`TAG_LEN`] = 16 bytes (a forgery passes with probability 2^-128 per try), checked in constant
 //! time; the 32-byte key is derived from the job token like the handshake keys. BLAKE3 rather than
 //! HMAC-SHA-256 because every byte of every multicast datagram is tagged once by its root and
-//! checked by every receiver: `perf record -a` over `ferrocomm-bench multicast --stream-only
-//! --transports tcp` (8 receivers, 2 CPUs) put SHA-256's compression at 22% of the bench's CPU
-//! time, keyed BLAKE3 (its SIMD paths) at 11% (the driver also stopped checking a rank's own
-//! looped-back datagrams). A tag says
+//! checked by every receiver: in `perf record -a` over `ferrocomm-bench multicast --stream-only
+//! --transports tcp` (8 receivers, 2 CPUs), HMAC-SHA-256's compression takes 22% of the bench's
+//! CPU time, keyed BLAKE3 (its SIMD paths) 11%. A tag says
 //! "made by a holder of this job's token", not "new": a replayed datagram passes it, and the
 //! multicast protocol's sequence numbers then drop it as a duplicate.
 
