@@ -32,6 +32,7 @@ use ferrocomm::{Comm, Rank};
 use ferrorun::{LaunchOptions, run_local};
 use serde_json::{Value, json};
 
+use crate::process::sh;
 use crate::{Result, cli, plot, process};
 
 /// Runs per size and method (median reported).
@@ -123,16 +124,6 @@ impl Options {
         .into_iter()
         .chain(self.stream_only.then(|| "--stream-only".to_string()))
         .collect()
-    }
-}
-
-/// Runs `args`; an error with its stderr when it fails.
-fn sh(args: &[&str]) -> Result<()> {
-    let out = Command::new(args[0]).args(&args[1..]).output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()).into())
     }
 }
 

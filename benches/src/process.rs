@@ -146,3 +146,13 @@ pub(crate) fn run_lines(mut cmd: std::process::Command, timeout: Duration) -> io
     let lines = reader.join().map_err(|_| io::Error::other("the output reader panicked"))?;
     Ok((status, lines))
 }
+
+/// Runs `args` (the program, then its arguments); an error with its stderr when it fails.
+pub(crate) fn sh(args: &[&str]) -> crate::Result<()> {
+    let out = std::process::Command::new(args[0]).args(&args[1..]).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()).into())
+    }
+}

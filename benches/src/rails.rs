@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::process::sh;
 use crate::{Result, cli};
 
 pub(crate) const RANK_COMMAND: &str = "rails-rank";
@@ -80,15 +81,6 @@ pub(crate) struct RankSpec {
     from: u32,
     #[arg(long, default_value_t = 1)]
     to: u32,
-}
-
-fn sh(args: &[&str]) -> Result<()> {
-    let out = Command::new(args[0]).args(&args[1..]).output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()).into())
-    }
 }
 
 struct Hosts {

@@ -312,7 +312,10 @@ pub(super) async fn run(slot: Slot, turn: Turn, shape: Shape, src: Source, block
                         CollError::Malformed { from: j as u32, why: "RDMA buffer shorter than the call" }.into()
                     );
                 }
-                let to = RemoteKey { addr: a.key.addr + (r * block) as u64, rkey: a.key.rkey };
+                let Some(addr) = a.key.addr.checked_add((r * block) as u64) else {
+                    return Err(CollError::Malformed { from: j as u32, why: "RDMA buffer address overflows" }.into());
+                };
+                let to = RemoteKey { addr, rkey: a.key.rkey };
                 let off = if shape == Shape::Alltoall { j * block } else { 0 };
                 world_ref.device_write(comm.world_rank(j as Rank), send_ref.handle, off, block, to).await?;
                 comm.send(j as Rank, tag(2), Bytes::new()).await?;

@@ -418,7 +418,7 @@ impl OneSided for VerbsTransport {
         let (kind, len, src, specs) = match req {
             Request::Write { src, runs, rkey } => {
                 let runs = merged(runs);
-                if runs.iter().any(|r| r.stream + r.len > src.len() || r.len > u32::MAX as usize) {
+                if !runs_fit(&runs, src.len()) {
                     return Err(TransportError::Io(io::ErrorKind::InvalidInput));
                 }
                 (Kind::Write, src.len(), Some(src), Specs::Rdma { write: true, runs, rkey })
@@ -429,7 +429,7 @@ impl OneSided for VerbsTransport {
                 };
                 let runs = merged(runs);
                 let inside = offset.checked_add(len).is_some_and(|end| end <= *reg_len);
-                if !inside || runs.iter().any(|r| r.stream + r.len > len || r.len > u32::MAX as usize) {
+                if !inside || !runs_fit(&runs, len) {
                     return Err(TransportError::Io(io::ErrorKind::InvalidInput));
                 }
                 reg = Some((base + offset as u64, mr.lkey()));
@@ -437,7 +437,7 @@ impl OneSided for VerbsTransport {
             }
             Request::Read { len, runs, rkey } => {
                 let runs = merged(runs);
-                if runs.iter().any(|r| r.stream + r.len > len || r.len > u32::MAX as usize) {
+                if !runs_fit(&runs, len) {
                     return Err(TransportError::Io(io::ErrorKind::InvalidInput));
                 }
                 (Kind::Read(len), len, None, Specs::Rdma { write: false, runs, rkey })
@@ -512,8 +512,23 @@ impl OneSided for VerbsTransport {
     }
 }
 
+/// Whether every run lies within a local stream of `len` bytes and fits one work request (a
+/// length the device takes as 32 bits).
+fn runs_fit(runs: &[Run], len: usize) -> bool {
+    runs.iter().all(|r| r.stream.checked_add(r.len).is_some_and(|end| end <= len) && r.len <= u32::MAX as usize)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn runs_must_fit_the_stream_without_overflow() {
+        let r = |stream, len| Run { stream, addr: 0, len };
+        assert!(runs_fit(&[r(0, 8), r(8, 8)], 16));
+        assert!(!runs_fit(&[r(0, 8), r(9, 8)], 16));
+        assert!(!runs_fit(&[r(usize::MAX, 2)], 16));
+        assert!(runs_fit(&[], 0));
+    }
     use super::*;
 
     #[test]
