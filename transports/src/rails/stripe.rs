@@ -103,8 +103,8 @@ pub struct StripeConfig {
     pub part: usize,
     /// Bytes a rail may have unacknowledged.
     pub window: usize,
-    /// A rail whose parts (or control frames) stay unacknowledged this long is dropped, while
-    /// another rail is up.
+    /// A rail that waits this long for an acknowledgement, while the peer acknowledges on another
+    /// rail, is dropped (see the module docs).
     pub stall: Duration,
     /// Bandwidth assumed for a rail before its first measurement, bytes per second.
     pub initial_bandwidth: f64,
