@@ -162,7 +162,7 @@ struct Rail {
     sampled_at: Instant,
     messages: u32,
     /// The last acknowledgement (or probe answer) on this rail, or when it last began to wait
-    /// for one (see [`Stripe::waiting`]): the start of its silence while it waits.
+    /// for one (see [`Peer::waiting`]): the start of its silence while it waits.
     last: Instant,
     /// While it waits: when the peer first acknowledged on another rail since `last`, and when it
     /// did so again at least a stall time later (see the module docs).
@@ -271,15 +271,16 @@ impl Peer {
     /// The peer acknowledged something on rail `rail` (so it reads that rail): that rail's silence
     /// ends, and for every other rail waiting in silence it is a sign that the peer is alive.
     fn heard(&mut self, rail: usize, now: Instant, stall: Duration) {
-        let waiting: Vec<bool> = (0..self.rails.len()).map(|i| self.waiting(i)).collect();
+        let ctrl_rail = (!self.ctrl.is_empty()).then_some(self.ctrl_rail);
         for (i, r) in self.rails.iter_mut().enumerate() {
             let Some(r) = r.as_mut().filter(|r| r.up) else { continue };
+            let waiting = ctrl_rail == Some(i) || !r.inflight.is_empty();
             if i == rail {
                 r.last = now;
                 r.alive_elsewhere = None;
                 r.confirmed = None;
                 r.probed = false;
-            } else if waiting[i] {
+            } else if waiting {
                 match r.alive_elsewhere {
                     None => r.alive_elsewhere = Some(now),
                     Some(first) if r.confirmed.is_none() && now >= first + stall => r.confirmed = Some(now),
