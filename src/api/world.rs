@@ -27,7 +27,7 @@ use crate::config::Settings;
 use crate::error::{Error, Result};
 use crate::p2p::driver::{Driver, SlabEngine};
 use crate::p2p::engine::{Completion, RecvBuf};
-use crate::p2p::failure::Watch;
+use crate::p2p::failure::{Fate, Watch};
 use crate::p2p::{Payload, Source, Status, TagMatch};
 
 /// A connection attempt that was refused (wrong token, malformed frames, ...).
@@ -43,8 +43,9 @@ pub struct Refused {
 /// store, the store itself. The bootstrap provides it; the world only asks it to leave.
 pub(crate) trait StoreLeave: Send {
     /// Says goodbye unless `aborting` (then the watch's end reports this rank dead), and stops
-    /// the store if this rank hosts it.
-    fn leave(&mut self, aborting: bool);
+    /// the store if this rank hosts it, once the store told every rank's watch of the loss `lost`
+    /// (the first one this rank learnt: the rank, and how), if there is one.
+    fn leave(&mut self, aborting: bool, lost: Option<(Rank, String)>);
     /// The bootstrap's own type behind it.
     fn as_any(&mut self) -> &mut dyn std::any::Any;
 }
@@ -317,8 +318,17 @@ impl Inner {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        // The store first: its watch's goodbye goes before the process can exit.
-        self.store_link.lock().leave(std::thread::panicking());
+        // The store first: its watch's goodbye goes before the process can exit. A store that
+        // goes after a loss tells every rank of the loss first: a rank still in its bootstrap
+        // would otherwise see only the store's end, and blame this rank for it.
+        let lost = self.reactor.with(|d| {
+            let f = d.engine.failures();
+            f.lost().iter().find_map(|&r| match f.fate(r) {
+                Fate::Lost(why) => Some((r, format!("was lost ({why}), as rank {} saw", self.rank))),
+                _ => None,
+            })
+        });
+        self.store_link.lock().leave(std::thread::panicking(), lost);
         let start = Instant::now();
         let flush = |start: Instant| {
             while start.elapsed() < limit {

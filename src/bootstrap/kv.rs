@@ -329,6 +329,25 @@ impl KvServer {
         self.shared.put(FAILED_KEY.as_bytes().to_vec(), encode(rank, how));
     }
 
+    /// Before the store goes (this thread blocks): puts `report` under `key` unless a report is
+    /// there already; then, if one is, waits until every watch was sent it or ended, for at most
+    /// `limit`. Its connections are served on the runtime that started it: where that runtime's
+    /// only thread is the one that waits here, the wait lasts the whole `limit` and the report
+    /// may not go.
+    pub(crate) fn tell_before_leaving(&self, key: &str, report: Option<Vec<u8>>, limit: Duration) {
+        if let Some(value) = report {
+            self.shared.put_if(key.as_bytes().to_vec(), value, false);
+        }
+        if !self.shared.lock().map.contains_key(key.as_bytes()) {
+            return;
+        }
+        let deadline = std::time::Instant::now() + limit;
+        while self.shared.untold.load(std::sync::atomic::Ordering::Acquire) > 0 && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// Once `report` (the watches' report key) holds a value, waits until each of the ranks
     /// `0..size` made a watch and every watch was sent the report or ended, for at most `limit`:
     /// a store about to go lets its report reach every rank first, also ranks that come late.
@@ -1258,5 +1277,36 @@ mod tests {
         drop(watch(3).await);
         let mut late = watch(4).await;
         assert_eq!(tokio::time::timeout(T, late.report()).await.unwrap().unwrap(), report);
+    }
+
+    /// A store that goes after a loss its host knows of first sends the report down every
+    /// watch, so that each reads the report before the store's end; without a report it goes at
+    /// once, and the watches see only its end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_that_goes_after_a_loss_tells_every_watch_first() {
+        use crate::bootstrap::notices::{FAILED_KEY, encode};
+        for lost in [true, false] {
+            let (server, addr) = server().await;
+            let mut watches = Vec::new();
+            for rank in 1..4 {
+                watches.push(KvClient::connect(&addr, &TOKEN, T).await.unwrap().watch(rank).await.unwrap());
+            }
+            let report = encode(2, "was lost (connection closed by peer), as rank 0 saw");
+            let told = lost.then(|| report.clone());
+            tokio::task::spawn_blocking(move || {
+                server.tell_before_leaving(FAILED_KEY, told, T);
+                drop(server);
+            })
+            .await
+            .unwrap();
+            for w in &mut watches {
+                let got = tokio::time::timeout(T, w.report()).await.unwrap();
+                if lost {
+                    assert_eq!(got.unwrap(), report);
+                } else {
+                    assert!(got.is_err(), "no report, the store's end: {got:?}");
+                }
+            }
+        }
     }
 }

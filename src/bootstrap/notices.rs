@@ -20,7 +20,14 @@
 //! The store host's own death ends every watch. During the bootstrap that is the report: a rank
 //! that hosts the store says so under [`HOST_KEY`], and a watch that ends before the bootstrap is
 //! over reports that rank. Afterwards the watches just end (the host may have left in order; if
-//! it died, every rank, connected to it, sees that directly).
+//! it died, every rank, connected to it, sees that directly). So a host that leaves because of a
+//! loss (its world failed, and its program ended) first makes the store report the loss it knows
+//! (unless the store has a report already) and waits, for at most [`REPORT_GRACE`], until every
+//! watch was sent the report: a rank still in its bootstrap reads the report before the store's
+//! end, and names the rank that was lost, not the host that left because of it. And a bootstrap
+//! that fails because the store went away takes the watch's word before the transports': it
+//! waits until the watch has read what the store sent, or ended, before it names a loss its
+//! transports saw (the host's departure may reach them before the report is read).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,13 +78,15 @@ impl StoreLeave for StoreLink {
         self
     }
 
-    fn leave(&mut self, aborting: bool) {
+    fn leave(&mut self, aborting: bool, lost: Option<(Rank, String)>) {
         if let Some(handle) = self.goodbye.take()
             && !aborting
         {
             KvWatch::goodbye(&handle);
         }
-        self.store.take();
+        if let Some(store) = self.store.take() {
+            store.tell_before_leaving(FAILED_KEY, lost.map(|(rank, how)| encode(rank, &how)), REPORT_GRACE);
+        }
     }
 }
 
@@ -124,6 +133,8 @@ pub(super) async fn join_watched(
                 // The bootstrap finds the store unreachable and says so.
                 None => tracing::debug!(rank, "no watch in the store: {e}"),
             }
+            // No watch: nothing more will come (see `explain`).
+            drop(tx);
             None
         }
     };
@@ -207,7 +218,10 @@ pub(super) async fn join_watched(
 }
 
 /// Why the store failed a bootstrap whose connections were all made: the store's report of a
-/// dead rank, or the first loss `w`'s transports saw, if one comes within [`REPORT_GRACE`].
+/// dead rank, or the first loss `w`'s transports saw, if one comes within [`REPORT_GRACE`]. The
+/// report comes first: a loss the transports saw is taken only once the watch has ended without
+/// one (a host that leaves because of a loss has the store report it before it goes, but its
+/// departure may reach the transports before the watch is read).
 async fn explain(
     w: &World,
     rx: &mut watch::Receiver<Report>,
@@ -224,7 +238,9 @@ async fn explain(
             let f = d.engine.failures();
             f.lost().first().and_then(|&r| f.error(r))
         });
-        if lost.is_some() || tokio::time::Instant::now() >= deadline {
+        // The watch's sender is dropped once the watch has ended (having sent whatever it read).
+        let watch_over = rx.has_changed().is_err();
+        if (lost.is_some() && watch_over) || tokio::time::Instant::now() >= deadline {
             return lost;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -50,8 +50,9 @@ pub struct RailSettings {
     pub part: usize,
     /// `FERROCOMM_RAIL_WINDOW`: bytes a rail may carry unacknowledged. Default 1 MiB.
     pub window: usize,
-    /// `FERROCOMM_RAIL_STALL_MS`: a rail whose parts or control frames stay unacknowledged this
-    /// long is dropped and its share moves to the others (while another rail is up). Default 2000.
+    /// `FERROCOMM_RAIL_STALL_MS`: a rail that waits this long for an acknowledgement while the
+    /// peer acknowledges on another rail is dropped and its share moves to the others (never for
+    /// a peer that acknowledges nothing at all, nor the last rail up). Default 2000.
     pub stall: Duration,
     /// `FERROCOMM_RAIL_REPROBE_MS`: a rail that took no bandwidth sample for this long while the
     /// peer's other rails did is re-probed: it takes parts as if it were as fast as the fastest,

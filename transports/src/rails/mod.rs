@@ -220,17 +220,27 @@ unsafe impl Sink for RailSink<'_> {
         }
         if h.kind == Kind::Data && h.flags & flags::RAIL_PART != 0 {
             let Some(s) = self.staged.get_mut(peer as usize) else { return };
-            s.id = None;
+            // A part of no bytes comes without a `data_dest` call: the staging buffer may still
+            // hold an earlier part's bytes, and is not this part's.
+            let len = h.len as usize;
+            let staged = s.id.take() == Some(h.tag) && s.buf.len() == len;
+            if len > 0 && !staged {
+                return self.core.violation(peer, WireError::Link("rail part without its bytes"));
+            }
             if !self.core.arrived(peer, self.rail, h.tag) {
                 return;
             }
             let p = plain(&h);
             match self.up.data_dest(peer, &p) {
-                Ok(Some(dest)) if dest.len() == s.buf.len() => {
-                    dest.copy_from_slice(&s.buf);
+                Ok(Some(dest)) if dest.len() == len => {
+                    dest.copy_from_slice(&s.buf[..len]);
                     self.up.frame(peer, p, Bytes::new());
                 }
-                Ok(_) => {}
+                // The sink's contract is a destination of exactly `h.len` bytes.
+                Ok(Some(_)) => self.core.violation(peer, WireError::Link("rail part's destination of another length")),
+                // Discarded, as a connection discards a frame without a destination: the sink
+                // still gets the frame.
+                Ok(None) => self.up.frame(peer, p, Bytes::new()),
                 // Like a broken frame on one connection: the peer is disconnected, on every rail.
                 Err(e) => self.core.violation(peer, e),
             }
@@ -267,3 +277,6 @@ unsafe impl Sink for RailSink<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -29,21 +29,34 @@
 //! consecutively from the index its *mark* gives (rail 0 starts at 0 without one). They travel on
 //! the peer's control rail, rail 0 until it fails, and the sender keeps each until the receiver
 //! acknowledges it (a cumulative count, coalesced: after [`CTRL_ACK_EVERY`] frames or
-//! [`StripeConfig::stall`] / 4, at most [`ACK_DELAY_MAX`]). When the control rail fails, the
+//! [`StripeConfig::stall`] / 4, at most [`ACK_DELAY_MAX`]). At most
+//! [`StripeConfig::control_window`] frames ([`StripeConfig::control_window_bytes`] of payload) are
+//! unacknowledged; further ones wait, unsent and in order, until acknowledgements make room: a
+//! receiver that does not read holds the sender back rather than growing what it keeps for
+//! replay (the receiver acknowledges within [`ACK_DELAY_MAX`] whatever it read, so a full window
+//! always empties once it reads). When the control rail fails, the
 //! lowest rail still up becomes the control rail: a mark carrying the oldest unacknowledged
 //! index, then every unacknowledged control frame again, then new ones. The receiver delivers the
 //! frame whose index is the next it expects, discards one below it (a copy it already has) and
 //! treats one above it as a protocol violation (a sender never leaves a gap).
 //!
-//! Acknowledgements and marks are `Credit` frames with [`flags::RAIL_ACK`], told apart by `tag`
-//! ([`ACK_PARTS`], [`ACK_CONTROL`], [`MARK`]); they are not numbered. Acknowledgements go back on
-//! the connection the acknowledged frames came in on.
+//! Acknowledgements, marks and probes are `Credit` frames with [`flags::RAIL_ACK`], told apart by
+//! `tag` ([`ACK_PARTS`], [`ACK_CONTROL`], [`MARK`], [`PROBE`]); they are not numbered.
+//! Acknowledgements go back on the connection the acknowledged frames came in on; a probe is
+//! answered with an [`ACK_PARTS`] on its connection.
 //!
-//! **Failure.** A rail fails when its connection reports the peer lost, or when it is stalled:
-//! parts (or, on the control rail, control frames) unacknowledged for [`StripeConfig::stall`]
-//! while another rail is up (the last rail is left to the connection's own timeout). Its
-//! unacknowledged parts go back to the front of the queue, and the other rails carry them. The
-//! peer is lost when its last rail is.
+//! **Failure.** A rail fails when its connection reports the peer lost (an error, the connection
+//! closed, the connection's own keep-alive timeout), or when it is *dead while the peer is alive*:
+//! it has parts (or, as the control rail, control frames) waiting for acknowledgement and hears
+//! nothing on it, while the peer acknowledges on another rail at least twice [`StripeConfig::stall`]
+//! apart, and still nothing on it a grace of `stall` / 8 later (the peer reads every rail in one
+//! pass, so a rail's acknowledgement may trail another's by a moment). A peer that reads nothing
+//! at all (a slow receiver, a paused process) acknowledges on no rail: that is back-pressure, and
+//! no rail is dropped for it; its connections' own timeouts decide whether it is gone. When a
+//! rail has waited `stall` / 4 without a word, every rail of the peer that has been silent as long
+//! carries a probe (one at a time), so that an idle rail shows whether the peer still reads. The
+//! last rail up is never dropped this way. A failed rail's unacknowledged parts go back to the
+//! front of the queue, and the other rails carry them. The peer is lost when its last rail is.
 //!
 //! **Receiving.** A part may arrive twice (on the failed rail, read before the failure, and again
 //! on another). Part ids are dense from 0, so delivered ids are a low-water mark and the set above
@@ -71,6 +84,9 @@ pub const ACK_CONTROL: u64 = 1;
 /// `tag` of a [`flags::RAIL_ACK`] frame marking the start of control frames on a connection:
 /// `seq` is the index of the next control frame on it.
 pub const MARK: u64 = 2;
+/// `tag` of a [`flags::RAIL_ACK`] frame asking for an [`ACK_PARTS`] on the connection it came
+/// on: whether the peer still reads that connection.
+pub const PROBE: u64 = 3;
 
 /// A receiver acknowledges control frames at once after this many.
 pub const CTRL_ACK_EVERY: u64 = 32;
@@ -87,8 +103,8 @@ pub struct StripeConfig {
     pub part: usize,
     /// Bytes a rail may have unacknowledged.
     pub window: usize,
-    /// A rail whose parts (or control frames) stay unacknowledged this long is dropped, while
-    /// another rail is up.
+    /// A rail that waits this long for an acknowledgement, while the peer acknowledges on another
+    /// rail, is dropped (see the module docs).
     pub stall: Duration,
     /// Bandwidth assumed for a rail before its first measurement, bytes per second.
     pub initial_bandwidth: f64,
@@ -97,6 +113,11 @@ pub struct StripeConfig {
     pub reprobe: Duration,
     /// ... or when this many messages were striped to the peer since it was taken.
     pub reprobe_messages: u32,
+    /// Control frames a peer may have unacknowledged; more wait, unsent, for acknowledgements.
+    pub control_window: usize,
+    /// Payload bytes of the control frames a peer may have unacknowledged (a larger frame goes
+    /// alone).
+    pub control_window_bytes: usize,
 }
 
 impl Default for StripeConfig {
@@ -109,6 +130,8 @@ impl Default for StripeConfig {
             initial_bandwidth: 1e9,
             reprobe: Duration::from_millis(100),
             reprobe_messages: 16,
+            control_window: 256,
+            control_window_bytes: 4 << 20,
         }
     }
 }
@@ -138,8 +161,15 @@ struct Rail {
     /// When the estimate was last sampled (or the rail set up), and messages striped since.
     sampled_at: Instant,
     messages: u32,
-    /// Last acknowledgement, or the first part sent to the idle rail.
+    /// The last acknowledgement (or probe answer) on this rail, or when it last began to wait
+    /// for one (see [`Peer::waiting`]): the start of its silence while it waits.
     last: Instant,
+    /// While it waits: when the peer first acknowledged on another rail since `last`, and when it
+    /// did so again at least a stall time later (see the module docs).
+    alive_elsewhere: Option<Instant>,
+    confirmed: Option<Instant>,
+    /// A probe is out on it, unanswered.
+    probed: bool,
     carried: u64,
 }
 
@@ -158,6 +188,9 @@ impl Rail {
             sampled_at: now,
             messages: 0,
             last: now,
+            alive_elsewhere: None,
+            confirmed: None,
+            probed: false,
             carried: 0,
         }
     }
@@ -182,13 +215,14 @@ struct Peer {
     held: VecDeque<(Header, Bytes)>,
     gone: bool,
     moved: u64,
-    /// Control frames sent and not acknowledged, the first with index `ctrl_base`.
+    /// Control frames sent and not acknowledged, the first with index `ctrl_base`, and their
+    /// payload bytes.
     ctrl: VecDeque<(Header, Bytes)>,
+    ctrl_bytes: usize,
     ctrl_base: u64,
     ctrl_rail: usize,
-    /// When the oldest unacknowledged control frame was sent, or the last acknowledgement that
-    /// freed some.
-    ctrl_since: Option<Instant>,
+    /// Control frames not sent yet: the window of unacknowledged ones was full.
+    ctrl_wait: VecDeque<(Header, Bytes)>,
     replayed: u64,
     // Receiving side.
     low: u64,
@@ -213,6 +247,53 @@ impl Peer {
 
     fn up_rails(&self) -> usize {
         self.rails.iter().flatten().filter(|r| r.up).count()
+    }
+
+    /// Whether rail `i` waits for an acknowledgement: it has parts in flight, or it is the control
+    /// rail and control frames are unacknowledged.
+    fn waiting(&self, i: usize) -> bool {
+        let ctrl = i == self.ctrl_rail && !self.ctrl.is_empty();
+        self.rails.get(i).and_then(Option::as_ref).is_some_and(|r| r.up && (ctrl || !r.inflight.is_empty()))
+    }
+
+    /// Rail `i` is about to get work: if it was not waiting, its silence starts now.
+    fn begin_waiting(&mut self, i: usize, now: Instant) {
+        if self.waiting(i) {
+            return;
+        }
+        if let Some(r) = self.rails.get_mut(i).and_then(Option::as_mut) {
+            r.last = now;
+            r.alive_elsewhere = None;
+            r.confirmed = None;
+        }
+    }
+
+    /// The peer acknowledged something on rail `rail` (so it reads that rail): that rail's silence
+    /// ends, and for every other rail waiting in silence it is a sign that the peer is alive.
+    fn heard(&mut self, rail: usize, now: Instant, stall: Duration) {
+        let ctrl_rail = (!self.ctrl.is_empty()).then_some(self.ctrl_rail);
+        for (i, r) in self.rails.iter_mut().enumerate() {
+            let Some(r) = r.as_mut().filter(|r| r.up) else { continue };
+            let waiting = ctrl_rail == Some(i) || !r.inflight.is_empty();
+            if i == rail {
+                r.last = now;
+                r.alive_elsewhere = None;
+                r.confirmed = None;
+                r.probed = false;
+            } else if waiting {
+                match r.alive_elsewhere {
+                    None => r.alive_elsewhere = Some(now),
+                    Some(first) if r.confirmed.is_none() && now >= first + stall => r.confirmed = Some(now),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+
+    /// Whether a control frame of `len` payload bytes may be sent now.
+    fn control_room(&self, cfg: &StripeConfig, len: usize) -> bool {
+        self.ctrl.is_empty()
+            || (self.ctrl.len() < cfg.control_window && self.ctrl_bytes + len <= cfg.control_window_bytes)
     }
 
     fn delivered(&self, id: u64) -> bool {
@@ -337,25 +418,50 @@ impl Stripe {
                 }
             }
         } else {
-            Self::control_out(&mut self.out, peer, p, h, payload, now);
+            Self::control_out(&mut self.out, &self.cfg, peer, p, h, payload, now);
         }
         self.schedule(peer, now);
     }
 
-    /// Sends control frame `h` on the peer's control rail, keeping it until acknowledged.
+    /// Sends control frame `h` on the peer's control rail, keeping it until acknowledged; or, while
+    /// the window of unacknowledged control frames is full (or frames wait already), queues it.
     fn control_out(
         out: &mut VecDeque<(usize, Rank, Header, Bytes)>,
+        cfg: &StripeConfig,
         peer: Rank,
         p: &mut Peer,
         h: Header,
         payload: Bytes,
         now: Instant,
     ) {
-        if p.ctrl.is_empty() {
-            p.ctrl_since = Some(now);
+        if !p.ctrl_wait.is_empty() || !p.control_room(cfg, payload.len()) {
+            p.ctrl_wait.push_back((h, payload));
+            return;
         }
+        p.begin_waiting(p.ctrl_rail, now);
         out.push_back((p.ctrl_rail, peer, h, payload.clone()));
+        p.ctrl_bytes += payload.len();
         p.ctrl.push_back((h, payload));
+    }
+
+    /// Sends the control frames that wait, as far as the window allows.
+    fn release_control(
+        out: &mut VecDeque<(usize, Rank, Header, Bytes)>,
+        cfg: &StripeConfig,
+        peer: Rank,
+        p: &mut Peer,
+        now: Instant,
+    ) {
+        while let Some(len) = p.ctrl_wait.front().map(|(_, b)| b.len()) {
+            if !p.control_room(cfg, len) {
+                break;
+            }
+            let (h, payload) = p.ctrl_wait.pop_front().expect("a waiting control frame");
+            p.begin_waiting(p.ctrl_rail, now);
+            out.push_back((p.ctrl_rail, peer, h, payload.clone()));
+            p.ctrl_bytes += payload.len();
+            p.ctrl.push_back((h, payload));
+        }
     }
 
     /// Hands parts to the rails that should carry them; releases held frames once nothing is on
@@ -378,15 +484,15 @@ impl Stripe {
                 })
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             let Some((i, _)) = best else { break };
-            let r = p.rails[i].as_mut().expect("an up rail");
-            if r.bytes >= cfg.window {
+            if p.rails[i].as_ref().is_some_and(|r| r.bytes >= cfg.window) {
                 // The rail that would finish it first is full: wait for its acknowledgements
                 // rather than give the part to a rail that would finish it later.
                 break;
             }
+            p.begin_waiting(i, now);
+            let r = p.rails[i].as_mut().expect("an up rail");
             let part = p.queue.pop_front().expect("a queued part");
             if r.inflight.is_empty() {
-                r.last = now;
                 r.sample_start = Some(now);
                 r.sample_bytes = 0;
             }
@@ -397,7 +503,7 @@ impl Stripe {
         }
         if !p.busy() {
             while let Some((h, payload)) = p.held.pop_front() {
-                Self::control_out(&mut self.out, peer, p, h, payload, now);
+                Self::control_out(&mut self.out, &cfg, peer, p, h, payload, now);
             }
         }
     }
@@ -406,15 +512,21 @@ impl Stripe {
     pub fn on_rail_frame(&mut self, peer: Rank, rail: usize, h: &Header, now: Instant) {
         match h.tag {
             ACK_PARTS => self.on_ack(peer, rail, h.seq, now),
-            ACK_CONTROL => self.on_control_ack(peer, h.seq, now),
+            ACK_CONTROL => self.on_control_ack(peer, rail, h.seq, now),
             MARK => self.on_mark(peer, rail, h.seq),
+            PROBE => self.on_probe(peer, rail),
             _ => self.violations.push_back((peer, WireError::Link("unknown rail frame"))),
         }
     }
 
     /// `peer` acknowledged `count` parts in all on `rail`.
     pub fn on_ack(&mut self, peer: Rank, rail: usize, count: u64, now: Instant) {
-        let Some(r) = self.peers[peer as usize].rails.get_mut(rail).and_then(|r| r.as_mut()) else {
+        let stall = self.cfg.stall;
+        let p = &mut self.peers[peer as usize];
+        if p.rails.get(rail).and_then(Option::as_ref).is_some_and(|r| r.up && count >= r.acked && count <= r.sent) {
+            p.heard(rail, now, stall);
+        }
+        let Some(r) = p.rails.get_mut(rail).and_then(|r| r.as_mut()) else {
             return self.violations.push_back((peer, WireError::Link("rail acknowledgement on an unknown rail")));
         };
         if count < r.acked || count > r.sent {
@@ -432,7 +544,6 @@ impl Stripe {
         }
         r.bytes -= bytes;
         r.carried += bytes as u64;
-        r.last = now;
         if let Some(start) = r.sample_start {
             r.sample_bytes += bytes;
             let span = now.saturating_duration_since(start);
@@ -452,19 +563,35 @@ impl Stripe {
         self.schedule(peer, now);
     }
 
-    /// `peer` acknowledged `count` control frames in all.
-    fn on_control_ack(&mut self, peer: Rank, count: u64, now: Instant) {
+    /// `peer` acknowledged `count` control frames in all, on `rail`.
+    fn on_control_ack(&mut self, peer: Rank, rail: usize, count: u64, now: Instant) {
         let p = &mut self.peers[peer as usize];
         if count > p.ctrl_base + p.ctrl.len() as u64 {
             return self
                 .violations
                 .push_back((peer, WireError::Link("control acknowledgement beyond the frames sent")));
         }
+        p.heard(rail, now, self.cfg.stall);
         // An older acknowledgement, overtaken on another rail, says nothing new.
         if count > p.ctrl_base {
-            p.ctrl.drain(..(count - p.ctrl_base) as usize);
+            for (_, payload) in p.ctrl.drain(..(count - p.ctrl_base) as usize) {
+                p.ctrl_bytes -= payload.len();
+            }
             p.ctrl_base = count;
-            p.ctrl_since = (!p.ctrl.is_empty()).then_some(now);
+            Self::release_control(&mut self.out, &self.cfg, peer, p, now);
+        }
+    }
+
+    /// `peer` asks whether this rank still reads `rail`: the answer is an acknowledgement of the
+    /// parts received on it.
+    fn on_probe(&mut self, peer: Rank, rail: usize) {
+        let p = &mut self.peers[peer as usize];
+        if rail >= p.received.len() {
+            return self.violations.push_back((peer, WireError::Link("rail probe on an unknown rail")));
+        }
+        // Unequal counts: an acknowledgement is queued already.
+        if p.received[rail] == p.acked[rail] {
+            self.acks.push_back((peer, Ack::Parts(rail)));
         }
     }
 
@@ -509,13 +636,17 @@ impl Stripe {
             p.queue.clear();
             p.held.clear();
             p.ctrl.clear();
-            p.ctrl_since = None;
+            p.ctrl_bytes = 0;
+            p.ctrl_wait.clear();
             p.ctrl_ack_due = None;
             return true;
         };
         tracing::warn!(peer, rail, "rail failed; its share moves to the other rails");
         metrics::counter!("ferrocomm_rail_failures").increment(1);
         if rail == p.ctrl_rail {
+            if !p.ctrl.is_empty() {
+                p.begin_waiting(next, now);
+            }
             p.ctrl_rail = next;
             let mark = Header {
                 src: self.me,
@@ -529,34 +660,61 @@ impl Stripe {
                 self.out.push_back((next, peer, *h, payload.clone()));
             }
             p.replayed += p.ctrl.len() as u64;
-            if !p.ctrl.is_empty() {
-                p.ctrl_since = Some(now);
-            }
         }
         self.schedule(peer, now);
         false
     }
 
-    /// Drops stalled rails and sends acknowledgements that are due (see the module docs).
+    /// How long a rail waits in silence before the peer's silent rails are probed.
+    fn probe_after(&self) -> Duration {
+        self.cfg.stall / 4
+    }
+
+    /// How long a rail's acknowledgement may trail the peer's on another rail.
+    fn grace(&self) -> Duration {
+        self.cfg.stall / 8
+    }
+
+    /// When the peer's silent rails are to be probed: [`Stripe::probe_after`] into the silence of
+    /// the rail that has waited longest, if any waits (and another rail is up).
+    fn probe_from(&self, p: &Peer) -> Option<Instant> {
+        if p.up_rails() < 2 {
+            return None;
+        }
+        (0..p.rails.len())
+            .filter(|&i| p.waiting(i))
+            .filter_map(|i| p.rails[i].as_ref())
+            .map(|r| r.last + self.probe_after())
+            .min()
+    }
+
+    /// Drops rails dead while the peer is alive, probes silent rails, and sends acknowledgements
+    /// that are due (see the module docs).
     pub fn handle_timeout(&mut self, now: Instant) {
+        let grace = self.grace();
         for peer in 0..self.peers.len() {
             loop {
                 let p = &self.peers[peer];
                 if p.gone || p.up_rails() < 2 {
                     break;
                 }
-                let stalled = p.rails.iter().position(|r| {
-                    r.as_ref().is_some_and(|r| {
-                        r.up && !r.inflight.is_empty() && now.saturating_duration_since(r.last) >= self.cfg.stall
-                    })
+                let dead = (0..p.rails.len()).find(|&i| {
+                    p.waiting(i) && p.rails[i].as_ref().and_then(|r| r.confirmed).is_some_and(|t| now >= t + grace)
                 });
-                let ctrl_stalled = p
-                    .ctrl_since
-                    .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.stall)
-                    .then_some(p.ctrl_rail);
-                let Some(rail) = stalled.or(ctrl_stalled) else { break };
+                let Some(rail) = dead else { break };
                 self.rail_lost(peer as Rank, rail, now);
                 self.cut.push_back((rail, peer as Rank));
+            }
+            if self.probe_from(&self.peers[peer]).is_some_and(|t| t <= now) {
+                let after = self.probe_after();
+                let p = &mut self.peers[peer];
+                for (i, r) in p.rails.iter_mut().enumerate() {
+                    let Some(r) = r.as_mut().filter(|r| r.up && !r.probed && r.last + after <= now) else { continue };
+                    r.probed = true;
+                    let probe =
+                        Header { src: self.me, flags: flags::RAIL_ACK, tag: PROBE, ..Header::new(Kind::Credit) };
+                    self.out.push_back((i, peer as Rank, probe, Bytes::new()));
+                }
             }
             let p = &mut self.peers[peer];
             if p.ctrl_ack_due.is_some_and(|t| t <= now) && !p.ctrl_ack_queued {
@@ -568,21 +726,25 @@ impl Stripe {
 
     /// When [`Stripe::handle_timeout`] should next run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let stall = self.cfg.stall;
+        let (after, grace) = (self.probe_after(), self.grace());
         self.peers
             .iter()
             .filter(|p| !p.gone)
             .flat_map(|p| {
+                let from = self.probe_from(p);
                 let several = p.up_rails() > 1;
-                let rails = p
+                let probes = p
                     .rails
                     .iter()
                     .flatten()
-                    .filter(move |r| several && r.up && !r.inflight.is_empty())
-                    .map(move |r| r.last + stall);
-                let ctrl = p.ctrl_since.filter(|_| several).map(|t| t + stall);
+                    .filter(move |r| r.up && !r.probed)
+                    .filter_map(move |r| from.map(|f| f.max(r.last + after)));
+                let cuts = (0..p.rails.len())
+                    .filter(move |&i| several && p.waiting(i))
+                    .filter_map(move |i| p.rails[i].as_ref().and_then(|r| r.confirmed))
+                    .map(move |t| t + grace);
                 let ack = p.ctrl_ack_due.filter(|_| !p.ctrl_ack_queued);
-                rails.chain(ctrl).chain(ack)
+                probes.chain(cuts).chain(ack)
             })
             .min()
     }
@@ -629,7 +791,8 @@ impl Stripe {
 
     /// True while parts or held frames wait for a rail.
     pub fn has_queued(&self) -> bool {
-        !self.out.is_empty() || self.peers.iter().any(|p| !p.queue.is_empty() || !p.held.is_empty())
+        !self.out.is_empty()
+            || self.peers.iter().any(|p| !p.queue.is_empty() || !p.held.is_empty() || !p.ctrl_wait.is_empty())
     }
 
     /// True while any part is unacknowledged or waiting.
@@ -640,7 +803,9 @@ impl Stripe {
     /// True while anything to a peer not lost, part or control frame, is unacknowledged or
     /// waiting: it may still have to be sent again on another rail, so the connections must stay.
     pub fn unacknowledged(&self) -> bool {
-        self.peers.iter().any(|p| !p.gone && (p.busy() || !p.held.is_empty() || !p.ctrl.is_empty()))
+        self.peers
+            .iter()
+            .any(|p| !p.gone && (p.busy() || !p.held.is_empty() || !p.ctrl.is_empty() || !p.ctrl_wait.is_empty()))
     }
 
     // ---- receiving ----

@@ -14,6 +14,8 @@ fn cfg() -> StripeConfig {
         initial_bandwidth: 1e9,
         reprobe: Duration::from_millis(20),
         reprobe_messages: 4,
+        control_window: 64,
+        control_window_bytes: 64 * 1024,
     }
 }
 
@@ -32,6 +34,8 @@ struct Net {
     /// Control frames delivered, in order, and copies discarded.
     control: Vec<(Header, Bytes)>,
     copies: usize,
+    /// The receiver reads nothing (a busy or paused process): frames stay on the wire.
+    paused: bool,
 }
 
 impl Net {
@@ -51,6 +55,7 @@ impl Net {
             delivered: 0,
             control: Vec::new(),
             copies: 0,
+            paused: false,
         }
     }
 
@@ -103,7 +108,8 @@ impl Net {
     /// is down).
     fn step(&mut self, dt: Duration) {
         self.now += dt;
-        for rail in 0..self.wire.len() {
+        let links = if self.paused { 0 } else { self.wire.len() };
+        for rail in 0..links {
             let mut budget = self.rate[rail] * dt.as_secs_f64();
             while let Some((h, _)) = self.wire[rail].front() {
                 let need = h.len as f64 - self.moved_front[rail];
@@ -117,11 +123,13 @@ impl Net {
                 self.receive(rail, h, payload);
             }
         }
-        self.rx.handle_timeout(self.now);
-        while let Some((rail, peer, ack)) = self.rx.poll_ack() {
-            assert_eq!(peer, 0);
-            if self.rate[rail] > 0.0 {
-                self.tx.on_rail_frame(1, rail, &ack, self.now);
+        if !self.paused {
+            self.rx.handle_timeout(self.now);
+            while let Some((rail, peer, ack)) = self.rx.poll_ack() {
+                assert_eq!(peer, 0);
+                if self.rate[rail] > 0.0 {
+                    self.tx.on_rail_frame(1, rail, &ack, self.now);
+                }
             }
         }
         self.tx.handle_timeout(self.now);
@@ -167,6 +175,26 @@ impl Net {
 
     fn seqs(&self) -> Vec<u64> {
         self.control.iter().map(|(h, _)| h.seq).collect()
+    }
+
+    /// Steps until `n` control frames arrived and the sender keeps none.
+    fn run_until_controls(&mut self, n: usize, limit: usize) {
+        for _ in 0..limit {
+            let p = &self.tx.peers[1];
+            if self.control.len() >= n && p.ctrl.is_empty() && p.ctrl_wait.is_empty() {
+                return;
+            }
+            self.step(Duration::from_micros(100));
+        }
+        panic!("{} of {n} control frames after {limit} steps", self.control.len());
+    }
+
+    fn probes_on_the_wire(&self) -> usize {
+        self.wire.iter().flatten().filter(|(h, _)| h.flags & flags::RAIL_ACK != 0 && h.tag == PROBE).count()
+    }
+
+    fn all_up(&self) -> bool {
+        self.tx.stats(1).iter().flatten().all(|s| s.up)
     }
 }
 
@@ -487,4 +515,171 @@ fn marks_and_acknowledgements_carry_the_senders_rank() {
     s.handle_timeout(now + ACK_DELAY_MAX);
     let (rail, peer, ack) = s.poll_ack().expect("an acknowledgement");
     assert_eq!((rail, peer, ack.src, ack.tag, ack.seq), (1, 0, 7, ACK_CONTROL, 1));
+}
+
+#[test]
+fn unacknowledged_control_frames_are_bounded_by_the_window_with_one_rail_left() {
+    let mut n = Net::new(&[1e9, 1e9], cfg());
+    n.kill(1);
+    // The receiver reads nothing: the sender keeps and sends a window of frames, and the rest
+    // wait unsent (in memory the engine's credits bound, not on the wire nor kept for replay).
+    n.paused = true;
+    let (w, total) = (cfg().control_window, 1000);
+    for i in 0..total as u64 {
+        n.send_control(Kind::Eager, i, b"e");
+    }
+    for _ in 0..2000 {
+        n.step(Duration::from_micros(100));
+    }
+    let p = &n.tx.peers[1];
+    assert_eq!((p.ctrl.len(), p.ctrl_wait.len()), (w, total - w));
+    assert_eq!(n.wire[0].len(), w, "frames on the wire");
+    assert!(n.tx.has_queued() && n.tx.unacknowledged());
+    assert_eq!(n.tx.poll_cut(), None);
+    // It reads again: acknowledgements open the window, every frame arrives once, in order.
+    n.paused = false;
+    n.run_until_controls(total, 100_000);
+    assert_eq!(n.seqs(), (0..total as u64).collect::<Vec<_>>());
+    assert_eq!(n.copies, 0);
+    assert!(!n.tx.has_queued() && !n.tx.unacknowledged());
+}
+
+#[test]
+fn the_control_window_counts_bytes_and_lets_a_larger_frame_go_alone() {
+    static LARGE: [u8; 40 * 1024] = [7; 40 * 1024];
+    static HUGE: [u8; 100 * 1024] = [9; 100 * 1024];
+    let mut n = Net::new(&[1e9, 1e9], cfg());
+    n.kill(1);
+    n.send_control(Kind::Eager, 0, &LARGE);
+    n.send_control(Kind::Eager, 1, &LARGE);
+    n.send_control(Kind::Eager, 2, &HUGE);
+    n.send_control(Kind::Eager, 3, b"small");
+    // 40 KiB + 40 KiB exceed the 64 KiB window: one at a time; the 100 KiB frame goes alone.
+    let p = &n.tx.peers[1];
+    assert_eq!((p.ctrl.len(), p.ctrl_bytes, p.ctrl_wait.len()), (1, LARGE.len(), 3));
+    let mut most = 0;
+    for _ in 0..1000 {
+        most = most.max(n.tx.peers[1].ctrl_bytes.min(HUGE.len()));
+        let p = &n.tx.peers[1];
+        assert!(p.ctrl.len() == 1 || p.ctrl_bytes <= cfg().control_window_bytes, "{} bytes kept", p.ctrl_bytes);
+        n.step(Duration::from_micros(100));
+    }
+    assert_eq!(n.seqs(), [0, 1, 2, 3]);
+    assert_eq!(&n.control[2].1[..], &HUGE[..]);
+    assert!(n.tx.peers[1].ctrl.is_empty() && !n.tx.has_queued());
+    assert_eq!(most, HUGE.len());
+}
+
+#[test]
+fn control_frames_waiting_for_the_window_follow_the_replay_when_the_control_rail_fails() {
+    let mut n = Net::new(&[1e9, 1e9], cfg());
+    let (w, total) = (cfg().control_window, 150);
+    for i in 0..total as u64 {
+        n.send_control(Kind::Eager, i, b"e");
+    }
+    assert_eq!(n.tx.peers[1].ctrl_wait.len(), total - w);
+    n.kill(0);
+    assert_eq!(n.tx.replayed(1), w as u64);
+    n.run_until_controls(total, 100_000);
+    assert_eq!(n.seqs(), (0..total as u64).collect::<Vec<_>>());
+    assert_eq!(n.copies, 0);
+}
+
+#[test]
+fn a_receiver_that_reads_nothing_for_a_while_loses_no_rail() {
+    let mut n = Net::new(&[1e9, 1e9], cfg());
+    n.send_control(Kind::Rts, 1, b"");
+    let data = n.send_message(4 * MIB);
+    for _ in 0..5 {
+        n.step(Duration::from_micros(100));
+    }
+    n.send_control(Kind::Eager, 2, b"x");
+    // Paused for ten stall times, parts and a control frame unacknowledged on both rails.
+    n.paused = true;
+    for _ in 0..5000 {
+        n.step(Duration::from_micros(100));
+    }
+    assert_eq!(n.tx.poll_cut(), None);
+    assert!(n.all_up(), "{:?}", n.tx.stats(1));
+    assert!(n.probes_on_the_wire() <= 2, "one probe per rail at most: {}", n.probes_on_the_wire());
+    n.paused = false;
+    n.run_until_whole(100_000);
+    assert_eq!(n.dest, data);
+    assert_eq!(n.seqs(), [1, 2]);
+    assert_eq!((n.tx.poll_cut(), n.tx.moved(1)), (None, 0));
+    assert!(n.all_up());
+    // Paused again, now between messages, then a message while paused: still no rail lost.
+    n.paused = true;
+    let data = n.send_message(2 * MIB);
+    for _ in 0..5000 {
+        n.step(Duration::from_micros(100));
+    }
+    n.paused = false;
+    n.run_until_whole(100_000);
+    assert_eq!(n.dest, data);
+    assert_eq!(n.tx.poll_cut(), None);
+    assert!(n.all_up());
+}
+
+#[test]
+fn a_receiver_that_reads_in_bursts_loses_no_rail() {
+    // Parts take several bursts on either rail: each rail's acknowledgements come in bursts
+    // stall times apart, sometimes one rail's a burst after the other's.
+    let mut n = Net::new(&[3e8, 2e8], cfg());
+    let data = n.send_message(2 * MIB);
+    let mut bursts = 0;
+    while n.delivered < data.len() && bursts < 1000 {
+        n.paused = true;
+        for _ in 0..1500 {
+            n.step(Duration::from_micros(100));
+        }
+        n.paused = false;
+        n.step(Duration::from_micros(100));
+        bursts += 1;
+    }
+    n.run_until_whole(100_000);
+    assert_eq!(n.dest, data);
+    assert_eq!(n.tx.poll_cut(), None);
+    assert!(n.all_up(), "{:?}", n.tx.stats(1));
+}
+
+#[test]
+fn a_silent_control_rail_is_dropped_when_a_probe_shows_the_peer_alive() {
+    // Only control frames, on rail 0, whose link went silent; rail 1 carries nothing but the
+    // probes, whose answers show that the peer reads.
+    let mut n = Net::new(&[1e9, 1e9], cfg());
+    n.rate[0] = 0.0;
+    n.send_control(Kind::Rts, 1, b"");
+    n.send_control(Kind::Eager, 2, b"x");
+    n.run_until_controls(2, 100_000);
+    assert_eq!(n.seqs(), [1, 2]);
+    assert_eq!(n.tx.poll_cut(), Some((0, 1)));
+    let s = n.tx.stats(1);
+    assert!(!s[0].unwrap().up && s[1].unwrap().control);
+    // The same with a receiver that reads nothing: no rail is dropped.
+    let mut n = Net::new(&[1e9, 1e9], cfg());
+    n.paused = true;
+    n.send_control(Kind::Rts, 1, b"");
+    for _ in 0..5000 {
+        n.step(Duration::from_micros(100));
+    }
+    assert_eq!(n.tx.poll_cut(), None);
+    assert!(n.all_up());
+}
+
+#[test]
+fn zero_length_data_frames_are_delivered_once() {
+    let mut n = Net::new(&[1e9, 1e9], cfg());
+    // A data frame of no bytes: one part of no bytes, delivered and acknowledged.
+    let h = Header { seq: 5, ..Header::new(Kind::Data) };
+    assert!(n.tx.takes(1, &h));
+    n.tx.send(1, h, Bytes::new(), n.now);
+    let sent: Vec<_> = std::iter::from_fn(|| n.tx.poll_transmit()).collect();
+    assert_eq!(sent.len(), 1);
+    let (rail, _, part, payload) = sent[0].clone();
+    assert_eq!((part.len, part.aux, part.flags & flags::RAIL_PART, payload.len()), (0, 0, flags::RAIL_PART, 0));
+    n.wire[rail].push_back((part, payload));
+    n.step(Duration::from_micros(100));
+    assert_eq!(n.rx.peers[0].low, 1, "delivered");
+    assert!(!n.tx.busy(), "acknowledged");
 }
