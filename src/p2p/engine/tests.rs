@@ -1249,3 +1249,66 @@ fn malformed_pushes_are_violations() {
     e.handle_frame(0, rts(2, 200), Bytes::new());
     assert!(e.poll_violation().is_none());
 }
+
+/// A rank that did its part of a collective and then left never fails that collective at a rank
+/// still running it, however the departure interleaves with another rank's loss and with the
+/// moment the survivors' context is registered there (a communicator's collective context is
+/// registered at a rank's first call): the message sent before the goodbye is delivered, whether
+/// the receive was posted before the message came, between it and the goodbye, or after the
+/// goodbye and the connection's end; only a receive for something never sent fails, with `Left`.
+#[test]
+fn a_departed_ranks_last_message_completes_the_collective() {
+    const SURVIVORS: u32 = 7;
+    // When rank 0 posts its receive and registers the survivors' context, relative to rank 1's
+    // message, its goodbye and its connection's end.
+    for post_at in 0..4 {
+        for registered_first in [false, true] {
+            let mut net = Net::new(4, cfg(4));
+            let what = format!("receive posted at step {post_at}, context registered first: {registered_first}");
+            // Rank 2 is lost first: the world is revoked, the survivors' context is not.
+            for r in [0, 1, 3] {
+                net.engines[r as usize].peer_lost(2, TransportError::Closed);
+            }
+            net.pump();
+            net.links.retain(|_, l| l.iter().all(|(h, _)| h.kind != Kind::Lost));
+            for r in [1, 3] {
+                net.engines[r as usize].watch(SURVIVORS, Watch::ranks([0, 1, 3]));
+            }
+            if registered_first {
+                net.engines[0].watch(SURVIVORS, Watch::ranks([0, 1, 3]));
+            }
+            let post = |net: &mut Net, step: u32| {
+                if step == post_at {
+                    net.engines[0].watch(SURVIVORS, Watch::ranks([0, 1, 3]));
+                    net.recv_on(0, 1, SURVIVORS, Source::Rank(1));
+                    net.recv_on(0, 2, SURVIVORS, Source::Rank(1));
+                }
+            };
+            post(&mut net, 0);
+            // Rank 1's last message of the call, then its goodbye.
+            net.send_on(1, 1, SURVIVORS, 0, Bytes::from_static(b"result"));
+            assert!(matches!(net.take(1, 1), Some(Completion::Send(Ok(())))), "{what}");
+            net.engines[1].say_goodbye();
+            net.pump();
+            net.deliver_one(1, 0);
+            post(&mut net, 1);
+            net.drain(1, 0);
+            post(&mut net, 2);
+            net.engines[0].peer_lost(1, TransportError::Closed);
+            net.pump();
+            post(&mut net, 3);
+            let (data, status) = net.received(0, 1);
+            assert_eq!((&data[..], status.source), (&b"result"[..], 1), "{what}");
+            assert!(
+                matches!(
+                    net.take(0, 2),
+                    Some(Completion::Recv(Err(Error::PeerLost { rank: 1, reason: TransportError::Left })))
+                ),
+                "{what}: a receive for something rank 1 never sent"
+            );
+            let e = &net.engines[0];
+            assert_eq!(e.failures().fate(1), &Fate::Departed, "{what}");
+            assert!(e.gate(SURVIVORS).is_none(), "{what}");
+        }
+    }
+}
