@@ -7,7 +7,8 @@
 //! * **Get latency, 8 B**: a loop of gets, each awaited (`ucp_get`: a stream of gets).
 //! * Latencies are medians of samples of 64 operations (`ucx_perftest` reports the median of its
 //!   per-iteration times; on a shared machine the mean is dominated by preempted iterations); the
-//!   means are in the JSON.
+//!   means are in the JSON. Over an RDMA device (`rma-verbs`) each operation is timed, as
+//!   perftest times them.
 //! * **Put and get bandwidth, 64 KiB and 4 MiB**: a loop of transfers into (from) one remote
 //!   buffer, then a fence (`ucp_put_bw`, `ucp_get`), after a warm-up of a tenth of the loop (at
 //!   most 10,000), as `ucx_perftest`'s; MB/s is 10^6 bytes per second on both sides
@@ -35,7 +36,7 @@ use ferrocomm::{Access, SegmentId, World};
 use ferrorun::{LaunchOptions, run_local};
 use serde_json::{Value, json};
 
-use crate::{Result, affinity, cli, process};
+use crate::{Result, affinity, cli, process, sweep};
 
 pub(crate) const JOB_COMMAND: &str = "rma-job";
 pub(crate) const RANK_COMMAND: &str = "rma-rank";
@@ -197,40 +198,54 @@ async fn pair(w: &World) -> Result<Value> {
     // Put latency: ping-pong through each other's memory. Over a mapping each side spins on its
     // own word, as `ucp_put_lat` does; over requests the puts carry a notification that each side
     // awaits (its wait runs the progress that applies the peer's put: a busy-polling rank's own
-    // calls serve requests, its progress thread stays aside while they spin).
+    // calls serve requests, its progress thread stays aside while they spin). Over the device,
+    // `ib_write_lat`'s loop ([`device_put_lat`]).
     w.barrier().await?;
-    // Samples of BATCH round trips; the report takes their median, as `ucx_perftest` takes the
-    // median of its per-iteration times (on a shared machine a preempted batch is an outlier).
-    let mut samples = Vec::new();
-    let mut i = 0u64;
-    let t_all = Instant::now();
-    while i < lat_iters {
-        let t0 = Instant::now();
-        for _ in 0..BATCH {
-            i += 1;
-            if me == 0 {
-                if tcp {
-                    w.put_notify(remote, 0, &i.to_le_bytes()).await?;
-                } else {
-                    w.put(remote, 0, &i.to_le_bytes()).await?;
-                }
-            }
-            if tcp {
-                seg.wait_notifications(i).await?;
-            } else {
-                spin_until(word, i, device);
-            }
-            if me == 1 {
-                if tcp {
-                    w.put_notify(remote, 0, &i.to_le_bytes()).await?;
-                } else {
-                    w.put(remote, 0, &i.to_le_bytes()).await?;
-                }
-            }
+    let mut device_put = json!({});
+    let (put_med, put_mean) = if device {
+        for (name, yielding) in [("spin", false), ("yield", true)] {
+            device_put[name] = device_put_lat(w, remote, word, lat_iters, yielding).await?;
+            w.barrier().await?;
         }
-        samples.push(t0.elapsed().as_secs_f64() / BATCH as f64 / 2.0);
-    }
-    let put_mean = t_all.elapsed().as_secs_f64() / i as f64 / 2.0;
+        (
+            device_put["spin"]["lat_us"].as_f64().unwrap_or(f64::NAN) * 1e-6,
+            device_put["spin"]["mean_us"].as_f64().unwrap_or(f64::NAN) * 1e-6,
+        )
+    } else {
+        // Samples of BATCH round trips; the report takes their median, as `ucx_perftest` takes
+        // the median of its per-iteration times (on a shared machine a preempted batch is an
+        // outlier).
+        let mut samples = Vec::new();
+        let mut i = 0u64;
+        let t_all = Instant::now();
+        while i < lat_iters {
+            let t0 = Instant::now();
+            for _ in 0..BATCH {
+                i += 1;
+                if me == 0 {
+                    if tcp {
+                        w.put_notify(remote, 0, &i.to_le_bytes()).await?;
+                    } else {
+                        w.put(remote, 0, &i.to_le_bytes()).await?;
+                    }
+                }
+                if tcp {
+                    seg.wait_notifications(i).await?;
+                } else {
+                    spin_until(word, i, false);
+                }
+                if me == 1 {
+                    if tcp {
+                        w.put_notify(remote, 0, &i.to_le_bytes()).await?;
+                    } else {
+                        w.put(remote, 0, &i.to_le_bytes()).await?;
+                    }
+                }
+            }
+            samples.push(t0.elapsed().as_secs_f64() / BATCH as f64 / 2.0);
+        }
+        (median(samples), t_all.elapsed().as_secs_f64() / i as f64 / 2.0)
+    };
     w.barrier().await?;
     // Over the device, rank 1 idles through rank 0's one-sided tests, as perftest's server does:
     // Soft-RoCE answers reads and atomics with kernel work on these CPUs, which a rank spinning
@@ -243,9 +258,12 @@ async fn pair(w: &World) -> Result<Value> {
         }
     }
     let mut out = json!({"mapped": remote.is_mapped(), "device": device, "transport": w.transport_for(peer as u32),
-                         "put_lat_us": median(samples) * 1e6, "put_lat_mean_us": put_mean * 1e6});
+                         "put_lat_us": put_med * 1e6, "put_lat_mean_us": put_mean * 1e6});
+    if device {
+        out["put"] = device_put;
+    }
     if me == 0 {
-        let (med, mean) = timed(lat_iters, || async {
+        let (med, mean) = timed(lat_iters, device, || async {
             let mut b = [0u8; 8];
             w.get(remote, 8, &mut b).await?;
             Ok(())
@@ -293,7 +311,7 @@ async fn pair(w: &World) -> Result<Value> {
             bw_entries(&mut out, "get", size, t0.elapsed().as_secs_f64(), &times);
         }
         let iters = if tcp || device { ATOMIC_ITERS / 100 } else { ATOMIC_ITERS };
-        let (med, mean) = timed(iters, || async {
+        let (med, mean) = timed(iters, device, || async {
             w.fetch_add(remote, 16, 1).await?;
             Ok(())
         })
@@ -309,11 +327,12 @@ async fn pair(w: &World) -> Result<Value> {
     Ok(out)
 }
 
-/// Spins until `word` holds `v`. Over the device (`yielding`) it gives its CPU away every
-/// [`YIELD_EVERY`] looks, as ferrocomm's own busy waits do once they have spun a while: on
-/// Soft-RoCE each RDMA write's delivery and acknowledgement is kernel work (softirqs, work items)
-/// that may be due on this very CPU, and a spin that never yields holds it off until the
-/// scheduler's next tick, several milliseconds per write.
+/// Spins until `word` holds `v`; `yielding`, it gives its CPU away every [`YIELD_EVERY`] looks,
+/// as ferrocomm's own busy waits do once they have spun a while. `ib_write_lat` never yields, and
+/// on Soft-RoCE an 8 B RDMA write needs no kernel work on the target's CPU: the poster's system
+/// call writes the target's memory and takes the acknowledgement (both queue pairs on one
+/// device). A yield is a system call, microseconds under software emulation, and a write that
+/// lands during one waits for it.
 fn spin_until(word: &std::sync::atomic::AtomicU64, v: u64, yielding: bool) {
     let mut looks = 0u32;
     while word.load(Ordering::Acquire) != v {
@@ -342,13 +361,27 @@ fn aligned(buf: &mut [u8]) -> &mut [u8] {
     &mut buf[skip..]
 }
 
-/// Runs `op` `iters` times in batches of [`BATCH`]; returns (median of the batches' times per
-/// operation, mean time per operation), seconds.
-async fn timed<F, Fut>(iters: u64, mut op: F) -> Result<(f64, f64)>
+/// Runs `op` `iters` times; returns (median time per operation, mean time per operation),
+/// seconds. The median is over batches of [`BATCH`] operations, or over single operations with
+/// `each` (`ib_read_lat` and `ib_atomic_lat` time each operation, by the cycle counter: over a
+/// device an operation takes microseconds, and the batch's mean carries its preempted ones).
+async fn timed<F, Fut>(iters: u64, each: bool, mut op: F) -> Result<(f64, f64)>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
 {
+    if each {
+        let mut stamps = Vec::with_capacity(iters as usize + 1);
+        let t_all = Instant::now();
+        for _ in 0..iters {
+            stamps.push(sweep::stamp());
+            op().await?;
+        }
+        stamps.push(sweep::stamp());
+        let all = t_all.elapsed().as_secs_f64();
+        let times = sweep::trips(&stamps, all);
+        return Ok((median(times), all / iters.max(1) as f64));
+    }
     let mut samples = Vec::new();
     let mut done = 0;
     let t_all = Instant::now();
@@ -361,6 +394,73 @@ where
         samples.push(t0.elapsed().as_secs_f64() / BATCH as f64);
     }
     Ok((median(samples), t_all.elapsed().as_secs_f64() / done as f64))
+}
+
+/// Put latency over the device, `ib_write_lat`'s loop: rank 0 puts, then spins on its word until
+/// rank 1's put has landed; rank 1 spins first, then puts. Each side stamps each put's start
+/// (the cycle counter); one iteration is a round trip, the latency half of it (median and mean
+/// over the iterations, as `ib_write_lat`'s `t_typical` and `t_avg`). `yielding`: the spin gives
+/// its CPU away every [`YIELD_EVERY`] looks. Also: how many puts completed in their call (their
+/// completion collected right after posting), the median time of a put's call and await, and the
+/// context switches of the rank's other threads (its progress thread) over the loop.
+async fn device_put_lat(
+    w: &World,
+    remote: &ferrocomm::RemoteSegment,
+    word: &std::sync::atomic::AtomicU64,
+    iters: u64,
+    yielding: bool,
+) -> Result<Value> {
+    let me = w.rank();
+    let mut stamps = Vec::with_capacity(iters as usize + 1);
+    let mut calls = Vec::with_capacity(iters as usize);
+    let mut in_call = 0u64;
+    let base = word.load(Ordering::Acquire);
+    let switches = other_threads_switches();
+    let t_all = Instant::now();
+    for i in base + 1..=base + iters {
+        if me == 1 {
+            spin_until(word, i, yielding);
+        }
+        let s = sweep::stamp();
+        stamps.push(s);
+        let op = w.put(remote, 0, &i.to_le_bytes());
+        in_call += u64::from(op.is_complete());
+        op.await?;
+        calls.push(sweep::stamp().wrapping_sub(s));
+        if me == 0 {
+            spin_until(word, i, yielding);
+        }
+    }
+    stamps.push(sweep::stamp());
+    let all = t_all.elapsed().as_secs_f64();
+    let switches = other_threads_switches().saturating_sub(switches);
+    let trips = sweep::trips(&stamps, all);
+    let span = stamps.last().zip(stamps.first()).map_or(1, |(l, f)| l.wrapping_sub(*f).max(1));
+    let per_unit = all / span as f64;
+    let call = median(calls.iter().map(|&c| c as f64 * per_unit).collect());
+    Ok(json!({"lat_us": median(trips) / 2.0 * 1e6, "mean_us": all / iters.max(1) as f64 / 2.0 * 1e6,
+              "complete_in_call": in_call as f64 / iters.max(1) as f64, "call_us": call * 1e6,
+              "other_thread_switches": switches}))
+}
+
+/// Context switches (voluntary and not) of this process's threads other than the caller's.
+fn other_threads_switches() -> u64 {
+    let count = |status: &str| -> u64 {
+        status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+            .sum()
+    };
+    let own = std::fs::read_to_string("/proc/thread-self/status").map_or(0, |s| count(&s));
+    let all: u64 = std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+        .map(|s| count(&s))
+        .sum();
+    all.saturating_sub(own)
 }
 
 async fn atomics(w: &World) -> Result<Value> {

@@ -1,20 +1,22 @@
 //! `rma-verbs`: one-sided communication over RDMA verbs (the Soft-RoCE VM of
 //! scripts/verbs-vm.sh), ferrocomm against perftest on the same device, in one invocation.
 //!
-//! * **Put latency, 8 B**: ferrocomm's put ping-pong (each side puts a counter into the other's
-//!   segment by RDMA write, awaits its completion, and spins on its own word, yielding the CPU
-//!   every few dozen looks, until the peer's has landed; half the round trip) against
-//!   `ib_write_lat` (the same ping-pong of RDMA writes polling memory).
-//! * **Get latency, 8 B**: a loop of awaited gets (RDMA reads) against `ib_read_lat`.
-//! * **Fetch-add latency**: a loop of awaited fetch-adds (RDMA atomics) against
+//! * **Put latency, 8 B**: `ib_write_lat`'s loop. Rank 0 puts a counter into rank 1's segment
+//!   by RDMA write and awaits its completion, then spins on its own word until rank 1's put has
+//!   landed; rank 1 spins first, then puts. Each put's start is stamped by the cycle counter, and
+//!   the latency is half of the median time between two stamps (`ib_write_lat`'s `t_typical`),
+//!   against `ib_write_lat` (the same ping-pong of signaled RDMA writes, each side polling
+//!   memory). The JSON also has the same loop with a spin that gives its CPU away every few
+//!   dozen looks, how many puts completed within their call, and the median time of one put.
+//! * **Get latency, 8 B**: a loop of awaited gets (RDMA reads), each timed, against
+//!   `ib_read_lat`.
+//! * **Fetch-add latency**: a loop of awaited fetch-adds (RDMA atomics), each timed, against
 //!   `ib_atomic_lat -A FETCH_AND_ADD`.
 //!
-//! Soft-RoCE carries out RDMA in the kernel, on the same two CPUs: a spin that never yields holds
-//! off the kernel work that delivers and acknowledges the peer's writes until the scheduler's next
-//! tick (milliseconds). So the ping-pong's spin yields now and then, and the target rank idles
-//! through the get and fetch-add loops (perftest's server idles too).
+//! The target rank idles through the get and fetch-add loops (perftest's server idles too):
+//! Soft-RoCE answers reads with kernel work on these CPUs, which a spinning rank competes with.
 //!
-//! ferrocomm's figures are medians of 64-operation samples, perftest's its `t_typical` (the
+//! ferrocomm's figures are medians of the operations' times, perftest's its `t_typical` (the
 //! median); both means are in the JSON. Each side runs `--runs` times, alternately; the report
 //! gives medians and the ratios ferrocomm / perftest (1.0: as fast as perftest).
 

@@ -311,6 +311,15 @@ impl<P: Progress> Reactor<P> {
         f(&mut self.shared.state.lock())
     }
 
+    /// Runs `f` on the locked state as one round of an inline spin: the background task stays
+    /// aside, as it does while callers spin (a caller that collects its completion right after
+    /// starting an operation needs no wakeup of that task for it).
+    pub fn with_spinning<R>(&self, f: impl FnOnce(&mut P) -> R) -> R {
+        let _spin = self.shared.spins.start();
+        let mut st = self.shared.state.lock();
+        f(&mut st)
+    }
+
     /// Locks the state.
     pub fn lock(&self) -> MutexGuard<'_, P> {
         self.shared.state.lock()

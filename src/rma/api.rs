@@ -48,14 +48,19 @@ const MIN_MESSAGE: usize = 4 * OVERHEAD;
 /// the engine's to the transport (calling the background task in where nobody spins).
 fn locked<R>(inner: &Inner, f: impl FnOnce(&mut Driver) -> R) -> R {
     let mut g = inner.reactor.lock();
-    let d = &mut *g;
-    let r = f(d);
+    let r = f(&mut g);
+    handed_on(inner, &mut g);
+    r
+}
+
+/// After `locked`'s (or a device operation's) call: the one-sided service's messages to the
+/// engine, the engine's to the transport, and the background task called in where nobody spins.
+fn handed_on(inner: &Inner, d: &mut Driver) {
     pump(d);
     d.flush();
     if inner.reactor.mode() == ProgressMode::Blocking && d.transport.has_queued_output() {
         inner.reactor.kick();
     }
-    r
 }
 
 /// The one-sided service of this rank (the service the driver runs in its progress is always the
@@ -1273,14 +1278,16 @@ fn emulated<T: Send + 'static>(
     }
 }
 
-/// Starts an operation that the device carries out.
+/// Starts an operation that the device carries out: posted, then collected in the same hold
+/// of the lock ([`super::verbs::collect`]), so that an operation the device completes within
+/// its posting call completes in its own call.
 fn native<T: Send + 'static>(
     inner: &Arc<Inner>,
     seg: SegmentId,
     req: Request<'_>,
     conv: fn(Reply) -> Result<T>,
 ) -> RmaOp<T> {
-    let (key, now) = locked(inner, |d| {
+    let (key, now) = inner.reactor.with_spinning(|d| {
         let (key, post) = service(d).start_native(seg);
         if post {
             let token = Service::token(key);
@@ -1288,16 +1295,15 @@ fn native<T: Send + 'static>(
                 Some(os) => os.post(seg.owner(), req, token),
                 None => Err(TransportError::Closed),
             };
-            if let Err(e) = posted {
-                service(d).native_done(token, Err(e));
+            match posted {
+                Ok(()) => super::verbs::collect(d),
+                Err(e) => service(d).native_done(token, Err(e)),
             }
         }
-        (key, service(d).poll(key, None))
+        let now = service(d).poll(key, None);
+        handed_on(inner, d);
+        (key, now)
     });
-    let now = match now {
-        Poll::Pending => super::verbs::collect(&inner.reactor, |d| service(d).poll(key, None)),
-        done => done,
-    };
     match now {
         Poll::Ready(r) => RmaOp::of(r.and_then(conv)),
         Poll::Pending => {

@@ -11,9 +11,8 @@
 //! and no peer's operation meets a key that is gone (which would break its connection).
 
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
-use ferrocomm_reactor::{Reactor, Wait};
+use ferrocomm_reactor::Progress;
 
 use ferrocomm_transports::one_sided::{RemoteAccess, Run};
 use smallvec::SmallVec;
@@ -54,20 +53,15 @@ pub(super) fn runs(g: &Geometry, base: u64) -> SmallVec<[Run; 1]> {
     g.runs().enumerate().map(|(k, (_, r))| Run { stream: k * block, addr: base + r as u64, len: block }).collect()
 }
 
-/// After an operation was posted (`check`: whether it has completed, and its result): one round
-/// of progress as a spinning caller makes it, which collects what the device has completed
-/// already. A software device may carry out the operation within the posting call (Soft-RoCE:
-/// the request, the target's side and the acknowledgement run in the poster's system call when
-/// both ends are on the same device), and an operation found complete here completes in its
-/// call, without a waiting future. Otherwise the completion comes later, and this cost one
-/// progress round. It counts as an inline spin, so the reactor's background task stays aside
-/// (rather than waking at each completion) while the caller issues operations.
-pub(super) fn collect<R>(reactor: &Reactor<Driver>, mut check: impl FnMut(&mut Driver) -> Poll<R>) -> Poll<R> {
-    let mut cx = Context::from_waker(Waker::noop());
-    // Ready at the first look, whatever the check says: the round is not a wait.
-    match reactor.poll_until(&mut cx, &mut Wait::default(), |d, _| Poll::Ready(check(d))) {
-        Poll::Ready(r) => r,
-        // The reactor was busy (its background task held it): the future waits as usual.
-        Poll::Pending => Poll::Pending,
-    }
+/// After an operation was posted, with the driver still locked: one round of progress as a
+/// spinning caller makes it, which collects what the device has completed already. A software
+/// device may carry out the operation within the posting call (Soft-RoCE: the request, the
+/// target's side and the acknowledgement of an RDMA write or atomic run in the poster's system
+/// call when both ends are on the same device), and an operation found complete here completes
+/// in its call, without a waiting future, a second taking of the lock or a wakeup. Otherwise the
+/// completion comes later, and this cost one progress round. The caller holds the lock as an
+/// inline spin ([`ferrocomm_reactor::Reactor::with_spinning`]), so the reactor's background
+/// task stays aside (rather than waking at each completion) while the caller issues operations.
+pub(super) fn collect(d: &mut Driver) {
+    d.progress();
 }
