@@ -118,6 +118,16 @@ fn rdma_collectives_over_verbs() {
         }
         println!("RDMA collectives over verbs, {n} ranks, pinned {pin:?}: {took:?}");
     }
+    // Failures: a rank's buffers that do not fit the call, another block length, calls dropped
+    // mid-way; each followed by calls that must succeed.
+    for n in [4, 3] {
+        let (code, text, took) = launch(n, "rdma-fail", "verbs", &["FERROCOMM_COLL=allgather=rdma,alltoall=rdma"]);
+        assert_eq!(code, Some(0), "verbs, {n} ranks, failures:\n{text}");
+        for r in 0..n {
+            assert!(said(&text, r, "RDMA-FAIL-OK"), "verbs, {n} ranks, failures, rank {r}:\n{text}");
+        }
+        println!("RDMA collective failures over verbs, {n} ranks: {took:?}");
+    }
 }
 
 /// The element `i` of rank `from`'s block for rank `to` (an all-gather's blocks have `to` 0).
@@ -208,6 +218,101 @@ async fn into_caller_buffers(w: &ferrocomm::World, elems: usize) {
     }
 }
 
+/// A failed RDMA call at rank `r`: rank 1 is the one at fault; with `own` its own error is
+/// `own`'s, otherwise any refusal. The others' calls fail with a refusal naming rank 1 (never a
+/// timeout: the hang guard).
+fn refused_by_one(r: u32, got: Result<(), Error>, own: fn(&Error) -> bool, what: &str) {
+    use ferrocomm::CollError;
+    let e = got.expect_err(what);
+    if r == 1 {
+        let any_refusal = matches!(e, Error::Collective(CollError::Refused { .. }));
+        assert!(own(&e) || any_refusal, "{what}, the rank at fault: {e:?}");
+    } else {
+        assert!(matches!(e, Error::Collective(CollError::Refused { rank: 1, .. })), "{what}, rank {r}: {e:?}");
+    }
+}
+
+/// RDMA calls that fail (pinned to `rdma`): rank 1's result buffer one element off
+/// (`allgather_into`, `alltoall_into`), rank 1's blocks of another length (`alltoall`); calls
+/// every rank drops mid-way (after 0 to 80 ms, while writes are in flight; a call that completes
+/// first is checked, one that fails must fail with a refusal). After each, correct calls on the
+/// same communicator (into the buffer the failed calls used, and owned ones) give the reference
+/// results: a failure reaches every rank, and leaves the connections sound.
+async fn rdma_failures(w: &ferrocomm::World) {
+    use ferrocomm::{CollError, InvalidArgument};
+    let (r, n) = (w.rank(), w.size());
+    let guard = Duration::from_secs(60);
+    let (small, big) = (4096, 131072);
+    let mine = |round: u64, elems: usize| (0..elems).map(|i| element(r, 0, i) ^ (round << 40)).collect::<Vec<u64>>();
+    let parts = |round: u64, elems: usize| {
+        (0..n).flat_map(|to| (0..elems).map(move |i| element(r, to, i) ^ (round << 40))).collect::<Vec<u64>>()
+    };
+    let gathered = |round: u64, elems: usize| {
+        (0..n).flat_map(|j| (0..elems).map(move |i| element(j, 0, i) ^ (round << 40))).collect::<Vec<u64>>()
+    };
+    let exchanged = |round: u64, elems: usize| {
+        (0..n).flat_map(|from| (0..elems).map(move |i| element(from, r, i) ^ (round << 40))).collect::<Vec<u64>>()
+    };
+    // Correct calls: into `g` (the buffer of the failed calls) and owned.
+    let works = async |round: u64, what: &str, g: &mut Vec<u64>| {
+        let elems = g.len() / n as usize;
+        w.allgather_into(&mine(round, elems), g).timeout(guard).await.unwrap_or_else(|e| panic!("after {what}: {e:?}"));
+        assert!(*g == gathered(round, elems), "all-gather after {what} differs");
+        let got =
+            w.alltoall(&parts(round, small)).timeout(guard).await.unwrap_or_else(|e| panic!("after {what}: {e:?}"));
+        assert!(got == exchanged(round, small), "all-to-all after {what} differs");
+    };
+    let mut g = vec![0u64; small * n as usize];
+    works(1, "nothing", &mut g).await;
+    let mismatch = |e: &Error| matches!(e, Error::Invalid(InvalidArgument::LengthMismatch { .. }));
+
+    // Rank 1's result buffer one element short, then one over.
+    let extra = usize::from(r == 1);
+    let mut short = vec![0u64; small * n as usize - extra];
+    let got = w.allgather_into(&mine(0, small), &mut short).timeout(guard).await;
+    refused_by_one(r, got, mismatch, "all-gather into a short buffer");
+    works(2, "a refused all-gather", &mut g).await;
+    let mut long = vec![0u64; small * n as usize + extra];
+    let got = w.alltoall_into(&parts(0, small), &mut long).timeout(guard).await;
+    refused_by_one(r, got, mismatch, "all-to-all into a long buffer");
+    works(3, "a refused all-to-all", &mut g).await;
+    // Rank 1's blocks one element longer than the others'.
+    let got = w.alltoall(&parts(0, small + extra)).timeout(guard).await.map(drop);
+    refused_by_one(r, got, |_| false, "all-to-all of another block length");
+    works(4, "blocks of another length", &mut g).await;
+
+    // Calls dropped mid-way (1 MiB blocks: tens of milliseconds of writes in the emulated VM).
+    let mut dropped = 0;
+    let mut into = vec![0u64; big * n as usize];
+    let mut round = 10;
+    for ms in [0, 2, 10, 30, 80] {
+        let wait = Duration::from_millis(ms);
+        round += 1;
+        match tokio::time::timeout(wait, w.alltoall(&parts(round, big))).await {
+            Err(_) => dropped += 1,
+            Ok(Ok(got)) => assert!(got == exchanged(round, big), "an all-to-all not dropped differs"),
+            Ok(Err(e)) => assert!(matches!(e, Error::Collective(CollError::Refused { .. })), "{e:?}"),
+        }
+        round += 1;
+        works(round, "a dropped all-to-all", &mut g).await;
+        round += 1;
+        let mine_big = mine(round, big);
+        match tokio::time::timeout(wait, w.allgather_into(&mine_big, &mut into)).await {
+            Err(_) => dropped += 1,
+            Ok(Ok(())) => assert!(into == gathered(round, big), "an all-gather not dropped differs"),
+            Ok(Err(e)) => assert!(matches!(e, Error::Collective(CollError::Refused { .. })), "{e:?}"),
+        }
+        // The dropped call's buffer, in a call that runs to its end, then the small ones.
+        round += 1;
+        w.alltoall_into(&parts(round, big), &mut into).timeout(guard).await.unwrap();
+        assert!(into == exchanged(round, big), "an all-to-all into a dropped call's buffer differs");
+        round += 1;
+        works(round, "a dropped all-gather", &mut g).await;
+    }
+    w.barrier().timeout(guard).await.unwrap();
+    println!("RDMA-FAIL-OK {n} ranks, {dropped} calls dropped");
+}
+
 /// One rank of a scenario, when run by `ferrorun`.
 #[test]
 fn rma_rank_process() {
@@ -232,6 +337,10 @@ fn rma_rank_process() {
             "kill" => kill_scenario(w).await,
             "rdma-coll" => {
                 rdma_collectives(&w).await;
+                w.finalize().await.unwrap();
+            }
+            "rdma-fail" => {
+                rdma_failures(&w).await;
                 w.finalize().await.unwrap();
             }
             other => panic!("unknown scenario {other}"),

@@ -52,6 +52,16 @@ pub enum CollError {
         /// The rank that left.
         rank: u32,
     },
+    /// An RDMA call (all-gather or all-to-all by RDMA writes): rank `rank` cannot take part in
+    /// it (its set-up failed: the device refused its buffer, or its buffers do not fit the call)
+    /// or its blocks are of another length than this rank's. Every member's call fails with it.
+    #[error("rank {rank} cannot take part in the RDMA collective: {why}")]
+    Refused {
+        /// The rank that refused (or whose blocks differ).
+        rank: u32,
+        /// Why.
+        why: &'static str,
+    },
     /// A single-copy call: the kernel refused to copy from rank `rank`'s memory.
     #[error(
         "single copy from rank {rank} failed: {reason} (cross-memory attach needs ptrace permission; pinning \

@@ -91,9 +91,10 @@ impl Comm {
     pub fn allgather<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let mut out = vec![T::zeroed(); data.len() * self.size() as usize];
         let run = self.allgather_plan(data, &mut out, Lend::Copy);
+        let mut out = self.hold_result(Operation::Allgather, size_of_val(data), out);
         async move {
-            run(&mut out).await?;
-            Ok(out)
+            run(out.get()).await?;
+            Ok(out.into_inner())
         }
     }
 
@@ -142,22 +143,24 @@ impl Comm {
         });
         let rdma = (alg == Algorithm::Rdma).then(|| {
             let out: &mut [u8] = bytemuck::cast_slice_mut(out);
-            if out.len() != n as usize * len {
-                return Err(Error::Invalid(InvalidArgument::LengthMismatch {
-                    expected: n as usize * len,
-                    got: out.len(),
-                }));
+            // A mismatch still takes the call's slot: the peers learn of it (a refusal).
+            let misfit = (out.len() != n as usize * len).then(|| {
+                Error::Invalid(InvalidArgument::LengthMismatch { expected: n as usize * len, got: out.len() })
+            });
+            if misfit.is_none() {
+                // The own block goes from here to the peers: nothing else is copied.
+                out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
             }
-            // The own block goes from here to the peers: nothing else is copied.
-            out[r as usize * len..(r as usize + 1) * len].copy_from_slice(bytes);
-            Ok((self.slot(), self.coll().rdma.turn()))
+            (self.slot(), self.coll().rdma.turn(), misfit)
         });
         let plan = (board.is_none() && direct.is_none() && rdma.is_none())
             .then(|| (self.slot(), ops::allgather(r, n, alg, pool.copy(data))));
         move |out: &mut [T]| {
             Box::pin(obs.wrap(async move {
-                if let Some(call) = rdma {
-                    let (slot, turn) = call?;
+                if let Some((slot, turn, misfit)) = rdma {
+                    if let Some(e) = misfit {
+                        return rdma::refuse(slot, turn, rdma::Refusal::Length, e).await;
+                    }
                     let (shape, src) = (rdma::Shape::Allgather, rdma::Source::OwnBlock);
                     return rdma::run(slot, turn, shape, src, len, bytemuck::cast_slice_mut(out)).await;
                 }
@@ -183,6 +186,16 @@ impl Comm {
                 pool.recycle(blocks);
                 Ok(())
             }))
+        }
+    }
+
+    /// An owned call's result vector: held by the RDMA tier when the call goes by RDMA writes
+    /// (retired, not freed, if the call ends early: a peer may still write into it).
+    fn hold_result<T: Element>(&self, op: Operation, bytes: usize, out: Vec<T>) -> rdma::HeldResult<T> {
+        if self.choose(op, bytes, true) == Algorithm::Rdma {
+            self.coll().rdma.hold(out)
+        } else {
+            rdma::HeldResult::plain(out)
         }
     }
 
@@ -221,9 +234,11 @@ impl Comm {
     pub fn alltoall<T: Element>(&self, data: &[T]) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let mut out = vec![T::zeroed(); data.len()];
         let run = self.alltoall_plan(data, &mut out, Lend::Copy);
+        let part = size_of_val(data) / self.size() as usize;
+        let mut out = self.hold_result(Operation::Alltoall, part, out);
         async move {
-            run(&mut out).await?;
-            Ok(out)
+            run(out.get()).await?;
+            Ok(out.into_inner())
         }
     }
 
@@ -275,14 +290,18 @@ impl Comm {
             // Messages and single copy alike: the own part does not travel.
             out[mine.clone()].copy_from_slice(&data[mine.clone()]);
         }
-        let rdma = (early.is_none() && alg == Algorithm::Rdma).then(|| {
+        let rdma = (alg == Algorithm::Rdma).then(|| {
+            if let Some(e) = &early {
+                // A mismatch still takes the call's slot: the peers learn of it (a refusal).
+                return (self.slot(), self.coll().rdma.turn(), Err(e.clone()));
+            }
             let src = match lend {
                 // SAFETY: `Lend::InPlace` is only for a future that borrows `data` until its end
                 // (`lending_in_place`), unchanged: the device reads it where it is.
                 Lend::InPlace => rdma::Source::Borrowed(unsafe { rdma::Lent::new(bytemuck::cast_slice(data)) }),
                 Lend::Copy => rdma::Source::Owned(Bytes::copy_from_slice(bytemuck::cast_slice(data))),
             };
-            (self.slot(), self.coll().rdma.turn(), src)
+            (self.slot(), self.coll().rdma.turn(), Ok(src))
         });
         let plan = (early.is_none() && board.is_none() && direct.is_none() && rdma.is_none()).then(|| {
             let travel = (0..n as usize).filter(|&i| i != r as usize).map(|i| &data[i * elems..(i + 1) * elems]);
@@ -321,6 +340,10 @@ impl Comm {
                     return copy_parts(out, &call?.await?);
                 }
                 if let Some((slot, turn, src)) = rdma {
+                    let src = match src {
+                        Ok(src) => src,
+                        Err(e) => return rdma::refuse(slot, turn, rdma::Refusal::Length, e).await,
+                    };
                     // The own part is in `out` already.
                     let out: &mut [u8] = bytemuck::cast_slice_mut(out);
                     return rdma::run(slot, turn, rdma::Shape::Alltoall, src, part, out).await;

@@ -1031,7 +1031,9 @@ impl World {
     }
 
     /// Ends a registration of [`World::device_register`]: peers' operations with its key fail
-    /// from then on.
+    /// from then on. Writes from it still waiting or posted ([`World::device_write`]) keep it
+    /// until they complete (the transport holds it), so a call dropped mid-way leaves the
+    /// connection sound.
     pub(crate) fn device_deregister(&self, handle: u64) {
         locked(self.rma_inner(), |d| {
             if let Some(os) = d.transport.one_sided() {
@@ -1041,8 +1043,9 @@ impl World {
     }
 
     /// RDMA-writes `len` bytes at `offset` of registration `handle` (read by the device where
-    /// they are) to `addr` under `rkey` at world rank `peer`. The caller keeps the memory and the
-    /// registration until the returned operation completes.
+    /// they are) to `addr` under `rkey` at world rank `peer`. The transport keeps the registration
+    /// (which pins the memory's pages) until the write completes, even if the caller deregisters
+    /// it before; a handle already deregistered fails the write.
     pub(crate) fn device_write(&self, peer: Rank, handle: u64, offset: usize, len: usize, to: RemoteKey) -> RmaOp<()> {
         if len == 0 {
             return RmaOp::done(());

@@ -61,8 +61,9 @@ pub enum Request<'a> {
     },
     /// Writes the runs of a local stream that lies in this transport's own registration
     /// `handle` (from [`OneSided::register`]): `len` bytes from its `offset`, which the device
-    /// reads where they are (nothing is copied). The caller keeps the memory unchanged and the
-    /// registration in place until the operation completes.
+    /// reads where they are (nothing is copied). The caller keeps the memory unchanged until the
+    /// operation completes; the registration stays in place until then even if the caller
+    /// deregisters it meanwhile (a handle deregistered before `post` fails with `InvalidInput`).
     WriteRegistered {
         /// The local registration holding the stream.
         handle: u64,
@@ -128,7 +129,9 @@ pub trait OneSided {
     /// The memory must stay allocated until it is deregistered (or the transport is dropped).
     unsafe fn register(&mut self, addr: *mut u8, len: usize, access: RemoteAccess) -> io::Result<(u64, RemoteKey)>;
     /// Ends a registration: peers' operations with its key fail from then on (and break their
-    /// connection), so the caller deregisters only once no peer uses the key any more.
+    /// connection), so the caller deregisters only once no peer uses the key any more. The
+    /// transport's own requests from it (`WriteRegistered`) still pending keep it until they
+    /// complete.
     fn deregister(&mut self, handle: u64);
     /// Posts `req` to `peer` (this rank itself: through a loopback connection, so that its own
     /// atomics are atomic with its peers'), completing later with `token`. An error means it was

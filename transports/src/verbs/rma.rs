@@ -16,6 +16,14 @@
 //!   latency path registers nothing. A write from the transport's own registration
 //!   (`WriteRegistered`, the RDMA collectives' zero-copy path) stages nothing: the device reads
 //!   the caller's memory.
+//! * **Registrations outlive their requests.** A registration of the caller's
+//!   ([`OneSided::register`]) that is deregistered while a `WriteRegistered` request from it waits
+//!   in the backlog or is posted is kept ([`Registrations`]) until that request completes: the
+//!   device never meets a dead local key (which would put the queue pair, and so the connection,
+//!   into error), and a request for a handle already deregistered fails at `post` with
+//!   `InvalidInput`. A request through the loopback that targets one of these registrations
+//!   keeps it alike. The memory is the caller's: the registration pins its pages, so what the
+//!   device reads after the caller let go of it is the old pages, never another process's.
 //! * **Work requests.** One per run (a strided or sub-array transfer is several, one per
 //!   contiguous run after merging adjacent ones), each signaled: an operation completes when its
 //!   last request's completion is polled.
@@ -105,6 +113,9 @@ struct OpState {
     /// `None`: an inline write, posted in its call from the caller's bytes, or a write from a
     /// registration of the caller's (`local` says where).
     staging: Option<Staging>,
+    /// Registrations of the caller's kept until this operation is over: the one its local stream
+    /// lies in (`WriteRegistered`), and, through the loopback, the one it targets.
+    pins: [Option<u64>; 2],
     /// The local stream's address and key (the staging buffer's, the registration's, or the
     /// caller's bytes for an inline write).
     local: (u64, u32),
@@ -151,9 +162,8 @@ pub(super) struct RmaState {
     _lo_b: Qp,
     lo_sq: SendQueue,
     sq_depth: u32,
-    /// By handle: the region, its first byte's address and its length.
-    regs: HashMap<u64, (Mr, u64, usize)>,
-    next_reg: u64,
+    /// The registrations of the caller's memory.
+    regs: Registrations<Mr>,
     ops: Slab<OpState>,
     /// By connection index (the loopback's too): requests in issue order.
     backlog: HashMap<usize, VecDeque<(usize, Spec)>>,
@@ -177,8 +187,7 @@ impl RmaState {
             _lo_b: b,
             lo_sq: SendQueue::default(),
             sq_depth,
-            regs: HashMap::new(),
-            next_reg: 1,
+            regs: Registrations::default(),
             ops: Slab::new(),
             backlog: HashMap::new(),
             pool: Vec::new(),
@@ -224,6 +233,9 @@ impl RmaState {
             return;
         }
         let op = self.ops.remove(key);
+        for h in op.pins.into_iter().flatten() {
+            self.regs.unpin(h);
+        }
         let staged = |len| op.staging.as_ref().map_or(&[][..], |s| s.bytes(len));
         let r = match (op.err, op.kind) {
             (Some(e), _) => Err(e),
@@ -315,9 +327,8 @@ impl VerbsTransport {
             };
             // SAFETY: the staging buffer belongs to the operation, which stays in the slab (and
             // the buffer registered) until this request's completion is polled, or its queue
-            // pair is flushed and reaped; a registration of the caller's is kept, with its
-            // memory, by the caller until then (`Request::WriteRegistered`), and the device only
-            // reads it.
+            // pair is flushed and reaped; a registration of the caller's is pinned by the
+            // operation until then (`Registrations`), and the device only reads it.
             if unsafe { self.post_spec(k, key, spec, local) }.is_ok() {
                 n += 1;
             }
@@ -392,14 +403,12 @@ impl OneSided for VerbsTransport {
         // SAFETY: the caller keeps the memory allocated until `deregister` or the drop.
         let mr = unsafe { self.dev.register(addr, len, bits)? };
         let key = RemoteKey { addr: addr as u64, rkey: mr.rkey() };
-        let h = self.rma.next_reg;
-        self.rma.next_reg += 1;
-        self.rma.regs.insert(h, (mr, addr as u64, len));
-        Ok((h, key))
+        let rkey = mr.rkey();
+        Ok((self.rma.regs.insert(mr, addr as u64, len, rkey), key))
     }
 
     fn deregister(&mut self, handle: u64) {
-        self.rma.regs.remove(&handle);
+        self.rma.regs.release(handle);
     }
 
     fn post(&mut self, peer: Rank, req: Request<'_>, token: u64) -> Result<(), TransportError> {
@@ -424,15 +433,15 @@ impl OneSided for VerbsTransport {
                 (Kind::Write, src.len(), Some(src), Specs::Rdma { write: true, runs, rkey })
             }
             Request::WriteRegistered { handle, offset, len, runs, rkey } => {
-                let Some((mr, base, reg_len)) = self.rma.regs.get(&handle) else {
+                let Some((mr, base, reg_len)) = self.rma.regs.get(handle) else {
                     return Err(TransportError::Io(io::ErrorKind::InvalidInput));
                 };
                 let runs = merged(runs);
-                let inside = offset.checked_add(len).is_some_and(|end| end <= *reg_len);
+                let inside = offset.checked_add(len).is_some_and(|end| end <= reg_len);
                 if !inside || !runs_fit(&runs, len) {
                     return Err(TransportError::Io(io::ErrorKind::InvalidInput));
                 }
-                reg = Some((base + offset as u64, mr.lkey()));
+                reg = Some((handle, (base + offset as u64, mr.lkey())));
                 (Kind::Write, len, None, Specs::Rdma { write: true, runs, rkey })
             }
             Request::Read { len, runs, rkey } => {
@@ -470,12 +479,22 @@ impl OneSided for VerbsTransport {
             Some(s)
         };
         let local = match (reg, &staging, src) {
-            (Some(r), _, _) => r,
+            (Some((_, r)), _, _) => r,
             (None, Some(s), _) => (s.addr(0), s.lkey()),
             (None, None, Some(src)) => (src.as_ptr() as u64, 0),
             (None, None, None) => (0, 0),
         };
-        let key = self.rma.ops.insert(OpState { token, left: (n as u32).max(1), kind, staging, local, err: None });
+        // Through the loopback, the target may be a registration of this transport's own.
+        let target = match (&specs, k == LOOPBACK) {
+            (Specs::Rdma { rkey, .. } | Specs::Atomic(Spec::Atomic { rkey, .. }), true) => self.rma.regs.by_rkey(*rkey),
+            _ => None,
+        };
+        let pins = [reg.map(|(h, _)| h), target];
+        for h in pins.into_iter().flatten() {
+            self.rma.regs.pin(h);
+        }
+        let op = OpState { token, left: (n as u32).max(1), kind, staging, pins, local, err: None };
+        let key = self.rma.ops.insert(op);
         if n == 0 {
             self.rma.one_done(key, None);
             return Ok(());
@@ -488,8 +507,8 @@ impl OneSided for VerbsTransport {
         for i in 0..n {
             // SAFETY: staged memory belongs to the operation, which stays in the slab (and the
             // buffer registered) until its requests complete or their queue pair is flushed and
-            // reaped; a registration of the caller's is kept, with its memory, by the caller
-            // until then (`Request::WriteRegistered`); otherwise every request is a write within
+            // reaped; a registration of the caller's is pinned by the operation until then
+            // (`Registrations`); otherwise every request is a write within
             // the inline size, which the provider copies from the caller's bytes during the call.
             if unsafe { self.post_spec(k, key, specs.get(i), local) }.is_err() {
                 // The connection has ended (or the loopback refused): the rest fail with it.
@@ -512,6 +531,84 @@ impl OneSided for VerbsTransport {
     }
 }
 
+/// Registrations of the caller's memory by handle. A deregistered one is kept while operations
+/// posted against it are pending ([`Registrations::pin`]), and dropped (its region deregistered)
+/// when the last of them is over.
+struct Registrations<M> {
+    by_handle: HashMap<u64, Held<M>>,
+    next: u64,
+}
+
+struct Held<M> {
+    region: M,
+    base: u64,
+    len: usize,
+    rkey: u32,
+    /// Operations pending on it.
+    pins: u32,
+    /// The caller has deregistered it: no new operation may use it.
+    released: bool,
+}
+
+impl<M> Default for Registrations<M> {
+    fn default() -> Self {
+        Registrations { by_handle: HashMap::new(), next: 1 }
+    }
+}
+
+impl<M> Registrations<M> {
+    /// Adds a region (`len` bytes at `base`, remote key `rkey`); returns its handle.
+    fn insert(&mut self, region: M, base: u64, len: usize, rkey: u32) -> u64 {
+        let h = self.next;
+        self.next += 1;
+        self.by_handle.insert(h, Held { region, base, len, rkey, pins: 0, released: false });
+        h
+    }
+
+    /// The handle of the registration with remote key `rkey` (released or not), if one is held.
+    fn by_rkey(&self, rkey: u32) -> Option<u64> {
+        self.by_handle.iter().find(|(_, h)| h.rkey == rkey).map(|(&k, _)| k)
+    }
+
+    /// A registration new operations may use: its region, first byte's address and length.
+    fn get(&self, handle: u64) -> Option<(&M, u64, usize)> {
+        self.by_handle.get(&handle).filter(|h| !h.released).map(|h| (&h.region, h.base, h.len))
+    }
+
+    /// An operation on `handle` is pending.
+    fn pin(&mut self, handle: u64) {
+        if let Some(h) = self.by_handle.get_mut(&handle) {
+            h.pins += 1;
+        }
+    }
+
+    /// An operation on `handle` is over: the registration goes if it was released.
+    fn unpin(&mut self, handle: u64) {
+        if let Some(h) = self.by_handle.get_mut(&handle) {
+            h.pins = h.pins.saturating_sub(1);
+            if h.released && h.pins == 0 {
+                self.by_handle.remove(&handle);
+            }
+        }
+    }
+
+    /// The caller deregisters `handle`: dropped now, or when its last pending operation is over.
+    fn release(&mut self, handle: u64) {
+        if let Some(h) = self.by_handle.get_mut(&handle) {
+            h.released = true;
+            if h.pins == 0 {
+                self.by_handle.remove(&handle);
+            }
+        }
+    }
+
+    /// Regions held (released ones still pinned included).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.by_handle.len()
+    }
+}
+
 /// Whether every run lies within a local stream of `len` bytes and fits one work request (a
 /// length the device takes as 32 bits).
 fn runs_fit(runs: &[Run], len: usize) -> bool {
@@ -530,6 +627,42 @@ mod tests {
         assert!(runs_fit(&[], 0));
     }
     use super::*;
+
+    /// A region that records its deregistration.
+    struct Region(std::rc::Rc<std::cell::Cell<bool>>);
+
+    impl Drop for Region {
+        fn drop(&mut self) {
+            self.0.set(true);
+        }
+    }
+
+    #[test]
+    fn a_registration_outlives_the_operations_posted_against_it() {
+        let mut regs = Registrations::default();
+        let gone = std::rc::Rc::new(std::cell::Cell::new(false));
+        let h = regs.insert(Region(gone.clone()), 4096, 100, 77);
+        assert_eq!(regs.by_rkey(77), Some(h));
+        assert_eq!(regs.by_rkey(78), None);
+        assert!(matches!(regs.get(h), Some((_, 4096, 100))));
+        regs.pin(h);
+        regs.pin(h);
+        regs.release(h);
+        assert!(!gone.get(), "deregistered with operations pending");
+        assert!(regs.get(h).is_none(), "a released handle takes no new operation");
+        regs.unpin(h);
+        assert!(!gone.get());
+        regs.unpin(h);
+        assert!(gone.get(), "the last operation's end drops it");
+        assert_eq!(regs.held(), 0);
+        // Unpinned: released at once; unknown handles are ignored.
+        let g = regs.insert(Region(std::rc::Rc::new(std::cell::Cell::new(false))), 0, 8, 5);
+        regs.release(g);
+        regs.release(g);
+        regs.unpin(g);
+        assert_eq!(regs.held(), 0);
+        assert_ne!(g, h, "handles are not reused");
+    }
 
     #[test]
     fn adjacent_runs_merge() {
