@@ -450,6 +450,11 @@ impl Lending {
         Ok(parts.pop().unwrap_or_default())
     }
 
+    /// Ranks of the communicator.
+    pub(crate) fn ranks(&self) -> usize {
+        self.seg.board.ranks()
+    }
+
     /// The kept memory ([`Lending::keep`]), empty if none.
     pub(crate) fn kept(&self) -> &[u8] {
         self.kept.as_deref().unwrap_or_default()

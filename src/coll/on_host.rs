@@ -23,6 +23,28 @@ pub(super) async fn bcast_single_copy(mut call: board::Lending, root: Rank, me: 
     .map(drop)
 }
 
+/// A scatter by single copy: the root lends its whole data (`own`: its block of it); each other
+/// rank copies its block (`dst.len()` bytes at its rank's offset) straight out of it, then tells
+/// the root (the fan-in), which returns once every rank has, so its data is not needed after
+/// that. Meanwhile the root copies its own block.
+pub(super) async fn scatter_single_copy(
+    mut call: board::Lending,
+    root: Rank,
+    me: Rank,
+    own: &[u8],
+    dst: &mut [u8],
+) -> Result<()> {
+    let n = call.ranks();
+    let got = call.next().await?;
+    if me != root {
+        let lent = Lent::decode(root, &got, dst.len() * n)?;
+        call.read(root, &lent, me as usize * dst.len(), dst)?;
+        return call.next().await.map(drop);
+    }
+    dst.copy_from_slice(own);
+    call.next().await.map(drop)
+}
+
 /// What a gather-style single-copy call lends of the caller's input.
 #[derive(Clone, Copy)]
 pub(super) enum Lend {
