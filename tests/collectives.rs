@@ -68,7 +68,7 @@ async fn shared_memory_board_by_default_when_busy() {
                 assert_eq!(scatter(64 << 10), Algorithm::SingleCopy);
             }
             assert!(!matches!(scatter((8 << 10) + 8), Algorithm::SharedMemory | Algorithm::SingleCopy));
-            coll::scatter_thresholds(&w, "default").await;
+            coll::rooted_into_thresholds(&w, "default").await;
             // An all-gather of 72 KB per rank: two pieces on the board.
             let c = coll::on_board(&w);
             let all: Vec<u64> = (0..n).flat_map(|r| coll::input(r, 9_000)).collect();

@@ -102,11 +102,12 @@ fn ranks_agree_on_collective_algorithms() {
     assert!(took < Duration::from_secs(60), "{took:?}");
 }
 
-/// A scatter between busy-polling processes on one host takes the board for small blocks and
-/// single copy for large ones (each rank reads its block from the root's process) by default,
-/// with right results either side of each switch, and when pinned to each tier.
+/// A scatter and a gather into buffers between busy-polling processes on one host take the board
+/// for small blocks and single copy for large ones (each rank reads its block from the root's
+/// process; the root reads each rank's data where it is) by default, with right results either
+/// side of each switch, and when pinned to each tier.
 #[test]
-fn scatter_tiers_between_processes() {
+fn rooted_into_tiers_between_processes() {
     let _machine = sharing_the_machine();
     for n in [2, 3, 4] {
         let (code, text, _) = launch_env(n, "scatter-tiers", "shm", &["FERROCOMM_PROGRESS=busy"]);
@@ -378,9 +379,9 @@ fn rank_process() {
             "scatter-tiers" => {
                 assert_eq!(w.collective_algorithm(Operation::Scatter, 8 << 10), Algorithm::SharedMemory);
                 assert_eq!(w.collective_algorithm(Operation::Scatter, 64 << 10), Algorithm::SingleCopy);
-                coll::scatter_thresholds(&w, "default").await;
-                coll::scatter_thresholds(&coll::on_board(&w), "board").await;
-                coll::scatter_thresholds(&coll::single_copy(&w), "single-copy").await;
+                coll::rooted_into_thresholds(&w, "default").await;
+                coll::rooted_into_thresholds(&coll::on_board(&w), "board").await;
+                coll::rooted_into_thresholds(&coll::single_copy(&w), "single-copy").await;
                 println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
                 w.finalize().await.unwrap();
             }

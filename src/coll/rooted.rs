@@ -276,7 +276,7 @@ impl Comm {
                             copy_gathered(dst, &pieces, n as usize)?;
                         }
                     }
-                    Err(call) => Box::pin(gather_direct(call?, root, r, n, bytes, dst, &pool)).await?,
+                    Err(call) => Box::pin(gather_direct(call?, root, r, n, bytes, None, dst, &pool)).await?,
                 }
                 Ok(out)
             }));
@@ -291,6 +291,57 @@ impl Comm {
             copy_parts(&mut out, &parts)?;
             parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
             Ok(Some(out))
+        })
+    }
+
+    /// Gathers every rank's `data` (all of one length) into the root's `out`, concatenated in
+    /// rank order (`out`: `data.len()` elements per rank; the other ranks pass `None`). The
+    /// future borrows `data`: by single copy (large calls on one host) the root reads it where it
+    /// is, and writes every part straight into `out`.
+    pub fn gather_into<'a, T: Element>(
+        &self,
+        root: Rank,
+        data: &'a [T],
+        out: Option<&'a mut [T]>,
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let (bytes, r, n) = (size_of_val(data), self.rank(), self.size());
+        let alg = self.choose(Operation::Gather, bytes, true);
+        let obs = self.observe(Operation::Gather, alg, bytes);
+        let out = out.filter(|_| r == root);
+        let early = self.check_root(root).or_else(|| match &out {
+            None if r == root => Some(InvalidArgument::RootWithoutData { op: "gather_into" }.into()),
+            Some(o) if o.len() != data.len() * n as usize => {
+                Some(InvalidArgument::LengthMismatch { expected: data.len() * n as usize, got: o.len() }.into())
+            }
+            _ => None,
+        });
+        let own: &[u8] = bytemuck::cast_slice(data);
+        let on_host = early.is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy);
+        let call = on_host.then(|| match alg {
+            Algorithm::SharedMemory => Ok(self.board_future(BoardOp::Gather { root }, bytes, own, size_of::<T>())),
+            _ => Err(self.lend(data, Lend::InPlace)),
+        });
+        let pool = self.coll().pool.clone();
+        let run = (early.is_none() && call.is_none()).then(|| self.gather_plan(root, pool.copy(data), bytes));
+        obs.wrap(async move {
+            if let Some(e) = early {
+                return Err(e);
+            }
+            let dst = out.map(bytemuck::cast_slice_mut::<T, u8>);
+            match (call, run) {
+                (Some(Ok(call)), _) => {
+                    let pieces = call?.await?;
+                    dst.map_or(Ok(()), |dst| copy_gathered(dst, &pieces, n as usize))
+                }
+                (Some(Err(call)), _) => Box::pin(gather_direct(call?, root, r, n, bytes, Some(own), dst, &pool)).await,
+                (None, Some(run)) => {
+                    let Some(parts) = run.await? else { return Ok(()) };
+                    let copied = dst.map_or(Ok(()), |dst| copy_parts(dst, &parts));
+                    parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
+                    copied
+                }
+                (None, None) => Err(Error::Internal { what: "a gather planned without a path" }),
+            }
         })
     }
 

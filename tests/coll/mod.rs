@@ -80,6 +80,7 @@ pub(crate) async fn operations(c: &Comm, counts: &[usize], label: &str) {
         assert_eq!(got, input(r, small), "scatter {ctx}");
         // Into a buffer of the block's length, which every rank knows: the tiers of one host.
         scatter_into(c, root, count.min(20_000), &ctx).await;
+        gather_into(c, root, count.min(20_000), &ctx).await;
         assert_eq!(c.allgather(&input(r, small)).await.unwrap(), all, "allgather {ctx}");
         let mut out = vec![u64::MAX; all.len()];
         c.allgather_into(&input(r, small), &mut out).await.unwrap();
@@ -113,10 +114,10 @@ pub(crate) async fn operations(c: &Comm, counts: &[usize], label: &str) {
     non_commutative(c, label).await;
 }
 
-/// Block counts (u64) of a scatter either side of each switch of the default table on one host:
-/// the board (8 KiB blocks, and all blocks within the board's capacity, which 9 ranks exceed at
-/// 8 KiB) and single copy (64 KiB blocks).
-pub(crate) const SCATTER_COUNTS: [usize; 6] = [1, 1_024, 1_025, 8_191, 8_192, 20_000];
+/// Block counts (u64) of a scatter and a gather either side of each switch of the default table
+/// on one host: the board (8 KiB blocks, and for a scatter all blocks within the board's
+/// capacity, which 9 ranks exceed at 8 KiB) and single copy (64 KiB blocks).
+pub(crate) const ROOTED_COUNTS: [usize; 6] = [1, 1_024, 1_025, 8_191, 8_192, 20_000];
 
 /// A scatter from `root` of `count` elements per rank into each rank's buffer, checked against
 /// the reference; the root's data is block r = `input(r + 50, count)`.
@@ -129,13 +130,30 @@ pub(crate) async fn scatter_into(c: &Comm, root: u32, count: usize, ctx: &str) {
     assert_eq!(out, input(r + 50, count), "scatter_into {alg} {ctx}");
 }
 
-/// Scatters at [`SCATTER_COUNTS`] from the first and the last rank, then the refusals: a root
-/// without data or with data of another length than its ranks' blocks.
-pub(crate) async fn scatter_thresholds(c: &Comm, label: &str) {
+/// A gather at `root` of `count` elements per rank into the root's buffer, checked against the
+/// reference; rank r's data is `input(r + 60, count)`.
+pub(crate) async fn gather_into(c: &Comm, root: u32, count: usize, ctx: &str) {
     let (r, n) = (c.rank(), c.size());
-    for count in SCATTER_COUNTS {
+    let mut out = if r == root { vec![u64::MAX; count * n as usize] } else { Vec::new() };
+    let dst = (r == root).then_some(&mut out[..]);
+    c.gather_into(root, &input(r + 60, count), dst).await.unwrap();
+    if r == root {
+        let all: Vec<u64> = (0..n).flat_map(|i| input(i + 60, count)).collect();
+        let alg = c.collective_algorithm(Operation::Gather, count * 8);
+        assert_eq!(out, all, "gather_into {alg} {ctx}");
+    }
+}
+
+/// Scatters and gathers into buffers at [`ROOTED_COUNTS`] from and to the first and the last
+/// rank, then the refusals: a root without data (or buffer), or with one of another length than
+/// its ranks' blocks.
+pub(crate) async fn rooted_into_thresholds(c: &Comm, label: &str) {
+    let (r, n) = (c.rank(), c.size());
+    for count in ROOTED_COUNTS {
         for root in [0, n - 1] {
-            scatter_into(c, root, count, &format!("{label} n={n} count={count} root={root} rank {r}")).await;
+            let ctx = format!("{label} n={n} count={count} root={root} rank {r}");
+            scatter_into(c, root, count, &ctx).await;
+            gather_into(c, root, count, &ctx).await;
         }
     }
     if r == 0 {
@@ -143,6 +161,9 @@ pub(crate) async fn scatter_thresholds(c: &Comm, label: &str) {
         assert!(matches!(c.scatter_into(0, None, &mut out).await, Err(Error::Invalid(_))));
         let short = vec![0u64; 2 * n as usize - 1];
         assert!(matches!(c.scatter_into(0, Some(&short[..]), &mut out).await, Err(Error::Invalid(_))));
+        assert!(matches!(c.gather_into(0, &out, None).await, Err(Error::Invalid(_))));
+        let mut short = vec![0u64; 2 * n as usize - 1];
+        assert!(matches!(c.gather_into(0, &out, Some(&mut short[..])).await, Err(Error::Invalid(_))));
     }
     c.barrier().await.unwrap();
 }
