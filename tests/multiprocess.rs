@@ -102,6 +102,20 @@ fn ranks_agree_on_collective_algorithms() {
     assert!(took < Duration::from_secs(60), "{took:?}");
 }
 
+/// A scatter and a gather into buffers between busy-polling processes on one host take the board
+/// for small blocks and single copy for large ones (each rank reads its block from the root's
+/// process; the root reads each rank's data where it is) by default, with right results either
+/// side of each switch, and when pinned to each tier.
+#[test]
+fn rooted_into_tiers_between_processes() {
+    let _machine = sharing_the_machine();
+    for n in [2, 3, 4] {
+        let (code, text, _) = launch_env(n, "scatter-tiers", "shm", &["FERROCOMM_PROGRESS=busy"]);
+        assert_eq!(code, Some(0), "{n} ranks:\n{text}");
+        assert!((0..n).all(|r| said(&text, r, "RANK-OK")), "{n} ranks:\n{text}");
+    }
+}
+
 /// A rank whose kernel refuses `pidfd_open` (old kernels, some container sandboxes, valgrind)
 /// cannot run the shared-memory transport: its peers on the host reach it over TCP, the others
 /// still use shared memory among themselves, and the point-to-point suite and every collective
@@ -359,6 +373,15 @@ fn rank_process() {
             "collectives" => {
                 coll::operations(&w, &coll::TABLE_COUNTS, "table").await;
                 coll::every_algorithm(&w).await;
+                println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
+                w.finalize().await.unwrap();
+            }
+            "scatter-tiers" => {
+                assert_eq!(w.collective_algorithm(Operation::Scatter, 8 << 10), Algorithm::SharedMemory);
+                assert_eq!(w.collective_algorithm(Operation::Scatter, 64 << 10), Algorithm::SingleCopy);
+                coll::rooted_into_thresholds(&w, "default").await;
+                coll::rooted_into_thresholds(&coll::on_board(&w), "board").await;
+                coll::rooted_into_thresholds(&coll::single_copy(&w), "single-copy").await;
                 println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
                 w.finalize().await.unwrap();
             }

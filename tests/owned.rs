@@ -300,9 +300,11 @@ mod send {
         assert_spawnable(&c.broadcast_bytes(0, None));
         assert_send(&c.reduce(0, data, ReduceOp::Sum));
         assert_spawnable(&c.gather(0, data));
+        assert_send(&c.gather_into(0, data, Some(&mut *buf)));
         assert_spawnable(&c.gatherv(0, data));
         assert_spawnable(&c.gather_bytes(0, Bytes::new()));
         assert_spawnable(&c.scatter(0, Some(data)));
+        assert_send(&c.scatter_into(0, Some(data), &mut *buf));
         assert_spawnable(&c.scatterv::<f32>(0, None));
         assert_spawnable(&c.scatter_bytes(0, None));
         assert_send(&c.allreduce(&mut *buf, ReduceOp::Sum));

@@ -7,8 +7,9 @@
 //! latency is reduced to rank 0 (min, max, sum, as `f64`), which prints the same `result` line as
 //! the C program, plus the algorithm the communicator chose. The buffers are allocated once;
 //! all-reduce and scan work in place, so their input is restored before each (untimed) iteration,
-//! where MPI reads a separate send buffer. Gather, scatter and reduce-scatter return a new vector
-//! (the facade has no `_into` form of them): that allocation is part of their time.
+//! where MPI reads a separate send buffer. Gather and scatter go into preallocated receive
+//! buffers (`gather_into`, `scatter_into`), as MPI's do. Reduce-scatter returns a new vector (the
+//! facade has no `_into` form of it): that allocation is part of its time.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -202,10 +203,13 @@ async fn once(comm: &Comm, op: &str, bytes: usize, b: &mut Buffers) -> Result<f6
         "bcast" => comm.broadcast(0, &mut b.bytes[..bytes]).await?,
         "allreduce" => comm.allreduce(&mut b.floats[..floats], ReduceOp::Sum).await?,
         "reduce" => _ = comm.reduce(0, &b.input[..floats], ReduceOp::Sum).await?,
-        "gather" => _ = comm.gather(0, &b.bytes[..bytes]).await?,
+        "gather" => {
+            let root = (comm.rank() == 0).then(|| &mut b.out[..bytes * n]);
+            comm.gather_into(0, &b.bytes[..bytes], root).await?
+        }
         "scatter" => {
             let root = (comm.rank() == 0).then(|| &b.bytes[..bytes * n]);
-            _ = comm.scatter(0, root).await?
+            comm.scatter_into(0, root, &mut b.out[..bytes]).await?
         }
         // Each rank's result block is `bytes`: the vector is n blocks.
         "reduce_scatter" => _ = comm.reduce_scatter_block(&b.input[..floats * n], ReduceOp::Sum).await?,

@@ -82,10 +82,11 @@ pub fn choose(call: Call, topology: &impl Topology, table: &Table) -> Algorithm 
     // The board and single copy need every member on this host, and the board's room for them.
     let local = || (2..=shared::MAX_RANKS as u32).contains(&ranks) && topology.on_one_host();
     // An all-to-all is not split into pieces: all of a rank's data must fit the board at once;
-    // nor is a reduce-scatter (`bytes`: the whole vector).
+    // nor is a scatter (the root's data, a block per rank) or a reduce-scatter (`bytes`: the
+    // whole vector).
     let room = shared::capacity(ranks as usize);
     let fits = match op {
-        Operation::Alltoall => bytes.saturating_mul(ranks as usize) <= room,
+        Operation::Alltoall | Operation::Scatter => bytes.saturating_mul(ranks as usize) <= room,
         Operation::ReduceScatter => bytes <= room,
         _ => true,
     };
@@ -221,14 +222,17 @@ mod tests {
     #[test]
     fn gathers_scans_and_reduce_scatters_take_the_tiers_on_one_host() {
         let t = Table::default();
-        for op in [Operation::Gather, Operation::Scan, Operation::ReduceScatter] {
+        for op in [Operation::Gather, Operation::Scatter, Operation::Scan, Operation::ReduceScatter] {
             assert_eq!(choose(call(op, 4, 8), &HOST, &t), Algorithm::SharedMemory, "{op}");
             let above = t.shared_limit(op, 4) + 1;
             assert!(!matches!(choose(call(op, 4, above), &HOST, &t), Algorithm::SharedMemory), "{op}");
             assert_eq!(choose(call(op, 4, t.single_copy_from(op, 4)), &HOST, &t), Algorithm::SingleCopy, "{op}");
         }
-        // A scatter's size is known to its root only: it takes messages.
-        assert_eq!(choose(call(Operation::Scatter, 4, 8), &HOST, &t), Algorithm::Binomial);
+        // A scatter's blocks must fit the board at once, even pinned.
+        let p = pinned("scatter=shared-memory");
+        let room = shared::capacity(4);
+        assert_eq!(choose(call(Operation::Scatter, 4, room / 4), &HOST, &p), Algorithm::SharedMemory);
+        assert_ne!(choose(call(Operation::Scatter, 4, room / 4 + 1), &HOST, &p), Algorithm::SharedMemory);
         // A reduce-scatter's whole vector must fit the board at once, even pinned.
         let p = pinned("reduce_scatter=shared-memory");
         let room = shared::capacity(4);

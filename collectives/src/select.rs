@@ -154,6 +154,7 @@ impl Algorithm {
                 | Operation::Allgather
                 | Operation::Alltoall
                 | Operation::Gather
+                | Operation::Scatter
                 | Operation::ReduceScatter
                 | Operation::Scan
         )
@@ -169,6 +170,7 @@ impl Algorithm {
                 | Operation::Allgather
                 | Operation::Alltoall
                 | Operation::Gather
+                | Operation::Scatter
                 | Operation::ReduceScatter
                 | Operation::Scan
         )
@@ -272,7 +274,7 @@ pub struct Table {
     pub shared_allreduce_max: usize,
     /// ... reduce up to this many ...
     pub shared_reduce_max: usize,
-    /// ... gather up to this many (a rank's block) ...
+    /// ... gather and scatter up to this many (a rank's block) ...
     pub shared_rooted_max: usize,
     /// ... and reduce-scatter and scan up to this many (the whole vector).
     pub shared_scan_max: usize,
@@ -283,7 +285,7 @@ pub struct Table {
     pub single_copy_allreduce_min: usize,
     /// ... reduce, all-gather and all-to-all (a rank's block) from this many ...
     pub single_copy_gather_min: usize,
-    /// ... gather (a rank's block) from this many ...
+    /// ... gather and scatter (a rank's block) from this many ...
     pub single_copy_rooted_min: usize,
     /// ... and reduce-scatter and scan (the whole vector) from this many; see
     /// [`Table::single_copy_from`].
@@ -392,7 +394,7 @@ impl Table {
             Operation::Bcast if ranks > 2 => self.shared_bcast_max,
             Operation::Allreduce if ranks > 2 => self.shared_allreduce_max,
             Operation::Reduce => self.shared_reduce_max,
-            Operation::Gather => self.shared_rooted_max,
+            Operation::Gather | Operation::Scatter => self.shared_rooted_max,
             Operation::ReduceScatter | Operation::Scan => self.shared_scan_max,
             _ if Algorithm::shared_memory_serves(op) => self.shared_max,
             _ => 0,
@@ -408,7 +410,7 @@ impl Table {
             Operation::Allreduce if ranks == 2 => self.single_copy_allreduce_min.saturating_mul(2),
             Operation::Allreduce => self.single_copy_allreduce_min,
             Operation::Reduce | Operation::Allgather | Operation::Alltoall => self.single_copy_gather_min,
-            Operation::Gather => self.single_copy_rooted_min,
+            Operation::Gather | Operation::Scatter => self.single_copy_rooted_min,
             Operation::ReduceScatter | Operation::Scan => self.single_copy_scan_min,
             _ => usize::MAX,
         }

@@ -6,7 +6,7 @@
 //! 8 B in 0.1-0.3 us). Here a rank publishes its part in its own cache line of a shared *board* and
 //! the others read it there: a barrier, an 8 B broadcast or an 8 B all-reduce costs a few
 //! cache-line transfers, as in the shared-memory collectives of MPI libraries (Open MPI's coll/sm,
-//! UCC's shared-memory team). Served: barrier, broadcast, reduce, all-reduce, gather, all-gather,
+//! UCC's shared-memory team). Served: barrier, broadcast, reduce, all-reduce, gather, scatter, all-gather,
 //! all-to-all, reduce-scatter and scans ([`Kind`]).
 //!
 //! The board has [`SLOTS`] slots used in turn by the communicator's calls (call `s` uses slot
@@ -451,6 +451,14 @@ pub enum Kind {
         /// The rank that receives the parts.
         root: u32,
     },
+    /// The root's data (its input, the call's whole length) holds one block per rank in rank
+    /// order; every other rank gets its block (the root gets nothing: it has its data), reading
+    /// only that block. Only the root posts, as in a broadcast. Not split into pieces: the whole
+    /// data must fit one call.
+    Scatter {
+        /// The rank whose data is scattered.
+        root: u32,
+    },
     /// Prefix reduction: this rank's result combines, in rank order, the data of the ranks before
     /// it and, if `inclusive`, its own; it waits for those ranks only. An exclusive scan's rank 0
     /// gets an empty result.
@@ -513,7 +521,7 @@ impl Call {
     fn writes(&self, me: usize) -> bool {
         match &self.kind {
             Kind::Barrier | Kind::Fanin { .. } => false,
-            Kind::Bcast { root } => *root as usize == me,
+            Kind::Bcast { root } | Kind::Scatter { root } => *root as usize == me,
             Kind::Allreduce(_)
             | Kind::Allgather
             | Kind::Alltoall
@@ -526,7 +534,7 @@ impl Call {
 
     /// Whether rank `me` posts in this call (everyone but a broadcast's receivers).
     fn posts(&self, me: usize) -> bool {
-        !matches!(self.kind, Kind::Bcast { root } if root as usize != me)
+        !matches!(self.kind, Kind::Bcast { root } | Kind::Scatter { root } if root as usize != me)
     }
 }
 
@@ -833,7 +841,7 @@ fn unposted<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call) -> Option<us
     let need = c.seq + 1;
     let late = |r: usize| b.line(c.seq, r)[POSTED].load(Acquire) < need;
     match c.kind {
-        Kind::Bcast { root } => late(root as usize).then_some(root as usize),
+        Kind::Bcast { root } | Kind::Scatter { root } => late(root as usize).then_some(root as usize),
         // A scan waits for the ranks before this one (and its own post, if inclusive).
         Kind::Scan { inclusive, .. } => (0..b.me + usize::from(inclusive)).find(|&r| late(r)),
         // Rank 0 posted last (see `Phase::Post`): its post says that all have. Until then, the
@@ -924,6 +932,15 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
         // The root has its data: it gets nothing back.
         Kind::Bcast { root } if *root as usize == b.me => return Ok(out),
         Kind::Bcast { root } => b.read(c.seq, *root as usize, &mut out)?,
+        Kind::Scatter { root } if *root as usize == b.me => return Ok(out),
+        Kind::Scatter { root } => {
+            if !c.len.is_multiple_of(b.ranks) {
+                return Err(CollError::Invalid(format!("{} bytes do not split into {} blocks", c.len, b.ranks)));
+            }
+            let block = c.len / b.ranks;
+            b.read_part(c.seq, *root as usize, c.len, b.me * block..(b.me + 1) * block, &mut out)?;
+            return Ok(out);
+        }
         Kind::Reduce { root, .. } | Kind::Gather { root } if *root as usize != b.me => return Ok(out),
         Kind::Scan { op, inclusive } => {
             let upto = b.me + usize::from(*inclusive);
@@ -991,7 +1008,7 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
     }
     if out.len() != c.len {
         let from = match c.kind {
-            Kind::Bcast { root } => root,
+            Kind::Bcast { root } | Kind::Scatter { root } => root,
             _ => 0,
         };
         return Err(CollError::Malformed { from, why: "length differs from this rank's" });
@@ -1358,7 +1375,7 @@ mod tests {
                                 .map(|i| ranks.clone().map(|r| part(r)[i]).fold(0u64, u64::wrapping_add))
                                 .collect()
                         };
-                        let (kind, input, want) = match next(&mut shared) % 10 {
+                        let (kind, input, want) = match next(&mut shared) % 11 {
                             0 => (Kind::Barrier, Vec::new(), Vec::new()),
                             1 => {
                                 let want = if me == root { Vec::new() } else { words(&part(root)) };
@@ -1403,17 +1420,26 @@ mod tests {
                                 let want = if me == 0 { Vec::new() } else { words(&sum_of(0..me)) };
                                 (Kind::Scan { op: sum(), inclusive: false }, words(&part(me)), want)
                             }
-                            _ => {
+                            9 => {
                                 // This rank's segment: words `me * words_n / n ..` of the vector.
                                 let seg = |r: usize| r * words_n / n..(r + 1) * words_n / n;
                                 let want = words(&sum_of(0..n)[seg(me)]);
                                 let bytes = seg(me).start * 8..seg(me).end * 8;
                                 (Kind::ReduceScatter { op: sum(), part: bytes }, words(&part(me)), want)
                             }
+                            _ => {
+                                // Block d of the root's data: part(n + d), cut so that all blocks
+                                // fit one call.
+                                let block = |d: usize| part(n + d)[..words_n.min(500)].to_vec();
+                                let all: Vec<u64> = (0..n).flat_map(block).collect();
+                                let want = if me == root { Vec::new() } else { words(&block(me)) };
+                                let input = if me == root { words(&all) } else { Vec::new() };
+                                (Kind::Scatter { root: root as u32 }, input, want)
+                            }
                         };
                         let len = match kind {
                             Kind::Barrier => 0,
-                            Kind::Alltoall => words_n.min(500) * 8 * n,
+                            Kind::Alltoall | Kind::Scatter { .. } => words_n.min(500) * 8 * n,
                             _ => words_n * 8,
                         };
                         // Half the calls made at once (posted, perhaps complete), half queued.

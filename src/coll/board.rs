@@ -434,12 +434,13 @@ impl Lending {
     }
 
     /// [`Lending::next`] for an owner that would only wait: meanwhile it writes the halves that
-    /// readers of its kept memory offer to split ([`Helper::help`]).
-    pub(crate) async fn next_helping(&mut self) -> Result<Data> {
+    /// readers of its lent memory offer to split ([`Helper::help`]): `in_place`, the caller's
+    /// data lent where it is, or else the kept copy.
+    pub(crate) async fn next_helping(&mut self, in_place: Option<&[u8]>) -> Result<Data> {
         let seq = self.steps.start;
         self.seg.queue.lock().release(seq);
         let helper = self.helper();
-        let src = self.kept.as_deref().unwrap_or_default();
+        let src = in_place.unwrap_or(self.kept.as_deref().unwrap_or_default());
         let mut wait = std::pin::pin!(self.seg.wait(seq..seq + 1, self.lent()));
         let mut parts = std::future::poll_fn(|cx| {
             helper.help(src);
@@ -448,6 +449,11 @@ impl Lending {
         .await?;
         self.steps.start += 1;
         Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// Ranks of the communicator.
+    pub(crate) fn ranks(&self) -> usize {
+        self.seg.board.ranks()
     }
 
     /// The kept memory ([`Lending::keep`]), empty if none.

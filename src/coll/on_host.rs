@@ -23,6 +23,28 @@ pub(super) async fn bcast_single_copy(mut call: board::Lending, root: Rank, me: 
     .map(drop)
 }
 
+/// A scatter by single copy: the root lends its whole data (`own`: its block of it); each other
+/// rank copies its block (`dst.len()` bytes at its rank's offset) straight out of it, then tells
+/// the root (the fan-in), which returns once every rank has, so its data is not needed after
+/// that. Meanwhile the root copies its own block.
+pub(super) async fn scatter_single_copy(
+    mut call: board::Lending,
+    root: Rank,
+    me: Rank,
+    own: &[u8],
+    dst: &mut [u8],
+) -> Result<()> {
+    let n = call.ranks();
+    let got = call.next().await?;
+    if me != root {
+        let lent = Lent::decode(root, &got, dst.len() * n)?;
+        call.read(root, &lent, me as usize * dst.len(), dst)?;
+        return call.next().await.map(drop);
+    }
+    dst.copy_from_slice(own);
+    call.next().await.map(drop)
+}
+
 /// What a gather-style single-copy call lends of the caller's input.
 #[derive(Clone, Copy)]
 pub(super) enum Lend {
@@ -61,17 +83,19 @@ pub(super) async fn gather_single_copy<R>(
     Ok(r)
 }
 
-/// A gather by single copy: every rank lends a copy of its part (the future does not borrow the
-/// caller's); the root copies each into its place in `dst` (`len` bytes a rank), then a barrier
-/// ends the lending. On 2 ranks the other rank, which would only wait, writes half of the root's
-/// copy ([`board::Lending::read_split`]); on more, an offer does not say whose memory it is for,
-/// so the root reads alone.
+/// A gather by single copy: every rank lends its part (`own`: a copy the call keeps, or the
+/// caller's data in place); the root copies each into its place in `dst` (`len` bytes a rank),
+/// then a barrier ends the lending. On 2 ranks the other rank, which would only wait, writes half
+/// of the root's copy ([`board::Lending::read_split`]); on more, an offer does not say whose
+/// memory it is for, so the root reads alone.
+#[allow(clippy::too_many_arguments)] // the call, who is who, what is lent and where it goes
 pub(super) async fn gather_direct(
     mut call: board::Lending,
     root: Rank,
     me: Rank,
     n: Rank,
     len: usize,
+    own: Option<&[u8]>,
     dst: Option<&mut [u8]>,
     pool: &Pool,
 ) -> Result<()> {
@@ -79,14 +103,14 @@ pub(super) async fn gather_direct(
     if let Some(dst) = dst.filter(|_| me == root) {
         for (k, (d, l)) in dst.chunks_exact_mut(len.max(1)).zip(&lent).enumerate() {
             match k as Rank {
-                k if k == me => d.copy_from_slice(call.kept()),
+                k if k == me => d.copy_from_slice(own.unwrap_or(call.kept())),
                 k if n == 2 => call.read_split(k, l, d)?,
                 k => call.read(k, l, 0, d)?,
             }
         }
         call.next().await?;
     } else if n == 2 {
-        call.next_helping().await?;
+        call.next_helping(own).await?;
     } else {
         call.next().await?;
     }

@@ -276,7 +276,7 @@ impl Comm {
                             copy_gathered(dst, &pieces, n as usize)?;
                         }
                     }
-                    Err(call) => Box::pin(gather_direct(call?, root, r, n, bytes, dst, &pool)).await?,
+                    Err(call) => Box::pin(gather_direct(call?, root, r, n, bytes, None, dst, &pool)).await?,
                 }
                 Ok(out)
             }));
@@ -291,6 +291,57 @@ impl Comm {
             copy_parts(&mut out, &parts)?;
             parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
             Ok(Some(out))
+        })
+    }
+
+    /// Gathers every rank's `data` (all of one length) into the root's `out`, concatenated in
+    /// rank order (`out`: `data.len()` elements per rank; the other ranks pass `None`). The
+    /// future borrows `data`: by single copy (large calls on one host) the root reads it where it
+    /// is, and writes every part straight into `out`.
+    pub fn gather_into<'a, T: Element>(
+        &self,
+        root: Rank,
+        data: &'a [T],
+        out: Option<&'a mut [T]>,
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let (bytes, r, n) = (size_of_val(data), self.rank(), self.size());
+        let alg = self.choose(Operation::Gather, bytes, true);
+        let obs = self.observe(Operation::Gather, alg, bytes);
+        let out = out.filter(|_| r == root);
+        let early = self.check_root(root).or_else(|| match &out {
+            None if r == root => Some(InvalidArgument::RootWithoutData { op: "gather_into" }.into()),
+            Some(o) if o.len() != data.len() * n as usize => {
+                Some(InvalidArgument::LengthMismatch { expected: data.len() * n as usize, got: o.len() }.into())
+            }
+            _ => None,
+        });
+        let own: &[u8] = bytemuck::cast_slice(data);
+        let on_host = early.is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy);
+        let call = on_host.then(|| match alg {
+            Algorithm::SharedMemory => Ok(self.board_future(BoardOp::Gather { root }, bytes, own, size_of::<T>())),
+            _ => Err(self.lend(data, Lend::InPlace)),
+        });
+        let pool = self.coll().pool.clone();
+        let run = (early.is_none() && call.is_none()).then(|| self.gather_plan(root, pool.copy(data), bytes));
+        obs.wrap(async move {
+            if let Some(e) = early {
+                return Err(e);
+            }
+            let dst = out.map(bytemuck::cast_slice_mut::<T, u8>);
+            match (call, run) {
+                (Some(Ok(call)), _) => {
+                    let pieces = call?.await?;
+                    dst.map_or(Ok(()), |dst| copy_gathered(dst, &pieces, n as usize))
+                }
+                (Some(Err(call)), _) => Box::pin(gather_direct(call?, root, r, n, bytes, Some(own), dst, &pool)).await,
+                (None, Some(run)) => {
+                    let Some(parts) = run.await? else { return Ok(()) };
+                    let copied = dst.map_or(Ok(()), |dst| copy_parts(dst, &parts));
+                    parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
+                    copied
+                }
+                (None, None) => Err(Error::Internal { what: "a gather planned without a path" }),
+            }
         })
     }
 
@@ -373,6 +424,85 @@ impl Comm {
         }
     }
 
+    /// Splits the root's `data` into equal blocks, one per rank in rank order, and copies this
+    /// rank's into `out`. Every rank passes its block's length (`out`, as MPI's receive count) and
+    /// the root its data (`out.len()` elements per rank); the others pass `None`. Since every rank
+    /// knows the size, the call takes the tiers of one host ([`Comm::gather`]'s): the
+    /// shared-memory board for small blocks, single copy for large ones (each rank copies its
+    /// block straight out of the root's `data`, which the future borrows), messages otherwise.
+    pub fn scatter_into<'a, T: Element>(
+        &self,
+        root: Rank,
+        data: Option<&'a [T]>,
+        out: &'a mut [T],
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let (bytes, r, n) = (size_of_val(out), self.rank(), self.size());
+        let alg = self.choose(Operation::Scatter, bytes, true);
+        let obs = self.observe(Operation::Scatter, alg, bytes);
+        let data = data.filter(|_| r == root);
+        let early = self.check_root(root).or_else(|| match data {
+            None if r == root => Some(InvalidArgument::RootWithoutData { op: "scatter" }.into()),
+            Some(d) if d.len() != out.len() * n as usize => {
+                Some(InvalidArgument::LengthMismatch { expected: out.len() * n as usize, got: d.len() }.into())
+            }
+            _ => None,
+        });
+        let input: &[u8] = data.map_or(&[], bytemuck::cast_slice);
+        // The board and single copy: this rank's block straight from the root's data.
+        let on_host = early.is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy);
+        let call = on_host.then(|| match alg {
+            Algorithm::SharedMemory => {
+                Ok(self.board_future(BoardOp::Scatter { root }, bytes * n as usize, input, size_of::<T>()))
+            }
+            _ => {
+                let lent = (r == root).then(|| Lent::of(input));
+                Err(self.lending(BoardOp::Bcast { root }, lent, &[BoardOp::Fanin { root }]))
+            }
+        });
+        // Messages: the root's data in one pooled buffer, the parts slices of it.
+        let pool = self.coll().pool.clone();
+        let run = (early.is_none() && call.is_none()).then(|| {
+            let whole = data.map(|d| pool.copy(d));
+            let parts = whole.as_ref().map(|w| (0..n as usize).map(|i| w.slice(i * bytes..(i + 1) * bytes)).collect());
+            (self.scatter_bytes(root, parts), whole)
+        });
+        obs.wrap(async move {
+            if let Some(e) = early {
+                return Err(e);
+            }
+            let dst: &mut [u8] = bytemuck::cast_slice_mut(out);
+            let own = || input.get(r as usize * bytes..(r as usize + 1) * bytes).unwrap_or_default();
+            match (call, run) {
+                (Some(Ok(call)), _) => {
+                    let pieces = call?.await?;
+                    if r == root {
+                        dst.copy_from_slice(own());
+                        return Ok(());
+                    }
+                    copy_parts(dst, &pieces)
+                }
+                (Some(Err(call)), _) => Box::pin(scatter_single_copy(call?, root, r, own(), dst)).await,
+                (None, Some((run, whole))) => {
+                    let part = run.await;
+                    // Every slice is gone once the call is over: the buffer serves the next calls.
+                    if let Some(b) = whole.and_then(|w| w.try_into_mut().ok()) {
+                        pool.give(b);
+                    }
+                    let part = part?;
+                    if part.len() != dst.len() {
+                        return Err(InvalidArgument::LengthMismatch { expected: dst.len(), got: part.len() }.into());
+                    }
+                    dst.copy_from_slice(&part);
+                    if let Ok(b) = part.try_into_mut() {
+                        pool.give(b);
+                    }
+                    Ok(())
+                }
+                (None, None) => Err(Error::Internal { what: "a scatter planned without a path" }),
+            }
+        })
+    }
+
     /// Sends `parts[i]` of the root to rank i (lengths may differ); returns this rank's part.
     pub fn scatterv<T: Element>(
         &self,
@@ -406,7 +536,8 @@ impl Comm {
         root: Rank,
         parts: Option<Vec<Bytes>>,
     ) -> impl Future<Output = Result<Bytes>> + Send + use<> {
-        let alg = self.choose(Operation::Scatter, 0, true);
+        // Lengths are known to the root only: messages (`Comm::scatter_into` takes the tiers).
+        let alg = self.choose_messages(Operation::Scatter, 0, true);
         let (r, n) = (self.rank(), self.size());
         let early = self.check_root(root).or_else(|| match (&parts, r == root) {
             (Some(p), true) if p.len() != n as usize => {

@@ -37,13 +37,13 @@ pub(crate) fn on_board(c: &Comm) -> Comm {
 
 /// Pins every operation the shared-memory board serves to it.
 pub(crate) const BOARD: &str = "barrier=shared-memory,bcast=shared-memory,reduce=shared-memory,allreduce=shared-memory,\
-                         gather=shared-memory,allgather=shared-memory,alltoall=shared-memory,\
-                         reduce_scatter=shared-memory,scan=shared-memory";
+                         gather=shared-memory,scatter=shared-memory,allgather=shared-memory,\
+                         alltoall=shared-memory,reduce_scatter=shared-memory,scan=shared-memory";
 
 /// Pins every operation single copy serves to it (the others keep the table).
 pub(crate) const SINGLE_COPY: &str = "bcast=single-copy,allreduce=single-copy,reduce=single-copy,gather=single-copy,\
-                                       allgather=single-copy,alltoall=single-copy,reduce_scatter=single-copy,\
-                                       scan=single-copy";
+                                       scatter=single-copy,allgather=single-copy,alltoall=single-copy,\
+                                       reduce_scatter=single-copy,scan=single-copy";
 /// Element counts for single copy: empty, one, fewer elements than ranks, uneven parts, and parts
 /// above the 256 KiB piece of the reduction (u64: on up to 4 ranks; the reduce's root combines
 /// the whole length, four pieces and a remnant).
@@ -78,6 +78,9 @@ pub(crate) async fn operations(c: &Comm, counts: &[usize], label: &str) {
         assert_eq!(got, (r == root).then(|| all.clone()), "gather {ctx}");
         let got = c.scatter(root, (r == root).then_some(&all[..])).await.unwrap();
         assert_eq!(got, input(r, small), "scatter {ctx}");
+        // Into a buffer of the block's length, which every rank knows: the tiers of one host.
+        scatter_into(c, root, count.min(20_000), &ctx).await;
+        gather_into(c, root, count.min(20_000), &ctx).await;
         assert_eq!(c.allgather(&input(r, small)).await.unwrap(), all, "allgather {ctx}");
         let mut out = vec![u64::MAX; all.len()];
         c.allgather_into(&input(r, small), &mut out).await.unwrap();
@@ -109,6 +112,60 @@ pub(crate) async fn operations(c: &Comm, counts: &[usize], label: &str) {
     }
     v_variants(c, label).await;
     non_commutative(c, label).await;
+}
+
+/// Block counts (u64) of a scatter and a gather either side of each switch of the default table
+/// on one host: the board (8 KiB blocks, and for a scatter all blocks within the board's
+/// capacity, which 9 ranks exceed at 8 KiB) and single copy (64 KiB blocks).
+pub(crate) const ROOTED_COUNTS: [usize; 6] = [1, 1_024, 1_025, 8_191, 8_192, 20_000];
+
+/// A scatter from `root` of `count` elements per rank into each rank's buffer, checked against
+/// the reference; the root's data is block r = `input(r + 50, count)`.
+pub(crate) async fn scatter_into(c: &Comm, root: u32, count: usize, ctx: &str) {
+    let (r, n) = (c.rank(), c.size());
+    let whole: Vec<u64> = if r == root { (0..n).flat_map(|i| input(i + 50, count)).collect() } else { Vec::new() };
+    let mut out = vec![u64::MAX; count];
+    c.scatter_into(root, (r == root).then_some(&whole[..]), &mut out).await.unwrap();
+    let alg = c.collective_algorithm(Operation::Scatter, count * 8);
+    assert_eq!(out, input(r + 50, count), "scatter_into {alg} {ctx}");
+}
+
+/// A gather at `root` of `count` elements per rank into the root's buffer, checked against the
+/// reference; rank r's data is `input(r + 60, count)`.
+pub(crate) async fn gather_into(c: &Comm, root: u32, count: usize, ctx: &str) {
+    let (r, n) = (c.rank(), c.size());
+    let mut out = if r == root { vec![u64::MAX; count * n as usize] } else { Vec::new() };
+    let dst = (r == root).then_some(&mut out[..]);
+    c.gather_into(root, &input(r + 60, count), dst).await.unwrap();
+    if r == root {
+        let all: Vec<u64> = (0..n).flat_map(|i| input(i + 60, count)).collect();
+        let alg = c.collective_algorithm(Operation::Gather, count * 8);
+        assert_eq!(out, all, "gather_into {alg} {ctx}");
+    }
+}
+
+/// Scatters and gathers into buffers at [`ROOTED_COUNTS`] from and to the first and the last
+/// rank, then the refusals: a root without data (or buffer), or with one of another length than
+/// its ranks' blocks.
+pub(crate) async fn rooted_into_thresholds(c: &Comm, label: &str) {
+    let (r, n) = (c.rank(), c.size());
+    for count in ROOTED_COUNTS {
+        for root in [0, n - 1] {
+            let ctx = format!("{label} n={n} count={count} root={root} rank {r}");
+            scatter_into(c, root, count, &ctx).await;
+            gather_into(c, root, count, &ctx).await;
+        }
+    }
+    if r == 0 {
+        let mut out = [0u64; 2];
+        assert!(matches!(c.scatter_into(0, None, &mut out).await, Err(Error::Invalid(_))));
+        let short = vec![0u64; 2 * n as usize - 1];
+        assert!(matches!(c.scatter_into(0, Some(&short[..]), &mut out).await, Err(Error::Invalid(_))));
+        assert!(matches!(c.gather_into(0, &out, None).await, Err(Error::Invalid(_))));
+        let mut short = vec![0u64; 2 * n as usize - 1];
+        assert!(matches!(c.gather_into(0, &out, Some(&mut short[..])).await, Err(Error::Invalid(_))));
+    }
+    c.barrier().await.unwrap();
 }
 
 /// The v-variants, with per-rank lengths that differ.
