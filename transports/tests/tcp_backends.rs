@@ -309,6 +309,52 @@ fn poll_ready_wakes(backend: Backend) {
     check_received(&b.s, 0, &frames);
 }
 
+/// The reactor's cycle: a sleeper announces itself (`poll_ready`), wakes (`awake`), callers spin
+/// (`progress` alone, which must need no doorbell), and the next sleeper is woken again by what
+/// arrives while it sleeps. Messages go both ways, so receives re-armed after a completion and
+/// replies share the rounds in every order.
+fn sleep_wake_spin_cycles(backend: Backend) {
+    let rt = runtime();
+    let (mut node, mut raw) = with_raw_peer(&rt, backend, 0);
+    for round in 0..20u64 {
+        // Spin: the peer's frame arrives and is answered by progress calls alone.
+        let (h, p) = eager(1, round, 100 + round as usize);
+        raw.write_all(&h.encode()).unwrap();
+        raw.write_all(&p).unwrap();
+        run_until(&mut [&mut node], "frame while spinning", |n| n[0].s.frames.len() == 2 * round as usize + 1);
+        let (rh, rp) = eager(0, round, 50);
+        node.t.send(1, rh, rp.clone());
+        run_until(&mut [&mut node], "reply written", |n| !n[0].t.has_pending_output());
+        let mut got = vec![0u8; rh.encode().len() + rp.len()];
+        raw.read_exact(&mut got).unwrap();
+        assert_eq!(&got[..48], &rh.encode()[..]);
+        assert_eq!(&got[48..], &rp[..]);
+
+        // Sleep: idle first, then a frame arrives and must wake the sleeper.
+        while node.t.progress(&mut node.s) > 0 {}
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(node.t.poll_ready(&mut cx).is_pending(), "idle transport is not ready (round {round})");
+        let (h, p) = eager(1, 1000 + round, 10);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            raw.write_all(&h.encode()).unwrap();
+            raw.write_all(&p).unwrap();
+            raw
+        });
+        let t = &mut node.t;
+        let woke = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), std::future::poll_fn(|cx| t.poll_ready(cx))).await
+        });
+        assert!(woke.is_ok(), "sleeper not woken (round {round})");
+        node.t.awake();
+        raw = writer.join().unwrap();
+        run_until(&mut [&mut node], "frame after wake-up", |n| n[0].s.frames.len() == 2 * round as usize + 2);
+    }
+    let want: Vec<_> = (0..20u64).flat_map(|r| [eager(1, r, 100 + r as usize), eager(1, 1000 + r, 10)]).collect();
+    check_received(&node.s, 1, &want);
+    assert!(node.s.lost.is_empty());
+}
+
 /// Operations submitted by a thread that then exits are cancelled by the kernel (io_uring); the
 /// transport must re-arm them from whichever thread calls `progress` next.
 fn progress_from_exited_thread(backend: Backend) {
@@ -425,5 +471,6 @@ both!(peer_closes);
 both!(last_words_before_a_reset);
 both!(garbage);
 both!(poll_ready_wakes);
+both!(sleep_wake_spin_cycles);
 both!(progress_from_exited_thread);
 both!(disconnect_and_drop);

@@ -3,12 +3,15 @@
 //!
 //! * [`uring`] (Linux): one io_uring per rank; receives land directly in posted buffers, sends are
 //!   vectored `sendmsg` submissions; the ring's eventfd is what the progress loop sleeps on.
-//! * [`portable`]: non-blocking sockets watched by tokio; the laptop mode, and the fallback where
-//!   io_uring is missing or disabled.
+//! * [`portable`]: non-blocking sockets (in an epoll set of their own on Linux, else watched by
+//!   tokio); the laptop mode, and the fallback where io_uring is missing or disabled.
 //!
-//! Both share `framing`, so they differ only in how bytes cross the kernel boundary.
+//! Both share `framing`, so they differ only in how bytes cross the kernel boundary (and in how
+//! they sleep: the ring's eventfd, or `oneshot`'s epoll set on Linux).
 
 pub(crate) mod framing;
+#[cfg(target_os = "linux")]
+mod oneshot;
 pub mod portable;
 #[cfg(target_os = "linux")]
 pub mod uring;

@@ -1,8 +1,11 @@
 //! The portable TCP backend: non-blocking sockets registered with tokio's reactor.
 //!
 //! Bytes move through plain non-blocking `send`/`recv` calls (socket2), so a busy-polling caller
-//! makes progress without waiting for tokio's event loop to notice readiness; tokio's readiness is
-//! only used to sleep ([`Transport::poll_ready`]). This backend compiles wherever tokio does.
+//! makes progress without waiting for tokio's event loop to notice readiness; readiness is only
+//! used to sleep ([`Transport::poll_ready`]). On Linux the sockets sit in an epoll set of their
+//! own, armed one-shot only by a sleeper ([`super::oneshot`]), so that segments read by a spinning
+//! caller do not wake the reactor thread too; elsewhere tokio watches them. This backend compiles
+//! wherever tokio does.
 
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
@@ -10,12 +13,21 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use socket2::SockRef;
+#[cfg(not(target_os = "linux"))]
 use tokio::io::Interest;
-use tokio::net::TcpStream;
+
+#[cfg(target_os = "linux")]
+use super::oneshot::Bell;
 
 use super::framing::{Reader, Writer};
 use crate::wire::{Header, Limits, Rank};
 use crate::{Sink, Transport, TransportError};
+
+/// A connection's socket: non-blocking, in the [`Bell`]'s epoll set (Linux) or watched by tokio.
+#[cfg(target_os = "linux")]
+type TcpStream = std::net::TcpStream;
+#[cfg(not(target_os = "linux"))]
+type TcpStream = tokio::net::TcpStream;
 
 struct Conn {
     stream: TcpStream,
@@ -33,20 +45,28 @@ pub struct PortableTcp {
     conns: Vec<Option<Conn>>,
     eager_limit: usize,
     lost: Vec<(Rank, TransportError)>,
+    #[cfg(target_os = "linux")]
+    bell: Bell,
 }
 
 impl PortableTcp {
     /// Takes over connected, authenticated sockets (`conns[r]` is the socket to rank `r`).
     /// Must be called inside the tokio runtime whose reactor will watch the sockets.
     pub fn new(conns: Vec<Option<std::net::TcpStream>>, limits: Limits, eager_limit: usize) -> io::Result<PortableTcp> {
+        #[cfg(target_os = "linux")]
+        let mut bell = Bell::new(conns.len())?;
         let conns = conns
             .into_iter()
             .enumerate()
             .map(|(peer, s)| {
                 s.map(|s| {
                     s.set_nonblocking(true)?;
+                    #[cfg(target_os = "linux")]
+                    bell.add(peer, std::os::fd::AsRawFd::as_raw_fd(&s))?;
+                    #[cfg(not(target_os = "linux"))]
+                    let s = TcpStream::from_std(s)?;
                     Ok(Conn {
-                        stream: TcpStream::from_std(s)?,
+                        stream: s,
                         reader: Reader::new(peer as Rank, limits),
                         writer: Writer::default(),
                         write_failed: None,
@@ -55,7 +75,13 @@ impl PortableTcp {
                 .transpose()
             })
             .collect::<io::Result<_>>()?;
-        Ok(PortableTcp { conns, eager_limit, lost: Vec::new() })
+        Ok(PortableTcp {
+            conns,
+            eager_limit,
+            lost: Vec::new(),
+            #[cfg(target_os = "linux")]
+            bell,
+        })
     }
 
     fn fail(&mut self, peer: Rank, err: TransportError) {
@@ -109,6 +135,7 @@ impl Conn {
 
     /// Ready when the socket has data (or EOF) or output could be written. Clears tokio's cached
     /// readiness only through a real attempt, so no wake-up is lost.
+    #[cfg(not(target_os = "linux"))]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             match self.stream.poll_read_ready(cx) {
@@ -183,12 +210,31 @@ impl Transport for PortableTcp {
         work
     }
 
+    #[cfg(not(target_os = "linux"))]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let mut ready = !self.lost.is_empty();
         for c in self.conns.iter_mut().flatten() {
             ready |= c.poll_ready(cx).is_ready();
         }
         if ready { Poll::Ready(()) } else { Poll::Pending }
+    }
+
+    #[cfg(target_os = "linux")]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        // Sockets that fired since the last sleep may have work; the rest are still armed.
+        if !self.lost.is_empty() || self.bell.take_fired() > 0 {
+            return Poll::Ready(());
+        }
+        for peer in 0..self.conns.len() {
+            let Some(c) = self.conns[peer].as_ref() else { continue };
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&c.stream);
+            if let Err(e) = self.bell.arm(peer, fd, !c.writer.is_empty()) {
+                // No doorbell for this connection: it cannot be slept on, so it ends.
+                self.fail(peer as Rank, e.into());
+                return Poll::Ready(());
+            }
+        }
+        self.bell.poll_fired(cx)
     }
 
     fn has_pending_output(&self) -> bool {

@@ -5,9 +5,13 @@
 //!   destination is whatever `Reader::target` says, which for rendezvous data is the receiver's
 //!   posted buffer: the kernel copies socket data straight to its final place.
 //! * **Batched submissions.** One `io_uring_enter` per [`Transport::progress`] submits every
-//!   connection's `recv` and vectored `sendmsg` (up to `BATCH` frames each) at once.
-//! * **An eventfd to sleep on.** The ring signals a registered eventfd for every completion; tokio
-//!   watches it, so [`Transport::poll_ready`] can park the progress loop.
+//!   connection's `recv` and vectored `sendmsg` (up to `BATCH` frames each) at once; a `recv`
+//!   re-armed right after a completion waits one round for the reply's `sendmsg` (`submit_now`).
+//! * **An eventfd to sleep on, signalled only for sleepers.** Tokio watches the ring's eventfd, so
+//!   [`Transport::poll_ready`] can park the progress loop; the ring signals it only between
+//!   `poll_ready` and [`Transport::awake`] (the completion queue's `EVENTFD_DISABLED` flag, set
+//!   and cleared in shared memory, without a system call), so completions reaped by a spinning
+//!   caller do not wake the reactor thread.
 //!
 //! Memory rule: the kernel may write into (recv) or read from (send) a buffer until that
 //! operation's completion is reaped. A connection that ends (EOF, error, protocol violation,
@@ -211,10 +215,12 @@ impl UringTcp {
     }
 
     /// Pushes a recv for every live connection without one and a sendmsg for every one with
-    /// queued output and none in flight. Returns how many entries were pushed.
-    fn arm(&mut self, sink: &mut dyn Sink) -> usize {
+    /// queued output and none in flight. Returns how many entries were pushed, and whether a
+    /// sendmsg is among them.
+    fn arm(&mut self, sink: &mut dyn Sink) -> (usize, bool) {
         let mut sq = self.ring.submission();
         let mut pushed = 0;
+        let mut pushed_send = false;
         for (peer, slot) in self.conns.iter_mut().enumerate() {
             let Some(c) = slot.as_mut().filter(|c| c.wants_submit()) else { continue };
             let fd = types::Fd(c.stream.as_raw_fd());
@@ -251,9 +257,17 @@ impl UringTcp {
                 unsafe { sq.push(&e).expect("checked not full") };
                 c.send_busy = true;
                 pushed += 1;
+                pushed_send = true;
             }
         }
-        pushed
+        (pushed, pushed_send)
+    }
+
+    /// Whether [`Transport::progress`] has something to do without waiting for the kernel.
+    fn has_work(&mut self) -> bool {
+        !self.ring.completion().is_empty()
+            || !self.ring.submission().is_empty()
+            || self.conns.iter().flatten().any(|c| c.wants_submit() || (c.ended.is_some() && c.idle()))
     }
 
     /// Submits what is queued and reaps (discarding) `pending` completions; false if that took
@@ -280,6 +294,19 @@ impl UringTcp {
     }
 }
 
+/// Whether a progress round enters the kernel to submit what it pushed, or leaves it queued for
+/// the next entry (the next round's, or the one that sends the reply).
+///
+/// A receive re-armed right after a receive completed is left queued once: the caller most often
+/// answers the message it just got, so the next round pushes a `sendmsg` and one entry carries
+/// both; and a receive submitted after its bytes arrived completes inline, without the deferred
+/// task work and the extra entry that a receive waiting in the kernel costs. A round that pushed
+/// a `sendmsg`, or finds entries left by an earlier round, submits at once: output never waits,
+/// and a receive waits for at most one round.
+fn submit_now(pushed_send: bool, reaped_recv: bool, left_before: bool) -> bool {
+    pushed_send || left_before || !reaped_recv
+}
+
 fn setup(n: usize) -> io::Result<(IoUring, AsyncFd<OwnedFd>)> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(io::Error::other("the io_uring TCP backend needs a tokio runtime"));
@@ -290,7 +317,7 @@ fn setup(n: usize) -> io::Result<(IoUring, AsyncFd<OwnedFd>)> {
     // next kernel entry instead of interrupting it (a sleeping thread is still woken), and the
     // taskrun flag tells a busy-polling caller when to enter. Measured: 8 B ping-pong latency
     // 25-29 us without, 19-23 us with (ferrocomm-bench pingpong --backend uring).
-    let ring = IoUring::builder()
+    let mut ring = IoUring::builder()
         .setup_coop_taskrun()
         .setup_taskrun_flag()
         .build((2 * n).next_power_of_two().clamp(256, 32768) as u32)?;
@@ -302,6 +329,10 @@ fn setup(n: usize) -> io::Result<(IoUring, AsyncFd<OwnedFd>)> {
     // SAFETY: `fd` is a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     ring.submitter().register_eventfd(fd.as_raw_fd())?;
+    // Signalled only while a sleeper waits on it (`poll_ready` to `awake`): a spinning caller
+    // reaps completions itself, and a signal per completion would wake the reactor thread for
+    // nothing, onto the CPU of a spinning rank.
+    ring.completion().disable_eventfd();
     // SAFETY: the `OwnedFd` keeps the descriptor open, unchanged, for the `AsyncFd`'s lifetime.
     let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;
     Ok((ring, fd))
@@ -333,6 +364,7 @@ impl Transport for UringTcp {
         let mut cqes = std::mem::take(&mut self.cqes);
         cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
         let mut work = cqes.len();
+        let reaped_recv = cqes.iter().any(|&(user_data, _)| user_data & 1 == 0);
         for (user_data, res) in cqes.drain(..) {
             work += self.complete(user_data, res, sink);
         }
@@ -348,8 +380,9 @@ impl Transport for UringTcp {
             }
         }
 
-        let pushed = self.arm(sink);
-        if !self.ring.submission().is_empty() {
+        let left_before = !self.ring.submission().is_empty();
+        let (pushed, pushed_send) = self.arm(sink);
+        if (pushed > 0 || left_before) && submit_now(pushed_send, reaped_recv, left_before) {
             match self.ring.submitter().submit() {
                 Ok(_) => {}
                 // Entries stay queued and are submitted by the next call.
@@ -362,11 +395,15 @@ impl Transport for UringTcp {
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            let work = !self.ring.completion().is_empty()
-                || !self.ring.submission().is_empty()
-                || self.conns.iter().flatten().any(|c| c.wants_submit() || (c.ended.is_some() && c.idle()));
-            if work {
+            if self.has_work() {
                 return Poll::Ready(());
+            }
+            if self.ring.completion().eventfd_disabled() {
+                // Announce the sleep, then look once more: a completion posted before the kernel
+                // saw the flag cleared rang no bell (store, full fence, load on both sides).
+                self.ring.completion().enable_eventfd();
+                std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+                continue;
             }
             let mut guard = match self.eventfd.poll_read_ready(cx) {
                 Poll::Ready(Ok(guard)) => guard,
@@ -382,6 +419,12 @@ impl Transport for UringTcp {
                 if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
             });
         }
+    }
+
+    fn awake(&mut self) {
+        // Nobody sleeps on the eventfd any more: completions stop signalling it (and waking the
+        // reactor thread) until the next sleep.
+        self.ring.completion().disable_eventfd();
     }
 
     fn has_pending_output(&self) -> bool {
@@ -410,6 +453,29 @@ impl Drop for UringTcp {
         if !self.reap_all(busy) {
             tracing::error!("tcp-uring: operations still in flight at drop; leaking their buffers");
             std::mem::forget(std::mem::take(&mut self.conns));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::submit_now;
+
+    #[test]
+    fn a_receive_rearmed_after_a_completion_waits_one_round_and_output_never() {
+        // (pushed a sendmsg, reaped a receive, entries left by an earlier round) -> submit now
+        let cases = [
+            ((false, true, false), false), // re-armed receive only: left for the reply's entry
+            ((true, true, false), true),   // the reply came in the same round
+            ((false, true, true), true),   // left once already
+            ((false, false, false), true), // first arming, or after a cancelled receive
+            ((true, false, false), true),
+            ((true, false, true), true),
+            ((false, false, true), true),
+            ((true, true, true), true),
+        ];
+        for ((send, recv, left), want) in cases {
+            assert_eq!(submit_now(send, recv, left), want, "send {send}, recv {recv}, left {left}");
         }
     }
 }
