@@ -3,7 +3,7 @@
 //! Bytes move through plain non-blocking `send`/`recv` calls (socket2), so a busy-polling caller
 //! makes progress without waiting for tokio's event loop to notice readiness; readiness is only
 //! used to sleep ([`Transport::poll_ready`]). On Linux the sockets sit in an epoll set of their
-//! own, armed one-shot only by a sleeper ([`super::oneshot`]), so that segments read by a spinning
+//! own, armed one-shot only by a sleeper (the `oneshot` module), so that segments read by a spinning
 //! caller do not wake the reactor thread too; elsewhere tokio watches them. This backend compiles
 //! wherever tokio does.
 
