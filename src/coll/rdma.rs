@@ -437,6 +437,23 @@ struct Leftovers {
 }
 
 impl Leftovers {
+    /// A call's state before its ready messages go out: nothing exposed, flagged or kept yet.
+    fn new(comm: Arc<Comm>, shared: Arc<Shared>, seq: u64, why: Refusal) -> Leftovers {
+        let n = comm.size() as usize;
+        Leftovers {
+            comm,
+            shared,
+            seq,
+            why,
+            cause: None,
+            exposed: false,
+            flagged: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            recv: None,
+            memory: Vec::new(),
+            finished: false,
+        }
+    }
+
     /// Ends the call early with `e`, the peers told `why`.
     fn fail(mut self, why: Refusal, e: Error) -> Result<()> {
         self.why = why;
@@ -470,20 +487,8 @@ impl Drop for Leftovers {
 /// with [`CollError::Refused`] naming this rank; this rank's call fails with `e`.
 pub(super) async fn refuse(slot: Slot, turn: Turn, why: Refusal, e: Error) -> Result<()> {
     let Slot { comm, seq, .. } = slot;
-    let n = comm.size() as usize;
     let Turn { prev, _done, shared } = turn;
-    let left = Leftovers {
-        comm,
-        shared,
-        seq,
-        why,
-        cause: None,
-        exposed: false,
-        flagged: (0..n).map(|_| AtomicBool::new(false)).collect(),
-        recv: None,
-        memory: Vec::new(),
-        finished: false,
-    };
+    let left = Leftovers::new(comm, shared, seq, why);
     // The refusals go now; the next call still waits for the one before this.
     let refused = left.fail(why, e);
     if let Some(prev) = prev {
@@ -532,18 +537,7 @@ pub(super) async fn run(slot: Slot, turn: Turn, shape: Shape, src: Source, block
         return Ok(());
     }
     // From here, an early end (a drop included) tells the peers.
-    let mut left = Leftovers {
-        comm: comm.clone(),
-        shared: shared.clone(),
-        seq,
-        why: Refusal::Left,
-        cause: None,
-        exposed: false,
-        flagged: (0..n).map(|_| AtomicBool::new(false)).collect(),
-        recv: None,
-        memory: Vec::new(),
-        finished: false,
-    };
+    let mut left = Leftovers::new(comm.clone(), shared.clone(), seq, Refusal::Left);
     if let Some(prev) = prev {
         // Either way the previous call is over (ended, or dropped).
         let _ = prev.await;

@@ -258,18 +258,19 @@ fn garbage(backend: Backend) {
     assert!(matches!(err, TransportError::Wire(WireError::Unexpected(Kind::Data))), "{err:?}");
 }
 
-fn poll_ready_wakes(backend: Backend) {
-    let rt = runtime();
-    let (mut node, mut raw) = with_raw_peer(&rt, backend, 0);
-    // Arm everything until idle; then nothing is ready.
-    spin(&mut node);
-    while node.t.progress(&mut node.s) > 0 {}
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    assert!(node.t.poll_ready(&mut cx).is_pending(), "idle transport is not ready");
-
-    let (h, p) = eager(1, 5, 1234);
+/// Sleeps on `node`'s `poll_ready` while a thread writes `frame` to `raw` after `delay`; asserts
+/// that the frame woke the sleeper, and gives the socket back.
+fn woken_by(
+    rt: &tokio::runtime::Runtime,
+    node: &mut Node,
+    mut raw: TcpStream,
+    frame: (Header, Bytes),
+    delay: Duration,
+    what: &str,
+) -> TcpStream {
+    let (h, p) = frame;
     let writer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(delay);
         raw.write_all(&h.encode()).unwrap();
         raw.write_all(&p).unwrap();
         raw
@@ -278,8 +279,27 @@ fn poll_ready_wakes(backend: Backend) {
     let woke = rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(10), std::future::poll_fn(|cx| t.poll_ready(cx))).await
     });
-    assert!(woke.is_ok(), "poll_ready did not wake when data arrived");
-    let _raw = writer.join().unwrap();
+    assert!(woke.is_ok(), "{what}");
+    writer.join().unwrap()
+}
+
+fn poll_ready_wakes(backend: Backend) {
+    let rt = runtime();
+    let (mut node, raw) = with_raw_peer(&rt, backend, 0);
+    // Arm everything until idle; then nothing is ready.
+    spin(&mut node);
+    while node.t.progress(&mut node.s) > 0 {}
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(node.t.poll_ready(&mut cx).is_pending(), "idle transport is not ready");
+
+    let _raw = woken_by(
+        &rt,
+        &mut node,
+        raw,
+        eager(1, 5, 1234),
+        Duration::from_millis(200),
+        "poll_ready did not wake when data arrived",
+    );
     run_until(&mut [&mut node], "frame after wake-up", |n| !n[0].s.frames.is_empty());
     check_received(&node.s, 1, &[eager(1, 5, 1234)]);
 
@@ -334,20 +354,9 @@ fn sleep_wake_spin_cycles(backend: Backend) {
         while node.t.progress(&mut node.s) > 0 {}
         let mut cx = Context::from_waker(std::task::Waker::noop());
         assert!(node.t.poll_ready(&mut cx).is_pending(), "idle transport is not ready (round {round})");
-        let (h, p) = eager(1, 1000 + round, 10);
-        let writer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
-            raw.write_all(&h.encode()).unwrap();
-            raw.write_all(&p).unwrap();
-            raw
-        });
-        let t = &mut node.t;
-        let woke = rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(10), std::future::poll_fn(|cx| t.poll_ready(cx))).await
-        });
-        assert!(woke.is_ok(), "sleeper not woken (round {round})");
+        let what = format!("sleeper not woken (round {round})");
+        raw = woken_by(&rt, &mut node, raw, eager(1, 1000 + round, 10), Duration::from_millis(20), &what);
         node.t.awake();
-        raw = writer.join().unwrap();
         run_until(&mut [&mut node], "frame after wake-up", |n| n[0].s.frames.len() == 2 * round as usize + 2);
     }
     let want: Vec<_> = (0..20u64).flat_map(|r| [eager(1, r, 100 + r as usize), eager(1, 1000 + r, 10)]).collect();
