@@ -139,6 +139,32 @@ pub mod bcast {
         s.then(super::allgather::ring_relative(rel(r, root, n), n, root), log2_ceil(n));
         s
     }
+
+    /// A pipelined chain: the data, cut into `segments` blocks (ids `0..segments`), flows down
+    /// the chain of relative ranks 0 -> 1 -> ... -> n-1. Rank v receives segment j in round
+    /// j + v - 1 and passes it on in round j + v, so every link of the chain carries a segment at
+    /// once and each link moves the data once (Open MPI's tuned "pipeline" broadcast).
+    /// segments + n - 2 rounds.
+    pub fn pipeline(r: u32, n: u32, root: u32, segments: u32) -> Schedule {
+        let v = rel(r, root, n);
+        let mut s = Schedule::new();
+        if n < 2 {
+            return s;
+        }
+        let (prev, next) = (abs(v + n - 1, root, n), (v + 1 < n).then(|| abs(v + 1, root, n)));
+        // Rank v is busy from round v - 1 (its first receive) to round v + segments - 1 (its last send).
+        for t in v.saturating_sub(1)..v + segments {
+            if let Some(next) = next
+                && t >= v
+            {
+                s.send_bare(t, next, Some(t - v));
+            }
+            if v > 0 && t + 1 - v < segments {
+                s.recv_bare(t, prev, Some(t + 1 - v), Apply::Store);
+            }
+        }
+        s
+    }
 }
 
 /// Scatter schedules.
@@ -521,6 +547,10 @@ pub mod rounds {
     /// Broadcast as a binomial scatter then a ring allgather.
     pub fn scatter_allgather(n: u32) -> u32 {
         if n == 1 { 0 } else { log2_ceil(n) + n - 1 }
+    }
+    /// A pipelined chain broadcast of `segments` segments.
+    pub fn pipeline(n: u32, segments: u32) -> u32 {
+        if n < 2 { 0 } else { segments + n - 2 }
     }
     /// Recursive-doubling allreduce (two more rounds off a power of two).
     pub fn recursive_doubling_allreduce(n: u32) -> u32 {

@@ -35,8 +35,8 @@ pub fn split(data: &Bytes, parts: u32, elem: usize) -> Vec<Bytes> {
 /// How many planned schedules a thread keeps (calls of a few shapes repeat in a loop).
 const PLANNED: usize = 64;
 
-/// What a schedule depends on: (algorithm, rank, size, root).
-type Shape = (&'static str, u32, u32, u32);
+/// What a schedule depends on: (algorithm, rank, size, root, segments).
+type Shape = (&'static str, u32, u32, u32, u32);
 
 thread_local! {
     /// The schedules this thread planned, most recent last.
@@ -48,7 +48,19 @@ thread_local! {
 /// four, and planning one (a few small allocations) would be about a fifth of an 8 B broadcast
 /// (`perf`, 2 ranks over shared memory).
 fn planned(name: &'static str, r: u32, n: u32, root: u32, plan: impl FnOnce() -> Schedule) -> Arc<Schedule> {
-    let key = (name, r, n, root);
+    planned_in(name, r, n, root, 0, plan)
+}
+
+/// [`planned`] for a schedule that also depends on how many segments the data is cut into.
+fn planned_in(
+    name: &'static str,
+    r: u32,
+    n: u32,
+    root: u32,
+    segments: u32,
+    plan: impl FnOnce() -> Schedule,
+) -> Arc<Schedule> {
+    let key = (name, r, n, root, segments);
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         if let Some((_, s)) = c.iter().rev().find(|(k, _)| *k == key) {
@@ -129,19 +141,60 @@ pub fn bcast(
             }
             planned("bcast::scatter_allgather", r, n, root, || bcast::scatter_allgather(r, n, root))
         }
+        // The segment count depends on the length, which non-roots learn only from the caller.
+        Algorithm::Pipeline => return Err(bad(alg, "bcast without the length (see bcast_pipeline)")),
         _ => return Err(bad(alg, "bcast")),
     };
     Ok(Machine::new(s, blocks, None))
 }
 
+/// The most segments a pipelined broadcast cuts its data into (round numbers stay small).
+pub const PIPELINE_MAX_SEGMENTS: u32 = 1024;
+
+/// How many segments a pipelined broadcast of `len` bytes cuts its data into: pieces of at most
+/// `segment` bytes (but no more than [`PIPELINE_MAX_SEGMENTS`]), at least one.
+pub fn pipeline_segments(len: usize, segment: usize) -> u32 {
+    len.div_ceil(segment.max(1)).clamp(1, PIPELINE_MAX_SEGMENTS as usize) as u32
+}
+
+/// Broadcast of `data` (present at the root) down a pipelined chain ([`Algorithm::Pipeline`]),
+/// cut into `segments` pieces on `elem`-byte boundaries: every rank passes the same `segments`
+/// ([`pipeline_segments`] of the length every rank knows; [`Machine::with_segment_lens`] tells
+/// the machine the pieces' lengths). The result is [`bcast_result`].
+pub fn bcast_pipeline(
+    r: u32,
+    n: u32,
+    root: u32,
+    data: Option<Bytes>,
+    segments: u32,
+    elem: usize,
+) -> Result<Machine, CollError> {
+    if !(1..=PIPELINE_MAX_SEGMENTS).contains(&segments) {
+        return Err(CollError::Invalid(format!("a pipelined broadcast of {segments} segments")));
+    }
+    let mut blocks = Blocks::new();
+    if let Some(d) = data {
+        blocks.extend((0..segments).zip(split(&d, segments, elem)));
+    }
+    let s = planned_in("bcast::pipeline", r, n, root, segments, || bcast::pipeline(r, n, root, segments));
+    Ok(Machine::new(s, blocks, None))
+}
+
 /// The broadcast data, from the blocks a finished bcast machine holds.
 pub fn bcast_result(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Bytes, CollError> {
+    if alg == Algorithm::Pipeline {
+        return Ok(join(bcast_parts(blocks, n, alg)?));
+    }
     concat(blocks, bcast_ids(n, alg))
 }
 
 /// The pieces of the broadcast data in order, shared (not laid end to end): for a caller that
 /// copies them out anyway, one pass over the data instead of two.
 pub fn bcast_parts(blocks: &Blocks, n: u32, alg: Algorithm) -> Result<Vec<Bytes>, CollError> {
+    if alg == Algorithm::Pipeline {
+        // Segments 0.. in order: a finished machine holds all of them and nothing else.
+        return parts(blocks, 0..blocks.len() as u32);
+    }
     parts(blocks, bcast_ids(n, alg))
 }
 

@@ -231,7 +231,7 @@ pub struct Machine {
     /// Buffers the machine is done with (reduced operands), for the driver to reuse.
     spare: Vec<BytesMut>,
     /// The length of every bare block of this call, when the caller knows it.
-    block_len: Option<usize>,
+    block_len: Option<BlockLen>,
     /// Where a buffer to fill comes from (see [`Machine::with_alloc`]).
     alloc: Option<Alloc>,
 }
@@ -265,14 +265,25 @@ impl Machine {
     /// length): receives of bare blocks then say so ([`Action::Recv`]'s `len`), and a block of
     /// another length is a [`CollError::Malformed`]. Must be given before the first
     /// [`Machine::poll_action`].
-    pub fn with_block_len(mut self, len: usize) -> Machine {
-        self.block_len = Some(len);
+    pub fn with_block_len(self, len: usize) -> Machine {
+        self.with_lengths(BlockLen::Every(len))
+    }
+
+    /// Declares that the bare blocks of this call are the pieces [`crate::ops::split`] cuts
+    /// `len` bytes into, `segments` of them on `elem`-byte boundaries (block `id` is piece `id`),
+    /// as [`Machine::with_block_len`] does for blocks of one length.
+    pub fn with_segment_lens(self, len: usize, segments: u32, elem: usize) -> Machine {
+        self.with_lengths(BlockLen::Pieces { len, segments: segments.max(1), elem: elem.max(1) })
+    }
+
+    fn with_lengths(mut self, lengths: BlockLen) -> Machine {
+        self.block_len = Some(lengths);
         let current = self.current.map(|i| &self.schedule.rounds[i]);
         for a in &mut self.actions {
             if let Action::Recv { len: l @ None, part: 0, from, round } = a
-                && current.is_some_and(|c| c.number == *round && bare_from(c, *from))
+                && let Some(id) = current.filter(|c| c.number == *round).and_then(|c| bare_from(c, *from))
             {
-                *l = Some(len);
+                *l = Some(lengths.of(id));
             }
         }
         self
@@ -348,7 +359,7 @@ impl Machine {
             None if part == 0 && bare.is_some() => {
                 let blocks = match bare.flatten() {
                     Some(id) => {
-                        if self.block_len.is_some_and(|l| l != data.len()) {
+                        if self.block_len.is_some_and(|l| l.of(id) != data.len()) {
                             return Err(CollError::Malformed { from, why: "block length differs from the call's" });
                         }
                         vec![(id, data)]
@@ -494,7 +505,7 @@ impl Machine {
             for step in &round.steps {
                 let Step::Recv { from, form, .. } = step else { continue };
                 let len = match form {
-                    Form::Bare(Some(_)) => self.block_len,
+                    Form::Bare(Some(id)) => self.block_len.map(|l| l.of(*id)),
                     Form::Bare(None) => Some(0),
                     Form::Framed => None,
                 };
@@ -513,9 +524,34 @@ impl Machine {
     }
 }
 
-/// Whether the receive from `from` in round `r` is of a bare block.
-fn bare_from(r: &Round, from: u32) -> bool {
-    r.steps.iter().any(|s| matches!(s, Step::Recv { from: f, form: Form::Bare(Some(_)), .. } if *f == from))
+/// The block the receive from `from` in round `r` carries, if it is a bare one.
+fn bare_from(r: &Round, from: u32) -> Option<u32> {
+    r.steps.iter().find_map(|s| match s {
+        Step::Recv { from: f, form: Form::Bare(Some(id)), .. } if *f == from => Some(*id),
+        _ => None,
+    })
+}
+
+/// The lengths of a call's bare blocks, where every rank knows them.
+#[derive(Clone, Copy, Debug)]
+enum BlockLen {
+    /// Every block is this long.
+    Every(usize),
+    /// Block `id` is piece `id` of `len` bytes cut into `segments` by [`crate::ops::split`].
+    Pieces { len: usize, segments: u32, elem: usize },
+}
+
+impl BlockLen {
+    fn of(self, id: u32) -> usize {
+        match self {
+            BlockLen::Every(len) => len,
+            BlockLen::Pieces { len, segments, elem } => {
+                let elems = len / elem;
+                let (base, extra) = (elems / segments as usize, elems % segments as usize);
+                (base + usize::from((id as usize) < extra)) * elem
+            }
+        }
+    }
 }
 
 /// Blocks at least this long travel as messages of their own behind the header (no copy into a

@@ -76,6 +76,8 @@ pub enum Algorithm {
     Binomial,
     /// Broadcast as a binomial scatter then a ring allgather (large messages).
     ScatterAllgather,
+    /// Broadcast down a chain of ranks in segments, every link busy at once (large messages).
+    Pipeline,
     /// Recursive doubling: ceil(log2 n) pairwise exchange rounds.
     RecursiveDoubling,
     /// Rabenseifner's allreduce: recursive-halving reduce-scatter, recursive-doubling allgather.
@@ -104,11 +106,12 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm, in declaration order.
-    pub const ALL: [Algorithm; 15] = [
+    pub const ALL: [Algorithm; 16] = [
         Algorithm::Linear,
         Algorithm::Dissemination,
         Algorithm::Binomial,
         Algorithm::ScatterAllgather,
+        Algorithm::Pipeline,
         Algorithm::RecursiveDoubling,
         Algorithm::Rabenseifner,
         Algorithm::Ring,
@@ -127,7 +130,7 @@ impl Algorithm {
         use Algorithm::*;
         match op {
             Operation::Barrier => &[Dissemination, Linear],
-            Operation::Bcast => &[Binomial, ScatterAllgather, Linear],
+            Operation::Bcast => &[Binomial, ScatterAllgather, Pipeline, Linear],
             Operation::Reduce => &[Binomial, Linear],
             Operation::Allreduce => &[RecursiveDoubling, Rabenseifner, Ring, Linear],
             Operation::Gather | Operation::Scatter => &[Binomial, Linear],
@@ -189,6 +192,7 @@ impl fmt::Display for Algorithm {
             Algorithm::Dissemination => "dissemination",
             Algorithm::Binomial => "binomial",
             Algorithm::ScatterAllgather => "scatter-allgather",
+            Algorithm::Pipeline => "pipeline",
             Algorithm::RecursiveDoubling => "recursive-doubling",
             Algorithm::Rabenseifner => "rabenseifner",
             Algorithm::Ring => "ring",
@@ -254,6 +258,17 @@ pub struct Call {
 pub struct Table {
     /// Broadcast switches from binomial to scatter + all-gather at this size (with >= 4 ranks).
     pub bcast_large: usize,
+    /// Broadcast switches from binomial to the pipelined chain ([`Algorithm::Pipeline`]) at this
+    /// size (with >= 3 ranks). Never by default: with 4 ranks on 2 CPUs, each a host of its own
+    /// over TCP (`ferrocomm-bench hosts --no-peer --ops bcast --sizes 256K,1M,4M`, pinning
+    /// `bcast=pipeline` and `bcast=binomial` in turn, medians of 5, loaded), the chain in 64 KiB
+    /// segments took 0.84x binomial's time at 256 KiB and 0.90x at 1 MiB but 2.0x at 4 MiB: every
+    /// segment passes between two ranks that take turns on a CPU, and that hand-over costs more
+    /// than the overlap gains. With a CPU per rank, set it (and pin `bcast=pipeline` to compare).
+    pub bcast_pipeline: usize,
+    /// The pipelined chain's segment: the data goes in pieces of at most this many bytes (64 KiB,
+    /// the TCP eager limit: larger segments go by rendezvous, and took 1.6-2.6x as long at 1 MiB).
+    pub bcast_segment: usize,
     /// All-reduce switches from recursive doubling to Rabenseifner at this size.
     pub allreduce_large: usize,
     /// ... and from Rabenseifner to the ring at this size.
@@ -344,6 +359,8 @@ impl Default for Table {
     fn default() -> Table {
         Table {
             bcast_large: 2 << 20,
+            bcast_pipeline: usize::MAX,
+            bcast_segment: 64 << 10,
             allreduce_large: 64 << 10,
             allreduce_ring: 2 << 20,
             allgather_large: 64 << 10,
@@ -430,6 +447,7 @@ impl Table {
         use Algorithm::*;
         match c.op {
             Operation::Barrier => Dissemination,
+            Operation::Bcast if c.bytes >= self.bcast_pipeline && c.ranks >= 3 => Pipeline,
             Operation::Bcast if c.bytes >= self.bcast_large && c.ranks >= 4 => ScatterAllgather,
             Operation::Bcast => Binomial,
             Operation::Reduce => Binomial,
@@ -489,6 +507,15 @@ mod tests {
         assert_eq!(t.choose(c(Operation::Allreduce, 8 << 20)), Algorithm::Ring);
         assert_eq!(t.choose(c(Operation::Bcast, 1 << 20)), Algorithm::Binomial);
         assert_eq!(t.choose(c(Operation::Bcast, 4 << 20)), Algorithm::ScatterAllgather);
+        // The pipelined chain where the table sets a size for it; a chain of 2 is one link:
+        // binomial's single message.
+        let chain = Table { bcast_pipeline: 256 << 10, ..Table::default() };
+        assert_eq!(chain.choose(c(Operation::Bcast, (256 << 10) - 1)), Algorithm::Binomial);
+        assert_eq!(chain.choose(c(Operation::Bcast, 256 << 10)), Algorithm::Pipeline);
+        assert_eq!(chain.choose(c(Operation::Bcast, 4 << 20)), Algorithm::Pipeline);
+        assert_eq!(chain.choose(Call { ranks: 2, ..c(Operation::Bcast, 4 << 20) }), Algorithm::Binomial);
+        assert!(Table::default().with_overrides("bcast=pipeline").is_ok());
+        assert!(Table::default().with_overrides("allreduce=pipeline").is_err());
         assert_eq!(t.choose(c(Operation::Alltoall, 8)), Algorithm::Bruck);
         assert_eq!(t.choose(c(Operation::Alltoall, 4096)), Algorithm::Bruck);
         assert_eq!(t.choose(c(Operation::Alltoall, 16384)), Algorithm::Pairwise);

@@ -88,6 +88,11 @@ fn bcast_all_algorithms() {
             for count in COUNTS {
                 for &alg in Algorithm::for_operation(Operation::Bcast) {
                     let data = bytes_of(&input(root, count));
+                    if alg == Algorithm::Pipeline {
+                        // Needs the length at every rank: its own test below.
+                        assert!(ops::bcast(0, n, root, alg, Some(data.clone()), 8).is_err());
+                        continue;
+                    }
                     let ms = (0..n).map(|r| ops::bcast(r, n, root, alg, (r == root).then(|| data.clone()), 8).unwrap());
                     let out = run(ms.collect(), seed(n, count, alg));
                     for (r, b) in out.blocks.iter().enumerate() {
@@ -97,6 +102,38 @@ fn bcast_all_algorithms() {
             }
         }
     }
+}
+
+/// The pipelined chain: every rank count, roots at both ends and the middle, sizes from empty to
+/// many segments, segment sizes from one element to more than the data, each segment received
+/// with the length every rank computes; round counts within the formula's.
+#[test]
+fn bcast_pipeline_segments() {
+    for n in RANKS {
+        for root in [0, n / 2, n - 1] {
+            for count in COUNTS {
+                for segment in [8, 24, 64, 1 << 20] {
+                    let data = bytes_of(&input(root, count));
+                    let k = ops::pipeline_segments(data.len(), segment);
+                    let ms = (0..n).map(|r| {
+                        let m = ops::bcast_pipeline(r, n, root, (r == root).then(|| data.clone()), k, 8).unwrap();
+                        m.with_segment_lens(data.len(), k, 8)
+                    });
+                    let out = run(ms.collect(), seed(n, count, Algorithm::Pipeline) + segment as u64);
+                    for (r, b) in out.blocks.iter().enumerate() {
+                        let got = ops::bcast_result(b, n, Algorithm::Pipeline).unwrap();
+                        assert_eq!(got, data, "pipeline n={n} root={root} count={count} segment={segment} rank {r}");
+                    }
+                    // Lock-step rounds; the causal chain can be shorter (the root sends ahead).
+                    assert!(out.rounds <= rounds::pipeline(n, k), "pipeline rounds n={n} segments={k}");
+                }
+            }
+        }
+    }
+    assert_eq!(ops::pipeline_segments(0, 64 << 10), 1);
+    assert_eq!(ops::pipeline_segments(1 << 20, 64 << 10), 16);
+    assert_eq!(ops::pipeline_segments(usize::MAX, 1), ops::PIPELINE_MAX_SEGMENTS);
+    assert!(ops::bcast_pipeline(0, 4, 0, None, 0, 8).is_err());
 }
 
 #[test]

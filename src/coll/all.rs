@@ -41,12 +41,16 @@ impl Comm {
         } else if alg == Algorithm::Hierarchical {
             let h = self.hierarchy().expect("chosen");
             let node = &h.node;
-            let up = (node.slot(), ops::reduce(node.rank(), node.size(), 0, Algorithm::Binomial, data, op.erase()));
+            // Every step's bare blocks are the whole vector: received straight into reused
+            // buffers, as in the flat algorithms.
+            let bytes = size_of_val(buf);
+            let reduce = ops::reduce(node.rank(), node.size(), 0, Algorithm::Binomial, data, op.erase());
+            let up = (node.slot(), reduce.map(|m| m.with_block_len(bytes)));
             let mid = h.leaders.as_ref().map(|l| {
-                let a = l.choose(Operation::Allreduce, size_of_val(buf), true);
+                let a = l.choose(Operation::Allreduce, bytes, true);
                 (l.slot(), l.size(), a, op.erase())
             });
-            let down = node.slot();
+            let down = (node.slot(), bytes);
             let (nr, nn) = (node.rank(), node.size());
             Some(Err(Box::new((up, mid, down, nr, nn))))
         } else {
@@ -69,15 +73,15 @@ impl Comm {
                 }
                 Some(Err(hier)) => {
                     Box::pin(async move {
-                        let (up, mid, down, nr, nn) = *hier;
+                        let (up, mid, (down, bytes), nr, nn) = *hier;
                         let partial = ops::concat(&Comm::drive(up.0, up.1?).await?, [0])?;
                         let mut have = (nr == 0).then_some(partial);
                         if let (Some((slot, ln, a, reducer)), Some(d)) = (mid, have.take()) {
                             let lr = slot.comm.rank();
-                            let m = ops::allreduce(lr, ln, a, d, reducer)?;
+                            let m = ops::allreduce(lr, ln, a, d, reducer)?.with_block_len(bytes);
                             have = Some(ops::allreduce_result(&Comm::drive(slot, m).await?, ln, a)?);
                         }
-                        let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?;
+                        let m = ops::bcast(nr, nn, 0, Algorithm::Binomial, have, size_of::<T>())?.with_block_len(bytes);
                         Ok::<_, Error>(ops::bcast_result(&Comm::drive(down, m).await?, nn, Algorithm::Binomial)?)
                     })
                     .await?

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// One step of a hierarchical broadcast: the sub-communicator's call slot, this rank's place in
+/// it, its size and the step's root.
+type HierStep = (super::run::Slot, Rank, Rank, Rank);
+
 impl Comm {
     /// Waits until every rank of the communicator has entered the barrier (dissemination:
     /// ceil(log2 n) rounds; node-leader when the communicator spans several hosts).
@@ -136,21 +140,31 @@ impl Comm {
         let plan = if early.is_some() || multicast.is_some() {
             None
         } else if alg == Algorithm::Hierarchical {
-            // Root -> its node's leader -> every leader -> every node.
+            // Root -> its node's leader -> every leader -> every node. A root that leads its
+            // node skips the first step: its node takes the last one with the others, so the
+            // call is two steps deep, as a flat binomial tree across the hosts is, not three.
             let h = self.hierarchy().expect("chosen");
             let (node, root_node) = (&h.node, h.node_of[root as usize]);
             let mine = h.node_of[r as usize] == root_node;
             let node_root = node_rank_of(h, root);
+            let leads = node_root == 0;
             let at = |c: &Comm, root: Rank| (c.slot(), c.rank(), c.size(), root);
-            let first = mine.then(|| at(node, node_root));
+            let first = (mine && !leads).then(|| at(node, node_root));
             let leaders = h.leaders.as_ref().map(|l| at(l, h.leader_position(root_node)));
-            let last = (!mine).then(|| at(node, 0));
+            let last = (!mine || leads).then(|| at(node, 0));
             Some(Err(Box::new((data, [first, leaders, last]))))
         } else {
-            let m = ops::bcast(r, n, root, alg, data, elem).map(|m| match len {
-                Some(len) => m.with_block_len(len),
-                None => m,
-            });
+            let m = match (alg, len) {
+                (Algorithm::Pipeline, Some(len)) => {
+                    let segments = ops::pipeline_segments(len, self.collective_table().bcast_segment);
+                    ops::bcast_pipeline(r, n, root, data, segments, elem)
+                        .map(|m| m.with_segment_lens(len, segments, elem))
+                }
+                (_, len) => ops::bcast(r, n, root, alg, data, elem).map(|m| match len {
+                    Some(len) => m.with_block_len(len),
+                    None => m,
+                }),
+            };
             let slot = self.slot();
             Some(Ok((m.map(|m| Comm::drive(slot, m)), alg, n)))
         };
@@ -171,11 +185,37 @@ impl Comm {
                     Box::pin(async move {
                         // Root's node, then the leaders, then the other nodes; each step's root
                         // holds the data by the time it starts.
-                        let (mut have, steps) = *hier;
-                        for (slot, r, n, root) in steps.into_iter().flatten() {
+                        let (have, [first, leaders, last]) = *hier;
+                        let step = |(slot, r, n, root): HierStep, have: &Option<Bytes>| {
                             let data = if r == root { have.clone() } else { None };
-                            let m = ops::bcast(r, n, root, Algorithm::Binomial, data, elem)?;
-                            have = Some(ops::bcast_result(&Comm::drive(slot, m).await?, n, Algorithm::Binomial)?);
+                            // Received straight into a reused buffer where every rank knows the length.
+                            let m = ops::bcast(r, n, root, Algorithm::Binomial, data, elem).map(|m| match len {
+                                Some(len) => m.with_block_len(len),
+                                None => m,
+                            });
+                            async move {
+                                let blocks = Comm::drive(slot, m?).await?;
+                                Ok::<_, Error>(Some(ops::bcast_result(&blocks, n, Algorithm::Binomial)?))
+                            }
+                        };
+                        let mut have = match first {
+                            Some(s) => step(s, &have).await?,
+                            None => have,
+                        };
+                        match (leaders, last) {
+                            // The root's node's leader, holding the data, sends to the other
+                            // leaders and its node at once (as a flat tree's root sends to all
+                            // its children at once), not one step after the other.
+                            (Some(l), Some(s)) if have.is_some() && s.1 == s.3 => {
+                                let (a, b) = futures::future::join(step(l, &have), step(s, &have)).await;
+                                a?;
+                                b?;
+                            }
+                            (leaders, last) => {
+                                for s in [leaders, last].into_iter().flatten() {
+                                    have = step(s, &have).await?;
+                                }
+                            }
                         }
                         have.map(|b| vec![b])
                             .ok_or_else(|| Error::Internal { what: "a hierarchical broadcast ended without data" })

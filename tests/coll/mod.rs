@@ -245,6 +245,9 @@ pub(crate) async fn every_algorithm(c: &Comm) {
             operations(&pinned, &PINNED_COUNTS, &format!("{op}={alg}")).await;
         }
     }
+    // The pipelined broadcast in many segments (3 elements each, and the most it cuts into).
+    let table = Table { bcast_segment: 24, ..Table::default() }.with_overrides("bcast=pipeline").unwrap();
+    operations(&c.with_collective_table(table), &PINNED_COUNTS, "bcast=pipeline in segments").await;
     // The shared-memory board (where every rank shares this host; elsewhere the table decides).
     operations(&on_board(c), &BOARD_COUNTS, "board").await;
     // An all-gather into a buffer that the board splits into pieces (more than one rank's
