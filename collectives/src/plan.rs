@@ -139,6 +139,15 @@ pub fn choose(call: Call, topology: &impl Topology, table: &Table) -> Algorithm 
     if hierarchical && (forced || pinned.is_none()) {
         return Algorithm::Hierarchical;
     }
+    // Across hosts, a large broadcast down the pipelined chain (see `Table::bcast_pipeline`).
+    if op == Operation::Bcast
+        && pinned.is_none()
+        && ranks >= 3
+        && (table.bcast_pipeline..table.bcast_large).contains(&bytes)
+        && !topology.on_one_host()
+    {
+        return Algorithm::Pipeline;
+    }
     table.choose(call)
 }
 
@@ -315,6 +324,16 @@ mod tests {
         let t = Table::default();
         let apart = Facts { hosts: Some(false), ..Facts::default() };
         assert_eq!(choose(call(Operation::Bcast, 8, t.bcast_large), &apart, &t), Algorithm::ScatterAllgather);
+        // Across hosts, the pipelined chain from its size up to scatter + all-gather's, on 3 or
+        // more ranks (a chain of 2 is binomial's single message); not on one host, nor pinned.
+        let at = t.bcast_pipeline;
+        assert_eq!(choose(call(Operation::Bcast, 8, at - 1), &apart, &t), Algorithm::Binomial);
+        assert_eq!(choose(call(Operation::Bcast, 3, at), &apart, &t), Algorithm::Pipeline);
+        assert_eq!(choose(call(Operation::Bcast, 8, t.bcast_large - 1), &apart, &t), Algorithm::Pipeline);
+        assert_eq!(choose(call(Operation::Bcast, 2, at), &apart, &t), Algorithm::Binomial);
+        let sleepy_host = Facts { on_one_host: true, all_busy: false, ..HOST };
+        assert_eq!(choose(call(Operation::Bcast, 8, at), &sleepy_host, &t), Algorithm::Binomial);
+        assert_eq!(choose(call(Operation::Bcast, 8, at), &apart, &pinned("bcast=binomial")), Algorithm::Binomial);
         assert_eq!(choose(call(Operation::Allreduce, 8, t.allreduce_ring), &apart, &t), Algorithm::Ring);
         assert_eq!(choose(call(Operation::Alltoall, 8, 1 << 20), &apart, &t), Algorithm::Pairwise);
     }

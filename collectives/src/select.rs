@@ -258,13 +258,14 @@ pub struct Call {
 pub struct Table {
     /// Broadcast switches from binomial to scatter + all-gather at this size (with >= 4 ranks).
     pub bcast_large: usize,
-    /// Broadcast switches from binomial to the pipelined chain ([`Algorithm::Pipeline`]) at this
-    /// size (with >= 3 ranks). Never by default: with 4 ranks on 2 CPUs, each a host of its own
-    /// over TCP (`ferrocomm-bench hosts --no-peer --ops bcast --sizes 256K,1M,4M`, pinning
-    /// `bcast=pipeline` and `bcast=binomial` in turn, medians of 5, loaded), the chain in 64 KiB
-    /// segments took 0.84x binomial's time at 256 KiB and 0.90x at 1 MiB but 2.0x at 4 MiB: every
-    /// segment passes between two ranks that take turns on a CPU, and that hand-over costs more
-    /// than the overlap gains. With a CPU per rank, set it (and pin `bcast=pipeline` to compare).
+    /// Across hosts (not every member on this one), broadcast switches from binomial to the
+    /// pipelined chain ([`Algorithm::Pipeline`]) at this size, up to [`Table::bcast_large`]
+    /// (with >= 3 ranks; see [`crate::plan::choose`]). With 4 ranks on 2 CPUs, each a host of its
+    /// own over TCP (`ferrocomm-bench hosts --no-peer --ops bcast --sizes 256K,512K,1M,2M,4M`,
+    /// pinning `bcast=pipeline` and `bcast=binomial` in turn, medians of 5, loaded), the chain in
+    /// 64 KiB segments took 0.84x binomial's time at 256 KiB, 0.75x at 512 KiB, 0.63-0.90x at
+    /// 1 MiB, but 1.4x at 2 MiB and 2.0x at 4 MiB: every segment passes between ranks that take
+    /// turns on a CPU, and with many segments that hand-over costs more than the overlap gains.
     pub bcast_pipeline: usize,
     /// The pipelined chain's segment: the data goes in pieces of at most this many bytes (64 KiB,
     /// the TCP eager limit: larger segments go by rendezvous, and took 1.6-2.6x as long at 1 MiB).
@@ -359,7 +360,7 @@ impl Default for Table {
     fn default() -> Table {
         Table {
             bcast_large: 2 << 20,
-            bcast_pipeline: usize::MAX,
+            bcast_pipeline: 256 << 10,
             bcast_segment: 64 << 10,
             allreduce_large: 64 << 10,
             allreduce_ring: 2 << 20,
@@ -447,7 +448,6 @@ impl Table {
         use Algorithm::*;
         match c.op {
             Operation::Barrier => Dissemination,
-            Operation::Bcast if c.bytes >= self.bcast_pipeline && c.ranks >= 3 => Pipeline,
             Operation::Bcast if c.bytes >= self.bcast_large && c.ranks >= 4 => ScatterAllgather,
             Operation::Bcast => Binomial,
             Operation::Reduce => Binomial,
@@ -507,13 +507,6 @@ mod tests {
         assert_eq!(t.choose(c(Operation::Allreduce, 8 << 20)), Algorithm::Ring);
         assert_eq!(t.choose(c(Operation::Bcast, 1 << 20)), Algorithm::Binomial);
         assert_eq!(t.choose(c(Operation::Bcast, 4 << 20)), Algorithm::ScatterAllgather);
-        // The pipelined chain where the table sets a size for it; a chain of 2 is one link:
-        // binomial's single message.
-        let chain = Table { bcast_pipeline: 256 << 10, ..Table::default() };
-        assert_eq!(chain.choose(c(Operation::Bcast, (256 << 10) - 1)), Algorithm::Binomial);
-        assert_eq!(chain.choose(c(Operation::Bcast, 256 << 10)), Algorithm::Pipeline);
-        assert_eq!(chain.choose(c(Operation::Bcast, 4 << 20)), Algorithm::Pipeline);
-        assert_eq!(chain.choose(Call { ranks: 2, ..c(Operation::Bcast, 4 << 20) }), Algorithm::Binomial);
         assert!(Table::default().with_overrides("bcast=pipeline").is_ok());
         assert!(Table::default().with_overrides("allreduce=pipeline").is_err());
         assert_eq!(t.choose(c(Operation::Alltoall, 8)), Algorithm::Bruck);
