@@ -253,4 +253,57 @@ mod tests {
             }
         }
     }
+
+    /// Datagrams laid end to end in one send arrive as separate datagrams: with segmentation
+    /// offload, and after it was turned off (the transport then sends them one by one).
+    #[tokio::test]
+    async fn a_run_of_datagrams_arrives_datagram_by_datagram() {
+        let cfg = UdpConfig {
+            group: Ipv4Addr::new(239, 255, 77, 2),
+            port: 40000 + ((std::process::id() + 7) % 20000) as u16,
+            interface: Ipv4Addr::LOCALHOST,
+            datagram: 1000,
+            ttl: 0,
+            buffer: 1 << 20,
+        };
+        let (a, b) = match (UdpMulticast::join(&cfg), UdpMulticast::join(&cfg)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("SKIPPED: cannot join a multicast group on loopback here: {e}");
+                return;
+            }
+        };
+        let run: Vec<u8> = (0..2500u32).map(|i| (i / 1000) as u8 + 1).collect();
+        #[cfg(target_os = "linux")]
+        assert_eq!(a.segment_size(), Some(1000), "UDP_SEGMENT refused");
+        for offload in [true, false] {
+            if !offload {
+                a.segment.store(0, Ordering::Relaxed);
+                #[cfg(target_os = "linux")]
+                assert!(set_segment(&a.socket, 0));
+            }
+            if !a.try_send(&run).unwrap_or(false) {
+                eprintln!("SKIPPED: cannot send multicast on loopback (is `ip link set lo multicast on` done?)");
+                return;
+            }
+            let mut buf = [0u8; 4096];
+            for (k, len) in [1000, 1000, 500].into_iter().enumerate() {
+                let got = tokio::time::timeout(
+                    std::time::Duration::from_secs(2),
+                    std::future::poll_fn(|cx| b.poll_recv(cx, &mut buf)),
+                )
+                .await;
+                match got {
+                    Ok(Ok(n)) => {
+                        assert_eq!(n, len, "datagram {k} (offload {offload})");
+                        assert!(buf[..n].iter().all(|&x| x == k as u8 + 1), "datagram {k} (offload {offload})");
+                    }
+                    _ => {
+                        eprintln!("SKIPPED: loopback does not deliver multicast here (`ip link set lo multicast on`)");
+                        return;
+                    }
+                }
+            }
+        }
+    }
 }
