@@ -264,11 +264,12 @@ pub struct Table {
     pub alltoall_small: usize,
     /// Groups up to this size use the linear algorithms for gather and scatter.
     pub linear_ranks: u32,
-    /// Broadcast (on 2 ranks), all-gather and all-to-all up to this many bytes (per rank; a block
-    /// for all-to-all) use the shared-memory board when every rank of the communicator is on one
+    /// All-gather and all-to-all up to this many bytes (per rank; a block for all-to-all) use the shared-memory board when every rank of the communicator is on one
     /// host and the ranks busy-poll (barrier always does); see [`Table::shared_limit`].
     pub shared_max: usize,
-    /// ... broadcast up to this many with more than 2 ranks ...
+    /// ... broadcast up to this many: on 2 ranks the board beats the binomial tree and single copy
+    /// up to 32 KiB (0.65x Open MPI at 16 KiB, loaded, against 1.1-1.2x) and meets them at 64
+    /// KiB; on 4 it is 0.4x at 32 KiB ...
     pub shared_bcast_max: usize,
     /// ... all-reduce up to this many: on 2 ranks the board beats recursive doubling up to 32 KiB
     /// (0.4-0.6x Open MPI at 16-32 KiB, loaded, against 1.4x by messages), on 4 it is 0.4x at
@@ -399,12 +400,12 @@ impl Table {
         Ok(self)
     }
 
-    /// Up to how many bytes (per rank) `op` on `ranks` ranks uses the shared-memory board by
-    /// default, where it can.
-    pub fn shared_limit(&self, op: Operation, ranks: u32) -> usize {
+    /// Up to how many bytes (per rank) `op` uses the shared-memory board by default, where it
+    /// can (the same on every rank count the board serves).
+    pub fn shared_limit(&self, op: Operation, _ranks: u32) -> usize {
         match op {
             Operation::Barrier => usize::MAX,
-            Operation::Bcast if ranks > 2 => self.shared_bcast_max,
+            Operation::Bcast => self.shared_bcast_max,
             Operation::Allreduce => self.shared_allreduce_max,
             Operation::Reduce => self.shared_reduce_max,
             Operation::Gather | Operation::Scatter => self.shared_rooted_max,
@@ -414,8 +415,8 @@ impl Table {
         }
     }
 
-    /// From how many bytes (per rank) `op` on `ranks` ranks copies straight from the other ranks'
-    /// memory by default, where it can (`usize::MAX`: never).
+    /// From how many bytes (per rank) `op` copies straight from the other ranks' memory by
+    /// default, where it can (`usize::MAX`: never; the same on every rank count).
     pub fn single_copy_from(&self, op: Operation, _ranks: u32) -> usize {
         match op {
             Operation::Bcast => self.single_copy_min,
@@ -506,7 +507,7 @@ mod tests {
         assert_eq!(t.choose(c(Operation::Alltoall, 16384)), Algorithm::Pairwise);
         // The board's limits (where the communicator can use it).
         assert_eq!(t.shared_limit(Operation::Barrier, 2), usize::MAX);
-        assert_eq!(t.shared_limit(Operation::Bcast, 2), 8 << 10);
+        assert_eq!(t.shared_limit(Operation::Bcast, 2), 64 << 10);
         assert_eq!(t.shared_limit(Operation::Bcast, 4), 64 << 10);
         assert_eq!(t.shared_limit(Operation::Allreduce, 4), 32 << 10);
         assert_eq!(t.shared_limit(Operation::Allreduce, 2), 32 << 10);
