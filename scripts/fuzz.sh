@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-seconds=${FUZZ_SECONDS:-20}
+seconds=${FUZZ_SECONDS:-10}
 # cargo-fuzz needs a nightly compiler (sanitizers, libFuzzer's instrumentation).
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
     echo "installing the nightly toolchain for cargo-fuzz"

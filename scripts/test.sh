@@ -76,8 +76,8 @@ CARGO_TARGET_DIR=target/package-check \
 rm -rf target/package-check
 
 # Coverage-guided fuzzing, the CI smoke (docs/fuzzing.md): every fuzz target builds and runs
-# FUZZ_SECONDS (default 20) without a crash. Installs the nightly toolchain and cargo-fuzz if
-# missing. About 6 minutes on 2 cores: the sanitizer build, then 10 targets x 20 s.
+# FUZZ_SECONDS (default 10) without a crash. Installs the nightly toolchain and cargo-fuzz if
+# missing. About 4 minutes on 2 cores: the sanitizer build, then 10 targets x 10 s.
 bash scripts/fuzz.sh
 
 # The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so

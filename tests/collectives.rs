@@ -61,13 +61,14 @@ async fn shared_memory_board_by_default_when_busy() {
             let above = w.collective_table().shared_limit(Operation::Allreduce, n) + 1;
             assert_ne!(w.collective_algorithm(Operation::Allreduce, above), Algorithm::SharedMemory);
             coll::operations(&w, &coll::BOARD_COUNTS, "board").await;
-            // Scatters either side of the board's and single copy's thresholds.
+            // Scatters either side of the board's and single copy's thresholds: single copy
+            // takes over right above the board.
             let scatter = |bytes| w.collective_algorithm(Operation::Scatter, bytes);
             if (2..=8).contains(&n) {
                 assert_eq!(scatter(8 << 10), Algorithm::SharedMemory);
+                assert_eq!(scatter((8 << 10) + 8), Algorithm::SingleCopy);
                 assert_eq!(scatter(64 << 10), Algorithm::SingleCopy);
             }
-            assert!(!matches!(scatter((8 << 10) + 8), Algorithm::SharedMemory | Algorithm::SingleCopy));
             coll::rooted_into_thresholds(&w, "default").await;
             // An all-gather of 72 KB per rank: two pieces on the board.
             let c = coll::on_board(&w);

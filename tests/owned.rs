@@ -299,6 +299,7 @@ mod send {
         assert_send(&c.broadcast(0, &mut *buf));
         assert_spawnable(&c.broadcast_bytes(0, None));
         assert_send(&c.reduce(0, data, ReduceOp::Sum));
+        assert_send(&c.reduce_into(0, data, Some(&mut *buf), ReduceOp::Sum));
         assert_spawnable(&c.gather(0, data));
         assert_send(&c.gather_into(0, data, Some(&mut *buf)));
         assert_spawnable(&c.gatherv(0, data));

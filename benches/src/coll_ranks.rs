@@ -135,7 +135,7 @@ struct Buffers {
     floats: Vec<f32>,
     /// The all-reduce input, restored before each iteration.
     input: Vec<f32>,
-    /// Receive buffer of all-gather and all-to-all (MPI's recvbuf).
+    /// Receive buffer of all-gather and all-to-all (MPI's recvbuf); `floats` is reduce's.
     out: Vec<u8>,
     /// `sendrecv`'s send data and receive buffer, made once and reused as MPI reuses its buffers
     /// (a fresh megabyte per call measured page faults, not the exchange).
@@ -202,7 +202,11 @@ async fn once(comm: &Comm, op: &str, bytes: usize, b: &mut Buffers) -> Result<f6
     match op {
         "bcast" => comm.broadcast(0, &mut b.bytes[..bytes]).await?,
         "allreduce" => comm.allreduce(&mut b.floats[..floats], ReduceOp::Sum).await?,
-        "reduce" => _ = comm.reduce(0, &b.input[..floats], ReduceOp::Sum).await?,
+        // Into the root's reused buffer, as MPI's receive buffer.
+        "reduce" => {
+            let root = (comm.rank() == 0).then(|| &mut b.floats[..floats]);
+            comm.reduce_into(0, &b.input[..floats], root, ReduceOp::Sum).await?
+        }
         "gather" => {
             let root = (comm.rank() == 0).then(|| &mut b.out[..bytes * n]);
             comm.gather_into(0, &b.bytes[..bytes], root).await?

@@ -168,7 +168,9 @@ impl NetnsHosts {
             sh(&["ip", "-n", &hub, "link", "set", &port, "master", "br0", "up"])?;
             let addr = format!("10.90.{subnet}.{}", r + 1);
             sh(&["ip", "-n", &name, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
-            sh(&["ip", "-n", &name, "link", "set", "eth0", "up"])?;
+            // The peer's MTU is its own (1500 unless set): without this, every datagram above
+            // 1472 bytes leaves the host in IP fragments.
+            sh(&["ip", "-n", &name, "link", "set", "eth0", "mtu", "9000", "up"])?;
             sh(&["ip", "-n", &name, "route", "add", "224.0.0.0/4", "dev", "eth0"])?;
             h.ranks.push((name, addr));
         }

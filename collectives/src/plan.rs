@@ -209,11 +209,16 @@ mod tests {
         let t = Table::default();
         let big = 2 * t.single_copy_min;
         assert_eq!(choose(call(Operation::Bcast, 4, big), &HOST, &t), Algorithm::SingleCopy);
-        // On 2 ranks an all-reduce switches at twice the size.
+        // An all-reduce leaves the board for single copy, on 2 ranks as on more.
         let ar = t.single_copy_allreduce_min;
-        assert_eq!(choose(call(Operation::Allreduce, 4, ar), &HOST, &t), Algorithm::SingleCopy);
-        assert_ne!(choose(call(Operation::Allreduce, 2, ar), &HOST, &t), Algorithm::SingleCopy);
-        assert_eq!(choose(call(Operation::Allreduce, 2, 2 * ar), &HOST, &t), Algorithm::SingleCopy);
+        for ranks in [2, 4] {
+            assert_eq!(choose(call(Operation::Allreduce, ranks, ar), &HOST, &t), Algorithm::SingleCopy);
+            assert_eq!(choose(call(Operation::Allreduce, ranks, ar - 1), &HOST, &t), Algorithm::SharedMemory);
+        }
+        // A reduce stays on the board up to its limit, then copies once.
+        let reduce = t.shared_limit(Operation::Reduce, 2);
+        assert_eq!(choose(call(Operation::Reduce, 2, reduce), &HOST, &t), Algorithm::SharedMemory);
+        assert_eq!(choose(call(Operation::Reduce, 2, reduce + 1), &HOST, &t), Algorithm::SingleCopy);
         // Not where the kernel forbids it, nor across hosts.
         let denied = Facts { all_single_copy: false, ..HOST };
         assert_ne!(choose(call(Operation::Bcast, 4, big), &denied, &t), Algorithm::SingleCopy);

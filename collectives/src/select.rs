@@ -280,13 +280,16 @@ pub struct Table {
     pub alltoall_small: usize,
     /// Groups up to this size use the linear algorithms for gather and scatter.
     pub linear_ranks: u32,
-    /// Broadcast, all-reduce, all-gather and all-to-all up to this many bytes (per rank; a block
-    /// for all-to-all) use the shared-memory board when every rank of the communicator is on one
+    /// All-gather and all-to-all up to this many bytes (per rank; a block for all-to-all) use the shared-memory board when every rank of the communicator is on one
     /// host and the ranks busy-poll (barrier always does); see [`Table::shared_limit`].
     pub shared_max: usize,
-    /// ... broadcast up to this many with more than 2 ranks ...
+    /// ... broadcast up to this many: on 2 ranks the board beats the binomial tree and single copy
+    /// up to 32 KiB (0.65x Open MPI at 16 KiB, loaded, against 1.1-1.2x) and meets them at 64
+    /// KiB; on 4 it is 0.4x at 32 KiB ...
     pub shared_bcast_max: usize,
-    /// ... all-reduce up to this many with more than 2 ranks ...
+    /// ... all-reduce up to this many: on 2 ranks the board beats recursive doubling up to 32 KiB
+    /// (0.4-0.6x Open MPI at 16-32 KiB, loaded, against 1.4x by messages), on 4 it is 0.4x at
+    /// 32 KiB ...
     pub shared_allreduce_max: usize,
     /// ... reduce up to this many ...
     pub shared_reduce_max: usize,
@@ -297,12 +300,22 @@ pub struct Table {
     /// Broadcast from this many bytes copies straight from the root's memory
     /// ([`Algorithm::SingleCopy`]) under the same conditions as the board ...
     pub single_copy_min: usize,
-    /// ... all-reduce from this many (twice as many on 2 ranks) ...
+    /// ... all-reduce from this many: right above the board's limit, where single copy meets
+    /// Open MPI on 2 and 4 ranks (0.4-0.9x from 64 KiB, loaded) and the message-based
+    /// algorithms do not (recursive doubling 1.5x at 128 KiB on 2 ranks, Rabenseifner 2x on 4) ...
     pub single_copy_allreduce_min: usize,
-    /// ... reduce, all-gather and all-to-all (a rank's block) from this many ...
+    /// ... reduce, all-gather and all-to-all (a rank's block) from this many: right above the
+    /// board's limit (a reduce's board goes on to [`Table::shared_reduce_max`]), where single copy
+    /// meets Open MPI on 2 and 4 ranks (all-gather and all-to-all 0.4-1.0x from 16 KiB, loaded)
+    /// and the ring and pairwise exchange do not (1.3-3.3x at 32-128 KiB) ...
     pub single_copy_gather_min: usize,
-    /// ... gather and scatter (a rank's block) from this many ...
+    /// ... gather (a rank's block) from this many ...
     pub single_copy_rooted_min: usize,
+    /// ... scatter (a rank's block) from this many: right above the board's limit, where each
+    /// rank's copy of its block from the root's memory meets Open MPI on 2 and 4 ranks (0.4-0.8x
+    /// from 16 KiB, loaded) and the linear and binomial scatters do not (2.5x and 7.7x at
+    /// 32 KiB) ...
+    pub single_copy_scatter_min: usize,
     /// ... and reduce-scatter and scan (the whole vector) from this many; see
     /// [`Table::single_copy_from`].
     pub single_copy_scan_min: usize,
@@ -374,9 +387,10 @@ impl Default for Table {
             shared_rooted_max: 8 << 10,
             shared_scan_max: 8 << 10,
             single_copy_min: 64 << 10,
-            single_copy_allreduce_min: 256 << 10,
-            single_copy_gather_min: 512 << 10,
+            single_copy_allreduce_min: (32 << 10) + 1,
+            single_copy_gather_min: (8 << 10) + 1,
             single_copy_rooted_min: 64 << 10,
+            single_copy_scatter_min: (8 << 10) + 1,
             single_copy_scan_min: 64 << 10,
             multicast_bcast_ranks: MULTICAST_BCAST_RANKS,
             multicast_bcast_max: MULTICAST_BCAST_MAX,
@@ -404,13 +418,13 @@ impl Table {
         Ok(self)
     }
 
-    /// Up to how many bytes (per rank) `op` on `ranks` ranks uses the shared-memory board by
-    /// default, where it can.
-    pub fn shared_limit(&self, op: Operation, ranks: u32) -> usize {
+    /// Up to how many bytes (per rank) `op` uses the shared-memory board by default, where it
+    /// can (the same on every rank count the board serves).
+    pub fn shared_limit(&self, op: Operation, _ranks: u32) -> usize {
         match op {
             Operation::Barrier => usize::MAX,
-            Operation::Bcast if ranks > 2 => self.shared_bcast_max,
-            Operation::Allreduce if ranks > 2 => self.shared_allreduce_max,
+            Operation::Bcast => self.shared_bcast_max,
+            Operation::Allreduce => self.shared_allreduce_max,
             Operation::Reduce => self.shared_reduce_max,
             Operation::Gather | Operation::Scatter => self.shared_rooted_max,
             Operation::ReduceScatter | Operation::Scan => self.shared_scan_max,
@@ -419,16 +433,15 @@ impl Table {
         }
     }
 
-    /// From how many bytes (per rank) `op` on `ranks` ranks copies straight from the other ranks'
-    /// memory by default, where it can (`usize::MAX`: never).
-    pub fn single_copy_from(&self, op: Operation, ranks: u32) -> usize {
+    /// From how many bytes (per rank) `op` copies straight from the other ranks' memory by
+    /// default, where it can (`usize::MAX`: never; the same on every rank count).
+    pub fn single_copy_from(&self, op: Operation, _ranks: u32) -> usize {
         match op {
             Operation::Bcast => self.single_copy_min,
-            // On 2 ranks recursive doubling is a single exchange, and wins longer.
-            Operation::Allreduce if ranks == 2 => self.single_copy_allreduce_min.saturating_mul(2),
             Operation::Allreduce => self.single_copy_allreduce_min,
             Operation::Reduce | Operation::Allgather | Operation::Alltoall => self.single_copy_gather_min,
-            Operation::Gather | Operation::Scatter => self.single_copy_rooted_min,
+            Operation::Gather => self.single_copy_rooted_min,
+            Operation::Scatter => self.single_copy_scatter_min,
             Operation::ReduceScatter | Operation::Scan => self.single_copy_scan_min,
             _ => usize::MAX,
         }
@@ -514,9 +527,10 @@ mod tests {
         assert_eq!(t.choose(c(Operation::Alltoall, 16384)), Algorithm::Pairwise);
         // The board's limits (where the communicator can use it).
         assert_eq!(t.shared_limit(Operation::Barrier, 2), usize::MAX);
-        assert_eq!(t.shared_limit(Operation::Bcast, 2), 8 << 10);
+        assert_eq!(t.shared_limit(Operation::Bcast, 2), 64 << 10);
         assert_eq!(t.shared_limit(Operation::Bcast, 4), 64 << 10);
         assert_eq!(t.shared_limit(Operation::Allreduce, 4), 32 << 10);
+        assert_eq!(t.shared_limit(Operation::Allreduce, 2), 32 << 10);
         assert_eq!(t.shared_limit(Operation::Allgather, 4), 8 << 10);
         assert_eq!(t.shared_limit(Operation::Reduce, 2), 32 << 10);
         assert_eq!(t.shared_limit(Operation::Alltoall, 2), 8 << 10);
@@ -526,9 +540,15 @@ mod tests {
         assert!(Table::default().with_overrides("gather=shared-memory,scan=shared-memory").is_ok());
         assert!(Table::default().with_overrides("allreduce=single-copy").is_ok());
         assert_eq!(t.single_copy_from(Operation::Bcast, 4), 64 << 10);
-        assert_eq!(t.single_copy_from(Operation::Allreduce, 2), 512 << 10);
-        assert_eq!(t.single_copy_from(Operation::Allreduce, 3), 256 << 10);
-        assert_eq!(t.single_copy_from(Operation::Alltoall, 3), 512 << 10);
+        // Single copy takes over right above the board's limit, except for gather.
+        for ranks in [2, 3, 4] {
+            for op in [Operation::Allreduce, Operation::Allgather, Operation::Alltoall, Operation::Scatter] {
+                assert_eq!(t.single_copy_from(op, ranks), t.shared_limit(op, ranks) + 1, "{op} on {ranks}");
+            }
+        }
+        assert_eq!(t.single_copy_from(Operation::Allreduce, 2), (32 << 10) + 1);
+        assert_eq!(t.single_copy_from(Operation::Alltoall, 3), (8 << 10) + 1);
+        assert_eq!(t.single_copy_from(Operation::Scatter, 4), (8 << 10) + 1);
         assert_eq!(t.single_copy_from(Operation::Gather, 3), 64 << 10);
         assert_eq!(t.single_copy_from(Operation::Barrier, 3), usize::MAX);
         assert!(Table::default().with_overrides("gather=single-copy,reduce_scatter=single-copy").is_ok());

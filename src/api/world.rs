@@ -311,7 +311,8 @@ impl std::ops::Deref for World {
 }
 
 impl Inner {
-    /// Flushes queued output (for at most `limit`), says goodbye to every peer, stops progress.
+    /// Flushes queued output and sends still awaited (for at most `limit`), says goodbye to every
+    /// peer (which fails what is still unsent), stops progress.
     /// On a thread that is panicking, the rank aborts instead: it tells every peer that it is
     /// lost, so that they fail what needs it at once (a goodbye would let them wait on it).
     pub(crate) fn shut_down(&self, limit: Duration) {
@@ -335,7 +336,7 @@ impl Inner {
                 let pending = {
                     let mut d = self.reactor.lock();
                     d.progress_all();
-                    d.transport.has_pending_output()
+                    d.transport.has_pending_output() || d.engine.sends_waiting()
                 };
                 if !pending {
                     break;

@@ -239,10 +239,43 @@ impl Comm {
         data: &'a [T],
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<'a, T> {
+        self.reduce_to(root, data, None, op)
+    }
+
+    /// Combines every rank's `data` with `op` into the root's `out` (`data.len()` elements; the
+    /// other ranks pass `None`), as MPI's reduce fills its receive buffer: no allocation per call,
+    /// and by single copy the root combines the ranks' data straight into `out`. A root without
+    /// `out`, or with one of another length, fails with [`Error::Invalid`] before the call starts.
+    pub fn reduce_into<'a, T: Element>(
+        &self,
+        root: Rank,
+        data: &'a [T],
+        out: Option<&'a mut [T]>,
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let run = self.reduce_to(root, data, Some(out), op);
+        async move { run.await.map(drop) }
+    }
+
+    /// [`Comm::reduce`] (`into`: `None`, the root allocates its result) and
+    /// [`Comm::reduce_into`] (`into`: `Some(the caller's buffer)`).
+    fn reduce_to<'a, T: Element>(
+        &self,
+        root: Rank,
+        data: &'a [T],
+        into: Option<Option<&'a mut [T]>>,
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<Option<Vec<T>>>> + Send + use<'a, T> {
         let alg = self.choose(Operation::Reduce, size_of_val(data), op.is_commutative());
         let obs = self.observe(Operation::Reduce, alg, size_of_val(data));
-        let early = self.check_root(root).or_else(|| check_op(&op).err());
         let (r, n) = (self.rank(), self.size());
+        let early = self.check_root(root).or_else(|| check_op(&op).err()).or_else(|| match &into {
+            Some(None) if r == root => Some(InvalidArgument::RootWithoutData { op: "reduce_into" }.into()),
+            Some(Some(o)) if r == root && o.len() != data.len() => {
+                Some(InvalidArgument::LengthMismatch { expected: data.len(), got: o.len() }.into())
+            }
+            _ => None,
+        });
         let len = size_of_val(data);
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
             let kind = BoardOp::Reduce { root, op: op.erase() };
@@ -255,35 +288,38 @@ impl Comm {
         });
         let pool = self.coll().pool.clone();
         obs.wrap(async move {
+            if let Some(e) = early {
+                return Err(e);
+            }
+            // The root's result: the caller's buffer, or one it returns.
+            let mut owned = (r == root && into.is_none()).then(|| vec![T::zeroed(); data.len()]);
+            let dst: Option<&mut [u8]> = match (owned.as_deref_mut(), into) {
+                (Some(v), _) => Some(bytemuck::cast_slice_mut(v)),
+                (None, Some(o)) => o.filter(|_| r == root).map(bytemuck::cast_slice_mut),
+                (None, None) => None,
+            };
             if let Some(call) = direct {
                 // The root combines every rank's data straight from its memory, its own from
                 // `data`, which the future borrows (the others' calls lend theirs in place too).
                 let own: &[u8] = bytemuck::cast_slice(data);
-                return gather_single_copy(call?, n, len, &pool, |call, lent| {
-                    let mut out = (r == root).then(|| vec![T::zeroed(); len / size_of::<T>()]);
-                    if let Some(out) = out.as_mut() {
-                        let dst = bytemuck::cast_slice_mut(out);
-                        combine(call, lent, r as usize, &op.erase(), 0, Some(own), dst, &pool)?;
-                    }
-                    Ok(out)
+                gather_single_copy(call?, n, len, &pool, |call, lent| match dst {
+                    Some(dst) => combine(call, lent, r as usize, &op.erase(), 0, Some(own), dst, &pool),
+                    None => Ok(()),
                 })
-                .await;
-            }
-            if let Some(call) = board {
+                .await?;
+            } else if let Some(call) = board {
                 let pieces = call?.await?;
-                if r != root {
-                    return Ok(None);
+                if let Some(dst) = dst {
+                    copy_parts(dst, &pieces)?;
                 }
-                let mut out = vec![T::zeroed(); len / size_of::<T>()];
-                copy_parts(&mut out, &pieces)?;
-                return Ok(Some(out));
+            } else {
+                let (slot, m) = plan.ok_or(Error::Internal { what: "a reduce planned without a path" })?;
+                let blocks = Comm::drive(slot, m?).await?;
+                if let Some(dst) = dst {
+                    copy_parts(dst, &[ops::concat(&blocks, [0])?])?;
+                }
             }
-            let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
-            let blocks = Comm::drive(slot, m?).await?;
-            if r != root {
-                return Ok(None);
-            }
-            to_vec(&ops::concat(&blocks, [0])?).map(Some)
+            Ok(owned)
         })
     }
 

@@ -42,8 +42,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ferrocomm_multicast::barrier::{BarrierMsg, TokenBarrier as BarrierCore};
 use ferrocomm_multicast::proto::{Config, Event, McastCore, SendError, Stats, Transmit};
-use ferrocomm_multicast::transport::{MulticastTransport, UdpConfig, UdpMulticast};
-use ferrocomm_transports::auth::DatagramKey;
+use ferrocomm_multicast::transport::{GSO_MAX_BYTES, MulticastTransport, UdpConfig, UdpMulticast};
+use ferrocomm_transports::auth::{DatagramKey, TAG_LEN};
 use ferrocomm_transports::{Rank, TransportError};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
@@ -98,14 +98,16 @@ impl Shared {
         let mut woke = false;
         {
             let mut core = self.core.lock();
+            let mut datagrams = Vec::new();
             while let Some(t) = core.poll_transmit() {
                 match t {
-                    Transmit::Multicast(d) => self.send_datagram(d),
+                    Transmit::Multicast(d) => datagrams.push(d),
                     Transmit::Unicast { to, msg } => {
                         let _ = self.sends.send(self.comm.send(to, TAG, msg));
                     }
                 }
             }
+            self.send_datagrams(&datagrams);
             while let Some(e) = core.poll_event() {
                 if e == Event::GroupDegraded {
                     tracing::warn!(rank = self.comm.rank(), "multicast group degraded to point-to-point");
@@ -123,9 +125,36 @@ impl Shared {
         }
     }
 
-    fn send_datagram(&self, d: Bytes) {
+    /// Seals `datagrams` and sends them, several per send where the transport segments (a full
+    /// datagram may be followed by more; a short one ends a send).
+    fn send_datagrams(&self, datagrams: &[Bytes]) {
         let Some(net) = &self.net else { return };
-        let d = Bytes::from(self.key.seal(&d));
+        let Some(segment) = net.segment_size() else {
+            for d in datagrams {
+                self.send_sealed(Bytes::from(self.key.seal(d)));
+            }
+            return;
+        };
+        let mut run: Vec<u8> = Vec::new();
+        let mut last = segment;
+        for d in datagrams {
+            let sealed = d.len() + TAG_LEN;
+            if !run.is_empty() && (last < segment || run.len() + sealed > GSO_MAX_BYTES) {
+                self.send_sealed(Bytes::from(std::mem::take(&mut run)));
+            }
+            run.extend_from_slice(d);
+            run.extend_from_slice(&self.key.tag(d));
+            last = sealed;
+        }
+        if !run.is_empty() {
+            self.send_sealed(Bytes::from(run));
+        }
+    }
+
+    /// Sends sealed datagrams (one, or a run for a segmenting transport), or queues them until
+    /// the socket has room.
+    fn send_sealed(&self, d: Bytes) {
+        let Some(net) = &self.net else { return };
         let mut backlog = self.backlog.lock();
         if backlog.is_empty() {
             match net.try_send(&d) {

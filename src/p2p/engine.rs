@@ -1080,6 +1080,10 @@ impl<C: Completions> Engine<C> {
             return self.violation(peer, WireError::Unexpected(Kind::Cts));
         }
         let s = self.rndv_sends.remove(key);
+        if self.leaving {
+            // Its goodbye has gone out (`say_goodbye` failed the send): the data must not follow.
+            return;
+        }
         if h.flags & flags::TRUNCATED != 0 {
             if let Some(op) = s.op {
                 self.done.complete(op, Completion::Send(Err(Error::RemoteTruncated { rank: peer })));
@@ -1177,11 +1181,35 @@ impl<C: Completions> Engine<C> {
         self.fail_posted(|_| true, || Error::Shutdown);
     }
 
+    /// Whether a send that someone still awaits has not gone out whole: waiting for credit, or a
+    /// rendezvous waiting for its clear-to-send. An orderly shutdown gives these time to go before
+    /// [`Engine::say_goodbye`] fails them.
+    pub fn sends_waiting(&self) -> bool {
+        self.peers.iter().any(|p| p.backlog.iter().any(|b| b.op.is_some()))
+            || self.rndv_sends.iter().any(|(_, s)| s.op.is_some())
+    }
+
     /// Says goodbye to every peer not lost (before an orderly shutdown); a peer that departed
     /// already may still be reading while it leaves, and must not take this rank's closing
     /// connection for a loss.
     pub fn say_goodbye(&mut self) {
         self.leaving = true;
+        // Nothing of this rank's may follow its goodbye: a peer that has seen it takes this rank
+        // for gone and drops what comes after, while this side would count it delivered. Sends
+        // still waiting for credit, and rendezvous sends still waiting for their clear-to-send,
+        // fail here instead (their data is never sent; see `on_cts`).
+        for p in &mut self.peers {
+            for b in std::mem::take(&mut p.backlog) {
+                if let Some(op) = b.op {
+                    self.done.complete(op, Completion::Send(Err(Error::Shutdown)));
+                }
+            }
+        }
+        for (_, s) in self.rndv_sends.iter_mut() {
+            if let Some(op) = s.op.take() {
+                self.done.complete(op, Completion::Send(Err(Error::Shutdown)));
+            }
+        }
         for peer in 0..self.peers.len() as Rank {
             if peer != self.me && !matches!(self.failures.fate(peer), super::failure::Fate::Lost(_)) {
                 self.emit(peer, Header::new(Kind::Bye), Bytes::new());

@@ -71,6 +71,11 @@ pub(crate) async fn operations(c: &Comm, counts: &[usize], label: &str) {
         let root = n / 2;
         let got = c.reduce(root, &input(r, count), ReduceOp::Sum).await.unwrap();
         assert_eq!(got, (r == root).then(|| sum_ref(n, count, 0..n)), "reduce {ctx}");
+        let mut out = if r == root { vec![u64::MAX; count] } else { Vec::new() };
+        c.reduce_into(root, &input(r, count), (r == root).then_some(&mut out[..]), ReduceOp::Sum).await.unwrap();
+        if r == root {
+            assert_eq!(out, sum_ref(n, count, 0..n), "reduce_into {ctx}");
+        }
         // Gather / scatter / allgather (uniform).
         let small = count.min(2_000);
         let got = c.gather(root, &input(r, small)).await.unwrap();
@@ -146,7 +151,7 @@ pub(crate) async fn gather_into(c: &Comm, root: u32, count: usize, ctx: &str) {
 
 /// Scatters and gathers into buffers at [`ROOTED_COUNTS`] from and to the first and the last
 /// rank, then the refusals: a root without data (or buffer), or with one of another length than
-/// its ranks' blocks.
+/// its ranks' blocks (also a reduce's).
 pub(crate) async fn rooted_into_thresholds(c: &Comm, label: &str) {
     let (r, n) = (c.rank(), c.size());
     for count in ROOTED_COUNTS {
@@ -164,6 +169,8 @@ pub(crate) async fn rooted_into_thresholds(c: &Comm, label: &str) {
         assert!(matches!(c.gather_into(0, &out, None).await, Err(Error::Invalid(_))));
         let mut short = vec![0u64; 2 * n as usize - 1];
         assert!(matches!(c.gather_into(0, &out, Some(&mut short[..])).await, Err(Error::Invalid(_))));
+        assert!(matches!(c.reduce_into(0, &out, None, ReduceOp::Sum).await, Err(Error::Invalid(_))));
+        assert!(matches!(c.reduce_into(0, &out, Some(&mut short[..1]), ReduceOp::Sum).await, Err(Error::Invalid(_))));
     }
     c.barrier().await.unwrap();
 }

@@ -1256,6 +1256,39 @@ fn malformed_pushes_are_violations() {
 /// registered at a rank's first call): the message sent before the goodbye is delivered, whether
 /// the receive was posted before the message came, between it and the goodbye, or after the
 /// goodbye and the connection's end; only a receive for something never sent fails, with `Left`.
+/// A rank that leaves with sends still waiting for credit, or for the clear-to-send of their
+/// rendezvous, fails them with `Shutdown` and sends nothing after its goodbye: the receiver, which
+/// has seen the goodbye, would drop what followed while the sender counted it delivered.
+#[test]
+fn a_leaving_rank_sends_nothing_after_its_goodbye_and_fails_what_it_holds() {
+    let mut net = Net::new(2, cfg(2));
+    // A rendezvous send whose RTS goes out, an eager one, then one that waits for credit.
+    net.send(0, 1, 1, 5, Bytes::from(vec![7u8; EAGER * 3]));
+    net.send(0, 2, 1, 5, Bytes::from_static(b"eager"));
+    net.send(0, 3, 1, 5, Bytes::from_static(b"queued"));
+    assert!(matches!(net.take(0, 2), Some(Completion::Send(Ok(())))));
+    assert!(net.take(0, 3).is_none(), "the third send waits for credit");
+    // Rank 1 matches the rendezvous: its clear-to-send is on the way back as rank 0 leaves.
+    net.drain(0, 1);
+    net.recv(1, 1, Source::Rank(0), TagMatch::Exact(5), RecvBuf::Alloc);
+    net.engines[0].say_goodbye();
+    net.pump();
+    for op in [1, 3] {
+        assert!(matches!(net.take(0, op), Some(Completion::Send(Err(Error::Shutdown)))), "send {op}");
+    }
+    net.drain(1, 0);
+    let after: Vec<Kind> = net.links.get(&(0, 1)).into_iter().flatten().map(|(h, _)| h.kind).collect();
+    assert_eq!(after, [Kind::Bye], "only the goodbye leaves rank 0 once it says it");
+    net.run();
+    assert!(
+        matches!(
+            net.take(1, 1),
+            Some(Completion::Recv(Err(Error::PeerLost { rank: 0, reason: TransportError::Left })))
+        ),
+        "the matched receive fails with the departure"
+    );
+}
+
 #[test]
 fn a_departed_ranks_last_message_completes_the_collective() {
     const SURVIVORS: u32 = 7;
