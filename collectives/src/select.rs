@@ -280,12 +280,15 @@ pub struct Table {
     pub alltoall_small: usize,
     /// Groups up to this size use the linear algorithms for gather and scatter.
     pub linear_ranks: u32,
-    /// All-gather and all-to-all up to this many bytes (per rank; a block for all-to-all) use the shared-memory board when every rank of the communicator is on one
-    /// host and the ranks busy-poll (barrier always does); see [`Table::shared_limit`].
+    /// All-gather and all-to-all up to this many bytes (per rank; a block for all-to-all) use the
+    /// shared-memory board when every rank of the communicator is on one host and the ranks
+    /// busy-poll (barrier always does); see [`Table::shared_limit`].
     pub shared_max: usize,
-    /// ... broadcast up to this many: on 2 ranks the board beats the binomial tree and single copy
-    /// up to 32 KiB (0.65x Open MPI at 16 KiB, loaded, against 1.1-1.2x) and meets them at 64
-    /// KiB; on 4 it is 0.4x at 32 KiB ...
+    /// ... broadcast up to this many: on 2 ranks the board beat the binomial tree and single copy
+    /// up to 32 KiB in a loaded run (0.65x Open MPI at 16 KiB, against 1.1-1.2x) and met them at
+    /// 64 KiB, while the quiet run of `scripts/bench.sh` reads 1.5x at 32 KiB with per-slice
+    /// ratios from 0.39 to 1.63 (results/collectives-2ranks.txt): unsettled; on 4 it is 0.4-0.6x
+    /// at 32 KiB ...
     pub shared_bcast_max: usize,
     /// ... all-reduce up to this many: on 2 ranks the board beats recursive doubling up to 32 KiB
     /// (0.4-0.6x Open MPI at 16-32 KiB, loaded, against 1.4x by messages), on 4 it is 0.4x at
