@@ -284,11 +284,11 @@ pub struct Table {
     /// shared-memory board when every rank of the communicator is on one host and the ranks
     /// busy-poll (barrier always does); see [`Table::shared_limit`].
     pub shared_max: usize,
-    /// ... broadcast up to this many: on 2 ranks the board beat the binomial tree and single copy
-    /// up to 32 KiB in a loaded run (0.65x Open MPI at 16 KiB, against 1.1-1.2x) and met them at
-    /// 64 KiB, while the quiet run of `scripts/bench.sh` reads 1.5x at 32 KiB with per-slice
-    /// ratios from 0.39 to 1.63 (results/collectives-2ranks.txt): unsettled; on 4 it is 0.4-0.6x
-    /// at 32 KiB ...
+    /// ... broadcast up to this many: on 2 ranks the board takes 0.50x, 0.64x and 0.67x Open
+    /// MPI's time at 16, 32 and 64 KiB where the binomial tree takes 1.03x, 1.32x and 1.17x (one
+    /// quiet run each, `ferrocomm-bench collectives --ranks 2 --ops bcast --max 128K --step 2`,
+    /// default and `FERROCOMM_COLL=bcast=binomial`; single copy from 128 KiB); on 4 it is
+    /// 0.4-0.6x at 32 KiB ...
     pub shared_bcast_max: usize,
     /// ... all-reduce up to this many: on 2 ranks the board beats recursive doubling up to 32 KiB
     /// (0.4-0.6x Open MPI at 16-32 KiB, loaded, against 1.4x by messages), on 4 it is 0.4x at
