@@ -1159,6 +1159,21 @@ impl<C: Completions> Engine<C> {
     /// that raced with the shutdown on another thread). Frames already queued stay queued.
     pub fn close(&mut self) {
         self.closed = true;
+        self.fail_unsent();
+        // Rendezvous receives keep their buffers, as when cancelled: a transport may still be
+        // writing into them (see `Sink::data_dest`).
+        for (_, r) in self.rndv_recvs.iter_mut() {
+            if let Some(op) = r.op.take() {
+                self.done.complete(op, Completion::Recv(Err(Error::Shutdown)));
+            }
+        }
+        self.fail_posted(|_| true, || Error::Shutdown);
+    }
+
+    /// Fails with [`Error::Shutdown`] every send not yet gone out whole: those waiting for credit
+    /// (dropped from the backlog) and rendezvous sends whose data has not gone (they keep their
+    /// buffers, as when cancelled: a late clear-to-send finds them; see `on_cts`).
+    fn fail_unsent(&mut self) {
         for p in &mut self.peers {
             for b in std::mem::take(&mut p.backlog) {
                 if let Some(op) = b.op {
@@ -1166,19 +1181,11 @@ impl<C: Completions> Engine<C> {
                 }
             }
         }
-        // Rendezvous transfers keep their buffers, as when cancelled: a transport may still be
-        // writing into a receive's (see `Sink::data_dest`).
         for (_, s) in self.rndv_sends.iter_mut() {
             if let Some(op) = s.op.take() {
                 self.done.complete(op, Completion::Send(Err(Error::Shutdown)));
             }
         }
-        for (_, r) in self.rndv_recvs.iter_mut() {
-            if let Some(op) = r.op.take() {
-                self.done.complete(op, Completion::Recv(Err(Error::Shutdown)));
-            }
-        }
-        self.fail_posted(|_| true, || Error::Shutdown);
     }
 
     /// Whether a send that someone still awaits has not gone out whole: waiting for credit, or a
@@ -1198,18 +1205,7 @@ impl<C: Completions> Engine<C> {
         // for gone and drops what comes after, while this side would count it delivered. Sends
         // still waiting for credit, and rendezvous sends still waiting for their clear-to-send,
         // fail here instead (their data is never sent; see `on_cts`).
-        for p in &mut self.peers {
-            for b in std::mem::take(&mut p.backlog) {
-                if let Some(op) = b.op {
-                    self.done.complete(op, Completion::Send(Err(Error::Shutdown)));
-                }
-            }
-        }
-        for (_, s) in self.rndv_sends.iter_mut() {
-            if let Some(op) = s.op.take() {
-                self.done.complete(op, Completion::Send(Err(Error::Shutdown)));
-            }
-        }
+        self.fail_unsent();
         for peer in 0..self.peers.len() as Rank {
             if peer != self.me && !matches!(self.failures.fate(peer), super::failure::Fate::Lost(_)) {
                 self.emit(peer, Header::new(Kind::Bye), Bytes::new());
