@@ -13,6 +13,16 @@ fi
 # root those tests say loudly that they were skipped. The verbs tests below install their own
 # (apt, pip) and run in a VM.
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# timed NAME COMMAND...: runs a step and prints how long it took (CI has 45 minutes for all).
+t_all=$(date +%s)
+timed() {
+    local name=$1 t rc=0
+    t=$(date +%s)
+    shift
+    "$@" || rc=$?
+    echo "test.sh: $name took $(($(date +%s) - t)) s ($(($(date +%s) - t_all)) s since the start)"
+    return $rc
+}
 if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
     missing=()
     command -v ip >/dev/null || missing+=(iproute2)
@@ -31,7 +41,7 @@ fi
 # one-node Slurm (munged, slurmctld, slurmd), installed and started idempotently; prints how long
 # the bring-up took. It exits 77 without root or apt-get, and those tests then say they SKIPPED;
 # any other failure fails those tests (they run the script again), not the rest of the suite.
-bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
+timed launchers bash scripts/slurm-local.sh || echo "scripts/slurm-local.sh exited with $?: see tests/real_launchers.rs"
 
 # Rails and proxy routes (tests/rails.rs, docs/routes.md): two and three network namespaces joined
 # by veth pairs, rate-limited with tc tbf (tc comes with iproute2, installed above); root only, like
@@ -55,8 +65,8 @@ fi
 # The facade's top-level modules import one another without a circle (docs/architecture.md).
 python3 scripts/import-circles.py >/dev/null
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --all-targets --locked
+timed clippy cargo clippy --workspace --all-targets --locked -- -D warnings
+timed suite cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
 # The API documentation builds without a broken or private link.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
@@ -72,19 +82,19 @@ cargo metadata --locked --format-version 1 --manifest-path benches/userbuild/Car
 # target directory of its own, and no copy left by an earlier run.
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/ferrocomm-* target/package-check
 CARGO_TARGET_DIR=target/package-check \
-    cargo package --workspace --exclude ferrocomm-bench --exclude ferrocomm-sim --locked --allow-dirty
+    timed package cargo package --workspace --exclude ferrocomm-bench --exclude ferrocomm-sim --locked --allow-dirty
 rm -rf target/package-check
 
 # Coverage-guided fuzzing, the CI smoke (docs/fuzzing.md): every fuzz target builds and runs
 # FUZZ_SECONDS (default 10) without a crash. Installs the nightly toolchain and cargo-fuzz if
 # missing. About 4 minutes on 2 cores: the sanitizer build, then 10 targets x 10 s.
-bash scripts/fuzz.sh
+timed fuzz bash scripts/fuzz.sh
 
 # The verbs transport (cargo feature `verbs`, off by default): its tests need an RDMA device, so
 # they run over Soft-RoCE inside a VM (installs what it needs; skips with a message only if no VM
 # can boot here). Then the lints with the feature, whose system libraries the VM script installed,
 # and the transport's unit tests that need no device (descriptor parsing).
-bash scripts/verbs-vm.sh
+timed verbs-vm bash scripts/verbs-vm.sh
 cargo clippy --workspace --all-targets --locked --features verbs -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --features verbs
 cargo test --locked -p ferrocomm-transports --lib --features verbs
@@ -96,3 +106,4 @@ if timeout 180 rustup target add x86_64-apple-darwin >/dev/null 2>&1; then
 else
     echo "note: x86_64-apple-darwin target not installable here; skipped the macOS compile check"
 fi
+echo "test.sh: all passed in $(($(date +%s) - t_all)) s"

@@ -329,7 +329,7 @@ async fn deadline_when_a_rank_never_joins() {
             let t = Instant::now();
             let e = w.barrier().timeout(Duration::from_millis(200)).await;
             assert!(matches!(e, Err(Error::Timeout)), "{e:?}");
-            assert!(t.elapsed() < Duration::from_secs(5));
+            assert!(t.elapsed() < Duration::from_secs(60), "the 200 ms deadline did not end the barrier");
         } else {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }

@@ -4,8 +4,9 @@
 //! its ACKs, NACKs, co-root copies and retransmissions over the verbs RC connections.
 //!
 //! * **stream**: two roots each multicast 100 messages of 0 to 10 kB (up to 11 datagrams each at
-//!   rxe's 1024-byte MTU) while `FERROCOMM_MCAST_TEST_DROP` drops that fraction of the UD
-//!   datagrams each member receives, in the transport's receive path; every other rank must get
+//!   rxe's 1024-byte MTU; 40 messages with loss, where nearly every message needs a repair and the
+//!   emulated VM makes each one slow) while `FERROCOMM_MCAST_TEST_DROP` drops that fraction of the
+//!   UD datagrams each member receives, in the transport's receive path; every other rank must get
 //!   every message exactly once and in order, and with loss the protocol must have retransmitted.
 //! * **kill**: a receiver aborts half-way through a root's stream; the others' channel calls fail
 //!   with `Error::PeerLost` naming it instead of hanging.
@@ -26,6 +27,10 @@ use ferrocomm::{Deadline, Error};
 const FERRORUN: &str = env!("CARGO_BIN_EXE_ferrorun");
 const SCENARIO: &str = "FERROCOMM_TEST_SCENARIO";
 const MESSAGES: usize = 100;
+/// Messages per root in the stream with loss (`FERROCOMM_TEST_MESSAGES` tells the ranks).
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+const MESSAGES_WITH_LOSS: usize = 40;
+const MESSAGES_VAR: &str = "FERROCOMM_TEST_MESSAGES";
 const ROOTS: [u32; 2] = [0, 2];
 /// The receiver the kill scenario aborts, and after how many messages of root 0.
 const VICTIM: u32 = 3;
@@ -69,16 +74,17 @@ fn exactly_once_in_order_over_ud_with_loss() {
     if !common::verbs_here("exactly_once_in_order_over_ud_with_loss") {
         return;
     }
-    for (n, loss) in [(4, 0.0), (4, 0.2)] {
+    for (n, loss, messages) in [(4, 0.0, MESSAGES), (4, 0.2, MESSAGES_WITH_LOSS)] {
         let drop = format!("FERROCOMM_MCAST_TEST_DROP={loss}");
-        let (code, text, took) = launch(n, "stream", &[&drop]);
+        let count = format!("{MESSAGES_VAR}={messages}");
+        let (code, text, took) = launch(n, "stream", &[&drop, &count]);
         assert_eq!(code, Some(0), "{n} ranks, loss {loss}:\n{text}");
         let sum = |k: &str| (0..n).map(|r| field(&text, r, k)).sum::<u64>();
         for r in 0..n {
             assert_eq!(field(&text, r, "confirmed"), 1, "rank {r}: the UD group was not confirmed:\n{text}");
         }
         println!(
-            "multicast over UD, {n} ranks, loss {:>2.0}%: {MESSAGES} messages from each of {:?} exactly once in \
+            "multicast over UD, {n} ranks, loss {:>2.0}%: {messages} messages from each of {:?} exactly once in \
              order at every rank in {took:?}; datagrams {}, NACKs {}, retransmissions {} (false {}), \
              ACKs at roots {} / co-roots {}, window stalls {}",
             loss * 100.0,
@@ -128,16 +134,17 @@ fn rank_process() {
         w.barrier().timeout(t).await.unwrap();
         match scenario.as_str() {
             "stream" => {
+                let messages: usize = std::env::var(MESSAGES_VAR).ok().and_then(|v| v.parse().ok()).unwrap_or(MESSAGES);
                 let sending = async {
                     if ROOTS.contains(&me) {
-                        for i in 0..MESSAGES {
+                        for i in 0..messages {
                             chan.send(payload(me, i)).timeout(t).await.unwrap();
                         }
                     }
                 };
                 let receiving = async {
                     for root in ROOTS.into_iter().filter(|&r| r != me) {
-                        for i in 0..MESSAGES {
+                        for i in 0..messages {
                             let m = chan.recv(root).timeout(t).await.unwrap();
                             assert!(
                                 m == payload(root, i),

@@ -344,10 +344,11 @@ pub struct Table {
 pub const MULTICAST_BCAST_RANKS: u32 = 2;
 /// The largest broadcast that goes by multicast. The simulated network has multicast winning up
 /// to 1 MiB, but on real hosts every receiver copies and checks each datagram while TCP moves
-/// 64 KiB per segment: over loopback TCP (`ferrocomm-bench multicast --transports tcp`, 9 ranks,
-/// `results/multicast-tcp.txt`) multicast wins from 8 B to 128 KiB (1.15-2.2x) and loses from
-/// 512 KiB (0.9x), so the table stops at 128 KiB.
-pub const MULTICAST_BCAST_MAX: usize = 128 << 10;
+/// 64 KiB per segment: over loopback TCP (`ferrocomm-bench multicast --transports tcp`, 9 ranks on
+/// 2 CPUs, `results/multicast-tcp.txt`) multicast wins at every size up to 8 KiB in the median of
+/// the bench runs (1.3-2.5x the binomial broadcast's speed) and loses from 32 KiB (0.9x; single
+/// runs place the crossover anywhere from 4 to 300 KiB), so the table stops at 16 KiB.
+pub const MULTICAST_BCAST_MAX: usize = 16 << 10;
 
 /// Operations pinned to one algorithm: a slot per operation. Looked up several times per call, so
 /// it is an array, not a hash map (whose SipHash showed in profiles of small calls: about 350

@@ -121,7 +121,9 @@ pub(crate) async fn cancel_deadline_probe(w: &World) {
         let t0 = Instant::now();
         let res = w.recv(0, 2u64).timeout(Duration::from_millis(200)).await;
         assert!(matches!(res, Err(Error::Timeout)), "{res:?}");
-        assert!(t0.elapsed() < Duration::from_secs(5));
+        // The deadline ends the wait (a bound on liveness, not a timing: a loaded machine may
+        // leave a busy-polling rank off the CPU for seconds).
+        assert!(t0.elapsed() < T, "the 200 ms deadline did not end the receive");
     }
     w.barrier().timeout(T).await.unwrap();
     if r == 0 {
