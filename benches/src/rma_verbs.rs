@@ -97,6 +97,7 @@ pub(crate) fn main(o: Options) -> Result<()> {
     ];
     let mut ours: Vec<Vec<f64>> = vec![Vec::new(); tests.len()];
     let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); tests.len()];
+    let mut pairs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); tests.len()];
     let mut runs_json = Vec::new();
     for run in 0..o.runs {
         let mut run_json = json!({});
@@ -113,6 +114,8 @@ pub(crate) fn main(o: Options) -> Result<()> {
                 }
             }
             let lat = v["lat_us"].as_f64().ok_or_else(|| format!("no lat_us in {v}"))?;
+            // perftest prints `inf` when its clock measurement fails: that pair is left out.
+            let peer = peer.filter(|(typical, _, _)| typical.is_finite() && *typical > 0.0);
             ours[i].push(lat);
             let mut line = format!("run {}/{} {name}: ferrocomm {lat:.2} us", run + 1, o.runs);
             if let Some(x) = v["complete_in_call"].as_f64() {
@@ -126,6 +129,7 @@ pub(crate) fn main(o: Options) -> Result<()> {
             let mut peer_json = json!(null);
             if let Some((typical, avg, min)) = peer {
                 theirs[i].push(typical);
+                pairs[i].push((lat, typical));
                 line += &format!(
                     ", {exe} {typical:.2} us (avg {avg:.2}, min {min:.2}); ratio {:.2}; {} first",
                     lat / typical,
@@ -150,7 +154,7 @@ pub(crate) fn main(o: Options) -> Result<()> {
         let ratio = f / p;
         let (flo, fhi) = range(&ours[i]);
         let (plo, phi) = range(&theirs[i]);
-        let paired: Vec<f64> = ours[i].iter().zip(&theirs[i]).map(|(a, b)| a / b).collect();
+        let paired: Vec<f64> = pairs[i].iter().map(|(a, b)| a / b).collect();
         let (rlo, rhi) = range(&paired);
         let cell = |m: f64, lo: f64, hi: f64| format!("{m:.2} ({lo:.1}-{hi:.1})");
         let spread = if paired.is_empty() { "-".to_string() } else { format!("{rlo:.2}-{rhi:.2}") };
