@@ -84,8 +84,8 @@ pub(crate) struct Options {
 /// The arguments of the hidden job and rank commands: `KIND RANKS CPUS TRANSPORTS`.
 #[derive(Clone, Debug, clap::Args)]
 pub(crate) struct JobSpec {
-    /// `pair` or `atomics`.
-    #[arg(value_parser = ["pair", "atomics"])]
+    /// `pair`, `atomics`, or one latency test over the device: `put-lat`, `get-lat`, `fadd-lat`.
+    #[arg(value_parser = ["pair", "atomics", "put-lat", "get-lat", "fadd-lat"])]
     kind: String,
     ranks: u32,
     #[arg(value_parser = cli::cpu_pair)]
@@ -109,8 +109,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// One ferrocomm job: `kind` is `pair` (latency, bandwidth, one initiator's fetch-add) or
-/// `atomics` (centralized against spread); returns rank 0's JSON line.
+/// One ferrocomm job: `kind` is `pair` (latency, bandwidth, one initiator's fetch-add),
+/// `atomics` (centralized against spread), or one device latency test ([`device_lat`]); returns
+/// rank 0's JSON line.
 fn ferrocomm_job(o: &Options, kind: &str, ranks: u32) -> Result<Value> {
     pair_job(kind, ranks, o.cpus, &o.transports)
 }
@@ -162,6 +163,7 @@ pub(crate) fn rank_main(spec: JobSpec) -> Result<()> {
         let out = match kind.as_str() {
             "pair" => pair(&w).await?,
             "atomics" => atomics(&w).await?,
+            "put-lat" | "get-lat" | "fadd-lat" => device_lat(&w, &kind).await?,
             other => return Err(format!("unknown job {other}").into()),
         };
         if w.rank() == 0 {
@@ -250,12 +252,8 @@ async fn pair(w: &World) -> Result<Value> {
     // Over the device, rank 1 idles through rank 0's one-sided tests, as perftest's server does:
     // Soft-RoCE answers reads and atomics with kernel work on these CPUs, which a rank spinning
     // in a barrier competes with. Rank 0 ends the wait with a put into its word at DONE.
-    let idle = device && me == 1;
-    if idle {
-        let done = seg.word(DONE)?;
-        while done.load(Ordering::Acquire) == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+    if device && me == 1 {
+        idle_until_done(&seg).await?;
     }
     let mut out = json!({"mapped": remote.is_mapped(), "device": device, "transport": w.transport_for(peer as u32),
                          "put_lat_us": put_med * 1e6, "put_lat_mean_us": put_mean * 1e6});
@@ -324,6 +322,108 @@ async fn pair(w: &World) -> Result<Value> {
     }
     w.barrier().await?;
     seg.unpublish().await?;
+    Ok(out)
+}
+
+/// The target's part of a device test: it sleeps until the initiator's put marks [`DONE`] in its
+/// segment, as perftest's server idles (Soft-RoCE answers reads and atomics with kernel work on
+/// these CPUs, which a rank spinning in a barrier competes with).
+async fn idle_until_done(seg: &ferrocomm::Segment) -> Result<()> {
+    let done = seg.word(DONE)?;
+    while done.load(Ordering::Acquire) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
+/// One 8 B latency test over the device, for `rma-verbs`, which runs each test and its perftest
+/// counterpart back to back: `put-lat` ([`device_put_lat`], `ib_write_lat`'s loop), `get-lat`
+/// (awaited gets, `ib_read_lat`) or `fadd-lat` (awaited fetch-adds, `ib_atomic_lat`), each
+/// operation timed ([`timed_each`]) while the target idles.
+async fn device_lat(w: &World, kind: &str) -> Result<Value> {
+    let me = w.rank() as usize;
+    let peer = 1 - me;
+    let (seg, remotes) = segments(w, PAGE).await?;
+    let remote = &remotes[peer];
+    if !remote.is_device() {
+        return Err(format!("rank {peer}'s segment is not reached over the device").into());
+    }
+    let iters = LAT_ITERS / 100;
+    let mut out = json!({"transport": w.transport_for(peer as u32), "test": kind});
+    w.barrier().await?;
+    match kind {
+        "put-lat" => {
+            let word = seg.word(0)?;
+            for (name, yielding) in [("spin", false), ("yield", true)] {
+                out[name] = device_put_lat(w, remote, word, iters, yielding).await?;
+                w.barrier().await?;
+            }
+            out["lat_us"] = out["spin"]["lat_us"].clone();
+        }
+        _ if me == 1 => idle_until_done(&seg).await?,
+        "get-lat" => {
+            out = timed_each(iters, out, || async {
+                let mut b = [0u8; 8];
+                let op = w.get(remote, 8, &mut b);
+                let (now, called) = (op.is_complete(), sweep::stamp());
+                op.await?;
+                Ok((now, called))
+            })
+            .await?;
+        }
+        _ => {
+            out = timed_each(iters, out, || async {
+                let op = w.fetch_add(remote, 16, 1);
+                let (now, called) = (op.is_complete(), sweep::stamp());
+                op.await?;
+                Ok((now, called))
+            })
+            .await?;
+        }
+    }
+    if me == 0 && kind != "put-lat" {
+        w.put(remote, DONE, &1u64.to_le_bytes()).await?;
+    }
+    w.barrier().await?;
+    seg.unpublish().await?;
+    Ok(out)
+}
+
+/// Runs `op` `iters` times, stamping each start with the cycle counter as `ib_read_lat` and
+/// `ib_atomic_lat` do; `op` returns whether the operation was complete when its call returned
+/// and the stamp taken then. Adds to `out`: the median (`lat_us`, perftest's `t_typical`), mean,
+/// 10th and 90th percentiles and minimum of the operations' times, the median time of the call
+/// alone (`call_us`) and the share of operations complete in their call.
+async fn timed_each<F, Fut>(iters: u64, mut out: Value, mut op: F) -> Result<Value>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(bool, u64)>>,
+{
+    let mut stamps = Vec::with_capacity(iters as usize + 1);
+    let mut calls = Vec::with_capacity(iters as usize);
+    let mut in_call = 0u64;
+    let t_all = Instant::now();
+    for _ in 0..iters {
+        let s = sweep::stamp();
+        stamps.push(s);
+        let (now, called) = op().await?;
+        in_call += u64::from(now);
+        calls.push(called.wrapping_sub(s));
+    }
+    stamps.push(sweep::stamp());
+    let all = t_all.elapsed().as_secs_f64();
+    let times = sweep::trips(&stamps, all);
+    let span = stamps.last().zip(stamps.first()).map_or(1, |(l, f)| l.wrapping_sub(*f).max(1));
+    let per_unit = all / span as f64;
+    let q = sweep::quantiles(&times, &[0.0, 0.1, 0.9]).unwrap_or_default();
+    let us = |i: usize| q.get(i).map_or(f64::NAN, |v| v * 1e6);
+    out["lat_us"] = json!(median(times) * 1e6);
+    out["mean_us"] = json!(all / iters.max(1) as f64 * 1e6);
+    out["min_us"] = json!(us(0));
+    out["p10_us"] = json!(us(1));
+    out["p90_us"] = json!(us(2));
+    out["call_us"] = json!(median(calls.iter().map(|&c| c as f64 * per_unit).collect()) * 1e6);
+    out["complete_in_call"] = json!(in_call as f64 / iters.max(1) as f64);
     Ok(out)
 }
 

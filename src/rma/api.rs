@@ -692,6 +692,13 @@ impl<'a> GetOp<'a> {
     fn failed(e: Error, dst: &'a mut [u8]) -> GetOp<'a> {
         GetOp { op: None, failed: Some(Box::new(e)), dst }
     }
+
+    /// Whether the get has completed (done by the call itself: on a mapping, by a device that
+    /// completed it within its posting, or refused before anything was sent); awaiting it then
+    /// only hands over the data or the error.
+    pub fn is_complete(&self) -> bool {
+        self.op.as_ref().is_none_or(|p| p.op.is_complete())
+    }
 }
 
 impl Future for GetOp<'_> {
