@@ -150,7 +150,8 @@ pub(super) async fn reduce_single_copy(
         }
     } else {
         let mut result = call.take_kept().ok_or(Error::Internal { what: "a reduce's result buffer" })?;
-        let combined = combine(&call, &data, me, &op, mine.start, Some(&own[mine.clone()]), &mut result[..mine.len()], pool);
+        let combined =
+            combine(&call, &data, me, &op, mine.start, Some(&own[mine.clone()]), &mut result[..mine.len()], pool);
         call.keep(result);
         combined?;
         call.next().await?;
@@ -370,7 +371,8 @@ impl Comm {
     pub(super) fn lend_for_reduce<T: Element>(&self, data: &[T], root: Rank) -> Result<board::Lending> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let (me, n) = (self.rank(), self.size() as usize);
-        let result = (me != root).then(|| self.coll().pool.take(reduce_result_len(bytes.len(), size_of::<T>(), n, me as usize)));
+        let result =
+            (me != root).then(|| self.coll().pool.take(reduce_result_len(bytes.len(), size_of::<T>(), n, me as usize)));
         // The root's result buffer is its caller's: nobody reads it, but every rank lends two.
         let lent = [Lent::of(bytes), Lent::of(result.as_deref().unwrap_or_default())];
         let held = [BoardOp::Barrier, BoardOp::Barrier];
