@@ -118,13 +118,21 @@ pub(super) async fn gather_direct(
     Ok(())
 }
 
+/// From this many bytes a reduce by single copy shares the combining out ([`reduce_single_copy`]);
+/// below, the root combines every rank's data alone while the others wait. On 2 ranks (loaded, no
+/// LTO; `ferrocomm-bench collectives --ranks 2 --runs 5 --mpi openmpi --ops reduce --max 4M`, three
+/// runs each way) sharing took 1.27-1.33x Open MPI's time at 2 MiB and 1.08-1.27x at 4 MiB against
+/// 1.47-1.68x and 1.40x for the root alone, but 1.46-1.63x at 128 KiB against 1.29-1.38x (its
+/// extra step and second copy cost more than the halved combining saves), and about the same at
+/// 512 KiB.
+pub(super) const REDUCE_SPLIT_MIN: usize = 1 << 20;
+
 /// A reduce by single copy, its combining shared out as in an all-reduce: every rank lends its
 /// data in place and a result buffer of its own (the call keeps it; see [`Comm::lend_for_reduce`]),
 /// combines part `me` of every rank's data in rank order (the root straight into its part of
 /// `dst`, the others into that buffer), then, after a barrier, the root copies every other part
-/// from the rank that combined it; after another, nobody reads anything lent any more. The root
-/// alone combining everything took 1.4-1.9x Open MPI's time on 2 ranks from 32 KiB to 4 MiB while
-/// the other rank only waited.
+/// from the rank that combined it; after another, nobody reads anything lent any more (from
+/// [`REDUCE_SPLIT_MIN`] bytes).
 #[allow(clippy::too_many_arguments)] // the call, who is who, what is combined and where it goes
 pub(super) async fn reduce_single_copy(
     mut call: board::Lending,

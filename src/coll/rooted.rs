@@ -295,7 +295,13 @@ impl Comm {
             let kind = BoardOp::Reduce { root, op: op.erase() };
             self.board_future(kind, len, bytemuck::cast_slice(data), size_of::<T>())
         });
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend_for_reduce(data, root));
+        // Single copy: the combining split between the ranks from REDUCE_SPLIT_MIN, the root
+        // combining alone below it.
+        let split = len >= REDUCE_SPLIT_MIN;
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| match split {
+            true => self.lend_for_reduce(data, root),
+            false => self.lend(data, Lend::InPlace),
+        });
         let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
             let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
             (self.slot(), m)
@@ -313,10 +319,18 @@ impl Comm {
                 (None, None) => None,
             };
             if let Some(call) = direct {
-                // Every rank combines its part straight from the others' memory, its own from
-                // `data`, which the future borrows (the others' calls lend theirs in place too).
+                // Straight from the others' memory, this rank's own data from `data`, which the
+                // future borrows (the others' calls lend theirs in place too).
                 let own: &[u8] = bytemuck::cast_slice(data);
-                Box::pin(reduce_single_copy(call?, root, r, n, own, dst, op.erase(), &pool)).await?;
+                if split {
+                    Box::pin(reduce_single_copy(call?, root, r, n, own, dst, op.erase(), &pool)).await?;
+                } else {
+                    gather_single_copy(call?, n, len, &pool, |call, lent| match dst {
+                        Some(dst) => combine(call, lent, r as usize, &op.erase(), 0, Some(own), dst, &pool),
+                        None => Ok(()),
+                    })
+                    .await?;
+                }
             } else if let Some(call) = board {
                 let pieces = call?.await?;
                 if let Some(dst) = dst {
