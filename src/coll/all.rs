@@ -403,7 +403,24 @@ impl Comm {
         counts: &[usize],
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
-        self.reduce_scatter_with(self.coll().pool.copy(data), data.len(), counts, op)
+        let (r, n, elem) = (self.rank() as usize, self.size() as usize, size_of::<T>());
+        let alg = self.choose(Operation::ReduceScatter, size_of_val(data), op.is_commutative());
+        let sum = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c));
+        if alg == Algorithm::SharedMemory && counts.len() == n && sum == Some(data.len()) && check_op(&op).is_ok() {
+            // On the board the call copies `data` as it posts it: no pooled copy of it first and
+            // no segments, which a small call would pay for every time.
+            let obs = self.observe(Operation::ReduceScatter, alg, size_of_val(data));
+            let start = counts[..r].iter().sum::<usize>() * elem;
+            let count = counts[r];
+            let kind = BoardOp::ReduceScatter { op: op.erase(), part: start..start + count * elem };
+            let call = self.board_future(kind, size_of_val(data), bytemuck::cast_slice(data), elem);
+            return futures::future::Either::Left(obs.wrap(async move {
+                let mut out = vec![T::zeroed(); count];
+                copy_parts(&mut out, &call?.await?)?;
+                Ok(out)
+            }));
+        }
+        futures::future::Either::Right(self.reduce_scatter_with(self.coll().pool.copy(data), data.len(), counts, op))
     }
 
     /// [`Comm::reduce_scatter`] of `whole`, the bytes of `len` elements: the segments are slices

@@ -202,14 +202,27 @@ impl HostBoard {
     /// root's [`Lent`], or an all-gather of every rank's), then come the `held` steps, each posted
     /// when the rank gets to it ([`Lending::next`]).
     pub(crate) fn lend(self: &Arc<HostBoard>, kind: BoardOp, lent: Option<Lent>, held: &[BoardOp]) -> Result<Lending> {
+        self.lend_each(kind, 1, lent.as_slice(), held)
+    }
+
+    /// [`HostBoard::lend`] where every lending rank lends `count` pieces of memory (`lent`: this
+    /// rank's, none if it lends nothing), described one after the other.
+    pub(crate) fn lend_each(
+        self: &Arc<HostBoard>,
+        kind: BoardOp,
+        count: usize,
+        lent: &[Lent],
+        held: &[BoardOp],
+    ) -> Result<Lending> {
         self.gate()?;
         let mut q = self.queue.lock();
-        let first = q.push(&self.board, kind, Lent::BYTES, lent.map_or_else(Vec::new, |l| l.encode()))?;
+        let input = lent.iter().flat_map(Lent::encode).collect();
+        let first = q.push(&self.board, kind, count * Lent::BYTES, input)?;
         for k in held {
             q.push_held(k.clone());
         }
         let steps = first..first + 1 + held.len() as u64;
-        Ok(Lending { seg: self.clone(), first, steps, lends: lent.is_some(), kept: None })
+        Ok(Lending { seg: self.clone(), first, steps, lends: !lent.is_empty(), kept: None })
     }
 
     /// Advances every call; collects the finished pieces of `seqs` in order into `parts`; ready
@@ -469,6 +482,12 @@ impl Lending {
     /// Keeps `buf` (the lent memory) as long as the call needs it; see [`Lending::give_back`].
     pub(crate) fn keep(&mut self, buf: BytesMut) {
         self.kept = Some(buf);
+    }
+
+    /// The kept memory, taken out while this rank writes it: only before the step after which
+    /// the others read it, and put back ([`Lending::keep`]) before that step.
+    pub(crate) fn take_kept(&mut self) -> Option<BytesMut> {
+        self.kept.take()
     }
 
     /// The kept memory, once the call's last step is over (nobody reads it any more).

@@ -253,8 +253,22 @@ impl Comm {
         out: Option<&'a mut [T]>,
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let (bytes, r) = (size_of_val(data), self.rank());
+        let alg = self.choose(Operation::Reduce, bytes, op.is_commutative());
+        let fits = match &out {
+            Some(o) if r == root => o.len() == data.len(),
+            _ => r != root,
+        };
+        if alg == Algorithm::SharedMemory && fits && root < self.size() && check_op(&op).is_ok() {
+            // On the board, as a broadcast: the result straight into `out`, with nothing boxed.
+            let obs = self.observe(Operation::Reduce, alg, bytes);
+            let kind = BoardOp::Reduce { root, op: op.erase() };
+            let call = self.board_call(kind, bytes, bytemuck::cast_slice(data), size_of::<T>());
+            let dst = out.filter(|_| r == root).map(bytemuck::cast_slice_mut);
+            return futures::future::Either::Left(obs.wrap(Collective::board(call, dst)));
+        }
         let run = self.reduce_to(root, data, Some(out), op);
-        async move { run.await.map(drop) }
+        futures::future::Either::Right(async move { run.await.map(drop) })
     }
 
     /// [`Comm::reduce`] (`into`: `None`, the root allocates its result) and
@@ -281,7 +295,13 @@ impl Comm {
             let kind = BoardOp::Reduce { root, op: op.erase() };
             self.board_future(kind, len, bytemuck::cast_slice(data), size_of::<T>())
         });
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(data, Lend::InPlace));
+        // Single copy: the combining split between the ranks from REDUCE_SPLIT_MIN, the root
+        // combining alone below it.
+        let split = len >= REDUCE_SPLIT_MIN;
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| match split {
+            true => self.lend_for_reduce(data, root),
+            false => self.lend(data, Lend::InPlace),
+        });
         let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
             let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
             (self.slot(), m)
@@ -299,14 +319,18 @@ impl Comm {
                 (None, None) => None,
             };
             if let Some(call) = direct {
-                // The root combines every rank's data straight from its memory, its own from
-                // `data`, which the future borrows (the others' calls lend theirs in place too).
+                // Straight from the others' memory, this rank's own data from `data`, which the
+                // future borrows (the others' calls lend theirs in place too).
                 let own: &[u8] = bytemuck::cast_slice(data);
-                gather_single_copy(call?, n, len, &pool, |call, lent| match dst {
-                    Some(dst) => combine(call, lent, r as usize, &op.erase(), 0, Some(own), dst, &pool),
-                    None => Ok(()),
-                })
-                .await?;
+                if split {
+                    Box::pin(reduce_single_copy(call?, root, r, n, own, dst, op.erase(), &pool)).await?;
+                } else {
+                    gather_single_copy(call?, n, len, &pool, |call, lent| match dst {
+                        Some(dst) => combine(call, lent, r as usize, &op.erase(), 0, Some(own), dst, &pool),
+                        None => Ok(()),
+                    })
+                    .await?;
+                }
             } else if let Some(call) = board {
                 let pieces = call?.await?;
                 if let Some(dst) = dst {
@@ -524,16 +548,21 @@ impl Comm {
             _ => None,
         });
         let input: &[u8] = data.map_or(&[], bytemuck::cast_slice);
-        // The board and single copy: this rank's block straight from the root's data.
-        let on_host = early.is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy);
-        let call = on_host.then(|| match alg {
-            Algorithm::SharedMemory => {
-                Ok(self.board_future(BoardOp::Scatter { root }, bytes * n as usize, input, size_of::<T>()))
+        let own = move || input.get(r as usize * bytes..(r as usize + 1) * bytes).unwrap_or_default();
+        if early.is_none() && alg == Algorithm::SharedMemory {
+            // On the board, as a broadcast: the root copies its own block and is done once it has
+            // posted; the others' blocks straight into `out`, with nothing boxed.
+            let dst: &mut [u8] = bytemuck::cast_slice_mut(out);
+            if r == root {
+                dst.copy_from_slice(own());
             }
-            _ => {
-                let lent = (r == root).then(|| Lent::of(input));
-                Err(self.lending(BoardOp::Bcast { root }, lent, &[BoardOp::Fanin { root }]))
-            }
+            let call = self.board_call(BoardOp::Scatter { root }, bytes * n as usize, input, size_of::<T>());
+            return obs.wrap(Collective::board(call, (r != root).then_some(dst)));
+        }
+        // Single copy: this rank's block straight from the root's data.
+        let call = (early.is_none() && alg == Algorithm::SingleCopy).then(|| {
+            let lent = (r == root).then(|| Lent::of(input));
+            self.lending(BoardOp::Bcast { root }, lent, &[BoardOp::Fanin { root }])
         });
         // Messages: the root's data in one pooled buffer, the parts slices of it.
         let pool = self.coll().pool.clone();
@@ -542,22 +571,13 @@ impl Comm {
             let parts = whole.as_ref().map(|w| (0..n as usize).map(|i| w.slice(i * bytes..(i + 1) * bytes)).collect());
             (self.scatter_bytes(root, parts), whole)
         });
-        obs.wrap(async move {
+        obs.wrap(Collective::boxed(async move {
             if let Some(e) = early {
                 return Err(e);
             }
             let dst: &mut [u8] = bytemuck::cast_slice_mut(out);
-            let own = || input.get(r as usize * bytes..(r as usize + 1) * bytes).unwrap_or_default();
             match (call, run) {
-                (Some(Ok(call)), _) => {
-                    let pieces = call?.await?;
-                    if r == root {
-                        dst.copy_from_slice(own());
-                        return Ok(());
-                    }
-                    copy_parts(dst, &pieces)
-                }
-                (Some(Err(call)), _) => Box::pin(scatter_single_copy(call?, root, r, own(), dst)).await,
+                (Some(call), _) => scatter_single_copy(call?, root, r, own(), dst).await,
                 (None, Some((run, whole))) => {
                     let part = run.await;
                     // Every slice is gone once the call is over: the buffer serves the next calls.
@@ -576,7 +596,7 @@ impl Comm {
                 }
                 (None, None) => Err(Error::Internal { what: "a scatter planned without a path" }),
             }
-        })
+        }))
     }
 
     /// Sends `parts[i]` of the root to rank i (lengths may differ); returns this rank's part.

@@ -45,8 +45,8 @@ pub(crate) const SINGLE_COPY: &str = "bcast=single-copy,allreduce=single-copy,re
                                        scatter=single-copy,allgather=single-copy,alltoall=single-copy,\
                                        reduce_scatter=single-copy,scan=single-copy";
 /// Element counts for single copy: empty, one, fewer elements than ranks, uneven parts, and parts
-/// above the 256 KiB piece of the reduction (u64: on up to 4 ranks; the reduce's root combines
-/// the whole length, four pieces and a remnant).
+/// above the 256 KiB piece of the reduction (u64: on up to 4 ranks). A reduce's root combines
+/// alone below 1 MiB (9_001) and shares the combining out above it (140_001).
 pub(crate) const SINGLE_COPY_COUNTS: [usize; 5] = [0, 1, 5, 9_001, 140_001];
 /// `c` with every operation single copy serves pinned to it ([`SINGLE_COPY`]).
 pub(crate) fn single_copy(c: &Comm) -> Comm {
