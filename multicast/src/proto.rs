@@ -24,7 +24,8 @@
 //!   application has taken, so a receiver that stops reading stalls the root's window instead of
 //!   growing memory anywhere.
 //! * **NACK** on a gap (a later message arrived first) asks the collector at once (a leaf only: a
-//!   co-root's reliable copies are already on their way); **timeouts**
+//!   co-root's reliable copies are already on their way), and again only after a hold that doubles
+//!   while the NACKs bring nothing; **timeouts**
 //!   (RTO from a smoothed RTT estimate, Karn's rule, exponential back-off) catch the rest.
 //!   Retransmissions go to the missing rank only, over reliable point-to-point.
 //! * **Failures**: a dead leaf is dropped from its collector; a dead co-root's leaves are adopted by
@@ -861,6 +862,26 @@ struct CoRoot {
     collector: Collector,
 }
 
+/// A receiver's last NACK: what it asked for, and how long it holds off asking again.
+#[derive(Clone, Copy, Debug)]
+struct Nacked {
+    /// Everything below this was asked for (what is missing of it).
+    upto: u32,
+    at: Instant,
+    /// The receiver's next in-order message when it asked.
+    next: u32,
+    /// Asked again without progress this many times in a row: each doubles the hold, so that a
+    /// repair slower than the initial RTO (a slow or loaded path) is not asked for over and over
+    /// while it is on its way, each time costing the collector a retransmission.
+    backoff: u32,
+}
+
+impl Nacked {
+    fn hold(&self, cfg: &Config) -> Duration {
+        (cfg.rto_initial * (1 << self.backoff)).min(cfg.rto_max)
+    }
+}
+
 /// Rank `me` receiving the stream of one other root, as a leaf or a co-root.
 pub struct Receiver {
     root: Rank,
@@ -874,7 +895,7 @@ pub struct Receiver {
     target: Rank,
     acked: u32,
     ack_since: Option<Instant>,
-    nacked: Option<(u32, Instant)>,
+    nacked: Option<Nacked>,
     coroot: Option<CoRoot>,
     root_lost: bool,
 }
@@ -1021,7 +1042,8 @@ impl Receiver {
     /// Something at `seq` arrived (or a tail probe says the root sent everything below `seq`)
     /// while `self.next` is incomplete: datagrams of one root come in order, so whatever below
     /// `seq` is incomplete lost a datagram. Each missing run is asked for at once, once (again
-    /// after the initial RTO: the answer may be on its way).
+    /// after the initial RTO, doubled for each NACK in a row that brought nothing: the answer may
+    /// be on its way).
     /// A co-root never asks: the root sends it every message over reliable, ordered
     /// point-to-point, so whatever it lacks below a later arrival is already on its way (its
     /// multicast copy merely came first), and a NACK would only make the root send it twice.
@@ -1034,14 +1056,14 @@ impl Receiver {
         let seq = if before(limit, seq) { limit } else { seq };
         // What was asked for recently is not asked again; only what lies beyond it.
         let mut from = self.next;
-        if let Some((t, at)) = self.nacked
-            && now < at + cfg.rto_initial
-            && before(self.next, t)
+        if let Some(n) = self.nacked
+            && now < n.at + n.hold(cfg)
+            && before(self.next, n.upto)
         {
-            if !before(t, seq) {
+            if !before(n.upto, seq) {
                 return;
             }
-            from = t;
+            from = n.upto;
         }
         let mut k = from;
         let mut asked = false;
@@ -1058,7 +1080,14 @@ impl Receiver {
             asked = true;
         }
         if asked {
-            self.nacked = Some((seq, now));
+            let backoff = match self.nacked {
+                // The same gap asked for again, nothing completed since: wait longer next time.
+                Some(n) if n.next == self.next && from == self.next => (n.backoff + 1).min(MAX_BACKOFF),
+                // Only what lies beyond the last NACK: that one's back-off stands.
+                Some(n) if n.next == self.next => n.backoff,
+                _ => 0,
+            };
+            self.nacked = Some(Nacked { upto: seq, at: now, next: self.next, backoff });
         }
     }
 

@@ -653,7 +653,8 @@ fn a_lost_tail_is_asked_for_after_the_tail_probe() {
 }
 
 /// A tail probe (like any later arrival) makes a leaf ask for every missing run below it at once,
-/// each run in a NACK of its own, and not again while the answer may be on its way.
+/// each run in a NACK of its own, and not again while the answer may be on its way: one RTO, twice
+/// that after a NACK that brought nothing, and so on, back to one RTO once a message completes.
 #[test]
 fn every_missing_run_below_the_tail_is_asked_for_at_once() {
     let t0 = Instant::now();
@@ -684,6 +685,23 @@ fn every_missing_run_below_the_tail_is_asked_for_at_once() {
     let later = t0 + c.rto_initial;
     leaf.handle_datagram(later, wire::encode_tail(c.job, c.channel, 0, 7)).unwrap();
     assert_eq!(nacks(&mut leaf), [(0, 1, 2), (0, 3, 4), (0, 5, 7)], "asked again after the initial RTO");
+    // Nothing came since: the next NACK of the same gap waits twice as long, then four times.
+    leaf.handle_datagram(later + c.rto_initial, wire::encode_tail(c.job, c.channel, 0, 7)).unwrap();
+    assert_eq!(nacks(&mut leaf), [], "no progress: the hold has doubled");
+    let again = later + 2 * c.rto_initial;
+    leaf.handle_datagram(again, wire::encode_tail(c.job, c.channel, 0, 7)).unwrap();
+    assert_eq!(nacks(&mut leaf), [(0, 1, 2), (0, 3, 4), (0, 5, 7)], "asked again after twice the RTO");
+    leaf.handle_datagram(again + 3 * c.rto_initial, wire::encode_tail(c.job, c.channel, 0, 7)).unwrap();
+    assert_eq!(nacks(&mut leaf), [], "and then after four times");
+    // A repair that completes the next message resets the back-off.
+    for d in wire::encode_data(c.job, c.channel, 0, 1, &[1u8; 10], c.datagram) {
+        leaf.handle_datagram(again + 3 * c.rto_initial, d).unwrap();
+    }
+    let fresh = again + 4 * c.rto_initial;
+    leaf.handle_datagram(fresh, wire::encode_tail(c.job, c.channel, 0, 7)).unwrap();
+    assert_eq!(nacks(&mut leaf), [(0, 3, 4), (0, 5, 7)], "progress: asked at once for what still lacks");
+    leaf.handle_datagram(fresh + c.rto_initial, wire::encode_tail(c.job, c.channel, 0, 7)).unwrap();
+    assert_eq!(nacks(&mut leaf), [(0, 3, 4), (0, 5, 7)], "and again after one RTO");
     // A probe with a payload is malformed.
     let mut bad = BytesMut::from(&wire::encode_tail(c.job, c.channel, 0, 7)[..]);
     bad.extend_from_slice(b"x");
