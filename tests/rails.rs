@@ -366,7 +366,8 @@ impl ThreeHosts {
         }
         let start = Instant::now();
         let mut outputs = Vec::new();
-        for (rank, mut child) in children.into_iter().enumerate() {
+        let mut failed = false;
+        for mut child in children {
             while child.try_wait().unwrap().is_none() {
                 if start.elapsed() > Duration::from_secs(180) {
                     let _ = child.kill();
@@ -375,10 +376,19 @@ impl ThreeHosts {
             }
             let out = child.wait_with_output().unwrap();
             let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success(), "{role}: rank {rank} failed ({:?}):\n{text}", out.status);
-            outputs.push(text);
+            failed |= !out.status.success();
+            outputs.push((out.status, text));
         }
-        outputs
+        // Every rank's output on a failure: the first to fail may only report another's loss.
+        if failed {
+            let all: Vec<String> = outputs
+                .iter()
+                .enumerate()
+                .map(|(rank, (status, text))| format!("rank {rank} ({status:?}):\n{text}"))
+                .collect();
+            panic!("{role}: a rank failed\n{}", all.join("\n"));
+        }
+        outputs.into_iter().map(|(_, text)| text).collect()
     }
 }
 

@@ -13,8 +13,12 @@
 //!
 //! An envelope larger than the window (it cannot be: a window holds at least two data chunks) is
 //! still let through when nothing is outstanding, by both sides alike, so no route can deadlock.
+//!
+//! A route's accounts are dropped when one of its ranks is lost; credit for such a route may
+//! still be on its way (a destination returns credit for what it took before it heard of the
+//! source's loss), so a credit naming a lost rank is ignored, not a breach of the protocol.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::wire::{HEADER_LEN, Limits, Rank, WireError};
 
@@ -47,12 +51,14 @@ pub struct Sender<T> {
     window: usize,
     routes: HashMap<(Rank, Rank), Route<T>>,
     ready: VecDeque<(Rank, Rank, T)>,
+    /// Proxies and destinations lost: late credits naming them are ignored.
+    lost: HashSet<Rank>,
 }
 
 impl<T> Sender<T> {
     /// A sender with windows of `window` bytes.
     pub fn new(window: usize) -> Sender<T> {
-        Sender { window, routes: HashMap::new(), ready: VecDeque::new() }
+        Sender { window, routes: HashMap::new(), ready: VecDeque::new(), lost: HashSet::new() }
     }
 
     /// An envelope of `len` bytes for `dest` through `proxy`: it becomes ready at once if the
@@ -69,6 +75,9 @@ impl<T> Sender<T> {
 
     /// `proxy` returned `bytes` of credit for the route to `dest`: releases what now fits.
     pub fn credit(&mut self, proxy: Rank, dest: Rank, bytes: usize) -> Result<(), WireError> {
+        if self.lost.contains(&proxy) || self.lost.contains(&dest) {
+            return Ok(());
+        }
         let Some(r) = self.routes.get_mut(&(proxy, dest)) else {
             return Err(WireError::Link("relay credit for a route with nothing outstanding"));
         };
@@ -95,6 +104,7 @@ impl<T> Sender<T> {
     /// The proxy is gone: what waited on its routes, per destination, in order. Outstanding
     /// bytes are forgotten (the envelopes are lost with the proxy).
     pub fn proxy_lost(&mut self, proxy: Rank) -> Vec<(Rank, T)> {
+        self.lost.insert(proxy);
         let mut keys: Vec<_> = self.routes.keys().copied().filter(|k| k.0 == proxy).collect();
         keys.sort();
         let mut out = Vec::new();
@@ -107,6 +117,7 @@ impl<T> Sender<T> {
 
     /// Forgets the routes to `dest` (it is gone).
     pub fn dest_lost(&mut self, dest: Rank) {
+        self.lost.insert(dest);
         self.routes.retain(|k, _| k.1 != dest);
     }
 
@@ -125,12 +136,14 @@ impl<T> Sender<T> {
 pub struct Ledger {
     window: usize,
     held: HashMap<(Rank, Rank), usize>,
+    /// Ranks lost: late credits for their routes are ignored.
+    lost: HashSet<Rank>,
 }
 
 impl Ledger {
     /// A ledger with windows of `window` bytes.
     pub fn new(window: usize) -> Ledger {
-        Ledger { window, held: HashMap::new() }
+        Ledger { window, held: HashMap::new(), lost: HashSet::new() }
     }
 
     /// An envelope of `len` bytes from `src` to forward to `dest`: an error if `src` exceeds
@@ -144,8 +157,12 @@ impl Ledger {
         Ok(())
     }
 
-    /// `dest` returned `bytes` of credit for envelopes from `src`: an error if more than held.
+    /// `dest` returned `bytes` of credit for envelopes from `src`: an error if more than held
+    /// (ignored if either is lost).
     pub fn credit(&mut self, src: Rank, dest: Rank, bytes: usize) -> Result<(), WireError> {
+        if self.lost.contains(&src) || self.lost.contains(&dest) {
+            return Ok(());
+        }
         match self.held.get_mut(&(src, dest)) {
             Some(h) if *h >= bytes => {
                 *h -= bytes;
@@ -157,6 +174,7 @@ impl Ledger {
 
     /// Forgets every route from or to `rank` (it is gone).
     pub fn lost(&mut self, rank: Rank) {
+        self.lost.insert(rank);
         self.held.retain(|k, _| k.0 != rank && k.1 != rank);
     }
 
@@ -310,6 +328,10 @@ mod tests {
         l.take(3, 2, 1000).unwrap();
         l.lost(2);
         assert_eq!(l.total(), 0);
+        // Credit still on its way for a lost rank's routes is not a breach.
+        l.credit(3, 2, 1000).unwrap();
+        l.credit(2, 3, 5).unwrap();
+        assert!(l.credit(3, 4, 1).is_err(), "other routes keep their accounts");
         let mut s = Sender::new(W);
         s.push(1, 2, 900, 'a');
         s.push(1, 2, 900, 'b');
@@ -321,6 +343,9 @@ mod tests {
         assert_eq!(s.outstanding(4, 3), 900);
         s.dest_lost(3);
         assert_eq!(s.outstanding(4, 3), 0);
+        s.credit(4, 3, 900).unwrap();
+        s.credit(1, 2, 900).unwrap();
+        assert!(s.credit(4, 2, 1).is_err(), "other routes keep their accounts");
     }
 
     #[test]
