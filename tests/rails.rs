@@ -461,6 +461,8 @@ fn a_peer_without_a_direct_path_is_reached_through_a_proxy() {
 #[test]
 fn rails_rank_process() {
     let Ok(role) = std::env::var(ROLE) else { return };
+    // Warnings (a peer disconnected for breaking a protocol, and why) on stderr, as under ferrorun.
+    ferrocomm::observe::log::install();
     if role == "proxy" {
         return proxy_rank();
     }

@@ -390,7 +390,11 @@ impl RelaySink<'_> {
         match h.tag {
             CREDIT_TO_PROXY => {
                 // `from` took envelopes from `other` that this rank forwarded.
-                self.ledger.credit(other, from, bytes)?;
+                if let Err(e) = self.ledger.credit(other, from, bytes) {
+                    let held = self.ledger.held(other, from);
+                    tracing::warn!(src = other, dest = from, bytes, held, "relay credit beyond what this proxy holds");
+                    return Err(e);
+                }
                 if !self.gone[other as usize] {
                     let c = credit(self.me, CREDIT_TO_SOURCE, from, bytes);
                     self.forward.push_back((other, c, Bytes::new()));
@@ -712,5 +716,181 @@ mod tests {
         wire.lock().unwrap().incoming.push_back((0, Header { src: 0, ..h }, env));
         proxy.progress(&mut Up::default());
         assert_eq!(wire.lock().unwrap().disconnected, vec![2, 0]);
+    }
+}
+
+#[cfg(test)]
+mod interleavings {
+    //! Two ends that reach each other only through a proxy send to each other at once, frames
+    //! crossing each link in order but the links in any interleaving: no rank sees a breach of the
+    //! relay protocol, every frame arrives in order, and the proxy's accounts end at zero.
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A link's frames in flight, and what the transport was told to disconnect.
+    #[derive(Default)]
+    struct Net {
+        /// (from, to) -> frames in flight, in order.
+        links: HashMap<(Rank, Rank), VecDeque<(Header, Bytes)>>,
+        disconnected: Vec<(Rank, Rank)>,
+    }
+
+    /// Rank `me`'s side of [`Net`]; `deliver` says how many frames of which link its next
+    /// progress takes in.
+    struct Port {
+        me: Rank,
+        net: Arc<Mutex<Net>>,
+        deliver: Arc<Mutex<Vec<(Rank, usize)>>>,
+    }
+
+    impl Transport for Port {
+        fn name(&self) -> &'static str {
+            "tcp"
+        }
+        fn eager_limit(&self) -> usize {
+            1024
+        }
+        fn send(&mut self, peer: Rank, header: Header, payload: Bytes) {
+            self.net.lock().unwrap().links.entry((self.me, peer)).or_default().push_back((header, payload));
+        }
+        fn send_copy(&mut self, peer: Rank, header: Header, payload: &[u8]) {
+            self.send(peer, header, Bytes::copy_from_slice(payload))
+        }
+        fn progress(&mut self, sink: &mut dyn Sink) -> usize {
+            let mut n = 0;
+            for (from, count) in std::mem::take(&mut *self.deliver.lock().unwrap()) {
+                for _ in 0..count {
+                    let frame = self.net.lock().unwrap().links.get_mut(&(from, self.me)).and_then(VecDeque::pop_front);
+                    let Some((h, payload)) = frame else { break };
+                    n += 1;
+                    if h.kind == Kind::Data {
+                        match sink.data_dest(from, &h) {
+                            Ok(Some(d)) => d.copy_from_slice(&payload),
+                            other => {
+                                panic!("rank {}: no destination: {:?}", self.me, other.map(|d| d.map(|d| d.len())))
+                            }
+                        }
+                        sink.frame(from, h, Bytes::new());
+                    } else {
+                        sink.frame(from, h, payload);
+                    }
+                }
+            }
+            n
+        }
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<()> {
+            Poll::Pending
+        }
+        fn awake(&mut self) {}
+        fn has_pending_output(&self) -> bool {
+            false
+        }
+        fn disconnect(&mut self, peer: Rank, _: TransportError) {
+            self.net.lock().unwrap().disconnected.push((self.me, peer));
+        }
+    }
+
+    /// What reaches a rank's engine: data frames' bytes by (source, message), other frames' tags.
+    #[derive(Default)]
+    struct Engine {
+        buf: Vec<u8>,
+        data: HashMap<(Rank, u64), Vec<u8>>,
+        eager: Vec<(Rank, u64)>,
+    }
+
+    // SAFETY: the buffer lent by `data_dest` lives as long as the sink and is replaced only by the
+    // next `data_dest`, after the frame it was lent for.
+    unsafe impl Sink for Engine {
+        fn data_dest(&mut self, _: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
+            self.buf = vec![0; h.len as usize];
+            Ok(Some(&mut self.buf))
+        }
+        fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
+            match h.kind {
+                Kind::Data => {
+                    let m = self.data.entry((peer, h.seq)).or_default();
+                    assert_eq!(m.len() as u64, h.aux, "pieces of message {} from {peer} in order", h.seq);
+                    m.extend_from_slice(&self.buf);
+                }
+                _ => {
+                    assert!(payload.iter().all(|&b| b == h.tag as u8));
+                    self.eager.push((peer, h.tag));
+                }
+            }
+        }
+        fn peer_lost(&mut self, peer: Rank, _: TransportError) {
+            panic!("peer {peer} lost");
+        }
+    }
+
+    const LIMITS: Limits = Limits { world_size: 3, eager_limit: 1024, chunk: 64 << 10, max_message: 1 << 30 };
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn both_ends_at_once_through_one_proxy(
+            sizes in proptest::collection::vec(1usize..300_000, 1..12),
+            schedule in proptest::collection::vec((0u32..3, 0u32..3, 1usize..40, any::<bool>()), 1..400),
+        ) {
+            let net = Arc::new(Mutex::new(Net::default()));
+            let ways = [
+                vec![Way::None, Way::Direct, Way::Direct],
+                vec![Way::Direct, Way::None, Way::Via(0)],
+                vec![Way::Direct, Way::Via(0), Way::None],
+            ];
+            let mut ranks: Vec<(Relayed, Arc<Mutex<Vec<(Rank, usize)>>>, Engine)> = (0..3u32)
+                .map(|me| {
+                    let deliver = Arc::new(Mutex::new(Vec::new()));
+                    let port = Port { me, net: net.clone(), deliver: deliver.clone() };
+                    (Relayed::new(me, Box::new(port), ways[me as usize].clone(), 32 << 10, LIMITS), deliver, Engine::default())
+                })
+                .collect();
+            // Each end sends every message, a small frame (tag = message) then its data, at the
+            // schedule's steps that say so (the rest at the end), between deliveries.
+            let mut next = [0usize; 3];
+            let send = |ranks: &mut Vec<(Relayed, Arc<Mutex<Vec<(Rank, usize)>>>, Engine)>, me: u32, i: usize| {
+                let (peer, tag, len) = (3 - me, i as u64, sizes[i]);
+                let small = Header { src: me, tag, len: 8, ..Header::new(Kind::Eager) };
+                ranks[me as usize].0.send(peer, small, Bytes::from(vec![tag as u8; 8]));
+                let data = Header { src: me, seq: tag, len: len as u32, ..Header::new(Kind::Data) };
+                ranks[me as usize].0.send(peer, data, Bytes::from(vec![me as u8 ^ tag as u8; len]));
+            };
+            let steps = schedule.into_iter().chain((0..10_000).map(|i| (i % 3, (i / 3) % 3, 1000, true)));
+            for (at, from, count, send_next) in steps {
+                let (at, from) = (at as usize, from as usize);
+                if send_next && at > 0 && next[at] < sizes.len() {
+                    send(&mut ranks, at as u32, next[at]);
+                    next[at] += 1;
+                }
+                if from != at {
+                    ranks[at].1.lock().unwrap().push((from as Rank, count));
+                }
+                let (relayed, _, engine) = &mut ranks[at];
+                relayed.progress(engine);
+                let n = net.lock().unwrap();
+                prop_assert!(n.disconnected.is_empty(), "disconnected: {:?}", n.disconnected);
+                if next[1..].iter().all(|&k| k == sizes.len())
+                    && n.links.values().all(VecDeque::is_empty)
+                    && ranks.iter().all(|r| !r.0.has_queued_output())
+                {
+                    break;
+                }
+            }
+            for me in [1u32, 2] {
+                let peer = 3 - me;
+                let e = &ranks[me as usize].2;
+                let want: Vec<_> = (0..sizes.len() as u64).map(|t| (peer, t)).collect();
+                prop_assert_eq!(&e.eager, &want);
+                for (i, &len) in sizes.iter().enumerate() {
+                    let got = &e.data[&(peer, i as u64)];
+                    prop_assert!(got.len() == len && got.iter().all(|&b| b == peer as u8 ^ i as u8));
+                }
+            }
+            prop_assert_eq!(ranks[0].0.ledger.total(), 0);
+        }
     }
 }
