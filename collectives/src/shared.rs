@@ -1273,6 +1273,9 @@ mod tests {
         for (n, words_per_call, free) in
             [(2usize, 2, SLOTS), (3, 2, SLOTS), (5, 2, SLOTS), (2, 8, AREAS), (3, 8, AREAS)]
         {
+            // The receivers start reading once the root has made its calls (a sleep would not
+            // do on a loaded machine, where the root's thread may be off the CPU longer).
+            let made = Arc::new(std::sync::Barrier::new(n));
             on_ranks(n, move |me, b| {
                 let mut q = Queue::default();
                 let calls = 3 * free;
@@ -1283,7 +1286,7 @@ mod tests {
                     let root = (round as usize) % n;
                     if me != root {
                         // Late: the root makes its calls before anyone reads.
-                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        made.wait();
                     }
                     let mut pending = Vec::new();
                     let mut made_done = 0;
@@ -1304,6 +1307,7 @@ mod tests {
                         }
                     }
                     if me == root {
+                        made.wait();
                         assert!(
                             made_done <= free as usize,
                             "n={n} len={len}: {made_done} calls overwrote slots in use"

@@ -134,6 +134,15 @@ mod tests {
         (a, l.accept().unwrap().0)
     }
 
+    /// Waits until `fd` is readable (data or end arrived; loopback delivery may be deferred to
+    /// a kernel thread on a loaded machine), without reading it.
+    fn arrived(fd: RawFd) {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, 60_000) };
+        assert_eq!(n, 1, "nothing arrived on fd {fd} within a minute");
+    }
+
     fn noop() -> Context<'static> {
         Context::from_waker(std::task::Waker::noop())
     }
@@ -150,7 +159,7 @@ mod tests {
 
         // Not armed: data arriving rings nothing.
         a.write_all(b"x").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        arrived(b.as_raw_fd());
         assert_eq!(bell.take_fired(), 0);
 
         // Armed while data waits: rings at once, once.
@@ -158,14 +167,16 @@ mod tests {
         bell.arm(1, d.as_raw_fd(), false).unwrap();
         assert_eq!(bell.take_fired(), 1);
         assert_eq!(bell.armed, [0, events(false)]);
+        let mut x = [0u8; 1];
+        (&b).read_exact(&mut x).unwrap();
         a.write_all(b"y").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        arrived(b.as_raw_fd());
         assert_eq!(bell.take_fired(), 0, "fired twice for one arming");
 
         // The armed, idle one rings when its data comes; arming it again costs nothing.
         bell.arm(1, d.as_raw_fd(), false).unwrap();
         c.write_all(b"z").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        arrived(d.as_raw_fd());
         assert!(rt.block_on(std::future::poll_fn(|cx| Poll::Ready(bell.poll_fired(cx)))).is_ready());
         assert_eq!(bell.armed, [0, 0]);
 
@@ -182,7 +193,7 @@ mod tests {
         bell.arm(1, d.as_raw_fd(), false).unwrap();
         assert_eq!(bell.take_fired(), 0);
         drop(c);
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        arrived(d.as_raw_fd());
         assert_eq!(bell.take_fired(), 1);
     }
 }
