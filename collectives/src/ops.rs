@@ -152,8 +152,9 @@ pub fn bcast(
 pub const PIPELINE_MAX_SEGMENTS: u32 = 1024;
 
 /// How many rounds ahead a pipelined broadcast's receives are posted
-/// ([`Machine::with_lookahead`]): every segment of a default-table call (up to
-/// [`crate::Table::bcast_large`]), so that each lands in its own buffer as it comes.
+/// ([`Machine::with_lookahead`]): every segment of a default-table call (two, see
+/// [`crate::Table::bcast_chain_segments`]) and of a pinned chain in up to 64 segments, so that
+/// each lands in its own buffer as it comes.
 pub const PIPELINE_LOOKAHEAD: usize = 64;
 
 /// How many segments a pipelined broadcast of `len` bytes cuts its data into: pieces of at most

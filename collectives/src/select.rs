@@ -256,7 +256,9 @@ pub struct Call {
 /// The selection table: size thresholds plus per-operation overrides.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Table {
-    /// Broadcast switches from binomial to scatter + all-gather at this size (with >= 4 ranks).
+    /// Broadcast switches from binomial to scatter + all-gather at this size (with >= 4 ranks),
+    /// where the members are not known to span hosts (across hosts the pipelined chain takes
+    /// every size from [`Table::bcast_pipeline`]: see [`crate::plan::choose`]).
     pub bcast_large: usize,
     /// Across hosts (not every member on this one), broadcast switches from binomial to the
     /// pipelined chain ([`Algorithm::Pipeline`]) at this size, at every larger size (with >= 3

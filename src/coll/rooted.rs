@@ -163,7 +163,9 @@ impl Comm {
         } else {
             let m = match (alg, len) {
                 (Algorithm::Pipeline, Some(len)) => {
-                    let segments = ops::pipeline_segments(len, self.collective_table().bcast_segment_for(len));
+                    // No segment above the largest message a peer takes.
+                    let segment = self.collective_table().bcast_segment_for(len).min(self.settings().max_message);
+                    let segments = ops::pipeline_segments(len, segment);
                     ops::bcast_pipeline(r, n, root, data, segments, elem)
                         .map(|m| m.with_segment_lens(len, segments, elem).with_lookahead(ops::PIPELINE_LOOKAHEAD))
                 }
