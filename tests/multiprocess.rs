@@ -282,6 +282,21 @@ fn hierarchical_collectives_across_pretend_hosts() {
     }
 }
 
+/// Processes each posing as a host of its own (`FERROCOMM_HOST_ID`) over TCP, as
+/// `ferrocomm-bench hosts` runs them: broadcasts from 256 KiB up, beyond scatter + all-gather's
+/// size too, take the pipelined chain in two segments (each above the eager limit, its receive
+/// posted ahead), with correct results from every root on a chain of even and odd length; every
+/// other operation with the default table as well.
+#[test]
+fn pipelined_broadcast_across_pretend_hosts() {
+    let _machine = sharing_the_machine();
+    for n in [4, 5] {
+        let (code, text, _) = launch(n, "apart", "uring");
+        assert_eq!(code, Some(0), "{n} ranks:\n{text}");
+        assert!((0..n).all(|r| said(&text, r, "RANK-OK apart")), "{n} ranks:\n{text}");
+    }
+}
+
 /// A rank killed with SIGKILL in the middle of an RDMA transfer, for each rendezvous protocol
 /// (RDMA write with the rings, RDMA read with the shared receive queue).
 #[cfg(feature = "verbs")]
@@ -340,6 +355,11 @@ fn rank_process() {
             let rank: u32 = std::env::var("FERROCOMM_RANK").unwrap().parse().unwrap();
             // SAFETY: set before any other thread of this process reads the environment.
             unsafe { std::env::set_var("FERROCOMM_HOST_ID", format!("pretend-host-{}", rank / 2)) };
+        }
+        if scenario == "apart" {
+            let rank: u32 = std::env::var("FERROCOMM_RANK").unwrap().parse().unwrap();
+            // SAFETY: set before any other thread of this process reads the environment.
+            unsafe { std::env::set_var("FERROCOMM_HOST_ID", format!("apart-host-{rank}")) };
         }
         let w = ferrocomm::init_with(settings).await.unwrap();
         match scenario.as_str() {
@@ -469,6 +489,28 @@ fn rank_process() {
                 assert_eq!(w.collective_algorithm(Operation::Bcast, 8), Algorithm::Multicast);
                 coll::operations(&w, &coll::TABLE_COUNTS, "hierarchical").await;
                 println!("RANK-OK hierarchical");
+                w.finalize().await.unwrap();
+            }
+            "apart" => {
+                let (r, n) = (w.rank(), w.size());
+                let table = w.collective_table().clone();
+                let at = table.bcast_pipeline;
+                assert_eq!(w.collective_algorithm(Operation::Bcast, at - 8), Algorithm::Binomial);
+                for bytes in [at, 1 << 20, table.bcast_large, 8 << 20] {
+                    assert_eq!(w.collective_algorithm(Operation::Bcast, bytes), Algorithm::Pipeline, "{bytes} B");
+                }
+                // u64 counts either side of the chain's size, across the switch of its segment
+                // (two of half the data) and past scatter + all-gather's size, one odd.
+                let counts = [at / 8 - 1, at / 8, (1 << 20) / 8, table.bcast_large / 8 + 1, 300_001];
+                for count in counts {
+                    for root in [0, n / 2, n - 1] {
+                        let mut buf = if r == root { coll::input(root, count) } else { vec![0u64; count] };
+                        w.broadcast(root, &mut buf).await.unwrap();
+                        assert!(buf == coll::input(root, count), "apart n={n} root={root} count={count} rank {r}");
+                    }
+                }
+                coll::operations(&w, &coll::TABLE_COUNTS, "apart").await;
+                println!("RANK-OK apart");
                 w.finalize().await.unwrap();
             }
             "ring" => {

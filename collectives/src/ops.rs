@@ -151,6 +151,12 @@ pub fn bcast(
 /// The most segments a pipelined broadcast cuts its data into (round numbers stay small).
 pub const PIPELINE_MAX_SEGMENTS: u32 = 1024;
 
+/// How many rounds ahead a pipelined broadcast's receives are posted
+/// ([`Machine::with_lookahead`]): every segment of a default-table call (two, see
+/// [`crate::Table::bcast_chain_segments`]) and of a pinned chain in up to 64 segments, so that
+/// each lands in its own buffer as it comes.
+pub const PIPELINE_LOOKAHEAD: usize = 64;
+
 /// How many segments a pipelined broadcast of `len` bytes cuts its data into: pieces of at most
 /// `segment` bytes (but no more than [`PIPELINE_MAX_SEGMENTS`]), at least one.
 pub fn pipeline_segments(len: usize, segment: usize) -> u32 {

@@ -143,7 +143,7 @@ pub fn choose(call: Call, topology: &impl Topology, table: &Table) -> Algorithm 
     if op == Operation::Bcast
         && pinned.is_none()
         && ranks >= 3
-        && (table.bcast_pipeline..table.bcast_large).contains(&bytes)
+        && bytes >= table.bcast_pipeline
         && !topology.on_one_host()
     {
         return Algorithm::Pipeline;
@@ -328,14 +328,18 @@ mod tests {
     fn otherwise_the_table_decides() {
         let t = Table::default();
         let apart = Facts { hosts: Some(false), ..Facts::default() };
-        assert_eq!(choose(call(Operation::Bcast, 8, t.bcast_large), &apart, &t), Algorithm::ScatterAllgather);
-        // Across hosts, the pipelined chain from its size up to scatter + all-gather's, on 3 or
-        // more ranks (a chain of 2 is binomial's single message); not on one host, nor pinned.
+        // Across hosts, the pipelined chain from its size up, past scatter + all-gather's (which
+        // the table keeps where the members' places are not known), on 3 or more ranks (a chain
+        // of 2 is binomial's single message); not on one host, nor pinned.
         let at = t.bcast_pipeline;
         assert_eq!(choose(call(Operation::Bcast, 8, at - 1), &apart, &t), Algorithm::Binomial);
         assert_eq!(choose(call(Operation::Bcast, 3, at), &apart, &t), Algorithm::Pipeline);
         assert_eq!(choose(call(Operation::Bcast, 8, t.bcast_large - 1), &apart, &t), Algorithm::Pipeline);
+        assert_eq!(choose(call(Operation::Bcast, 4, t.bcast_large), &apart, &t), Algorithm::Pipeline);
+        assert_eq!(choose(call(Operation::Bcast, 8, 64 << 20), &apart, &t), Algorithm::Pipeline);
+        assert_eq!(t.choose(call(Operation::Bcast, 8, t.bcast_large)), Algorithm::ScatterAllgather);
         assert_eq!(choose(call(Operation::Bcast, 2, at), &apart, &t), Algorithm::Binomial);
+        assert_eq!(choose(call(Operation::Bcast, 2, 64 << 20), &apart, &t), Algorithm::Binomial);
         let sleepy_host = Facts { on_one_host: true, all_busy: false, ..HOST };
         assert_eq!(choose(call(Operation::Bcast, 8, at), &sleepy_host, &t), Algorithm::Binomial);
         assert_eq!(choose(call(Operation::Bcast, 8, at), &apart, &pinned("bcast=binomial")), Algorithm::Binomial);

@@ -234,6 +234,15 @@ pub struct Machine {
     block_len: Option<BlockLen>,
     /// Where a buffer to fill comes from (see [`Machine::with_alloc`]).
     alloc: Option<Alloc>,
+    /// How many rounds past the current one may have their receives posted early (see
+    /// [`Machine::with_lookahead`]); 0: none.
+    lookahead: usize,
+    /// The index of the first round whose receives have not been asked for yet (rounds between
+    /// the current one and this one were posted ahead).
+    posted_to: usize,
+    /// Messages of rounds posted ahead that came before their round started:
+    /// `(round index, from, data)`.
+    early: Vec<(usize, u32, Bytes)>,
 }
 
 /// A source of buffers of a given length (contents unspecified) for a [`Machine`] that must copy
@@ -256,6 +265,9 @@ impl Machine {
             spare: Vec::new(),
             block_len: None,
             alloc: None,
+            lookahead: 0,
+            posted_to: 0,
+            early: Vec::new(),
         };
         m.advance();
         m
@@ -295,6 +307,22 @@ impl Machine {
     /// call, which costs more than the reduction itself.
     pub fn with_alloc(mut self, alloc: Alloc) -> Machine {
         self.alloc = Some(alloc);
+        self
+    }
+
+    /// Asks for the receives of up to `rounds` rounds past the current one at once, where every
+    /// receive of those rounds is a bare block of a known length ([`Machine::with_block_len`] or
+    /// [`Machine::with_segment_lens`], given before this): a message that comes before its
+    /// round starts is kept and applied when the round does, in the schedule's order as always.
+    ///
+    /// Why: a receive posted only once the previous round is done is often late where senders
+    /// run ahead (the root of a pipelined chain sends every segment at once). A late message
+    /// waits as an unexpected one, which costs a copy; one above the eager limit, pushed behind
+    /// its announcement over TCP, is dropped and sent again. Posted ahead, each lands in its
+    /// own buffer as it comes. Memory: the posted buffers are blocks this rank receives anyway.
+    pub fn with_lookahead(mut self, rounds: usize) -> Machine {
+        self.lookahead = rounds;
+        self.post_ahead();
         self
     }
 
@@ -345,7 +373,7 @@ impl Machine {
         }
         let Some(cur) = self.current_round() else { return Err(CollError::Unexpected { from, round }) };
         if cur.number != round {
-            return Err(CollError::Unexpected { from, round });
+            return self.keep_early(from, round, part, data);
         }
         // At most one message per peer and round: the step is found by its source.
         let slot = (cur.steps.iter())
@@ -357,16 +385,7 @@ impl Machine {
         };
         match &mut self.arrived[slot] {
             None if part == 0 && bare.is_some() => {
-                let blocks = match bare.flatten() {
-                    Some(id) => {
-                        if self.block_len.is_some_and(|l| l.of(id) != data.len()) {
-                            return Err(CollError::Malformed { from, why: "block length differs from the call's" });
-                        }
-                        vec![(id, data)]
-                    }
-                    None if data.is_empty() => Vec::new(),
-                    None => return Err(CollError::Malformed { from, why: "a signal with a payload" }),
-                };
+                let blocks = self.bare_blocks(from, bare.flatten(), data)?;
                 self.arrived[slot] = Some(Arrival { blocks, detached: Vec::new(), waiting: 0, posted: 0 });
             }
             // The header: its detached blocks follow as messages of their own.
@@ -391,8 +410,103 @@ impl Machine {
         if self.missing == 0 {
             self.apply_round()?;
             self.advance();
+            self.take_early()?;
         }
         Ok(())
+    }
+
+    /// The blocks a bare message brings: block `id`, of the call's length for it, or nothing
+    /// (a signal).
+    fn bare_blocks(&self, from: u32, id: Option<u32>, data: Bytes) -> Result<Vec<(u32, Bytes)>, CollError> {
+        match id {
+            Some(id) => {
+                if self.block_len.is_some_and(|l| l.of(id) != data.len()) {
+                    return Err(CollError::Malformed { from, why: "block length differs from the call's" });
+                }
+                Ok(vec![(id, data)])
+            }
+            None if data.is_empty() => Ok(Vec::new()),
+            None => Err(CollError::Malformed { from, why: "a signal with a payload" }),
+        }
+    }
+
+    /// A message of a round after the current one: kept if that round's receives were posted
+    /// ahead and it is the one expected from `from` there (checked as it would be in its round).
+    fn keep_early(&mut self, from: u32, round: u32, part: u32, data: Bytes) -> Result<(), CollError> {
+        let unexpected = CollError::Unexpected { from, round };
+        let ahead = self.current.map_or(0, |c| c + 1)..self.posted_to;
+        let Some(index) = ahead.clone().find(|&i| self.schedule.rounds[i].number == round) else {
+            return Err(unexpected);
+        };
+        let id = match bare_recv(&self.schedule.rounds[index], from) {
+            Some(id) if part == 0 => id,
+            _ => return Err(unexpected),
+        };
+        if self.early.iter().any(|&(i, f, _)| i == index && f == from) {
+            return Err(unexpected);
+        }
+        self.bare_blocks(from, id, data.clone())?;
+        self.early.push((index, from, data));
+        Ok(())
+    }
+
+    /// Applies the messages of the current round that came before it started, round after
+    /// round while that completes them.
+    fn take_early(&mut self) -> Result<(), CollError> {
+        while let Some(index) = self.current {
+            if !self.early.iter().any(|e| e.0 == index) {
+                return Ok(());
+            }
+            let schedule = self.schedule.clone();
+            let steps = &schedule.rounds[index].steps;
+            let mut i = 0;
+            while i < self.early.len() {
+                if self.early[i].0 != index {
+                    i += 1;
+                    continue;
+                }
+                let (_, from, data) = self.early.swap_remove(i);
+                let slot = (steps.iter())
+                    .position(|s| matches!(s, Step::Recv { from: f, .. } if *f == from))
+                    .expect("kept only for a receive of its round");
+                let id = bare_recv(&schedule.rounds[index], from).expect("kept only for a bare receive");
+                let blocks = self.bare_blocks(from, id, data)?;
+                self.arrived[slot] = Some(Arrival { blocks, detached: Vec::new(), waiting: 0, posted: 0 });
+                self.missing -= 1;
+            }
+            if self.missing > 0 {
+                return Ok(());
+            }
+            self.apply_round()?;
+            self.advance();
+        }
+        Ok(())
+    }
+
+    /// Asks for the receives of the rounds after the current one, up to the lookahead, as long
+    /// as each is a bare block of a known length.
+    fn post_ahead(&mut self) {
+        let Some(lengths) = self.block_len.filter(|_| self.lookahead > 0) else { return };
+        let schedule = &*self.schedule;
+        let end = (self.next + self.lookahead).min(schedule.rounds.len());
+        let mut at = self.posted_to.max(self.next);
+        while at < end {
+            let round = &schedule.rounds[at];
+            let recvs = round.steps.iter().filter_map(|s| match s {
+                Step::Recv { from, form: Form::Bare(id), .. } => Some(Some((*from, *id))),
+                Step::Recv { .. } => Some(None),
+                Step::Send { .. } => None,
+            });
+            if recvs.clone().any(|r| r.is_none()) {
+                break;
+            }
+            for (from, id) in recvs.flatten() {
+                let len = id.map_or(0, |id| lengths.of(id));
+                self.actions.push_back(Action::Recv { from, round: round.number, part: 0, len: Some(len) });
+            }
+            at += 1;
+        }
+        self.posted_to = at;
     }
 
     fn apply_round(&mut self) -> Result<(), CollError> {
@@ -501,6 +615,8 @@ impl Machine {
                     self.actions.push_back(Action::Send { to: *to, round: round.number, data });
                 }
             }
+            // Receives of a round posted ahead were asked for already.
+            let posted = self.next <= self.posted_to;
             let mut recvs = 0;
             for step in &round.steps {
                 let Step::Recv { from, form, .. } = step else { continue };
@@ -509,7 +625,9 @@ impl Machine {
                     Form::Bare(None) => Some(0),
                     Form::Framed => None,
                 };
-                self.actions.push_back(Action::Recv { from: *from, round: round.number, part: 0, len });
+                if !posted {
+                    self.actions.push_back(Action::Recv { from: *from, round: round.number, part: 0, len });
+                }
                 recvs += 1;
             }
             if recvs == 0 {
@@ -519,9 +637,18 @@ impl Machine {
             self.arrived.resize_with(round.steps.len(), || None);
             self.missing = recvs;
             self.current = Some(self.next - 1);
+            self.post_ahead();
             return;
         }
     }
+}
+
+/// The block of the bare receive from `from` in round `r` (`Some(None)`: a signal), if there is one.
+fn bare_recv(r: &Round, from: u32) -> Option<Option<u32>> {
+    r.steps.iter().find_map(|s| match s {
+        Step::Recv { from: f, form: Form::Bare(id), .. } if *f == from => Some(*id),
+        _ => None,
+    })
 }
 
 /// The block the receive from `from` in round `r` carries, if it is a bare one.
@@ -860,6 +987,52 @@ mod tests {
         let odd = Bytes::from_static(&[9, 9, 9]);
         let r = m.deliver(1, 0, 0, encode([(7, &odd), (7, &odd)].into_iter()));
         assert!(matches!(r, Err(CollError::Malformed { from: 1, .. })), "{r:?}");
+    }
+
+    /// Receives posted ahead: every round's bare receive is asked for at once (up to the
+    /// lookahead), a message of a later round is kept until its round starts and then applied,
+    /// one that came twice, of a round not posted ahead, or of the wrong length is refused.
+    #[test]
+    fn receives_posted_ahead_keep_early_messages() {
+        // Rank 1 of a chain 0 -> 1 -> 2: block r comes in round r and goes on in round r + 1.
+        let mut recv = Schedule::new();
+        for round in 0..5 {
+            if round > 0 {
+                recv.send_bare(round, 2, Some(round - 1));
+            }
+            if round < 4 {
+                recv.recv_bare(round, 0, Some(round), Apply::Store);
+            }
+        }
+        let lengths = |m: Machine| m.with_segment_lens(8, 4, 1);
+        let asked = |m: &mut Machine| std::iter::from_fn(|| m.poll_action()).collect::<Vec<_>>();
+        let recv_of = |round| Action::Recv { from: 0, round, part: 0, len: Some(2) };
+        let block = |id: u8| Bytes::from(vec![id; 2]);
+
+        let mut m = lengths(Machine::new(recv.clone(), Blocks::new(), None)).with_lookahead(2);
+        assert_eq!(asked(&mut m), [recv_of(0), recv_of(1), recv_of(2)], "the current round and two ahead");
+        m.deliver(0, 2, 0, block(2)).unwrap();
+        assert!(m.deliver(0, 2, 0, block(2)).is_err(), "a message twice");
+        assert!(m.deliver(0, 3, 0, block(3)).is_err(), "a round not posted ahead");
+        assert!(matches!(m.deliver(0, 1, 0, block(1).slice(..1)), Err(CollError::Malformed { .. })));
+        m.deliver(0, 1, 0, block(1)).unwrap();
+        assert_eq!(asked(&mut m), [], "round 0 still waits: nothing sent");
+        m.deliver(0, 0, 0, block(0)).unwrap();
+        // Rounds 0, 1 and 2 complete at once: round 3's receive is asked for as round 1 starts
+        // (two ahead), and the blocks go on in order.
+        let send = |round, id| Action::Send { to: 2, round, data: block(id) };
+        assert_eq!(asked(&mut m), [send(1, 0), recv_of(3), send(2, 1), send(3, 2)]);
+        assert_eq!(m.round(), Some(3));
+        m.deliver(0, 3, 0, block(3)).unwrap();
+        assert_eq!(asked(&mut m), [send(4, 3)]);
+        assert!(m.is_done());
+        assert_eq!(m.blocks().len(), 4);
+
+        // Without the lengths nothing is posted ahead (a framed or unknown block could not be
+        // received into its own buffer).
+        let mut m = Machine::new(recv, Blocks::new(), None).with_lookahead(8);
+        assert_eq!(asked(&mut m), [Action::Recv { from: 0, round: 0, part: 0, len: None }]);
+        assert!(m.deliver(0, 1, 0, block(1)).is_err());
     }
 
     #[test]

@@ -256,20 +256,30 @@ pub struct Call {
 /// The selection table: size thresholds plus per-operation overrides.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Table {
-    /// Broadcast switches from binomial to scatter + all-gather at this size (with >= 4 ranks).
+    /// Broadcast switches from binomial to scatter + all-gather at this size (with >= 4 ranks),
+    /// where the members are not known to span hosts (across hosts the pipelined chain takes
+    /// every size from [`Table::bcast_pipeline`]: see [`crate::plan::choose`]).
     pub bcast_large: usize,
     /// Across hosts (not every member on this one), broadcast switches from binomial to the
-    /// pipelined chain ([`Algorithm::Pipeline`]) at this size, up to [`Table::bcast_large`]
-    /// (with >= 3 ranks; see [`crate::plan::choose`]). With 4 ranks on 2 CPUs, each a host of its
-    /// own over TCP (`ferrocomm-bench hosts --no-peer --ops bcast --sizes 256K,512K,1M,2M,4M`,
-    /// pinning `bcast=pipeline` and `bcast=binomial` in turn, medians of 5, loaded), the chain in
-    /// 64 KiB segments took 0.84x binomial's time at 256 KiB, 0.75x at 512 KiB, 0.63-0.90x at
-    /// 1 MiB, but 1.4x at 2 MiB and 2.0x at 4 MiB: every segment passes between ranks that take
-    /// turns on a CPU, and with many segments that hand-over costs more than the overlap gains.
+    /// pipelined chain ([`Algorithm::Pipeline`]) at this size, at every larger size (with >= 3
+    /// ranks; see [`crate::plan::choose`]), in [`Table::bcast_chain_segments`] segments. With 4
+    /// ranks on 2 CPUs, each a host of its own over TCP, against Open MPI's TCP BTL in the same
+    /// invocation (`ferrocomm-bench hosts --ops bcast --sizes 256K,512K,1M,2M,4M` pinning
+    /// `bcast=pipeline` at several segment sizes, and `bcast=binomial`; 3 invocations of 3 runs,
+    /// loaded): the chain in one or two segments took 1.06-1.25x Open MPI's time at 1 MiB,
+    /// 1.17-1.53x at 2 MiB and 1.26-1.54x at 4 MiB, where 64 KiB segments took 1.26-1.40x,
+    /// 1.70-2.45x and 2.20-2.63x, binomial 1.18-2.10x, 1.36-2.08x and 1.43-1.75x, and scatter +
+    /// all-gather 3.2-4.0x at 1 MiB. Every segment passes between ranks that take turns on a
+    /// CPU, so on such a host many segments cost more hand-overs than their overlap gains; Open
+    /// MPI's own table takes an unsegmented chain for 4 to 7 ranks from 1 MiB.
     pub bcast_pipeline: usize,
-    /// The pipelined chain's segment: the data goes in pieces of at most this many bytes (64 KiB,
-    /// the TCP eager limit: larger segments go by rendezvous, and took 1.6-2.6x as long at 1 MiB).
+    /// The pipelined chain's smallest segment (see [`Table::bcast_segment_for`]).
     pub bcast_segment: usize,
+    /// How many segments the pipelined chain cuts a broadcast into, each at least
+    /// [`Table::bcast_segment`] long (see [`Table::bcast_segment_for`]). Segments above the
+    /// eager limit go by rendezvous; their receives are posted ahead
+    /// ([`crate::schedule::Machine::with_lookahead`]), so each lands in place as it comes.
+    pub bcast_chain_segments: u32,
     /// All-reduce switches from recursive doubling to Rabenseifner at this size.
     pub allreduce_large: usize,
     /// ... and from Rabenseifner to the ring at this size.
@@ -379,6 +389,7 @@ impl Default for Table {
             bcast_large: 2 << 20,
             bcast_pipeline: 256 << 10,
             bcast_segment: 64 << 10,
+            bcast_chain_segments: 2,
             allreduce_large: 64 << 10,
             allreduce_ring: 2 << 20,
             allgather_large: 64 << 10,
@@ -449,6 +460,12 @@ impl Table {
             Operation::ReduceScatter | Operation::Scan => self.single_copy_scan_min,
             _ => usize::MAX,
         }
+    }
+
+    /// The pipelined chain's segment for a broadcast of `bytes`: [`Table::bcast_chain_segments`]
+    /// pieces, but none shorter than [`Table::bcast_segment`].
+    pub fn bcast_segment_for(&self, bytes: usize) -> usize {
+        bytes.div_ceil(self.bcast_chain_segments.max(1) as usize).max(self.bcast_segment).max(1)
     }
 
     /// The algorithm for a call: the override if it can serve the call, else the table's choice.
@@ -525,6 +542,21 @@ mod tests {
         assert_eq!(t.choose(c(Operation::Bcast, 1 << 20)), Algorithm::Binomial);
         assert_eq!(t.choose(c(Operation::Bcast, 4 << 20)), Algorithm::ScatterAllgather);
         assert!(Table::default().with_overrides("bcast=pipeline").is_ok());
+        // The chain's segment: two pieces, none below the smallest segment; the switch from the
+        // smallest segment to half the data is at twice the smallest.
+        let min = t.bcast_segment;
+        assert_eq!((min, t.bcast_chain_segments), (64 << 10, 2));
+        assert_eq!(t.bcast_segment_for(0), min);
+        assert_eq!(t.bcast_segment_for(8), min);
+        assert_eq!(t.bcast_segment_for(2 * min), min);
+        assert_eq!(t.bcast_segment_for(2 * min + 2), min + 1);
+        assert_eq!(t.bcast_segment_for(t.bcast_pipeline), t.bcast_pipeline / 2);
+        assert_eq!(t.bcast_segment_for(1 << 20), 512 << 10);
+        assert_eq!(t.bcast_segment_for((4 << 20) + 1), (2 << 20) + 1);
+        let one = Table { bcast_chain_segments: 1, ..Table::default() };
+        assert_eq!(one.bcast_segment_for(1 << 20), 1 << 20);
+        let none = Table { bcast_chain_segments: 0, bcast_segment: 0, ..Table::default() };
+        assert_eq!((none.bcast_segment_for(0), none.bcast_segment_for(5)), (1, 5));
         assert!(Table::default().with_overrides("allreduce=pipeline").is_err());
         assert_eq!(t.choose(c(Operation::Alltoall, 8)), Algorithm::Bruck);
         assert_eq!(t.choose(c(Operation::Alltoall, 4096)), Algorithm::Bruck);

@@ -106,23 +106,29 @@ fn bcast_all_algorithms() {
 
 /// The pipelined chain: every rank count, roots at both ends and the middle, sizes from empty to
 /// many segments, segment sizes from one element to more than the data, each segment received
-/// with the length every rank computes; round counts within the formula's.
+/// with the length every rank computes, its receives posted round by round or ahead (none, a few
+/// and more rounds than the call has); round counts within the formula's.
 #[test]
 fn bcast_pipeline_segments() {
     for n in RANKS {
         for root in [0, n / 2, n - 1] {
             for count in COUNTS {
-                for segment in [8, 24, 64, 1 << 20] {
+                for (segment, lookahead) in
+                    [(8, 0), (8, 3), (24, 0), (24, ops::PIPELINE_LOOKAHEAD), (64, 1), (1 << 20, 2)]
+                {
                     let data = bytes_of(&input(root, count));
                     let k = ops::pipeline_segments(data.len(), segment);
                     let ms = (0..n).map(|r| {
                         let m = ops::bcast_pipeline(r, n, root, (r == root).then(|| data.clone()), k, 8).unwrap();
-                        m.with_segment_lens(data.len(), k, 8)
+                        m.with_segment_lens(data.len(), k, 8).with_lookahead(lookahead)
                     });
                     let out = run(ms.collect(), seed(n, count, Algorithm::Pipeline) + segment as u64);
                     for (r, b) in out.blocks.iter().enumerate() {
                         let got = ops::bcast_result(b, n, Algorithm::Pipeline).unwrap();
-                        assert_eq!(got, data, "pipeline n={n} root={root} count={count} segment={segment} rank {r}");
+                        assert_eq!(
+                            got, data,
+                            "pipeline n={n} root={root} count={count} segment={segment} lookahead={lookahead} rank {r}"
+                        );
                     }
                     // Lock-step rounds; the causal chain can be shorter (the root sends ahead).
                     assert!(out.rounds <= rounds::pipeline(n, k), "pipeline rounds n={n} segments={k}");

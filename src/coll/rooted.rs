@@ -86,10 +86,13 @@ impl Comm {
         let run = direct.is_none().then(|| {
             let pool = self.coll().pool.clone();
             let data = (me == root).then(|| pool.copy(buf));
-            (self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)), pool)
+            // The root's copy, whole: the algorithm may cut it into pieces, which cannot go back
+            // to the pool one by one.
+            let whole = data.clone();
+            (self.bcast_with(root, data, alg, size_of::<T>(), Some(bytes)), pool, whole)
         });
         obs.wrap(Collective::boxed(async move {
-            let Some((run, pool)) = run else {
+            let Some((run, pool, whole)) = run else {
                 let call = direct.expect("one of the two")?;
                 return Box::pin(bcast_single_copy(call, root, me, bytemuck::cast_slice_mut(buf))).await;
             };
@@ -97,8 +100,12 @@ impl Comm {
             if me != root {
                 copy_parts(buf, &parts)?;
             }
-            // The received (or sent) buffers serve the next large calls.
+            // The received (or sent) buffers serve the next large calls: without this, a root
+            // whose data went in pieces took (and zeroed) a fresh buffer for its copy every call.
             parts.into_iter().filter_map(|b| b.try_into_mut().ok()).for_each(|b| pool.give(b));
+            if let Some(Ok(b)) = whole.map(Bytes::try_into_mut) {
+                pool.give(b);
+            }
             Ok(())
         }))
     }
@@ -156,9 +163,11 @@ impl Comm {
         } else {
             let m = match (alg, len) {
                 (Algorithm::Pipeline, Some(len)) => {
-                    let segments = ops::pipeline_segments(len, self.collective_table().bcast_segment);
+                    // No segment above the largest message a peer takes.
+                    let segment = self.collective_table().bcast_segment_for(len).min(self.settings().max_message);
+                    let segments = ops::pipeline_segments(len, segment);
                     ops::bcast_pipeline(r, n, root, data, segments, elem)
-                        .map(|m| m.with_segment_lens(len, segments, elem))
+                        .map(|m| m.with_segment_lens(len, segments, elem).with_lookahead(ops::PIPELINE_LOOKAHEAD))
                 }
                 (_, len) => ops::bcast(r, n, root, alg, data, elem).map(|m| match len {
                     Some(len) => m.with_block_len(len),

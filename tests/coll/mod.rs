@@ -253,8 +253,19 @@ pub(crate) async fn every_algorithm(c: &Comm) {
         }
     }
     // The pipelined broadcast in many segments (3 elements each, and the most it cuts into).
-    let table = Table { bcast_segment: 24, ..Table::default() }.with_overrides("bcast=pipeline").unwrap();
+    let table = Table { bcast_segment: 24, bcast_chain_segments: u32::MAX, ..Table::default() }
+        .with_overrides("bcast=pipeline")
+        .unwrap();
     operations(&c.with_collective_table(table), &PINNED_COUNTS, "bcast=pipeline in segments").await;
+    // ... and in the default table's two segments, each above the 64 KiB eager limit (received
+    // into buffers posted ahead).
+    let chain = c.with_collective_table(Table::default().with_overrides("bcast=pipeline").unwrap());
+    let (r, n, count) = (c.rank(), c.size(), 40_000);
+    for root in [0, n - 1] {
+        let mut buf = if r == root { input(root, count) } else { vec![0u64; count] };
+        chain.broadcast(root, &mut buf).await.unwrap();
+        assert!(buf == input(root, count), "bcast=pipeline n={n} root={root} count={count} rank {r}");
+    }
     // The shared-memory board (where every rank shares this host; elsewhere the table decides).
     operations(&on_board(c), &BOARD_COUNTS, "board").await;
     // An all-gather into a buffer that the board splits into pieces (more than one rank's
