@@ -254,8 +254,13 @@ pub(super) async fn scan_direct(
 }
 
 /// From this many bytes a scan by single copy shares the combining out ([`scan_split`]); below,
-/// each rank combines the data of the ranks before it itself ([`scan_direct`]).
-pub(super) const SCAN_SPLIT_MIN: usize = 128 << 10;
+/// each rank combines the data of the ranks before it itself ([`scan_direct`]). Loaded, no LTO
+/// (`ferrocomm-bench collectives --ranks 2,4 --runs 5 --no-mpi --ops scan --max 4M`, two runs each
+/// way, us): on 4 ranks sharing took 1171/1651 at 512 KiB against 2499/2372, 7317/7474 at 2 MiB
+/// against 10734/14484, 14566/16608 at 4 MiB against 26920/28086; on 2 ranks 1862/2476 at 2 MiB
+/// against 3225/2885 and 5638/5454 at 4 MiB against 8491/8405; at 128 KiB neither won on either
+/// rank count (its extra step and second copy cost about what the shared combining saves).
+pub(super) const SCAN_SPLIT_MIN: usize = 256 << 10;
 
 /// A scan by single copy, its combining shared out by parts: every rank lends its data (`buf` in
 /// place for an inclusive scan, a copy the call keeps for an exclusive one) and a result buffer

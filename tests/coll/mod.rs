@@ -279,10 +279,10 @@ pub(crate) async fn every_algorithm(c: &Comm) {
     scans(&single_copy(c), &SCAN_COUNTS, "single-copy").await;
 }
 
-/// Element counts (u64) of scans by single copy: either side of 128 KiB, where the ranks share
+/// Element counts (u64) of scans by single copy: either side of 256 KiB, where the ranks share
 /// the combining out by parts, uneven parts, and parts above the 256 KiB piece of the reduction
 /// (on up to 4 ranks).
-pub(crate) const SCAN_COUNTS: [usize; 3] = [16_383, 16_385, 140_001];
+pub(crate) const SCAN_COUNTS: [usize; 3] = [32_767, 32_769, 140_001];
 
 /// Inclusive and exclusive scans at each count, with a sum and with a non-commutative operator
 /// (rank order must be kept), checked against the sequential reference.
