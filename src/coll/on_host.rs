@@ -332,7 +332,7 @@ fn prefixes(
     for start in (0..part_len).step_by(piece) {
         let end = (start + piece).min(part_len);
         let (here, slot) = (mine.start + start..mine.start + end, |o: usize| o * part_len + start..o * part_len + end);
-        for k in 0..n - excl {
+        for (k, theirs) in data.iter().enumerate().take(n - excl) {
             let o = k + excl;
             // The previous prefix (rank o - 1's) and where this one goes.
             let (prev, dst): (Option<&[u8]>, &mut [u8]) = if o == me {
@@ -347,7 +347,7 @@ fn prefixes(
                 (true, Some(own)) => dst.copy_from_slice(&own[here.clone()]),
                 // An inclusive scan's own data, in `out` where its prefix goes.
                 (true, None) => {}
-                (false, _) => call.read(k as Rank, &data[k], here.start, dst)?,
+                (false, _) => call.read(k as Rank, theirs, here.start, dst)?,
             }
             if let Some(prev) = prev {
                 op.apply(dst, prev, true);
