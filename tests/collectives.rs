@@ -103,6 +103,7 @@ async fn single_copy_by_default_for_large_calls_when_busy() {
             assert_eq!(w.collective_algorithm(Operation::Allreduce, large), want);
             assert_ne!(w.collective_algorithm(Operation::Allreduce, large - 8), Algorithm::SingleCopy);
             coll::operations(&w, &[40_000, 131_075], "default").await;
+            coll::scans(&w, &[40_000], "default").await;
             w.finalize().await.unwrap();
         })
         .await
@@ -138,6 +139,18 @@ async fn single_copy_by_default_for_large_calls_when_busy() {
             let withdrawn = matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. })));
             // The root reads rank 2's data and fails; rank 1 only waits for the root to be done.
             assert!(if r == 0 { withdrawn } else { e.is_ok() || withdrawn }, "{e:?}");
+        }
+        // A scan that shares its combining out by parts (320 KB): rank 1 drops its call with its
+        // data and its result buffer lent. Rank 2 reads its part of rank 1's data, then its
+        // result from rank 1's buffer, and fails; rank 0 reads only rank 1's data, maybe before
+        // the drop.
+        let mut v = coll::input(r, 40_000);
+        if r == 1 {
+            drop(c.scan(&mut v, ReduceOp::Sum));
+        } else {
+            let e = c.scan(&mut v, ReduceOp::Sum).timeout(ten).await;
+            let withdrawn = matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. })));
+            assert!(if r == 2 { withdrawn } else { e.is_ok() || withdrawn }, "{e:?}");
         }
         // Held unpolled while later calls on the board are awaited: they pass it (up to the
         // board's slots); polled, the held call completes.

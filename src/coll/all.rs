@@ -526,8 +526,16 @@ impl Comm {
             // The others read `buf` where it is (the future borrows it); the result goes in once
             // nobody reads it any more.
             let obs = self.observe(Operation::Scan, alg, bytes);
-            let call = self.lending(BoardOp::Allgather, Some(Lent::of(bytemuck::cast_slice(buf))), &[BoardOp::Barrier]);
             let (r, n, pool) = (self.rank(), self.size(), self.coll().pool.clone());
+            if bytes >= SCAN_SPLIT_MIN && n > 1 {
+                // The combining shared out by parts.
+                let call = self.lend_for_scan(buf, true);
+                let buf = bytemuck::cast_slice_mut(buf);
+                return obs.wrap(Collective::boxed(async move {
+                    scan_split(call?, buf, bytes, op.erase(), r, n, true, &pool).await
+                }));
+            }
+            let call = self.lending(BoardOp::Allgather, Some(Lent::of(bytemuck::cast_slice(buf))), &[BoardOp::Barrier]);
             let buf = bytemuck::cast_slice_mut(buf);
             return obs
                 .wrap(Collective::boxed(async move { scan_direct(call?, buf, op.erase(), r, n, true, &pool).await }));
@@ -555,11 +563,15 @@ impl Comm {
         let count = data.len();
         if check_op(&op).is_ok() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy) {
             let obs = self.observe(Operation::Scan, alg, bytes);
+            // Single copy: the combining shared out by parts from SCAN_SPLIT_MIN.
+            let split = bytes >= SCAN_SPLIT_MIN && n > 1;
             let call = if alg == Algorithm::SharedMemory {
                 let kind = BoardOp::Scan { op: op.erase(), inclusive: false };
                 Ok(self.board_future(kind, bytes, bytemuck::cast_slice(data), size_of::<T>()))
-            } else {
+            } else if split {
                 // The future does not borrow `data`: the call lends a pooled copy.
+                Err(self.lend_for_scan(data, false))
+            } else {
                 Err(self.lend(data, Lend::Copy))
             };
             let pool = self.coll().pool.clone();
@@ -574,7 +586,11 @@ impl Comm {
                     }
                     Err(call) => {
                         let dst = out.as_deref_mut().map(bytemuck::cast_slice_mut::<T, u8>).unwrap_or_default();
-                        Box::pin(scan_direct(call?, dst, op.erase(), r, n, false, &pool)).await?;
+                        if split {
+                            Box::pin(scan_split(call?, dst, bytes, op.erase(), r, n, false, &pool)).await?;
+                        } else {
+                            Box::pin(scan_direct(call?, dst, op.erase(), r, n, false, &pool)).await?;
+                        }
                     }
                 }
                 Ok(out)

@@ -253,6 +253,132 @@ pub(super) async fn scan_direct(
     Ok(())
 }
 
+/// From this many bytes a scan by single copy shares the combining out ([`scan_split`]); below,
+/// each rank combines the data of the ranks before it itself ([`scan_direct`]). Loaded, no LTO
+/// (`ferrocomm-bench collectives --ranks 2,4 --runs 5 --no-mpi --ops scan --max 4M`, two runs each
+/// way, us): on 4 ranks sharing took 1171/1651 at 512 KiB against 2499/2372, 7317/7474 at 2 MiB
+/// against 10734/14484, 14566/16608 at 4 MiB against 26920/28086; on 2 ranks 1862/2476 at 2 MiB
+/// against 3225/2885 and 5638/5454 at 4 MiB against 8491/8405; at 128 KiB neither won on either
+/// rank count (its extra step and second copy cost about what the shared combining saves).
+pub(super) const SCAN_SPLIT_MIN: usize = 256 << 10;
+
+/// A scan by single copy, its combining shared out by parts: every rank lends its data (`buf` in
+/// place for an inclusive scan, a copy the call keeps for an exclusive one) and a result buffer
+/// (kept by the call; see [`Comm::lend_for_scan`]). Rank `me` computes the running prefix over
+/// ranks 0, 1, ... of part `me` of the vector, each rank's part read once and combined in rank
+/// order, and leaves each rank's prefix of that part in its result buffer (its own straight in
+/// `buf`); after a barrier, each rank copies its other parts from the ranks that computed them;
+/// after another, nobody reads anything lent any more. Each rank combines about one vector's
+/// length where the last rank of [`scan_direct`] combines n - 1 vectors while the others wait.
+/// `buf`: the result (and for an inclusive scan the data); an exclusive scan's rank 0 has none.
+#[allow(clippy::too_many_arguments)] // the call, what is combined, who is who
+pub(super) async fn scan_split(
+    mut call: board::Lending,
+    buf: &mut [u8],
+    len: usize,
+    op: ferrocomm_collectives::Reducer,
+    me: Rank,
+    n: Rank,
+    inclusive: bool,
+    pool: &Pool,
+) -> Result<()> {
+    use ferrocomm_collectives::shared::part;
+    let (elem, n, me) = (op.element_size(), n as usize, me as usize);
+    let (data, results) = lent_for_scan(&call.next().await?, n, len, elem)?;
+    let mut kept = call.take_kept().ok_or(Error::Internal { what: "a scan's result buffer" })?;
+    let computed = if inclusive {
+        prefixes(&call, &data, me, &op, None, buf, &mut kept[..])
+    } else {
+        let (own, results) = kept.split_at_mut(len);
+        prefixes(&call, &data, me, &op, Some(own), buf, results)
+    };
+    call.keep(kept);
+    computed?;
+    call.next().await?;
+    if me > 0 {
+        for (k, result) in results.iter().enumerate().filter(|&(k, _)| k != me) {
+            let theirs = part(len, elem, n, k);
+            let at = me * theirs.len();
+            call.read(k as Rank, result, at, &mut buf[theirs])?;
+        }
+    }
+    call.next().await?;
+    call.give_back().into_iter().for_each(|b| pool.give(b));
+    Ok(())
+}
+
+/// Rank `me`'s share of [`scan_split`]: the running prefix `x0 ⊕ ... ⊕ xk` over ranks k = 0, 1,
+/// ... of part `me` of the ranks' `data`, piece by piece (a piece of each rank stays in cache).
+/// The prefix that rank `o` gets (an inclusive scan's `o = k`, an exclusive one's `o = k + 1`)
+/// goes to slot `o` of `results` (a part's length each) or, for this rank, into `out` where the
+/// part lies. Each rank's piece is read straight into the place of its prefix and the previous
+/// prefix applied on the left, so rank order holds for any associative operator. This rank's own
+/// data: `own` (an exclusive scan's kept copy), or for an inclusive scan in `out` already.
+#[allow(clippy::too_many_arguments)] // the call, what it reads, how it combines, where it goes
+fn prefixes(
+    call: &board::Lending,
+    data: &[Lent],
+    me: usize,
+    op: &ferrocomm_collectives::Reducer,
+    own: Option<&[u8]>,
+    out: &mut [u8],
+    results: &mut [u8],
+) -> Result<()> {
+    let (n, elem) = (data.len(), op.element_size());
+    let len = data.first().map_or(0, |l| l.len as usize);
+    let mine = ferrocomm_collectives::shared::part(len, elem, n, me);
+    let (part_len, excl) = (mine.len(), usize::from(own.is_some()));
+    let piece = (REDUCE_PIECE / elem * elem).max(1);
+    for start in (0..part_len).step_by(piece) {
+        let end = (start + piece).min(part_len);
+        let (here, slot) = (mine.start + start..mine.start + end, |o: usize| o * part_len + start..o * part_len + end);
+        for (k, theirs) in data.iter().enumerate().take(n - excl) {
+            let o = k + excl;
+            // The previous prefix (rank o - 1's) and where this one goes.
+            let (prev, dst): (Option<&[u8]>, &mut [u8]) = if o == me {
+                ((k > 0).then(|| &results[slot(o - 1)]), &mut out[here.clone()])
+            } else if k > 0 && o - 1 == me {
+                (Some(&out[here.clone()]), &mut results[slot(o)])
+            } else {
+                let (before, from) = results.split_at_mut(o * part_len);
+                ((k > 0).then(|| &before[slot(o - 1)]), &mut from[start..end])
+            };
+            match (k == me, own) {
+                (true, Some(own)) => dst.copy_from_slice(&own[here.clone()]),
+                // An inclusive scan's own data, in `out` where its prefix goes.
+                (true, None) => {}
+                (false, _) => call.read(k as Rank, theirs, here.start, dst)?,
+            }
+            if let Some(prev) = prev {
+                op.apply(dst, prev, true);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of the result buffer that rank `k` lends for a scan by single copy ([`scan_split`]): a
+/// slot of part `k`'s length for each rank, never below [`Pool::MIN`].
+pub(super) fn scan_result_len(len: usize, elem: usize, n: usize, k: usize) -> usize {
+    (n * ferrocomm_collectives::shared::part(len, elem, n, k).len()).max(Pool::MIN)
+}
+
+/// What every rank lent for a scan by single copy of `len` bytes ([`Comm::lend_for_scan`]): its
+/// data, and its result buffer.
+fn lent_for_scan(all: &[u8], n: usize, len: usize, elem: usize) -> Result<(Vec<Lent>, Vec<Lent>)> {
+    let each = 2 * Lent::BYTES;
+    if all.len() != n * each {
+        return Err(Error::Collective(CollError::Malformed { from: 0, why: "lent memory of every rank" }));
+    }
+    let (mut data, mut results) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (k, b) in all.chunks(each).enumerate() {
+        let (d, r) = b.split_at(Lent::BYTES);
+        data.push(Lent::decode(k as Rank, d, len)?);
+        results.push(Lent::decode(k as Rank, r, scan_result_len(len, elem, n, k))?);
+    }
+    Ok((data, results))
+}
+
 /// Bytes of a reduction's piece: a piece of each rank's part and the partial result stay in cache
 /// (L2 is 1 MiB a core here), and each `process_vm_readv` moves a piece (a call has a fixed cost:
 /// the kernel pins the remote pages). 256 KiB pieces beat 64 KiB ones by 10-15% on a 1 MiB
@@ -388,6 +514,25 @@ impl Comm {
         if let Some(b) = result {
             call.keep(b);
         }
+        Ok(call)
+    }
+
+    /// Starts a scan by single copy with its combining shared out ([`scan_split`]): this rank
+    /// lends its data (inclusive: `data` in place, only for a future that borrows it until its
+    /// end; exclusive: a pooled copy) and a pooled result buffer, which the call keeps (the copy
+    /// and the result buffer in one).
+    pub(super) fn lend_for_scan<T: Element>(&self, data: &[T], inclusive: bool) -> Result<board::Lending> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let (me, n, len) = (self.rank() as usize, self.size() as usize, bytes.len());
+        let results = scan_result_len(len, size_of::<T>(), n, me);
+        let copy = if inclusive { 0 } else { len };
+        let mut kept = self.coll().pool.take(copy + results);
+        kept[..copy].copy_from_slice(&bytes[..copy]);
+        let (own, results) = kept.split_at(copy);
+        let lent = [Lent::of(if inclusive { bytes } else { own }), Lent::of(results)];
+        let held = [BoardOp::Barrier, BoardOp::Barrier];
+        let mut call = self.board()?.lend_each(BoardOp::Allgather, 2, &lent, &held)?;
+        call.keep(kept);
         Ok(call)
     }
 

@@ -284,6 +284,41 @@ pub(crate) async fn every_algorithm(c: &Comm) {
     assert_eq!(buf, sum_ref(n, count, 0..r + 1), "board scan in pieces");
     let got = on_board(c).exscan(&input(r, count), ReduceOp::Sum).await.unwrap();
     assert_eq!(got, (r > 0).then(|| sum_ref(n, count, 0..r)), "board exscan in pieces");
-    // Single copy (likewise).
+    // Single copy (likewise), and scans either side of where single copy shares their combining
+    // out by parts.
     operations(&single_copy(c), &SINGLE_COPY_COUNTS, "single-copy").await;
+    scans(&single_copy(c), &SCAN_COUNTS, "single-copy").await;
+}
+
+/// Element counts (u64) of scans by single copy: either side of 256 KiB, where the ranks share
+/// the combining out by parts, uneven parts, and parts above the 256 KiB piece of the reduction
+/// (on up to 4 ranks).
+pub(crate) const SCAN_COUNTS: [usize; 3] = [32_767, 32_769, 140_001];
+
+/// Inclusive and exclusive scans at each count, with a sum and with a non-commutative operator
+/// (rank order must be kept), checked against the sequential reference.
+pub(crate) async fn scans(c: &Comm, counts: &[usize], label: &str) {
+    let (r, n) = (c.rank(), c.size());
+    let op = || {
+        ReduceOp::custom(
+            |acc: &mut [u64], x: &[u64]| acc.iter_mut().zip(x).for_each(|(a, b)| *a = matmul(*a, *b)),
+            false,
+        )
+    };
+    let product = |count: usize, upto: u32| {
+        (0..upto).map(|i| input(i, count)).reduce(|a, b| a.iter().zip(&b).map(|(x, y)| matmul(*x, *y)).collect())
+    };
+    for &count in counts {
+        let ctx = format!("{label} n={n} count={count} rank {r}");
+        let mut buf = input(r, count);
+        c.scan(&mut buf, ReduceOp::Sum).await.unwrap();
+        assert_eq!(buf, sum_ref(n, count, 0..r + 1), "scan {ctx}");
+        let got = c.exscan(&input(r, count), ReduceOp::Sum).await.unwrap();
+        assert_eq!(got, (r > 0).then(|| sum_ref(n, count, 0..r)), "exscan {ctx}");
+        let mut buf = input(r, count);
+        c.scan(&mut buf, op()).await.unwrap();
+        assert_eq!(Some(buf), product(count, r + 1), "non-commutative scan {ctx}");
+        let got = c.exscan(&input(r, count), op()).await.unwrap();
+        assert_eq!(got, product(count, r), "non-commutative exscan {ctx}");
+    }
 }
