@@ -106,7 +106,7 @@ fi
 if want hosts; then
     # TCP-only collectives (each rank its own host as far as ferrocomm knows) against Open MPI's
     # TCP BTL on the same CPUs.
-    "$bench" hosts --runs 3 | tee results/hosts.txt
+    "$bench" hosts --runs 9 | tee results/hosts.txt
     took hosts
 fi
 

@@ -8,7 +8,8 @@
 //! over the loopback interface like ferrocomm (`btl_tcp_if_include lo`). Both sides run the OSU
 //! method of `collectives` ([`coll_ranks`] for ferrocomm: the same flags, the same `result`
 //! lines), rank r on the (r mod count)-th CPU of `--cpus`, alternating run after run; the report
-//! gives medians over runs and the ratio ferrocomm / Open MPI (below 1: ferrocomm is faster).
+//! gives medians over runs and the ratio ferrocomm / Open MPI (below 1: ferrocomm is faster): the
+//! median of each run's ratio, with their min-max.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -220,24 +221,33 @@ pub(crate) fn main(o: Options) -> Result<()> {
     }
     println!("\nferrocomm transport: {transport}");
     println!(
-        "{:<10} {:>9} {:>14} {:>14} {:>9}  ferrocomm algorithm",
-        "op", "bytes", "ferrocomm us", "Open MPI us", "ratio"
+        "{:<10} {:>9} {:>14} {:>14} {:>20}  ferrocomm algorithm",
+        "op", "bytes", "ferrocomm us", "Open MPI us", "ratio (min-max)"
     );
     let mut rows = Vec::new();
     for ((op, bytes), sides) in &samples {
-        let ours = sides.get("ferrocomm").and_then(|v| median(v));
-        let theirs = sides.get("Open MPI").and_then(|v| median(v));
-        let ratio = ours.zip(theirs).map(|(a, b)| a / b);
+        let (ours, theirs) = (sides.get("ferrocomm"), sides.get("Open MPI"));
+        // The ratio of each run's two sides (taken back to back), then their median and spread:
+        // the host's phase moves both sides of a run alike, and the spread shows how far it moves.
+        let paired: Vec<f64> = match (ours, theirs) {
+            (Some(a), Some(b)) => a.iter().zip(b).map(|(x, y)| x / y).collect(),
+            _ => Vec::new(),
+        };
+        let ratio = median(&paired);
+        let lo = paired.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = paired.iter().copied().fold(0.0, f64::max);
+        let (ours, theirs) = (ours.and_then(|v| median(v)), theirs.and_then(|v| median(v)));
         let alg = algorithms.get(&(op.clone(), *bytes)).cloned().unwrap_or_default();
         let show = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
         println!(
-            "{op:<10} {bytes:>9} {:>14} {:>14} {:>9}  {alg}",
+            "{op:<10} {bytes:>9} {:>14} {:>14} {:>20}  {alg}",
             show(ours),
             show(theirs),
-            ratio.map_or("-".to_string(), |r| format!("{r:.2}x"))
+            ratio.map_or("-".to_string(), |r| format!("{r:.2}x ({lo:.2}-{hi:.2})"))
         );
         rows.push(json!({"op": op, "bytes": bytes, "ferrocomm_us": ours, "open_mpi_us": theirs, "ratio": ratio,
-                         "algorithm": alg, "runs": {"ferrocomm": sides.get("ferrocomm"), "open_mpi": sides.get("Open MPI")}}));
+                         "ratio_min": ratio.map(|_| lo), "ratio_max": ratio.map(|_| hi), "algorithm": alg,
+                         "runs": {"ferrocomm": sides.get("ferrocomm"), "open_mpi": sides.get("Open MPI")}}));
     }
     if let Some(path) = &o.json {
         let doc = json!({
