@@ -829,6 +829,9 @@ mod interleavings {
 
     const LIMITS: Limits = Limits { world_size: 3, eager_limit: 1024, chunk: 64 << 10, max_message: 1 << 30 };
 
+    /// A rank: its relay, what its next progress takes in (see [`Port`]), its engine.
+    type RankUnderTest = (Relayed, Arc<Mutex<Vec<(Rank, usize)>>>, Engine);
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
         #[test]
@@ -842,7 +845,7 @@ mod interleavings {
                 vec![Way::Direct, Way::None, Way::Via(0)],
                 vec![Way::Direct, Way::Via(0), Way::None],
             ];
-            let mut ranks: Vec<(Relayed, Arc<Mutex<Vec<(Rank, usize)>>>, Engine)> = (0..3u32)
+            let mut ranks: Vec<RankUnderTest> = (0..3u32)
                 .map(|me| {
                     let deliver = Arc::new(Mutex::new(Vec::new()));
                     let port = Port { me, net: net.clone(), deliver: deliver.clone() };
@@ -852,7 +855,7 @@ mod interleavings {
             // Each end sends every message, a small frame (tag = message) then its data, at the
             // schedule's steps that say so (the rest at the end), between deliveries.
             let mut next = [0usize; 3];
-            let send = |ranks: &mut Vec<(Relayed, Arc<Mutex<Vec<(Rank, usize)>>>, Engine)>, me: u32, i: usize| {
+            let send = |ranks: &mut Vec<RankUnderTest>, me: u32, i: usize| {
                 let (peer, tag, len) = (3 - me, i as u64, sizes[i]);
                 let small = Header { src: me, tag, len: 8, ..Header::new(Kind::Eager) };
                 ranks[me as usize].0.send(peer, small, Bytes::from(vec![tag as u8; 8]));
