@@ -178,6 +178,17 @@ pub(super) fn reduce_result_len(len: usize, elem: usize, n: usize, k: usize) -> 
 /// What every rank lent for a reduce by single copy of `len` bytes ([`Comm::lend_for_reduce`]):
 /// its data, and its result buffer (the root's is not read: it combines into its own `dst`).
 fn lent_for_reduce(all: &[u8], n: usize, len: usize, elem: usize, root: usize) -> Result<(Vec<Lent>, Vec<Lent>)> {
+    lent_with_results(all, n, len, |k| (k != root).then(|| reduce_result_len(len, elem, n, k)))
+}
+
+/// What every rank lent as two pieces of memory each: its data of `len` bytes, and a result
+/// buffer of `result_len(k)` bytes (`None`: not read, an empty one stands in).
+fn lent_with_results(
+    all: &[u8],
+    n: usize,
+    len: usize,
+    result_len: impl Fn(usize) -> Option<usize>,
+) -> Result<(Vec<Lent>, Vec<Lent>)> {
     let each = 2 * Lent::BYTES;
     if all.len() != n * each {
         return Err(Error::Collective(CollError::Malformed { from: 0, why: "lent memory of every rank" }));
@@ -186,9 +197,9 @@ fn lent_for_reduce(all: &[u8], n: usize, len: usize, elem: usize, root: usize) -
     for (k, b) in all.chunks(each).enumerate() {
         let (d, r) = b.split_at(Lent::BYTES);
         data.push(Lent::decode(k as Rank, d, len)?);
-        results.push(match k {
-            k if k == root => Lent { pid: 0, addr: 0, len: 0 },
-            k => Lent::decode(k as Rank, r, reduce_result_len(len, elem, n, k))?,
+        results.push(match result_len(k) {
+            Some(bytes) => Lent::decode(k as Rank, r, bytes)?,
+            None => Lent { pid: 0, addr: 0, len: 0 },
         });
     }
     Ok((data, results))
@@ -366,17 +377,7 @@ pub(super) fn scan_result_len(len: usize, elem: usize, n: usize, k: usize) -> us
 /// What every rank lent for a scan by single copy of `len` bytes ([`Comm::lend_for_scan`]): its
 /// data, and its result buffer.
 fn lent_for_scan(all: &[u8], n: usize, len: usize, elem: usize) -> Result<(Vec<Lent>, Vec<Lent>)> {
-    let each = 2 * Lent::BYTES;
-    if all.len() != n * each {
-        return Err(Error::Collective(CollError::Malformed { from: 0, why: "lent memory of every rank" }));
-    }
-    let (mut data, mut results) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for (k, b) in all.chunks(each).enumerate() {
-        let (d, r) = b.split_at(Lent::BYTES);
-        data.push(Lent::decode(k as Rank, d, len)?);
-        results.push(Lent::decode(k as Rank, r, scan_result_len(len, elem, n, k))?);
-    }
-    Ok((data, results))
+    lent_with_results(all, n, len, |k| Some(scan_result_len(len, elem, n, k)))
 }
 
 /// Bytes of a reduction's piece: a piece of each rank's part and the partial result stay in cache

@@ -562,15 +562,7 @@ mod tests {
             let frames: Vec<_> = self.0.lock().unwrap().incoming.drain(..).collect();
             let n = frames.len();
             for (from, h, payload) in frames {
-                if h.kind == Kind::Data {
-                    match sink.data_dest(from, &h) {
-                        Ok(Some(d)) => d.copy_from_slice(&payload),
-                        other => panic!("no destination: {:?}", other.map(|d| d.map(|d| d.len()))),
-                    }
-                    sink.frame(from, h, Bytes::new());
-                } else {
-                    sink.frame(from, h, payload);
-                }
+                hand_over(sink, from, h, payload);
             }
             n
         }
@@ -583,6 +575,20 @@ mod tests {
         }
         fn disconnect(&mut self, peer: Rank, _: TransportError) {
             self.0.lock().unwrap().disconnected.push(peer);
+        }
+    }
+
+    /// Gives frame `h` from `from` to `sink` as a connection does: a data frame's payload into the
+    /// sink's destination, then the frame.
+    pub(super) fn hand_over(sink: &mut dyn Sink, from: Rank, h: Header, payload: Bytes) {
+        if h.kind == Kind::Data {
+            match sink.data_dest(from, &h) {
+                Ok(Some(d)) => d.copy_from_slice(&payload),
+                other => panic!("no destination from {from}: {:?}", other.map(|d| d.map(|d| d.len()))),
+            }
+            sink.frame(from, h, Bytes::new());
+        } else {
+            sink.frame(from, h, payload);
         }
     }
 
@@ -767,17 +773,7 @@ mod interleavings {
                     let frame = self.net.lock().unwrap().links.get_mut(&(from, self.me)).and_then(VecDeque::pop_front);
                     let Some((h, payload)) = frame else { break };
                     n += 1;
-                    if h.kind == Kind::Data {
-                        match sink.data_dest(from, &h) {
-                            Ok(Some(d)) => d.copy_from_slice(&payload),
-                            other => {
-                                panic!("rank {}: no destination: {:?}", self.me, other.map(|d| d.map(|d| d.len())))
-                            }
-                        }
-                        sink.frame(from, h, Bytes::new());
-                    } else {
-                        sink.frame(from, h, payload);
-                    }
+                    super::tests::hand_over(sink, from, h, payload);
                 }
             }
             n
