@@ -87,6 +87,10 @@ pub trait Progress: Send + 'static {
     /// that a hybrid-polling alarm woke is about to spin, and the reactor calls the background
     /// task back at once (it stands aside while the caller spins, then prepares its sleep anew).
     fn awake(&mut self) {}
+    /// The background task stands aside for callers spinning inline and will not sleep on the
+    /// completion sources until it prepares a sleep anew: whatever it left watching them (armed
+    /// doorbells) should stop waking it.
+    fn stand_aside(&mut self) {}
     /// When a protocol timer next needs [`Progress::progress`] (retransmission, heartbeat, ...).
     fn next_timeout(&self) -> Option<Instant> {
         None
@@ -239,11 +243,19 @@ async fn background<P: Progress>(shared: Arc<Shared<P>>) {
     // The spin count last seen: a change means a caller spun meanwhile.
     let mut seen = 0;
     let mut quiet_for = INLINE_QUIET;
+    // Whether the sources were told that this task stands aside since it last slept on them.
+    let mut aside = false;
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
         if shared.inline_active(&mut seen) {
+            if !aside {
+                // A doorbell armed for the last sleep keeps ringing (waking this thread onto the
+                // spinning caller's CPU) until it is taken down.
+                shared.state.lock().stand_aside();
+                aside = true;
+            }
             // A caller is spinning: it sees completions first. Check back shortly, or when kicked.
             let quiet = tokio::time::sleep(quiet_for);
             quiet_for = (quiet_for * 2).min(MAX_INLINE_QUIET);
@@ -259,6 +271,7 @@ async fn background<P: Progress>(shared: Arc<Shared<P>>) {
             continue;
         }
         quiet_for = INLINE_QUIET;
+        aside = false;
         let (work, timeout) = {
             let mut st = shared.state.lock();
             (st.progress(), st.next_timeout())

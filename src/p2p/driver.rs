@@ -139,4 +139,8 @@ impl Progress for Driver {
     fn awake(&mut self) {
         self.transport.awake()
     }
+
+    fn stand_aside(&mut self) {
+        self.transport.stand_aside()
+    }
 }

@@ -169,6 +169,10 @@ pub trait Transport: Send {
     /// by hybrid polling starts spinning: it then wakes the sleeper itself at once, so nothing
     /// relies on the flags any more.)
     fn awake(&mut self) {}
+    /// Nothing will sleep on this transport until the next [`Transport::poll_ready`]: a doorbell
+    /// that readiness of its own would keep ringing (waking the reactor thread at every message
+    /// while callers spin) should be taken down.
+    fn stand_aside(&mut self) {}
     /// True while queued frames are not yet handed to the operating system.
     fn has_pending_output(&self) -> bool;
     /// True while frames wait in a queue of this transport that only [`Transport::progress`]

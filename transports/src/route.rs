@@ -63,6 +63,10 @@ impl Transport for Routed {
         self.parts.iter_mut().for_each(|p| p.awake());
     }
 
+    fn stand_aside(&mut self) {
+        self.parts.iter_mut().for_each(|p| p.stand_aside());
+    }
+
     fn has_pending_output(&self) -> bool {
         self.parts.iter().any(|p| p.has_pending_output())
     }

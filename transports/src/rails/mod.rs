@@ -154,6 +154,10 @@ impl Transport for Bonded {
         self.rails.iter_mut().for_each(|t| t.awake());
     }
 
+    fn stand_aside(&mut self) {
+        self.rails.iter_mut().for_each(|t| t.stand_aside());
+    }
+
     /// Also while frames are unacknowledged: until then they may have to be sent again on
     /// another rail, so an orderly shutdown waits for them (or for the peer's loss).
     fn has_pending_output(&self) -> bool {

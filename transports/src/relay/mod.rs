@@ -336,6 +336,10 @@ impl Transport for Relayed {
         self.inner.awake()
     }
 
+    fn stand_aside(&mut self) {
+        self.inner.stand_aside()
+    }
+
     /// Also true while a rank this one forwards for is still connected: the one caller, a rank's
     /// shutdown, then keeps flushing (and so forwarding) until the ranks that rely on this proxy
     /// have left, within its time limit, rather than cut them off mid-conversation.

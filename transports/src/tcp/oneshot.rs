@@ -4,11 +4,13 @@
 //! Why not tokio's own registration: tokio watches a socket edge-triggered for as long as it
 //! lives, so every segment that arrives wakes the reactor thread, also while a caller spins on the
 //! socket and reads the segment itself; on a busy-polling rank that thread then takes the CPU of
-//! the spinning caller once per message. Here a socket reports at most once per arming
-//! (`EPOLLONESHOT`), and [`Bell::arm`] runs only when the progress loop goes to sleep
-//! ([`crate::Transport::poll_ready`]); tokio watches the one epoll descriptor. A sleep re-arms only
-//! the sockets that fired since the last (one `epoll_ctl` each), so a spinning rank makes no system
-//! call for its doorbell at all.
+//! the spinning caller once per message. Here a socket is armed one-shot (`EPOLLONESHOT`) by
+//! [`Bell::arm`], only when the progress loop goes to sleep ([`crate::Transport::poll_ready`]);
+//! tokio watches the one epoll descriptor. One-shot ends with the event's *report*, not its
+//! arrival: a socket that fired and was not yet taken ([`Bell::take_fired`]) wakes tokio's epoll
+//! again at every segment. So when the progress loop stands aside for spinning callers
+//! ([`crate::Transport::stand_aside`]) it takes what fired and disarms the rest ([`Bell::disarm`]).
+//! A sleep re-arms only the sockets that are not armed (one `epoll_ctl` each).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -62,6 +64,20 @@ impl Bell {
         if self.armed[key] != want {
             self.ctl(libc::EPOLL_CTL_MOD, key, fd, want)?;
             self.armed[key] = want;
+        }
+        Ok(())
+    }
+
+    /// Whether `key` is armed (it may have fired since: [`Bell::take_fired`] says).
+    pub(crate) fn is_armed(&self, key: usize) -> bool {
+        self.armed.get(key).is_some_and(|&a| a != 0)
+    }
+
+    /// Disarms `key` (socket `fd`): it reports nothing until armed again.
+    pub(crate) fn disarm(&mut self, key: usize, fd: RawFd) -> io::Result<()> {
+        if self.is_armed(key) {
+            self.ctl(libc::EPOLL_CTL_MOD, key, fd, 0)?;
+            self.armed[key] = 0;
         }
         Ok(())
     }
@@ -145,6 +161,54 @@ mod tests {
 
     fn noop() -> Context<'static> {
         Context::from_waker(std::task::Waker::noop())
+    }
+
+    /// One-shot ends with the report: a socket that fired and was not taken makes the bell's own
+    /// descriptor signal again at its next segment (tokio's reactor thread woke at every message
+    /// so while callers spun); disarmed, it signals nothing, and armed again it reports at once
+    /// what came meanwhile.
+    #[test]
+    fn a_fired_socket_rings_until_taken_and_a_disarmed_one_never() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _g = rt.enter();
+        let (mut a, b) = pair();
+        let mut bell = Bell::new(1).unwrap();
+        bell.add(0, b.as_raw_fd()).unwrap();
+        // An edge-triggered watcher of the bell's descriptor, as tokio's reactor is.
+        // SAFETY: plain syscalls; the descriptor is owned at once.
+        let outer = unsafe { OwnedFd::from_raw_fd(libc::epoll_create1(libc::EPOLL_CLOEXEC)) };
+        let mut e = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: 0 };
+        // SAFETY: valid descriptors and event.
+        let added = unsafe { libc::epoll_ctl(outer.as_raw_fd(), libc::EPOLL_CTL_ADD, bell.epoll.as_raw_fd(), &mut e) };
+        assert_eq!(added, 0);
+        let signals = || {
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+            // SAFETY: room for 4 events; timeout 0.
+            unsafe { libc::epoll_wait(outer.as_raw_fd(), ev.as_mut_ptr(), 4, 0) }
+        };
+        let mut x = [0u8; 1];
+
+        bell.arm(0, b.as_raw_fd(), false).unwrap();
+        assert_eq!(signals(), 0);
+        a.write_all(b"1").unwrap();
+        arrived(b.as_raw_fd());
+        assert_eq!(signals(), 1);
+        // A spinning caller reads the socket itself; the bell is not taken.
+        (&b).read_exact(&mut x).unwrap();
+        a.write_all(b"2").unwrap();
+        arrived(b.as_raw_fd());
+        assert_eq!(signals(), 1, "a fired socket not taken rings at the next segment too");
+        (&b).read_exact(&mut x).unwrap();
+
+        bell.disarm(0, b.as_raw_fd()).unwrap();
+        assert!(!bell.is_armed(0));
+        a.write_all(b"3").unwrap();
+        arrived(b.as_raw_fd());
+        assert_eq!(signals(), 0, "a disarmed socket rang");
+        assert_eq!(bell.take_fired(), 0);
+
+        bell.arm(0, b.as_raw_fd(), false).unwrap();
+        assert_eq!(bell.take_fired(), 1, "armed again with data waiting, it reports at once");
     }
 
     #[test]

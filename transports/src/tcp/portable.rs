@@ -237,6 +237,18 @@ impl Transport for PortableTcp {
         self.bell.poll_fired(cx)
     }
 
+    #[cfg(target_os = "linux")]
+    fn stand_aside(&mut self) {
+        // What fired is disarmed by being taken; what is still armed would fire once a caller's
+        // next message comes and then ring at every segment after it.
+        self.bell.take_fired();
+        for (peer, c) in self.conns.iter().enumerate() {
+            let Some(c) = c else { continue };
+            // A failure leaves the socket armed: it may wake the reactor thread, nothing worse.
+            let _ = self.bell.disarm(peer, std::os::fd::AsRawFd::as_raw_fd(&c.stream));
+        }
+    }
+
     fn has_pending_output(&self) -> bool {
         self.conns.iter().flatten().any(|c| !c.writer.is_empty())
     }
