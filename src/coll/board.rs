@@ -134,7 +134,8 @@ impl HostBoard {
     }
 
     /// The call of a broadcast's root whose data (`input`) it can post at once and be done
-    /// ([`Queue::root_now`]); `false` if it cannot, and then [`HostBoard::call`] makes it. Inlined
+    /// ([`Queue::root_now`]), or of a gather's or reduce's other rank with its part; `false` if it
+    /// cannot, and then [`HostBoard::call`] makes it. Inlined
     /// into its caller, so that little is stored and read back between the post and the return.
     /// Here rather than at the top of `HostBoard::call`, which every board call takes: there it
     /// costs the barrier more than it gains (`collectives-job --ranks 2 -o bcast,allreduce,barrier
