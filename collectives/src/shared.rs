@@ -34,7 +34,9 @@
 //!    few calls, not on every call (for small calls, about once in `SLOTS` calls).
 //!
 //! A broadcast's receivers post nothing (nobody reads their part of it): an 8 B broadcast costs
-//! the root one line written and each receiver one line read.
+//! the root one line written and each receiver one line read. A scatter's root leaves its own
+//! block out (nobody reads it), and a rank of an all-to-all reads only its own block of each
+//! rank's data.
 //!
 //! Calls are described in full when they are made ([`Call`]: the root's data, the rank's
 //! contribution) and kept in a [`Queue`] that any poll advances, so a call whose future is held
@@ -493,8 +495,8 @@ pub enum Kind {
     },
     /// The root's data (its input, the call's whole length) holds one block per rank in rank
     /// order; every other rank gets its block (the root gets nothing: it has its data), reading
-    /// only that block. Only the root posts, as in a broadcast. Not split into pieces: the whole
-    /// data must fit one call.
+    /// only that block. Only the root posts, as in a broadcast, every block but its own (the
+    /// blocks after it close up). Not split into pieces: the whole data must fit one call.
     Scatter {
         /// The rank whose data is scattered.
         root: u32,
@@ -712,8 +714,31 @@ impl Queue {
     /// comes.
     #[inline]
     pub fn root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
+        self.post_alone(board, input, 0..0)
+    }
+
+    /// [`Queue::root_now`] for a scatter's root (`input`: its whole data, a block per rank): it
+    /// writes every block but its own, as the scatter's readers expect ([`Kind::Scatter`]).
+    #[inline]
+    pub fn scatter_root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
+        if !input.len().is_multiple_of(board.ranks) {
+            return false;
+        }
+        let block = input.len() / board.ranks;
+        self.post_alone(board, input, board.me * block..(board.me + 1) * block)
+    }
+
+    /// Posts `input` without its bytes `skip` and finishes, if nothing is queued and the slot is
+    /// known to be free ([`Queue::root_now`]).
+    #[inline(always)]
+    fn post_alone<M: Deref<Target = [AtomicU64]>>(
+        &mut self,
+        board: &Board<M>,
+        input: &[u8],
+        skip: Range<usize>,
+    ) -> bool {
         let seq = self.next;
-        let need = freed_at(seq, input.len());
+        let need = freed_at(seq, input.len() - skip.len());
         let o = &mut self.order;
         let free = o.seen.len() == board.ranks && o.seen.iter().all(|&f| f >= need);
         if !self.calls.is_empty() || !free || input.len() > board.capacity {
@@ -721,7 +746,11 @@ impl Queue {
         }
         self.next += 1;
         o.mark_posted(seq);
-        board.write(seq, input);
+        if skip.is_empty() {
+            board.write(seq, input);
+        } else {
+            board.write_except(seq, input, skip);
+        }
         board.line(seq, board.me)[POSTED].store(seq + 1, Release);
         finished(board, seq, o);
         true
@@ -1289,21 +1318,31 @@ mod tests {
         for n in [2, 3] {
             on_ranks(n, move |me, b| {
                 let mut q = Queue::default();
+                // The next call's number (a call made at once gets no number back).
+                let mut posted = 0u64;
                 let byte = |from: usize, to: usize, i: usize| (from * 31 + to * 7 + i) as u8;
                 for block in [0, 1, 5, 8, 13, 24, 47, 48, 49, 100, 4000] {
                     let len = block * n;
                     for root in 0..n {
                         let all: Vec<u8> = (0..n).flat_map(|to| (0..block).map(move |i| byte(root, to, i))).collect();
                         let input = if me == root { all.clone() } else { Vec::new() };
-                        let s = q.push(&b, Kind::Scatter { root: root as u32 }, len, input).unwrap();
-                        let want = if me == root { Vec::new() } else { all[me * block..(me + 1) * block].to_vec() };
-                        assert_eq!(run(&mut q, &b, s).unwrap(), want, "scatter n={n} block={block} root={root}");
+                        // The root as the root crate makes it: done at once if it can, else queued.
+                        let s = if me == root && q.scatter_root_now(&b, &input) {
+                            posted += 1;
+                            posted - 1
+                        } else {
+                            let s = q.push(&b, Kind::Scatter { root: root as u32 }, len, input).unwrap();
+                            let want = if me == root { Vec::new() } else { all[me * block..(me + 1) * block].to_vec() };
+                            assert_eq!(run(&mut q, &b, s).unwrap(), want, "scatter n={n} block={block} root={root}");
+                            s
+                        };
                         if me == root {
                             // Every block but the root's.
                             assert_eq!(b.line(s, me)[LEN].load(Relaxed) as usize, len - block);
                         }
                         let s = q.push(&b, Kind::Gather { root: root as u32 }, block, all[..block].to_vec()).unwrap();
                         let got = run(&mut q, &b, s).unwrap();
+                        posted = s + 1;
                         if me == root {
                             let want: Vec<u8> = (0..n).flat_map(|_| all[..block].to_vec()).collect();
                             assert_eq!(got, want, "gather n={n} block={block}");
@@ -1313,6 +1352,7 @@ mod tests {
                     let s = q.push(&b, Kind::Alltoall, len, mine).unwrap();
                     let want: Vec<u8> = (0..n).flat_map(|from| (0..block).map(move |i| byte(from, me, i))).collect();
                     assert_eq!(run(&mut q, &b, s).unwrap(), want, "all-to-all n={n} block={block}");
+                    posted = s + 1;
                 }
             });
         }

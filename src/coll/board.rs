@@ -146,6 +146,12 @@ impl HostBoard {
         self.untouched() && self.queue.lock().root_now(&self.board, input)
     }
 
+    /// [`HostBoard::root_now`] for a scatter's root ([`Queue::scatter_root_now`]).
+    #[inline]
+    pub(crate) fn scatter_root_now(&self, input: &[u8]) -> bool {
+        self.untouched() && self.queue.lock().scatter_root_now(&self.board, input)
+    }
+
     /// Enqueues a call (described in full: it may run before its future is first polled), split
     /// into pieces of at most the board's capacity, cut on `elem`-byte element boundaries.
     /// `input`: the root's data (broadcast), this rank's contribution (all-reduce), or nothing.

@@ -594,6 +594,9 @@ impl Comm {
             let dst: &mut [u8] = bytemuck::cast_slice_mut(out);
             if r == root {
                 dst.copy_from_slice(own());
+                if self.board().is_ok_and(|seg| seg.scatter_root_now(input)) {
+                    return obs.wrap(Collective::Ready(Some(Ok(()))));
+                }
             }
             let call = self.board_call(BoardOp::Scatter { root }, bytes * n as usize, input, size_of::<T>());
             return obs.wrap(Collective::board(call, (r != root).then_some(dst)));
