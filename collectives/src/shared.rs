@@ -34,7 +34,9 @@
 //!    few calls, not on every call (for small calls, about once in `SLOTS` calls).
 //!
 //! A broadcast's receivers post nothing (nobody reads their part of it): an 8 B broadcast costs
-//! the root one line written and each receiver one line read.
+//! the root one line written and each receiver one line read. A scatter's root leaves its own
+//! block out (nobody reads it), and a rank of an all-to-all reads only its own block of each
+//! rank's data.
 //!
 //! Calls are described in full when they are made ([`Call`]: the root's data, the rank's
 //! contribution) and kept in a [`Queue`] that any poll advances, so a call whose future is held
@@ -308,9 +310,26 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
                 inline[words.len()].store(u64::from_le_bytes(b), Relaxed);
             }
         } else {
-            copy_in(self.area(seq, self.me), data);
+            copy_in(self.area(seq, self.me), 0, data);
         }
         line[LEN].store(data.len() as u64, Relaxed);
+    }
+
+    /// Writes `data` without its bytes `skip` (the rest closed up): a scatter's root leaves out its
+    /// own block, which nobody reads.
+    fn write_except(&self, seq: u64, data: &[u8], skip: Range<usize>) {
+        let (before, after) = (&data[..skip.start], &data[skip.end..]);
+        let len = before.len() + after.len();
+        if len <= INLINE {
+            let mut buf = [0u8; INLINE];
+            buf[..before.len()].copy_from_slice(before);
+            buf[before.len()..len].copy_from_slice(after);
+            return self.write(seq, &buf[..len]);
+        }
+        let area = self.area(seq, self.me);
+        copy_in(area, 0, before);
+        copy_in(area, before.len(), after);
+        self.line(seq, self.me)[LEN].store(len as u64, Relaxed);
     }
 
     /// Rank `rank`'s data of call `seq` (after its `posted` was acquired).
@@ -356,36 +375,57 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
         part: Range<usize>,
         out: &mut Data,
     ) -> Result<(), CollError> {
+        out.clear();
+        self.append_part(seq, rank, len, part, out)
+    }
+
+    /// [`Board::read_part`] appended to `out` (its bytes so far kept): a gathered result grows
+    /// rank by rank straight from the board, with no copy through a scratch buffer, and reads
+    /// only the bytes it keeps (an all-to-all's block of each rank: a line transfer per 64 bytes
+    /// of the other ranks' data, so half of them on 2 ranks).
+    fn append_part(
+        &self,
+        seq: u64,
+        rank: usize,
+        len: usize,
+        part: Range<usize>,
+        out: &mut Data,
+    ) -> Result<(), CollError> {
         let line = self.line(seq, rank);
         let posted = line[LEN].load(Relaxed) as usize;
         if posted != len || len > self.capacity || part.end > len || part.start > part.end {
             return Err(CollError::Malformed { from: rank as u32, why: "length differs from this rank's" });
         }
-        out.clear();
         if len <= INLINE {
+            // Only the words that hold `part`, into a stack buffer, then one append.
             let mut buf = [0u8; INLINE];
             let (words, _) = buf.as_chunks_mut::<8>();
-            for (c, w) in words.iter_mut().zip(&line[INLINE_AT..]).take(len.div_ceil(8)) {
+            let first = part.start / 8;
+            for (c, w) in words.iter_mut().zip(&line[INLINE_AT..]).take(part.end.div_ceil(8)).skip(first) {
                 *c = w.load(Relaxed).to_le_bytes();
             }
             out.extend_from_slice(&buf[part]);
         } else {
-            copy_out_at(self.area(seq, rank), out, part);
+            append_out(self.area(seq, rank), out, part);
         }
         Ok(())
     }
 }
 
-/// Copies `data` into the memory of `words` with `memcpy`. Word by word atomic stores cost a
-/// read-for-ownership per cache line, which the other core holds from its last read; a bulk copy
-/// writes whole lines (a 32 KiB broadcast takes about 4x longer word by word).
-fn copy_in(words: &[AtomicU64], data: &[u8]) {
-    assert!(data.len() <= words.len() * 8, "checked against the capacity");
-    // SAFETY: the destination is `words`' own memory, valid for `words.len() * 8` bytes, and
-    // atomics are `UnsafeCell`s, so it may be written through a pointer taken from `&[AtomicU64]`.
-    // No other access overlaps: a rank writes its part of a slot only once every rank is done with
-    // the slot's previous call (rule 2), and readers look only after the release of `posted`.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), words.as_ptr().cast::<u8>().cast_mut(), data.len()) }
+/// Copies `data` into the memory of `words` from byte `at` with `memcpy`. Word by word atomic
+/// stores cost a read-for-ownership per cache line, which the other core holds from its last read;
+/// a bulk copy writes whole lines (a 32 KiB broadcast takes about 4x longer word by word).
+fn copy_in(words: &[AtomicU64], at: usize, data: &[u8]) {
+    assert!(at + data.len() <= words.len() * 8, "checked against the capacity");
+    // SAFETY: the destination is `words`' own memory, valid for `words.len() * 8` bytes (`at +
+    // data.len()` lie within), and atomics are `UnsafeCell`s, so it may be written through a
+    // pointer taken from `&[AtomicU64]`. No other access overlaps: a rank writes its part of a
+    // slot only once every rank is done with the slot's previous call (rule 2), and readers look
+    // only after the release of `posted`.
+    unsafe {
+        let dst = words.as_ptr().cast::<u8>().cast_mut().add(at);
+        std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len());
+    }
 }
 
 /// Sets `out` (empty) to the first `len` bytes of `words`, with one `memcpy` (no zero-filling
@@ -402,17 +442,19 @@ fn copy_out(words: &[AtomicU64], out: &mut Data, len: usize) {
     }
 }
 
-/// Sets `out` (empty) to bytes `part` of `words`, with one `memcpy`.
-fn copy_out_at(words: &[AtomicU64], out: &mut Data, part: Range<usize>) {
-    assert!(part.end <= words.len() * 8 && part.start <= part.end && out.is_empty(), "checked against the capacity");
-    out.reserve_exact(part.len());
+/// Appends bytes `part` of `words` to `out`, with one `memcpy`.
+fn append_out(words: &[AtomicU64], out: &mut Data, part: Range<usize>) {
+    assert!(part.end <= words.len() * 8 && part.start <= part.end, "checked against the capacity");
+    out.reserve(part.len());
+    let at = out.len();
     // SAFETY: as in `copy_out`: the source is valid for `words.len() * 8` bytes (`part` lies
     // within), its writer finished before the release of `posted` that the caller acquired and
     // does not write again before this rank is done with the slot; `out` has room for
-    // `part.len()` bytes, all written before `set_len`.
+    // `part.len()` more bytes after its `at`, all written before `set_len`.
     unsafe {
-        std::ptr::copy_nonoverlapping(words.as_ptr().cast::<u8>().add(part.start), out.as_mut_ptr(), part.len());
-        out.set_len(part.len());
+        let dst = out.as_mut_ptr().add(at);
+        std::ptr::copy_nonoverlapping(words.as_ptr().cast::<u8>().add(part.start), dst, part.len());
+        out.set_len(at + part.len());
     }
 }
 
@@ -453,8 +495,8 @@ pub enum Kind {
     },
     /// The root's data (its input, the call's whole length) holds one block per rank in rank
     /// order; every other rank gets its block (the root gets nothing: it has its data), reading
-    /// only that block. Only the root posts, as in a broadcast. Not split into pieces: the whole
-    /// data must fit one call.
+    /// only that block. Only the root posts, as in a broadcast, every block but its own (the
+    /// blocks after it close up). Not split into pieces: the whole data must fit one call.
     Scatter {
         /// The rank whose data is scattered.
         root: u32,
@@ -535,6 +577,24 @@ impl Call {
     /// Whether rank `me` posts in this call (everyone but a broadcast's receivers).
     fn posts(&self, me: usize) -> bool {
         !matches!(self.kind, Kind::Bcast { root } | Kind::Scatter { root } if root as usize != me)
+    }
+
+    /// The bytes of the call's data that its writer leaves out on `ranks` ranks: a scatter's root
+    /// its own block (its caller has it), so the other blocks close up, and on 2 ranks a block of
+    /// up to a line's data goes inline (one line transfer, where the whole data took two).
+    fn left_out(&self, ranks: usize) -> Range<usize> {
+        match self.kind {
+            Kind::Scatter { root } if self.len.is_multiple_of(ranks) => {
+                let block = self.len / ranks;
+                root as usize * block..(root as usize + 1) * block
+            }
+            _ => 0..0,
+        }
+    }
+
+    /// Bytes the writer publishes ([`Call::left_out`] left out).
+    fn written(&self, ranks: usize) -> usize {
+        self.len - self.left_out(ranks).len()
     }
 }
 
@@ -637,7 +697,9 @@ impl Queue {
     /// The call of a broadcast's root (`input`: its data, as long as the call) when nothing is
     /// queued (so every earlier call has posted and finished, rule 1) and its slot is known to be
     /// free (rule 2, from the `finished` counters seen so far): it waits for nobody, so it posts
-    /// and finishes at once, without building a [`Call`] and stepping it through its phases.
+    /// and finishes at once, without building a [`Call`] and stepping it through its phases. The
+    /// same for a rank that only gives its part to a root (`input`: that part), a gather's or a
+    /// reduce's other ranks: the root reads the part and checks its length.
     /// Returns whether it did; if not (or if `input` is larger than a slot's), the caller makes
     /// the call with [`Queue::call_now`], which rereads the counters and queues the call if it
     /// must wait. Tried first by the root crate, before anything else is built for the call: it
@@ -652,8 +714,31 @@ impl Queue {
     /// comes.
     #[inline]
     pub fn root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
+        self.post_alone(board, input, 0..0)
+    }
+
+    /// [`Queue::root_now`] for a scatter's root (`input`: its whole data, a block per rank): it
+    /// writes every block but its own, as the scatter's readers expect ([`Kind::Scatter`]).
+    #[inline]
+    pub fn scatter_root_now<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, input: &[u8]) -> bool {
+        if !input.len().is_multiple_of(board.ranks) {
+            return false;
+        }
+        let block = input.len() / board.ranks;
+        self.post_alone(board, input, board.me * block..(board.me + 1) * block)
+    }
+
+    /// Posts `input` without its bytes `skip` and finishes, if nothing is queued and the slot is
+    /// known to be free ([`Queue::root_now`]).
+    #[inline(always)]
+    fn post_alone<M: Deref<Target = [AtomicU64]>>(
+        &mut self,
+        board: &Board<M>,
+        input: &[u8],
+        skip: Range<usize>,
+    ) -> bool {
         let seq = self.next;
-        let need = freed_at(seq, input.len());
+        let need = freed_at(seq, input.len() - skip.len());
         let o = &mut self.order;
         let free = o.seen.len() == board.ranks && o.seen.iter().all(|&f| f >= need);
         if !self.calls.is_empty() || !free || input.len() > board.capacity {
@@ -661,7 +746,11 @@ impl Queue {
         }
         self.next += 1;
         o.mark_posted(seq);
-        board.write(seq, input);
+        if skip.is_empty() {
+            board.write(seq, input);
+        } else {
+            board.write_except(seq, input, skip);
+        }
         board.line(seq, board.me)[POSTED].store(seq + 1, Release);
         finished(board, seq, o);
         true
@@ -816,7 +905,7 @@ fn blocker<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, o: &mut Order
             }
             if c.writes(b.me) {
                 // Rule 2: every rank is done with the slot's previous call.
-                let need = freed_at(c.seq, c.len);
+                let need = freed_at(c.seq, c.written(b.ranks));
                 o.seen.resize(b.ranks, 0);
                 for r in 0..b.ranks {
                     if o.seen[r] < need {
@@ -916,7 +1005,12 @@ fn finished<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, seq: u64, o: &mut Orde
 /// Publishes this rank's part of call `c` (its data `input`), once nothing blocks it.
 fn post<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, input: &[u8], o: &mut Order) {
     if c.writes(b.me) {
-        b.write(c.seq, input);
+        match c.left_out(b.ranks) {
+            skip if skip.is_empty() => b.write(c.seq, input),
+            // Not the whole data: nothing, which the readers refuse (`written` bytes expected).
+            _ if input.len() != c.len => b.write(c.seq, &[]),
+            skip => b.write_except(c.seq, input, skip),
+        }
     }
     if c.posts(b.me) {
         b.line(c.seq, b.me)[POSTED].store(c.seq + 1, Release);
@@ -937,8 +1031,10 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
             if !c.len.is_multiple_of(b.ranks) {
                 return Err(CollError::Invalid(format!("{} bytes do not split into {} blocks", c.len, b.ranks)));
             }
+            // The root left its own block out: the blocks after it moved up by one.
             let block = c.len / b.ranks;
-            b.read_part(c.seq, *root as usize, c.len, b.me * block..(b.me + 1) * block, &mut out)?;
+            let k = b.me - usize::from(b.me > *root as usize);
+            b.read_part(c.seq, *root as usize, c.written(b.ranks), k * block..(k + 1) * block, &mut out)?;
             return Ok(out);
         }
         Kind::Reduce { root, .. } | Kind::Gather { root } if *root as usize != b.me => return Ok(out),
@@ -983,11 +1079,7 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
         Kind::Allgather | Kind::Gather { .. } => {
             out.reserve(c.len * b.ranks);
             for r in 0..b.ranks {
-                b.read(c.seq, r, x)?;
-                if x.len() != c.len {
-                    return Err(CollError::Malformed { from: r as u32, why: "all-gather length differs" });
-                }
-                out.extend_from_slice(x);
+                b.append_part(c.seq, r, c.len, 0..c.len, &mut out)?;
             }
             return Ok(out);
         }
@@ -995,13 +1087,11 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
             if !c.len.is_multiple_of(b.ranks) {
                 return Err(CollError::Invalid(format!("{} bytes do not split into {} blocks", c.len, b.ranks)));
             }
+            // This rank's block of every rank's data, and nothing more of it.
             let block = c.len / b.ranks;
+            out.reserve(c.len);
             for r in 0..b.ranks {
-                b.read(c.seq, r, x)?;
-                if x.len() != c.len {
-                    return Err(CollError::Malformed { from: r as u32, why: "all-to-all length differs" });
-                }
-                out.extend_from_slice(&x[b.me * block..(b.me + 1) * block]);
+                b.append_part(c.seq, r, c.len, b.me * block..(b.me + 1) * block, &mut out)?;
             }
             return Ok(out);
         }
@@ -1215,6 +1305,54 @@ mod tests {
                     let s = q.push(&b, Kind::Bcast { root: 0 }, len, input).unwrap();
                     let want = if me == 0 { Vec::new() } else { data };
                     assert_eq!(run(&mut q, &b, s).unwrap(), want, "n={n} len={len}");
+                }
+            });
+        }
+    }
+
+    /// Blocks of any byte length, in a line or an area: a scatter's root leaves its own block out
+    /// (on 2 ranks a block of up to a line's data then goes inline), an all-to-all reads only this
+    /// rank's block of each rank, a gather lays the parts end to end; every rank gets its bytes.
+    #[test]
+    fn blocks_of_every_length_reach_their_ranks() {
+        for n in [2, 3] {
+            on_ranks(n, move |me, b| {
+                let mut q = Queue::default();
+                // The next call's number (a call made at once gets no number back).
+                let mut posted = 0u64;
+                let byte = |from: usize, to: usize, i: usize| (from * 31 + to * 7 + i) as u8;
+                for block in [0, 1, 5, 8, 13, 24, 47, 48, 49, 100, 4000] {
+                    let len = block * n;
+                    for root in 0..n {
+                        let all: Vec<u8> = (0..n).flat_map(|to| (0..block).map(move |i| byte(root, to, i))).collect();
+                        let input = if me == root { all.clone() } else { Vec::new() };
+                        // The root as the root crate makes it: done at once if it can, else queued.
+                        let s = if me == root && q.scatter_root_now(&b, &input) {
+                            posted += 1;
+                            posted - 1
+                        } else {
+                            let s = q.push(&b, Kind::Scatter { root: root as u32 }, len, input).unwrap();
+                            let want = if me == root { Vec::new() } else { all[me * block..(me + 1) * block].to_vec() };
+                            assert_eq!(run(&mut q, &b, s).unwrap(), want, "scatter n={n} block={block} root={root}");
+                            s
+                        };
+                        if me == root {
+                            // Every block but the root's.
+                            assert_eq!(b.line(s, me)[LEN].load(Relaxed) as usize, len - block);
+                        }
+                        let s = q.push(&b, Kind::Gather { root: root as u32 }, block, all[..block].to_vec()).unwrap();
+                        let got = run(&mut q, &b, s).unwrap();
+                        posted = s + 1;
+                        if me == root {
+                            let want: Vec<u8> = (0..n).flat_map(|_| all[..block].to_vec()).collect();
+                            assert_eq!(got, want, "gather n={n} block={block}");
+                        }
+                    }
+                    let mine: Vec<u8> = (0..n).flat_map(|to| (0..block).map(move |i| byte(me, to, i))).collect();
+                    let s = q.push(&b, Kind::Alltoall, len, mine).unwrap();
+                    let want: Vec<u8> = (0..n).flat_map(|from| (0..block).map(move |i| byte(from, me, i))).collect();
+                    assert_eq!(run(&mut q, &b, s).unwrap(), want, "all-to-all n={n} block={block}");
+                    posted = s + 1;
                 }
             });
         }

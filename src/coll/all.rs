@@ -403,10 +403,9 @@ impl Comm {
         counts: &[usize],
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
-        let (r, n, elem) = (self.rank() as usize, self.size() as usize, size_of::<T>());
+        let (r, elem) = (self.rank() as usize, size_of::<T>());
         let alg = self.choose(Operation::ReduceScatter, size_of_val(data), op.is_commutative());
-        let sum = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c));
-        if alg == Algorithm::SharedMemory && counts.len() == n && sum == Some(data.len()) && check_op(&op).is_ok() {
+        if alg == Algorithm::SharedMemory && self.reduce_scatter_refusal(counts, data.len(), &op).is_none() {
             // On the board the call copies `data` as it posts it: no pooled copy of it first and
             // no segments, which a small call would pay for every time.
             let obs = self.observe(Operation::ReduceScatter, alg, size_of_val(data));
@@ -423,6 +422,21 @@ impl Comm {
         futures::future::Either::Right(self.reduce_scatter_with(self.coll().pool.copy(data), data.len(), counts, op))
     }
 
+    /// Why a reduce-scatter of `len` elements into `counts` cannot be made: one count per rank,
+    /// summing to `len`, and an operator for the element type. Shared by the board's branch of
+    /// [`Comm::reduce_scatter`] and the general path, so that both refuse alike.
+    fn reduce_scatter_refusal<T: Element>(&self, counts: &[usize], len: usize, op: &ReduceOp<T>) -> Option<Error> {
+        let n = self.size() as usize;
+        let total = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c)).unwrap_or(usize::MAX);
+        if counts.len() != n {
+            Some(InvalidArgument::CountMismatch { expected: n, got: counts.len() }.into())
+        } else if total != len {
+            Some(InvalidArgument::CountSum { sum: total, len }.into())
+        } else {
+            check_op(op).err()
+        }
+    }
+
     /// [`Comm::reduce_scatter`] of `whole`, the bytes of `len` elements: the segments are slices
     /// of it.
     pub(super) fn reduce_scatter_with<T: Element>(
@@ -432,15 +446,7 @@ impl Comm {
         counts: &[usize],
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
-        let n = self.size() as usize;
-        let total = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c)).unwrap_or(usize::MAX);
-        let early = if counts.len() != n {
-            Some(InvalidArgument::CountMismatch { expected: n, got: counts.len() }.into())
-        } else if total != len {
-            Some(InvalidArgument::CountSum { sum: total, len }.into())
-        } else {
-            check_op(&op).err()
-        };
+        let early = self.reduce_scatter_refusal(counts, len, &op);
         let mut at = 0usize;
         let elem = size_of::<T>();
         let segments: Vec<Bytes> = counts

@@ -134,7 +134,8 @@ impl HostBoard {
     }
 
     /// The call of a broadcast's root whose data (`input`) it can post at once and be done
-    /// ([`Queue::root_now`]); `false` if it cannot, and then [`HostBoard::call`] makes it. Inlined
+    /// ([`Queue::root_now`]), or of a gather's or reduce's other rank with its part; `false` if it
+    /// cannot, and then [`HostBoard::call`] makes it. Inlined
     /// into its caller, so that little is stored and read back between the post and the return.
     /// Here rather than at the top of `HostBoard::call`, which every board call takes: there it
     /// costs the barrier more than it gains (`collectives-job --ranks 2 -o bcast,allreduce,barrier
@@ -143,6 +144,12 @@ impl HostBoard {
     pub(crate) fn root_now(&self, input: &[u8]) -> bool {
         // After a departure or loss, the call goes through `call`, which may refuse it.
         self.untouched() && self.queue.lock().root_now(&self.board, input)
+    }
+
+    /// [`HostBoard::root_now`] for a scatter's root ([`Queue::scatter_root_now`]).
+    #[inline]
+    pub(crate) fn scatter_root_now(&self, input: &[u8]) -> bool {
+        self.untouched() && self.queue.lock().scatter_root_now(&self.board, input)
     }
 
     /// Enqueues a call (described in full: it may run before its future is first polled), split

@@ -264,20 +264,43 @@ impl Comm {
     ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
         let (bytes, r) = (size_of_val(data), self.rank());
         let alg = self.choose(Operation::Reduce, bytes, op.is_commutative());
-        let fits = match &out {
-            Some(o) if r == root => o.len() == data.len(),
-            _ => r != root,
-        };
-        if alg == Algorithm::SharedMemory && fits && root < self.size() && check_op(&op).is_ok() {
+        let into = Some(out.as_ref().map(|o| o.len()));
+        if alg == Algorithm::SharedMemory && self.reduce_refusal(root, data.len(), into, &op).is_none() {
             // On the board, as a broadcast: the result straight into `out`, with nothing boxed.
             let obs = self.observe(Operation::Reduce, alg, bytes);
+            let input = bytemuck::cast_slice(data);
+            // The other ranks post their part and are done, as a broadcast's root.
+            if r != root && self.board().is_ok_and(|seg| seg.root_now(input)) {
+                return futures::future::Either::Left(obs.wrap(Collective::Ready(Some(Ok(())))));
+            }
             let kind = BoardOp::Reduce { root, op: op.erase() };
-            let call = self.board_call(kind, bytes, bytemuck::cast_slice(data), size_of::<T>());
+            let call = self.board_call(kind, bytes, input, size_of::<T>());
             let dst = out.filter(|_| r == root).map(bytemuck::cast_slice_mut);
             return futures::future::Either::Left(obs.wrap(Collective::board(call, dst)));
         }
         let run = self.reduce_to(root, data, Some(out), op);
         futures::future::Either::Right(async move { run.await.map(drop) })
+    }
+
+    /// Why a reduce of `len` elements to `root` cannot be made: the root, the operator, or for
+    /// [`Comm::reduce_into`] (`into`: `Some(the length of the caller's buffer, if any)`) the
+    /// root's buffer. Shared by the board's branch of `reduce_into` and the general path, so that
+    /// both refuse alike; nothing is built unless the call is refused.
+    fn reduce_refusal<T: Element>(
+        &self,
+        root: Rank,
+        len: usize,
+        into: Option<Option<usize>>,
+        op: &ReduceOp<T>,
+    ) -> Option<Error> {
+        let root_here = self.rank() == root;
+        self.check_root(root).or_else(|| check_op(op).err()).or_else(|| match into {
+            Some(None) if root_here => Some(InvalidArgument::RootWithoutData { op: "reduce_into" }.into()),
+            Some(Some(got)) if root_here && got != len => {
+                Some(InvalidArgument::LengthMismatch { expected: len, got }.into())
+            }
+            _ => None,
+        })
     }
 
     /// [`Comm::reduce`] (`into`: `None`, the root allocates its result) and
@@ -292,13 +315,7 @@ impl Comm {
         let alg = self.choose(Operation::Reduce, size_of_val(data), op.is_commutative());
         let obs = self.observe(Operation::Reduce, alg, size_of_val(data));
         let (r, n) = (self.rank(), self.size());
-        let early = self.check_root(root).or_else(|| check_op(&op).err()).or_else(|| match &into {
-            Some(None) if r == root => Some(InvalidArgument::RootWithoutData { op: "reduce_into" }.into()),
-            Some(Some(o)) if r == root && o.len() != data.len() => {
-                Some(InvalidArgument::LengthMismatch { expected: data.len(), got: o.len() }.into())
-            }
-            _ => None,
-        });
+        let early = self.reduce_refusal(root, data.len(), into.as_ref().map(|o| o.as_ref().map(|o| o.len())), &op);
         let len = size_of_val(data);
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
             let kind = BoardOp::Reduce { root, op: op.erase() };
@@ -425,6 +442,19 @@ impl Comm {
             _ => None,
         });
         let own: &[u8] = bytemuck::cast_slice(data);
+        if early.is_none() && alg == Algorithm::SharedMemory {
+            // On the board, as an all-gather: the parts straight into the root's `out`, with
+            // nothing boxed; the other ranks are done once they have posted. Why not in the future
+            // below: it holds every path's state, and those ranks would move it right after their
+            // post, behind the line the root is reading (see `Collective`). They post their part
+            // and are done, as a broadcast's root.
+            if r != root && self.board().is_ok_and(|seg| seg.root_now(own)) {
+                return futures::future::Either::Left(obs.wrap(Collective::Ready(Some(Ok(())))));
+            }
+            let call = self.board_call(BoardOp::Gather { root }, bytes, own, size_of::<T>());
+            let dst = out.map(bytemuck::cast_slice_mut::<T, u8>);
+            return futures::future::Either::Left(obs.wrap(Collective::board_gathered(call, dst, n)));
+        }
         let on_host = early.is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy);
         let call = on_host.then(|| match alg {
             Algorithm::SharedMemory => Ok(self.board_future(BoardOp::Gather { root }, bytes, own, size_of::<T>())),
@@ -432,7 +462,7 @@ impl Comm {
         });
         let pool = self.coll().pool.clone();
         let run = (early.is_none() && call.is_none()).then(|| self.gather_plan(root, pool.copy(data), bytes));
-        obs.wrap(async move {
+        futures::future::Either::Right(obs.wrap(async move {
             if let Some(e) = early {
                 return Err(e);
             }
@@ -451,7 +481,7 @@ impl Comm {
                 }
                 (None, None) => Err(Error::Internal { what: "a gather planned without a path" }),
             }
-        })
+        }))
     }
 
     /// Gathers every rank's `data` (lengths may differ) at `root`: one vector per rank.
@@ -564,6 +594,9 @@ impl Comm {
             let dst: &mut [u8] = bytemuck::cast_slice_mut(out);
             if r == root {
                 dst.copy_from_slice(own());
+                if self.board().is_ok_and(|seg| seg.scatter_root_now(input)) {
+                    return obs.wrap(Collective::Ready(Some(Ok(()))));
+                }
             }
             let call = self.board_call(BoardOp::Scatter { root }, bytes * n as usize, input, size_of::<T>());
             return obs.wrap(Collective::board(call, (r != root).then_some(dst)));
