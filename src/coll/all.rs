@@ -441,35 +441,45 @@ impl Comm {
         } else {
             check_op(&op).err()
         };
-        let mut at = 0usize;
         let elem = size_of::<T>();
-        let segments: Vec<Bytes> = counts
-            .iter()
-            .map(|&c| {
-                let end = at.saturating_add(c).min(len);
-                let s = whole.slice(at.min(end) * elem..end * elem);
-                at = end;
-                s
-            })
-            .collect();
         let alg = self.choose(Operation::ReduceScatter, len * elem, op.is_commutative());
         let obs = self.observe(Operation::ReduceScatter, alg, len * elem);
         let (r, n) = (self.rank(), self.size());
         // This rank's bytes of the vector.
         let mine = {
-            let start = counts.iter().take(r as usize).sum::<usize>().min(len) * elem;
-            start..start + segments.get(r as usize).map_or(0, Bytes::len)
+            let start = counts.iter().take(r as usize).sum::<usize>().min(len);
+            let end = start.saturating_add(counts.get(r as usize).copied().unwrap_or(0)).min(len);
+            start * elem..end * elem
         };
         let count = mine.len() / elem;
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
             let kind = BoardOp::ReduceScatter { op: op.erase(), part: mine.clone() };
             self.board_future(kind, whole.len(), &whole, elem)
         });
-        // The future does not borrow the caller's data: the call lends a pooled copy, which it
-        // keeps until nobody reads it.
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(&whole[..], Lend::Copy));
-        let plan = (early.is_none() && board.is_none() && direct.is_none())
-            .then(|| (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase())));
+        // The future does not borrow the caller's data: the call lends `whole` itself where it is
+        // a pooled copy nobody else holds (or else a copy of it), and keeps it until nobody reads
+        // it.
+        let mut whole = Some(whole);
+        let direct =
+            (early.is_none() && alg == Algorithm::SingleCopy).then(|| match whole.take().map(Bytes::try_into_mut) {
+                Some(Ok(buf)) => self.lend_owned(buf),
+                Some(Err(shared)) => self.lend(&shared[..], Lend::Copy),
+                None => Err(Error::Internal { what: "a reduce-scatter's input taken twice" }),
+            });
+        let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
+            let mut at = 0usize;
+            let whole = whole.as_ref().expect("kept for the messages");
+            let segments: Vec<Bytes> = counts
+                .iter()
+                .map(|&c| {
+                    let end = at.saturating_add(c).min(len);
+                    let s = whole.slice(at.min(end) * elem..end * elem);
+                    at = end;
+                    s
+                })
+                .collect();
+            (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase()))
+        });
         let pool = self.coll().pool.clone();
         obs.wrap(async move {
             if let Some(call) = board {
@@ -488,7 +498,7 @@ impl Comm {
             let out = to_vec(&ops::reduce_scatter_result(&blocks, r)?);
             // The received buffers and the input's serve the next calls.
             pool.recycle(blocks);
-            if let Ok(b) = whole.try_into_mut() {
+            if let Some(Ok(b)) = whole.map(Bytes::try_into_mut) {
                 pool.give(b);
             }
             out

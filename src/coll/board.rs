@@ -557,6 +557,125 @@ impl Lending {
         }
     }
 
+    /// Copies every other rank's part into `dst` (`len` bytes a rank, part `k` at `k * len`;
+    /// `data[k]`: what rank `k` lent) and this rank's from `own`, letting the owners push their
+    /// parts while this rank copies (see `ferrocomm_collectives::shared::Board::open_push`): it
+    /// opens a push to every owner, copies its own part (meanwhile the owners that wait claim
+    /// theirs), then copies each part whose push nobody claimed, and waits until every claimed
+    /// one is written (or its writer is gone). With several owners, more CPUs copy than the
+    /// reader's alone. Synchronous from the first push opened to the last one settled, so `dst`
+    /// is never let go of while an owner may write into it.
+    pub(crate) fn read_pushed(&self, data: &[Lent], dst: &mut [u8], len: usize, own: &[u8]) -> Result<()> {
+        use ferrocomm_collectives::shared::Offer;
+        let (board, me) = (&self.seg.board, self.seg.board.me());
+        let opened: SmallVec<[bool; 16]> = (0..data.len()).map(|k| k != me && board.open_push(k, self.first)).collect();
+        let parts = dst.chunks_exact_mut(len.max(1));
+        let mut first_error = None;
+        let mut claimed: SmallVec<[usize; 16]> = SmallVec::new();
+        for (k, part) in parts.enumerate().take(data.len()) {
+            if k == me {
+                part.copy_from_slice(own);
+                continue;
+            }
+            let now = if opened[k] { board.take_back_push(k, self.first) } else { Some(Offer::TakenBack) };
+            match now {
+                Some(Offer::TakenBack) if first_error.is_none() => {
+                    if let Err(e) = self.read(k as Rank, &data[k], 0, part) {
+                        first_error = Some(e);
+                    }
+                }
+                Some(Offer::TakenBack) => {}
+                Some(_) => claimed.push(k),
+                None => first_error = first_error.or(Some(malformed(k))),
+            }
+        }
+        for k in claimed {
+            let mut now = board.push_state(k, self.first);
+            let mut spins = 0u32;
+            while now == Some(Offer::Claimed) {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(64) {
+                    // The writer may share this CPU.
+                    std::thread::yield_now();
+                }
+                if spins.is_multiple_of(4096) && !process_alive(data[k].pid) {
+                    now = None;
+                    let rank = self.seg.members[k];
+                    first_error = first_error
+                        .or(Some(Error::PeerLost { rank, reason: ferrocomm_transports::TransportError::Closed }));
+                    break;
+                }
+                now = board.push_state(k, self.first);
+            }
+            match now {
+                Some(Offer::Written) => {}
+                Some(Offer::Failed) if first_error.is_none() => {
+                    if let Err(e) = self.read(k as Rank, &data[k], 0, &mut dst[k * len..(k + 1) * len]) {
+                        first_error = Some(e);
+                    }
+                }
+                _ => first_error = first_error.or(Some(malformed(k))),
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// [`Lending::next`] for an owner whose reader may open a push to it
+    /// ([`Lending::read_pushed`]): until the reader opens it (then this rank writes `src` at
+    /// `at` in the reader's memory `dst`) or takes it back, it looks at the push and the step in
+    /// turn, then waits for the step as [`Lending::next`] does, still taking a push opened late.
+    /// `in_place`: the caller's data lent where it is, or else the kept copy.
+    pub(crate) async fn next_pushing(&mut self, dst: &Lent, at: usize, in_place: Option<&[u8]>) -> Result<Data> {
+        let seq = self.steps.start;
+        let src = in_place.unwrap_or(self.kept.as_deref().unwrap_or_default());
+        self.seg.queue.lock().release(seq);
+        let (mut seqs, mut parts) = (seq..seq + 1, Pieces::new());
+        let crowded = self.seg.reactor.mode() == ProgressMode::BusyPoll && self.seg.reactor.is_oversubscribed();
+        let mut settled = false;
+        for _ in 0..PUSH_LOOKS {
+            settled = self.push(dst, at, src);
+            if settled {
+                break;
+            }
+            if let Poll::Ready(r) = self.seg.check(&mut seqs, &mut parts, None) {
+                r?;
+                self.steps.start += 1;
+                return Ok(parts.pop().unwrap_or_default());
+            }
+            if crowded {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let mut wait = std::pin::pin!(self.seg.wait(seqs, self.lent()));
+        let this = &*self;
+        let mut parts = std::future::poll_fn(|cx| {
+            if !settled {
+                settled = this.push(dst, at, src);
+            }
+            wait.as_mut().poll(cx)
+        })
+        .await?;
+        self.steps.start += 1;
+        Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// Writes `src` at `at` in the reader's memory `dst` if the reader opened a push to this rank
+    /// and it is claimed here; whether the push is settled (written, failed or taken back).
+    fn push(&self, dst: &Lent, at: usize, src: &[u8]) -> bool {
+        let board = &self.seg.board;
+        match board.claim_push(self.first) {
+            Some(true) => {
+                let fits = (at + src.len()) as u64 <= dst.len;
+                board.pushed(self.first, fits && copy_to(dst.pid, dst.addr + at as u64, src).is_ok());
+                true
+            }
+            Some(false) => true,
+            None => false,
+        }
+    }
+
     /// A handle for writing what readers offer to split while the call waits ([`Helper::help`]).
     pub(crate) fn helper(&self) -> Helper {
         Helper { seg: self.seg.clone(), first: self.first }
@@ -567,6 +686,16 @@ impl Lending {
 /// `ferrocomm_collectives::shared::Offer`): below, the second system call and the wait for the
 /// owner to notice cost more than half the copy.
 const SPLIT_MIN: usize = 64 << 10;
+
+/// How many times an owner looks for a push ([`Lending::next_pushing`]) between looks at the
+/// step before it waits as usual: long enough for a reader that copies its own part first
+/// (tens of microseconds and more), short enough to go back to the executor soon.
+const PUSH_LOOKS: u32 = 1024;
+
+/// A push's state that breaks the protocol (a corrupt board).
+fn malformed(k: usize) -> Error {
+    Error::Collective(CollError::Malformed { from: k as u32, why: "push state" })
+}
 
 /// The owner's side of a single-copy call, apart from its [`Lending`] (which its waits borrow).
 pub(crate) struct Helper {

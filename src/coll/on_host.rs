@@ -84,10 +84,12 @@ pub(super) async fn gather_single_copy<R>(
 }
 
 /// A gather by single copy: every rank lends its part (`own`: a copy the call keeps, or the
-/// caller's data in place); the root copies each into its place in `dst` (`len` bytes a rank),
-/// then a barrier ends the lending. On 2 ranks the other rank, which would only wait, writes half
-/// of the root's copy ([`board::Lending::read_split`]); on more, an offer does not say whose
-/// memory it is for, so the root reads alone.
+/// caller's data in place) and the root its `dst` too ([`Comm::lend_for_gather`]); the root
+/// copies each part into its place in `dst` (`len` bytes a rank), then a barrier ends the
+/// lending. The other ranks, which would only wait, help: on 2 ranks the other writes half of
+/// the root's copy ([`board::Lending::read_split`]); on more, the root opens a push to every
+/// rank, and those that claim it write their whole part into `dst` while the root copies the
+/// others ([`board::Lending::read_pushed`]): the copies spread over the CPUs.
 #[allow(clippy::too_many_arguments)] // the call, who is who, what is lent and where it goes
 pub(super) async fn gather_direct(
     mut call: board::Lending,
@@ -99,23 +101,40 @@ pub(super) async fn gather_direct(
     dst: Option<&mut [u8]>,
     pool: &Pool,
 ) -> Result<()> {
-    let lent = lent_by_all(&call.next().await?, n as usize, len)?;
-    if let Some(dst) = dst.filter(|_| me == root) {
-        for (k, (d, l)) in dst.chunks_exact_mut(len.max(1)).zip(&lent).enumerate() {
-            match k as Rank {
-                k if k == me => d.copy_from_slice(own.unwrap_or(call.kept())),
-                k if n == 2 => call.read_split(k, l, d)?,
-                k => call.read(k, l, 0, d)?,
-            }
+    let all = call.next().await?;
+    if n > 2 {
+        let (data, dsts) = lent_for_gather(&all, n as usize, len, root as usize)?;
+        if let Some(dst) = dst.filter(|_| me == root) {
+            let own = own.unwrap_or(call.kept());
+            call.read_pushed(&data, dst, len, own)?;
+            call.next().await?;
+        } else {
+            call.next_pushing(&dsts[root as usize], me as usize * len, own).await?;
         }
-        call.next().await?;
-    } else if n == 2 {
-        call.next_helping(own).await?;
     } else {
-        call.next().await?;
+        let lent = lent_by_all(&all, n as usize, len)?;
+        if let Some(dst) = dst.filter(|_| me == root) {
+            for (k, (d, l)) in dst.chunks_exact_mut(len.max(1)).zip(&lent).enumerate() {
+                match k as Rank {
+                    k if k == me => d.copy_from_slice(own.unwrap_or(call.kept())),
+                    k => call.read_split(k, l, d)?,
+                }
+            }
+            call.next().await?;
+        } else if n == 2 {
+            call.next_helping(own).await?;
+        } else {
+            call.next().await?;
+        }
     }
     call.give_back().into_iter().for_each(|b| pool.give(b));
     Ok(())
+}
+
+/// What every rank lent for a gather by single copy of `len` bytes a rank on more than two ranks
+/// ([`Comm::lend_for_gather`]): its data, and the root's `dst` for every rank's part.
+fn lent_for_gather(all: &[u8], n: usize, len: usize, root: usize) -> Result<(Vec<Lent>, Vec<Lent>)> {
+    lent_with_results(all, n, len, |k| (k == root).then_some(n * len))
 }
 
 /// From this many bytes a reduce by single copy shares the combining out ([`reduce_single_copy`]);
@@ -402,8 +421,10 @@ pub(super) fn lent_by_all(all: &[u8], n: usize, len: usize) -> Result<Vec<Lent>>
 /// bytes come from `own`, or are in `dst` already (`None`); from them the result grows outwards:
 /// the ranks before this one are applied on the left, nearest first, then the ranks after it on
 /// the right, so `x0 ⊕ (x1 ⊕ ... ⊕ xme) ⊕ ... ⊕ xn-1` keeps rank order for any associative operator.
-/// The pieces are read into a scratch buffer from `pool` (kept between calls: a fresh one faults
-/// its pages in on every call).
+/// With `own`, the nearest other rank's piece is read straight into `dst` and `own` applied to it
+/// (one pass over the piece less than copying `own` in first), unless that puts `own` on the left
+/// of a non-commutative operator (which would copy instead). The other pieces are read into a
+/// scratch buffer from `pool` (kept between calls: a fresh one faults its pages in on every call).
 #[allow(clippy::too_many_arguments)] // the call, what it reads, how it combines, where it goes
 pub(super) fn combine(
     call: &board::Lending,
@@ -416,16 +437,29 @@ pub(super) fn combine(
     pool: &Pool,
 ) -> Result<()> {
     let piece = (REDUCE_PIECE / op.element_size() * op.element_size()).max(1);
-    let mut x = pool.take(piece.min(dst.len()));
+    // The rank read straight into `dst`, with `own` applied to it: the nearest one before this
+    // rank (`own` on the right), or the first after it where the operator commutes.
+    let first = own.and_then(|_| match me.checked_sub(1) {
+        Some(before) => Some(before),
+        None => (lent.len() > 1 && op.is_commutative()).then_some(1),
+    });
+    // Pieces of the other ranks go through `x` (none with two ranks and `own`).
+    let through_x = lent.len().saturating_sub(1 + usize::from(first.is_some()));
+    let mut x = if through_x > 0 { pool.take(piece.min(dst.len())) } else { BytesMut::new() };
     for start in (0..dst.len()).step_by(piece) {
         let p = start..(start + piece).min(dst.len());
         let (k, result) = (p.len(), &mut dst[p.clone()]);
-        if let Some(own) = own {
-            result.copy_from_slice(&own[p]);
+        match (own, first) {
+            (Some(own), Some(r)) => {
+                call.read(r as Rank, &lent[r], at + start, result)?;
+                op.apply(result, &own[p], r > me);
+            }
+            (Some(own), None) => result.copy_from_slice(&own[p]),
+            (None, _) => {}
         }
         let before = lent[..me].iter().enumerate().rev().map(|(r, l)| (r, l, true));
         let after = lent.iter().enumerate().skip(me + 1).map(|(r, l)| (r, l, false));
-        for (r, theirs, on_the_left) in before.chain(after) {
+        for (r, theirs, on_the_left) in before.chain(after).filter(|&(r, _, _)| Some(r) != first) {
             call.read(r as Rank, theirs, at + start, &mut x[..k])?;
             op.apply(result, &x[..k], on_the_left);
         }
@@ -497,6 +531,41 @@ impl Comm {
         copy.copy_from_slice(bytes);
         let mut call = self.lending(BoardOp::Allgather, Some(Lent::of(&copy)), &[BoardOp::Barrier])?;
         call.keep(copy);
+        Ok(call)
+    }
+
+    /// [`Comm::lend`] of a buffer the call takes over (kept until nobody reads it, then given
+    /// back to the pool): for a caller that copied its input into a pooled buffer already.
+    pub(super) fn lend_owned(&self, buf: BytesMut) -> Result<board::Lending> {
+        let mut call = self.lending(BoardOp::Allgather, Some(Lent::of(&buf)), &[BoardOp::Barrier])?;
+        call.keep(buf);
+        Ok(call)
+    }
+
+    /// Starts a gather by single copy to `root` ([`gather_direct`]): this rank lends `data` as
+    /// `lend` says and, on more than two ranks, the root also its `dst` (every rank's part, which
+    /// the others may push into; only for a future that borrows it until its end), the others
+    /// nothing more.
+    pub(super) fn lend_for_gather<T: Element>(
+        &self,
+        data: &[T],
+        lend: Lend,
+        dst: Option<&[u8]>,
+    ) -> Result<board::Lending> {
+        if self.size() <= 2 {
+            return self.lend(data, lend);
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let copy = matches!(lend, Lend::Copy).then(|| {
+            let mut copy = self.coll().pool.take(bytes.len());
+            copy.copy_from_slice(bytes);
+            copy
+        });
+        let lent = [Lent::of(copy.as_deref().unwrap_or(bytes)), Lent::of(dst.unwrap_or_default())];
+        let mut call = self.board()?.lend_each(BoardOp::Allgather, 2, &lent, &[BoardOp::Barrier])?;
+        if let Some(b) = copy {
+            call.keep(b);
+        }
         Ok(call)
     }
 

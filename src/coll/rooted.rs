@@ -367,16 +367,18 @@ impl Comm {
         if self.check_root(root).is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy) {
             let obs = self.observe(Operation::Gather, alg, bytes);
             let count = data.len() * n as usize;
+            // The root's result, lent to the others by single copy (they may push their parts).
+            let mut out = (r == root).then(|| vec![T::zeroed(); count]);
             let call = if alg == Algorithm::SharedMemory {
                 let input = bytemuck::cast_slice(data);
                 Ok(self.board_future(BoardOp::Gather { root }, bytes, input, size_of::<T>()))
             } else {
                 // The future does not borrow `data`: the call lends a pooled copy.
-                Err(self.lend(data, Lend::Copy))
+                let dst = out.as_deref().map(bytemuck::cast_slice::<T, u8>);
+                Err(self.lend_for_gather(data, Lend::Copy, dst))
             };
             let pool = self.coll().pool.clone();
             return futures::future::Either::Left(obs.wrap(async move {
-                let mut out = (r == root).then(|| vec![T::zeroed(); count]);
                 let dst = out.as_deref_mut().map(bytemuck::cast_slice_mut::<T, u8>);
                 match call {
                     Ok(call) => {
@@ -428,7 +430,7 @@ impl Comm {
         let on_host = early.is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy);
         let call = on_host.then(|| match alg {
             Algorithm::SharedMemory => Ok(self.board_future(BoardOp::Gather { root }, bytes, own, size_of::<T>())),
-            _ => Err(self.lend(data, Lend::InPlace)),
+            _ => Err(self.lend_for_gather(data, Lend::InPlace, out.as_deref().map(bytemuck::cast_slice::<T, u8>))),
         });
         let pool = self.coll().pool.clone();
         let run = (early.is_none() && call.is_none()).then(|| self.gather_plan(root, pool.copy(data), bytes));
