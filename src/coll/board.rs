@@ -448,20 +448,16 @@ impl Lending {
 
     /// [`Lending::next`] for an owner that would only wait: meanwhile it writes the halves that
     /// readers of its lent memory offer to split ([`Helper::help`]): `in_place`, the caller's
-    /// data lent where it is, or else the kept copy.
-    pub(crate) async fn next_helping(&mut self, in_place: Option<&[u8]>) -> Result<Data> {
-        let seq = self.steps.start;
-        self.seg.queue.lock().release(seq);
+    /// data lent where it is, or else the kept copy. `readers`: how many readers may offer (it
+    /// looks closely until that many offers are written).
+    pub(crate) async fn next_helping(&mut self, in_place: Option<&[u8]>, readers: usize) -> Result<Data> {
         let helper = self.helper();
-        let src = in_place.unwrap_or(self.kept.as_deref().unwrap_or_default());
-        let mut wait = std::pin::pin!(self.seg.wait(seq..seq + 1, self.lent()));
-        let mut parts = std::future::poll_fn(|cx| {
-            helper.help(src);
-            wait.as_mut().poll(cx)
+        let mut helped = 0;
+        self.next_while(|this| {
+            helped += helper.help(in_place.unwrap_or(this.kept()));
+            helped >= readers
         })
-        .await?;
-        self.steps.start += 1;
-        Ok(parts.pop().unwrap_or_default())
+        .await
     }
 
     /// Ranks of the communicator.
@@ -621,26 +617,32 @@ impl Lending {
     }
 
     /// [`Lending::next`] for an owner whose reader may open a push to it
-    /// ([`Lending::read_pushed`]): until the reader opens it (then this rank writes `src` at
-    /// `at` in the reader's memory `dst`) or takes it back, it looks at the push and the step in
-    /// turn, then waits for the step as [`Lending::next`] does, still taking a push opened late.
-    /// `in_place`: the caller's data lent where it is, or else the kept copy.
+    /// ([`Lending::read_pushed`]): when the reader opens it, this rank writes `src` at `at` in the
+    /// reader's memory `dst`. `in_place`: the caller's data lent where it is, or else the kept
+    /// copy.
     pub(crate) async fn next_pushing(&mut self, dst: &Lent, at: usize, in_place: Option<&[u8]>) -> Result<Data> {
+        self.next_while(|this| this.push(dst, at, in_place.unwrap_or(this.kept()))).await
+    }
+
+    /// [`Lending::next`] that meanwhile does `work` (which says whether it is done): until it is,
+    /// the rank looks at the step and does the work in turn, closely (an offer or push opened now
+    /// is taken within a look, not after a poll's spin of the wait), for at most [`HELP_LOOKS`]
+    /// looks; then it waits for the step as [`Lending::next`] does, working once a poll.
+    async fn next_while(&mut self, mut work: impl FnMut(&Lending) -> bool) -> Result<Data> {
         let seq = self.steps.start;
-        let src = in_place.unwrap_or(self.kept.as_deref().unwrap_or_default());
         self.seg.queue.lock().release(seq);
         let (mut seqs, mut parts) = (seq..seq + 1, Pieces::new());
         let crowded = self.seg.reactor.mode() == ProgressMode::BusyPoll && self.seg.reactor.is_oversubscribed();
-        let mut settled = false;
-        for _ in 0..PUSH_LOOKS {
-            settled = self.push(dst, at, src);
-            if settled {
-                break;
-            }
+        let mut done = false;
+        for _ in 0..HELP_LOOKS {
+            done = work(self);
             if let Poll::Ready(r) = self.seg.check(&mut seqs, &mut parts, None) {
                 r?;
                 self.steps.start += 1;
                 return Ok(parts.pop().unwrap_or_default());
+            }
+            if done {
+                break;
             }
             if crowded {
                 std::thread::yield_now();
@@ -651,8 +653,8 @@ impl Lending {
         let mut wait = std::pin::pin!(self.seg.wait(seqs, self.lent()));
         let this = &*self;
         let mut parts = std::future::poll_fn(|cx| {
-            if !settled {
-                settled = this.push(dst, at, src);
+            if !done {
+                done = work(this);
             }
             wait.as_mut().poll(cx)
         })
@@ -687,10 +689,10 @@ impl Lending {
 /// owner to notice cost more than half the copy.
 const SPLIT_MIN: usize = 64 << 10;
 
-/// How many times an owner looks for a push ([`Lending::next_pushing`]) between looks at the
-/// step before it waits as usual: long enough for a reader that copies its own part first
-/// (tens of microseconds and more), short enough to go back to the executor soon.
-const PUSH_LOOKS: u32 = 1024;
+/// How many times an owner that helps looks for work and at the step in turn before it waits as
+/// usual ([`Lending::next_while`]): long enough for a reader that copies its own part first (tens
+/// of microseconds), short enough to go back to the executor soon.
+const HELP_LOOKS: u32 = 1024;
 
 /// A push's state that breaks the protocol (a corrupt board).
 fn malformed(k: usize) -> Error {

@@ -13,14 +13,8 @@ pub(super) async fn bcast_single_copy(mut call: board::Lending, root: Rank, me: 
         call.read_split(root, &lent, buf)?;
         return call.next().await.map(drop);
     }
-    let helper = call.helper();
-    let mut fanin = std::pin::pin!(call.next());
-    std::future::poll_fn(|cx| {
-        helper.help(buf);
-        fanin.as_mut().poll(cx)
-    })
-    .await
-    .map(drop)
+    let readers = call.ranks() - 1;
+    call.next_helping(Some(&*buf), readers).await.map(drop)
 }
 
 /// A scatter by single copy: the root lends its whole data (`own`: its block of it); each other
@@ -122,7 +116,7 @@ pub(super) async fn gather_direct(
             }
             call.next().await?;
         } else if n == 2 {
-            call.next_helping(own).await?;
+            call.next_helping(own, 1).await?;
         } else {
             call.next().await?;
         }
