@@ -117,6 +117,12 @@ const OFFER_PID: usize = 4;
 /// ... and the state of the push into a reader's memory that the reader opened to this rank
 /// ([`Board::open_push`]).
 const PUSH: usize = 5;
+/// ... and how far it got in a chained single-copy call ([`Board::progress`]).
+const PROGRESS: usize = 6;
+/// Bits of [`PROGRESS`] that count pieces; the call's tag sits above them.
+const PROGRESS_BITS: u32 = 24;
+/// The most pieces [`Board::progress`] counts.
+pub const MAX_PIECES: u64 = (1 << PROGRESS_BITS) - 1;
 
 /// A reader's offer to split its copy of a single-copy call with the memory's owner: the reader
 /// copies the first half while the owner, who would otherwise only wait, writes the second half
@@ -333,6 +339,23 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
     /// The state of the push opened to rank `rank` for `call`.
     pub fn push_state(&self, rank: usize, call: u64) -> Option<Offer> {
         Offer::of(self.own(rank, PUSH).load(Acquire), call)
+    }
+
+    /// Publishes that this rank has done the first `pieces` pieces of its part in chained
+    /// single-copy call `call` (a scan whose ranks each wait for the one before: see
+    /// [`Board::progressed`]). At most [`MAX_PIECES`].
+    pub fn progress(&self, call: u64, pieces: u64) {
+        let tag = (call + 1) << PROGRESS_BITS;
+        self.own(self.me, PROGRESS).store(tag | pieces.min(MAX_PIECES), Release);
+    }
+
+    /// The pieces of chained call `call` that rank `rank` has published as done (0 before it
+    /// began; the call's tag is kept modulo 2^40, far more calls than any rank is behind).
+    pub fn progressed(&self, rank: usize, call: u64) -> u64 {
+        let word = self.own(rank, PROGRESS).load(Acquire);
+        let mask = (1u64 << (64 - PROGRESS_BITS)) - 1;
+        let same = (word >> PROGRESS_BITS) == ((call + 1) & mask);
+        if same { word & MAX_PIECES } else { 0 }
     }
 
     /// Rank `rank`'s line in call `seq`'s slot: `posted`, length and inline data.

@@ -537,6 +537,15 @@ impl Comm {
             // nobody reads it any more.
             let obs = self.observe(Operation::Scan, alg, bytes);
             let (r, n, pool) = (self.rank(), self.size(), self.coll().pool.clone());
+            if n <= SCAN_CHAIN_RANKS {
+                // Down a chain: each rank's prefix straight into its `buf`, read by the next.
+                let call =
+                    self.lending(BoardOp::Allgather, Some(Lent::of(bytemuck::cast_slice(buf))), &[BoardOp::Barrier]);
+                let buf = bytemuck::cast_slice_mut(buf);
+                return obs.wrap(Collective::boxed(async move {
+                    scan_chain(call?, buf, op.erase(), r, n, true, &pool).await
+                }));
+            }
             if bytes >= SCAN_SPLIT_MIN && n > 1 {
                 // The combining shared out by parts.
                 let call = self.lend_for_scan(buf, true);
@@ -573,8 +582,10 @@ impl Comm {
         let count = data.len();
         if check_op(&op).is_ok() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy) {
             let obs = self.observe(Operation::Scan, alg, bytes);
-            // Single copy: the combining shared out by parts from SCAN_SPLIT_MIN.
-            let split = bytes >= SCAN_SPLIT_MIN && n > 1;
+            // Single copy: down a chain on few ranks, else the combining shared out by parts from
+            // SCAN_SPLIT_MIN.
+            let chain = n <= SCAN_CHAIN_RANKS;
+            let split = !chain && bytes >= SCAN_SPLIT_MIN && n > 1;
             let call = if alg == Algorithm::SharedMemory {
                 let kind = BoardOp::Scan { op: op.erase(), inclusive: false };
                 Ok(self.board_future(kind, bytes, bytemuck::cast_slice(data), size_of::<T>()))
@@ -596,7 +607,9 @@ impl Comm {
                     }
                     Err(call) => {
                         let dst = out.as_deref_mut().map(bytemuck::cast_slice_mut::<T, u8>).unwrap_or_default();
-                        if split {
+                        if chain {
+                            Box::pin(scan_chain(call?, dst, op.erase(), r, n, false, &pool)).await?;
+                        } else if split {
                             Box::pin(scan_split(call?, dst, bytes, op.erase(), r, n, false, &pool)).await?;
                         } else {
                             Box::pin(scan_direct(call?, dst, op.erase(), r, n, false, &pool)).await?;

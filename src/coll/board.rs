@@ -678,6 +678,51 @@ impl Lending {
         }
     }
 
+    /// Publishes that this rank has done the first `pieces` pieces of its part of a chained call
+    /// ([`Lending::wait_progress`]).
+    pub(crate) fn progress(&self, pieces: u64) {
+        self.seg.board.progress(self.first, pieces);
+    }
+
+    /// Waits until rank `owner` (whose lent memory is `lent`) has published `pieces` pieces of
+    /// this chained call: spins for a while on each poll (yielding where ranks share CPUs), and
+    /// fails if the owner withdrew from the call or its process is gone.
+    pub(crate) async fn wait_progress(&self, owner: u32, lent: &Lent, pieces: u64) -> Result<()> {
+        let board = &self.seg.board;
+        let crowded = self.seg.reactor.mode() == ProgressMode::BusyPoll && self.seg.reactor.is_oversubscribed();
+        std::future::poll_fn(|cx| {
+            for _ in 0..HELP_LOOKS {
+                if board.progressed(owner as usize, self.first) >= pieces {
+                    return Poll::Ready(Ok(()));
+                }
+                if board.withdrawn(owner as usize, self.first) {
+                    return Poll::Ready(Err(Error::Collective(CollError::Withdrawn { rank: owner })));
+                }
+                if crowded {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            if !process_alive(lent.pid) {
+                let rank = self.seg.members[owner as usize];
+                return Poll::Ready(Err(Error::PeerLost {
+                    rank,
+                    reason: ferrocomm_transports::TransportError::Closed,
+                }));
+            }
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The kept memory, written in place while lent: only where the readers read nothing of it
+    /// before this rank publishes it done ([`Lending::progress`]).
+    pub(crate) fn kept_mut(&mut self) -> &mut [u8] {
+        self.kept.as_deref_mut().unwrap_or_default()
+    }
+
     /// A handle for writing what readers offer to split while the call waits ([`Helper::help`]).
     pub(crate) fn helper(&self) -> Helper {
         Helper { seg: self.seg.clone(), first: self.first }

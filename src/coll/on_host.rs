@@ -277,6 +277,63 @@ pub(super) async fn scan_direct(
     Ok(())
 }
 
+/// Up to this many ranks a scan by single copy goes down a chain ([`scan_chain`]): each rank
+/// reads one vector, the prefix of the rank before it, where [`scan_direct`]'s last rank reads
+/// n - 1 and [`scan_split`]'s every rank two parts of each other rank's; where ranks share CPUs,
+/// the total reads are what count. Pieces keep the chain's ranks busy at once.
+pub(super) const SCAN_CHAIN_RANKS: Rank = 4;
+
+/// A piece of [`scan_chain`]: a rank starts on it as soon as the rank before it has it done.
+const CHAIN_PIECE: usize = 64 << 10;
+
+/// A scan by single copy down a chain, piece by piece: every rank lends its prefix-to-be (an
+/// inclusive scan's `buf` in place; an exclusive scan's kept copy of its data); rank `me` waits
+/// until rank `me - 1` has published a piece of its prefix done, reads it, and combines it with
+/// its own data in place (the prefix on the left, so any associative operator keeps rank order),
+/// then publishes that piece of its own prefix. An exclusive scan's result (`buf`; rank 0 has
+/// none) is the piece read from the rank before. A barrier then ends the lending.
+pub(super) async fn scan_chain(
+    mut call: board::Lending,
+    buf: &mut [u8],
+    op: ferrocomm_collectives::Reducer,
+    me: Rank,
+    n: Rank,
+    inclusive: bool,
+    pool: &Pool,
+) -> Result<()> {
+    let len = if inclusive { buf.len() } else { call.kept().len() };
+    let lent = lent_by_all(&call.next().await?, n as usize, len)?;
+    let elem = op.element_size();
+    // Pieces of whole elements, no more of them than the board counts.
+    let at_least = len.div_ceil(ferrocomm_collectives::shared::MAX_PIECES as usize);
+    let piece = (CHAIN_PIECE.max(at_least) / elem * elem).max(elem);
+    let pieces = len.div_ceil(piece);
+    if me == 0 {
+        // Its prefix is its data.
+        call.progress(pieces as u64);
+    } else {
+        let before = me - 1;
+        let mut x = if inclusive { pool.take(piece.min(len)) } else { BytesMut::new() };
+        for (k, start) in (0..len).step_by(piece).enumerate() {
+            let p = start..(start + piece).min(len);
+            call.wait_progress(before, &lent[before as usize], k as u64 + 1).await?;
+            if inclusive {
+                let x = &mut x[..p.len()];
+                call.read(before, &lent[before as usize], p.start, x)?;
+                op.apply(&mut buf[p], x, true);
+            } else {
+                call.read(before, &lent[before as usize], p.start, &mut buf[p.clone()])?;
+                op.apply(&mut call.kept_mut()[p.clone()], &buf[p], true);
+            }
+            call.progress(k as u64 + 1);
+        }
+        pool.give(x);
+    }
+    call.next().await?;
+    call.give_back().into_iter().for_each(|b| pool.give(b));
+    Ok(())
+}
+
 /// From this many bytes a scan by single copy shares the combining out ([`scan_split`]); below,
 /// each rank combines the data of the ranks before it itself ([`scan_direct`]). Loaded, no LTO
 /// (`ferrocomm-bench collectives --ranks 2,4 --runs 5 --no-mpi --ops scan --max 4M`, two runs each
