@@ -663,6 +663,63 @@ impl Lending {
         Ok(parts.pop().unwrap_or_default())
     }
 
+    /// [`Lending::next`] for an owner whose reader may open a push to it: when the reader opens
+    /// it, this rank claims it, runs `push` (which writes into the reader's memory, with
+    /// [`Lending::write`], and says whether all of it went) and marks it written or failed.
+    pub(crate) async fn next_serving_push(&mut self, mut push: impl FnMut(&Lending) -> bool) -> Result<Data> {
+        self.next_while(|this| match this.seg.board.claim_push(this.first) {
+            Some(true) => {
+                let ok = push(this);
+                this.seg.board.pushed(this.first, ok);
+                true
+            }
+            Some(false) => true,
+            None => false,
+        })
+        .await
+    }
+
+    /// Writes `src` at `offset` in what the reader lent (`dst`), within a push it opened to this
+    /// rank and this rank claimed.
+    pub(crate) fn write(&self, dst: &Lent, offset: usize, src: &[u8]) -> Result<()> {
+        if (offset + src.len()) as u64 > dst.len {
+            return Err(Error::Collective(CollError::Malformed { from: 0, why: "write beyond the lent memory" }));
+        }
+        copy_to(dst.pid, dst.addr + offset as u64, src)
+            .map_err(|e| Error::Collective(CollError::SingleCopy { rank: 0, reason: e.to_string() }))
+    }
+
+    /// Opens a push to rank `owner` (see [`Lending::settle_push`]); `false`: it has moved on.
+    pub(crate) fn open_push(&self, owner: u32) -> bool {
+        self.seg.board.open_push(owner as usize, self.first)
+    }
+
+    /// Takes the push opened to rank `owner` (process `pid`) back or sees it through: `true` if
+    /// the owner wrote it, `false` if this rank must do that work itself. Called in the same
+    /// synchronous stretch as [`Lending::open_push`], whatever else failed meanwhile.
+    pub(crate) fn settle_push(&self, owner: u32, pid: u32) -> Result<bool> {
+        use ferrocomm_collectives::shared::Offer;
+        let board = &self.seg.board;
+        let mut now = board.take_back_push(owner as usize, self.first);
+        let mut spins = 0u32;
+        while now == Some(Offer::Claimed) {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            }
+            if spins.is_multiple_of(4096) && !process_alive(pid) {
+                let rank = self.seg.members[owner as usize];
+                return Err(Error::PeerLost { rank, reason: ferrocomm_transports::TransportError::Closed });
+            }
+            now = board.push_state(owner as usize, self.first);
+        }
+        match now {
+            Some(Offer::Written) => Ok(true),
+            Some(Offer::TakenBack | Offer::Failed) => Ok(false),
+            _ => Err(malformed(owner as usize)),
+        }
+    }
+
     /// Writes `src` at `at` in the reader's memory `dst` if the reader opened a push to this rank
     /// and it is claimed here; whether the push is settled (written, failed or taken back).
     fn push(&self, dst: &Lent, at: usize, src: &[u8]) -> bool {

@@ -182,6 +182,60 @@ pub(super) async fn reduce_single_copy(
     Ok(())
 }
 
+/// A reduce by single copy on 2 ranks: every rank lends its data in place, the root also its
+/// `dst` ([`Comm::lend_for_reduce_pair`]). The root opens a push to the other rank and combines
+/// the first half (the other rank's piece read straight into `dst`, its own applied); the other
+/// rank, which would only wait, claims the push and combines the second half (the root's data
+/// read, its own applied, in rank order) and writes it into the root's `dst`; unless the root
+/// took the push back first and combines that half too. A barrier then ends the lending.
+#[allow(clippy::too_many_arguments)] // the call, who is who, what is combined and where it goes
+pub(super) async fn reduce_pair(
+    mut call: board::Lending,
+    root: Rank,
+    me: Rank,
+    own: &[u8],
+    dst: Option<&mut [u8]>,
+    op: ferrocomm_collectives::Reducer,
+    pool: &Pool,
+) -> Result<()> {
+    let (elem, len, me_k, root_k) = (op.element_size(), own.len(), me as usize, root as usize);
+    let all = call.next().await?;
+    let (data, dsts) = lent_with_results(&all, 2, len, |k| (k == root_k).then_some(len))?;
+    let half = len / 2 / elem * elem;
+    if me == root {
+        let dst = dst.ok_or(Error::Internal { what: "a reduce's root without its result buffer" })?;
+        let other = 1 - me;
+        let opened = call.open_push(other);
+        let first = combine(&call, &data, me_k, &op, 0, Some(&own[..half]), &mut dst[..half], pool);
+        // Settled whatever happened: the other rank may be writing into `dst`.
+        let pushed = if opened { call.settle_push(other, data[other as usize].pid)? } else { false };
+        first?;
+        if !pushed {
+            combine(&call, &data, me_k, &op, half, Some(&own[half..]), &mut dst[half..], pool)?;
+        }
+        call.next().await?;
+    } else {
+        let piece = (REDUCE_PIECE / elem * elem).max(elem);
+        let mut x = pool.take(piece.min(len - half).max(1));
+        let (theirs, into) = (&data[root_k], &dsts[root_k]);
+        call.next_serving_push(|c| {
+            (half..len).step_by(piece).all(|start| {
+                let p = start..(start + piece).min(len);
+                let x = &mut x[..p.len()];
+                c.read(root, theirs, p.start, x).is_ok() && {
+                    // The root's data on the left if it comes first in rank order.
+                    op.apply(x, &own[p.clone()], me < root);
+                    c.write(into, p.start, x).is_ok()
+                }
+            })
+        })
+        .await?;
+        pool.give(x);
+    }
+    call.give_back().into_iter().for_each(|b| pool.give(b));
+    Ok(())
+}
+
 /// Bytes of the result buffer that rank `k` lends for a reduce by single copy (part `k` of `len`
 /// bytes): never below [`Pool::MIN`], so that it comes from the pool, not the allocator.
 pub(super) fn reduce_result_len(len: usize, elem: usize, n: usize, k: usize) -> usize {
@@ -618,6 +672,14 @@ impl Comm {
             call.keep(b);
         }
         Ok(call)
+    }
+
+    /// Starts a reduce by single copy on 2 ranks ([`reduce_pair`]) to `root`: this rank lends
+    /// `data` in place and the root also its `dst` (both only for a future that borrows them
+    /// until its end), the other rank nothing more.
+    pub(super) fn lend_for_reduce_pair<T: Element>(&self, data: &[T], dst: Option<&[u8]>) -> Result<board::Lending> {
+        let lent = [Lent::of(bytemuck::cast_slice(data)), Lent::of(dst.unwrap_or_default())];
+        self.board()?.lend_each(BoardOp::Allgather, 2, &lent, &[BoardOp::Barrier])
     }
 
     /// Starts a reduce by single copy ([`reduce_single_copy`]) to `root`: this rank lends `data`

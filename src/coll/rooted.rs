@@ -304,12 +304,22 @@ impl Comm {
             let kind = BoardOp::Reduce { root, op: op.erase() };
             self.board_future(kind, len, bytemuck::cast_slice(data), size_of::<T>())
         });
-        // Single copy: the combining split between the ranks from REDUCE_SPLIT_MIN, the root
+        // The root's result: the caller's buffer, or one it returns (made now: single copy on
+        // 2 ranks lends it).
+        let mut owned = (r == root && into.is_none()).then(|| vec![T::zeroed(); data.len()]);
+        let mut into = into;
+        // Single copy: on 2 ranks the other rank combines half and writes it into the root's
+        // result; on more the combining split between the ranks from REDUCE_SPLIT_MIN, the root
         // combining alone below it.
-        let split = len >= REDUCE_SPLIT_MIN;
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| match split {
-            true => self.lend_for_reduce(data, root),
-            false => self.lend(data, Lend::InPlace),
+        let pair = n == 2;
+        let split = !pair && len >= REDUCE_SPLIT_MIN;
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| match (pair, split) {
+            (true, _) => {
+                let dst = owned.as_deref().or(into.as_mut().and_then(|o| o.as_deref()).filter(|_| r == root));
+                self.lend_for_reduce_pair(data, dst.map(bytemuck::cast_slice::<T, u8>))
+            }
+            (false, true) => self.lend_for_reduce(data, root),
+            (false, false) => self.lend(data, Lend::InPlace),
         });
         let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
             let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
@@ -320,8 +330,6 @@ impl Comm {
             if let Some(e) = early {
                 return Err(e);
             }
-            // The root's result: the caller's buffer, or one it returns.
-            let mut owned = (r == root && into.is_none()).then(|| vec![T::zeroed(); data.len()]);
             let dst: Option<&mut [u8]> = match (owned.as_deref_mut(), into) {
                 (Some(v), _) => Some(bytemuck::cast_slice_mut(v)),
                 (None, Some(o)) => o.filter(|_| r == root).map(bytemuck::cast_slice_mut),
@@ -331,7 +339,9 @@ impl Comm {
                 // Straight from the others' memory, this rank's own data from `data`, which the
                 // future borrows (the others' calls lend theirs in place too).
                 let own: &[u8] = bytemuck::cast_slice(data);
-                if split {
+                if pair {
+                    Box::pin(reduce_pair(call?, root, r, own, dst, op.erase(), &pool)).await?;
+                } else if split {
                     Box::pin(reduce_single_copy(call?, root, r, n, own, dst, op.erase(), &pool)).await?;
                 } else {
                     gather_single_copy(call?, n, len, &pool, |call, lent| match dst {
