@@ -59,7 +59,10 @@
 //! call *withdrawn* ([`Board::withdraw`]); a reader checks the mark after every copy
 //! ([`Board::withdrawn`]), seqlock-style, so it never keeps data that may have changed under it.
 //! A reader may also offer the owner, who would otherwise only wait, to write the second half of
-//! its copy while it reads the first ([`Offer`]; the broadcast's root does): two CPUs copying.
+//! its copy while it reads the first ([`Offer`]; the broadcast's root does): two CPUs copying. A
+//! reader of several owners opens a *push* to each instead ([`Board::open_push`]: a gather's
+//! root, and a 2-rank reduce's root, whose other rank combines half and writes it), and ranks
+//! that go down a chain (a scan) publish how far their part is done ([`Board::progress`]).
 
 use std::collections::VecDeque;
 use std::ops::{Deref, Range};
