@@ -131,8 +131,9 @@ fn lent_for_gather(all: &[u8], n: usize, len: usize, root: usize) -> Result<(Vec
     lent_with_results(all, n, len, |k| (k == root).then_some(n * len))
 }
 
-/// From this many bytes a reduce by single copy shares the combining out ([`reduce_single_copy`]);
-/// below, the root combines every rank's data alone while the others wait. On 2 ranks (loaded, no
+/// From this many bytes a reduce by single copy on more than 2 ranks shares the combining out
+/// ([`reduce_single_copy`]; 2 ranks take [`reduce_pair`]); below, the root combines every rank's
+/// data alone while the others wait. On 2 ranks (loaded, no
 /// LTO; `ferrocomm-bench collectives --ranks 2 --runs 5 --mpi openmpi --ops reduce --max 4M`, three
 /// runs each way) sharing took 1.27-1.33x Open MPI's time at 2 MiB and 1.08-1.27x at 4 MiB against
 /// 1.47-1.68x and 1.40x for the root alone, but 1.46-1.63x at 128 KiB against 1.29-1.38x (its
@@ -388,8 +389,9 @@ pub(super) async fn scan_chain(
     Ok(())
 }
 
-/// From this many bytes a scan by single copy shares the combining out ([`scan_split`]); below,
-/// each rank combines the data of the ranks before it itself ([`scan_direct`]). Loaded, no LTO
+/// From this many bytes a scan by single copy on more than [`SCAN_CHAIN_RANKS`] ranks shares the
+/// combining out ([`scan_split`]); below, each rank combines the data of the ranks before it
+/// itself ([`scan_direct`]). Loaded, no LTO
 /// (`ferrocomm-bench collectives --ranks 2,4 --runs 5 --no-mpi --ops scan --max 4M`, two runs each
 /// way, us): on 4 ranks sharing took 1171/1651 at 512 KiB against 2499/2372, 7317/7474 at 2 MiB
 /// against 10734/14484, 14566/16608 at 4 MiB against 26920/28086; on 2 ranks 1862/2476 at 2 MiB
