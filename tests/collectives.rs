@@ -140,10 +140,9 @@ async fn single_copy_by_default_for_large_calls_when_busy() {
             // The root reads rank 2's data and fails; rank 1 only waits for the root to be done.
             assert!(if r == 0 { withdrawn } else { e.is_ok() || withdrawn }, "{e:?}");
         }
-        // A scan that shares its combining out by parts (320 KB): rank 1 drops its call with its
-        // data and its result buffer lent. Rank 2 reads its part of rank 1's data, then its
-        // result from rank 1's buffer, and fails; rank 0 reads only rank 1's data, maybe before
-        // the drop.
+        // A scan down the chain of ranks (320 KB): rank 1 drops its call with its buffer lent.
+        // Rank 2 waits for rank 1's prefix and fails; rank 0 reads nothing and ends with the
+        // barrier that rank 1's abandoned call still takes part in.
         let mut v = coll::input(r, 40_000);
         if r == 1 {
             drop(c.scan(&mut v, ReduceOp::Sum));

@@ -61,7 +61,10 @@
 //! call *withdrawn* ([`Board::withdraw`]); a reader checks the mark after every copy
 //! ([`Board::withdrawn`]), seqlock-style, so it never keeps data that may have changed under it.
 //! A reader may also offer the owner, who would otherwise only wait, to write the second half of
-//! its copy while it reads the first ([`Offer`]; the broadcast's root does): two CPUs copying.
+//! its copy while it reads the first ([`Offer`]; the broadcast's root does): two CPUs copying. A
+//! reader of several owners opens a *push* to each instead ([`Board::open_push`]: a gather's
+//! root, and a 2-rank reduce's root, whose other rank combines half and writes it), and ranks
+//! that go down a chain (a scan) publish how far their part is done ([`Board::progress`]).
 
 use std::collections::VecDeque;
 use std::ops::{Deref, Range};
@@ -116,6 +119,15 @@ const WITHDRAWN: usize = 1;
 const OFFER: usize = 2;
 const OFFER_DST: usize = 3;
 const OFFER_PID: usize = 4;
+/// ... and the state of the push into a reader's memory that the reader opened to this rank
+/// ([`Board::open_push`]).
+const PUSH: usize = 5;
+/// ... and how far it got in a chained single-copy call ([`Board::progress`]).
+const PROGRESS: usize = 6;
+/// Bits of [`PROGRESS`] that count pieces; the call's tag sits above them.
+const PROGRESS_BITS: u32 = 24;
+/// The most pieces [`Board::progress`] counts.
+pub const MAX_PIECES: u64 = (1 << PROGRESS_BITS) - 1;
 
 /// A reader's offer to split its copy of a single-copy call with the memory's owner: the reader
 /// copies the first half while the owner, who would otherwise only wait, writes the second half
@@ -280,6 +292,75 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
     pub fn written(&self, rank: usize, call: u64, ok: bool) {
         let done = if ok { Offer::Written } else { Offer::Failed };
         self.own(rank, OFFER).store(done.word(call), Release);
+    }
+
+    /// Opens a push to rank `rank` for single-copy call `call`: the reader (this rank) lets that
+    /// owner write its part straight into the reader's memory, where the call says, while the
+    /// reader copies other parts (see [`Offer`]; the state lives in the owner's line, one word
+    /// per owner, so a reader of several owners splits with each). `false`: that owner has moved
+    /// on to a later call's push (it left this call), so the reader copies the part itself.
+    /// Only within one synchronous stretch of the reader that also takes every push back
+    /// ([`Board::take_back_push`]) or sees it written: an opened push never outlives the
+    /// reader's part in the call.
+    pub fn open_push(&self, rank: usize, call: u64) -> bool {
+        let word = self.own(rank, PUSH);
+        let now = word.load(Acquire);
+        // Only over a word of an earlier call: a later call's state is its owner's.
+        now >> 3 < call + 1 && word.compare_exchange(now, Offer::Open.word(call), AcqRel, Acquire).is_ok()
+    }
+
+    /// Claims the push that a reader opened to this rank for `call`: `Some(true)` claimed (now
+    /// write the part, then [`Board::pushed`]), `Some(false)` taken back by the reader (it
+    /// copies the part itself), `None` not opened yet.
+    pub fn claim_push(&self, call: u64) -> Option<bool> {
+        let word = self.own(self.me, PUSH);
+        // A plain look first: the owner looks often, and a failed exchange takes the line too.
+        let now = word.load(Acquire);
+        if now != Offer::Open.word(call) {
+            return (now >> 3 == call + 1).then_some(false);
+        }
+        match word.compare_exchange(now, Offer::Claimed.word(call), AcqRel, Acquire) {
+            Ok(_) => Some(true),
+            Err(now) => (now >> 3 == call + 1).then_some(false),
+        }
+    }
+
+    /// After [`Board::claim_push`]: the part is written (`true`) or could not be.
+    pub fn pushed(&self, call: u64, ok: bool) {
+        let done = if ok { Offer::Written } else { Offer::Failed };
+        self.own(self.me, PUSH).store(done.word(call), Release);
+    }
+
+    /// Takes the push opened to rank `rank` for `call` back, unless the owner claimed it: the
+    /// push's state now (`TakenBack`, `Claimed`, `Written` or `Failed`; `None`: no push of `call`).
+    pub fn take_back_push(&self, rank: usize, call: u64) -> Option<Offer> {
+        let word = self.own(rank, PUSH);
+        match word.compare_exchange(Offer::Open.word(call), Offer::TakenBack.word(call), AcqRel, Acquire) {
+            Ok(_) => Some(Offer::TakenBack),
+            Err(now) => Offer::of(now, call),
+        }
+    }
+
+    /// The state of the push opened to rank `rank` for `call`.
+    pub fn push_state(&self, rank: usize, call: u64) -> Option<Offer> {
+        Offer::of(self.own(rank, PUSH).load(Acquire), call)
+    }
+
+    /// Publishes that this rank has done the first `pieces` pieces of its part in chained
+    /// single-copy call `call` (a scan whose ranks each wait for the one before: see
+    /// [`Board::progressed`]). At most [`MAX_PIECES`].
+    pub fn progress(&self, call: u64, pieces: u64) {
+        let tag = (call + 1) << PROGRESS_BITS;
+        self.own(self.me, PROGRESS).store(tag | pieces.min(MAX_PIECES), Release);
+    }
+
+    /// The pieces of chained call `call` that rank `rank` has published as done (0 before it
+    /// began; the call's tag is kept modulo 2^40, far more calls than any rank is behind).
+    pub fn progressed(&self, rank: usize, call: u64) -> u64 {
+        let word = self.own(rank, PROGRESS).load(Acquire);
+        let mask = (1u64 << (64 - PROGRESS_BITS)) - 1;
+        let same = (word >> PROGRESS_BITS) == ((call + 1) & mask);
+        if same { word & MAX_PIECES } else { 0 }
     }
 
     /// Rank `rank`'s line in call `seq`'s slot: `posted`, length and inline data.
@@ -1840,6 +1921,54 @@ mod tests {
                 // Both ranks end each round together.
                 let s = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
                 run(&mut q, &b, s).unwrap();
+            }
+        });
+    }
+
+    /// Pushes: rank 0 opens one to each other rank for calls 0..200 and takes each back unless
+    /// claimed, seeing a claimed one through to written or failed; each owner claims at most once
+    /// and only its own call's push; an owner that moved on to a later call keeps its state.
+    #[test]
+    fn pushes_are_claimed_or_taken_back_once() {
+        on_ranks(4, |me, b| {
+            let mut q = Queue::default();
+            for call in 0..200u64 {
+                if me == 0 {
+                    for k in 1..4 {
+                        assert_eq!(b.push_state(k, call), None);
+                        assert!(b.open_push(k, call));
+                    }
+                    std::thread::yield_now();
+                    for k in 1..4 {
+                        let mut now = b.take_back_push(k, call).expect("a push of this call");
+                        while now == Offer::Claimed {
+                            std::thread::yield_now();
+                            now = b.push_state(k, call).unwrap();
+                        }
+                        assert!(matches!(now, Offer::TakenBack | Offer::Written | Offer::Failed), "{now:?}");
+                    }
+                } else {
+                    assert_eq!(b.claim_push(call + 1), None, "a push of another call");
+                    for _ in 0..50 {
+                        match b.claim_push(call) {
+                            Some(true) => {
+                                assert_eq!(b.claim_push(call), Some(false), "claimed once");
+                                b.pushed(call, call % 3 != 0);
+                                break;
+                            }
+                            Some(false) => break,
+                            None => std::thread::yield_now(),
+                        }
+                    }
+                }
+                let s = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
+                run(&mut q, &b, s).unwrap();
+            }
+            // A later call's state is not taken over by an earlier call's push.
+            if me == 1 {
+                b.own(1, PUSH).store(Offer::Claimed.word(500), Release);
+                assert!(!b.open_push(1, 400));
+                assert_eq!(b.take_back_push(1, 400), None);
             }
         });
     }

@@ -447,35 +447,45 @@ impl Comm {
         op: ReduceOp<T>,
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let early = self.reduce_scatter_refusal(counts, len, &op);
-        let mut at = 0usize;
         let elem = size_of::<T>();
-        let segments: Vec<Bytes> = counts
-            .iter()
-            .map(|&c| {
-                let end = at.saturating_add(c).min(len);
-                let s = whole.slice(at.min(end) * elem..end * elem);
-                at = end;
-                s
-            })
-            .collect();
         let alg = self.choose(Operation::ReduceScatter, len * elem, op.is_commutative());
         let obs = self.observe(Operation::ReduceScatter, alg, len * elem);
         let (r, n) = (self.rank(), self.size());
         // This rank's bytes of the vector.
         let mine = {
-            let start = counts.iter().take(r as usize).sum::<usize>().min(len) * elem;
-            start..start + segments.get(r as usize).map_or(0, Bytes::len)
+            let start = counts.iter().take(r as usize).sum::<usize>().min(len);
+            let end = start.saturating_add(counts.get(r as usize).copied().unwrap_or(0)).min(len);
+            start * elem..end * elem
         };
         let count = mine.len() / elem;
         let board = (early.is_none() && alg == Algorithm::SharedMemory).then(|| {
             let kind = BoardOp::ReduceScatter { op: op.erase(), part: mine.clone() };
             self.board_future(kind, whole.len(), &whole, elem)
         });
-        // The future does not borrow the caller's data: the call lends a pooled copy, which it
-        // keeps until nobody reads it.
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| self.lend(&whole[..], Lend::Copy));
-        let plan = (early.is_none() && board.is_none() && direct.is_none())
-            .then(|| (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase())));
+        // The future does not borrow the caller's data: the call lends `whole` itself where it is
+        // a pooled copy nobody else holds (or else a copy of it), and keeps it until nobody reads
+        // it.
+        let mut whole = Some(whole);
+        let direct =
+            (early.is_none() && alg == Algorithm::SingleCopy).then(|| match whole.take().map(Bytes::try_into_mut) {
+                Some(Ok(buf)) => self.lend_owned(buf),
+                Some(Err(shared)) => self.lend(&shared[..], Lend::Copy),
+                None => Err(Error::Internal { what: "a reduce-scatter's input taken twice" }),
+            });
+        let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
+            let mut at = 0usize;
+            let whole = whole.as_ref().expect("kept for the messages");
+            let segments: Vec<Bytes> = counts
+                .iter()
+                .map(|&c| {
+                    let end = at.saturating_add(c).min(len);
+                    let s = whole.slice(at.min(end) * elem..end * elem);
+                    at = end;
+                    s
+                })
+                .collect();
+            (self.slot(), ops::reduce_scatter(r, n, alg, segments, op.erase()))
+        });
         let pool = self.coll().pool.clone();
         obs.wrap(async move {
             if let Some(call) = board {
@@ -494,7 +504,7 @@ impl Comm {
             let out = to_vec(&ops::reduce_scatter_result(&blocks, r)?);
             // The received buffers and the input's serve the next calls.
             pool.recycle(blocks);
-            if let Ok(b) = whole.try_into_mut() {
+            if let Some(Ok(b)) = whole.map(Bytes::try_into_mut) {
                 pool.give(b);
             }
             out
@@ -533,6 +543,15 @@ impl Comm {
             // nobody reads it any more.
             let obs = self.observe(Operation::Scan, alg, bytes);
             let (r, n, pool) = (self.rank(), self.size(), self.coll().pool.clone());
+            if n <= SCAN_CHAIN_RANKS {
+                // Down a chain: each rank's prefix straight into its `buf`, read by the next.
+                let call =
+                    self.lending(BoardOp::Allgather, Some(Lent::of(bytemuck::cast_slice(buf))), &[BoardOp::Barrier]);
+                let buf = bytemuck::cast_slice_mut(buf);
+                return obs.wrap(Collective::boxed(async move {
+                    scan_chain(call?, buf, op.erase(), r, n, true, &pool).await
+                }));
+            }
             if bytes >= SCAN_SPLIT_MIN && n > 1 {
                 // The combining shared out by parts.
                 let call = self.lend_for_scan(buf, true);
@@ -569,8 +588,10 @@ impl Comm {
         let count = data.len();
         if check_op(&op).is_ok() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy) {
             let obs = self.observe(Operation::Scan, alg, bytes);
-            // Single copy: the combining shared out by parts from SCAN_SPLIT_MIN.
-            let split = bytes >= SCAN_SPLIT_MIN && n > 1;
+            // Single copy: down a chain on few ranks, else the combining shared out by parts from
+            // SCAN_SPLIT_MIN.
+            let chain = n <= SCAN_CHAIN_RANKS;
+            let split = !chain && bytes >= SCAN_SPLIT_MIN && n > 1;
             let call = if alg == Algorithm::SharedMemory {
                 let kind = BoardOp::Scan { op: op.erase(), inclusive: false };
                 Ok(self.board_future(kind, bytes, bytemuck::cast_slice(data), size_of::<T>()))
@@ -592,7 +613,9 @@ impl Comm {
                     }
                     Err(call) => {
                         let dst = out.as_deref_mut().map(bytemuck::cast_slice_mut::<T, u8>).unwrap_or_default();
-                        if split {
+                        if chain {
+                            Box::pin(scan_chain(call?, dst, op.erase(), r, n, false, &pool)).await?;
+                        } else if split {
                             Box::pin(scan_split(call?, dst, bytes, op.erase(), r, n, false, &pool)).await?;
                         } else {
                             Box::pin(scan_direct(call?, dst, op.erase(), r, n, false, &pool)).await?;

@@ -455,20 +455,16 @@ impl Lending {
 
     /// [`Lending::next`] for an owner that would only wait: meanwhile it writes the halves that
     /// readers of its lent memory offer to split ([`Helper::help`]): `in_place`, the caller's
-    /// data lent where it is, or else the kept copy.
-    pub(crate) async fn next_helping(&mut self, in_place: Option<&[u8]>) -> Result<Data> {
-        let seq = self.steps.start;
-        self.seg.queue.lock().release(seq);
+    /// data lent where it is, or else the kept copy. `readers`: how many readers may offer (it
+    /// looks closely until that many offers are written).
+    pub(crate) async fn next_helping(&mut self, in_place: Option<&[u8]>, readers: usize) -> Result<Data> {
         let helper = self.helper();
-        let src = in_place.unwrap_or(self.kept.as_deref().unwrap_or_default());
-        let mut wait = std::pin::pin!(self.seg.wait(seq..seq + 1, self.lent()));
-        let mut parts = std::future::poll_fn(|cx| {
-            helper.help(src);
-            wait.as_mut().poll(cx)
+        let mut helped = 0;
+        self.next_while(|this| {
+            helped += helper.help(in_place.unwrap_or(this.kept()));
+            helped >= readers
         })
-        .await?;
-        self.steps.start += 1;
-        Ok(parts.pop().unwrap_or_default())
+        .await
     }
 
     /// Ranks of the communicator.
@@ -564,6 +560,233 @@ impl Lending {
         }
     }
 
+    /// Copies every other rank's part into `dst` (`len` bytes a rank, part `k` at `k * len`;
+    /// `data[k]`: what rank `k` lent) and this rank's from `own`, letting the owners push their
+    /// parts while this rank copies (see `ferrocomm_collectives::shared::Board::open_push`): it
+    /// opens a push to every owner, copies its own part (meanwhile the owners that wait claim
+    /// theirs), then copies each part whose push nobody claimed, and waits until every claimed
+    /// one is written (or its writer is gone). With several owners, more CPUs copy than the
+    /// reader's alone. Synchronous from the first push opened to the last one settled, so `dst`
+    /// is never let go of while an owner may write into it.
+    pub(crate) fn read_pushed(&self, data: &[Lent], dst: &mut [u8], len: usize, own: &[u8]) -> Result<()> {
+        use ferrocomm_collectives::shared::Offer;
+        let (board, me) = (&self.seg.board, self.seg.board.me());
+        let opened: SmallVec<[bool; 16]> = (0..data.len()).map(|k| k != me && board.open_push(k, self.first)).collect();
+        let parts = dst.chunks_exact_mut(len.max(1));
+        let mut first_error = None;
+        let mut claimed: SmallVec<[usize; 16]> = SmallVec::new();
+        for (k, part) in parts.enumerate().take(data.len()) {
+            if k == me {
+                part.copy_from_slice(own);
+                continue;
+            }
+            let now = if opened[k] { board.take_back_push(k, self.first) } else { Some(Offer::TakenBack) };
+            match now {
+                Some(Offer::TakenBack) if first_error.is_none() => {
+                    if let Err(e) = self.read(k as Rank, &data[k], 0, part) {
+                        first_error = Some(e);
+                    }
+                }
+                Some(Offer::TakenBack) => {}
+                Some(_) => claimed.push(k),
+                None => first_error = first_error.or(Some(malformed(k))),
+            }
+        }
+        for k in claimed {
+            let mut now = board.push_state(k, self.first);
+            let mut spins = 0u32;
+            while now == Some(Offer::Claimed) {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(64) {
+                    // The writer may share this CPU.
+                    std::thread::yield_now();
+                }
+                if spins.is_multiple_of(4096) && !process_alive(data[k].pid) {
+                    now = None;
+                    let rank = self.seg.members[k];
+                    first_error = first_error
+                        .or(Some(Error::PeerLost { rank, reason: ferrocomm_transports::TransportError::Closed }));
+                    break;
+                }
+                now = board.push_state(k, self.first);
+            }
+            match now {
+                Some(Offer::Written) => {}
+                Some(Offer::Failed) if first_error.is_none() => {
+                    if let Err(e) = self.read(k as Rank, &data[k], 0, &mut dst[k * len..(k + 1) * len]) {
+                        first_error = Some(e);
+                    }
+                }
+                _ => first_error = first_error.or(Some(malformed(k))),
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// [`Lending::next`] for an owner whose reader may open a push to it
+    /// ([`Lending::read_pushed`]): when the reader opens it, this rank writes `src` at `at` in the
+    /// reader's memory `dst`. `in_place`: the caller's data lent where it is, or else the kept
+    /// copy.
+    pub(crate) async fn next_pushing(&mut self, dst: &Lent, at: usize, in_place: Option<&[u8]>) -> Result<Data> {
+        self.next_while(|this| this.push(dst, at, in_place.unwrap_or(this.kept()))).await
+    }
+
+    /// [`Lending::next`] that meanwhile does `work` (which says whether it is done): until it is,
+    /// the rank looks at the step and does the work in turn, closely (an offer or push opened now
+    /// is taken within a look, not after a poll's spin of the wait), for at most [`HELP_LOOKS`]
+    /// looks; then it waits for the step as [`Lending::next`] does, working once a poll.
+    async fn next_while(&mut self, mut work: impl FnMut(&Lending) -> bool) -> Result<Data> {
+        let seq = self.steps.start;
+        self.seg.queue.lock().release(seq);
+        let (mut seqs, mut parts) = (seq..seq + 1, Pieces::new());
+        let crowded = self.seg.reactor.mode() == ProgressMode::BusyPoll && self.seg.reactor.is_oversubscribed();
+        let mut done = false;
+        for _ in 0..HELP_LOOKS {
+            done = work(self);
+            if let Poll::Ready(r) = self.seg.check(&mut seqs, &mut parts, None) {
+                r?;
+                self.steps.start += 1;
+                return Ok(parts.pop().unwrap_or_default());
+            }
+            if done {
+                break;
+            }
+            if crowded {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let mut wait = std::pin::pin!(self.seg.wait(seqs, self.lent()));
+        let this = &*self;
+        let mut parts = std::future::poll_fn(|cx| {
+            if !done {
+                done = work(this);
+            }
+            wait.as_mut().poll(cx)
+        })
+        .await?;
+        self.steps.start += 1;
+        Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// [`Lending::next`] for an owner whose reader may open a push to it: when the reader opens
+    /// it, this rank claims it, runs `push` (which writes into the reader's memory, with
+    /// [`Lending::write`], and says whether all of it went) and marks it written or failed.
+    pub(crate) async fn next_serving_push(&mut self, mut push: impl FnMut(&Lending) -> bool) -> Result<Data> {
+        self.next_while(|this| match this.seg.board.claim_push(this.first) {
+            Some(true) => {
+                let ok = push(this);
+                this.seg.board.pushed(this.first, ok);
+                true
+            }
+            Some(false) => true,
+            None => false,
+        })
+        .await
+    }
+
+    /// Writes `src` at `offset` in what the reader lent (`dst`), within a push it opened to this
+    /// rank and this rank claimed.
+    pub(crate) fn write(&self, dst: &Lent, offset: usize, src: &[u8]) -> Result<()> {
+        if (offset + src.len()) as u64 > dst.len {
+            return Err(Error::Collective(CollError::Malformed { from: 0, why: "write beyond the lent memory" }));
+        }
+        copy_to(dst.pid, dst.addr + offset as u64, src)
+            .map_err(|e| Error::Collective(CollError::SingleCopy { rank: 0, reason: e.to_string() }))
+    }
+
+    /// Opens a push to rank `owner` (see [`Lending::settle_push`]); `false`: it has moved on.
+    pub(crate) fn open_push(&self, owner: u32) -> bool {
+        self.seg.board.open_push(owner as usize, self.first)
+    }
+
+    /// Takes the push opened to rank `owner` (process `pid`) back or sees it through: `true` if
+    /// the owner wrote it, `false` if this rank must do that work itself. Called in the same
+    /// synchronous stretch as [`Lending::open_push`], whatever else failed meanwhile.
+    pub(crate) fn settle_push(&self, owner: u32, pid: u32) -> Result<bool> {
+        use ferrocomm_collectives::shared::Offer;
+        let board = &self.seg.board;
+        let mut now = board.take_back_push(owner as usize, self.first);
+        let mut spins = 0u32;
+        while now == Some(Offer::Claimed) {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            }
+            if spins.is_multiple_of(4096) && !process_alive(pid) {
+                let rank = self.seg.members[owner as usize];
+                return Err(Error::PeerLost { rank, reason: ferrocomm_transports::TransportError::Closed });
+            }
+            now = board.push_state(owner as usize, self.first);
+        }
+        match now {
+            Some(Offer::Written) => Ok(true),
+            Some(Offer::TakenBack | Offer::Failed) => Ok(false),
+            _ => Err(malformed(owner as usize)),
+        }
+    }
+
+    /// Writes `src` at `at` in the reader's memory `dst` if the reader opened a push to this rank
+    /// and it is claimed here; whether the push is settled (written, failed or taken back).
+    fn push(&self, dst: &Lent, at: usize, src: &[u8]) -> bool {
+        let board = &self.seg.board;
+        match board.claim_push(self.first) {
+            Some(true) => {
+                let fits = (at + src.len()) as u64 <= dst.len;
+                board.pushed(self.first, fits && copy_to(dst.pid, dst.addr + at as u64, src).is_ok());
+                true
+            }
+            Some(false) => true,
+            None => false,
+        }
+    }
+
+    /// Publishes that this rank has done the first `pieces` pieces of its part of a chained call
+    /// ([`Lending::wait_progress`]).
+    pub(crate) fn progress(&self, pieces: u64) {
+        self.seg.board.progress(self.first, pieces);
+    }
+
+    /// Waits until rank `owner` (whose lent memory is `lent`) has published `pieces` pieces of
+    /// this chained call: spins for a while on each poll (yielding where ranks share CPUs), and
+    /// fails if the owner withdrew from the call or its process is gone.
+    pub(crate) async fn wait_progress(&self, owner: u32, lent: &Lent, pieces: u64) -> Result<()> {
+        let board = &self.seg.board;
+        let crowded = self.seg.reactor.mode() == ProgressMode::BusyPoll && self.seg.reactor.is_oversubscribed();
+        std::future::poll_fn(|cx| {
+            for _ in 0..HELP_LOOKS {
+                if board.progressed(owner as usize, self.first) >= pieces {
+                    return Poll::Ready(Ok(()));
+                }
+                if board.withdrawn(owner as usize, self.first) {
+                    return Poll::Ready(Err(Error::Collective(CollError::Withdrawn { rank: owner })));
+                }
+                if crowded {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            if !process_alive(lent.pid) {
+                let rank = self.seg.members[owner as usize];
+                return Poll::Ready(Err(Error::PeerLost {
+                    rank,
+                    reason: ferrocomm_transports::TransportError::Closed,
+                }));
+            }
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The kept memory, written in place while lent: only where the readers read nothing of it
+    /// before this rank publishes it done ([`Lending::progress`]).
+    pub(crate) fn kept_mut(&mut self) -> &mut [u8] {
+        self.kept.as_deref_mut().unwrap_or_default()
+    }
+
     /// A handle for writing what readers offer to split while the call waits ([`Helper::help`]).
     pub(crate) fn helper(&self) -> Helper {
         Helper { seg: self.seg.clone(), first: self.first }
@@ -574,6 +797,16 @@ impl Lending {
 /// `ferrocomm_collectives::shared::Offer`): below, the second system call and the wait for the
 /// owner to notice cost more than half the copy.
 const SPLIT_MIN: usize = 64 << 10;
+
+/// How many times an owner that helps looks for work and at the step in turn before it waits as
+/// usual ([`Lending::next_while`]): long enough for a reader that copies its own part first (tens
+/// of microseconds), short enough to go back to the executor soon.
+const HELP_LOOKS: u32 = 1024;
+
+/// A push's state that breaks the protocol (a corrupt board).
+fn malformed(k: usize) -> Error {
+    Error::Collective(CollError::Malformed { from: k as u32, why: "push state" })
+}
 
 /// The owner's side of a single-copy call, apart from its [`Lending`] (which its waits borrow).
 pub(crate) struct Helper {

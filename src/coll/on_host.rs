@@ -13,14 +13,8 @@ pub(super) async fn bcast_single_copy(mut call: board::Lending, root: Rank, me: 
         call.read_split(root, &lent, buf)?;
         return call.next().await.map(drop);
     }
-    let helper = call.helper();
-    let mut fanin = std::pin::pin!(call.next());
-    std::future::poll_fn(|cx| {
-        helper.help(buf);
-        fanin.as_mut().poll(cx)
-    })
-    .await
-    .map(drop)
+    let readers = call.ranks() - 1;
+    call.next_helping(Some(&*buf), readers).await.map(drop)
 }
 
 /// A scatter by single copy: the root lends its whole data (`own`: its block of it); each other
@@ -84,10 +78,12 @@ pub(super) async fn gather_single_copy<R>(
 }
 
 /// A gather by single copy: every rank lends its part (`own`: a copy the call keeps, or the
-/// caller's data in place); the root copies each into its place in `dst` (`len` bytes a rank),
-/// then a barrier ends the lending. On 2 ranks the other rank, which would only wait, writes half
-/// of the root's copy ([`board::Lending::read_split`]); on more, an offer does not say whose
-/// memory it is for, so the root reads alone.
+/// caller's data in place) and the root its `dst` too ([`Comm::lend_for_gather`]); the root
+/// copies each part into its place in `dst` (`len` bytes a rank), then a barrier ends the
+/// lending. The other ranks, which would only wait, help: on 2 ranks the other writes half of
+/// the root's copy ([`board::Lending::read_split`]); on more, the root opens a push to every
+/// rank, and those that claim it write their whole part into `dst` while the root copies the
+/// others ([`board::Lending::read_pushed`]): the copies spread over the CPUs.
 #[allow(clippy::too_many_arguments)] // the call, who is who, what is lent and where it goes
 pub(super) async fn gather_direct(
     mut call: board::Lending,
@@ -99,27 +95,45 @@ pub(super) async fn gather_direct(
     dst: Option<&mut [u8]>,
     pool: &Pool,
 ) -> Result<()> {
-    let lent = lent_by_all(&call.next().await?, n as usize, len)?;
-    if let Some(dst) = dst.filter(|_| me == root) {
-        for (k, (d, l)) in dst.chunks_exact_mut(len.max(1)).zip(&lent).enumerate() {
-            match k as Rank {
-                k if k == me => d.copy_from_slice(own.unwrap_or(call.kept())),
-                k if n == 2 => call.read_split(k, l, d)?,
-                k => call.read(k, l, 0, d)?,
-            }
+    let all = call.next().await?;
+    if n > 2 {
+        let (data, dsts) = lent_for_gather(&all, n as usize, len, root as usize)?;
+        if let Some(dst) = dst.filter(|_| me == root) {
+            let own = own.unwrap_or(call.kept());
+            call.read_pushed(&data, dst, len, own)?;
+            call.next().await?;
+        } else {
+            call.next_pushing(&dsts[root as usize], me as usize * len, own).await?;
         }
-        call.next().await?;
-    } else if n == 2 {
-        call.next_helping(own).await?;
     } else {
-        call.next().await?;
+        let lent = lent_by_all(&all, n as usize, len)?;
+        if let Some(dst) = dst.filter(|_| me == root) {
+            for (k, (d, l)) in dst.chunks_exact_mut(len.max(1)).zip(&lent).enumerate() {
+                match k as Rank {
+                    k if k == me => d.copy_from_slice(own.unwrap_or(call.kept())),
+                    k => call.read_split(k, l, d)?,
+                }
+            }
+            call.next().await?;
+        } else if n == 2 {
+            call.next_helping(own, 1).await?;
+        } else {
+            call.next().await?;
+        }
     }
     call.give_back().into_iter().for_each(|b| pool.give(b));
     Ok(())
 }
 
-/// From this many bytes a reduce by single copy shares the combining out ([`reduce_single_copy`]);
-/// below, the root combines every rank's data alone while the others wait. On 2 ranks (loaded, no
+/// What every rank lent for a gather by single copy of `len` bytes a rank on more than two ranks
+/// ([`Comm::lend_for_gather`]): its data, and the root's `dst` for every rank's part.
+fn lent_for_gather(all: &[u8], n: usize, len: usize, root: usize) -> Result<(Vec<Lent>, Vec<Lent>)> {
+    lent_with_results(all, n, len, |k| (k == root).then_some(n * len))
+}
+
+/// From this many bytes a reduce by single copy on more than 2 ranks shares the combining out
+/// ([`reduce_single_copy`]; 2 ranks take [`reduce_pair`]); below, the root combines every rank's
+/// data alone while the others wait. On 2 ranks (loaded, no
 /// LTO; `ferrocomm-bench collectives --ranks 2 --runs 5 --mpi openmpi --ops reduce --max 4M`, three
 /// runs each way) sharing took 1.27-1.33x Open MPI's time at 2 MiB and 1.08-1.27x at 4 MiB against
 /// 1.47-1.68x and 1.40x for the root alone, but 1.46-1.63x at 128 KiB against 1.29-1.38x (its
@@ -165,6 +179,60 @@ pub(super) async fn reduce_single_copy(
         call.next().await?;
     }
     call.next().await?;
+    call.give_back().into_iter().for_each(|b| pool.give(b));
+    Ok(())
+}
+
+/// A reduce by single copy on 2 ranks: every rank lends its data in place, the root also its
+/// `dst` ([`Comm::lend_for_reduce_pair`]). The root opens a push to the other rank and combines
+/// the first half (the other rank's piece read straight into `dst`, its own applied); the other
+/// rank, which would only wait, claims the push and combines the second half (the root's data
+/// read, its own applied, in rank order) and writes it into the root's `dst`; unless the root
+/// took the push back first and combines that half too. A barrier then ends the lending.
+#[allow(clippy::too_many_arguments)] // the call, who is who, what is combined and where it goes
+pub(super) async fn reduce_pair(
+    mut call: board::Lending,
+    root: Rank,
+    me: Rank,
+    own: &[u8],
+    dst: Option<&mut [u8]>,
+    op: ferrocomm_collectives::Reducer,
+    pool: &Pool,
+) -> Result<()> {
+    let (elem, len, me_k, root_k) = (op.element_size(), own.len(), me as usize, root as usize);
+    let all = call.next().await?;
+    let (data, dsts) = lent_with_results(&all, 2, len, |k| (k == root_k).then_some(len))?;
+    let half = len / 2 / elem * elem;
+    if me == root {
+        let dst = dst.ok_or(Error::Internal { what: "a reduce's root without its result buffer" })?;
+        let other = 1 - me;
+        let opened = call.open_push(other);
+        let first = combine(&call, &data, me_k, &op, 0, Some(&own[..half]), &mut dst[..half], pool);
+        // Settled whatever happened: the other rank may be writing into `dst`.
+        let pushed = if opened { call.settle_push(other, data[other as usize].pid)? } else { false };
+        first?;
+        if !pushed {
+            combine(&call, &data, me_k, &op, half, Some(&own[half..]), &mut dst[half..], pool)?;
+        }
+        call.next().await?;
+    } else {
+        let piece = (REDUCE_PIECE / elem * elem).max(elem);
+        let mut x = pool.take(piece.min(len - half).max(1));
+        let (theirs, into) = (&data[root_k], &dsts[root_k]);
+        call.next_serving_push(|c| {
+            (half..len).step_by(piece).all(|start| {
+                let p = start..(start + piece).min(len);
+                let x = &mut x[..p.len()];
+                c.read(root, theirs, p.start, x).is_ok() && {
+                    // The root's data on the left if it comes first in rank order.
+                    op.apply(x, &own[p.clone()], me < root);
+                    c.write(into, p.start, x).is_ok()
+                }
+            })
+        })
+        .await?;
+        pool.give(x);
+    }
     call.give_back().into_iter().for_each(|b| pool.give(b));
     Ok(())
 }
@@ -264,8 +332,66 @@ pub(super) async fn scan_direct(
     Ok(())
 }
 
-/// From this many bytes a scan by single copy shares the combining out ([`scan_split`]); below,
-/// each rank combines the data of the ranks before it itself ([`scan_direct`]). Loaded, no LTO
+/// Up to this many ranks a scan by single copy goes down a chain ([`scan_chain`]): each rank
+/// reads one vector, the prefix of the rank before it, where [`scan_direct`]'s last rank reads
+/// n - 1 and [`scan_split`]'s every rank two parts of each other rank's; where ranks share CPUs,
+/// the total reads are what count. Pieces keep the chain's ranks busy at once.
+pub(super) const SCAN_CHAIN_RANKS: Rank = 4;
+
+/// A piece of [`scan_chain`]: a rank starts on it as soon as the rank before it has it done.
+const CHAIN_PIECE: usize = 64 << 10;
+
+/// A scan by single copy down a chain, piece by piece: every rank lends its prefix-to-be (an
+/// inclusive scan's `buf` in place; an exclusive scan's kept copy of its data); rank `me` waits
+/// until rank `me - 1` has published a piece of its prefix done, reads it, and combines it with
+/// its own data in place (the prefix on the left, so any associative operator keeps rank order),
+/// then publishes that piece of its own prefix. An exclusive scan's result (`buf`; rank 0 has
+/// none) is the piece read from the rank before. A barrier then ends the lending.
+pub(super) async fn scan_chain(
+    mut call: board::Lending,
+    buf: &mut [u8],
+    op: ferrocomm_collectives::Reducer,
+    me: Rank,
+    n: Rank,
+    inclusive: bool,
+    pool: &Pool,
+) -> Result<()> {
+    let len = if inclusive { buf.len() } else { call.kept().len() };
+    let lent = lent_by_all(&call.next().await?, n as usize, len)?;
+    let elem = op.element_size();
+    // Pieces of whole elements, no more of them than the board counts.
+    let at_least = len.div_ceil(ferrocomm_collectives::shared::MAX_PIECES as usize);
+    let piece = (CHAIN_PIECE.max(at_least) / elem * elem).max(elem);
+    let pieces = len.div_ceil(piece);
+    if me == 0 {
+        // Its prefix is its data.
+        call.progress(pieces as u64);
+    } else {
+        let before = me - 1;
+        let mut x = if inclusive { pool.take(piece.min(len)) } else { BytesMut::new() };
+        for (k, start) in (0..len).step_by(piece).enumerate() {
+            let p = start..(start + piece).min(len);
+            call.wait_progress(before, &lent[before as usize], k as u64 + 1).await?;
+            if inclusive {
+                let x = &mut x[..p.len()];
+                call.read(before, &lent[before as usize], p.start, x)?;
+                op.apply(&mut buf[p], x, true);
+            } else {
+                call.read(before, &lent[before as usize], p.start, &mut buf[p.clone()])?;
+                op.apply(&mut call.kept_mut()[p.clone()], &buf[p], true);
+            }
+            call.progress(k as u64 + 1);
+        }
+        pool.give(x);
+    }
+    call.next().await?;
+    call.give_back().into_iter().for_each(|b| pool.give(b));
+    Ok(())
+}
+
+/// From this many bytes a scan by single copy on more than [`SCAN_CHAIN_RANKS`] ranks shares the
+/// combining out ([`scan_split`]); below, each rank combines the data of the ranks before it
+/// itself ([`scan_direct`]). Loaded, no LTO
 /// (`ferrocomm-bench collectives --ranks 2,4 --runs 5 --no-mpi --ops scan --max 4M`, two runs each
 /// way, us): on 4 ranks sharing took 1171/1651 at 512 KiB against 2499/2372, 7317/7474 at 2 MiB
 /// against 10734/14484, 14566/16608 at 4 MiB against 26920/28086; on 2 ranks 1862/2476 at 2 MiB
@@ -402,8 +528,10 @@ pub(super) fn lent_by_all(all: &[u8], n: usize, len: usize) -> Result<Vec<Lent>>
 /// bytes come from `own`, or are in `dst` already (`None`); from them the result grows outwards:
 /// the ranks before this one are applied on the left, nearest first, then the ranks after it on
 /// the right, so `x0 ⊕ (x1 ⊕ ... ⊕ xme) ⊕ ... ⊕ xn-1` keeps rank order for any associative operator.
-/// The pieces are read into a scratch buffer from `pool` (kept between calls: a fresh one faults
-/// its pages in on every call).
+/// With `own`, the nearest other rank's piece is read straight into `dst` and `own` applied to it
+/// (one pass over the piece less than copying `own` in first), unless that puts `own` on the left
+/// of a non-commutative operator (which would copy instead). The other pieces are read into a
+/// scratch buffer from `pool` (kept between calls: a fresh one faults its pages in on every call).
 #[allow(clippy::too_many_arguments)] // the call, what it reads, how it combines, where it goes
 pub(super) fn combine(
     call: &board::Lending,
@@ -416,16 +544,29 @@ pub(super) fn combine(
     pool: &Pool,
 ) -> Result<()> {
     let piece = (REDUCE_PIECE / op.element_size() * op.element_size()).max(1);
-    let mut x = pool.take(piece.min(dst.len()));
+    // The rank read straight into `dst`, with `own` applied to it: the nearest one before this
+    // rank (`own` on the right), or the first after it where the operator commutes.
+    let first = own.and_then(|_| match me.checked_sub(1) {
+        Some(before) => Some(before),
+        None => (lent.len() > 1 && op.is_commutative()).then_some(1),
+    });
+    // Pieces of the other ranks go through `x` (none with two ranks and `own`).
+    let through_x = lent.len().saturating_sub(1 + usize::from(first.is_some()));
+    let mut x = if through_x > 0 { pool.take(piece.min(dst.len())) } else { BytesMut::new() };
     for start in (0..dst.len()).step_by(piece) {
         let p = start..(start + piece).min(dst.len());
         let (k, result) = (p.len(), &mut dst[p.clone()]);
-        if let Some(own) = own {
-            result.copy_from_slice(&own[p]);
+        match (own, first) {
+            (Some(own), Some(r)) => {
+                call.read(r as Rank, &lent[r], at + start, result)?;
+                op.apply(result, &own[p], r > me);
+            }
+            (Some(own), None) => result.copy_from_slice(&own[p]),
+            (None, _) => {}
         }
         let before = lent[..me].iter().enumerate().rev().map(|(r, l)| (r, l, true));
         let after = lent.iter().enumerate().skip(me + 1).map(|(r, l)| (r, l, false));
-        for (r, theirs, on_the_left) in before.chain(after) {
+        for (r, theirs, on_the_left) in before.chain(after).filter(|&(r, _, _)| Some(r) != first) {
             call.read(r as Rank, theirs, at + start, &mut x[..k])?;
             op.apply(result, &x[..k], on_the_left);
         }
@@ -498,6 +639,49 @@ impl Comm {
         let mut call = self.lending(BoardOp::Allgather, Some(Lent::of(&copy)), &[BoardOp::Barrier])?;
         call.keep(copy);
         Ok(call)
+    }
+
+    /// [`Comm::lend`] of a buffer the call takes over (kept until nobody reads it, then given
+    /// back to the pool): for a caller that copied its input into a pooled buffer already.
+    pub(super) fn lend_owned(&self, buf: BytesMut) -> Result<board::Lending> {
+        let mut call = self.lending(BoardOp::Allgather, Some(Lent::of(&buf)), &[BoardOp::Barrier])?;
+        call.keep(buf);
+        Ok(call)
+    }
+
+    /// Starts a gather by single copy to `root` ([`gather_direct`]): this rank lends `data` as
+    /// `lend` says and, on more than two ranks, the root also its `dst` (every rank's part, which
+    /// the others may push into; only for a future that borrows it until its end), the others
+    /// nothing more.
+    pub(super) fn lend_for_gather<T: Element>(
+        &self,
+        data: &[T],
+        lend: Lend,
+        dst: Option<&[u8]>,
+    ) -> Result<board::Lending> {
+        if self.size() <= 2 {
+            return self.lend(data, lend);
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let copy = matches!(lend, Lend::Copy).then(|| {
+            let mut copy = self.coll().pool.take(bytes.len());
+            copy.copy_from_slice(bytes);
+            copy
+        });
+        let lent = [Lent::of(copy.as_deref().unwrap_or(bytes)), Lent::of(dst.unwrap_or_default())];
+        let mut call = self.board()?.lend_each(BoardOp::Allgather, 2, &lent, &[BoardOp::Barrier])?;
+        if let Some(b) = copy {
+            call.keep(b);
+        }
+        Ok(call)
+    }
+
+    /// Starts a reduce by single copy on 2 ranks ([`reduce_pair`]) to `root`: this rank lends
+    /// `data` in place and the root also its `dst` (both only for a future that borrows them
+    /// until its end), the other rank nothing more.
+    pub(super) fn lend_for_reduce_pair<T: Element>(&self, data: &[T], dst: Option<&[u8]>) -> Result<board::Lending> {
+        let lent = [Lent::of(bytemuck::cast_slice(data)), Lent::of(dst.unwrap_or_default())];
+        self.board()?.lend_each(BoardOp::Allgather, 2, &lent, &[BoardOp::Barrier])
     }
 
     /// Starts a reduce by single copy ([`reduce_single_copy`]) to `root`: this rank lends `data`

@@ -321,12 +321,22 @@ impl Comm {
             let kind = BoardOp::Reduce { root, op: op.erase() };
             self.board_future(kind, len, bytemuck::cast_slice(data), size_of::<T>())
         });
-        // Single copy: the combining split between the ranks from REDUCE_SPLIT_MIN, the root
+        // The root's result: the caller's buffer, or one it returns (made now: single copy on
+        // 2 ranks lends it).
+        let mut owned = (r == root && into.is_none()).then(|| vec![T::zeroed(); data.len()]);
+        let mut into = into;
+        // Single copy: on 2 ranks the other rank combines half and writes it into the root's
+        // result; on more the combining split between the ranks from REDUCE_SPLIT_MIN, the root
         // combining alone below it.
-        let split = len >= REDUCE_SPLIT_MIN;
-        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| match split {
-            true => self.lend_for_reduce(data, root),
-            false => self.lend(data, Lend::InPlace),
+        let pair = n == 2;
+        let split = !pair && len >= REDUCE_SPLIT_MIN;
+        let direct = (early.is_none() && alg == Algorithm::SingleCopy).then(|| match (pair, split) {
+            (true, _) => {
+                let dst = owned.as_deref().or(into.as_mut().and_then(|o| o.as_deref()).filter(|_| r == root));
+                self.lend_for_reduce_pair(data, dst.map(bytemuck::cast_slice::<T, u8>))
+            }
+            (false, true) => self.lend_for_reduce(data, root),
+            (false, false) => self.lend(data, Lend::InPlace),
         });
         let plan = (early.is_none() && board.is_none() && direct.is_none()).then(|| {
             let m = ops::reduce(r, n, root, alg, to_bytes(data), op.erase()).map(|m| m.with_block_len(len));
@@ -337,8 +347,6 @@ impl Comm {
             if let Some(e) = early {
                 return Err(e);
             }
-            // The root's result: the caller's buffer, or one it returns.
-            let mut owned = (r == root && into.is_none()).then(|| vec![T::zeroed(); data.len()]);
             let dst: Option<&mut [u8]> = match (owned.as_deref_mut(), into) {
                 (Some(v), _) => Some(bytemuck::cast_slice_mut(v)),
                 (None, Some(o)) => o.filter(|_| r == root).map(bytemuck::cast_slice_mut),
@@ -348,7 +356,9 @@ impl Comm {
                 // Straight from the others' memory, this rank's own data from `data`, which the
                 // future borrows (the others' calls lend theirs in place too).
                 let own: &[u8] = bytemuck::cast_slice(data);
-                if split {
+                if pair {
+                    Box::pin(reduce_pair(call?, root, r, own, dst, op.erase(), &pool)).await?;
+                } else if split {
                     Box::pin(reduce_single_copy(call?, root, r, n, own, dst, op.erase(), &pool)).await?;
                 } else {
                     gather_single_copy(call?, n, len, &pool, |call, lent| match dst {
@@ -384,16 +394,18 @@ impl Comm {
         if self.check_root(root).is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy) {
             let obs = self.observe(Operation::Gather, alg, bytes);
             let count = data.len() * n as usize;
+            // The root's result, lent to the others by single copy (they may push their parts).
+            let mut out = (r == root).then(|| vec![T::zeroed(); count]);
             let call = if alg == Algorithm::SharedMemory {
                 let input = bytemuck::cast_slice(data);
                 Ok(self.board_future(BoardOp::Gather { root }, bytes, input, size_of::<T>()))
             } else {
                 // The future does not borrow `data`: the call lends a pooled copy.
-                Err(self.lend(data, Lend::Copy))
+                let dst = out.as_deref().map(bytemuck::cast_slice::<T, u8>);
+                Err(self.lend_for_gather(data, Lend::Copy, dst))
             };
             let pool = self.coll().pool.clone();
             return futures::future::Either::Left(obs.wrap(async move {
-                let mut out = (r == root).then(|| vec![T::zeroed(); count]);
                 let dst = out.as_deref_mut().map(bytemuck::cast_slice_mut::<T, u8>);
                 match call {
                     Ok(call) => {
@@ -458,7 +470,7 @@ impl Comm {
         let on_host = early.is_none() && matches!(alg, Algorithm::SharedMemory | Algorithm::SingleCopy);
         let call = on_host.then(|| match alg {
             Algorithm::SharedMemory => Ok(self.board_future(BoardOp::Gather { root }, bytes, own, size_of::<T>())),
-            _ => Err(self.lend(data, Lend::InPlace)),
+            _ => Err(self.lend_for_gather(data, Lend::InPlace, out.as_deref().map(bytemuck::cast_slice::<T, u8>))),
         });
         let pool = self.coll().pool.clone();
         let run = (early.is_none() && call.is_none()).then(|| self.gather_plan(root, pool.copy(data), bytes));

@@ -288,6 +288,36 @@ pub(crate) async fn every_algorithm(c: &Comm) {
     // out by parts.
     operations(&single_copy(c), &SINGLE_COPY_COUNTS, "single-copy").await;
     scans(&single_copy(c), &SCAN_COUNTS, "single-copy").await;
+    reduces(&single_copy(c), &SINGLE_COPY_COUNTS, "single-copy").await;
+}
+
+/// Reduces (owned and into a buffer) to the first and the last rank at each count, with a sum
+/// and with a non-commutative operator (rank order must be kept), checked against the sequential
+/// reference.
+pub(crate) async fn reduces(c: &Comm, counts: &[usize], label: &str) {
+    let (r, n) = (c.rank(), c.size());
+    let op = || {
+        ReduceOp::custom(
+            |acc: &mut [u64], x: &[u64]| acc.iter_mut().zip(x).for_each(|(a, b)| *a = matmul(*a, *b)),
+            false,
+        )
+    };
+    let product = |count: usize| {
+        (0..n).map(|i| input(i, count)).reduce(|a, b| a.iter().zip(&b).map(|(x, y)| matmul(*x, *y)).collect())
+    };
+    for &count in counts {
+        for root in [0, n - 1] {
+            let ctx = format!("{label} n={n} count={count} root={root} rank {r}");
+            let got = c.reduce(root, &input(r, count), ReduceOp::Sum).await.unwrap();
+            assert_eq!(got, (r == root).then(|| sum_ref(n, count, 0..n)), "reduce {ctx}");
+            let mut out = if r == root { vec![u64::MAX; count] } else { Vec::new() };
+            let dst = (r == root).then_some(&mut out[..]);
+            c.reduce_into(root, &input(r, count), dst, op()).await.unwrap();
+            if r == root {
+                assert_eq!(Some(out), product(count), "non-commutative reduce_into {ctx}");
+            }
+        }
+    }
 }
 
 /// Element counts (u64) of scans by single copy: either side of 256 KiB, where the ranks share
