@@ -202,17 +202,21 @@ fn matmul(a: u64, b: u64) -> u64 {
     e(a0, b0, a1, b2) | e(a0, b1, a1, b3) << 16 | e(a2, b0, a3, b2) << 32 | e(a2, b1, a3, b3) << 48
 }
 
+/// The product of 2x2 matrices packed in u64s as a reduction operator: associative, not
+/// commutative, so results show whether rank order was kept.
+fn matmul_op() -> ReduceOp<u64> {
+    ReduceOp::custom(|acc: &mut [u64], x: &[u64]| acc.iter_mut().zip(x).for_each(|(a, b)| *a = matmul(*a, *b)), false)
+}
+
+/// The sequential reference of [`matmul_op`] over the inputs of `ranks`, `count` elements each.
+fn matmul_ref(ranks: std::ops::Range<u32>, count: usize) -> Option<Vec<u64>> {
+    ranks.map(|i| input(i, count)).reduce(|a, b| a.iter().zip(&b).map(|(x, y)| matmul(*x, *y)).collect())
+}
+
 async fn non_commutative(c: &Comm, label: &str) {
     let (r, n) = (c.rank(), c.size());
-    let op = || {
-        ReduceOp::custom(
-            |acc: &mut [u64], x: &[u64]| acc.iter_mut().zip(x).for_each(|(a, b)| *a = matmul(*a, *b)),
-            false,
-        )
-    };
-    let reference = |upto: u32| {
-        (0..upto).map(|i| input(i, 3)).reduce(|a, b| a.iter().zip(&b).map(|(x, y)| matmul(*x, *y)).collect())
-    };
+    let op = matmul_op;
+    let reference = |upto: u32| matmul_ref(0..upto, 3);
     let mut buf = input(r, 3);
     c.allreduce(&mut buf, op()).await.unwrap();
     assert_eq!(Some(buf), reference(n), "non-commutative allreduce {label}");
@@ -296,15 +300,8 @@ pub(crate) async fn every_algorithm(c: &Comm) {
 /// reference.
 pub(crate) async fn reduces(c: &Comm, counts: &[usize], label: &str) {
     let (r, n) = (c.rank(), c.size());
-    let op = || {
-        ReduceOp::custom(
-            |acc: &mut [u64], x: &[u64]| acc.iter_mut().zip(x).for_each(|(a, b)| *a = matmul(*a, *b)),
-            false,
-        )
-    };
-    let product = |count: usize| {
-        (0..n).map(|i| input(i, count)).reduce(|a, b| a.iter().zip(&b).map(|(x, y)| matmul(*x, *y)).collect())
-    };
+    let op = matmul_op;
+    let product = |count: usize| matmul_ref(0..n, count);
     for &count in counts {
         for root in [0, n - 1] {
             let ctx = format!("{label} n={n} count={count} root={root} rank {r}");
@@ -329,15 +326,8 @@ pub(crate) const SCAN_COUNTS: [usize; 3] = [32_767, 32_769, 140_001];
 /// (rank order must be kept), checked against the sequential reference.
 pub(crate) async fn scans(c: &Comm, counts: &[usize], label: &str) {
     let (r, n) = (c.rank(), c.size());
-    let op = || {
-        ReduceOp::custom(
-            |acc: &mut [u64], x: &[u64]| acc.iter_mut().zip(x).for_each(|(a, b)| *a = matmul(*a, *b)),
-            false,
-        )
-    };
-    let product = |count: usize, upto: u32| {
-        (0..upto).map(|i| input(i, count)).reduce(|a, b| a.iter().zip(&b).map(|(x, y)| matmul(*x, *y)).collect())
-    };
+    let op = matmul_op;
+    let product = |count: usize, upto: u32| matmul_ref(0..upto, count);
     for &count in counts {
         let ctx = format!("{label} n={n} count={count} rank {r}");
         let mut buf = input(r, count);
