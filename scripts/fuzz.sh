@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing (cargo-fuzz, libFuzzer) of every decoder and sans-IO core: see
 # docs/fuzzing.md. Builds every target, then runs each (or only those named) for FUZZ_SECONDS
-# (default 20: the CI smoke), and fails on the first crash, leaving the input that caused it in
+# (default 10: the CI smoke), and fails on the first crash, leaving the input that caused it in
 # fuzz/artifacts/<target>/. Longer runs on demand: `FUZZ_SECONDS=600 scripts/fuzz.sh [target...]`.
 # What a run learns is kept in fuzz/corpus/<target>/ (not committed) and feeds the next run.
 set -euo pipefail
