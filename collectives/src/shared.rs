@@ -1847,7 +1847,9 @@ mod tests {
         let start = |q: &mut Queue, me: usize| {
             let input: Vec<u8> = [lent(me, 0), lent(me, 1)].iter().flat_map(Lent::encode).collect();
             let first = q.push(&b[me], Kind::Allgather, 2 * Lent::BYTES, input).unwrap();
-            (q.push_held(Kind::Barrier), q.push_held(Kind::Barrier));
+            for _ in 0..2 {
+                q.push_held(Kind::Barrier);
+            }
             first
         };
         let firsts: Vec<u64> = (0..n).map(|me| start(&mut q[me], me)).collect();
