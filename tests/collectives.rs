@@ -175,60 +175,14 @@ async fn single_copy_by_default_for_large_calls_when_busy() {
     .unwrap();
 }
 
-/// Single-copy calls that lend two regions a rank (a scan on more than 4 ranks from 256 KiB: the
-/// data and a result buffer; a gather's root its result on more than 2 ranks; a reduce on 2 ranks
-/// and from 1 MiB), and the plain ones: a rank drops its call before its first poll. The others
-/// fail promptly with a typed error where they read its memory (and complete or fail so
-/// elsewhere), whatever that rank does next (here: nothing on the board until the all-reduce),
-/// and the communicator's next calls work for everyone.
+/// Single-copy calls dropped by rank 1 before their first poll ([`coll::lending_calls_dropped`]):
+/// the others fail promptly with a typed error where they read its memory, and the
+/// communicator's next calls work for everyone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lending_calls_dropped_before_their_first_poll() {
     for n in [2, 5] {
-        testing::run(n, shm(), move |w| async move {
-            let c = coll::single_copy(&w);
-            let r = c.rank();
-            let ten = Duration::from_secs(10);
-            // Rank 1's withdrawal, or that of a rank that failed first for it.
-            let withdrawn =
-                |e: &Result<(), Error>| matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. })));
-            // Every rank but rank 1 reads rank 1's memory.
-            let must_fail = |e: Result<(), Error>| assert!(withdrawn(&e), "n={n} rank {r}: {e:?}");
-            // Rank 0 (the root) reads rank 1's memory; the others may need nothing of it.
-            let may_fail = |e: Result<(), Error>| {
-                assert!(if r == 0 { withdrawn(&e) } else { e.is_ok() || withdrawn(&e) }, "n={n} rank {r}: {e:?}");
-            };
-            if n > 4 {
-                // 320 KB a rank: the combining shared out by parts.
-                let mut v = coll::input(r, 40_000);
-                if r == 1 {
-                    drop(c.scan(&mut v, ReduceOp::Sum));
-                } else {
-                    must_fail(c.scan(&mut v, ReduceOp::Sum).timeout(ten).await);
-                }
-                let v = coll::input(r, 40_000);
-                if r == 1 {
-                    drop(c.exscan(&v, ReduceOp::Sum));
-                } else {
-                    must_fail(c.exscan(&v, ReduceOp::Sum).timeout(ten).await.map(drop));
-                }
-            }
-            let mine = coll::input(r, 40_000);
-            if r == 1 {
-                drop(c.gather(0, &mine));
-            } else {
-                may_fail(c.gather(0, &mine).timeout(ten).await.map(drop));
-            }
-            // 1 MiB a rank: the combining split between the ranks (on 2, the pair's).
-            let mine = coll::input(r, 1 << 17);
-            if r == 1 {
-                drop(c.reduce(0, &mine, ReduceOp::Sum));
-            } else {
-                may_fail(c.reduce(0, &mine, ReduceOp::Sum).timeout(ten).await.map(drop));
-            }
-            c.barrier().timeout(ten).await.unwrap();
-            let mut v = vec![r as u64 + 1; 50_000];
-            c.allreduce(&mut v, ReduceOp::Sum).timeout(ten).await.unwrap();
-            assert_eq!(v, vec![u64::from(n * (n + 1) / 2); 50_000]);
+        testing::run(n, shm(), |w| async move {
+            coll::lending_calls_dropped(&w).await;
             w.finalize().await.unwrap();
         })
         .await
