@@ -1,7 +1,8 @@
 //! Ranks as separate processes started by `ferrorun`: the point-to-point suite on each TCP
 //! backend and over shared memory, eight busy-polling ranks on two cores, adaptive mode's hybrid
-//! polling, a rank killed with SIGKILL in the middle of a transfer, every collective, and ranks
-//! that differ (one adaptive among busy ones, one without shared memory, one with other settings).
+//! polling, a rank killed with SIGKILL in the middle of a transfer, every collective, single-copy
+//! calls dropped before their first poll, and ranks that differ (one adaptive among busy ones,
+//! one without shared memory, one with other settings).
 //!
 //! The ranks are this very test binary, re-run by `ferrorun` with `--exact rank_process` and the
 //! scenario in `FERROCOMM_TEST_SCENARIO`; without that variable `rank_process` has nothing to do.
