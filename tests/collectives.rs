@@ -175,6 +175,21 @@ async fn single_copy_by_default_for_large_calls_when_busy() {
     .unwrap();
 }
 
+/// Single-copy calls dropped by rank 1 before their first poll ([`coll::lending_calls_dropped`]):
+/// the others fail promptly with a typed error where they read its memory, and the
+/// communicator's next calls work for everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lending_calls_dropped_before_their_first_poll() {
+    for n in [2, 5] {
+        testing::run(n, shm(), |w| async move {
+            coll::lending_calls_dropped(&w).await;
+            w.finalize().await.unwrap();
+        })
+        .await
+        .unwrap();
+    }
+}
+
 /// The shared-memory board (pinned; adaptive ranks): calls held unpolled, dropped before or after
 /// their first poll, more in flight than the board has slots, and a rank that joins late. A call
 /// on the board is carried out by its rank even when its future is gone (defined behaviour: the

@@ -1,7 +1,8 @@
 //! Ranks as separate processes started by `ferrorun`: the point-to-point suite on each TCP
 //! backend and over shared memory, eight busy-polling ranks on two cores, adaptive mode's hybrid
-//! polling, a rank killed with SIGKILL in the middle of a transfer, every collective, and ranks
-//! that differ (one adaptive among busy ones, one without shared memory, one with other settings).
+//! polling, a rank killed with SIGKILL in the middle of a transfer, every collective, single-copy
+//! calls dropped before their first poll, and ranks that differ (one adaptive among busy ones,
+//! one without shared memory, one with other settings).
 //!
 //! The ranks are this very test binary, re-run by `ferrorun` with `--exact rank_process` and the
 //! scenario in `FERROCOMM_TEST_SCENARIO`; without that variable `rank_process` has nothing to do.
@@ -111,6 +112,21 @@ fn rooted_into_tiers_between_processes() {
     let _machine = sharing_the_machine();
     for n in [2, 3, 4] {
         let (code, text, _) = launch_env(n, "scatter-tiers", "shm", &["FERROCOMM_PROGRESS=busy"]);
+        assert_eq!(code, Some(0), "{n} ranks:\n{text}");
+        assert!((0..n).all(|r| said(&text, r, "RANK-OK")), "{n} ranks:\n{text}");
+    }
+}
+
+/// Single-copy calls that rank 1 drops before their first poll, between adaptive processes on one
+/// host (each rank reads the others' memory in their processes): the others fail promptly with
+/// `CollError::Withdrawn` where they read rank 1's memory, though rank 1's next call is not on the
+/// board, and the next calls work ([`coll::lending_calls_dropped`]; 5 ranks take the split scan,
+/// which lends two regions a rank).
+#[test]
+fn lending_calls_dropped_between_processes() {
+    let _machine = sharing_the_machine();
+    for n in [2, 5] {
+        let (code, text, _) = launch_env(n, "coll-drop-lending", "shm", &["FERROCOMM_PROGRESS=adaptive:20"]);
         assert_eq!(code, Some(0), "{n} ranks:\n{text}");
         assert!((0..n).all(|r| said(&text, r, "RANK-OK")), "{n} ranks:\n{text}");
     }
@@ -400,6 +416,11 @@ fn rank_process() {
                 coll::rooted_into_thresholds(&w, "default").await;
                 coll::rooted_into_thresholds(&coll::on_board(&w), "board").await;
                 coll::rooted_into_thresholds(&coll::single_copy(&w), "single-copy").await;
+                println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
+                w.finalize().await.unwrap();
+            }
+            "coll-drop-lending" => {
+                coll::lending_calls_dropped(&w).await;
                 println!("RANK-OK {}", w.transport_for((w.rank() + 1) % w.size()));
                 w.finalize().await.unwrap();
             }

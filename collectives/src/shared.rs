@@ -60,6 +60,9 @@
 //! that lent its memory and leaves the call early (its future dropped, or failed) first marks the
 //! call *withdrawn* ([`Board::withdraw`]); a reader checks the mark after every copy
 //! ([`Board::withdrawn`]), seqlock-style, so it never keeps data that may have changed under it.
+//! The leaving rank posts what it can of the call at once ([`Queue::leave`]), since it may not
+//! use the board again for long, and a rank still waiting for the part of one that withdrew
+//! fails rather than wait for it ([`Queue::awaits_withdrawn`]).
 //! A reader may also offer the owner, who would otherwise only wait, to write the second half of
 //! its copy while it reads the first ([`Offer`]; the broadcast's root does): two CPUs copying. A
 //! reader of several owners opens a *push* to each instead ([`Board::open_push`]: a gather's
@@ -934,6 +937,33 @@ impl Queue {
         self.sweep_abandoned();
     }
 
+    /// [`Queue::abandon`], then posts at once what the board allows of them (and of every other
+    /// call): a rank that leaves a call may not use the board again for a long time (its next
+    /// collectives may take other algorithms), and the others wait for its posts meanwhile. A
+    /// single-copy call's rank withdraws first ([`Board::withdraw`]), so that the others, seeing
+    /// its part posted, go on to find the memory withdrawn rather than wait for it.
+    pub fn leave<M: Deref<Target = [AtomicU64]>>(&mut self, board: &Board<M>, seqs: Range<u64>) {
+        self.abandon(seqs);
+        self.advance(board);
+    }
+
+    /// The rank that call `seq` waits for (its post, or its finishing an earlier call with the
+    /// slot) if that rank withdrew from the single-copy call that began with call `first`: it
+    /// left that call, so whatever of it this rank still waits for, the call fails
+    /// ([`CollError::Withdrawn`]) rather than wait until that rank drives the board again, which
+    /// it may never do.
+    pub fn awaits_withdrawn<M: Deref<Target = [AtomicU64]>>(
+        &mut self,
+        board: &Board<M>,
+        seq: u64,
+        first: u64,
+    ) -> Option<u32> {
+        match self.waiting(board, seq)? {
+            Waiting::Rank(r) if board.withdrawn(r as usize, first) => Some(r),
+            _ => None,
+        }
+    }
+
     /// Calls not collected yet (abandoned ones included).
     pub fn len(&self) -> usize {
         self.calls.len()
@@ -1800,6 +1830,83 @@ mod tests {
                 assert!(q.is_empty());
             });
         }
+    }
+
+    /// A rank that leaves a single-copy call before driving it (its future dropped before its
+    /// first poll) posts its part of every step at once ([`Queue::leave`]): the others get its
+    /// lent descriptors and pass the held steps though it never drives its queue again. A rank
+    /// whose part has not posted is named by [`Queue::awaits_withdrawn`] once it has withdrawn
+    /// from the call, and not before. Three ranks, two regions lent each (48 bytes, a line's).
+    #[test]
+    fn a_rank_leaving_a_lending_call_posts_at_once() {
+        let n = 3;
+        let m = mem(n);
+        let b: Vec<Board<Mem>> = (0..n).map(|me| Board::attach(m.clone(), n, me).unwrap().0).collect();
+        let mut q: Vec<Queue> = (0..n).map(|_| Queue::default()).collect();
+        let lent = |me: usize, k: u64| Lent { pid: 100 + me as u32, addr: 0x1000 * (k + 1), len: 64 };
+        let start = |q: &mut Queue, me: usize| {
+            let input: Vec<u8> = [lent(me, 0), lent(me, 1)].iter().flat_map(Lent::encode).collect();
+            let first = q.push(&b[me], Kind::Allgather, 2 * Lent::BYTES, input).unwrap();
+            for _ in 0..2 {
+                q.push_held(Kind::Barrier);
+            }
+            first
+        };
+        let firsts: Vec<u64> = (0..n).map(|me| start(&mut q[me], me)).collect();
+        let f = firsts[1];
+        assert!(firsts.iter().all(|&s| s == f));
+        // Rank 1 withdraws and leaves, and is not driven again until the end.
+        b[1].withdraw(f);
+        q[1].leave(&b[1], f..f + 3);
+        let want: Vec<u8> = (0..n).flat_map(|me| [lent(me, 0), lent(me, 1)]).flat_map(|l| l.encode()).collect();
+        let others = [0, 2];
+        for _ in 0..2 {
+            for &r in &others {
+                q[r].advance(&b[r]);
+            }
+        }
+        for &r in &others {
+            assert_eq!(q[r].take(f).map(|d| d.map(|d| d.to_vec())), Some(Ok(want.clone())), "rank {r}");
+            assert!(b[r].withdrawn(1, f), "rank {r} finds rank 1's memory withdrawn");
+        }
+        // The held steps, released one after the other, pass with rank 1's posts.
+        for step in [f + 1, f + 2] {
+            for &r in &others {
+                q[r].release(step);
+            }
+            for _ in 0..3 {
+                for &r in &others {
+                    q[r].advance(&b[r]);
+                }
+            }
+            for &r in &others {
+                assert_eq!(q[r].take(step).map(|d| d.map(|d| d.to_vec())), Some(Ok(Vec::new())), "rank {r}");
+            }
+        }
+        assert!(others.iter().all(|&r| q[r].is_empty()));
+        // The next call: ranks 0 and 1 post their descriptors, rank 2 has not yet.
+        let g = start(&mut q[0], 0);
+        assert_eq!(start(&mut q[1], 1), g);
+        q[0].advance(&b[0]);
+        q[1].advance(&b[1]);
+        assert_eq!(q[0].waiting(&b[0], g), Some(Waiting::Rank(2)));
+        assert_eq!(q[0].awaits_withdrawn(&b[0], g, g), None, "rank 2 has not withdrawn");
+        // Rank 2 withdraws (say its post waits for a slot): the others' step names it.
+        assert_eq!(start(&mut q[2], 2), g);
+        b[2].withdraw(g);
+        assert_eq!(q[0].awaits_withdrawn(&b[0], g, g), Some(2));
+        assert_eq!(q[1].awaits_withdrawn(&b[1], g, g), Some(2));
+        // Left, its steps post: everything finishes, rank 1's abandoned calls included.
+        q[2].leave(&b[2], g..g + 3);
+        for &r in &[0, 1] {
+            q[r].abandon(g..g + 3);
+        }
+        for _ in 0..4 {
+            for r in 0..n {
+                q[r].advance(&b[r]);
+            }
+        }
+        assert!(q.iter().all(Queue::is_empty), "{q:?}");
     }
 
     /// Calls pass a held call only within a board's worth of slots: with call `h` held, calls up

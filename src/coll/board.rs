@@ -186,23 +186,24 @@ impl HostBoard {
         Ok(Made::Waiting(self.wait(seqs, None)))
     }
 
-    /// The future of calls `seqs`; `lent`: the first call of a single-copy call whose memory this
-    /// rank lent (withdrawn if the future is dropped).
-    fn wait(self: &Arc<HostBoard>, seqs: Range<u64>, lent: Option<u64>) -> BoardCall {
-        BoardCall { seg: Some(self.clone()), seqs, parts: Pieces::new(), wait: Wait::default(), nap: None, lent }
+    /// The future of calls `seqs`; `single`: the single-copy call they are steps of, if any.
+    fn wait(self: &Arc<HostBoard>, seqs: Range<u64>, single: Option<SingleCopy>) -> BoardCall {
+        BoardCall { seg: Some(self.clone()), seqs, parts: Pieces::new(), wait: Wait::default(), nap: None, single }
     }
 
     /// This rank leaves calls `seqs` before their end (a future dropped or failed): it first
-    /// withdraws the memory it lent for the single-copy call that began with `lent`, then abandons
-    /// the calls, which releases held ones (so nothing of them posts before the withdrawal).
-    fn leave(&self, seqs: Range<u64>, lent: Option<u64>) {
+    /// withdraws the memory it lent for the single-copy call `single`, then abandons the calls,
+    /// which releases held ones (so nothing of them posts before the withdrawal), and posts what
+    /// it can of them now ([`Queue::leave`]): its next calls may not be on the board, and the
+    /// other ranks wait for these posts (a single-copy call's, to find the memory withdrawn).
+    fn leave(&self, seqs: Range<u64>, single: Option<SingleCopy>) {
         if seqs.is_empty() {
             return;
         }
-        if let Some(first) = lent {
+        if let Some(SingleCopy { first, lends: true }) = single {
             self.board.withdraw(first);
         }
-        self.queue.lock().abandon(seqs);
+        self.queue.lock().leave(&self.board, seqs);
     }
 
     /// Starts a single-copy call: its first step exchanges what is lent (`kind`: a broadcast of the
@@ -233,8 +234,15 @@ impl HostBoard {
     }
 
     /// Advances every call; collects the finished pieces of `seqs` in order into `parts`; ready
-    /// when all are in, or on the loss of a peer the next piece waits for.
-    fn check(&self, seqs: &mut Range<u64>, parts: &mut Pieces, driver: Option<&Driver>) -> Poll<Result<()>> {
+    /// when all are in, or on the loss of a peer the next piece waits for, or (steps of the
+    /// single-copy call `single`) when that peer withdrew from the call.
+    fn check(
+        &self,
+        seqs: &mut Range<u64>,
+        parts: &mut Pieces,
+        single: Option<SingleCopy>,
+        driver: Option<&Driver>,
+    ) -> Poll<Result<()>> {
         let mut q = self.queue.lock();
         // The last piece alone in the queue: finished at once, or still waiting (then nothing
         // else in the queue can move either).
@@ -261,6 +269,13 @@ impl HostBoard {
         }
         // Only where a driver is at hand: a look without one would ask for nothing.
         if let Some(d) = driver {
+            // A peer that left the single-copy call may not post its part until it uses the
+            // board again, which it may never do.
+            if let Some(single) = single
+                && let Some(rank) = q.awaits_withdrawn(&self.board, seqs.start, single.first)
+            {
+                return Poll::Ready(Err(Error::Collective(CollError::Withdrawn { rank })));
+            }
             // Revoked by a loss, whether or not the call waits for the lost rank itself.
             if d.engine.failures().any_lost()
                 && let Some(e) = d.engine.revoked(self.context)
@@ -313,7 +328,16 @@ pub(crate) struct BoardCall {
     wait: Wait,
     nap: Option<Pin<Box<tokio::time::Sleep>>>,
     /// See [`HostBoard::wait`].
-    lent: Option<u64>,
+    single: Option<SingleCopy>,
+}
+
+/// The single-copy call that a [`BoardCall`]'s calls are steps of.
+#[derive(Clone, Copy, Debug)]
+struct SingleCopy {
+    /// Its first step, which names it for withdrawal.
+    first: u64,
+    /// Whether this rank lent memory in it (withdrawn if the call is left early).
+    lends: bool,
 }
 
 /// A [`BoardCall`] in a box, so that the future of every small collective stays small; the box
@@ -380,7 +404,7 @@ impl Future for BoardCall {
         let looks = if crowded || (busy && this.wait.is_fresh()) { BOARD_LOOKS } else { 1 };
         let mut r = Poll::Pending;
         for _ in 0..looks {
-            r = seg.check(&mut this.seqs, &mut this.parts, None);
+            r = seg.check(&mut this.seqs, &mut this.parts, None, None);
             if r.is_ready() {
                 break;
             }
@@ -392,8 +416,8 @@ impl Future for BoardCall {
             }
         }
         if r.is_pending() {
-            let (seqs, parts) = (&mut this.seqs, &mut this.parts);
-            r = seg.reactor.poll_until(cx, &mut this.wait, |d, _| seg.check(seqs, parts, Some(d)));
+            let (seqs, parts, single) = (&mut this.seqs, &mut this.parts, this.single);
+            r = seg.reactor.poll_until(cx, &mut this.wait, |d, _| seg.check(seqs, parts, single, Some(d)));
         }
         if let Poll::Ready(r) = r {
             // Failed: what is left is abandoned (on drop).
@@ -413,7 +437,7 @@ impl Future for BoardCall {
 impl Drop for BoardCall {
     fn drop(&mut self) {
         if let Some(seg) = &self.seg {
-            seg.leave(self.seqs.clone(), self.lent);
+            seg.leave(self.seqs.clone(), self.single);
         }
     }
 }
@@ -422,7 +446,7 @@ impl BoardCall {
     /// A call complete when made, with its one result.
     fn done(result: Data) -> BoardCall {
         let parts = Pieces::from_buf([result]);
-        BoardCall { seg: None, seqs: 0..0, parts, wait: Wait::default(), nap: None, lent: None }
+        BoardCall { seg: None, seqs: 0..0, parts, wait: Wait::default(), nap: None, single: None }
     }
 }
 
@@ -448,7 +472,7 @@ impl Lending {
     pub(crate) async fn next(&mut self) -> Result<Data> {
         let seq = self.steps.start;
         self.seg.queue.lock().release(seq);
-        let mut parts = self.seg.wait(seq..seq + 1, self.lent()).await?;
+        let mut parts = self.seg.wait(seq..seq + 1, Some(self.single())).await?;
         self.steps.start += 1;
         Ok(parts.pop().unwrap_or_default())
     }
@@ -477,9 +501,9 @@ impl Lending {
         self.kept.as_deref().unwrap_or_default()
     }
 
-    /// The call's first step if this rank lent memory (what it withdraws on leaving early).
-    fn lent(&self) -> Option<u64> {
-        self.lends.then_some(self.first)
+    /// The call, for its steps' waits and for withdrawing on leaving early.
+    fn single(&self) -> SingleCopy {
+        SingleCopy { first: self.first, lends: self.lends }
     }
 
     /// Keeps `buf` (the lent memory) as long as the call needs it; see [`Lending::give_back`].
@@ -643,7 +667,7 @@ impl Lending {
         let mut done = false;
         for _ in 0..HELP_LOOKS {
             done = work(self);
-            if let Poll::Ready(r) = self.seg.check(&mut seqs, &mut parts, None) {
+            if let Poll::Ready(r) = self.seg.check(&mut seqs, &mut parts, None, None) {
                 r?;
                 self.steps.start += 1;
                 return Ok(parts.pop().unwrap_or_default());
@@ -657,7 +681,7 @@ impl Lending {
                 std::hint::spin_loop();
             }
         }
-        let mut wait = std::pin::pin!(self.seg.wait(seqs, self.lent()));
+        let mut wait = std::pin::pin!(self.seg.wait(seqs, Some(self.single())));
         let this = &*self;
         let mut parts = std::future::poll_fn(|cx| {
             if !done {
@@ -840,7 +864,7 @@ fn process_alive(pid: u32) -> bool {
 
 impl Drop for Lending {
     fn drop(&mut self) {
-        self.seg.leave(self.steps.clone(), self.lent());
+        self.seg.leave(self.steps.clone(), Some(self.single()));
     }
 }
 

@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 use ferrocomm::Table;
-use ferrocomm::{Algorithm, Comm, Error, Operation, ReduceOp};
+use ferrocomm::{Algorithm, Comm, Deadline, Error, Operation, ReduceOp};
 
 /// Rank r's input of `count` elements.
 pub(crate) fn input(r: u32, count: usize) -> Vec<u64> {
@@ -147,6 +147,58 @@ pub(crate) async fn gather_into(c: &Comm, root: u32, count: usize, ctx: &str) {
         let alg = c.collective_algorithm(Operation::Gather, count * 8);
         assert_eq!(out, all, "gather_into {alg} {ctx}");
     }
+}
+
+/// Single-copy calls that lend two regions a rank (a scan on more than 4 ranks from 256 KiB: the
+/// data and a result buffer; a gather's root its result on more than 2 ranks; a reduce on 2 ranks
+/// and from 1 MiB), and the plain ones: rank 1 drops its call before its first poll. The others
+/// fail promptly with a typed error where they read its memory (and complete or fail so
+/// elsewhere), whatever rank 1 does next (nothing on the board until the all-reduce for adaptive
+/// ranks, whose barrier goes by messages), and the communicator's next calls work for everyone.
+pub(crate) async fn lending_calls_dropped(w: &Comm) {
+    let c = single_copy(w);
+    let (r, n) = (c.rank(), c.size());
+    let ten = std::time::Duration::from_secs(10);
+    // Rank 1's withdrawal, or that of a rank that failed first for it.
+    let withdrawn = |e: &Result<(), Error>| matches!(e, Err(Error::Collective(ferrocomm::CollError::Withdrawn { .. })));
+    // Every rank but rank 1 reads rank 1's memory.
+    let must_fail = |e: Result<(), Error>| assert!(withdrawn(&e), "n={n} rank {r}: {e:?}");
+    // Rank 0 (the root) reads rank 1's memory; the others may need nothing of it.
+    let may_fail = |e: Result<(), Error>| {
+        assert!(if r == 0 { withdrawn(&e) } else { e.is_ok() || withdrawn(&e) }, "n={n} rank {r}: {e:?}");
+    };
+    if n > 4 {
+        // 320 KB a rank: the combining shared out by parts.
+        let mut v = input(r, 40_000);
+        if r == 1 {
+            drop(c.scan(&mut v, ReduceOp::Sum));
+        } else {
+            must_fail(c.scan(&mut v, ReduceOp::Sum).timeout(ten).await);
+        }
+        let v = input(r, 40_000);
+        if r == 1 {
+            drop(c.exscan(&v, ReduceOp::Sum));
+        } else {
+            must_fail(c.exscan(&v, ReduceOp::Sum).timeout(ten).await.map(drop));
+        }
+    }
+    let mine = input(r, 40_000);
+    if r == 1 {
+        drop(c.gather(0, &mine));
+    } else {
+        may_fail(c.gather(0, &mine).timeout(ten).await.map(drop));
+    }
+    // 1 MiB a rank: the combining split between the ranks (on 2, the pair's).
+    let mine = input(r, 1 << 17);
+    if r == 1 {
+        drop(c.reduce(0, &mine, ReduceOp::Sum));
+    } else {
+        may_fail(c.reduce(0, &mine, ReduceOp::Sum).timeout(ten).await.map(drop));
+    }
+    c.barrier().timeout(ten).await.unwrap();
+    let mut v = vec![r as u64 + 1; 50_000];
+    c.allreduce(&mut v, ReduceOp::Sum).timeout(ten).await.unwrap();
+    assert_eq!(v, vec![u64::from(n * (n + 1) / 2); 50_000]);
 }
 
 /// Scatters and gathers into buffers at [`ROOTED_COUNTS`] from and to the first and the last
