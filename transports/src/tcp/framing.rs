@@ -4,6 +4,17 @@
 //! ([`Reader::target`]: its own buffer, or straight into a posted receive buffer for rendezvous
 //! data) and is told how many arrived ([`Reader::advance`]). It does no I/O itself, so the same code
 //! serves synchronous reads and io_uring completions. [`Writer`] is the ordered output queue.
+//!
+//! Pushed rendezvous data (see the engine) that arrives before its receive is posted would be
+//! read and dropped, and the whole message sent again after the receiver's CTS: a second transfer
+//! and a round trip. That happens whenever a reply overtakes the frame that lets the caller post
+//! its receive (a ping-pong's send completes on the CTS that a 1 MiB reply follows at once, and
+//! one read delivers both). So a data frame the sink still hopes to match
+//! ([`Sink::awaits_receive`]) is held back, unread, for up to [`HOLD_ROUNDS`] progress rounds
+//! ([`Reader::held`], [`Reader::resume`]): the caller, woken by what that round delivered, can
+//! post its receive in between, and the data lands in place. After that the frame is taken as
+//! before (dropped if still unmatched), so a receive that never comes costs a few rounds, and a
+//! peer's later frames are never stuck behind it.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -17,6 +28,10 @@ use crate::{Sink, TransportError};
 const READ_BUF: usize = 64 * 1024;
 /// Largest payload copied out of the read buffer before switching to direct reads.
 const MAX_IOVECS: usize = 64;
+/// Progress rounds a pushed data frame without a receive yet is held back before it is taken
+/// (and dropped) anyway. One round is what an inline caller needs (it looks for its completion
+/// after every round); the rest covers a caller woken by another thread.
+pub(crate) const HOLD_ROUNDS: u32 = 32;
 
 enum State {
     /// Waiting for (the rest of) a header.
@@ -46,6 +61,11 @@ pub(crate) struct Reader {
     end: usize,
     state: State,
     scratch: Box<[u8]>,
+    /// A data frame's header sits unparsed at `start`, held back for its receive: no reads until
+    /// [`Reader::resume`].
+    held: bool,
+    /// Rounds the current data frame has been held so far.
+    hold_rounds: u32,
 }
 
 impl Reader {
@@ -58,12 +78,32 @@ impl Reader {
             end: 0,
             state: State::Header,
             scratch: Box::new([]),
+            held: false,
+            hold_rounds: 0,
         }
+    }
+
+    /// A data frame is held back for its receive: the caller must not read this connection
+    /// again in this progress round, and calls [`Reader::resume`] in the next one.
+    pub(crate) fn held(&self) -> bool {
+        self.held
+    }
+
+    /// Starts a new progress round for a held data frame: parses on, holding it once more if its
+    /// receive is still missing and it has rounds left. Returns the number of frames delivered.
+    pub(crate) fn resume(&mut self, sink: &mut dyn Sink) -> Result<usize, TransportError> {
+        if !self.held {
+            return Ok(0);
+        }
+        self.held = false;
+        self.hold_rounds += 1;
+        self.parse(sink)
     }
 
     /// Where the next read should land. Direct reads go into the receiver's buffer when the read
     /// buffer holds nothing more of the current data frame.
     pub(crate) fn target(&mut self, sink: &mut dyn Sink) -> Result<ReadTarget, TransportError> {
+        debug_assert!(!self.held, "a held reader reads on only after resume");
         if let State::Direct { h, got, discard } = &self.state
             && self.start == self.end
         {
@@ -116,6 +156,13 @@ impl Reader {
                     let h = Header::decode(raw, &self.limits)?;
                     if h.src != self.peer {
                         return Err(WireError::WrongSource { expected: self.peer, got: h.src }.into());
+                    }
+                    if h.kind == Kind::Data && h.len > 0 {
+                        if self.hold_rounds < HOLD_ROUNDS && sink.awaits_receive(self.peer, &h) {
+                            self.held = true;
+                            return Ok(delivered);
+                        }
+                        self.hold_rounds = 0;
                     }
                     self.start += HEADER_LEN;
                     self.state = match h.kind {
@@ -249,5 +296,116 @@ impl Writer {
             self.sent = 0;
             self.queue.pop_front();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::flags;
+
+    const LIMITS: Limits = Limits { world_size: 2, eager_limit: 64, chunk: 4096, max_message: 1 << 20 };
+
+    /// A sink with one pushed message (id 7) from rank 1 whose receive is posted once `posted`
+    /// is set; records what it is given.
+    #[derive(Default)]
+    struct OneReceive {
+        posted: bool,
+        buf: Vec<u8>,
+        frames: Vec<Kind>,
+        asked_for_dest: usize,
+    }
+
+    // SAFETY: `buf` is neither moved nor resized while a test reads into it.
+    unsafe impl Sink for OneReceive {
+        fn data_dest(&mut self, _: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
+            self.asked_for_dest += 1;
+            let (at, len) = (h.aux as usize, h.len as usize);
+            Ok(self.posted.then(|| &mut self.buf[at..at + len]))
+        }
+        fn awaits_receive(&mut self, _: Rank, h: &Header) -> bool {
+            h.flags & flags::PUSH != 0 && h.aux == 0 && !self.posted
+        }
+        fn frame(&mut self, _: Rank, h: Header, _: Bytes) {
+            self.frames.push(h.kind);
+        }
+        fn peer_lost(&mut self, _: Rank, _: TransportError) {}
+    }
+
+    /// A CTS, then the pushed message's one data frame (`data`), as one stream.
+    fn cts_then_pushed(data: &[u8]) -> Vec<u8> {
+        let cts = Header { src: 1, ..Header::new(Kind::Cts) };
+        let d = Header { src: 1, seq: 7, len: data.len() as u32, flags: flags::PUSH, ..Header::new(Kind::Data) };
+        let mut v = cts.encode().to_vec();
+        v.extend_from_slice(&d.encode());
+        v.extend_from_slice(data);
+        v
+    }
+
+    /// One read of `bytes` into the reader's target, as a socket read would; returns how many
+    /// bytes it took and the frames delivered.
+    fn read(r: &mut Reader, bytes: &[u8], sink: &mut OneReceive) -> (usize, usize) {
+        let t = r.target(sink).unwrap();
+        let n = t.len.min(bytes.len());
+        // SAFETY: the target is valid for `t.len` bytes and does not overlap `bytes`.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.ptr, n) };
+        (n, r.advance(n, sink).unwrap())
+    }
+
+    #[test]
+    fn a_pushed_frame_waits_for_the_receive_posted_after_the_frame_before_it() {
+        let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        let stream = cts_then_pushed(&data);
+        let mut sink = OneReceive { buf: vec![0; data.len()], ..Default::default() };
+        let mut r = Reader::new(1, LIMITS);
+        let (n, frames) = read(&mut r, &stream, &mut sink);
+        assert_eq!((n, frames), (stream.len(), 1), "the CTS is delivered");
+        assert!(r.held(), "the data waits, unread");
+        assert_eq!(sink.asked_for_dest, 0, "no destination asked for, so nothing is dropped");
+        // The caller, woken by the CTS, posts its receive; the next round lands the data in place.
+        sink.posted = true;
+        assert_eq!(r.resume(&mut sink).unwrap(), 1);
+        assert!(!r.held());
+        assert_eq!(sink.frames, [Kind::Cts, Kind::Data]);
+        assert_eq!(sink.buf, data);
+    }
+
+    #[test]
+    fn a_pushed_frame_whose_receive_never_comes_is_taken_after_the_hold() {
+        let data = [5u8; 100];
+        let stream = cts_then_pushed(&data);
+        let mut sink = OneReceive { buf: vec![0; data.len()], ..Default::default() };
+        let mut r = Reader::new(1, LIMITS);
+        read(&mut r, &stream, &mut sink);
+        for _ in 1..HOLD_ROUNDS {
+            assert_eq!(r.resume(&mut sink).unwrap(), 0);
+            assert!(r.held());
+        }
+        // The last round takes it: dropped (no receive), delivered as a frame all the same.
+        assert_eq!(r.resume(&mut sink).unwrap(), 1);
+        assert!(!r.held());
+        assert_eq!(sink.frames, [Kind::Cts, Kind::Data]);
+        assert_eq!(sink.buf, [0; 100]);
+        let (_, frames) = read(&mut r, &cts_then_pushed(&data), &mut sink);
+        assert_eq!(frames, 1);
+        assert!(r.held(), "a later message gets its own hold");
+    }
+
+    #[test]
+    fn a_pushed_frame_split_across_reads_is_held_only_once_its_header_is_in() {
+        let data = [9u8; 64];
+        let stream = cts_then_pushed(&data);
+        let mut sink = OneReceive { buf: vec![0; data.len()], ..Default::default() };
+        let mut r = Reader::new(1, LIMITS);
+        // The CTS and half of the data frame's header.
+        let (n, frames) = read(&mut r, &stream[..HEADER_LEN + HEADER_LEN / 2], &mut sink);
+        assert_eq!((n, frames), (HEADER_LEN + HEADER_LEN / 2, 1));
+        assert!(!r.held());
+        let (_, frames) = read(&mut r, &stream[n..], &mut sink);
+        assert_eq!(frames, 0);
+        assert!(r.held());
+        sink.posted = true;
+        assert_eq!(r.resume(&mut sink).unwrap(), 1);
+        assert_eq!(sink.buf, data);
     }
 }
