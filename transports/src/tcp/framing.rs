@@ -26,8 +26,13 @@ use crate::{Sink, TransportError};
 
 /// Size of each connection's read buffer.
 const READ_BUF: usize = 64 * 1024;
-/// Largest payload copied out of the read buffer before switching to direct reads.
+/// Most slices handed to one vectored write.
 const MAX_IOVECS: usize = 64;
+/// An owned payload (eager message) with at least this much still to come once the read buffer
+/// is empty is read straight into its own buffer, whole: no copy out of the read buffer, and on
+/// io_uring one completion (`MSG_WAITALL`) instead of a progress round per piece the kernel has
+/// at hand. Below it, reading into the read buffer may take the frames behind it in the same read.
+const DIRECT_OWNED: usize = 16 * 1024;
 /// Progress rounds a pushed data frame without a receive yet is held back before it is taken
 /// (and dropped) anyway. One round is what an inline caller needs (it looks for its completion
 /// after every round); the rest covers a caller woken by another thread.
@@ -119,6 +124,14 @@ impl Reader {
             let dest = sink.data_dest(self.peer, &h)?.ok_or(WireError::Unexpected(Kind::Data))?;
             return Ok(ReadTarget { ptr: dest[got..].as_mut_ptr(), len: want, whole: true });
         }
+        if let Some(want) = self.owned_direct() {
+            let State::Owned { buf, .. } = &mut self.state else { unreachable!("owned_direct") };
+            // The payload's buffer was allocated whole (`with_capacity(h.len)`) and is not
+            // touched before `advance`: its spare capacity stays put for the read.
+            let spare = buf.spare_capacity_mut();
+            debug_assert!(spare.len() >= want);
+            return Ok(ReadTarget { ptr: spare.as_mut_ptr().cast(), len: want, whole: true });
+        }
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -137,10 +150,27 @@ impl Reader {
             && self.start == self.end
         {
             *got += n;
+        } else if let Some(want) = self.owned_direct() {
+            let State::Owned { buf, .. } = &mut self.state else { unreachable!("owned_direct") };
+            assert!(n <= want, "a read returned more than its target");
+            // SAFETY: the last target was this spare capacity (`owned_direct` said so then, and
+            // nothing changed since), and the read initialised its first `n` bytes.
+            unsafe { buf.set_len(buf.len() + n) };
         } else {
             self.end += n;
         }
         self.parse(sink)
+    }
+
+    /// The bytes still due for the owned payload being read, when they are read straight into
+    /// its buffer (the read buffer holds none of them, and they are at least [`DIRECT_OWNED`]).
+    fn owned_direct(&self) -> Option<usize> {
+        match &self.state {
+            State::Owned { h, buf } if self.start == self.end => {
+                Some(h.len as usize - buf.len()).filter(|&want| want >= DIRECT_OWNED)
+            }
+            _ => None,
+        }
     }
 
     fn parse(&mut self, sink: &mut dyn Sink) -> Result<usize, TransportError> {
@@ -389,6 +419,60 @@ mod tests {
         let (_, frames) = read(&mut r, &cts_then_pushed(&data), &mut sink);
         assert_eq!(frames, 1);
         assert!(r.held(), "a later message gets its own hold");
+    }
+
+    /// A sink that keeps the whole frames it is given.
+    #[derive(Default)]
+    struct Frames(Vec<(Header, Bytes)>);
+
+    // SAFETY: it hands out no destinations.
+    unsafe impl Sink for Frames {
+        fn data_dest(&mut self, _: Rank, _: &Header) -> Result<Option<&mut [u8]>, WireError> {
+            Ok(None)
+        }
+        fn frame(&mut self, _: Rank, h: Header, payload: Bytes) {
+            self.0.push((h, payload));
+        }
+        fn peer_lost(&mut self, _: Rank, _: TransportError) {}
+    }
+
+    #[test]
+    fn a_large_owned_payload_is_read_straight_into_its_buffer_whole() {
+        let limits = Limits { eager_limit: 64 * 1024, ..LIMITS };
+        let payload: Vec<u8> = (0..40_000u32).map(|i| (i * 7) as u8).collect();
+        let h = Header { src: 1, tag: 3, len: payload.len() as u32, ..Header::new(Kind::Eager) };
+        let small = Header { src: 1, tag: 4, len: 5, ..Header::new(Kind::Eager) };
+        let mut stream = h.encode().to_vec();
+        stream.extend_from_slice(&payload);
+        stream.extend_from_slice(&small.encode());
+        stream.extend_from_slice(b"after");
+        let mut sink = Frames::default();
+        let mut r = Reader::new(1, limits);
+        // The first read brings the header and part of the payload into the read buffer.
+        let first = HEADER_LEN + 10_000;
+        let t = r.target(&mut sink).unwrap();
+        assert!(!t.whole && t.len >= first);
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy_nonoverlapping(stream.as_ptr(), t.ptr, first) };
+        assert_eq!(r.advance(first, &mut sink).unwrap(), 0);
+        // The rest goes straight to the payload's buffer, asked for whole, in two pieces here.
+        let t = r.target(&mut sink).unwrap();
+        assert_eq!((t.len, t.whole), (30_000, true));
+        unsafe { std::ptr::copy_nonoverlapping(stream[first..].as_ptr(), t.ptr, 12_000) };
+        assert_eq!(r.advance(12_000, &mut sink).unwrap(), 0);
+        let t = r.target(&mut sink).unwrap();
+        assert_eq!((t.len, t.whole), (18_000, true));
+        unsafe { std::ptr::copy_nonoverlapping(stream[first + 12_000..].as_ptr(), t.ptr, t.len) };
+        assert_eq!(r.advance(18_000, &mut sink).unwrap(), 1);
+        // Then reads go to the read buffer again.
+        let rest = &stream[HEADER_LEN + payload.len()..];
+        let t = r.target(&mut sink).unwrap();
+        assert!(!t.whole && t.len >= rest.len());
+        unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), t.ptr, rest.len()) };
+        assert_eq!(r.advance(rest.len(), &mut sink).unwrap(), 1);
+        assert_eq!(sink.0.len(), 2);
+        assert_eq!((sink.0[0].0.tag, &sink.0[0].1[..]), (3, &payload[..]));
+        assert_eq!((sink.0[1].0.tag, &sink.0[1].1[..]), (4, &b"after"[..]));
     }
 
     #[test]

@@ -249,8 +249,11 @@ impl UringTcp {
             }
             if !c.send_busy && !c.writer.is_empty() && !sq.is_full() {
                 let msg = c.batch.load(&mut c.writer);
+                // All of the batch is due: the kernel retries a partial send itself (stream
+                // sockets, `MSG_WAITALL`) instead of completing it short, for a progress round
+                // to re-arm each time the socket's buffer fills.
                 let e = opcode::SendMsg::new(fd, msg)
-                    .flags(libc::MSG_NOSIGNAL as u32)
+                    .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
                     .build()
                     .user_data(peer as u64 * 2 + 1);
                 // SAFETY: the batch (boxed, with its frames, iovecs and msghdr) is left untouched
