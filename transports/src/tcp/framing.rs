@@ -376,10 +376,18 @@ mod tests {
     /// bytes it took and the frames delivered.
     fn read(r: &mut Reader, bytes: &[u8], sink: &mut OneReceive) -> (usize, usize) {
         let t = r.target(sink).unwrap();
-        let n = t.len.min(bytes.len());
-        // SAFETY: the target is valid for `t.len` bytes and does not overlap `bytes`.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.ptr, n) };
+        let n = put(&t, bytes);
         (n, r.advance(n, sink).unwrap())
+    }
+
+    /// Copies as much of `bytes` as fits to read target `t`, as a socket read would; returns how
+    /// many bytes that was.
+    fn put(t: &ReadTarget, bytes: &[u8]) -> usize {
+        let n = t.len.min(bytes.len());
+        // SAFETY: a target (taken from the reader just before, with nothing in between) is valid
+        // for `t.len` bytes, and it does not overlap `bytes`, the test's own memory.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.ptr, n) };
+        n
     }
 
     #[test]
@@ -452,23 +460,22 @@ mod tests {
         let first = HEADER_LEN + 10_000;
         let t = r.target(&mut sink).unwrap();
         assert!(!t.whole && t.len >= first);
-        // SAFETY: as in `read`.
-        unsafe { std::ptr::copy_nonoverlapping(stream.as_ptr(), t.ptr, first) };
+        assert_eq!(put(&t, &stream[..first]), first);
         assert_eq!(r.advance(first, &mut sink).unwrap(), 0);
         // The rest goes straight to the payload's buffer, asked for whole, in two pieces here.
         let t = r.target(&mut sink).unwrap();
         assert_eq!((t.len, t.whole), (30_000, true));
-        unsafe { std::ptr::copy_nonoverlapping(stream[first..].as_ptr(), t.ptr, 12_000) };
+        assert_eq!(put(&t, &stream[first..first + 12_000]), 12_000);
         assert_eq!(r.advance(12_000, &mut sink).unwrap(), 0);
         let t = r.target(&mut sink).unwrap();
         assert_eq!((t.len, t.whole), (18_000, true));
-        unsafe { std::ptr::copy_nonoverlapping(stream[first + 12_000..].as_ptr(), t.ptr, t.len) };
+        assert_eq!(put(&t, &stream[first + 12_000..]), 18_000);
         assert_eq!(r.advance(18_000, &mut sink).unwrap(), 1);
         // Then reads go to the read buffer again.
         let rest = &stream[HEADER_LEN + payload.len()..];
         let t = r.target(&mut sink).unwrap();
         assert!(!t.whole && t.len >= rest.len());
-        unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), t.ptr, rest.len()) };
+        assert_eq!(put(&t, rest), rest.len());
         assert_eq!(r.advance(rest.len(), &mut sink).unwrap(), 1);
         assert_eq!(sink.0.len(), 2);
         assert_eq!((sink.0[0].0.tag, &sink.0[0].1[..]), (3, &payload[..]));
