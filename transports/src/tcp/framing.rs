@@ -21,7 +21,7 @@ use std::io::IoSlice;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::wire::{HEADER_LEN, Header, Kind, Limits, Rank, WireError};
+use crate::wire::{HEADER_LEN, Header, Kind, Limits, Rank, WireError, flags};
 use crate::{Sink, TransportError};
 
 /// Size of each connection's read buffer.
@@ -71,6 +71,10 @@ pub(crate) struct Reader {
     held: bool,
     /// Rounds the current data frame has been held so far.
     hold_rounds: u32,
+    /// Bytes of pushed rendezvous data still to come, as announced by the last pushed RTS: the
+    /// next frame is one of its data frames, so only its header is read into the read buffer
+    /// (see [`Reader::target`]).
+    pushed_left: u64,
 }
 
 impl Reader {
@@ -85,6 +89,7 @@ impl Reader {
             scratch: Box::new([]),
             held: false,
             hold_rounds: 0,
+            pushed_left: 0,
         }
     }
 
@@ -140,6 +145,13 @@ impl Reader {
             self.end -= self.start;
             self.start = 0;
         }
+        // Between the data frames of a pushed message: just the next header (its sender writes
+        // them back to back), so that the frame's data lands in place, not in the read buffer
+        // to be copied from there. The reads per frame stay two: header, then data.
+        let header_due = HEADER_LEN.saturating_sub(self.end - self.start);
+        if self.pushed_left > 0 && matches!(self.state, State::Header) && header_due > 0 {
+            return Ok(ReadTarget { ptr: self.buf[self.end..].as_mut_ptr(), len: header_due, whole: true });
+        }
         Ok(ReadTarget { ptr: self.buf[self.end..].as_mut_ptr(), len: self.buf.len() - self.end, whole: false })
     }
 
@@ -193,6 +205,15 @@ impl Reader {
                             return Ok(delivered);
                         }
                         self.hold_rounds = 0;
+                    }
+                    // A read-size hint only: a peer that breaks the pushing rules is caught by
+                    // the sink's checks of its frames, not here.
+                    if h.flags & flags::PUSH != 0 {
+                        self.pushed_left = match h.kind {
+                            Kind::Rts => h.aux,
+                            Kind::Data => self.pushed_left.saturating_sub(u64::from(h.len)),
+                            _ => self.pushed_left,
+                        };
                     }
                     self.start += HEADER_LEN;
                     self.state = match h.kind {
@@ -332,7 +353,6 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::flags;
 
     const LIMITS: Limits = Limits { world_size: 2, eager_limit: 64, chunk: 4096, max_message: 1 << 20 };
 
@@ -480,6 +500,47 @@ mod tests {
         assert_eq!(sink.0.len(), 2);
         assert_eq!((sink.0[0].0.tag, &sink.0[0].1[..]), (3, &payload[..]));
         assert_eq!((sink.0[1].0.tag, &sink.0[1].1[..]), (4, &b"after"[..]));
+    }
+
+    #[test]
+    fn between_the_frames_of_a_pushed_message_only_the_next_header_is_read() {
+        let data: Vec<u8> = (0..6000u32).map(|i| (i * 13) as u8).collect();
+        let rts = Header { src: 1, seq: 7, aux: data.len() as u64, flags: flags::PUSH, ..Header::new(Kind::Rts) };
+        let chunk = |at: usize| Header {
+            src: 1,
+            seq: 7,
+            aux: at as u64,
+            len: 3000,
+            flags: flags::PUSH,
+            ..Header::new(Kind::Data)
+        };
+        let mut stream = rts.encode().to_vec();
+        for at in [0, 3000] {
+            stream.extend_from_slice(&chunk(at).encode());
+            stream.extend_from_slice(&data[at..at + 3000]);
+        }
+        let after = Header { src: 1, ..Header::new(Kind::Credit) };
+        stream.extend_from_slice(&after.encode());
+        let mut sink = OneReceive { posted: true, buf: vec![0; data.len()], ..Default::default() };
+        let mut r = Reader::new(1, LIMITS);
+        let mut at = 0usize;
+        let mut step = |r: &mut Reader, sink: &mut OneReceive, most: usize| {
+            let t = r.target(sink).unwrap();
+            let n = put(&t, &stream[at..at.saturating_add(most).min(stream.len())]);
+            at += n;
+            r.advance(n, sink).unwrap();
+            (t.len, t.whole)
+        };
+        // The RTS, the first data header and a little data come through the read buffer.
+        assert!(!step(&mut r, &mut sink, 2 * HEADER_LEN + 100).1);
+        assert_eq!(step(&mut r, &mut sink, usize::MAX), (2900, true), "the rest of the first chunk, in place");
+        assert_eq!(step(&mut r, &mut sink, usize::MAX), (HEADER_LEN, true), "then the next header alone");
+        assert_eq!(step(&mut r, &mut sink, usize::MAX), (3000, true), "the whole second chunk, in place");
+        let (len, whole) = step(&mut r, &mut sink, usize::MAX);
+        assert!(len > HEADER_LEN && !whole, "the message is in: reads fill the buffer again");
+        assert_eq!(at, stream.len());
+        assert_eq!(sink.buf, data);
+        assert_eq!(sink.frames, [Kind::Rts, Kind::Data, Kind::Data, Kind::Credit]);
     }
 
     #[test]
