@@ -137,10 +137,12 @@ impl Reader {
             debug_assert!(spare.len() >= want);
             return Ok(ReadTarget { ptr: spare.as_mut_ptr().cast(), len: want, whole: true });
         }
+        // What parsing leaves in the buffer is less than a header: moved to the front when less
+        // than a header's room is left behind it.
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
-        } else if self.end == self.buf.len() {
+        } else if self.buf.len() - self.end < HEADER_LEN {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
@@ -150,7 +152,8 @@ impl Reader {
         // to be copied from there. The reads per frame stay two: header, then data.
         let header_due = HEADER_LEN.saturating_sub(self.end - self.start);
         if self.pushed_left > 0 && matches!(self.state, State::Header) && header_due > 0 {
-            return Ok(ReadTarget { ptr: self.buf[self.end..].as_mut_ptr(), len: header_due, whole: true });
+            let at = &mut self.buf[self.end..self.end + header_due];
+            return Ok(ReadTarget { ptr: at.as_mut_ptr(), len: header_due, whole: true });
         }
         Ok(ReadTarget { ptr: self.buf[self.end..].as_mut_ptr(), len: self.buf.len() - self.end, whole: false })
     }
@@ -541,6 +544,45 @@ mod tests {
         assert_eq!(at, stream.len());
         assert_eq!(sink.buf, data);
         assert_eq!(sink.frames, [Kind::Rts, Kind::Data, Kind::Data, Kind::Credit]);
+    }
+
+    #[test]
+    fn a_pushed_header_cut_at_the_end_of_the_read_buffer_is_completed_at_its_front() {
+        let limits = Limits { max_message: 1 << 20, ..LIMITS };
+        // 16 chunks of 4000 B, one of 657 and one of 100: the first read (65531 B, five short of
+        // the buffer) ends 10 bytes into the last chunk's header.
+        let sizes = [[4000; 16].as_slice(), &[657, 100]].concat();
+        let total: usize = sizes.iter().sum();
+        let data: Vec<u8> = (0..total as u32).map(|i| (i * 31) as u8).collect();
+        let rts = Header { src: 1, seq: 7, aux: total as u64, flags: flags::PUSH, ..Header::new(Kind::Rts) };
+        let mut stream = rts.encode().to_vec();
+        let mut at = 0;
+        for &len in &sizes {
+            let d = Header {
+                src: 1,
+                seq: 7,
+                aux: at as u64,
+                len: len as u32,
+                flags: flags::PUSH,
+                ..Header::new(Kind::Data)
+            };
+            stream.extend_from_slice(&d.encode());
+            stream.extend_from_slice(&data[at..at + len]);
+            at += len;
+        }
+        let mut sink = OneReceive { posted: true, buf: vec![0; total], ..Default::default() };
+        let mut r = Reader::new(1, limits);
+        let first = READ_BUF - 5;
+        assert_eq!(first, HEADER_LEN + 16 * (HEADER_LEN + 4000) + HEADER_LEN + 657 + 10);
+        let (n, frames) = read(&mut r, &stream[..first], &mut sink);
+        assert_eq!((n, frames), (first, 1 + 17));
+        let t = r.target(&mut sink).unwrap();
+        assert_eq!((t.len, t.whole), (HEADER_LEN - 10, true), "the header's missing bytes");
+        let n = put(&t, &stream[first..]);
+        assert_eq!(r.advance(n, &mut sink).unwrap(), 0);
+        let (n, frames) = read(&mut r, &stream[first + HEADER_LEN - 10..], &mut sink);
+        assert_eq!((n, frames), (100, 1));
+        assert_eq!(sink.buf, data);
     }
 
     #[test]
