@@ -23,6 +23,8 @@
 //!   a CTS buys no zero-copy): the data follows the RTS at once. A receive that matches before the
 //!   first data frame arrives takes it all in place and answers with a `TAKEN` CTS; otherwise the
 //!   pushed data is read and dropped, and the message is sent again after a plain CTS, as above.
+//!   A stream transport asks first ([`Engine::awaits_receive`]) and holds such a frame back for a
+//!   few rounds, so that a receive posted in reply to the frames before it is still in time.
 //!   So the receiver never holds more for a pushed message than the posted buffer, and its state
 //!   per peer is one pushed message in progress (the sender pushes one message's data whole,
 //!   right behind its RTS).
@@ -912,6 +914,7 @@ impl<C: Completions> Engine<C> {
             Body::Rts { msg, len } => {
                 let cts = Header { seq: msg, ..Header::new(Kind::Cts) };
                 if len > capacity {
+                    self.no_place_for_push(src, msg);
                     self.emit(src, Header { flags: flags::TRUNCATED, ..cts }, Bytes::new());
                     self.done.complete(op, Completion::Recv(Err(Error::Truncated { len, capacity })));
                     return;
@@ -981,6 +984,26 @@ impl<C: Completions> Engine<C> {
         match end {
             Some(end) => Ok(Some(&mut r.buf[start..end])),
             None => Err(WireError::Oversize { kind: Kind::Data, len: h.aux + h.len as u64, max: r.buf.len() as u64 }),
+        }
+    }
+
+    /// Whether pushed data frame `h` from `peer` would be dropped now only because its receive is
+    /// not posted yet (see [`Sink::awaits_receive`]): the first data of a pushed message that no
+    /// receive has matched and none of whose data has been dropped.
+    pub fn awaits_receive(&self, peer: Rank, h: &Header) -> bool {
+        h.flags & flags::PUSH != 0
+            && self
+                .peers
+                .get(peer as usize)
+                .and_then(|p| p.push_in.as_ref())
+                .is_some_and(|p| p.msg == h.seq && p.next == 0 && h.aux == 0 && p.into.is_none() && !p.dropping)
+    }
+
+    /// Pushed message `msg` from `peer`, if its data is arriving, has no receive to land in and
+    /// will get none (refused): its data is dropped without waiting (see [`Engine::awaits_receive`]).
+    fn no_place_for_push(&mut self, peer: Rank, msg: u64) {
+        if let Some(p) = self.peers[peer as usize].push_in.as_mut().filter(|p| p.msg == msg) {
+            p.dropping = true;
         }
     }
 
@@ -1221,6 +1244,9 @@ impl<C: Completions> Engine<C> {
 unsafe impl<C: Completions> Sink for Engine<C> {
     fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError> {
         Engine::data_dest(self, peer, h)
+    }
+    fn awaits_receive(&mut self, peer: Rank, h: &Header) -> bool {
+        Engine::awaits_receive(self, peer, h)
     }
     fn frame(&mut self, peer: Rank, h: Header, payload: Bytes) {
         self.handle_frame(peer, h, payload)

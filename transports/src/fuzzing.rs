@@ -20,6 +20,10 @@ impl StreamReader {
     /// read into its target would give): delivers every frame they complete to `sink`. Returns
     /// how many bytes were taken; an error closes the connection in a real backend.
     pub fn read(&mut self, bytes: &[u8], sink: &mut dyn Sink) -> Result<usize, TransportError> {
+        // A data frame held back for its receive: the rounds a backend would run pass at once.
+        while self.0.held() {
+            self.0.resume(sink)?;
+        }
         let t = self.0.target(sink)?;
         let n = t.len.min(bytes.len());
         // SAFETY: `target` returned a place valid for `t.len` bytes (the reader's buffer, its

@@ -83,6 +83,15 @@ pub unsafe trait Sink {
     /// Where the payload of rendezvous `Data` frame `h` from `peer` must land (exactly `h.len`
     /// bytes). `Ok(None)` discards the payload; `Err` closes the connection.
     fn data_dest(&mut self, peer: Rank, h: &Header) -> Result<Option<&mut [u8]>, WireError>;
+    /// Whether `Data` frame `h` from `peer` has no destination yet but may get one soon: it
+    /// belongs to a pushed message whose receive is not posted, none of whose data has been
+    /// dropped. [`Sink::data_dest`] would discard it now; a byte-stream transport may instead hold
+    /// it back, unread, for a few progress rounds so that the caller can post the receive. The
+    /// default: never.
+    fn awaits_receive(&mut self, peer: Rank, h: &Header) -> bool {
+        let _ = (peer, h);
+        false
+    }
     /// A complete frame. For `Data` frames the payload already sits in the destination and
     /// `payload` is empty.
     fn frame(&mut self, peer: Rank, h: Header, payload: Bytes);

@@ -255,6 +255,7 @@ impl<C: Completions> Engine<C> {
         if let Body::Rts { msg, .. } = body
             && self.peers[src as usize].lost.is_none()
         {
+            self.no_place_for_push(src, msg);
             let cts = Header { seq: msg, flags: flags::TRUNCATED, ..Header::new(Kind::Cts) };
             self.emit(src, cts, Bytes::new());
         }

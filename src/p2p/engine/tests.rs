@@ -1121,6 +1121,43 @@ fn pushed_rendezvous_matched_between_rts_and_data_lands_in_place() {
 }
 
 #[test]
+fn pushed_data_awaits_a_receive_only_while_one_can_still_take_it_in_place() {
+    // Unmatched, nothing dropped: worth holding back. Once the receive is posted: in place.
+    let mut net = Net::pushing(2, cfg(4));
+    net.send(0, 1, 1, 5, data(1000, 3));
+    assert!(net.deliver_one(0, 1), "the RTS");
+    let h = net.links[&(0, 1)].front().unwrap().0;
+    assert_eq!((h.kind, h.flags, h.aux, h.len), (Kind::Data, flags::PUSH, 0, 100), "the first pushed chunk");
+    assert!(net.engines[1].awaits_receive(0, &h));
+    assert!(!net.engines[1].awaits_receive(0, &Header { aux: 100, ..h }), "only the first chunk");
+    assert!(!net.engines[1].awaits_receive(0, &Header { seq: h.seq + 1, ..h }), "another message");
+    assert!(!net.engines[1].awaits_receive(0, &Header { flags: 0, ..h }), "not pushed");
+    net.recv(1, 1, Source::Rank(0), TagMatch::Any, RecvBuf::Alloc);
+    assert!(!net.engines[1].awaits_receive(0, &h), "matched: it has its place");
+    net.run();
+    assert_eq!(net.received(1, 1).0, data(1000, 3));
+    assert_eq!(net.data_frames[&(0, 1)], (10, 0));
+
+    // Matched by a receive too small for it: refused, nothing to wait for.
+    let mut net = Net::pushing(2, cfg(4));
+    net.send(0, 1, 1, 5, data(1000, 3));
+    assert!(net.deliver_one(0, 1), "the RTS");
+    let h = net.links[&(0, 1)].front().unwrap().0;
+    net.recv(1, 1, Source::Rank(0), TagMatch::Any, RecvBuf::User(BytesMut::zeroed(999)));
+    assert!(!net.engines[1].awaits_receive(0, &h), "refused");
+    net.run();
+    assert!(matches!(net.take(1, 1), Some(Completion::Recv(Err(Error::Truncated { len: 1000, capacity: 999 })))));
+
+    // Once a chunk has been dropped the message comes again anyway: no waiting either.
+    let mut net = Net::pushing(2, cfg(4));
+    net.send(0, 1, 1, 5, data(1000, 3));
+    assert!(net.deliver_one(0, 1), "the RTS");
+    let h = net.links[&(0, 1)].front().unwrap().0;
+    assert!(net.engines[1].data_dest(0, &h).unwrap().is_none(), "dropped");
+    assert!(!net.engines[1].awaits_receive(0, &h));
+}
+
+#[test]
 fn pushed_rendezvous_matched_after_a_chunk_was_dropped_is_sent_again() {
     let mut net = Net::pushing(2, cfg(4));
     net.send(0, 1, 1, 5, data(1000, 4));

@@ -224,7 +224,8 @@ impl UringTcp {
         for (peer, slot) in self.conns.iter_mut().enumerate() {
             let Some(c) = slot.as_mut().filter(|c| c.wants_submit()) else { continue };
             let fd = types::Fd(c.stream.as_raw_fd());
-            if !c.recv_busy && !sq.is_full() {
+            // A reader holding a data frame back for its receive reads on next round (`progress`).
+            if !c.recv_busy && !c.reader.held() && !sq.is_full() {
                 match c.reader.target(sink) {
                     Ok(t) => {
                         let len = u32::try_from(t.len).unwrap_or(u32::MAX);
@@ -248,8 +249,11 @@ impl UringTcp {
             }
             if !c.send_busy && !c.writer.is_empty() && !sq.is_full() {
                 let msg = c.batch.load(&mut c.writer);
+                // All of the batch is due: the kernel retries a partial send itself (stream
+                // sockets, `MSG_WAITALL`) instead of completing it short, for a progress round
+                // to re-arm each time the socket's buffer fills.
                 let e = opcode::SendMsg::new(fd, msg)
-                    .flags(libc::MSG_NOSIGNAL as u32)
+                    .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
                     .build()
                     .user_data(peer as u64 * 2 + 1);
                 // SAFETY: the batch (boxed, with its frames, iovecs and msghdr) is left untouched
@@ -361,9 +365,18 @@ impl Transport for UringTcp {
         if self.ring.completion().is_empty() && self.ring.submission().taskrun() {
             let _ = self.ring.submitter().submit();
         }
+        // Data frames held back for their receive (see `framing`) get one look per round; their
+        // connections have no receive in flight meanwhile, so `has_work` keeps the rounds coming.
+        let mut work = 0;
+        for c in self.conns.iter_mut().flatten().filter(|c| c.reader.held() && c.ended.is_none()) {
+            match c.reader.resume(sink) {
+                Ok(frames) => work += frames,
+                Err(e) => c.end(e),
+            }
+        }
         let mut cqes = std::mem::take(&mut self.cqes);
         cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-        let mut work = cqes.len();
+        work += cqes.len();
         let reaped_recv = cqes.iter().any(|&(user_data, _)| user_data & 1 == 0);
         for (user_data, res) in cqes.drain(..) {
             work += self.complete(user_data, res, sink);
