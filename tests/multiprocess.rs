@@ -225,8 +225,10 @@ fn suite_over_verbs() {
     if !common::verbs_here("suite_over_verbs") {
         return;
     }
-    // Every eager path with every rendezvous path; each of the four at 4 ranks once.
-    for (eager, rndv, n) in [("ring", "write", 4), ("srq", "read", 4), ("ring", "read", 2), ("srq", "write", 2)] {
+    // Every eager path with every rendezvous path; the shared receive queue, which several peers
+    // share, at 4 ranks (the rings at 4 ranks in killed_rank_over_verbs). A 4-rank run costs
+    // about three 2-rank ones in the VM (four busy-polling processes on two emulated CPUs).
+    for (eager, rndv, n) in [("srq", "read", 4), ("ring", "write", 2), ("ring", "read", 2), ("srq", "write", 2)] {
         let env = [&format!("FERROCOMM_VERBS_EAGER={eager}") as &str, &format!("FERROCOMM_VERBS_RENDEZVOUS={rndv}")];
         let (code, text, took) = launch_env(n, "suite", "verbs", &env);
         assert_eq!(code, Some(0), "verbs ({eager}, {rndv}), {n} ranks:\n{text}");
