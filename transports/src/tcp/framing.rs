@@ -395,6 +395,13 @@ mod tests {
         v
     }
 
+    /// [`cts_then_pushed`] of `data`, a sink whose receive (of `data`'s length) is not posted
+    /// yet, and a fresh reader.
+    fn pushed_to_a_late_receive(data: &[u8]) -> (Vec<u8>, OneReceive, Reader) {
+        let sink = OneReceive { buf: vec![0; data.len()], ..Default::default() };
+        (cts_then_pushed(data), sink, Reader::new(1, LIMITS))
+    }
+
     /// One read of `bytes` into the reader's target, as a socket read would; returns how many
     /// bytes it took and the frames delivered.
     fn read(r: &mut Reader, bytes: &[u8], sink: &mut OneReceive) -> (usize, usize) {
@@ -416,9 +423,7 @@ mod tests {
     #[test]
     fn a_pushed_frame_waits_for_the_receive_posted_after_the_frame_before_it() {
         let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
-        let stream = cts_then_pushed(&data);
-        let mut sink = OneReceive { buf: vec![0; data.len()], ..Default::default() };
-        let mut r = Reader::new(1, LIMITS);
+        let (stream, mut sink, mut r) = pushed_to_a_late_receive(&data);
         let (n, frames) = read(&mut r, &stream, &mut sink);
         assert_eq!((n, frames), (stream.len(), 1), "the CTS is delivered");
         assert!(r.held(), "the data waits, unread");
@@ -434,9 +439,7 @@ mod tests {
     #[test]
     fn a_pushed_frame_whose_receive_never_comes_is_taken_after_the_hold() {
         let data = [5u8; 100];
-        let stream = cts_then_pushed(&data);
-        let mut sink = OneReceive { buf: vec![0; data.len()], ..Default::default() };
-        let mut r = Reader::new(1, LIMITS);
+        let (stream, mut sink, mut r) = pushed_to_a_late_receive(&data);
         read(&mut r, &stream, &mut sink);
         for _ in 1..HOLD_ROUNDS {
             assert_eq!(r.resume(&mut sink).unwrap(), 0);
@@ -588,9 +591,7 @@ mod tests {
     #[test]
     fn a_pushed_frame_split_across_reads_is_held_only_once_its_header_is_in() {
         let data = [9u8; 64];
-        let stream = cts_then_pushed(&data);
-        let mut sink = OneReceive { buf: vec![0; data.len()], ..Default::default() };
-        let mut r = Reader::new(1, LIMITS);
+        let (stream, mut sink, mut r) = pushed_to_a_late_receive(&data);
         // The CTS and half of the data frame's header.
         let (n, frames) = read(&mut r, &stream[..HEADER_LEN + HEADER_LEN / 2], &mut sink);
         assert_eq!((n, frames), (HEADER_LEN + HEADER_LEN / 2, 1));
