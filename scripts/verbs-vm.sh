@@ -23,7 +23,7 @@
 #                                VERBS_BENCH_MODES (default "busy"; also "blocking", "busy-srq": progress
 #                                mode, -srq for eager slots through the shared receive queue) and
 #                                VERBS_BENCH_ARGS (default "--runs 3 --max 4M --target-ms 300"),
-#                                VERBS_RMA_RUNS (default 3: rma-verbs --runs).
+#                                VERBS_RMA_RUNS (default 5: rma-verbs --runs).
 #                                Also: reliable multicast over UD vs binomial broadcast over RC
 #                                at 4 ranks, 8 B to 1 MiB, with the stream's NACKs at the
 #                                default UD receive pool and at a 256-buffer one
@@ -162,7 +162,7 @@ if grep -q '^soft-roce 0 ' "$OUT/steps"; then
         # The transport alone, each eager path: what the layers above it cost, by difference.
         step verbs-transport timeout 600 "${BENCH:-}" verbs-transport --json "$OUT/verbs-transport.json"
         # One-sided latency against perftest's RDMA write, read and atomic latency.
-        step rma-verbs timeout 1200 "${BENCH:-}" rma-verbs --runs ${VERBS_RMA_RUNS:-3} --json "$OUT/rma-verbs.json"
+        step rma-verbs timeout 1200 "${BENCH:-}" rma-verbs --runs ${VERBS_RMA_RUNS:-5} --json "$OUT/rma-verbs.json"
         for p in ${VERBS_BENCH_MODES:-busy}; do
             # MODE[-srq]: progress mode, eager slots through the shared receive queue with -srq.
             progress=\${p%-srq}; eager=ring; [ "\$progress" = "\$p" ] || eager=srq

@@ -42,6 +42,8 @@ pub(crate) const JOB_COMMAND: &str = "rma-job";
 pub(crate) const RANK_COMMAND: &str = "rma-rank";
 
 const LAT_ITERS: u64 = 200_000;
+/// How often an idle target looks whether the initiator is done ([`idle_until_done`]).
+const IDLE_LOOK: Duration = Duration::from_millis(20);
 const BW_BYTES: usize = 1 << 30;
 const ATOMIC_ITERS: u64 = 200_000;
 const SIZES: [usize; 2] = [64 << 10, 4 << 20];
@@ -328,10 +330,16 @@ async fn pair(w: &World) -> Result<Value> {
 /// The target's part of a device test: it sleeps until the initiator's put marks [`DONE`] in its
 /// segment, as perftest's server idles (Soft-RoCE answers reads and atomics with kernel work on
 /// these CPUs, which a rank spinning in a barrier competes with).
+///
+/// It looks every [`IDLE_LOOK`]: each look is a timer interrupt, a wakeup and a few clock reads
+/// on the target's CPU, which under software emulation (HPET as the clock, every read a system
+/// call and an emulated device access) are tens of microseconds each; looking every millisecond
+/// kept the VM's second CPU busy through the whole loop, where perftest's server sleeps in a
+/// socket read.
 async fn idle_until_done(seg: &ferrocomm::Segment) -> Result<()> {
     let done = seg.word(DONE)?;
     while done.load(Ordering::Acquire) == 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(IDLE_LOOK).await;
     }
     Ok(())
 }

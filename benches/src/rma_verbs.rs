@@ -20,8 +20,9 @@
 //! and each test runs as a ferrocomm job of its own right next to its perftest counterpart, the
 //! order of the two alternating from run to run, so that a change of the emulated VM's speed
 //! (2-4x between minutes) falls on both sides of a pair alike. The report gives the medians over
-//! `--runs` runs with their range, the ratio ferrocomm / perftest of the medians (1.0: as fast as
-//! perftest) and the range of the runs' own ratios; the JSON has every run's figures, the means,
+//! `--runs` runs with their range, the ratio ferrocomm / perftest as the median of the runs' own
+//! ratios (1.0: as fast as perftest; each pair's two sides share the VM's speed of the moment)
+//! and the range of those ratios; the JSON has every run's figures, the means,
 //! and for gets and fetch-adds the share completed within their call and the median time of the
 //! call alone.
 
@@ -151,10 +152,11 @@ pub(crate) fn main(o: Options) -> Result<()> {
     for (i, (name, _, exe, _)) in tests.iter().enumerate() {
         let f = median(ours[i].clone());
         let p = median(theirs[i].clone());
-        let ratio = f / p;
+        let paired: Vec<f64> = pairs[i].iter().map(|(a, b)| a / b).collect();
+        // The median of the pairs' own ratios: a change of the VM's speed between pairs cancels.
+        let ratio = if paired.is_empty() { f / p } else { median(paired.clone()) };
         let (flo, fhi) = range(&ours[i]);
         let (plo, phi) = range(&theirs[i]);
-        let paired: Vec<f64> = pairs[i].iter().map(|(a, b)| a / b).collect();
         let (rlo, rhi) = range(&paired);
         let cell = |m: f64, lo: f64, hi: f64| format!("{m:.2} ({lo:.1}-{hi:.1})");
         let spread = if paired.is_empty() { "-".to_string() } else { format!("{rlo:.2}-{rhi:.2}") };
