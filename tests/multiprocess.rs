@@ -304,7 +304,7 @@ fn hierarchical_collectives_across_pretend_hosts() {
 
 /// Processes each posing as a host of its own (`FERROCOMM_HOST_ID`) over TCP, as
 /// `ferrocomm-bench hosts` runs them: broadcasts from 256 KiB up, beyond scatter + all-gather's
-/// size too, take the pipelined chain in two segments (each above the eager limit, its receive
+/// size too, take the pipelined chain (the data whole, above the eager limit, its receive
 /// posted ahead), with correct results from every root on a chain of even and odd length; every
 /// other operation with the default table as well.
 #[test]
@@ -524,8 +524,8 @@ fn rank_process() {
                 for bytes in [at, 1 << 20, table.bcast_large, 8 << 20] {
                     assert_eq!(w.collective_algorithm(Operation::Bcast, bytes), Algorithm::Pipeline, "{bytes} B");
                 }
-                // u64 counts either side of the chain's size, across the switch of its segment
-                // (two of half the data) and past scatter + all-gather's size, one odd.
+                // u64 counts either side of the chain's size and past scatter + all-gather's
+                // size, one odd.
                 let counts = [at / 8 - 1, at / 8, (1 << 20) / 8, table.bcast_large / 8 + 1, 300_001];
                 for count in counts {
                     for root in [0, n / 2, n - 1] {

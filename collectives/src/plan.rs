@@ -139,10 +139,11 @@ pub fn choose(call: Call, topology: &impl Topology, table: &Table) -> Algorithm 
     if hierarchical && (forced || pinned.is_none()) {
         return Algorithm::Hierarchical;
     }
-    // Across hosts, a large broadcast down the pipelined chain (see `Table::bcast_pipeline`).
+    // Across hosts, a large broadcast down the pipelined chain (see `Table::bcast_pipeline`), on
+    // a few ranks (`Table::bcast_chain_ranks`).
     if op == Operation::Bcast
         && pinned.is_none()
-        && ranks >= 3
+        && (3..=table.bcast_chain_ranks).contains(&ranks)
         && bytes >= table.bcast_pipeline
         && !topology.on_one_host()
     {
@@ -330,19 +331,24 @@ mod tests {
         let apart = Facts { hosts: Some(false), ..Facts::default() };
         // Across hosts, the pipelined chain from its size up, past scatter + all-gather's (which
         // the table keeps where the members' places are not known), on 3 or more ranks (a chain
-        // of 2 is binomial's single message); not on one host, nor pinned.
-        let at = t.bcast_pipeline;
-        assert_eq!(choose(call(Operation::Bcast, 8, at - 1), &apart, &t), Algorithm::Binomial);
+        // of 2 is binomial's single message) up to its rank count; not on one host, nor pinned.
+        let (at, most) = (t.bcast_pipeline, t.bcast_chain_ranks);
+        assert_eq!(most, 7);
+        assert_eq!(choose(call(Operation::Bcast, most, at - 1), &apart, &t), Algorithm::Binomial);
         assert_eq!(choose(call(Operation::Bcast, 3, at), &apart, &t), Algorithm::Pipeline);
-        assert_eq!(choose(call(Operation::Bcast, 8, t.bcast_large - 1), &apart, &t), Algorithm::Pipeline);
+        assert_eq!(choose(call(Operation::Bcast, most, t.bcast_large - 1), &apart, &t), Algorithm::Pipeline);
         assert_eq!(choose(call(Operation::Bcast, 4, t.bcast_large), &apart, &t), Algorithm::Pipeline);
-        assert_eq!(choose(call(Operation::Bcast, 8, 64 << 20), &apart, &t), Algorithm::Pipeline);
+        assert_eq!(choose(call(Operation::Bcast, most, 64 << 20), &apart, &t), Algorithm::Pipeline);
         assert_eq!(t.choose(call(Operation::Bcast, 8, t.bcast_large)), Algorithm::ScatterAllgather);
         assert_eq!(choose(call(Operation::Bcast, 2, at), &apart, &t), Algorithm::Binomial);
         assert_eq!(choose(call(Operation::Bcast, 2, 64 << 20), &apart, &t), Algorithm::Binomial);
+        // More ranks than the chain serves: the table's sizes (binomial, then scatter + all-gather).
+        assert_eq!(choose(call(Operation::Bcast, most + 1, at), &apart, &t), Algorithm::Binomial);
+        assert_eq!(choose(call(Operation::Bcast, most + 1, t.bcast_large), &apart, &t), Algorithm::ScatterAllgather);
+        assert_eq!(choose(call(Operation::Bcast, 64, 64 << 20), &apart, &t), Algorithm::ScatterAllgather);
         let sleepy_host = Facts { on_one_host: true, all_busy: false, ..HOST };
-        assert_eq!(choose(call(Operation::Bcast, 8, at), &sleepy_host, &t), Algorithm::Binomial);
-        assert_eq!(choose(call(Operation::Bcast, 8, at), &apart, &pinned("bcast=binomial")), Algorithm::Binomial);
+        assert_eq!(choose(call(Operation::Bcast, 4, at), &sleepy_host, &t), Algorithm::Binomial);
+        assert_eq!(choose(call(Operation::Bcast, 4, at), &apart, &pinned("bcast=binomial")), Algorithm::Binomial);
         assert_eq!(choose(call(Operation::Allreduce, 8, t.allreduce_ring), &apart, &t), Algorithm::Ring);
         assert_eq!(choose(call(Operation::Alltoall, 8, 1 << 20), &apart, &t), Algorithm::Pairwise);
     }

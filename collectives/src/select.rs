@@ -261,24 +261,39 @@ pub struct Table {
     /// every size from [`Table::bcast_pipeline`]: see [`crate::plan::choose`]).
     pub bcast_large: usize,
     /// Across hosts (not every member on this one), broadcast switches from binomial to the
-    /// pipelined chain ([`Algorithm::Pipeline`]) at this size, at every larger size (with >= 3
-    /// ranks; see [`crate::plan::choose`]), in [`Table::bcast_chain_segments`] segments. With 4
-    /// ranks on 2 CPUs, each a host of its own over TCP, against Open MPI's TCP BTL in the same
-    /// invocation (`ferrocomm-bench hosts --ops bcast --sizes 256K,512K,1M,2M,4M` pinning
-    /// `bcast=pipeline` at several segment sizes, and `bcast=binomial`; 3 invocations of 3 runs,
-    /// loaded): the chain in one or two segments took 1.06-1.25x Open MPI's time at 1 MiB,
-    /// 1.17-1.53x at 2 MiB and 1.26-1.54x at 4 MiB, where 64 KiB segments took 1.26-1.40x,
-    /// 1.70-2.45x and 2.20-2.63x, binomial 1.18-2.10x, 1.36-2.08x and 1.43-1.75x, and scatter +
-    /// all-gather 3.2-4.0x at 1 MiB. Every segment passes between ranks that take turns on a
-    /// CPU, so on such a host many segments cost more hand-overs than their overlap gains; Open
-    /// MPI's own table takes an unsegmented chain for 4 to 7 ranks from 1 MiB.
+    /// pipelined chain ([`Algorithm::Pipeline`]) at this size, at every larger size (on 3 to
+    /// [`Table::bcast_chain_ranks`] ranks; see [`crate::plan::choose`]), in
+    /// [`Table::bcast_chain_segments`] segments. With 4 ranks on 2 CPUs, each a host of its own
+    /// over TCP, against Open MPI's TCP BTL in the same invocation (`ferrocomm-bench hosts --ops
+    /// bcast --sizes 256K,512K,1M,2M,4M` pinning `bcast=pipeline` at several segment sizes, and
+    /// `bcast=binomial`; 3 invocations of 3 runs, loaded): the chain in one or two segments took
+    /// 1.06-1.25x Open MPI's time at 1 MiB, 1.17-1.53x at 2 MiB and 1.26-1.54x at 4 MiB, where
+    /// 64 KiB segments took 1.26-1.40x, 1.70-2.45x and 2.20-2.63x, binomial 1.18-2.10x,
+    /// 1.36-2.08x and 1.43-1.75x, and scatter + all-gather 3.2-4.0x at 1 MiB. Every segment
+    /// passes between ranks that take turns on a CPU, so on such a host many segments cost more
+    /// hand-overs than their overlap gains; Open MPI's own table takes an unsegmented chain for 4
+    /// to 7 ranks from 1 MiB.
     pub bcast_pipeline: usize,
+    /// The pipelined chain serves up to this many ranks; more go by [`Table::choose`] (binomial,
+    /// scatter + all-gather from [`Table::bcast_large`]). An unsegmented chain
+    /// ([`Table::bcast_chain_segments`]) of n ranks passes the whole data n - 1 times one after
+    /// the other, where a binomial tree takes ceil(log2 n) steps: 7 against 3 on 8 ranks. Open
+    /// MPI's table takes the unsegmented chain on 4 to 7 ranks, as this one does.
+    pub bcast_chain_ranks: u32,
     /// The pipelined chain's smallest segment (see [`Table::bcast_segment_for`]).
     pub bcast_segment: usize,
     /// How many segments the pipelined chain cuts a broadcast into, each at least
     /// [`Table::bcast_segment`] long (see [`Table::bcast_segment_for`]). Segments above the
     /// eager limit go by rendezvous; their receives are posted ahead
     /// ([`crate::schedule::Machine::with_lookahead`]), so each lands in place as it comes.
+    ///
+    /// One: the whole data down the chain, as Open MPI's table does on 4 to 7 ranks. With 4
+    /// ranks on 2 CPUs, each a host of its own over TCP, one segment took 0.88-1.05x Open MPI's
+    /// time at 1 MiB where two took 1.11-1.33x and four 1.31-1.52x (3 and 2 invocations), and at
+    /// 2 and 4 MiB one took 0.97x and 0.90x where two took 1.38x and 1.00x (`ferrocomm-bench
+    /// hosts --runs 3 --ops bcast --sizes 1M` and `2M`, `4M`, the segment count forced; each
+    /// figure one invocation's median ratio, loaded, no LTO): each segment is one more hand-over between ranks that take turns on a
+    /// CPU, which costs more than the overlap of the chain's links gains.
     pub bcast_chain_segments: u32,
     /// All-reduce switches from recursive doubling to Rabenseifner at this size.
     pub allreduce_large: usize,
@@ -388,8 +403,9 @@ impl Default for Table {
         Table {
             bcast_large: 2 << 20,
             bcast_pipeline: 256 << 10,
+            bcast_chain_ranks: 7,
             bcast_segment: 64 << 10,
-            bcast_chain_segments: 2,
+            bcast_chain_segments: 1,
             allreduce_large: 64 << 10,
             allreduce_ring: 2 << 20,
             allgather_large: 64 << 10,
@@ -542,19 +558,20 @@ mod tests {
         assert_eq!(t.choose(c(Operation::Bcast, 1 << 20)), Algorithm::Binomial);
         assert_eq!(t.choose(c(Operation::Bcast, 4 << 20)), Algorithm::ScatterAllgather);
         assert!(Table::default().with_overrides("bcast=pipeline").is_ok());
-        // The chain's segment: two pieces, none below the smallest segment; the switch from the
-        // smallest segment to half the data is at twice the smallest.
+        // The chain's segment: the whole data, none below the smallest segment.
         let min = t.bcast_segment;
-        assert_eq!((min, t.bcast_chain_segments), (64 << 10, 2));
-        assert_eq!(t.bcast_segment_for(0), min);
-        assert_eq!(t.bcast_segment_for(8), min);
-        assert_eq!(t.bcast_segment_for(2 * min), min);
-        assert_eq!(t.bcast_segment_for(2 * min + 2), min + 1);
-        assert_eq!(t.bcast_segment_for(t.bcast_pipeline), t.bcast_pipeline / 2);
-        assert_eq!(t.bcast_segment_for(1 << 20), 512 << 10);
-        assert_eq!(t.bcast_segment_for((4 << 20) + 1), (2 << 20) + 1);
-        let one = Table { bcast_chain_segments: 1, ..Table::default() };
-        assert_eq!(one.bcast_segment_for(1 << 20), 1 << 20);
+        assert_eq!((min, t.bcast_chain_segments), (64 << 10, 1));
+        assert_eq!(t.bcast_segment_for(1 << 20), 1 << 20);
+        assert_eq!(t.bcast_segment_for(t.bcast_pipeline), t.bcast_pipeline);
+        // In two pieces, none below the smallest segment: the switch from the smallest segment
+        // to half the data is at twice the smallest.
+        let two = Table { bcast_chain_segments: 2, ..Table::default() };
+        assert_eq!(two.bcast_segment_for(0), min);
+        assert_eq!(two.bcast_segment_for(8), min);
+        assert_eq!(two.bcast_segment_for(2 * min), min);
+        assert_eq!(two.bcast_segment_for(2 * min + 2), min + 1);
+        assert_eq!(two.bcast_segment_for(1 << 20), 512 << 10);
+        assert_eq!(two.bcast_segment_for((4 << 20) + 1), (2 << 20) + 1);
         let none = Table { bcast_chain_segments: 0, bcast_segment: 0, ..Table::default() };
         assert_eq!((none.bcast_segment_for(0), none.bcast_segment_for(5)), (1, 5));
         assert!(Table::default().with_overrides("allreduce=pipeline").is_err());

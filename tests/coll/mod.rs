@@ -313,9 +313,10 @@ pub(crate) async fn every_algorithm(c: &Comm) {
         .with_overrides("bcast=pipeline")
         .unwrap();
     operations(&c.with_collective_table(table), &PINNED_COUNTS, "bcast=pipeline in segments").await;
-    // ... and in the default table's two segments, each above the 64 KiB eager limit (received
-    // into buffers posted ahead).
-    let chain = c.with_collective_table(Table::default().with_overrides("bcast=pipeline").unwrap());
+    // ... and in two segments, each above the 64 KiB eager limit (received into buffers posted
+    // ahead).
+    let two = Table { bcast_chain_segments: 2, ..Table::default() };
+    let chain = c.with_collective_table(two.with_overrides("bcast=pipeline").unwrap());
     let (r, n, count) = (c.rank(), c.size(), 40_000);
     for root in [0, n - 1] {
         let mut buf = if r == root { input(root, count) } else { vec![0u64; count] };
