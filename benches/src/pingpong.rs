@@ -7,6 +7,12 @@
 //! report gives at every size the median of the per-round ratios and their min-max
 //! ([`report`](mod@report)).
 //!
+//! Before each side's slice a copy probe ([`reference::copy_pingpong`]) times the two CPUs passing
+//! 1 MiB back and forth by `memcpy`, without sockets. On a virtual machine its speed follows the
+//! host's placement of the two CPUs and can change severalfold within seconds; a large message's
+//! round trip (a copy on each side) changes with it, whoever sends it. The report gives the
+//! probe's spread and warns when it moved, and the JSON keeps it per slice.
+//!
 //! Over TCP the peers are `NPtcp` and `NPopenmpi` over Open MPI's TCP BTL; over shared memory (`--transport shm`) the peers are `NPopenmpi`
 //! and `NPmpich2`, and the report adds what explains the numbers: the machine's limits
 //! ([`reference`](mod@reference)), the shared-memory transport alone
@@ -27,6 +33,8 @@ use crate::{Result, affinity, cli, plot, process, reference, sweep, transport};
 
 /// Other work above this share of the benchmark's CPUs, during a run, earns a warning.
 const LOAD_WARNING: f64 = 0.05;
+/// Spread of the cross-core copy probe over a sweep above which the report warns.
+const COPY_PROBE_WARNING: f64 = 1.3;
 
 /// ferrocomm vs NetPIPE: ping-pong latency and throughput (NetPIPE method).
 ///
@@ -278,7 +286,9 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
     let streams = perf.is_some() && opts.max >= 1 << 20;
     let steps = groups.len() * (1 + usize::from(streams) + usize::from(perf.is_some())) + peers.len() * rows.len();
     let bar = cli::Progress::new((opts.runs * steps) as u64, "pingpong");
-    let mut watch = |meter: Option<process::Interference>, run: usize, side: &str, group: &[usize]| {
+    let mut probes = Vec::new();
+    let mut watch = |meter: Option<process::Interference>, probe_us: f64, run: usize, side: &str, group: &[usize]| {
+        probes.push(probe_us);
         let share = meter.and_then(|m| m.share());
         if let Some(share) = share {
             busiest = busiest.max(share);
@@ -291,7 +301,9 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
                 ));
             }
         }
-        interference.push(json!({"slice": run, "sizes": group, "side": side, "share": share}));
+        interference.push(
+            json!({"slice": run, "sizes": group, "side": side, "share": share, "copy_probe_one_way_us": probe_us}),
+        );
     };
     // A ferrocomm one-way time above STOP_AFTER ends the sweep after its group.
     let mut stop = false;
@@ -300,6 +312,7 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
         let spec = JobSpec { sizes: group.to_vec(), ..spec.clone() };
         for run in 1..=opts.runs {
             bar.step(format!("{lo}-{hi} B, slice {run}: ferrocomm"));
+            let probe = reference::copy_pingpong(opts.cpus)?;
             let meter = process::Interference::start(&opts.cpus);
             let t = Instant::now();
             let result = ranks::run_sweep(&spec)?;
@@ -325,7 +338,8 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
                 t.elapsed().as_secs_f64()
             );
             transport_name = result.transport;
-            watch(meter, run, "ferrocomm", group);
+            watch(meter, probe, run, "ferrocomm", group);
+            line += &format!(" (copy probe {probe:.0} us)");
             if streams {
                 bar.step(format!("slice {run}: ferrocomm streaming"));
                 let t = Instant::now();
@@ -341,6 +355,7 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
             }
             for (i, peer) in peers.iter().enumerate() {
                 bar.step(format!("{lo}-{hi} B, slice {run}: {}", peer.name()));
+                let probe = reference::copy_pingpong(opts.cpus)?;
                 let meter = process::Interference::start(&opts.cpus);
                 let t = Instant::now();
                 let times = peer.measure(&measured, opts.cpus)?;
@@ -352,8 +367,8 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
                 for _ in group.iter() {
                     bar.inc();
                 }
-                watch(meter, run, peer.name(), group);
-                line += &format!("; {} {:.1} s", peer.name(), t.elapsed().as_secs_f64());
+                watch(meter, probe, run, peer.name(), group);
+                line += &format!("; {} {:.1} s (copy probe {probe:.0} us)", peer.name(), t.elapsed().as_secs_f64());
             }
             bar.note(line);
             if let Some(p) = &perf {
@@ -404,6 +419,22 @@ pub(crate) fn main(mut opts: Options) -> Result<()> {
             opts.cpus[0],
             opts.cpus[1]
         );
+    }
+    let (fastest, slowest) = probes.iter().fold((f64::MAX, 0.0_f64), |(lo, hi), &p| (lo.min(p), hi.max(p)));
+    if !probes.is_empty() {
+        println!(
+            "host: cross-core copy ping-pong of {} B (no sockets; two copies one way) before each side's slice: \
+             median {:.0} us, {fastest:.0}-{slowest:.0} us",
+            reference::COPY_PROBE_BYTES,
+            sweep::median(&probes).unwrap_or(f64::NAN)
+        );
+        if slowest > COPY_PROBE_WARNING * fastest {
+            println!(
+                "warning: the host's cross-core copy speed changed {:.1}x during the sweep; large-message times of a \
+                 slice follow it (a copy on each side), so ratios between slices taken at different speeds are noisy",
+                slowest / fastest
+            );
+        }
     }
     println!();
     print!("{}", report::table(&rows, &names));

@@ -12,6 +12,13 @@
 //!   `read`, stores a flag. No peer that has gone to sleep can answer faster than this, so it is
 //!   the floor of the idle-peer latency in adaptive mode (which sleeps on such a doorbell).
 //!
+//! * a cross-core copy ping-pong (`copy_pingpong`, taken before every slice of the ping-pong
+//!   sweep, not a reference line): [`COPY_PROBE_BYTES`] copied into a shared buffer on one CPU
+//!   and out of it on the other, and back; two copies per one-way trip, no sockets. On a virtual
+//!   machine its speed follows where the host runs the two CPUs (a shared cache or not) and can
+//!   change severalfold within seconds; large-message ping-pong times (a copy on each side, for
+//!   ferrocomm and the peers alike) change with it, so it tells slices taken in a slow moment.
+//!
 //! And one line that is not the machine's but ferrocomm's own floor: the API alone, a rank sending
 //! 8 bytes to itself and receiving them (`send` then `recv_into`, awaited, busy-poll mode): the
 //! operation slab, the lock, the engine's matching and the futures, without any transport.
@@ -35,6 +42,10 @@ pub(crate) const MEMCPY_BYTES: usize = 4 << 20;
 /// Wake-ups measured, and the sleep before each (the idle-peer measurement's default gap).
 const WAKEUPS: usize = 300;
 const WAKEUP_GAP: std::time::Duration = std::time::Duration::from_millis(1);
+/// Message size of the cross-core copy probe.
+pub(crate) const COPY_PROBE_BYTES: usize = 1 << 20;
+/// Round trips per cross-core copy probe.
+const COPY_PROBE_TRIPS: u64 = 50;
 /// Send/receive pairs per measurement of the API alone.
 const SELF_PAIRS: u32 = 200_000;
 
@@ -123,6 +134,52 @@ fn cacheline_one_way(cpus: [usize; 2]) -> Result<f64> {
     });
     let t = timed.join().map_err(|_| "the ping-pong thread panicked")??;
     peer.join().map_err(|_| "the ping-pong thread panicked")??;
+    Ok(t)
+}
+
+/// Cross-core copy ping-pong of [`COPY_PROBE_BYTES`] on `cpus`, [`COPY_PROBE_TRIPS`] round trips:
+/// each way, the sender copies its message into a shared buffer and the receiver copies it out
+/// (two copies of cache-cold data for the receiving core, as a TCP ping-pong over loopback makes);
+/// microseconds one way.
+pub(crate) fn copy_pingpong(cpus: [usize; 2]) -> Result<f64> {
+    use std::sync::Mutex;
+    let shared = Arc::new((Mutex::new(vec![1u8; COPY_PROBE_BYTES]), Padded(AtomicU64::new(0))));
+    let peer = {
+        let shared = shared.clone();
+        std::thread::spawn(move || -> std::io::Result<()> {
+            affinity::pin_current_thread(cpus[1])?;
+            let (own, mut got) = (vec![2u8; COPY_PROBE_BYTES], vec![0u8; COPY_PROBE_BYTES]);
+            for i in 0..COPY_PROBE_TRIPS {
+                while shared.1.0.load(Ordering::Acquire) != 2 * i + 1 {
+                    std::hint::spin_loop();
+                }
+                let mut buf = shared.0.lock().unwrap_or_else(|e| e.into_inner());
+                got.copy_from_slice(&buf);
+                buf.copy_from_slice(&own);
+                drop(buf);
+                shared.1.0.store(2 * i + 2, Ordering::Release);
+            }
+            std::hint::black_box(&got);
+            Ok(())
+        })
+    };
+    let timed = std::thread::spawn(move || -> std::io::Result<f64> {
+        affinity::pin_current_thread(cpus[0])?;
+        let (own, mut got) = (vec![3u8; COPY_PROBE_BYTES], vec![0u8; COPY_PROBE_BYTES]);
+        let start = Instant::now();
+        for i in 0..COPY_PROBE_TRIPS {
+            shared.0.lock().unwrap_or_else(|e| e.into_inner()).copy_from_slice(&own);
+            shared.1.0.store(2 * i + 1, Ordering::Release);
+            while shared.1.0.load(Ordering::Acquire) != 2 * i + 2 {
+                std::hint::spin_loop();
+            }
+            got.copy_from_slice(&shared.0.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        std::hint::black_box(&got);
+        Ok(start.elapsed().as_secs_f64() * 1e6 / (2 * COPY_PROBE_TRIPS) as f64)
+    });
+    let t = timed.join().map_err(|_| "the copy ping-pong thread panicked")??;
+    peer.join().map_err(|_| "the copy ping-pong thread panicked")??;
     Ok(t)
 }
 
