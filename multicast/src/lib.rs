@@ -24,7 +24,7 @@ pub mod ud;
 pub mod wire;
 
 pub use proto::{Config, Event, Layout, McastCore, ProtoError, SendError, Stats, Transmit};
-pub use transport::{MulticastTransport, UdpConfig, UdpMulticast};
+pub use transport::{MulticastTransport, Received, UdpConfig, UdpMulticast};
 #[cfg(feature = "verbs")]
 pub use ud::{UdConfig, UdMulticast, UdStats};
 pub use wire::{DatagramError, Rank};

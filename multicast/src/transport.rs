@@ -24,8 +24,11 @@ pub trait MulticastTransport: Send + Sync {
     fn try_send(&self, datagram: &[u8]) -> io::Result<bool>;
     /// `Ready` when a send may succeed.
     fn poll_send_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
-    /// Receives one datagram into `buf`, returning its length.
-    fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>>;
+    /// Receives into `buf`: one datagram, or several the group sent in one segmented send laid
+    /// end to end as they were sent (a transport that coalesces them on receipt, as UDP's
+    /// generic receive offload does). `buf` should hold [`GSO_MAX_BYTES`]; what does not fit is
+    /// lost, as a datagram would be.
+    fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<Received>>;
     /// `Some(s)`: [`MulticastTransport::try_send`] also takes several datagrams at once, laid end
     /// to end, each `s` bytes but the last (at most `s`), at most [`GSO_MAX_BYTES`] in all; the
     /// group receives them as separate datagrams. `None` (the default): one datagram per send.
@@ -36,6 +39,28 @@ pub trait MulticastTransport: Send + Sync {
 
 /// Most bytes one segmented send may carry (UDP's 65,507-byte payload limit, rounded down).
 pub const GSO_MAX_BYTES: usize = 65_000;
+
+/// What one receive put into the buffer: `len` bytes, datagrams of `segment` bytes each but the
+/// last (which may be shorter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes received.
+    pub len: usize,
+    /// Length of each datagram but the last (`len` for a single datagram).
+    pub segment: usize,
+}
+
+impl Received {
+    /// One datagram of `len` bytes.
+    pub fn one(len: usize) -> Received {
+        Received { len, segment: len }
+    }
+
+    /// The datagrams in `buf` (the buffer this receive filled).
+    pub fn datagrams<'a>(&self, buf: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + use<'a> {
+        buf[..self.len.min(buf.len())].chunks(self.segment.max(1))
+    }
+}
 
 /// Where a UDP multicast group lives.
 #[derive(Clone, Debug)]
@@ -65,12 +90,18 @@ pub struct UdpConfig {
 /// per datagram (on a Linux bridge with 8,900-byte datagrams, what bounds a multicast stream).
 /// A kernel or route that refuses it (no checksum offload, datagrams above the MTU) turns it off
 /// at the first failed send; the datagrams then go one by one.
+///
+/// It receives with generic receive offload (`UDP_GRO`): a segmented send that reaches it
+/// whole (over loopback, a veth pair or a bridge) is read by one system call instead of one per
+/// datagram, the datagrams laid end to end with their size beside them ([`Received`]).
 pub struct UdpMulticast {
     socket: UdpSocket,
     target: SocketAddr,
     datagram: usize,
     /// The segment size while segmentation offload is on; 0 when off.
     segment: AtomicUsize,
+    /// Whether receives may return several datagrams at once (`UDP_GRO` is on).
+    coalesced: bool,
 }
 
 impl UdpMulticast {
@@ -105,12 +136,14 @@ impl UdpMulticast {
         s.set_multicast_loop_v4(true)?;
         s.set_multicast_ttl_v4(cfg.ttl)?;
         let segment = if set_segment(&s, cfg.datagram) { cfg.datagram } else { 0 };
+        let coalesced = set_gro(&s, true);
         let socket = UdpSocket::from_std(s.into())?;
         Ok(UdpMulticast {
             socket,
             target: SocketAddrV4::new(cfg.group, cfg.port).into(),
             datagram: cfg.datagram,
             segment: AtomicUsize::new(segment),
+            coalesced,
         })
     }
 
@@ -144,6 +177,67 @@ fn set_segment(s: &impl std::os::fd::AsRawFd, size: usize) -> bool {
 #[cfg(not(target_os = "linux"))]
 fn set_segment<S>(_: &S, _: usize) -> bool {
     false
+}
+
+/// Turns UDP generic receive offload on or off; false if the kernel refuses.
+#[cfg(target_os = "linux")]
+fn set_gro(s: &impl std::os::fd::AsRawFd, on: bool) -> bool {
+    let on = libc::c_int::from(on);
+    // SAFETY: a valid descriptor, and an int option of the right length.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            std::ptr::from_ref(&on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    r == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_gro<S>(_: &S, _: bool) -> bool {
+    false
+}
+
+/// One `recvmsg` on `fd` into `buf`, with the segment size the kernel reports for a coalesced
+/// receive (`UDP_GRO`). A receive larger than `buf` is refused (`InvalidData`): its datagrams are
+/// lost, as a datagram too large for the buffer would be.
+#[cfg(target_os = "linux")]
+fn recv_coalesced(fd: std::os::fd::RawFd, buf: &mut [u8]) -> io::Result<Received> {
+    // Room for one control message of one int, aligned for `cmsghdr`.
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: an all-zero `msghdr` is valid (no name, no buffers); the fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: `msg` points at `iov` (which covers `buf`) and `control`, all alive for the call.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let len = n as usize;
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "a coalesced receive larger than the buffer"));
+    }
+    let mut segment = len;
+    // SAFETY: the kernel filled `msg_control` up to `msg_controllen`; the CMSG macros walk it
+    // within that length, and the UDP_GRO message carries one int.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                let size = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                segment = usize::try_from(size).ok().filter(|&s| s > 0).unwrap_or(len);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(Received { len, segment })
 }
 
 /// How the kernel refuses a segmented send: no checksum offload on the route (`EIO`), datagrams
@@ -200,10 +294,24 @@ impl MulticastTransport for UdpMulticast {
         Some(self.segment.load(Ordering::Relaxed)).filter(|&s| s > 0)
     }
 
-    fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+    fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<Received>> {
+        #[cfg(target_os = "linux")]
+        if self.coalesced {
+            use std::os::fd::AsRawFd;
+            let fd = self.socket.as_raw_fd();
+            loop {
+                if let Err(e) = std::task::ready!(self.socket.poll_recv_ready(cx)) {
+                    return Poll::Ready(Err(e));
+                }
+                match self.socket.try_io(tokio::io::Interest::READABLE, || recv_coalesced(fd, buf)) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    r => return Poll::Ready(r),
+                }
+            }
+        }
         let mut rb = ReadBuf::new(buf);
         match self.socket.poll_recv_from(cx, &mut rb) {
-            Poll::Ready(Ok(_)) => Poll::Ready(Ok(rb.filled().len())),
+            Poll::Ready(Ok(_)) => Poll::Ready(Ok(Received::one(rb.filled().len()))),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
         }
@@ -265,7 +373,7 @@ mod tests {
             )
             .await;
             match got {
-                Ok(Ok(n)) => assert_eq!(&buf[..n], b"hello"),
+                Ok(Ok(r)) => assert_eq!(r.datagrams(&buf).collect::<Vec<_>>(), [b"hello"]),
                 _ => {
                     eprintln!("SKIPPED: loopback does not deliver multicast here (`ip link set lo multicast on`)");
                     return;
@@ -274,34 +382,40 @@ mod tests {
         }
     }
 
-    /// Datagrams laid end to end in one send arrive as separate datagrams: with segmentation
-    /// offload, and after it was turned off (the transport then sends them one by one).
+    /// Datagrams laid end to end in one send arrive as the same datagrams: sent with segmentation
+    /// offload and after it was turned off (the transport then sends them one by one), received
+    /// with receive offload (coalesced or not, as the kernel delivers them) and without.
     #[tokio::test]
     async fn a_run_of_datagrams_arrives_datagram_by_datagram() {
-        let Some((a, b)) = two_members(2, 7, 1000) else { return };
+        let Some((a, mut b)) = two_members(2, 7, 1000) else { return };
         let run: Vec<u8> = (0..2500u32).map(|i| (i / 1000) as u8 + 1).collect();
         #[cfg(target_os = "linux")]
-        assert_eq!(a.segment_size(), Some(1000), "UDP_SEGMENT refused");
-        for offload in [true, false] {
-            if !offload {
-                a.segment.store(0, Ordering::Relaxed);
-                #[cfg(target_os = "linux")]
-                assert!(set_segment(&a.socket, 0));
-            }
+        {
+            assert_eq!(a.segment_size(), Some(1000), "UDP_SEGMENT refused");
+            assert!(b.coalesced, "UDP_GRO refused");
+        }
+        for (offload, gro) in [(true, true), (false, true), (true, false), (false, false)] {
+            a.segment.store(if offload { 1000 } else { 0 }, Ordering::Relaxed);
+            #[cfg(target_os = "linux")]
+            assert!(set_segment(&a.socket, a.segment.load(Ordering::Relaxed)));
+            #[cfg(target_os = "linux")]
+            assert!(set_gro(&b.socket, gro));
+            b.coalesced = gro;
             if !sent(&a, &run).await {
                 return;
             }
-            let mut buf = [0u8; 4096];
-            for (k, len) in [1000, 1000, 500].into_iter().enumerate() {
-                let got = tokio::time::timeout(
+            let (mut got, mut receives): (Vec<Vec<u8>>, u32) = (Vec::new(), 0);
+            let mut buf = vec![0u8; GSO_MAX_BYTES];
+            while got.len() < 3 {
+                let r = tokio::time::timeout(
                     std::time::Duration::from_secs(2),
                     std::future::poll_fn(|cx| b.poll_recv(cx, &mut buf)),
                 )
                 .await;
-                match got {
-                    Ok(Ok(n)) => {
-                        assert_eq!(n, len, "datagram {k} (offload {offload})");
-                        assert!(buf[..n].iter().all(|&x| x == k as u8 + 1), "datagram {k} (offload {offload})");
+                match r {
+                    Ok(Ok(r)) => {
+                        receives += 1;
+                        got.extend(r.datagrams(&buf).map(<[u8]>::to_vec));
                     }
                     _ => {
                         eprintln!("SKIPPED: loopback does not deliver multicast here (`ip link set lo multicast on`)");
@@ -309,6 +423,23 @@ mod tests {
                     }
                 }
             }
+            let want: Vec<Vec<u8>> = run.chunks(1000).map(<[u8]>::to_vec).collect();
+            assert_eq!(got, want, "offload {offload}, receive offload {gro}");
+            // Loopback keeps a segmented send whole up to a socket that takes it so: one read.
+            #[cfg(target_os = "linux")]
+            assert_eq!(receives, if offload && gro { 1 } else { 3 }, "offload {offload}, receive offload {gro}");
         }
+    }
+
+    #[test]
+    fn a_coalesced_receive_splits_at_its_segment_size() {
+        let buf: Vec<u8> = (0..25u8).collect();
+        let r = Received { len: 25, segment: 10 };
+        let parts: Vec<&[u8]> = r.datagrams(&buf).collect();
+        assert_eq!(parts, [&buf[..10], &buf[10..20], &buf[20..]]);
+        assert_eq!(Received::one(7).datagrams(&buf).collect::<Vec<_>>(), [&buf[..7]]);
+        assert_eq!(Received::one(0).datagrams(&buf).count(), 0);
+        // A length past the buffer (never from a receive) stays within it.
+        assert_eq!(Received { len: 99, segment: 0 }.datagrams(&buf).map(<[u8]>::len).sum::<usize>(), 25);
     }
 }

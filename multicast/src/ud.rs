@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 pub use ferrocomm_transports::verbs::{UdConfig, UdMulticast, UdStats};
 
-use crate::transport::MulticastTransport;
+use crate::transport::{MulticastTransport, Received};
 
 impl MulticastTransport for UdMulticast {
     fn name(&self) -> &'static str {
@@ -28,7 +28,7 @@ impl MulticastTransport for UdMulticast {
         UdMulticast::poll_send_ready(self, cx)
     }
 
-    fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
-        UdMulticast::poll_recv(self, cx, buf)
+    fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<Received>> {
+        UdMulticast::poll_recv(self, cx, buf).map_ok(Received::one)
     }
 }

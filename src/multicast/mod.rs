@@ -197,6 +197,26 @@ impl Shared {
         ((x >> 11) as f64 / (1u64 << 53) as f64) < self.test_drop
     }
 
+    /// Hands one received datagram to the protocol, once authenticated; this rank's own
+    /// datagrams, looped back, are never used and so not authenticated.
+    fn take_datagram(&self, datagram: &[u8]) {
+        let me = self.comm.rank();
+        if ferrocomm_multicast::wire::peek_root(datagram) == Some(me) || self.drop_datagram() {
+            return;
+        }
+        match self.key.open(datagram) {
+            Ok(d) => {
+                if let Err(e) = self.core.lock().handle_datagram(Instant::now(), Bytes::copy_from_slice(d)) {
+                    tracing::trace!(rank = me, error = %e, "datagram refused");
+                }
+            }
+            Err(e) => {
+                tracing::trace!(rank = me, error = %e, "datagram dropped");
+                self.core.lock().refused_unauthenticated();
+            }
+        }
+    }
+
     /// Why the channel can no longer serve: a loss revoked its communicator.
     fn failure(&self) -> Option<Error> {
         let failed = self.failed.lock().clone();
@@ -500,6 +520,7 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
     let me = shared.comm.rank();
     let mut sends = FuturesUnordered::new();
     let mut recv = shared.comm.recv(Source::Any, TagMatch::Exact(TAG));
+    // Room for the largest UDP payload: one datagram or a coalesced run of them.
     let mut buf = vec![0u8; 65_536];
     loop {
         shared.pump();
@@ -532,21 +553,7 @@ async fn drive(shared: Arc<Shared>, mut new_sends: mpsc::UnboundedReceiver<Op<()
                 let mut r = r;
                 for i in 1..=DATAGRAM_BATCH {
                     match r {
-                        // This rank's own datagrams, looped back: never used, so not authenticated.
-                        Ok(n) if ferrocomm_multicast::wire::peek_root(&buf[..n]) == Some(me) => {}
-                        Ok(n) if !shared.drop_datagram() => match shared.key.open(&buf[..n]) {
-                            Ok(d) => {
-                                let d = Bytes::copy_from_slice(d);
-                                if let Err(e) = shared.core.lock().handle_datagram(Instant::now(), d) {
-                                    tracing::trace!(rank = me, error = %e, "datagram refused");
-                                }
-                            }
-                            Err(e) => {
-                                tracing::trace!(rank = me, error = %e, "datagram dropped");
-                                shared.core.lock().refused_unauthenticated();
-                            }
-                        },
-                        Ok(_) => {}
+                        Ok(got) => got.datagrams(&buf).for_each(|d| shared.take_datagram(d)),
                         Err(e) => tracing::debug!(rank = me, error = %e, "multicast receive failed"),
                     }
                     let Some(net) = &shared.net else { break };
