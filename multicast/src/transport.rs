@@ -100,7 +100,8 @@ pub struct UdpMulticast {
     datagram: usize,
     /// The segment size while segmentation offload is on; 0 when off.
     segment: AtomicUsize,
-    /// Whether receives may return several datagrams at once (`UDP_GRO` is on).
+    /// Whether receives may return several datagrams at once (`UDP_GRO` is on; Linux only).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     coalesced: bool,
 }
 
