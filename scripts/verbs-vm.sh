@@ -212,6 +212,8 @@ while read -r name rc ms; do
         printf 'verbs-vm:   PASS %-28s %6s s\n' "$name" "$secs"
     else
         printf 'verbs-vm:   FAIL %-28s %6s s (exit %s)\n' "$name" "$secs" "$rc"
+        # The panics first (a backtrace alone can fill the tail), then the end of the log.
+        grep -m 8 -A 4 'panicked at' "$OUT/$name.log" | sed 's/^/    /' >&2 || true
         tail -60 "$OUT/$name.log" | sed 's/^/    /' >&2
         status=1
     fi
