@@ -161,14 +161,25 @@ impl UdpMulticast {
 /// refuses.
 #[cfg(target_os = "linux")]
 fn set_segment(s: &impl std::os::fd::AsRawFd, size: usize) -> bool {
-    let Ok(v) = libc::c_int::try_from(size) else { return false };
+    libc::c_int::try_from(size).is_ok_and(|v| set_udp_option(s, libc::UDP_SEGMENT, v))
+}
+
+/// Turns UDP generic receive offload on or off; false if the kernel refuses.
+#[cfg(target_os = "linux")]
+fn set_gro(s: &impl std::os::fd::AsRawFd, on: bool) -> bool {
+    set_udp_option(s, libc::UDP_GRO, libc::c_int::from(on))
+}
+
+/// Sets the int option `name` at the UDP level of `s`; false if the kernel refuses.
+#[cfg(target_os = "linux")]
+fn set_udp_option(s: &impl std::os::fd::AsRawFd, name: libc::c_int, value: libc::c_int) -> bool {
     // SAFETY: a valid descriptor, and an int option of the right length.
     let r = unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
             libc::SOL_UDP,
-            libc::UDP_SEGMENT,
-            std::ptr::from_ref(&v).cast(),
+            name,
+            std::ptr::from_ref(&value).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
@@ -178,23 +189,6 @@ fn set_segment(s: &impl std::os::fd::AsRawFd, size: usize) -> bool {
 #[cfg(not(target_os = "linux"))]
 fn set_segment<S>(_: &S, _: usize) -> bool {
     false
-}
-
-/// Turns UDP generic receive offload on or off; false if the kernel refuses.
-#[cfg(target_os = "linux")]
-fn set_gro(s: &impl std::os::fd::AsRawFd, on: bool) -> bool {
-    let on = libc::c_int::from(on);
-    // SAFETY: a valid descriptor, and an int option of the right length.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_GRO,
-            std::ptr::from_ref(&on).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    r == 0
 }
 
 #[cfg(not(target_os = "linux"))]
