@@ -248,6 +248,15 @@ mod tests {
         let room = shared::capacity(4);
         assert_eq!(choose(call(Operation::Scatter, 4, room / 4), &HOST, &p), Algorithm::SharedMemory);
         assert_ne!(choose(call(Operation::Scatter, 4, room / 4 + 1), &HOST, &p), Algorithm::SharedMemory);
+        // On 2 ranks a reduce-scatter takes the board up to its capacity there (each rank posts
+        // the other's half), single copy right above; on more ranks the general limits.
+        let (rs, pair) = (Operation::ReduceScatter, shared::capacity(2));
+        assert_eq!(t.shared_limit(rs, 2), pair);
+        assert_eq!(choose(call(rs, 2, 16 << 10), &HOST, &t), Algorithm::SharedMemory);
+        assert_eq!(choose(call(rs, 2, pair), &HOST, &t), Algorithm::SharedMemory);
+        assert_eq!(choose(call(rs, 2, pair + 4), &HOST, &t), Algorithm::SingleCopy);
+        assert_ne!(choose(call(rs, 3, 16 << 10), &HOST, &t), Algorithm::SharedMemory);
+        assert_eq!(choose(call(rs, 3, pair), &HOST, &t), Algorithm::SingleCopy);
         // A reduce-scatter's whole vector must fit the board at once, even pinned.
         let p = pinned("reduce_scatter=shared-memory");
         let room = shared::capacity(4);

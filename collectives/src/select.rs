@@ -323,8 +323,19 @@ pub struct Table {
     pub shared_reduce_max: usize,
     /// ... gather and scatter up to this many (a rank's block) ...
     pub shared_rooted_max: usize,
-    /// ... and reduce-scatter and scan up to this many (the whole vector).
+    /// ... reduce-scatter and scan up to this many (the whole vector) ...
     pub shared_scan_max: usize,
+    /// ... and reduce-scatter on 2 ranks up to this many (the whole vector, at most the board's
+    /// capacity on 2 ranks): there each rank posts only the other's half of the vector and
+    /// combines the other's post with its own half. With 8, 16 and 32 KiB blocks (16-64 KiB
+    /// vectors) the board took 4.2-6.4, 5.8-10.7 and 42-53 us where single copy took 12-14,
+    /// 22-26 and 71-84 us (`ferrocomm-bench collectives-job --ranks 2 -o reduce_scatter -s
+    /// 8192,16384,32768`, default and `FERROCOMM_COLL=reduce_scatter=single-copy`, three runs
+    /// each, loaded, no LTO), and 0.25-0.33x Open MPI's time at 8 KiB blocks where the ring took
+    /// 0.46-0.56x (`ferrocomm-bench collectives --ranks 2 --runs 7 --ops reduce_scatter --max
+    /// 32K`, two invocations each, loaded). Single copy takes over right above (see
+    /// [`Table::single_copy_from`]).
+    pub shared_reduce_scatter_pair_max: usize,
     /// Broadcast from this many bytes copies straight from the root's memory
     /// ([`Algorithm::SingleCopy`]) under the same conditions as the board ...
     pub single_copy_min: usize,
@@ -417,6 +428,7 @@ impl Default for Table {
             shared_reduce_max: 32 << 10,
             shared_rooted_max: 8 << 10,
             shared_scan_max: 8 << 10,
+            shared_reduce_scatter_pair_max: 64 << 10,
             single_copy_min: 64 << 10,
             single_copy_allreduce_min: (32 << 10) + 1,
             single_copy_gather_min: (8 << 10) + 1,
@@ -450,9 +462,10 @@ impl Table {
     }
 
     /// Up to how many bytes (per rank) `op` uses the shared-memory board by default, where it
-    /// can (the same on every rank count the board serves).
-    pub fn shared_limit(&self, op: Operation, _ranks: u32) -> usize {
+    /// can (the same on every rank count the board serves, but reduce-scatter's on 2 ranks).
+    pub fn shared_limit(&self, op: Operation, ranks: u32) -> usize {
         match op {
+            Operation::ReduceScatter if ranks == 2 => self.shared_reduce_scatter_pair_max,
             Operation::Barrier => usize::MAX,
             Operation::Bcast => self.shared_bcast_max,
             Operation::Allreduce => self.shared_allreduce_max,
@@ -465,9 +478,13 @@ impl Table {
     }
 
     /// From how many bytes (per rank) `op` copies straight from the other ranks' memory by
-    /// default, where it can (`usize::MAX`: never; the same on every rank count).
-    pub fn single_copy_from(&self, op: Operation, _ranks: u32) -> usize {
+    /// default, where it can (`usize::MAX`: never; the same on every rank count, but
+    /// reduce-scatter's on 2 ranks, right above its board's limit).
+    pub fn single_copy_from(&self, op: Operation, ranks: u32) -> usize {
         match op {
+            Operation::ReduceScatter if ranks == 2 => {
+                self.single_copy_scan_min.max(self.shared_reduce_scatter_pair_max.saturating_add(1))
+            }
             Operation::Bcast => self.single_copy_min,
             Operation::Allreduce => self.single_copy_allreduce_min,
             Operation::Reduce | Operation::Allgather | Operation::Alltoall => self.single_copy_gather_min,
@@ -603,6 +620,12 @@ mod tests {
         assert_eq!(t.single_copy_from(Operation::Alltoall, 3), (8 << 10) + 1);
         assert_eq!(t.single_copy_from(Operation::Scatter, 4), (8 << 10) + 1);
         assert_eq!(t.single_copy_from(Operation::Gather, 3), 64 << 10);
+        // A reduce-scatter on 2 ranks keeps the board up to 64 KiB (the whole vector), single
+        // copy right above; on more ranks the board up to 8 KiB, single copy from 64 KiB.
+        assert_eq!(t.shared_limit(Operation::ReduceScatter, 2), 64 << 10);
+        assert_eq!(t.single_copy_from(Operation::ReduceScatter, 2), (64 << 10) + 1);
+        assert_eq!(t.shared_limit(Operation::ReduceScatter, 3), 8 << 10);
+        assert_eq!(t.single_copy_from(Operation::ReduceScatter, 4), 64 << 10);
         assert_eq!(t.single_copy_from(Operation::Barrier, 3), usize::MAX);
         assert!(Table::default().with_overrides("gather=single-copy,reduce_scatter=single-copy").is_ok());
         assert!(Table::default().with_overrides("alltoall=rdma,allgather=rdma").is_ok());

@@ -35,8 +35,8 @@
 //!
 //! A broadcast's receivers post nothing (nobody reads their part of it): an 8 B broadcast costs
 //! the root one line written and each receiver one line read. A scatter's root leaves its own
-//! block out (nobody reads it), and a rank of an all-to-all reads only its own block of each
-//! rank's data.
+//! block out (nobody reads it), a rank of an all-to-all reads only its own block of each
+//! rank's data, and on 2 ranks a reduce-scatter's rank posts only the other rank's segment.
 //!
 //! Calls are described in full when they are made ([`Call`]: the root's data, the rank's
 //! contribution) and kept in a [`Queue`] that any poll advances, so a call whose future is held
@@ -463,6 +463,41 @@ impl<M: Deref<Target = [AtomicU64]>> Board<M> {
         self.append_part(seq, rank, len, part, out)
     }
 
+    /// Combines rank `rank`'s data of call `seq` (after its `posted` was acquired), which must
+    /// be `len` bytes long, into `acc` (as long): `acc = theirs ⊕ acc` if `theirs_first`, else
+    /// `acc ⊕ theirs`. Data in an area is combined where it lies, with no copy first; `x` holds
+    /// inline data meanwhile.
+    #[allow(clippy::too_many_arguments)] // the call, whose data, how it combines, and where
+    fn apply_part(
+        &self,
+        seq: u64,
+        rank: usize,
+        len: usize,
+        op: &Reducer,
+        acc: &mut [u8],
+        theirs_first: bool,
+        x: &mut Data,
+    ) -> Result<(), CollError> {
+        let posted = self.line(seq, rank)[LEN].load(Relaxed) as usize;
+        if posted != len || len > self.capacity || acc.len() != len {
+            return Err(CollError::Malformed { from: rank as u32, why: "length differs from this rank's" });
+        }
+        if len <= INLINE {
+            self.read_part(seq, rank, len, 0..len, x)?;
+            op.apply(acc, x, theirs_first);
+            return Ok(());
+        }
+        let area = self.area(seq, rank);
+        assert!(len <= area.len() * 8, "checked against the capacity");
+        // SAFETY: as in `copy_out`: the area is valid for `area.len() * 8` bytes (`len` lie
+        // within); its writer finished before the release of `posted` that the caller acquired
+        // and does not write again before this rank is done with the slot (rule 2), so nothing
+        // writes these bytes while the slice lives.
+        let theirs = unsafe { std::slice::from_raw_parts(area.as_ptr().cast::<u8>(), len) };
+        op.apply(acc, theirs, theirs_first);
+        Ok(())
+    }
+
     /// [`Board::read_part`] appended to `out` (its bytes so far kept): a gathered result grows
     /// rank by rank straight from the board, with no copy through a scratch buffer, and reads
     /// only the bytes it keeps (an all-to-all's block of each rank: a line transfer per 64 bytes
@@ -596,7 +631,9 @@ pub enum Kind {
     },
     /// Every rank's data combined in rank order over the bytes `part` only: this rank's segment
     /// of a reduce-scatter (each rank names its own). Not split into pieces: the whole data must
-    /// fit one call.
+    /// fit one call. On 2 ranks the segments are each other's complement, so a rank posts only
+    /// the other's (half the bytes: a 64-byte vector's other half fits its line) and keeps its
+    /// own to combine with what it reads.
     ReduceScatter {
         /// The reduction.
         op: Reducer,
@@ -629,6 +666,9 @@ pub struct Call {
     abandoned: bool,
     /// Posts only once released ([`Queue::push_held`]).
     held: bool,
+    /// This rank's own data that it does not post but needs for its result (a 2-rank
+    /// reduce-scatter's own segment; see [`Call::left_out`]).
+    own: Data,
 }
 
 /// What a waiting call waits for.
@@ -665,14 +705,30 @@ impl Call {
 
     /// The bytes of the call's data that its writer leaves out on `ranks` ranks: a scatter's root
     /// its own block (its caller has it), so the other blocks close up, and on 2 ranks a block of
-    /// up to a line's data goes inline (one line transfer, where the whole data took two).
+    /// up to a line's data goes inline (one line transfer, where the whole data took two); on 2
+    /// ranks a reduce-scatter's rank its own segment (nobody else reads it), so it posts exactly
+    /// the other rank's.
     fn left_out(&self, ranks: usize) -> Range<usize> {
         match self.kind {
             Kind::Scatter { root } if self.len.is_multiple_of(ranks) => {
                 let block = self.len / ranks;
                 root as usize * block..(root as usize + 1) * block
             }
+            Kind::ReduceScatter { ref part, .. } if ranks == 2 && part.start <= part.end && part.end <= self.len => {
+                part.clone()
+            }
             _ => 0..0,
+        }
+    }
+
+    /// Keeps what this rank needs of its own `input` for its result and does not post: a 2-rank
+    /// reduce-scatter's own segment ([`Call::left_out`]); inline up to 16 bytes.
+    fn keep_own(&mut self, ranks: usize, input: &[u8]) {
+        if matches!(self.kind, Kind::ReduceScatter { .. }) && input.len() == self.len {
+            let own = self.left_out(ranks);
+            if !own.is_empty() {
+                self.own = Data::from_slice(&input[own]);
+            }
         }
     }
 
@@ -726,7 +782,9 @@ impl Queue {
     /// on, at most the board's [`capacity`].
     pub fn push<M>(&mut self, board: &Board<M>, kind: Kind, len: usize, input: Vec<u8>) -> Result<u64, CollError> {
         fits(board, len, input.len())?;
-        let call = Call { input, ..self.next_call(kind, len) };
+        let mut call = self.next_call(kind, len);
+        call.keep_own(board.ranks, &input);
+        call.input = input;
         let seq = call.seq;
         self.calls.push_back(call);
         Ok(seq)
@@ -737,7 +795,7 @@ impl Queue {
         let seq = self.next;
         self.next += 1;
         let (phase, result) = (Phase::Post, Ok(Data::new()));
-        Call { seq, kind, len, input: Vec::new(), phase, result, abandoned: false, held: false }
+        Call { seq, kind, len, input: Vec::new(), phase, result, abandoned: false, held: false, own: Data::new() }
     }
 
     /// Makes a call at once when none is queued before it: posts it (copying `input` straight to
@@ -759,6 +817,7 @@ impl Queue {
         }
         fits(board, len, input.len())?;
         let mut call = self.next_call(kind, len);
+        call.keep_own(board.ranks, input);
         let seq = call.seq;
         // Nothing queued: every earlier call has posted and finished (rule 1).
         self.order.passable = true;
@@ -856,15 +915,19 @@ impl Queue {
         board: &Board<M>,
         seq: u64,
     ) -> Option<Option<Result<Data, CollError>>> {
-        let c = self.calls.front().filter(|c| c.seq == seq && c.phase == Phase::Wait && !c.abandoned)?;
         // Alone in the queue, so every earlier call has finished (rule 1).
-        if self.calls.len() != 1 || self.sweep || earlier_unfinished(c, &self.order) {
+        if self.calls.len() != 1 || self.sweep {
+            return None;
+        }
+        let c = self.calls.front_mut().filter(|c| c.seq == seq && c.phase == Phase::Wait && !c.abandoned)?;
+        if earlier_unfinished(c, &self.order) {
             return None;
         }
         if unposted(board, c).is_some() {
             return Some(None);
         }
-        let result = gather(board, c, &mut self.scratch);
+        let own = std::mem::take(&mut c.own);
+        let result = gather(board, c, own, &mut self.scratch);
         finished(board, seq, &mut self.order);
         self.calls.clear();
         Some(Some(result))
@@ -1082,7 +1145,8 @@ fn step<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &mut Call, o: &mut Orde
                 c.phase = Phase::Wait;
             }
             Phase::Wait => {
-                c.result = gather(b, c, scratch);
+                let own = std::mem::take(&mut c.own);
+                c.result = gather(b, c, own, scratch);
                 c.phase = Phase::Finish;
                 // Straight on when nothing earlier is unfinished: a round of the loop would ask
                 // `blocker` the same (a call of it costs about 80 instructions here).
@@ -1129,8 +1193,9 @@ fn post<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, input: &[u8], o:
     o.mark_posted(c.seq);
 }
 
-/// Reads what call `c` needs from the board, once every part it needs is posted.
-fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) -> Result<Data, CollError> {
+/// Reads what call `c` needs from the board, once every part it needs is posted (`own`: what
+/// this rank kept of its own data, [`Call::keep_own`]).
+fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, own: Data, x: &mut Data) -> Result<Data, CollError> {
     let mut out = Data::new();
     match &c.kind {
         Kind::Barrier | Kind::Fanin { .. } => {}
@@ -1166,6 +1231,16 @@ fn gather<M: Deref<Target = [AtomicU64]>>(b: &Board<M>, c: &Call, x: &mut Data) 
         Kind::ReduceScatter { op, part } => {
             if part.end > c.len || !part.len().is_multiple_of(op.element_size()) {
                 return Err(CollError::Invalid(format!("segment {part:?} of a {}-byte reduction", c.len)));
+            }
+            if b.ranks == 2 {
+                // The other rank posted exactly this rank's segment (its own left out).
+                let other = 1 - b.me;
+                if own.len() != part.len() {
+                    return Err(CollError::Invalid(format!("segment {part:?} of a {}-byte reduction", c.len)));
+                }
+                out = own;
+                b.apply_part(c.seq, other, part.len(), op, &mut out, other < b.me, x)?;
+                return Ok(out);
             }
             b.read_part(c.seq, 0, c.len, part.clone(), &mut out)?;
             for r in 1..b.ranks {
@@ -1786,6 +1861,45 @@ mod tests {
             let mut q = Queue::default();
             let s = q.push(&b, Kind::Allreduce(concat().erase()), 8, words(&[me as u64 + 1])).unwrap();
             assert_eq!(run(&mut q, &b, s).unwrap(), words(&[1234]));
+        });
+    }
+
+    /// A 2-rank reduce-scatter: each rank posts only the other's segment (its line's length word
+    /// says so) and combines it with the segment it kept of its own, in rank order (a
+    /// non-commutative operator), for uneven segments inline and in a data area, made at once
+    /// ([`Queue::call_now`], the rank's own segment kept though it waits) or queued behind
+    /// another call ([`Queue::push`]).
+    #[test]
+    fn two_rank_reduce_scatter_posts_only_the_other_segment() {
+        let concat = || ReduceOp::<u64>::custom(|a, x| a.iter_mut().zip(x).for_each(|(a, x)| *a = *a * 10 + x), false);
+        on_ranks(2, move |me, b| {
+            let mut q = Queue::default();
+            // Words of the vector: rank 0's segment takes `cut` of them, rank 1's the rest.
+            for (total, cut) in [(2usize, 1usize), (8, 3), (8, 0), (8, 8), (1000, 499)] {
+                for queued in [false, true] {
+                    let data: Vec<u64> = (0..total as u64).map(|i| (me as u64 + 1) * 1000 + i).collect();
+                    let seg = if me == 0 { 0..cut } else { cut..total };
+                    let kind = Kind::ReduceScatter { op: concat().erase(), part: seg.start * 8..seg.end * 8 };
+                    let want: Vec<u64> = seg.clone().map(|i| (1000 + i as u64) * 10 + 2000 + i as u64).collect();
+                    let (bytes, input) = (total * 8, words(&data));
+                    let got = if queued {
+                        let barrier = q.push(&b, Kind::Barrier, 0, Vec::new()).unwrap();
+                        let s = q.push(&b, kind, bytes, input).unwrap();
+                        run(&mut q, &b, barrier).unwrap();
+                        run(&mut q, &b, s)
+                    } else {
+                        match q.call_now(&b, kind, bytes, &input).unwrap() {
+                            (_, Some(r)) => r.map(|d| d.to_vec()),
+                            (s, None) => run(&mut q, &b, s),
+                        }
+                    };
+                    assert_eq!(got.unwrap(), words(&want), "rank {me} total={total} cut={cut} queued={queued}");
+                    let other = if me == 0 { total - cut } else { cut };
+                    let posted = b.line(q.next - 1, me)[LEN].load(Relaxed) as usize;
+                    assert_eq!(posted, other * 8, "rank {me} posts the other's segment only");
+                }
+            }
+            assert!(q.is_empty());
         });
     }
 

@@ -407,17 +407,14 @@ impl Comm {
         let alg = self.choose(Operation::ReduceScatter, size_of_val(data), op.is_commutative());
         if alg == Algorithm::SharedMemory && self.reduce_scatter_refusal(counts, data.len(), &op).is_none() {
             // On the board the call copies `data` as it posts it: no pooled copy of it first and
-            // no segments, which a small call would pay for every time.
+            // no segments, which a small call would pay for every time; and its future holds the
+            // call boxed, as the other small collectives' do.
             let obs = self.observe(Operation::ReduceScatter, alg, size_of_val(data));
             let start = counts[..r].iter().sum::<usize>() * elem;
             let count = counts[r];
             let kind = BoardOp::ReduceScatter { op: op.erase(), part: start..start + count * elem };
-            let call = self.board_future(kind, size_of_val(data), bytemuck::cast_slice(data), elem);
-            return futures::future::Either::Left(obs.wrap(async move {
-                let mut out = vec![T::zeroed(); count];
-                copy_parts(&mut out, &call?.await?)?;
-                Ok(out)
-            }));
+            let call = self.board_call(kind, size_of_val(data), bytemuck::cast_slice(data), elem);
+            return futures::future::Either::Left(obs.wrap(BoardVec::new(call, count)));
         }
         futures::future::Either::Right(self.reduce_scatter_with(self.coll().pool.copy(data), data.len(), counts, op))
     }
@@ -489,9 +486,7 @@ impl Comm {
         let pool = self.coll().pool.clone();
         obs.wrap(async move {
             if let Some(call) = board {
-                let mut out = vec![T::zeroed(); count];
-                copy_parts(&mut out, &call?.await?)?;
-                return Ok(out);
+                return vec_of(&call?.await?, count);
             }
             if let Some(call) = direct {
                 let mut out = vec![T::zeroed(); count];
@@ -519,7 +514,8 @@ impl Comm {
     ) -> impl Future<Output = Result<Vec<T>>> + Send + use<T> {
         let n = self.size() as usize;
         // A length that does not divide leaves counts that do not sum up: reported as invalid.
-        let counts = vec![data.len() / n; n];
+        // (Inline up to 8 ranks: no allocation for the counts of a small call.)
+        let counts: SmallVec<[usize; 8]> = smallvec::smallvec![data.len() / n; n];
         self.reduce_scatter(data, &counts, op)
     }
 

@@ -168,6 +168,56 @@ impl Future for Collective<'_> {
     }
 }
 
+/// The future of a board call whose result is a vector of its own (a reduce-scatter's segment of
+/// `count` elements): the result as made (a call complete when made), or the call in a reused
+/// box (see `board::BoxedCall`), not the call's 120 bytes inline in an `async` block's state.
+enum BoardVec<T> {
+    Ready(Option<Result<Vec<T>>>),
+    Waiting { call: board::BoxedCall, count: usize },
+}
+
+// Nothing in it is pinned: the call is boxed, and the vector is moved out only when ready.
+impl<T> Unpin for BoardVec<T> {}
+
+impl<T: Element> BoardVec<T> {
+    fn new(call: Result<board::Made>, count: usize) -> BoardVec<T> {
+        match call {
+            Ok(board::Made::Done(result)) => BoardVec::Ready(Some(vec_of(&[result], count))),
+            Ok(board::Made::Waiting(call)) => BoardVec::Waiting { call: board::BoxedCall::new(call), count },
+            Err(e) => BoardVec::Ready(Some(Err(e))),
+        }
+    }
+}
+
+/// A board call's pieces end to end as a vector of `count` elements (no zero-filling first when
+/// it came whole).
+fn vec_of<T: Element>(parts: &[ferrocomm_collectives::shared::Data], count: usize) -> Result<Vec<T>> {
+    match parts {
+        [whole] if whole.len() == count * size_of::<T>() => Ok(bytemuck::pod_collect_to_vec(whole)),
+        parts => {
+            let mut out = vec![T::zeroed(); count];
+            copy_parts(&mut out, parts)?;
+            Ok(out)
+        }
+    }
+}
+
+impl<T: Element> Future for BoardVec<T> {
+    type Output = Result<Vec<T>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Vec<T>>> {
+        match self.get_mut() {
+            BoardVec::Waiting { call, count } => {
+                let parts = std::task::ready!(Pin::new(call.get()).poll(cx))?;
+                Poll::Ready(vec_of(&parts, *count))
+            }
+            BoardVec::Ready(r) => {
+                Poll::Ready(r.take().unwrap_or_else(|| Err(InvalidArgument::PolledAfterCompletion.into())))
+            }
+        }
+    }
+}
+
 /// Lays out an all-gather that came in pieces: piece `k` holds every rank's `k`-th piece in rank
 /// order; `out` gets every rank's whole part in rank order.
 fn copy_gathered<T: Element, P: AsRef<[u8]>>(out: &mut [T], pieces: &[P], ranks: usize) -> Result<()> {

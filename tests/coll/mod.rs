@@ -277,6 +277,12 @@ async fn non_commutative(c: &Comm, label: &str) {
     let mut buf = input(r, 3);
     c.scan(&mut buf, op()).await.unwrap();
     assert_eq!(Some(buf), reference(r + 1), "non-commutative scan {label}");
+    // Each rank's segment (uneven: 2 or 3 elements) combined in rank order.
+    let counts: Vec<usize> = (0..n as usize).map(|i| 2 + i % 2).collect();
+    let (total, start) = (counts.iter().sum::<usize>(), counts[..r as usize].iter().sum::<usize>());
+    let got = c.reduce_scatter(&input(r, total), &counts, op()).await.unwrap();
+    let whole = matmul_ref(0..n, total).unwrap();
+    assert_eq!(got, whole[start..start + counts[r as usize]], "non-commutative reduce_scatter {label}");
     // Floats and typed operators.
     let mut f = vec![r as f64 * 0.5; 4];
     c.allreduce(&mut f, ReduceOp::Max).await.unwrap();
