@@ -7,9 +7,9 @@
 //! latency is reduced to rank 0 (min, max, sum, as `f64`), which prints the same `result` line as
 //! the C program, plus the algorithm the communicator chose. The buffers are allocated once;
 //! all-reduce and scan work in place, so their input is restored before each (untimed) iteration,
-//! where MPI reads a separate send buffer. Gather and scatter go into preallocated receive
-//! buffers (`gather_into`, `scatter_into`), as MPI's do. Reduce-scatter returns a new vector (the
-//! facade has no `_into` form of it): that allocation is part of its time.
+//! where MPI reads a separate send buffer. Gather, scatter and reduce-scatter go into
+//! preallocated receive buffers (`gather_into`, `scatter_into`, `reduce_scatter_block_into`), as
+//! MPI's do.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -135,7 +135,8 @@ struct Buffers {
     floats: Vec<f32>,
     /// The all-reduce input, restored before each iteration.
     input: Vec<f32>,
-    /// Receive buffer of all-gather and all-to-all (MPI's recvbuf); `floats` is reduce's.
+    /// Receive buffer of all-gather and all-to-all (MPI's recvbuf); `floats` is reduce's and
+    /// reduce-scatter's.
     out: Vec<u8>,
     /// `sendrecv`'s send data and receive buffer, made once and reused as MPI reuses its buffers
     /// (a fresh megabyte per call measured page faults, not the exchange).
@@ -215,8 +216,11 @@ async fn once(comm: &Comm, op: &str, bytes: usize, b: &mut Buffers) -> Result<f6
             let root = (comm.rank() == 0).then(|| &b.bytes[..bytes * n]);
             comm.scatter_into(0, root, &mut b.out[..bytes]).await?
         }
-        // Each rank's result block is `bytes`: the vector is n blocks.
-        "reduce_scatter" => _ = comm.reduce_scatter_block(&b.input[..floats * n], ReduceOp::Sum).await?,
+        // Each rank's result block is `bytes`: the vector is n blocks; into a reused buffer, as
+        // MPI's receive buffer.
+        "reduce_scatter" => {
+            comm.reduce_scatter_block_into(&b.input[..floats * n], &mut b.floats[..floats], ReduceOp::Sum).await?
+        }
         "scan" => comm.scan(&mut b.floats[..floats], ReduceOp::Sum).await?,
         // Into a preallocated receive buffer, as the MPI side does.
         "allgather" => comm.allgather_into(&b.bytes[..bytes], &mut b.out[..bytes * n]).await?,

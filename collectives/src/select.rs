@@ -331,9 +331,14 @@ pub struct Table {
     /// vectors) the board took 4.2-6.4, 5.8-10.7 and 42-53 us where single copy took 12-14,
     /// 22-26 and 71-84 us (`ferrocomm-bench collectives-job --ranks 2 -o reduce_scatter -s
     /// 8192,16384,32768`, default and `FERROCOMM_COLL=reduce_scatter=single-copy`, three runs
-    /// each, loaded, no LTO), and 0.25-0.33x Open MPI's time at 8 KiB blocks where the ring took
+    /// each, loaded, no LTO: `reduce_scatter_block`, which returns a new vector and so lends a
+    /// copy by single copy), and 0.25-0.33x Open MPI's time at 8 KiB blocks where the ring took
     /// 0.46-0.56x (`ferrocomm-bench collectives --ranks 2 --runs 7 --ops reduce_scatter --max
-    /// 32K`, two invocations each, loaded). Single copy takes over right above (see
+    /// 32K`, two invocations each, loaded). Into a buffer (`reduce_scatter_block_into`, single
+    /// copy reading the callers' data in place) the board took 0.29-0.52x Open MPI's time at
+    /// 8 KiB blocks and 0.43-0.85x at 32 KiB, single copy 0.80-0.83x and 0.43-0.61x (the same
+    /// command with `--runs 5`, and `--env FERROCOMM_COLL=reduce_scatter=single-copy`, two
+    /// invocations each, loaded). Single copy takes over right above (see
     /// [`Table::single_copy_from`]).
     pub shared_reduce_scatter_pair_max: usize,
     /// Broadcast from this many bytes copies straight from the root's memory

@@ -519,6 +519,57 @@ impl Comm {
         self.reduce_scatter(data, &counts, op)
     }
 
+    /// [`Comm::reduce_scatter_block`] into `out` (`data.len() / size` elements), like
+    /// `MPI_Reduce_scatter_block`. The future borrows `data`: by single copy (large calls on one
+    /// host) the other ranks read it where it is, with no copy of it first (a copy made at the
+    /// call is still in its writer's cache when the others read it, which costs them more than
+    /// reading the caller's data).
+    pub fn reduce_scatter_block_into<'a, T: Element>(
+        &self,
+        data: &'a [T],
+        out: &'a mut [T],
+        op: ReduceOp<T>,
+    ) -> impl Future<Output = Result<()>> + Send + use<'a, T> {
+        let (r, n, elem) = (self.rank(), self.size(), size_of::<T>());
+        let misfit = if !data.len().is_multiple_of(n as usize) {
+            Some(InvalidArgument::Indivisible { len: data.len(), parts: n as usize }.into())
+        } else if out.len() != data.len() / n as usize {
+            Some(
+                InvalidArgument::LengthMismatch { expected: size_of_val(data) / n as usize, got: size_of_val(out) }
+                    .into(),
+            )
+        } else {
+            check_op(&op).err()
+        };
+        if let Some(e) = misfit {
+            return Observe::ELSEWHERE.wrap(Collective::Ready(Some(Err(e))));
+        }
+        let alg = self.choose(Operation::ReduceScatter, size_of_val(data), op.is_commutative());
+        let mine = r as usize * size_of_val(out)..(r as usize + 1) * size_of_val(out);
+        if alg == Algorithm::SharedMemory {
+            let obs = self.observe(Operation::ReduceScatter, alg, size_of_val(data));
+            let kind = BoardOp::ReduceScatter { op: op.erase(), part: mine };
+            let call = self.board_call(kind, size_of_val(data), bytemuck::cast_slice(data), elem);
+            return obs.wrap(Collective::board(call, Some(bytemuck::cast_slice_mut(out))));
+        }
+        if alg == Algorithm::SingleCopy {
+            let obs = self.observe(Operation::ReduceScatter, alg, size_of_val(data));
+            let call = self.lend(data, Lend::InPlace);
+            let pool = self.coll().pool.clone();
+            let run = async move {
+                let (bytes, dst) = (bytemuck::cast_slice(data), bytemuck::cast_slice_mut(out));
+                reduce_scatter_in_place(call?, bytes, mine, op.erase(), r, n, dst, &pool).await
+            };
+            return obs.wrap(Collective::boxed(lending_in_place(data, run)));
+        }
+        // By messages: the call's own copies of the data, the result copied into `out`.
+        let run = self.reduce_scatter_block(data, op);
+        Observe::ELSEWHERE.wrap(Collective::boxed(async move {
+            out.copy_from_slice(&run.await?);
+            Ok(())
+        }))
+    }
+
     /// Inclusive prefix reduction: rank r's `buf` becomes `data_0 ⊕ ... ⊕ data_r`.
     pub fn scan<'a, T: Element>(
         &self,

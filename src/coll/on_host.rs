@@ -305,6 +305,27 @@ pub(super) async fn reduce_scatter_direct(
     Ok(())
 }
 
+/// A reduce-scatter by single copy from the callers' data where it is: every rank lends `data`
+/// (in place, see [`lending_in_place`]); this rank combines bytes `mine` of every rank's, in rank
+/// order, into `dst`; a barrier then ends the lending.
+#[allow(clippy::too_many_arguments)] // the call, what is combined, who is who, and where it goes
+pub(super) async fn reduce_scatter_in_place(
+    mut call: board::Lending,
+    data: &[u8],
+    mine: std::ops::Range<usize>,
+    op: ferrocomm_collectives::Reducer,
+    me: Rank,
+    n: Rank,
+    dst: &mut [u8],
+    pool: &Pool,
+) -> Result<()> {
+    let lent = lent_by_all(&call.next().await?, n as usize, data.len())?;
+    let own = data.get(mine.clone()).ok_or(Error::Internal { what: "a reduce-scatter segment out of range" })?;
+    combine(&call, &lent, me as usize, &op, mine.start, Some(own), dst, pool)?;
+    call.next().await?;
+    Ok(())
+}
+
 /// A scan by single copy: every rank lends its data (`buf` in place, or a copy the call keeps);
 /// this rank combines, in rank order, the data of the ranks before it and, if `inclusive`, its own
 /// into a pooled scratch buffer; once nobody reads what it lent any more (a barrier), the result

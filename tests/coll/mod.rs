@@ -106,6 +106,17 @@ pub(crate) async fn operations(c: &Comm, counts: &[usize], label: &str) {
         let got = c.reduce_scatter(&input(r, total), &counts, ReduceOp::Sum).await.unwrap();
         let start: usize = counts[..r as usize].iter().sum();
         assert_eq!(got, sum_ref(n, total, 0..n)[start..start + counts[r as usize]], "reduce_scatter {ctx}");
+        // Equal blocks into a buffer (the future borrows the data: in place by single copy).
+        let block = count / n as usize;
+        let whole = input(r, block * n as usize);
+        let mut out = vec![u64::MAX; block];
+        c.reduce_scatter_block_into(&whole, &mut out, ReduceOp::Sum).await.unwrap();
+        let want = sum_ref(n, block * n as usize, 0..n)[r as usize * block..(r as usize + 1) * block].to_vec();
+        let alg = c.collective_algorithm(Operation::ReduceScatter, block * n as usize * 8);
+        assert_eq!(out, want, "reduce_scatter_block_into {alg} {ctx}");
+        let mut short = vec![0u64; block + 1];
+        let e = c.reduce_scatter_block_into(&whole, &mut short, ReduceOp::Sum).await;
+        assert!(matches!(e, Err(Error::Invalid(_))), "reduce_scatter_block_into {ctx}: {e:?}");
         // Scans.
         let scan_count = count.min(5_000);
         let mut buf = input(r, scan_count);
@@ -283,6 +294,10 @@ async fn non_commutative(c: &Comm, label: &str) {
     let got = c.reduce_scatter(&input(r, total), &counts, op()).await.unwrap();
     let whole = matmul_ref(0..n, total).unwrap();
     assert_eq!(got, whole[start..start + counts[r as usize]], "non-commutative reduce_scatter {label}");
+    let mut out = vec![0u64; 2];
+    c.reduce_scatter_block_into(&input(r, 2 * n as usize), &mut out, op()).await.unwrap();
+    let whole = matmul_ref(0..n, 2 * n as usize).unwrap();
+    assert_eq!(out, whole[2 * r as usize..2 * r as usize + 2], "non-commutative reduce_scatter_block_into {label}");
     // Floats and typed operators.
     let mut f = vec![r as f64 * 0.5; 4];
     c.allreduce(&mut f, ReduceOp::Max).await.unwrap();
