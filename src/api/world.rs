@@ -533,7 +533,20 @@ impl<T> Op<T> {
 }
 
 impl<T> Drop for Op<T> {
+    /// Inlined up to the test for an operation still in flight: every awaited operation is
+    /// dropped right after its result was taken, on the way from a message to its reply.
+    #[inline(always)]
     fn drop(&mut self) {
+        if let OpState::Pending { .. } = self.state {
+            self.cancel();
+        }
+    }
+}
+
+impl<T> Op<T> {
+    /// Withdraws the operation, dropped while in flight.
+    #[inline(never)]
+    fn cancel(&mut self) {
         let OpState::Pending { inner, key, kind, .. } = &self.state else { return };
         let (key, mut d) = (*key, inner.reactor.lock());
         if d.ops().detach(key) {
