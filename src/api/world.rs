@@ -12,6 +12,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -415,7 +416,8 @@ fn drop_parked() {
 
 /// A started operation. Await it for the result; drop it to cancel.
 pub struct Op<T> {
-    state: OpState,
+    /// Dropped by the `Drop` of `Op` only when not `OpState::Done` (see there).
+    state: ManuallyDrop<OpState>,
     /// Translates sources back to communicator ranks (sub-communicators only).
     group: Option<Arc<Group>>,
     _t: PhantomData<fn() -> T>,
@@ -483,15 +485,15 @@ impl<T: FromCompletion> Future for Op<T> {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
-        if let OpState::Pending { inner, key, wait, .. } = &mut this.state {
+        if let OpState::Pending { inner, key, wait, .. } = &mut *this.state {
             let key = *key;
             let c = std::task::ready!(inner.reactor.poll_until(cx, wait, |d, cx| d.ops().poll(key, cx)));
-            if let OpState::Pending { inner, .. } = std::mem::replace(&mut this.state, OpState::Done) {
+            if let OpState::Pending { inner, .. } = std::mem::replace(&mut *this.state, OpState::Done) {
                 park(inner);
             }
             return Poll::Ready(T::from_completion(this.translate(c)));
         }
-        match std::mem::replace(&mut this.state, OpState::Done) {
+        match std::mem::replace(&mut *this.state, OpState::Done) {
             OpState::Ready(c) => Poll::Ready(T::from_completion(this.translate(c))),
             _ => Poll::Ready(Err(Error::Shutdown)),
         }
@@ -501,17 +503,17 @@ impl<T: FromCompletion> Future for Op<T> {
 impl<T> Op<T> {
     /// Whether the result is here: the next poll returns it at once, taking no lock.
     pub(crate) fn is_ready(&self) -> bool {
-        !matches!(self.state, OpState::Pending { .. })
+        !matches!(*self.state, OpState::Pending { .. })
     }
 
     /// Moves this operation's completion, if it has come, out of the locked driver into the
     /// operation (see [`Op::is_ready`]); otherwise registers `cx`, when given. For callers that
     /// wait on several operations under one spin loop ([`Comm::poll_progress`]).
     pub(crate) fn harvest(&mut self, d: &mut Driver, cx: Option<&mut Context<'_>>) -> bool {
-        let OpState::Pending { key, .. } = &self.state else { return true };
+        let OpState::Pending { key, .. } = &*self.state else { return true };
         match d.ops().poll(*key, cx) {
             Poll::Ready(c) => {
-                self.state = OpState::Ready(c);
+                *self.state = OpState::Ready(c);
                 true
             }
             Poll::Pending => false,
@@ -533,8 +535,27 @@ impl<T> Op<T> {
 }
 
 impl<T> Drop for Op<T> {
+    /// Inlined up to the test for an operation whose result was taken: every awaited operation
+    /// is dropped so, right after its completion, on the way from a message to its reply. The
+    /// state's own drop (a call in a build without LTO, where it is not inlined) runs only for
+    /// the others.
+    #[inline(always)]
     fn drop(&mut self) {
-        let OpState::Pending { inner, key, kind, .. } = &self.state else { return };
+        match *self.state {
+            OpState::Done => return,
+            OpState::Pending { .. } => self.cancel(),
+            OpState::Ready(_) => {}
+        }
+        // SAFETY: `state` is dropped here only, once, and not used after.
+        unsafe { ManuallyDrop::drop(&mut self.state) }
+    }
+}
+
+impl<T> Op<T> {
+    /// Withdraws the operation, dropped while in flight.
+    #[inline(never)]
+    fn cancel(&mut self) {
+        let OpState::Pending { inner, key, kind, .. } = &*self.state else { return };
         let (key, mut d) = (*key, inner.reactor.lock());
         if d.ops().detach(key) {
             match *kind {
@@ -735,7 +756,7 @@ impl Comm {
         };
         // After the send a completion was waiting for, if any (see `park`).
         drop_parked();
-        Op { state, group: self.group.clone(), _t: PhantomData }
+        Op { state: ManuallyDrop::new(state), group: self.group.clone(), _t: PhantomData }
     }
 
     #[inline(always)]

@@ -127,6 +127,10 @@ impl Driver {
 }
 
 impl Progress for Driver {
+    /// Inlined into the awaiting future's spin (`Op`'s poll, compiled in the application's crate):
+    /// without it, every spin round of an application built without LTO makes one more call
+    /// across crates.
+    #[inline]
     fn progress(&mut self) -> usize {
         let n = self.transport_progress();
         n + self.flush()

@@ -154,7 +154,9 @@ impl Header {
         Header { kind, flags: 0, src: 0, context: 0, tag: 0, seq: 0, len: 0, credit: 0, aux: 0 }
     }
 
-    /// Encodes into exactly [`HEADER_LEN`] bytes.
+    /// Encodes into exactly [`HEADER_LEN`] bytes. Inlined (as is [`Header::decode`]): it is on
+    /// every message's path, from other crates and other codegen units of this one.
+    #[inline]
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -172,6 +174,7 @@ impl Header {
     }
 
     /// Decodes and validates a header read from the network.
+    #[inline]
     pub fn decode(b: &[u8; HEADER_LEN], limits: &Limits) -> Result<Header, WireError> {
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
@@ -223,6 +226,7 @@ pub struct Limits {
 
 impl Limits {
     /// Largest payload a frame of `kind` may carry.
+    #[inline]
     pub fn max_payload(&self, kind: Kind) -> usize {
         match kind {
             Kind::Hello => HELLO_MAX,

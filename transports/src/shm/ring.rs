@@ -677,7 +677,14 @@ impl Outbox {
     /// Writes the second half of single copies the consumer offered to split (see [`Split`]);
     /// returns how many. Call often while descriptors are in flight: the consumer copies the
     /// first half meanwhile, and takes the second back if nobody has claimed it by then.
+    /// Every progress round calls it, nearly always with nothing in flight: that test is inlined
+    /// into the round, the search is not.
+    #[inline(always)]
     pub(super) fn help<A: Atomics>(&self, ring: &Ring<A>, remote: &mut dyn Remote) -> u64 {
+        if self.inflight.is_empty() { 0 } else { self.help_inflight(ring, remote) }
+    }
+
+    fn help_inflight<A: Atomics>(&self, ring: &Ring<A>, remote: &mut dyn Remote) -> u64 {
         let mut n = 0;
         // Only descriptors `tail` has not passed as far as this side knows: the space of the
         // others may hold new frames already.
