@@ -491,7 +491,7 @@ impl Comm {
             if let Some(call) = direct {
                 let mut out = vec![T::zeroed(); count];
                 let dst = bytemuck::cast_slice_mut(&mut out);
-                Box::pin(reduce_scatter_direct(call?, mine, op.erase(), r, n, dst, &pool)).await?;
+                Box::pin(reduce_scatter_direct(call?, None, mine, op.erase(), r, n, dst, &pool)).await?;
                 return Ok(out);
             }
             let (slot, m) = plan.ok_or_else(|| early.expect("set"))?;
@@ -558,7 +558,7 @@ impl Comm {
             let pool = self.coll().pool.clone();
             let run = async move {
                 let (bytes, dst) = (bytemuck::cast_slice(data), bytemuck::cast_slice_mut(out));
-                reduce_scatter_in_place(call?, bytes, mine, op.erase(), r, n, dst, &pool).await
+                reduce_scatter_direct(call?, Some(bytes), mine, op.erase(), r, n, dst, &pool).await
             };
             return obs.wrap(Collective::boxed(lending_in_place(data, run)));
         }

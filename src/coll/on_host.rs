@@ -284,11 +284,13 @@ fn lent_with_results(
     Ok((data, results))
 }
 
-/// A reduce-scatter by single copy: every rank lends a copy of its vector (kept by the call);
-/// this rank combines bytes `mine` of every rank's, in rank order, into `dst`; a barrier then ends
-/// the lending.
+/// A reduce-scatter by single copy: every rank lends its vector, `data` where it is (in place, see
+/// [`lending_in_place`]) or, if `None`, a copy the call keeps; this rank combines bytes `mine` of
+/// every rank's, in rank order, into `dst`; a barrier then ends the lending.
+#[allow(clippy::too_many_arguments)] // the call, what is combined, who is who, and where it goes
 pub(super) async fn reduce_scatter_direct(
     mut call: board::Lending,
+    data: Option<&[u8]>,
     mine: std::ops::Range<usize>,
     op: ferrocomm_collectives::Reducer,
     me: Rank,
@@ -296,33 +298,13 @@ pub(super) async fn reduce_scatter_direct(
     dst: &mut [u8],
     pool: &Pool,
 ) -> Result<()> {
-    let len = call.kept().len();
+    let len = data.map_or(call.kept().len(), <[u8]>::len);
     let lent = lent_by_all(&call.next().await?, n as usize, len)?;
-    let own = call.kept().get(mine.clone()).ok_or(Error::Internal { what: "a reduce-scatter segment out of range" })?;
+    let own = data.unwrap_or(call.kept()).get(mine.clone());
+    let own = own.ok_or(Error::Internal { what: "a reduce-scatter segment out of range" })?;
     combine(&call, &lent, me as usize, &op, mine.start, Some(own), dst, pool)?;
     call.next().await?;
     call.give_back().into_iter().for_each(|b| pool.give(b));
-    Ok(())
-}
-
-/// A reduce-scatter by single copy from the callers' data where it is: every rank lends `data`
-/// (in place, see [`lending_in_place`]); this rank combines bytes `mine` of every rank's, in rank
-/// order, into `dst`; a barrier then ends the lending.
-#[allow(clippy::too_many_arguments)] // the call, what is combined, who is who, and where it goes
-pub(super) async fn reduce_scatter_in_place(
-    mut call: board::Lending,
-    data: &[u8],
-    mine: std::ops::Range<usize>,
-    op: ferrocomm_collectives::Reducer,
-    me: Rank,
-    n: Rank,
-    dst: &mut [u8],
-    pool: &Pool,
-) -> Result<()> {
-    let lent = lent_by_all(&call.next().await?, n as usize, data.len())?;
-    let own = data.get(mine.clone()).ok_or(Error::Internal { what: "a reduce-scatter segment out of range" })?;
-    combine(&call, &lent, me as usize, &op, mine.start, Some(own), dst, pool)?;
-    call.next().await?;
     Ok(())
 }
 
